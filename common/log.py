@@ -1,0 +1,63 @@
+"""Logging setup for the command-line tools (never imported by `dit/`).
+
+Rank 0 logs to the console (unless quiet) and every rank to its own file, e.g. OUT/logs/rank3.log, so a
+failure on rank 5 of 64 is readable after the fact. Messages carry the rank when there is more than one.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+from common import distributed as dist
+
+LOGGER_NAME = "dit_pipeline"
+
+
+def get_logger() -> logging.Logger:
+    return logging.getLogger(LOGGER_NAME)
+
+
+def setup_logging(log_dir: str | Path | None = None, *, quiet: bool = False,
+                  main_log: str | Path | None = None) -> logging.Logger:
+    """Configure the project logger for this process; idempotent.
+
+    log_dir: folder for `rank{r}.log`; main_log: an extra file that rank 0 also writes (e.g. RUN/log.txt).
+    """
+    logger = get_logger()
+    for h in list(logger.handlers):
+        logger.removeHandler(h)
+        h.close()
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    r, ws = dist.rank(), dist.world_size()
+    prefix = f"[rank {r}] " if ws > 1 else ""
+    fmt_file = logging.Formatter(f"%(asctime)s {prefix}%(levelname)s %(message)s", "%Y-%m-%d %H:%M:%S")
+    if r == 0 and not quiet:
+        console = logging.StreamHandler(sys.stderr)
+        console.setFormatter(logging.Formatter("%(message)s"))
+        console.setLevel(logging.INFO)
+        logger.addHandler(console)
+    elif not quiet:
+        # Other ranks still surface warnings and errors on the console, tagged with their rank.
+        console = logging.StreamHandler(sys.stderr)
+        console.setFormatter(logging.Formatter(f"{prefix}%(message)s"))
+        console.setLevel(logging.WARNING)
+        logger.addHandler(console)
+    if log_dir is not None:
+        log_dir = Path(log_dir)
+        log_dir.mkdir(parents=True, exist_ok=True)
+        fh = logging.FileHandler(log_dir / f"rank{r}.log")
+        fh.setFormatter(fmt_file)
+        logger.addHandler(fh)
+    if main_log is not None and r == 0:
+        Path(main_log).parent.mkdir(parents=True, exist_ok=True)
+        mh = logging.FileHandler(main_log)
+        mh.setFormatter(fmt_file)
+        logger.addHandler(mh)
+    return logger
+
+
+def progress_enabled(quiet: bool = False) -> bool:
+    """tqdm bars only on rank 0 and only when not quiet."""
+    return dist.is_main() and not quiet

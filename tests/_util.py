@@ -1,0 +1,103 @@
+"""Shared test helpers: tiny VAE, tiny image trees, running the real CLI (also under torchrun)."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+BIN = Path(sys.executable).parent
+REPO = Path(__file__).resolve().parent.parent
+
+# A tiny AutoencoderKL with the SD-VAE's geometry (4 blocks: 8x downsampling, 4 latent channels) but few
+# channels. Its scaling_factor is deliberately not 0.18215 so tests catch a hard-coded constant.
+TINY_VAE_CONFIG = dict(
+    in_channels=3, out_channels=3, latent_channels=4,
+    down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
+    block_out_channels=(8, 8, 16, 16), layers_per_block=1, norm_num_groups=4, act_fn="silu",
+    sample_size=32, scaling_factor=0.5,
+)
+
+
+def make_tiny_vae(folder: Path, seed: int = 0, **overrides) -> Path:
+    """Build the tiny random VAE and save it with save_pretrained (so the real loading path runs)."""
+    import torch
+    from diffusers import AutoencoderKL
+
+    torch.manual_seed(seed)
+    vae = AutoencoderKL(**{**TINY_VAE_CONFIG, **overrides})
+    vae.save_pretrained(folder)
+    return folder
+
+
+def draw_image(label: int, index: int, size: tuple[int, int] = (48, 40)):
+    """A deterministic, class-distinct RGB PIL image (class sets the hue, index the pattern)."""
+    from PIL import Image
+
+    w, h = size
+    yy, xx = np.mgrid[0:h, 0:w]
+    rng = np.random.default_rng(label * 1000 + index)
+    base = np.array([(label * 97) % 256, (label * 57 + 80) % 256, (label * 31 + 160) % 256], np.float64)
+    wave = 60 * np.sin((xx + index * 3) / (3 + label)) + 40 * np.cos(yy / (2 + index % 4))
+    img = base[None, None, :] + wave[..., None] + rng.normal(0, 8, (h, w, 3))
+    return Image.fromarray(np.clip(img, 0, 255).astype(np.uint8), "RGB")
+
+
+def make_image_tree(root: Path, counts: Sequence[int] = (3, 2, 4), ext: str = ".JPEG",
+                    size: tuple[int, int] = (48, 40)) -> Path:
+    """Class folders c000, c001, ... with counts[i] images each (count 0 = empty class folder)."""
+    for label, n in enumerate(counts):
+        d = root / f"c{label:03d}"
+        d.mkdir(parents=True, exist_ok=True)
+        for i in range(n):
+            fmt = "JPEG" if ext.lower() in (".jpeg", ".jpg") else ext.lstrip(".").upper()
+            draw_image(label, i, size).save(d / f"img{i:04d}{ext}", format=fmt, quality=95)
+    return root
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cli_env(extra: dict | None = None) -> dict:
+    env = dict(os.environ)
+    env.pop("WORLD_SIZE", None)
+    env.pop("RANK", None)
+    env.update({"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+                "TOKENIZERS_PARALLELISM": "false"})
+    env.update(extra or {})
+    return env
+
+
+def run_cli(cmd: str, args: Sequence[str], *, env: dict | None = None, timeout: float = 300,
+            cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """Run a console script (dit-extract, dit-train, ...) of this venv; returns the completed process."""
+    return subprocess.run([str(BIN / cmd), *map(str, args)], capture_output=True, text=True,
+                          env=cli_env(env), timeout=timeout, cwd=cwd)
+
+
+def torchrun_cmd(cmd: str, args: Sequence[str], nproc: int = 2, *, nnodes: int = 1,
+                 node_rank: int | None = None, port: int | None = None) -> list[str]:
+    """argv that runs a console script under torchrun with `nproc` CPU (gloo) processes."""
+    port = port or free_port()
+    launch = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}"]
+    if nnodes == 1:
+        launch += ["--standalone"] if port is None else [f"--master-addr=127.0.0.1", f"--master-port={port}"]
+    else:
+        launch += [f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+                   "--rdzv-id=dit-test"]
+        if node_rank is not None:
+            launch += [f"--node-rank={node_rank}"]
+    return [*launch, str(BIN / cmd), *map(str, args)]
+
+
+def run_torchrun(cmd: str, args: Sequence[str], nproc: int = 2, *, env: dict | None = None,
+                 timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(torchrun_cmd(cmd, args, nproc), capture_output=True, text=True,
+                          env=cli_env(env), timeout=timeout)

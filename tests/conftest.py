@@ -1,0 +1,37 @@
+"""Fixtures shared by all test packages."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests._util import make_image_tree, make_tiny_vae
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "2")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--run-reliability", action="store_true", default=False,
+                     help="run the full randomized fault-injection sweep (make test-reliability)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--run-reliability"):
+        return
+    skip = pytest.mark.skip(reason="full sweep: run with `make test-reliability`")
+    for item in items:
+        if "reliability" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_vae_dir(tmp_path_factory):
+    """A tiny random AutoencoderKL saved with save_pretrained (scaling_factor 0.5)."""
+    return make_tiny_vae(tmp_path_factory.mktemp("vae") / "tiny-vae")
+
+
+@pytest.fixture
+def image_tree(tmp_path):
+    """Three class folders (3, 2 and 4 JPEGs of 48x40)."""
+    return make_image_tree(tmp_path / "images", counts=(3, 2, 4))
