@@ -1,0 +1,249 @@
+"""Safe loading of DiT weights: the only module in dit/ that reads files.
+
+Accepted: the official release files (a bare state_dict, e.g. DiT-XL-2-256x256.pt), checkpoints of the
+reference training script ({"model", "ema", "opt", "args"} with a pickled argparse.Namespace), this
+project's checkpoints (docs/ARCHITECTURE.md: format "dit-pipeline.checkpoint"), and .safetensors files.
+Pickle files are read with `torch.load(weights_only=True)`; the only class allowed beyond tensors and
+containers is argparse.Namespace. Anything else is refused, never unpickled. The architecture is inferred
+from tensor shapes (cross-checked with a stored model_config / args when present) and every key and shape
+is verified before a model is touched, so a mismatch fails with a message and never half-loads.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import pickle
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .models import MODEL_PRESETS, DiT, canonical_model_name, model_from_config, pos_embed_2d
+
+OWN_FORMAT = "dit-pipeline.checkpoint"
+_PREFIXES = ("module.", "_orig_mod.")
+
+
+class WeightsError(ValueError):
+    """A weight file that cannot be used: unreadable, unsafe, or not a matching DiT."""
+
+
+def load_dit_weights(path: str | Path, prefer: str = "ema") -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Read a DiT weight file -> (state_dict with official names, info).
+
+    `prefer`: "ema" (default) or "model", for files holding both. `info` holds "path", "source"
+    ("official" | "reference-train" | "dit-pipeline" | "safetensors"), "weights" ("ema" | "model" |
+    "state_dict"), "model_config" (see DiT.config), "preset" (name or None) and, when the file has them,
+    "args" (reference training args as a dict), "step", "latent", "config".
+    """
+    if prefer not in ("ema", "model"):
+        raise ValueError(f"prefer must be 'ema' or 'model', got {prefer!r}")
+    path = Path(path)
+    if not path.is_file():
+        raise WeightsError(f"weight file {path} does not exist or is not a file")
+    if path.suffix == ".safetensors":
+        state_dict, info = _read_safetensors(path)
+    else:
+        state_dict, info = _unpack(_torch_load(path), path, prefer)
+    state_dict = _strip_prefixes(state_dict, path)
+    info["path"] = str(path)
+    info["model_config"] = infer_model_config(state_dict, info.get("model_config"), info.get("args"),
+                                              where=str(path))
+    info["preset"] = info["model_config"]["model"]
+    return state_dict, info
+
+
+def build_model_from_weights(state_dict: dict[str, torch.Tensor], info: dict[str, Any],
+                             device: torch.device | str | None = None,
+                             dtype: torch.dtype | None = None) -> DiT:
+    """The DiT described by info["model_config"], loaded strictly with `state_dict`, in eval mode."""
+    check_state_dict(state_dict, info["model_config"], where=info.get("path", "state_dict"))
+    model = model_from_config(info["model_config"])
+    model.load_state_dict(state_dict, strict=True)
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def _torch_load(path: Path) -> Any:
+    try:
+        with torch.serialization.safe_globals([argparse.Namespace]):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise WeightsError(
+            f"refusing to load {path}: it contains pickled objects other than tensors, containers and "
+            f"argparse.Namespace, which could run arbitrary code ({_first_line(e)}). If you trust the "
+            "file, re-save only its state_dict (torch.save(ckpt['ema'], 'weights.pt')).") from None
+    except (RuntimeError, EOFError, OSError, ValueError) as e:
+        raise WeightsError(f"cannot read {path}: not a complete torch checkpoint (corrupt or truncated?): "
+                           f"{_first_line(e)}") from None
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__
+
+
+def _read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        state_dict: dict[str, torch.Tensor] = {}
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            metadata = f.metadata() or {}
+            for key in f.keys():
+                state_dict[key] = f.get_tensor(key)
+    except (SafetensorError, OSError) as e:
+        raise WeightsError(f"cannot read {path}: not a valid safetensors file: {_first_line(e)}") from None
+    info: dict[str, Any] = {"source": "safetensors", "weights": "state_dict"}
+    if "model_config" in metadata:
+        try:
+            info["model_config"] = json.loads(metadata["model_config"])
+        except json.JSONDecodeError:
+            raise WeightsError(f"{path}: metadata 'model_config' is not valid JSON") from None
+    return state_dict, info
+
+
+def _is_state_dict(obj: Any) -> bool:
+    return isinstance(obj, dict) and bool(obj) and all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items())
+
+
+def _unpack(obj: Any, path: Path, prefer: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Pick the weights inside a loaded pickle and describe where they came from."""
+    if _is_state_dict(obj):
+        return obj, {"source": "official", "weights": "state_dict"}
+    if not isinstance(obj, dict):
+        raise WeightsError(f"{path} holds a {type(obj).__name__}, not a DiT state_dict or checkpoint")
+    own = obj.get("format") == OWN_FORMAT
+    if own and obj.get("version") != 1:
+        raise WeightsError(f"{path} is a dit-pipeline checkpoint of version {obj.get('version')!r}; "
+                           "this code reads version 1")
+    order = ("ema", "model") if prefer == "ema" else ("model", "ema")
+    chosen = next((k for k in order if _is_state_dict(obj.get(k))), None)
+    if chosen is None:
+        raise WeightsError(f"{path} is a dict without DiT weights: expected tensors only, or 'ema'/'model' "
+                           f"state_dicts; found keys {sorted(map(str, obj))[:12]}")
+    info: dict[str, Any] = {"source": "dit-pipeline" if own else "reference-train", "weights": chosen}
+    if own:
+        for key in ("model_config", "latent", "step", "config"):
+            if key in obj:
+                info[key] = obj[key]
+    args = obj.get("args")
+    if isinstance(args, argparse.Namespace):
+        info["args"] = dict(vars(args))
+    elif isinstance(args, dict):
+        info["args"] = dict(args)
+    return obj[chosen], info
+
+
+def _strip_prefixes(state_dict: dict[str, torch.Tensor], path: Path) -> dict[str, torch.Tensor]:
+    """Drop DDP's `module.` and torch.compile's `_orig_mod.` wrappers from every key."""
+    out: dict[str, torch.Tensor] = {}
+    for key, value in state_dict.items():
+        name = key
+        while name.startswith(_PREFIXES):
+            name = name.split(".", 1)[1]
+        if name in out:
+            raise WeightsError(f"{path}: keys {key!r} and another one both map to {name!r}")
+        out[name] = value
+    return out
+
+
+def infer_model_config(state_dict: dict[str, torch.Tensor], stored: dict[str, Any] | None = None,
+                       args: dict[str, Any] | None = None, where: str = "state_dict") -> dict[str, Any]:
+    """The model_config matching the tensor shapes. num_heads (invisible in shapes) comes from the stored
+    config, the reference args' model name, or the preset with this depth and width. The label table has
+    num_classes + 1 rows when a null row exists; without stored info the null row is assumed, as in every
+    released and reference-trained DiT."""
+    shapes = {k: tuple(v.shape) for k, v in state_dict.items()}
+    for key in ("pos_embed", "x_embedder.proj.weight", "y_embedder.embedding_table.weight",
+                "final_layer.linear.weight"):
+        if key not in shapes:
+            raise WeightsError(f"{where}: not a DiT state_dict (no {key!r}; keys start with "
+                               f"{sorted(shapes)[:5]})")
+    hidden, channels, patch, _ = shapes["x_embedder.proj.weight"]
+    tokens = shapes["pos_embed"][1]
+    grid = math.isqrt(tokens)
+    if grid * grid != tokens:
+        raise WeightsError(f"{where}: pos_embed has {tokens} tokens, not a square patch grid")
+    depth = len({m.group(1) for k in shapes if (m := re.match(r"blocks\.(\d+)\.", k))})
+    out_features = shapes["final_layer.linear.weight"][0]
+    if out_features not in (patch * patch * channels, 2 * patch * patch * channels):
+        raise WeightsError(f"{where}: final_layer.linear has {out_features} outputs; expected "
+                           f"{patch * patch * channels} or {2 * patch * patch * channels}")
+    rows = shapes["y_embedder.embedding_table.weight"][0]
+    config: dict[str, Any] = {
+        "input_size": grid * patch, "in_channels": channels, "depth": depth, "hidden_size": hidden,
+        "patch_size": patch, "learn_sigma": out_features == 2 * patch * patch * channels,
+        "num_classes": rows - 1, "class_dropout_prob": 0.1, "num_heads": None,
+    }
+    _apply_stored(config, stored, args, rows, where)
+    if config["num_heads"] is None:
+        matches = [h for d, w, h, p in MODEL_PRESETS.values() if (d, w) == (depth, hidden)]
+        if not matches:
+            raise WeightsError(f"{where}: depth {depth} x width {hidden} is no DiT preset and the file has "
+                               "no model_config, so the number of attention heads is unknown")
+        config["num_heads"] = matches[0]
+    config["model"] = _preset_of(config)
+    check_state_dict(state_dict, config, where)
+    return {"model": config["model"], **{k: v for k, v in config.items() if k != "model"}}
+
+
+def _apply_stored(config: dict[str, Any], stored: dict[str, Any] | None, args: dict[str, Any] | None,
+                  rows: int, where: str) -> None:
+    """Take heads/classes/dropout from a stored model_config or the reference args; check the rest."""
+    if stored:
+        for key in ("input_size", "in_channels", "depth", "hidden_size", "patch_size", "learn_sigma"):
+            if key in stored and stored[key] != config[key]:
+                raise WeightsError(f"{where}: model_config says {key}={stored[key]!r} but the weights "
+                                   f"have {key}={config[key]!r}")
+        for key in ("num_heads", "num_classes", "class_dropout_prob"):
+            if stored.get(key) is not None:
+                config[key] = stored[key]
+    elif args and isinstance(args.get("model"), str):
+        try:
+            config["num_heads"] = MODEL_PRESETS[canonical_model_name(args["model"])][2]
+        except ValueError as e:
+            raise WeightsError(f"{where}: training args name an unknown model: {e}") from None
+        if isinstance(args.get("num_classes"), int):
+            config["num_classes"] = args["num_classes"]
+    if rows == config["num_classes"]:
+        config["class_dropout_prob"] = 0.0  # no null row: the model was built without class dropout
+    elif rows != config["num_classes"] + 1:
+        raise WeightsError(f"{where}: label table has {rows} rows but the stored config says "
+                           f"{config['num_classes']} classes")
+
+
+def _preset_of(config: dict[str, Any]) -> str | None:
+    dims = (config["depth"], config["hidden_size"], config["num_heads"], config["patch_size"])
+    return next((name for name, d in MODEL_PRESETS.items() if d == dims), None)
+
+
+def check_state_dict(state_dict: dict[str, torch.Tensor], config: dict[str, Any],
+                     where: str = "state_dict") -> None:
+    """Every key, shape and value check a strict load would need, plus finiteness and the fixed
+    pos_embed table; raises WeightsError listing what does not match."""
+    try:
+        with torch.device("meta"):
+            expected = model_from_config({**config, "model": None}).state_dict()
+    except ValueError as e:
+        raise WeightsError(f"{where}: {e}") from None
+    missing = sorted(set(expected) - set(state_dict))
+    unexpected = sorted(set(state_dict) - set(expected))
+    wrong = [f"{k}: {list(state_dict[k].shape)} vs {list(v.shape)}" for k, v in expected.items()
+             if k in state_dict and state_dict[k].shape != v.shape]
+    problems = ([f"missing {missing[:6]}{' ...' if len(missing) > 6 else ''}"] if missing else []) + \
+        ([f"unexpected {unexpected[:6]}{' ...' if len(unexpected) > 6 else ''}"] if unexpected else []) + \
+        ([f"shape mismatch {wrong[:6]}"] if wrong else [])
+    if problems:
+        raise WeightsError(f"{where} does not match a DiT with {config}: " + "; ".join(problems))
+    bad = [k for k, v in state_dict.items() if v.is_floating_point() and not torch.isfinite(v).all()]
+    if bad:
+        raise WeightsError(f"{where}: non-finite values (NaN/Inf) in {bad[:6]}; the file is corrupt")
+    grid = config["input_size"] // config["patch_size"]
+    table = torch.from_numpy(pos_embed_2d(config["hidden_size"], grid))
+    # atol loose enough for weights stored in bf16; another layout differs by O(1)
+    if not torch.allclose(state_dict["pos_embed"][0].double(), table, atol=1e-2):
+        raise WeightsError(f"{where}: pos_embed is not DiT's fixed 2-D sin-cos table; these weights come "
+                           "from a different architecture")
