@@ -1,0 +1,15 @@
+"""Sampling from DiT checkpoints (`dit-sample`): images, FID-ready `.npz` files and diffusers export.
+
+Public API:
+    run_sampling(SampleConfig) -> SampleResult           the `dit-sample` command
+    export(ExportConfig) -> Path                         `dit-sample export --to diffusers|safetensors`
+    sample_grid(model, *, vae, scaling_factor, ...)       uint8 [N, H, W, 3] for fixed classes and seeds
+    save_grid(images, path, *, labels, ncol)              labelled PNG grid (torchvision make_grid)
+Reproducibility: sample i's noise and (drawn) class depend only on (seed, i); see sample/plan.py.
+"""
+from sample.config import ExportConfig, SampleConfig
+from sample.export import export
+from sample.grid import sample_grid, save_grid
+from sample.run import SampleResult, run_sampling
+
+__all__ = ["ExportConfig", "SampleConfig", "SampleResult", "export", "run_sampling", "sample_grid", "save_grid"]

@@ -1,0 +1,176 @@
+"""Settings of `dit-sample` (SampleConfig) and `dit-sample export` (ExportConfig).
+
+Keyword-only dataclasses that validate themselves and report every problem at once with its fix
+(STYLE.md, litgpt's validate_args). They hold plain JSON-compatible values so a run can record them.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from common.errors import collect
+from common.vae import DEFAULT_VAE
+
+# DiT's diffusion has 1000 training steps (REFERENCE.md); respacing picks a subset of them.
+TRAIN_TIMESTEPS = 1000
+SAMPLERS = ("ddpm", "ddim")
+PRECISIONS = ("fp32", "bf16", "fp16")
+CFG_CHANNELS = ("3", "all")
+WEIGHTS = ("ema", "model")
+EXPORT_TARGETS = ("diffusers", "safetensors")
+
+
+def ddim_stride(steps: int, total: int = TRAIN_TIMESTEPS) -> int | None:
+    """The integer stride s with len(range(0, total, s)) == steps ("ddimN" respacing), or None."""
+    for s in range(1, total):
+        n = len(range(0, total, s))
+        if n == steps:
+            return s
+        if n < steps:
+            return None
+    return None
+
+
+def valid_ddim_steps(total: int = TRAIN_TIMESTEPS) -> list[int]:
+    return sorted({len(range(0, total, s)) for s in range(1, total)})
+
+
+def respacing(sampler: str, steps: int) -> str:
+    """The timestep_respacing string for dit.create_diffusion (IDDPM conventions)."""
+    return f"ddim{steps}" if sampler == "ddim" else str(steps)
+
+
+def _nearest(values: list[int], target: int, k: int = 4) -> list[int]:
+    return sorted(sorted(values, key=lambda v: (abs(v - target), v))[:k])
+
+
+@dataclass(kw_only=True)
+class SampleConfig:
+    """One sampling run. Either `class_labels` or `num_samples` (or both: the labels repeat cyclically)."""
+
+    ckpt: str
+    vae: str = DEFAULT_VAE
+    vae_config: str | None = None  # diffusers config folder for a single-file VAE
+    weights: str = "ema"  # which weights of a training checkpoint: "ema" or "model"
+    model: str | None = None  # expected preset, checked against the weights
+    sampler: str = "ddpm"
+    steps: int = 250
+    cfg_scale: float = 4.0
+    cfg_channels: str = "3"  # "3": guide the first 3 latent channels as the reference does; "all"
+    class_labels: list[int] | None = None
+    num_samples: int | None = None
+    seed: int = 0
+    batch_size: int = 32  # per process
+    npz: str | None = None
+    out: str | None = None
+    save_images: bool = False  # also one PNG per sample under OUT/images/
+    grid_max: int = 64  # at most this many samples in OUT/grid.png (0: no grid)
+    grid_cols: int | None = None
+    precision: str = "fp32"  # the reference samples in fp32 (with TF32 matmuls on GPU)
+    tf32: bool = True
+    compile: bool = False
+    overwrite: bool = False  # discard finished parts / an existing npz from a different configuration
+    quiet: bool = False
+    device: str | None = None  # default: this rank's GPU, else the CPU
+
+    @property
+    def total(self) -> int:
+        if self.num_samples is not None:
+            return int(self.num_samples)
+        return len(self.class_labels or [])
+
+    @property
+    def guided(self) -> bool:
+        return self.cfg_scale > 1.0
+
+    def validate(self) -> "SampleConfig":
+        p: list[str] = []
+        if not self.ckpt:
+            p.append("--ckpt is required: a DiT checkpoint (ours, an EMA-only file, an official release file "
+                     "or a reference training checkpoint)")
+        if self.class_labels is None and self.num_samples is None:
+            p.append("pass --class-labels 207,360,... or --num-samples N (classes drawn uniformly)")
+        if self.class_labels is not None:
+            if len(self.class_labels) == 0:
+                p.append("--class-labels is empty; give comma-separated class ids, e.g. 207,360,387")
+            bad = [c for c in self.class_labels if int(c) < 0]
+            if bad:
+                p.append(f"--class-labels must be class ids >= 0, got {bad}")
+        if self.num_samples is not None and self.num_samples < 1:
+            p.append(f"--num-samples must be >= 1, got {self.num_samples}")
+        if self.npz is None and self.out is None:
+            p.append("nothing would be written: pass --npz FILE (ADM evaluator format) and/or --out DIR (PNG grid)")
+        if self.save_images and self.out is None:
+            p.append("--save-images writes PNGs under --out DIR; pass --out")
+        p += self._check_sampler()
+        if self.cfg_channels not in CFG_CHANNELS:
+            p.append(f"--cfg-channels must be one of {CFG_CHANNELS}, got {self.cfg_channels!r}")
+        if self.weights not in WEIGHTS:
+            p.append(f"--weights must be one of {WEIGHTS}, got {self.weights!r}")
+        if self.precision not in PRECISIONS:
+            p.append(f"--precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if self.seed < 0:
+            p.append(f"--seed must be >= 0, got {self.seed}")
+        if self.batch_size < 1:
+            p.append(f"--batch-size must be >= 1 (images per process and batch), got {self.batch_size}")
+        if self.grid_max < 0:
+            p.append(f"--grid-max must be >= 0, got {self.grid_max}")
+        if self.grid_cols is not None and self.grid_cols < 1:
+            p.append(f"--grid-cols must be >= 1, got {self.grid_cols}")
+        if self.npz is not None and Path(self.npz).is_dir():
+            p.append(f"--npz {self.npz!r} is a folder; give a file name such as samples.npz")
+        if self.out is not None and Path(self.out).exists() and not Path(self.out).is_dir():
+            p.append(f"--out {self.out!r} exists and is not a folder")
+        collect(p, "sampling configuration")
+        return self
+
+    def _check_sampler(self) -> list[str]:
+        p = []
+        if self.sampler not in SAMPLERS:
+            p.append(f"--sampler must be one of {SAMPLERS}, got {self.sampler!r}")
+        if not 1 <= self.steps <= TRAIN_TIMESTEPS:
+            p.append(f"--steps must be in 1..{TRAIN_TIMESTEPS}, got {self.steps}")
+        elif self.sampler == "ddim" and ddim_stride(self.steps) is None:
+            near = _nearest(valid_ddim_steps(), self.steps)
+            p.append(f"--steps {self.steps} is not possible with --sampler ddim (DDIM takes every k-th of the "
+                     f"{TRAIN_TIMESTEPS} steps); nearest valid counts: {near}")
+        if not self.cfg_scale >= 1.0:
+            p.append(f"--cfg-scale must be >= 1 (1 = no guidance), got {self.cfg_scale}")
+        return p
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(kw_only=True)
+class ExportConfig:
+    """`dit-sample export --to diffusers|safetensors OUTPUT --ckpt X`."""
+
+    to: str
+    output: str
+    ckpt: str
+    weights: str = "ema"
+    model: str | None = None
+    vae: str = DEFAULT_VAE  # bundled into the diffusers pipeline folder
+    vae_config: str | None = None
+    overwrite: bool = False
+
+    def validate(self) -> "ExportConfig":
+        p: list[str] = []
+        if self.to not in EXPORT_TARGETS:
+            p.append(f"--to must be one of {EXPORT_TARGETS}, got {self.to!r}")
+        if not self.ckpt:
+            p.append("--ckpt is required")
+        if self.weights not in WEIGHTS:
+            p.append(f"--weights must be one of {WEIGHTS}, got {self.weights!r}")
+        out = Path(self.output)
+        if out.exists() and not self.overwrite:
+            p.append(f"{self.output!r} already exists; choose a new path or pass --overwrite")
+        if self.to == "safetensors" and out.suffix != ".safetensors":
+            p.append(f"--to safetensors writes one file; name it *.safetensors (got {self.output!r})")
+        if self.to == "diffusers" and out.exists() and not out.is_dir():
+            p.append(f"--to diffusers writes a folder, but {self.output!r} is a file")
+        collect(p, "export configuration")
+        return self

@@ -1,0 +1,200 @@
+"""`dit-sample export`: DiT weights as a diffusers `DiTPipeline` folder or as one `.safetensors` file.
+
+The diffusers layout (diffusers' `DiTTransformer2DModel`, key names read from the installed package)
+differs from DiT's in three ways the conversion handles:
+- the timestep MLP and label table live inside every block's `norm1.emb` (`AdaLayerNormZero`), so they
+  are copied into each block; the final layer reads block 0's copy;
+- the fused `attn.qkv` [3D, D] (q, k, v along the output features) is split into `to_q`, `to_k`, `to_v`;
+- renames: x_embedder.proj -> pos_embed.proj, mlp.fc1/fc2 -> ff.net.0.proj / ff.net.2,
+  adaLN_modulation.1 -> norm1.linear, final_layer.adaLN_modulation.1 -> proj_out_1,
+  final_layer.linear -> proj_out_2. pos_embed is recomputed by diffusers (same sin-cos table).
+`norm_eps` is set to DiT's 1e-6 (diffusers' default is 1e-5). diffusers' `CombinedTimestepLabelEmbeddings`
+hard-codes `downscale_freq_shift=1` (frequencies 10000^(-k/127) instead of DiT's 10000^(-k/128)), so the
+stock pipeline is close to but not exactly DiT; setting it to 0 on the loaded model makes it exact.
+
+The scheduler is DDIM with DiT's linear betas and "leading" spacing, i.e. DiT's "ddimN" respacing.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from common.errors import UserError
+from common.io import TMP_PREFIX, fsync_dir
+from common.log import get_logger
+from common.vae import load_vae
+from sample.config import TRAIN_TIMESTEPS, ExportConfig
+from sample.load import SAFETENSORS_LATENT_KEY, latent_scale, load_weights
+
+WEIGHTS_FORMAT = "dit-pipeline.weights"
+DIT_LN_EPS = 1e-6
+# DiT's betas: linspace(1e-4, 0.02) over 1000 steps (REFERENCE.md).
+BETA_START, BETA_END = 1e-4, 0.02
+
+
+def transformer_config(model_config: dict[str, Any]) -> dict[str, Any]:
+    """DiTTransformer2DModel keyword arguments for a DiT model_config."""
+    hidden, heads = int(model_config["hidden_size"]), int(model_config["num_heads"])
+    channels = int(model_config["in_channels"])
+    return {
+        "num_attention_heads": heads, "attention_head_dim": hidden // heads, "in_channels": channels,
+        "out_channels": channels * (2 if model_config["learn_sigma"] else 1),
+        "num_layers": int(model_config["depth"]), "sample_size": int(model_config["input_size"]),
+        "patch_size": int(model_config["patch_size"]), "num_embeds_ada_norm": int(model_config["num_classes"]),
+        "activation_fn": "gelu-approximate", "norm_type": "ada_norm_zero", "norm_elementwise_affine": False,
+        "norm_eps": DIT_LN_EPS, "attention_bias": True, "dropout": 0.0, "upcast_attention": False,
+    }
+
+
+def scheduler_config() -> dict[str, Any]:
+    """DDIMScheduler settings equal to DiT's diffusion sampled with "ddimN" respacing (eta 0)."""
+    return {
+        "num_train_timesteps": TRAIN_TIMESTEPS, "beta_start": BETA_START, "beta_end": BETA_END,
+        "beta_schedule": "linear", "clip_sample": False, "set_alpha_to_one": True, "steps_offset": 0,
+        "prediction_type": "epsilon", "timestep_spacing": "leading",
+    }
+
+
+def _block_keys(sd: dict[str, torch.Tensor], i: int, shared: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    src, dst = f"blocks.{i}.", f"transformer_blocks.{i}."
+    q, k, v = sd[src + "attn.qkv.weight"].chunk(3, dim=0)
+    qb, kb, vb = sd[src + "attn.qkv.bias"].chunk(3, dim=0)
+    out = {dst + "norm1.emb." + name: t for name, t in shared.items()}
+    out.update({
+        dst + "norm1.linear.weight": sd[src + "adaLN_modulation.1.weight"],
+        dst + "norm1.linear.bias": sd[src + "adaLN_modulation.1.bias"],
+        dst + "attn1.to_q.weight": q, dst + "attn1.to_q.bias": qb,
+        dst + "attn1.to_k.weight": k, dst + "attn1.to_k.bias": kb,
+        dst + "attn1.to_v.weight": v, dst + "attn1.to_v.bias": vb,
+        dst + "attn1.to_out.0.weight": sd[src + "attn.proj.weight"],
+        dst + "attn1.to_out.0.bias": sd[src + "attn.proj.bias"],
+        dst + "ff.net.0.proj.weight": sd[src + "mlp.fc1.weight"], dst + "ff.net.0.proj.bias": sd[src + "mlp.fc1.bias"],
+        dst + "ff.net.2.weight": sd[src + "mlp.fc2.weight"], dst + "ff.net.2.bias": sd[src + "mlp.fc2.bias"],
+    })
+    return out
+
+
+def to_diffusers_state_dict(state_dict: dict[str, torch.Tensor], model_config: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """DiT state_dict (official names) -> DiTTransformer2DModel state_dict (contiguous copies)."""
+    if not float(model_config["class_dropout_prob"]) > 0:
+        raise UserError("diffusers' DiT always has a null-class row in its label table, but this model was "
+                        "trained without class dropout (no null class); it cannot be exported to diffusers")
+    sd = state_dict
+    shared = {
+        "timestep_embedder.linear_1.weight": sd["t_embedder.mlp.0.weight"],
+        "timestep_embedder.linear_1.bias": sd["t_embedder.mlp.0.bias"],
+        "timestep_embedder.linear_2.weight": sd["t_embedder.mlp.2.weight"],
+        "timestep_embedder.linear_2.bias": sd["t_embedder.mlp.2.bias"],
+        "class_embedder.embedding_table.weight": sd["y_embedder.embedding_table.weight"],
+    }
+    out = {"pos_embed.proj.weight": sd["x_embedder.proj.weight"], "pos_embed.proj.bias": sd["x_embedder.proj.bias"]}
+    for i in range(int(model_config["depth"])):
+        out.update(_block_keys(sd, i, shared))
+    out.update({
+        "proj_out_1.weight": sd["final_layer.adaLN_modulation.1.weight"],
+        "proj_out_1.bias": sd["final_layer.adaLN_modulation.1.bias"],
+        "proj_out_2.weight": sd["final_layer.linear.weight"], "proj_out_2.bias": sd["final_layer.linear.bias"],
+    })
+    return {k: v.detach().to(torch.float32).contiguous().clone() for k, v in out.items()}
+
+
+def build_diffusers_transformer(state_dict: dict[str, torch.Tensor], model_config: dict[str, Any]):
+    """A DiTTransformer2DModel holding these DiT weights (strict load), in eval mode."""
+    from diffusers import DiTTransformer2DModel
+
+    model = DiTTransformer2DModel(**transformer_config(model_config))
+    model.load_state_dict(to_diffusers_state_dict(state_dict, model_config), strict=True)
+    return model.eval()
+
+
+def set_dit_timestep_frequencies(transformer) -> int:
+    """Make a loaded DiTTransformer2DModel use DiT's exact timestep frequencies (downscale_freq_shift 0).
+
+    Returns how many embeddings were changed. Needed for bit-compatibility with DiT; a runtime setting,
+    not saved in the config (diffusers hard-codes the value 1 when it builds the model).
+    """
+    changed = 0
+    for block in transformer.transformer_blocks:
+        block.norm1.emb.time_proj.downscale_freq_shift = 0
+        changed += 1
+    return changed
+
+
+def _replace_path(tmp: Path, final: Path, overwrite: bool) -> None:
+    """Move a finished temp file/folder onto `final`; an existing one is replaced only with overwrite."""
+    if final.exists():
+        if not overwrite:
+            raise UserError(f"{final} already exists; pass --overwrite to replace it")
+        old = final.parent / f"{TMP_PREFIX}old-{final.name}-{os.getpid()}"
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old) if old.is_dir() else old.unlink()
+    else:
+        os.replace(tmp, final)
+    fsync_dir(final.parent)
+
+
+def export_safetensors(state_dict: dict[str, torch.Tensor], info: dict[str, Any], output: Path,
+                       overwrite: bool = False) -> Path:
+    """One .safetensors file with the DiT weights (official names) and JSON metadata
+    (format, model_config, latent scale when known, source)."""
+    from safetensors.torch import save_file
+
+    metadata = {"format": WEIGHTS_FORMAT, "model_config": json.dumps(info["model_config"], sort_keys=True),
+                "source": str(info.get("source")), "weights": str(info.get("weights"))}
+    if info.get("latent"):
+        metadata[SAFETENSORS_LATENT_KEY] = json.dumps(info["latent"], sort_keys=True)
+    if info.get("step") is not None:
+        metadata["step"] = str(info["step"])
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output.parent / f"{TMP_PREFIX}{output.name}.{os.getpid()}"
+    try:
+        save_file({k: v.detach().contiguous() for k, v in state_dict.items()}, str(tmp), metadata=metadata)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        _replace_path(tmp, output, overwrite)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return output
+
+
+def export_diffusers(state_dict: dict[str, torch.Tensor], info: dict[str, Any], output: Path, *,
+                     vae: str, vae_config: str | None = None, overwrite: bool = False) -> Path:
+    """A DiTPipeline folder (transformer, vae, scheduler), written to a temp folder and renamed into place."""
+    from diffusers import DDIMScheduler, DiTPipeline
+
+    log = get_logger()
+    transformer = build_diffusers_transformer(state_dict, info["model_config"])
+    vae_model, vae_id = load_vae(vae, config=vae_config)
+    scale, _ = latent_scale(info.get("latent"), vae_id, log)
+    if scale != vae_id["scaling_factor"]:
+        vae_model.register_to_config(scaling_factor=scale)  # DiTPipeline decodes with the VAE config's factor
+    if int(info["model_config"]["num_classes"]) != 1000:
+        log.warning("DiTPipeline uses class id 1000 as the null class; this model has %d classes, so guidance "
+                    "with guidance_scale > 1 needs a custom loop", info["model_config"]["num_classes"])
+    pipe = DiTPipeline(transformer=transformer, vae=vae_model, scheduler=DDIMScheduler(**scheduler_config()))
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{output.name}.", dir=output.parent))
+    try:
+        pipe.save_pretrained(str(tmp), safe_serialization=True)
+        _replace_path(tmp, output, overwrite)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return output
+
+
+def export(cfg: ExportConfig) -> Path:
+    """Run `dit-sample export` (see the module docstring)."""
+    cfg.validate()
+    state_dict, info = load_weights(cfg.ckpt, weights=cfg.weights, expect_model=cfg.model)
+    output = Path(cfg.output).expanduser()
+    if cfg.to == "safetensors":
+        return export_safetensors(state_dict, info, output, overwrite=cfg.overwrite)
+    return export_diffusers(state_dict, info, output, vae=cfg.vae, vae_config=cfg.vae_config,
+                            overwrite=cfg.overwrite)

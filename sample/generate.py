@@ -1,0 +1,125 @@
+"""The sampling core shared by `dit-sample` and the trainer's periodic grids.
+
+Follows the reference DiT sampler (REFERENCE.md): classifier-free guidance as [cond; uncond] through
+`forward_with_cfg` (first 3 latent channels guided by default), IDDPM respacing, `clip_denoised=False`,
+decode with the VAE after dividing by its scaling factor, and pixels to uint8 as
+`clamp(127.5 * x + 128, 0, 255)` truncated, as the reference's FID sampling script does.
+
+One difference in bookkeeping, not in results: the reference carries both CFG halves through the sampler
+and discards the second at the end. Here the diffusion loop holds only the conditional half and the model
+function doubles it for the network call, which is the same computation for every kept sample and lets
+each sample's noise come from its own generator (seed, index) alone.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Sequence
+
+import torch
+from torch import nn
+
+import dit
+from sample.config import respacing
+from sample.plan import noise_generators
+
+AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def guide_channels_arg(cfg_channels: str | int) -> int | str:
+    """--cfg-channels value -> forward_with_cfg's guide_channels (3 = the reference, "all")."""
+    return "all" if str(cfg_channels) == "all" else int(cfg_channels)
+
+
+def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def guided_model_fn(model: nn.Module, *, cfg_scale: float, cfg_channels: str | int = "3",
+                    autocast_dtype: torch.dtype | None = None) -> Callable[..., torch.Tensor]:
+    """model_fn(x [B, C, S, S], t [B], y [B]) -> float32 [B, Cout, S, S] for the diffusion loops.
+
+    With cfg_scale > 1 each call runs the network on [x; x] with labels [y; null] and returns the guided
+    conditional half; cfg_scale == 1 is the plain conditional model, as in the reference.
+    """
+    guide = guide_channels_arg(cfg_channels)
+    null_class = int(model.num_classes)
+
+    def model_fn(x: torch.Tensor, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        with autocast(x.device, autocast_dtype):
+            if cfg_scale > 1.0:
+                y_null = torch.full_like(y, null_class)
+                out = model.forward_with_cfg(torch.cat([x, x]), torch.cat([t, t]), torch.cat([y, y_null]),
+                                             cfg_scale, guide_channels=guide)[: x.shape[0]]
+            else:
+                out = model(x, t, y)
+        return out.float()  # the diffusion math stays in float32 whatever the model ran in
+
+    return model_fn
+
+
+def initial_noise(generators: Sequence[torch.Generator], shape: tuple[int, ...],
+                  device: torch.device) -> torch.Tensor:
+    """[B, *shape] standard normal noise, row b drawn from generators[b] (on its own device)."""
+    rows = [torch.randn(shape, generator=g, device=g.device, dtype=torch.float32) for g in generators]
+    return torch.stack(rows).to(device)
+
+
+def make_diffusion(sampler: str, steps: int, learn_sigma: bool = True):
+    """The respaced DiT diffusion for a sampler: "ddpm" -> "N" sections, "ddim" -> "ddimN"."""
+    return dit.create_diffusion(timestep_respacing=respacing(sampler, steps), learn_sigma=learn_sigma)
+
+
+@torch.no_grad()
+def sample_latents(model: nn.Module, diffusion, labels: torch.Tensor, generators: Sequence[torch.Generator], *,
+                   sampler: str = "ddpm", cfg_scale: float = 4.0, cfg_channels: str | int = "3",
+                   autocast_dtype: torch.dtype | None = None, model_fn: Callable | None = None) -> torch.Tensor:
+    """Denoise one batch: labels [B] (on the model's device), one generator per sample -> latents [B, C, S, S].
+
+    The initial noise and every step's noise of sample b come from generators[b] only.
+    """
+    device = labels.device
+    shape = (int(model.in_channels), int(model.input_size), int(model.input_size))
+    fn = model_fn or guided_model_fn(model, cfg_scale=cfg_scale, cfg_channels=cfg_channels,
+                                     autocast_dtype=autocast_dtype)
+    noise = initial_noise(generators, shape, device)
+    loop = diffusion.ddim_sample_loop if sampler == "ddim" else diffusion.p_sample_loop
+    return loop(fn, noise.shape, noise=noise, clip_denoised=False, model_kwargs={"y": labels},
+                progress=False, generator=list(generators))
+
+
+def to_uint8(images: torch.Tensor) -> torch.Tensor:
+    """[B, 3, H, W] in [-1, 1] -> uint8 [B, H, W, 3] on the CPU (the reference's rounding: +128, truncate)."""
+    return torch.clamp(127.5 * images.float() + 128.0, 0, 255).permute(0, 2, 3, 1).to("cpu", dtype=torch.uint8)
+
+
+@torch.no_grad()
+def decode_latents(vae: nn.Module, latents: torch.Tensor, *, scaling_factor: float,
+                   shift_factor: float | None = None) -> torch.Tensor:
+    """Latents [B, C, S, S] -> uint8 images [B, H, W, 3] on the CPU.
+
+    Inverts diffusers' latent convention z = (raw - shift) * scale. The VAE runs in its own dtype
+    (float32 as loaded) with autocast off: decoding is ~1% of a sample's cost and fp32 keeps pixels
+    identical to the reference.
+    """
+    param = next(vae.parameters())
+    z = latents.to(device=param.device, dtype=torch.float32) / float(scaling_factor)
+    if shift_factor is not None:
+        z = z + float(shift_factor)
+    with torch.autocast(device_type=param.device.type, enabled=False):
+        images = vae.decode(z.to(param.dtype)).sample
+    return to_uint8(images)
+
+
+def generate_images(model: nn.Module, vae: nn.Module, diffusion, *, indices: Sequence[int], labels: Sequence[int],
+                    seed: int, scaling_factor: float, shift_factor: float | None = None, sampler: str = "ddpm",
+                    cfg_scale: float = 4.0, cfg_channels: str | int = "3",
+                    autocast_dtype: torch.dtype | None = None, model_fn: Callable | None = None) -> torch.Tensor:
+    """Samples `indices` with classes `labels` -> uint8 [B, H, W, 3] (CPU); noise from (seed, index)."""
+    device = next(model.parameters()).device
+    y = torch.as_tensor(list(labels), dtype=torch.long, device=device)
+    latents = sample_latents(model, diffusion, y, noise_generators(seed, indices), sampler=sampler,
+                             cfg_scale=cfg_scale, cfg_channels=cfg_channels, autocast_dtype=autocast_dtype,
+                             model_fn=model_fn)
+    return decode_latents(vae, latents, scaling_factor=scaling_factor, shift_factor=shift_factor)

@@ -1,0 +1,114 @@
+"""Labelled PNG grids of samples, for `dit-sample --out` and the trainer's periodic `RUN/samples/`.
+
+`sample_grid` draws a fixed set of classes and seeds with the same code path as `dit-sample` (noise of
+sample i from (seed, i)), so a grid the trainer saved at step k is reproduced by
+`dit-sample --ckpt step-k.pt --class-labels <same> --seed <same> --sampler <same> --steps <same>`.
+`save_grid` tiles uint8 images with torchvision's `make_grid` and writes each tile's class in its corner.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from common.io import atomic_write_bytes
+from sample.generate import AUTOCAST_DTYPES, generate_images, make_diffusion
+
+GRID_PADDING = 2
+
+
+def grid_shape(n: int, ncol: int | None = None) -> tuple[int, int]:
+    """(rows, cols) of the grid for n tiles; cols default to ceil(sqrt(n))."""
+    cols = min(n, ncol) if ncol else max(1, math.ceil(math.sqrt(n)))
+    return math.ceil(n / cols), cols
+
+
+def grid_size(n: int, height: int, width: int, ncol: int | None = None,
+              padding: int = GRID_PADDING) -> tuple[int, int]:
+    """(height, width) in pixels of the grid save_grid writes (make_grid's layout)."""
+    rows, cols = grid_shape(n, ncol)
+    return rows * (height + padding) + padding, cols * (width + padding) + padding
+
+
+def _draw_labels(grid: np.ndarray, labels: Sequence[int], tile_hw: tuple[int, int], cols: int,
+                 padding: int) -> np.ndarray:
+    from PIL import Image, ImageDraw, ImageFont
+
+    img = Image.fromarray(grid)
+    draw = ImageDraw.Draw(img)
+    h, w = tile_hw
+    size = max(8, h // 16)
+    try:
+        font = ImageFont.load_default(size=size)
+    except (TypeError, OSError, ImportError):  # Pillow without FreeType: the fixed bitmap font
+        font = ImageFont.load_default()
+    for k, label in enumerate(labels):
+        x = padding + (k % cols) * (w + padding)
+        y = padding + (k // cols) * (h + padding)
+        text = str(int(label))
+        left, top, right, bottom = draw.textbbox((x + 1, y), text, font=font)
+        draw.rectangle((x, y, min(right + 1, x + w - 1), min(bottom + 1, y + h - 1)), fill=(0, 0, 0))
+        draw.text((x + 1, y), text, fill=(255, 255, 255), font=font)
+    return np.array(img)  # a writable copy (PIL's buffer is read-only)
+
+
+def save_grid(images: np.ndarray | torch.Tensor, path: str | Path, *, labels: Sequence[int] | None = None,
+              ncol: int | None = None, padding: int = GRID_PADDING) -> Path:
+    """Write uint8 images [N, H, W, 3] as one PNG grid (atomically); returns the path.
+
+    labels: class of each image, printed in the tile's top-left corner (None: no text).
+    The PNG is `grid_size(N, H, W, ncol, padding)` pixels.
+    """
+    from torchvision.io import encode_png
+    from torchvision.utils import make_grid
+
+    arr = np.asarray(images.cpu() if isinstance(images, torch.Tensor) else images)
+    if arr.dtype != np.uint8 or arr.ndim != 4 or arr.shape[-1] != 3 or len(arr) == 0:
+        raise ValueError(f"save_grid expects uint8 [N, H, W, 3] with N >= 1, got {arr.dtype} {list(arr.shape)}")
+    if labels is not None and len(labels) != len(arr):
+        raise ValueError(f"{len(labels)} labels for {len(arr)} images")
+    _, cols = grid_shape(len(arr), ncol)
+    grid = make_grid(torch.from_numpy(arr).permute(0, 3, 1, 2), nrow=cols, padding=padding, pad_value=0)
+    grid_hwc = grid.permute(1, 2, 0).contiguous().numpy()
+    if labels is not None:
+        grid_hwc = _draw_labels(grid_hwc, labels, arr.shape[1:3], cols, padding)
+    png = encode_png(torch.from_numpy(np.ascontiguousarray(grid_hwc)).permute(2, 0, 1).contiguous())
+    path = Path(path)
+    atomic_write_bytes(path, png.numpy().tobytes())
+    return path
+
+
+@torch.no_grad()
+def sample_grid(model: nn.Module, *, vae: nn.Module, scaling_factor: float, shift_factor: float | None = None,
+                class_labels: Sequence[int], seed: int, steps: int = 50, sampler: str = "ddim",
+                cfg_scale: float = 4.0, cfg_channels: str = "3", batch_size: int | None = None,
+                precision: str = "fp32") -> np.ndarray:
+    """Sample one image per entry of `class_labels` -> uint8 [N, H, W, 3] (numpy).
+
+    model: a DiT (not DDP-wrapped; pass the EMA copy) on its device; `vae` on the same device.
+    Image i uses the noise of (seed, i), exactly as `dit-sample --seed seed --class-labels ...` would.
+    The model is switched to eval mode for sampling (no class dropout) and restored afterwards.
+    precision: "fp32", "bf16" or "fp16" autocast for the DiT (the VAE decodes in float32).
+    """
+    if sampler not in ("ddpm", "ddim"):
+        raise ValueError(f"sampler must be 'ddpm' or 'ddim', got {sampler!r}")
+    labels = [int(c) for c in class_labels]
+    diffusion = make_diffusion(sampler, steps, learn_sigma=bool(model.learn_sigma))
+    was_training = model.training
+    model.eval()
+    try:
+        chunks = []
+        step = batch_size or len(labels)
+        for start in range(0, len(labels), step):
+            idx = list(range(start, min(start + step, len(labels))))
+            chunks.append(generate_images(
+                model, vae, diffusion, indices=idx, labels=[labels[i] for i in idx], seed=seed,
+                scaling_factor=scaling_factor, shift_factor=shift_factor, sampler=sampler, cfg_scale=cfg_scale,
+                cfg_channels=cfg_channels, autocast_dtype=AUTOCAST_DTYPES[precision]))
+    finally:
+        model.train(was_training)
+    return torch.cat(chunks).numpy()

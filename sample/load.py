@@ -1,0 +1,111 @@
+"""Loading a DiT for sampling or export, and deciding which latent scale decodes its samples.
+
+Weight files of every kind go through `dit.load_dit_weights` (safe loading, shape inference); this module
+turns its errors into user-facing ones, applies `--weights` and `--model`, and reads the latent scale that
+our checkpoints (and our safetensors exports) carry. Official files have none, so the VAE config's
+`scaling_factor` is used (REFERENCE.md: 0.18215 for the SD-VAE, read from the config, never a literal).
+"""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import dit
+from common.errors import UserError
+
+SAFETENSORS_LATENT_KEY = "latent"
+
+
+@dataclass
+class LoadedModel:
+    model: dit.DiT
+    state_dict: dict[str, torch.Tensor]
+    info: dict[str, Any]  # from dit.load_dit_weights: source, weights, model_config, preset, latent?, step?
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return self.info["model_config"]
+
+    @property
+    def latent(self) -> dict[str, Any] | None:
+        return self.info.get("latent")
+
+    def describe(self) -> str:
+        c = self.config
+        name = c["model"] or f"custom DiT (depth {c['depth']}, hidden {c['hidden_size']})"
+        step = f", step {self.info['step']}" if self.info.get("step") is not None else ""
+        return (f"{name}, {c['input_size']}x{c['input_size']}x{c['in_channels']} latents, {c['num_classes']} "
+                f"classes, {self.info['source']} file, {self.info['weights']} weights{step}")
+
+
+def _safetensors_latent(path: Path) -> dict[str, Any] | None:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt", device="cpu") as f:
+        raw = (f.metadata() or {}).get(SAFETENSORS_LATENT_KEY)
+    return json.loads(raw) if raw else None
+
+
+def load_weights(ckpt: str | Path, *, weights: str = "ema",
+                 expect_model: str | None = None) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """(state_dict, info) of `ckpt`, with --weights and --model applied; UserError on any mismatch."""
+    path = Path(ckpt).expanduser()
+    try:
+        state_dict, info = dit.load_dit_weights(path, prefer=weights)
+    except dit.WeightsError as e:
+        raise UserError(f"--ckpt: {e}") from None
+    if info["weights"] in ("ema", "model") and info["weights"] != weights:
+        raise UserError(f"--weights {weights}: {path} has no {weights!r} weights (only {info['weights']!r}); "
+                        f"pass --weights {info['weights']}")
+    if path.suffix == ".safetensors" and "latent" not in info:
+        try:
+            latent = _safetensors_latent(path)
+        except ValueError as e:
+            raise UserError(f"--ckpt {path}: metadata 'latent' is not valid JSON ({e})") from None
+        if latent:
+            info["latent"] = latent
+    if expect_model is not None:
+        try:
+            want = dit.canonical_model_name(expect_model)
+        except ValueError as e:
+            raise UserError(f"--model: {e}") from None
+        if info["preset"] != want:
+            c = info["model_config"]
+            raise UserError(f"--model {want}, but {path} holds {info['preset'] or 'a custom DiT'} weights "
+                            f"(depth {c['depth']}, hidden {c['hidden_size']}, patch {c['patch_size']}); "
+                            "drop --model or pass the matching checkpoint")
+    return state_dict, info
+
+
+def load_model(ckpt: str | Path, *, weights: str = "ema", expect_model: str | None = None,
+               device: torch.device | str = "cpu") -> LoadedModel:
+    """The DiT of `ckpt` in eval mode on `device` (float32 weights; precision is applied by autocast)."""
+    state_dict, info = load_weights(ckpt, weights=weights, expect_model=expect_model)
+    try:
+        model = dit.build_model_from_weights(state_dict, info, device=device, dtype=torch.float32)
+    except dit.WeightsError as e:
+        raise UserError(f"--ckpt: {e}") from None
+    return LoadedModel(model=model, state_dict=state_dict, info=info)
+
+
+def latent_scale(latent: dict[str, Any] | None, vae_identity: dict[str, Any],
+                 log: logging.Logger | None = None) -> tuple[float, float | None]:
+    """(scaling_factor, shift_factor) that decode this model's latents.
+
+    A checkpoint that records the scale it was trained with wins; otherwise the VAE config's values.
+    """
+    vae_scale, vae_shift = float(vae_identity["scaling_factor"]), vae_identity.get("shift_factor")
+    if not latent or latent.get("scaling_factor") is None:
+        return vae_scale, vae_shift
+    scale = float(latent["scaling_factor"])
+    shift = latent.get("shift_factor")
+    shift = None if shift is None else float(shift)
+    if log is not None and (scale != vae_scale or shift != vae_shift):
+        log.warning("the checkpoint was trained on latents scaled by %s (shift %s) but the VAE config says %s "
+                    "(shift %s); decoding with the checkpoint's values", scale, shift, vae_scale, vae_shift)
+    return scale, shift

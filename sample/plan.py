@@ -1,0 +1,66 @@
+"""Which sample gets which noise, which class, and which rank: pure functions of integers.
+
+Every sample has a global index i in [0, N). Its noise comes from a torch.Generator seeded with
+`derive_seed(seed, STREAM_SAMPLING, i)` and, when classes are drawn, its class from
+`derive_seed(seed, STREAM_SAMPLING, i, LABEL_SUBSTREAM)`. Nothing else enters, so an image is the same
+whatever the batch size, the number of ranks or how often the run was interrupted and resumed
+(STYLE.md: reproducible decisions are pure functions of integers; streaming's partitioning).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from common.seeding import STREAM_SAMPLING, derive_seed
+
+# Appended to (seed, STREAM_SAMPLING, index) for the class draw, so it never shares a seed with the noise.
+LABEL_SUBSTREAM = 1
+
+
+def noise_seed(seed: int, index: int) -> int:
+    """Seed of sample `index`'s noise generator (initial latent and every sampler step)."""
+    return derive_seed(seed, STREAM_SAMPLING, index)
+
+
+def noise_generators(seed: int, indices: Sequence[int], device: str | torch.device = "cpu") -> list[torch.Generator]:
+    """One freshly seeded torch.Generator per sample index, in the order given."""
+    gens = []
+    for i in indices:
+        g = torch.Generator(device=device)
+        g.manual_seed(noise_seed(seed, int(i)))
+        gens.append(g)
+    return gens
+
+
+def drawn_label(seed: int, index: int, num_classes: int) -> int:
+    """The class of sample `index` when classes are drawn uniformly (exactly uniform, no modulo bias)."""
+    rng = np.random.default_rng(derive_seed(seed, STREAM_SAMPLING, index, LABEL_SUBSTREAM))
+    return int(rng.integers(num_classes))
+
+
+def class_labels(*, num_samples: int, seed: int, num_classes: int,
+                 given: Sequence[int] | None = None) -> np.ndarray:
+    """The class of every sample, int64 [num_samples].
+
+    given: labels from --class-labels, repeated cyclically to num_samples; None draws them uniformly.
+    """
+    if given:
+        reps = -(-num_samples // len(given))
+        return np.tile(np.asarray(given, dtype=np.int64), reps)[:num_samples]
+    return np.array([drawn_label(seed, i, num_classes) for i in range(num_samples)], dtype=np.int64)
+
+
+def rank_batches(remaining: Sequence[int], batch_size: int, rank: int, world_size: int) -> list[list[int]]:
+    """This rank's batches of the still-missing sample indices.
+
+    The sorted remaining indices are cut into consecutive batches of `batch_size` (the last one shorter)
+    and batch k goes to rank k % world_size: every index exactly once, ranks within one batch of each
+    other, and each batch a contiguous range when nothing is missing in the middle.
+    """
+    if batch_size < 1 or world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"bad split: batch_size={batch_size}, rank={rank}, world_size={world_size}")
+    ordered = sorted(int(i) for i in remaining)
+    batches = [ordered[k:k + batch_size] for k in range(0, len(ordered), batch_size)]
+    return batches[rank::world_size]

@@ -1,0 +1,247 @@
+"""`dit-sample`: images and FID-ready `.npz` files from DiT checkpoints, on one process or under torchrun.
+
+Follows the reference DiT FID sampler (REFERENCE.md; ADM evaluation format) with three guarantees added:
+every sample is a pure function of (seed, index) (sample/plan.py), finished batches survive a kill
+(sample/npz.py part files, checked against a fingerprint of everything that determines the pixels), and
+ranks split the missing indices between them, so the final arrays do not depend on the batch size, the
+number of GPUs or interruptions.
+
+Flow: every rank loads the model and VAE; rank 0 checks earlier results and opens the parts folder and
+tells the others which indices are missing; each rank samples its batches and writes one part per batch;
+after a barrier rank 0 assembles the `.npz`, the grid and the run record, then deletes the parts.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from common import distributed as dist
+from common.errors import UserError
+from common.faults import fault_point
+from common.io import atomic_write_bytes, atomic_write_json, sha256_file
+from common.log import progress_enabled, setup_logging
+from common.vae import load_vae
+from sample import plan
+from sample.config import SampleConfig
+from sample.generate import AUTOCAST_DTYPES, generate_images, guided_model_fn, make_diffusion
+from sample.grid import save_grid
+from sample.load import LoadedModel, latent_scale, load_model
+from sample.npz import PartStore, assemble_npz, parts_dir_for
+
+RECORD_FORMAT = "dit-pipeline.samples"
+
+
+@dataclass
+class SampleResult:
+    total: int  # samples in the run
+    produced: int  # sampled by this invocation on this rank
+    resumed: int  # finished by earlier invocations
+    image_size: int
+    seconds: float
+    npz: Path | None = None
+    grid: Path | None = None
+
+
+def set_tf32(enabled: bool) -> None:
+    """TF32 for float32 matmuls and convolutions on GPUs that have it (the reference samples with it on)."""
+    mode = "tf32" if enabled else "ieee"
+    torch.backends.cuda.matmul.fp32_precision = mode
+    torch.backends.cudnn.conv.fp32_precision = mode
+
+
+def run_sampling(cfg: SampleConfig) -> SampleResult:
+    """Run one sampling job (see the module docstring); joins torchrun's process group if launched by it."""
+    cfg.validate()
+    dist.init()
+    try:
+        return _run(cfg)
+    finally:
+        dist.destroy()
+
+
+def _run(cfg: SampleConfig) -> SampleResult:
+    log = setup_logging(None, quiet=cfg.quiet)  # log files only once the inputs proved usable
+    start = time.perf_counter()
+    device = torch.device(cfg.device) if cfg.device else dist.device()
+    set_tf32(cfg.tf32)
+    loaded = load_model(cfg.ckpt, weights=cfg.weights, expect_model=cfg.model, device=device)
+    log.info("model: %s", loaded.describe())
+    vae, vae_id = load_vae(cfg.vae, config=cfg.vae_config, device=device)
+    scale, shift = latent_scale(loaded.latent, vae_id, log)
+    labels = _labels(cfg, loaded)
+    _check_compatible(cfg, loaded, vae_id)
+    image_size = int(loaded.config["input_size"]) * int(vae_id["downsample_factor"])
+    if cfg.out:
+        log = setup_logging(Path(cfg.out) / "logs", quiet=cfg.quiet)
+    store = PartStore(parts_dir_for(cfg.npz, cfg.out), {}, cfg.total)
+    record: dict[str, Any] = {}
+    if dist.is_main():
+        record = _record(cfg, loaded, vae_id, scale, shift, labels, image_size)
+        store.fingerprint = record["fingerprint"]
+    state = _on_rank0(lambda: _prepare(cfg, store, record, log))
+    if state == "complete":
+        log.info("%s: already complete (same checkpoint and settings); nothing to do", cfg.npz or cfg.out)
+        return SampleResult(cfg.total, 0, cfg.total, image_size, time.perf_counter() - start,
+                            Path(cfg.npz) if cfg.npz else None, _grid_path(cfg))
+    done = set(state)
+    remaining = [i for i in range(cfg.total) if i not in done]
+    log.info("sampling %d of %d images (%d already done) at %dx%d on %d process(es), %s %d steps, cfg %s",
+             len(remaining), cfg.total, len(done), image_size, image_size, dist.world_size(), cfg.sampler,
+             cfg.steps, cfg.cfg_scale)
+    produced = _sample_batches(cfg, loaded, vae, store, labels, remaining, scale, shift)
+    dist.barrier()
+    result = SampleResult(cfg.total, produced, len(done), image_size, 0.0)
+    if dist.is_main():
+        result.npz, result.grid = _finish(cfg, store, labels, record, log)
+    result.seconds = time.perf_counter() - start
+    if dist.is_main():
+        log.info("done: %d new images in %.1f s (%.2f images/s over %d process(es))", len(remaining),
+                 result.seconds, len(remaining) / max(result.seconds, 1e-9), dist.world_size())
+    return result
+
+
+def _labels(cfg: SampleConfig, loaded: LoadedModel) -> np.ndarray:
+    num_classes = int(loaded.config["num_classes"])
+    bad = sorted({int(c) for c in cfg.class_labels or [] if int(c) >= num_classes})
+    if bad:
+        raise UserError(f"--class-labels {bad} out of range: the model has {num_classes} classes "
+                        f"(0..{num_classes - 1})")
+    return plan.class_labels(num_samples=cfg.total, seed=cfg.seed, num_classes=num_classes, given=cfg.class_labels)
+
+
+def _check_compatible(cfg: SampleConfig, loaded: LoadedModel, vae_id: dict[str, Any]) -> None:
+    c = loaded.config
+    if int(vae_id["latent_channels"]) != int(c["in_channels"]):
+        raise UserError(f"--vae {cfg.vae!r} has {vae_id['latent_channels']} latent channels but the model takes "
+                        f"{c['in_channels']}; pass the VAE the model was trained with")
+    if cfg.guided and not float(c["class_dropout_prob"]) > 0:
+        raise UserError(f"--cfg-scale {cfg.cfg_scale}: the model has no null class (trained without class "
+                        "dropout), so classifier-free guidance is impossible; pass --cfg-scale 1")
+
+
+def _record(cfg: SampleConfig, loaded: LoadedModel, vae_id: dict[str, Any], scale: float,
+            shift: float | None, labels: np.ndarray, image_size: int) -> dict[str, Any]:
+    """What the outputs record: the fingerprint (everything that determines the pixels) and context."""
+    vae_key = ({"weights_sha256": vae_id["weights_sha256"]} if vae_id.get("weights_sha256")
+               else {k: vae_id.get(k) for k in ("source", "revision", "commit")})
+    fingerprint = {
+        "format": RECORD_FORMAT, "version": 1,
+        "checkpoint_sha256": sha256_file(Path(cfg.ckpt).expanduser()), "weights": loaded.info["weights"],
+        "model_config": loaded.config, "vae": vae_key, "scaling_factor": scale, "shift_factor": shift,
+        "sampler": cfg.sampler, "steps": cfg.steps, "cfg_scale": cfg.cfg_scale, "cfg_channels": cfg.cfg_channels,
+        "seed": cfg.seed, "num_samples": cfg.total, "image_size": image_size,
+        "labels_sha256": hashlib.sha256(np.ascontiguousarray(labels, dtype="<i8").tobytes()).hexdigest(),
+        "precision": cfg.precision, "tf32": cfg.tf32,
+    }
+    return {"fingerprint": json.loads(json.dumps(fingerprint)), "config": cfg.to_dict(),
+            "checkpoint": {"path": str(cfg.ckpt), "source": loaded.info["source"], "step": loaded.info.get("step")},
+            "vae": vae_id, "labels": labels.tolist()}
+
+
+def _on_rank0(fn) -> Any:
+    """Run fn on rank 0 and give every rank its result; a UserError there is raised on every rank."""
+    box: tuple[str, Any] = ("ok", None)
+    if dist.is_main():
+        try:
+            box = ("ok", fn())
+        except UserError as e:
+            box = ("error", str(e))
+    box = dist.broadcast_object(box)
+    if box[0] == "error":
+        raise UserError(box[1] if dist.is_main() else f"(reported by rank 0) {box[1]}")
+    return box[1]
+
+
+def _record_paths(cfg: SampleConfig) -> list[Path]:
+    paths = [Path(str(cfg.npz) + ".json")] if cfg.npz else []
+    return paths + ([Path(cfg.out) / "samples.json"] if cfg.out else [])
+
+
+def _grid_path(cfg: SampleConfig) -> Path | None:
+    return Path(cfg.out) / "grid.png" if cfg.out and cfg.grid_max > 0 else None
+
+
+def _read_fingerprint(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text()).get("fingerprint")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _prepare(cfg: SampleConfig, store: PartStore, record: dict[str, Any], log) -> str | list[int]:
+    """Rank 0: "complete" if this exact run already finished, else open the parts; the finished indices."""
+    fp = record["fingerprint"]
+    same = [_read_fingerprint(p) == fp for p in _record_paths(cfg)]
+    finals = [p for p in (Path(cfg.npz) if cfg.npz else None, _grid_path(cfg)) if p is not None]
+    if all(same) and all(p.is_file() for p in finals) and not store.folder.exists():
+        return "complete"
+    if cfg.npz and Path(cfg.npz).exists() and not same[0] and not cfg.overwrite:
+        raise UserError(f"--npz {cfg.npz} already exists and was not made by this checkpoint with these settings; "
+                        "choose another path or pass --overwrite to replace it")
+    return store.open(overwrite=cfg.overwrite, log=log)
+
+
+def _sample_batches(cfg: SampleConfig, loaded: LoadedModel, vae, store: PartStore, labels: np.ndarray,
+                     remaining: list[int], scale: float, shift: float | None) -> int:
+    """This rank's share of the missing samples, one part file per batch; returns images produced."""
+    from tqdm.auto import tqdm
+
+    model = loaded.model
+    if cfg.compile:
+        model.compile()  # in place, so forward_with_cfg's inner call runs the compiled forward
+    diffusion = make_diffusion(cfg.sampler, cfg.steps, learn_sigma=bool(loaded.config["learn_sigma"]))
+    model_fn = guided_model_fn(model, cfg_scale=cfg.cfg_scale, cfg_channels=cfg.cfg_channels,
+                               autocast_dtype=AUTOCAST_DTYPES[cfg.precision])
+    batches = plan.rank_batches(remaining, cfg.batch_size, dist.rank(), dist.world_size())
+    ws = dist.world_size()
+    produced = 0
+    # Rank 0's bar stands for all ranks (they run in lockstep), so its rate reads as total images/s.
+    with tqdm(total=len(remaining), unit="img", desc="sampling", disable=not progress_enabled(cfg.quiet),
+              dynamic_ncols=True) as bar:
+        for batch in batches:
+            images = generate_images(model, vae, diffusion, indices=batch, labels=labels[batch].tolist(),
+                                     seed=cfg.seed, scaling_factor=scale, shift_factor=shift, sampler=cfg.sampler,
+                                     model_fn=model_fn).numpy()
+            if cfg.save_images:
+                _write_pngs(Path(cfg.out) / "images", batch, images, cfg.total)
+            store.write(batch, labels[batch], images)  # the commit point of this batch
+            fault_point("sample.part_written")
+            produced += len(batch)
+            bar.update(min(len(batch) * ws, bar.total - bar.n))
+    return produced
+
+
+def _write_pngs(folder: Path, indices: list[int], images: np.ndarray, total: int) -> None:
+    from torchvision.io import encode_png
+
+    width = max(6, len(str(total - 1)))
+    for i, img in zip(indices, images):
+        png = encode_png(torch.from_numpy(img).permute(2, 0, 1).contiguous())
+        atomic_write_bytes(folder / f"{i:0{width}d}.png", png.numpy().tobytes())
+
+
+def _finish(cfg: SampleConfig, store: PartStore, labels: np.ndarray, record: dict[str, Any],
+            log) -> tuple[Path | None, Path | None]:
+    """Rank 0 after every rank finished: npz, grid, run records; then the parts go."""
+    npz_path = grid_path = None
+    if cfg.npz:
+        npz_path = Path(cfg.npz)
+        n, h, w = assemble_npz(store, npz_path, labels)
+        log.info("wrote %s: arr_0 uint8 [%d, %d, %d, 3], arr_1 labels [%d]", npz_path, n, h, w, n)
+    grid_path = _grid_path(cfg)
+    if grid_path is not None:
+        k = min(cfg.total, cfg.grid_max)
+        pairs = list(store.iter_images(range(k)))
+        save_grid(np.stack([p[0] for p in pairs]), grid_path, labels=[p[1] for p in pairs], ncol=cfg.grid_cols)
+        log.info("wrote %s (%d samples)", grid_path, k)
+    for path in _record_paths(cfg):
+        atomic_write_json(path, record)
+    store.remove()
+    return npz_path, grid_path
