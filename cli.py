@@ -82,3 +82,112 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             sys.exit(130)
 
     return wrapper
+
+
+# ---------------------------------------------------------------------------------------------------------
+# dit-sample (issue 6): `dit-sample [run] --ckpt X ...` samples; `dit-sample export --to diffusers OUT ...`
+# ---------------------------------------------------------------------------------------------------------
+
+class DefaultCommandGroup(DashGroup):
+    """A group whose `default_command` runs when the first argument is not a subcommand name,
+    so `dit-sample --ckpt X` means `dit-sample run --ckpt X`."""
+
+    default_command = "run"
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in ctx.help_option_names:
+            args = [self.default_command, *args]
+        return super().parse_args(ctx, args)
+
+
+def _parse_class_labels(ctx: click.Context, param: click.Parameter, value: str | None) -> list[int] | None:
+    if value is None:
+        return None
+    try:
+        return [int(part) for part in value.replace(" ", "").split(",") if part != ""]
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated class ids such as 207,360,387, got {value!r}") from None
+
+
+def _weights_options(f: Callable) -> Callable:
+    for decorator in reversed([
+        click.option("--ckpt", default=None, help="DiT weights: our checkpoint (RUN/checkpoints/step-N.pt), an "
+                     "EMA-only file, an official release file (DiT-XL-2-256x256.pt), a reference training "
+                     "checkpoint, or .safetensors."),
+        click.option("--weights", type=click.Choice(["ema", "model"]), default="ema", show_default=True,
+                     help="Which weights of a training checkpoint."),
+        click.option("--model", default=None, help="Expected preset (e.g. DiT-XL/2); inferred from the weights, "
+                     "a mismatch is an error."),
+        click.option("--vae", default="stabilityai/sd-vae-ft-ema", show_default=True,
+                     help="VAE: hub id, local diffusers folder, or single .safetensors/.ckpt file."),
+        click.option("--vae-config", default=None, help="Diffusers config folder for a single-file --vae "
+                     "(default: the built-in SD-VAE config)."),
+    ]):
+        f = decorator(f)
+    return f
+
+
+@click.group(cls=DefaultCommandGroup, context_settings={"help_option_names": ["-h", "--help"]},
+             no_args_is_help=True)
+def sample_main() -> None:
+    """Sample images and FID-ready .npz files from DiT checkpoints; export them to diffusers.
+
+    `dit-sample --ckpt X ...` runs the default `run` command (see `dit-sample run --help`); under torchrun
+    the ranks split the samples. `dit-sample export --to diffusers OUT --ckpt X` writes a DiTPipeline.
+    """
+
+
+@sample_main.command("run")
+@_weights_options
+@click.option("--sampler", type=click.Choice(["ddpm", "ddim"]), default="ddpm", show_default=True)
+@click.option("--steps", type=int, default=250, show_default=True, help="Sampling steps (respaced).")
+@click.option("--cfg-scale", type=float, default=4.0, show_default=True,
+              help="Classifier-free guidance scale (1 = none). The published FID-50K 2.27 uses 1.5.")
+@click.option("--cfg-channels", type=click.Choice(["3", "all"]), default="3", show_default=True,
+              help="Guide the first 3 latent channels (the reference, for its published FIDs) or all.")
+@click.option("--class-labels", callback=_parse_class_labels, default=None,
+              help="Comma-separated class ids (one sample each; repeated cyclically with --num-samples).")
+@click.option("--num-samples", type=int, default=None, help="Number of samples; classes drawn uniformly "
+              "unless --class-labels is given.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--batch-size", type=int, default=32, show_default=True, help="Images per process and batch.")
+@click.option("--npz", default=None, help="Write the ADM evaluator's .npz (arr_0 uint8 [N,H,W,3], arr_1 labels).")
+@click.option("--out", default=None, help="Folder for grid.png (labelled), samples.json and logs.")
+@click.option("--save-images", is_flag=True, default=False, help="Also write one PNG per sample to OUT/images/.")
+@click.option("--grid-max", type=int, default=64, show_default=True, help="At most this many samples in "
+              "grid.png (0: no grid).")
+@click.option("--grid-cols", type=int, default=None, help="Grid columns (default: square).")
+@click.option("--precision", type=click.Choice(["fp32", "bf16", "fp16"]), default="fp32", show_default=True,
+              help="DiT autocast dtype (the VAE always decodes in fp32).")
+@click.option("--tf32/--no-tf32", default=True, show_default=True, help="TF32 matmuls on GPUs that have it.")
+@click.option("--compile", "compile_", is_flag=True, default=False, help="torch.compile the DiT.")
+@click.option("--overwrite", is_flag=True, default=False, help="Discard earlier results of a different run.")
+@click.option("--device", default=None, help="Device (default: this rank's GPU, else the CPU).")
+@click.option("--quiet", is_flag=True, default=False)
+@debug_option
+@handle_errors
+def sample_run_cmd(compile_: bool, debug: bool, **options: Any) -> None:
+    """Sample images; every sample depends only on (seed, index), and a killed run resumes."""
+    from sample.config import SampleConfig
+    from sample.run import run_sampling
+
+    run_sampling(SampleConfig(compile=compile_, **options))
+
+
+@sample_main.command("export")
+@click.option("--to", "to", type=click.Choice(["diffusers", "safetensors"]), required=True,
+              help="diffusers: a DiTPipeline folder; safetensors: one file with our weights and metadata.")
+@click.argument("output")
+@_weights_options
+@click.option("--overwrite", is_flag=True, default=False, help="Replace OUTPUT if it exists.")
+@debug_option
+@handle_errors
+def sample_export_cmd(debug: bool, **options: Any) -> None:
+    """Export DiT weights to OUTPUT (a DiTPipeline folder or a .safetensors file)."""
+    from common.log import setup_logging
+    from sample.config import ExportConfig
+    from sample.export import export
+
+    setup_logging()
+    path = export(ExportConfig(**options))
+    click.echo(f"wrote {path}")
