@@ -70,18 +70,27 @@ def _torch_load(path: Path) -> Any:
         with torch.serialization.safe_globals([argparse.Namespace]):
             return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
+        detail = _unpickler_detail(str(e))
+        found = re.search(r"GLOBAL ([\w.]+)", detail)
+        if found is None:  # not a pickle at all, or a damaged one
+            raise WeightsError(f"cannot read {path}: not a valid torch checkpoint ({detail})") from None
         raise WeightsError(
-            f"refusing to load {path}: it contains pickled objects other than tensors, containers and "
-            f"argparse.Namespace, which could run arbitrary code ({_first_line(e)}). If you trust the "
-            "file, re-save only its state_dict (torch.save(ckpt['ema'], 'weights.pt')).") from None
+            f"refusing to load {path}: it contains a pickled {found.group(1)}; only tensors, containers "
+            "and argparse.Namespace are accepted, since unpickling anything else could run arbitrary "
+            "code. If you trust the file, re-save only its state_dict "
+            "(torch.save(ckpt['ema'], 'weights.pt')).") from None
     except (RuntimeError, EOFError, OSError, ValueError) as e:
         raise WeightsError(f"cannot read {path}: not a complete torch checkpoint (corrupt or truncated?): "
-                           f"{_first_line(e)}") from None
+                           f"{_unpickler_detail(str(e))}") from None
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0] if text else type(e).__name__
+def _unpickler_detail(message: str) -> str:
+    """The informative line of a torch.load error (skipping its generic weights_only preamble)."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    for line in lines:
+        if "GLOBAL" in line or "Unsupported" in line or "unsupported" in line:
+            return line.removeprefix("WeightsUnpickler error:").strip()
+    return lines[0] if lines else "unknown error"
 
 
 def _read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -94,7 +103,7 @@ def _read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, An
             for key in f.keys():
                 state_dict[key] = f.get_tensor(key)
     except (SafetensorError, OSError) as e:
-        raise WeightsError(f"cannot read {path}: not a valid safetensors file: {_first_line(e)}") from None
+        raise WeightsError(f"cannot read {path}: not a valid safetensors file: {_unpickler_detail(str(e))}") from None
     info: dict[str, Any] = {"source": "safetensors", "weights": "state_dict"}
     if "model_config" in metadata:
         try:
