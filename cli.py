@@ -191,3 +191,54 @@ def sample_export_cmd(debug: bool, **options: Any) -> None:
     setup_logging()
     path = export(ExportConfig(**options))
     click.echo(f"wrote {path}")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# dit-extract (extract/): images -> SD-VAE latents -> verified shards
+# ---------------------------------------------------------------------------------------------------------
+
+@click.command("dit-extract", cls=DashCommand)
+@click.option("--data-path", required=True, help="ImageFolder tree: one sub-folder per class (e.g. imagenet/train).")
+@click.option("--out", required=True, help="Folder for the shards, manifest.json and logs/ (rerun to resume).")
+@click.option("--vae", default="stabilityai/sd-vae-ft-ema", show_default=True,
+              help="Hub id, local diffusers folder, or single .safetensors/.ckpt file.")
+@click.option("--vae-config", default=None, help="For a single-file --vae: a folder with its diffusers "
+              "config.json (default: the built-in SD-VAE config).")
+@click.option("--vae-revision", default=None, help="Hub revision (branch, tag or commit) for a hub id.")
+@click.option("--image-size", type=int, default=256, show_default=True, help="Crop size (a multiple of 8).")
+@click.option("--flip/--no-flip", default=True, show_default=True,
+              help="Also encode the horizontal mirror of every image (2 views).")
+@click.option("--store", type=click.Choice(["posterior", "sample"]), default="posterior", show_default=True,
+              help="posterior: mean + std (sample fresh noise every epoch); sample: one fixed posterior sample.")
+@click.option("--dtype", type=click.Choice(["float16", "float32", "bfloat16"]), default="float16",
+              show_default=True, help="Storage dtype of the latents in the shards.")
+@click.option("--precision", type=click.Choice(["auto", "fp32", "bf16", "fp16"]), default="auto",
+              show_default=True, help="Encoder autocast (auto: fp16 on GPU, fp32 on CPU; see BENCHMARKS.md).")
+@click.option("--batch-size", type=int, default=None, help="Images per encoder call [default: 64 on GPU, 4 on CPU].")
+@click.option("--num-workers", type=int, default=None,
+              help="Decode/crop processes per rank [default: this rank's share of the CPUs, at most 16].")
+@click.option("--samples-per-shard", type=int, default=None,
+              help="Images per shard [default: shards of about 256 MiB].")
+@click.option("--limit", type=int, default=None, help="Only the first N images (a quick trial).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Noise seed for --store sample.")
+@click.option("--strict", is_flag=True, default=False, help="Fail on an unusable image instead of skipping it.")
+@click.option("--overwrite", is_flag=True, default=False,
+              help="Replace a shard set in --out made with a different configuration (same config: resumes).")
+@click.option("--quiet", is_flag=True, default=False, help="No progress bar or info messages on the console.")
+@debug_option
+@handle_errors
+def extract_main(debug: bool, **options: Any) -> None:
+    """Encode an ImageFolder tree with the SD VAE into WebDataset latent shards.
+
+    Runs as one process or under torchrun (any nodes x GPUs); rerunning the same command resumes.
+    """
+    from diffusers.utils import logging as diffusers_logging
+
+    from common import distributed as dist
+    from extract import ExtractConfig, run_extract
+
+    diffusers_logging.set_verbosity_error()
+    try:
+        run_extract(ExtractConfig(**options))
+    finally:
+        dist.destroy()

@@ -1,0 +1,102 @@
+"""`ExtractConfig`: every setting of `dit-extract`, validated in one place (docs/ARCHITECTURE.md conventions).
+
+`validate()` reports all problems at once as a `ConfigError` (the CLI turns it into exit 2). Settings that
+are resolved at run time ("auto" precision, batch size, workers, samples per shard) are resolved by the
+`resolve_*` helpers so tests and the benchmark pick the same values as the command.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from common.errors import collect
+from common.vae import DEFAULT_VAE
+
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+STORES = ("posterior", "sample")
+DTYPES = ("float16", "float32", "bfloat16")
+# Measured (BENCHMARKS.md, "Extraction"): fp16 autocast is ~8x closer to fp32 than bf16 on the SD-VAE
+# encoder and runs at the same tensor-core rate on A100/H100/H200, so it is the GPU default. A batch that
+# comes out non-finite under fp16 is re-encoded in fp32 (see encode.py), so overflow cannot corrupt a shard.
+GPU_DEFAULT_PRECISION = "fp16"
+GPU_DEFAULT_BATCH = 64
+CPU_DEFAULT_BATCH = 4
+MAX_AUTO_WORKERS = 16
+
+
+@dataclass(kw_only=True)
+class ExtractConfig:
+    data_path: str
+    out: str
+    vae: str = DEFAULT_VAE
+    vae_config: str | None = None          # folder with the diffusers config, for a single-file --vae
+    vae_revision: str | None = None
+    image_size: int = 256
+    flip: bool = True                      # also encode the horizontal mirror (views = 2)
+    store: str = "posterior"               # "posterior" (mean + std) or "sample" (one posterior sample)
+    dtype: str = "float16"                 # storage dtype of the arrays in the shards
+    precision: str = "auto"                # encoder autocast: fp32 on CPU, GPU_DEFAULT_PRECISION on GPU
+    batch_size: int | None = None          # images per encoder call (each gives `views` encodes)
+    num_workers: int | None = None         # DataLoader decode/crop processes per rank
+    samples_per_shard: int | None = None   # None: shards of about plan.TARGET_SHARD_BYTES
+    limit: int | None = None               # only the first N images of the sorted list
+    seed: int = 0                          # posterior-sample noise for --store sample
+    strict: bool = False                   # an unusable image is an error instead of a skip
+    overwrite: bool = False                # replace a shard set made with another config
+    quiet: bool = False
+
+    def validate(self) -> "ExtractConfig":
+        p: list[str] = []
+        if not self.data_path:
+            p.append("--data-path is required: the folder with one sub-folder per class (e.g. imagenet/train)")
+        if not self.out:
+            p.append("--out is required: the folder to write the shards to")
+        if not isinstance(self.image_size, int) or self.image_size < 8 or self.image_size % 8:
+            p.append(f"--image-size must be a positive multiple of 8 (e.g. 256 or 512), got {self.image_size}")
+        if self.store not in STORES:
+            p.append(f"--store must be one of {', '.join(STORES)}, got {self.store!r}")
+        if self.dtype not in DTYPES:
+            p.append(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.precision not in PRECISIONS:
+            p.append(f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        for name in ("batch_size", "samples_per_shard", "limit"):
+            v = getattr(self, name)
+            if v is not None and v < 1:
+                p.append(f"--{name.replace('_', '-')} must be >= 1, got {v}")
+        if self.num_workers is not None and self.num_workers < 0:
+            p.append(f"--num-workers must be >= 0 (0 decodes in the main process), got {self.num_workers}")
+        if self.seed < 0:
+            p.append(f"--seed must be >= 0, got {self.seed}")
+        collect(p, "dit-extract options")
+        return self
+
+    @property
+    def views(self) -> int:
+        return 2 if self.flip else 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """The concrete autocast precision: "auto" is fp32 on CPU and GPU_DEFAULT_PRECISION on CUDA."""
+    if precision != "auto":
+        return precision
+    return GPU_DEFAULT_PRECISION if device.type == "cuda" else "fp32"
+
+
+def resolve_batch_size(batch_size: int | None, device: torch.device) -> int:
+    if batch_size is not None:
+        return batch_size
+    return GPU_DEFAULT_BATCH if device.type == "cuda" else CPU_DEFAULT_BATCH
+
+
+def resolve_num_workers(num_workers: int | None, local_world_size: int = 1) -> int:
+    """Explicit value, or the CPUs this rank may use (its share of the node, one left for the main process)."""
+    if num_workers is not None:
+        return num_workers
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(MAX_AUTO_WORKERS, cpus // max(1, local_world_size) - 1))

@@ -1,0 +1,138 @@
+"""Finding the images of a class-folder tree and their labels.
+
+Follows torchvision's `ImageFolder` convention, which is what the published DiT was trained with
+(REFERENCE.md): a label is the index of the class folder in sorted folder-name order (ImageNet's
+`n01440764` is 0 ... `n15075141` is 999), files are found recursively inside each class folder (following
+symlinks) in sorted walk order, and an image is a file whose extension, case-insensitively, is one of
+ImageFolder's. Empty class folders keep their index.
+
+Deliberate differences from ImageFolder (RELIABILITY.md): hidden entries (names starting with ".") are
+ignored, so a stray `.ipynb_checkpoints/` cannot become class 0 and shift every label, and macOS `._x.JPEG`
+resource forks are not mistaken for images; symlink loops are not followed twice.
+
+The order of `ImageList.paths` defines the global sample index (the shard key), so it must be identical on
+every rank and in every run; `fingerprint()` lets ranks and resumed runs check that it is.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from common.errors import UserError
+
+# torchvision.datasets.folder.IMG_EXTENSIONS, so our image set equals ImageFolder's.
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+
+@dataclass(frozen=True)
+class ImageList:
+    """The images of a class-folder tree in global-index order."""
+
+    root: Path
+    class_names: tuple[str, ...]
+    paths: tuple[str, ...]      # relative to root, "/"-separated
+    labels: tuple[int, ...]
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def head(self, n: int | None) -> "ImageList":
+        """The first n images (all of them for None): `--limit` keeps the global indices unchanged."""
+        if n is None or n >= len(self.paths):
+            return self
+        return ImageList(self.root, self.class_names, self.paths[:n], self.labels[:n])
+
+    def fingerprint(self) -> str:
+        """sha256 over the class names and the (label, path) list: equal iff the index -> image map is."""
+        h = hashlib.sha256()
+        for name in self.class_names:
+            h.update(b"c\t" + name.encode("utf-8", "surrogateescape") + b"\n")
+        for label, path in zip(self.labels, self.paths):
+            h.update(f"{label}\t".encode() + path.encode("utf-8", "surrogateescape") + b"\n")
+        return h.hexdigest()
+
+
+def is_image_file(name: str) -> bool:
+    return not name.startswith(".") and name.lower().endswith(IMAGE_EXTENSIONS)
+
+
+def _check_root(root: Path, flag: str) -> None:
+    if not root.exists():
+        raise UserError(f"{flag} {root}: no such folder. Pass the folder that holds one sub-folder per class "
+                        "(e.g. imagenet/train).")
+    if not root.is_dir():
+        raise UserError(f"{flag} {root}: is a file, not a folder. Pass the folder that holds one sub-folder "
+                        "per class (e.g. imagenet/train).")
+
+
+def _list_dir(path: Path, flag: str) -> list[os.DirEntry]:
+    try:
+        with os.scandir(path) as it:
+            return list(it)
+    except PermissionError as e:
+        raise UserError(f"{flag} {path}: cannot read this folder (permission denied). Check its "
+                        "permissions.") from e
+    except OSError as e:
+        raise UserError(f"{flag} {path}: cannot read this folder ({e.strerror or e}).") from e
+
+
+def _is_dir(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_dir()  # follows symlinks, like ImageFolder
+    except OSError:
+        return False
+
+
+def find_classes(root: str | Path, flag: str = "--data-path") -> list[str]:
+    """Sorted names of the (non-hidden) class folders of `root`."""
+    root = Path(root).expanduser()
+    _check_root(root, flag)
+    entries = _list_dir(root, flag)
+    classes = sorted(e.name for e in entries if _is_dir(e) and not e.name.startswith("."))
+    if not classes:
+        loose = sum(1 for e in entries if e.is_file() and is_image_file(e.name))
+        hint = (f" It holds {loose} image file(s) directly; put them in one sub-folder per class." if loose
+                else "")
+        raise UserError(f"{flag} {root}: no class folders found. Expected the ImageFolder layout "
+                        f"ROOT/<class>/<image>, e.g. imagenet/train/n01440764/x.JPEG.{hint}")
+    return classes
+
+
+def _walk_class(class_dir: Path, flag: str) -> list[str]:
+    """Image paths under one class folder in ImageFolder's order: sorted walk roots, then sorted names."""
+    found: list[tuple[str, list[str]]] = []
+    seen: set[str] = set()
+
+    def on_error(e: OSError) -> None:
+        raise UserError(f"{flag}: cannot read folder {e.filename} ({e.strerror or e}). Check its "
+                        "permissions.") from e
+
+    for dirpath, dirnames, filenames in os.walk(class_dir, followlinks=True, onerror=on_error):
+        real = os.path.realpath(dirpath)
+        if real in seen:  # a symlink loop: ImageFolder would recurse forever
+            dirnames[:] = []
+            continue
+        seen.add(real)
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        found.append((dirpath, sorted(f for f in filenames if is_image_file(f))))
+    found.sort(key=lambda item: item[0])
+    return [os.path.join(d, f) for d, files in found for f in files]
+
+
+def scan_image_folder(root: str | Path, flag: str = "--data-path") -> ImageList:
+    """All images of an ImageFolder-style tree with their labels; UserError for anything unusable."""
+    root = Path(root).expanduser()
+    classes = find_classes(root, flag)
+    paths: list[str] = []
+    labels: list[int] = []
+    base = str(root)
+    for label, name in enumerate(classes):
+        for full in _walk_class(root / name, flag):
+            paths.append(Path(os.path.relpath(full, base)).as_posix())
+            labels.append(label)
+    if not paths:
+        raise UserError(f"{flag} {root}: found {len(classes)} class folder(s) but no image files in them "
+                        f"(looked for {', '.join(IMAGE_EXTENSIONS)}, any case).")
+    return ImageList(root.resolve(), tuple(classes), tuple(paths), tuple(labels))

@@ -1,0 +1,107 @@
+"""The encode loop of one rank: DataLoader batches -> VAE -> ShardWriter, shard by shard, in key order.
+
+The GPU works on batch k while the host writes the results of batch k-1 (one batch in flight), so the
+encoder is never waiting for tar writing or hashing. A shard is closed (fsync + rename by ShardWriter)
+and then its state is saved; only then does it count as finished (see state.py). Fault points for the
+kill tests (common.faults): `extract.sample_written` after each sample, `extract.shard_renamed` between
+a shard's rename and its state file, `extract.shard_done` after both.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tqdm import tqdm
+
+from common.errors import UserError
+from common.faults import fault_point
+from extract.encode import LatentEncoder, Pending
+from extract.files import ImageList
+from extract.loader import Batch
+from extract.state import ShardState, save_shard_state
+from shards import ShardWriter, sample_key, shard_name
+
+log = logging.getLogger("dit_pipeline")
+
+
+@dataclass
+class LoopStats:
+    images: int = 0          # encoded this run
+    skipped: int = 0         # skipped this run
+    states: dict[int, ShardState] = field(default_factory=dict)   # shards finished this run
+
+
+class ShardSink:
+    """Writes encoded batches into their shards, opening and finishing shards as the keys move on."""
+
+    def __init__(self, out: Path, images: ImageList, *, dtype: str, store: str, strict: bool, bar: tqdm):
+        self.out, self.images, self.dtype, self.store, self.strict, self.bar = out, images, dtype, store, strict, bar
+        self.stats = LoopStats()
+        self._writer: ShardWriter | None = None
+        self._shard = -1
+        self._skipped: list[dict] = []
+
+    def check_skips(self, batch: Batch) -> None:
+        """Log unusable images as soon as a batch arrives; with --strict, stop at the first one."""
+        for index, reason in batch.skipped:
+            path = self.images.paths[index]
+            if self.strict:
+                raise UserError(f"{self.images.root / path}: {reason}. --strict makes an unusable image an error; "
+                                "remove or fix the file, or drop --strict to skip it (skipped images are listed "
+                                "in manifest.json).")
+            log.warning("skipping %s (key %s): %s", path, sample_key(index), reason)
+
+    def write(self, batch: Batch, pending: Pending) -> None:
+        if batch.shard != self._shard:
+            self.finish()
+            self._writer = ShardWriter(self.out / shard_name(batch.shard), dtype=self.dtype)
+            self._shard = batch.shard
+            self._skipped = []
+        mean, std = pending.arrays()
+        for row, index in enumerate(batch.kept):
+            arrays = {"mean": mean[row], "std": std[row]} if self.store == "posterior" else {"latent": mean[row]}
+            self._writer.write(sample_key(index), label=self.images.labels[index], meta=batch.meta[row], **arrays)
+            fault_point("extract.sample_written")
+        self._skipped += [{"key": sample_key(i), "path": self.images.paths[i], "reason": r} for i, r in batch.skipped]
+        self.stats.images += len(batch.kept)
+        self.stats.skipped += len(batch.skipped)
+        self.bar.update(len(batch.indices))
+
+    def finish(self) -> None:
+        """Close the open shard (if any) and save its state: from now on it counts as finished."""
+        if self._writer is None:
+            return
+        record = self._writer.close()
+        self._writer = None
+        fault_point("extract.shard_renamed")
+        state = ShardState(record=record, skipped=self._skipped)
+        save_shard_state(self.out, self._shard, state)
+        self.stats.states[self._shard] = state
+        log.info("finished %s: %d samples, %d skipped, %d bytes", record.name, record.samples,
+                 len(self._skipped), record.bytes)
+        fault_point("extract.shard_done")
+
+    def abort(self) -> None:
+        if self._writer is not None:
+            self._writer.abort()
+            self._writer = None
+
+
+def encode_and_write(loader, encoder: LatentEncoder, sink: ShardSink) -> LoopStats:
+    """Run the loop over every batch of `loader`; the shard being written is aborted on any error."""
+    in_flight: tuple[Batch, Pending] | None = None
+    try:
+        for batch in loader:
+            sink.check_skips(batch)
+            pending = encoder.submit(batch.pixels, batch.kept)
+            if in_flight is not None:
+                sink.write(*in_flight)
+            in_flight = (batch, pending)
+        if in_flight is not None:
+            sink.write(*in_flight)
+        sink.finish()
+    except BaseException:
+        sink.abort()
+        raise
+    return sink.stats

@@ -1,0 +1,270 @@
+"""`run_extract`: an ImageFolder tree -> SD-VAE latents -> a verified shard set (issue #4).
+
+Order of work (RELIABILITY.md: bad input is refused before anything is written): scan the images and
+check every rank sees the same list, load the VAE, build the extraction record, check the output folder
+(new / resume / refuse), then each rank encodes its shards (plan.py), skipping the ones an earlier run
+finished, and rank 0 writes manifest.json once every rank is done and runs the quick verify.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import PIL
+import torch
+from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
+
+from common import distributed as dist
+from common.errors import UserError
+from common.log import progress_enabled, setup_logging
+from common.vae import load_vae
+from extract import plan
+from extract.config import ExtractConfig, resolve_batch_size, resolve_num_workers, resolve_precision
+from extract.encode import LatentEncoder
+from extract.files import ImageList, scan_image_folder
+from extract.images import MAX_PIXELS
+from extract.loader import CropDataset, make_loader
+from extract.pipeline import LoopStats, ShardSink, encode_and_write
+from extract.state import LOG_DIR, ShardState, finished_shard, prepare_output, start_output
+from shards import FORMAT_VERSION, MANIFEST_NAME, Manifest, verify_shards, write_manifest
+
+log = logging.getLogger("dit_pipeline")
+_ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4}
+
+
+@dataclass
+class ExtractSummary:
+    out: str
+    manifest: str
+    images: int              # encoded by this run, all ranks
+    skipped: int             # in the whole shard set
+    total_samples: int       # in the whole shard set
+    shards_written: int
+    shards_kept: int         # finished by an earlier run and kept
+    total_bytes: int
+    wall_s: float
+    fp32_retries: int
+
+    @property
+    def images_per_s(self) -> float:
+        return self.images / self.wall_s if self.wall_s > 0 else 0.0
+
+
+def tool_version() -> str:
+    try:
+        return importlib.metadata.version("dit-pipeline")
+    except importlib.metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+def _on_rank0(fn: Callable[[], Any]) -> Any:
+    """Run fn on rank 0 only; its result, or its UserError, reaches every rank (no rank left waiting)."""
+    result, error = None, None
+    if dist.is_main():
+        try:
+            result = fn()
+        except UserError as e:
+            error = str(e)
+    result, error = dist.broadcast_object((result, error))
+    if error is not None:
+        raise UserError(error if dist.is_main() else f"(from rank 0) {error}")
+    return result
+
+
+def scan_images(cfg: ExtractConfig) -> ImageList:
+    """The image list (after --limit), identical on every rank or a UserError."""
+    images = scan_image_folder(cfg.data_path).head(cfg.limit)
+    prints = dist.all_gather_object((len(images), images.fingerprint()))
+    if len(set(prints)) > 1:
+        detail = ", ".join(f"rank {r}: {n} images" for r, (n, _) in enumerate(prints))
+        raise UserError(f"--data-path {cfg.data_path}: the ranks see different image lists ({detail}). Every "
+                        "node must see the same dataset (a shared or identical copy).")
+    return images
+
+
+def extraction_record(cfg: ExtractConfig, images: ImageList, vae_identity: dict, *, precision: str,
+                      batch_size: int, samples_per_shard: int, device: torch.device) -> dict[str, Any]:
+    """The full extraction config stored in the manifest and in OUT/.extract/config.json."""
+    import diffusers
+
+    return {
+        "data_path": str(images.root), "listing_sha256": images.fingerprint(), "num_images": len(images),
+        "num_classes": len(images.class_names), "limit": cfg.limit,
+        "image_size": cfg.image_size, "views": cfg.views, "flip": cfg.flip, "store": cfg.store,
+        "dtype": cfg.dtype, "precision": precision, "samples_per_shard": samples_per_shard,
+        "seed": cfg.seed if cfg.store == "sample" else None, "max_pixels": MAX_PIXELS,
+        "crop": "adm_center_crop: BOX halving while short side >= 2*size, BICUBIC to short side = size "
+                "(sides rounded), center crop with floor offsets",
+        "normalize": "ToTensor then Normalize(0.5, 0.5); view 1 is the horizontal mirror of view 0",
+        "latents": "raw VAE posterior (unscaled): model latent = (z - shift_factor) * scaling_factor",
+        "vae": dict(vae_identity), "format_version": FORMAT_VERSION,
+        "batch_size": batch_size,
+        "device": f"cuda ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "cpu",
+        "versions": {"torch": torch.__version__, "diffusers": diffusers.__version__, "pillow": PIL.__version__},
+    }
+
+
+def _latent_shape(cfg: ExtractConfig, vae_identity: dict) -> list[int]:
+    f = int(vae_identity["downsample_factor"])
+    if cfg.image_size % f:
+        raise UserError(f"--image-size {cfg.image_size} is not a multiple of the VAE's downsampling factor {f}")
+    return [int(vae_identity["latent_channels"]), cfg.image_size // f, cfg.image_size // f]
+
+
+def _samples_per_shard(cfg: ExtractConfig, latent_shape: list[int]) -> int:
+    if cfg.samples_per_shard is not None:
+        return cfg.samples_per_shard
+    arrays = 2 if cfg.store == "posterior" else 1
+    per_sample = plan.bytes_per_sample(cfg.views, arrays, tuple(latent_shape), _ITEMSIZE[cfg.dtype])
+    return plan.default_samples_per_shard(per_sample)
+
+
+def _my_shards(out: Path, total_shards: int) -> tuple[dict[int, ShardState], list[int]]:
+    """This rank's shards: (finished by an earlier run, still to write)."""
+    done: dict[int, ShardState] = {}
+    todo: list[int] = []
+    for shard in plan.shards_of_rank(total_shards, dist.rank(), dist.world_size()):
+        state = finished_shard(out, shard)
+        if state is None:
+            todo.append(shard)
+        else:
+            done[shard] = state
+    return done, todo
+
+
+@dataclass
+class _Run:
+    """What `_setup` resolved and checked, before anything was written."""
+
+    cfg: ExtractConfig
+    images: ImageList
+    device: torch.device
+    precision: str
+    batch_size: int
+    vae: torch.nn.Module
+    vae_identity: dict[str, Any]
+    latent_shape: list[int]
+    samples_per_shard: int
+    record: dict[str, Any]
+    out: Path
+    status: str
+
+
+def _setup(cfg: ExtractConfig) -> _Run:
+    """Everything checked before a byte is written: images, VAE, sizes, the output folder."""
+    images = scan_images(cfg)
+    device = dist.device()
+    precision = resolve_precision(cfg.precision, device)
+    batch_size = resolve_batch_size(cfg.batch_size, device)
+    vae, vae_identity = load_vae(cfg.vae, config=cfg.vae_config, revision=cfg.vae_revision, device=device)
+    latent_shape = _latent_shape(cfg, vae_identity)
+    samples_per_shard = _samples_per_shard(cfg, latent_shape)
+    record = extraction_record(cfg, images, vae_identity, precision=precision, batch_size=batch_size,
+                               samples_per_shard=samples_per_shard, device=device)
+    out = Path(cfg.out).expanduser()
+    status = _on_rank0(lambda: prepare_output(out, record, overwrite=cfg.overwrite))
+    return _Run(cfg, images, device, precision, batch_size, vae, vae_identity, latent_shape, samples_per_shard,
+                record, out, status)
+
+
+def _encode(run: _Run, todo: list[int]):
+    """Encode and write this rank's unfinished shards; returns (LoopStats, fp32 retries)."""
+    cfg, n = run.cfg, len(run.images)
+    if not todo:
+        return LoopStats(), 0
+    chunks = [(s, c) for s in todo
+              for c in plan.batches_of(plan.shard_span(s, run.samples_per_shard, n), run.batch_size)]
+    workers = resolve_num_workers(cfg.num_workers, dist.local_world_size())
+    log.info("rank %d: %d shard(s) to write (%d images), batch %d, %d decode worker(s), %s on %s",
+             dist.rank(), len(todo), sum(len(c) for _, c in chunks), run.batch_size, workers, run.precision,
+             run.device)
+    dataset = CropDataset(run.images.root, run.images.paths, cfg.image_size)
+    loader = make_loader(dataset, chunks, samples_per_shard=run.samples_per_shard, num_workers=workers,
+                         pin_memory=run.device.type == "cuda")
+    encoder = LatentEncoder(run.vae, device=run.device, precision=run.precision, views=cfg.views,
+                            store=cfg.store, seed=cfg.seed)
+    desc = "extract" if dist.world_size() == 1 else f"extract (rank 0 of {dist.world_size()})"
+    bar = tqdm(total=sum(len(c) for _, c in chunks), unit="img", desc=desc, smoothing=0.05, dynamic_ncols=True,
+               disable=not progress_enabled(cfg.quiet))
+    with logging_redirect_tqdm(loggers=[log]), bar:
+        sink = ShardSink(run.out, run.images, dtype=cfg.dtype, store=cfg.store, strict=cfg.strict, bar=bar)
+        stats = encode_and_write(loader, encoder, sink)
+    return stats, encoder.fp32_retries
+
+
+def _write_manifest(run: _Run, states: dict[int, ShardState]) -> None:
+    cfg, shards = run.cfg, [states[i] for i in sorted(states)]
+    manifest = Manifest(
+        format_version=FORMAT_VERSION, tool_version=tool_version(), extraction=run.record,
+        scaling_factor=float(run.vae_identity["scaling_factor"]), shift_factor=run.vae_identity["shift_factor"],
+        image_size=cfg.image_size, views=cfg.views, store=cfg.store, dtype=cfg.dtype,
+        latent_shape=list(run.latent_shape), class_names=list(run.images.class_names),
+        num_classes=len(run.images.class_names), total_samples=sum(s.record.samples for s in shards),
+        samples_per_shard=run.samples_per_shard, shards=[s.record for s in shards],
+        skipped=sorted((k for s in shards for k in s.skipped), key=lambda k: k["key"]))
+    write_manifest(run.out, manifest)
+    report = verify_shards(run.out, quick=True, progress=False)
+    if not report.ok:
+        problems = "; ".join(f"{where}: {what}" for where, what in report.problems[:10])
+        raise UserError(f"{run.out}: the quick verify of the new shard set failed ({problems}). Rerun the same "
+                        "command to redo the damaged shards.")
+
+
+def _log_summary(s: ExtractSummary) -> None:
+    gib = s.total_bytes / 2**30
+    log.info("done: %d images encoded in %.1f s (%.1f images/s, %d rank(s)); %d shards (%d written now, %d kept "
+             "from an earlier run), %d samples, %d skipped, %.3f GiB", s.images, s.wall_s, s.images_per_s,
+             dist.world_size(), s.shards_written + s.shards_kept, s.shards_written, s.shards_kept,
+             s.total_samples, s.skipped, gib)
+    if s.fp32_retries:
+        log.info("%d batch(es) overflowed in reduced precision and were encoded again in fp32", s.fp32_retries)
+    if s.skipped:
+        log.info("skipped images and their reasons are listed under 'skipped' in %s", s.manifest)
+    log.info("manifest: %s (quick verify passed)", s.manifest)
+
+
+def _summarize(run: _Run, gathered: list, states: dict[int, ShardState], t0: float) -> ExtractSummary:
+    kept = sum(g[2] for g in gathered)
+    return ExtractSummary(
+        out=str(run.out), manifest=str(run.out / MANIFEST_NAME), images=sum(g[1] for g in gathered),
+        skipped=sum(len(s.skipped) for s in states.values()),
+        total_samples=sum(s.record.samples for s in states.values()), shards_written=len(states) - kept,
+        shards_kept=kept, total_bytes=sum(s.record.bytes for s in states.values()),
+        wall_s=time.monotonic() - t0, fp32_retries=sum(g[3] for g in gathered))
+
+
+def run_extract(cfg: ExtractConfig) -> ExtractSummary:
+    """Extract latents for `cfg` (one process, or every rank of a torchrun job)."""
+    cfg.validate()
+    dist.init()
+    setup_logging(None, quiet=cfg.quiet)
+    t0 = time.monotonic()
+    run = _setup(cfg)
+    setup_logging(run.out / LOG_DIR, quiet=cfg.quiet)
+    log.info("dit-extract %s: %d images in %d classes from %s -> %s (%s)", tool_version(), len(run.images),
+             len(run.images.class_names), run.images.root, run.out, run.status)
+    if dist.is_main():
+        start_output(run.out, run.record)
+    dist.barrier()
+    total_shards = plan.num_shards(len(run.images), run.samples_per_shard)
+    done, todo = _my_shards(run.out, total_shards)
+    if done:
+        log.info("rank %d: keeping %d finished shard(s) from an earlier run", dist.rank(), len(done))
+    if dist.any_true(bool(todo)) and dist.is_main():
+        (run.out / MANIFEST_NAME).unlink(missing_ok=True)  # the folder is about to change: no stale manifest
+    dist.barrier()
+    stats, retries = _encode(run, todo)
+    gathered = dist.all_gather_object(({i: s.to_dict() for i, s in {**done, **stats.states}.items()},
+                                       stats.images, len(done), retries))
+    states = {i: ShardState.from_dict(d) for part in gathered for i, d in part[0].items()}
+    assert sorted(states) == list(range(total_shards)), "every shard is written by exactly one rank"
+    _on_rank0(lambda: _write_manifest(run, states))
+    summary = _summarize(run, gathered, states, t0)
+    if dist.is_main():
+        _log_summary(summary)
+    return summary
