@@ -1,0 +1,17 @@
+"""The latent shard format: WebDataset tar shards + manifest.json (docs/FORMAT.md).
+
+`extract/` writes shards with `ShardWriter` and `write_manifest`; `train/` reads them with `read_manifest`,
+`quick_check` and `iter_shard`; `dit-shards verify | info | stats` inspect them. Nothing outside this
+package parses tar files.
+"""
+from shards.format import FORMAT_VERSION, MANIFEST_NAME, ShardError, key_index, sample_key, shard_index, shard_name
+from shards.manifest import Manifest, ShardRecord, read_manifest, write_manifest
+from shards.reader import LatentSample, iter_shard
+from shards.verify import VerifyReport, quick_check, verify_shards
+from shards.writer import ShardWriter
+
+__all__ = [
+    "FORMAT_VERSION", "MANIFEST_NAME", "LatentSample", "Manifest", "ShardError", "ShardRecord", "ShardWriter",
+    "VerifyReport", "iter_shard", "key_index", "quick_check", "read_manifest", "sample_key", "shard_index",
+    "shard_name", "verify_shards", "write_manifest",
+]

@@ -1,0 +1,120 @@
+"""Names, limits and the error type of the latent shard format (docs/FORMAT.md, format version 1).
+
+A shard set is a folder of WebDataset tar shards `shard-000000.tar, ...` plus `manifest.json`. Inside a
+shard every sample is a run of members `<key>.<field>`, where the key is the zero-padded global image index
+(`sample_key`) and the fields come from a fixed, closed list. Everything that decides whether a member name
+is acceptable lives here, so the writer, the reader and `verify` cannot disagree.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import re
+
+from common.errors import UserError
+
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+KEY_DIGITS = 9
+SHARD_DIGITS = 6
+
+# Stored dtype name (manifest "dtype") -> numpy storage dtype of the .npy members. numpy has no bfloat16,
+# so bfloat16 is stored as its raw 16 bits (the upper half of the float32 bit pattern) in little-endian uint16.
+STORAGE_DTYPES = {"float16": "<f2", "float32": "<f4", "bfloat16": "<u2"}
+STORES = {"posterior": ("mean.npy", "std.npy"), "sample": ("latent.npy",)}
+ARRAY_FIELDS = ("mean.npy", "std.npy", "latent.npy")
+# Every member of a sample, in the order the writer emits them (sorted by field name).
+FIELD_ORDER = ("cls", "json", "latent.npy", "mean.npy", "std.npy")
+REQUIRED_COMMON = ("cls", "json")
+# Suffixes whose usual decoders unpickle: such a member is reported, never decoded.
+PICKLE_SUFFIXES = ("pyd", "pickle", "pkl", "pth", "pt", "ckpt", "joblib")
+# No member of a valid shard comes close (a [2, 16, 128, 128] float32 array is 2 MiB); anything bigger is
+# refused before a byte of it is read, so a hostile size field cannot make a reader allocate gigabytes.
+MAX_MEMBER_BYTES = 64 << 20
+MAX_JSON_BYTES = 1 << 20
+
+_SHARD_RE = re.compile(r"shard-([0-9]{%d,})\.tar" % SHARD_DIGITS)
+_MEMBER_RE = re.compile(r"([0-9]{%d,18})\.([a-z0-9.]+)" % KEY_DIGITS)
+# The names a valid shard consists of (digits, one dot-separated known field): matched first, in one step.
+_VALID_RE = re.compile(r"([0-9]{%d})\.(cls|json|mean\.npy|std\.npy|latent\.npy)" % KEY_DIGITS)
+
+
+class ShardError(UserError):
+    """A problem with one shard: names the shard url, the sample key when known, and the problem."""
+
+    def __init__(self, url: str, key: str | None, problem: str):
+        self.url = str(url)
+        self.key = key
+        self.problem = problem
+        where = f"shard {self.url}" + (f", sample {key}" if key is not None else "")
+        super().__init__(f"{where}: {problem}. Run `dit-shards verify` on the shard folder for a full report; "
+                         "re-extract or re-copy the shard to fix it.")
+
+    def __reduce__(self):  # keep url/key/problem when sent between worker processes
+        return (type(self), (self.url, self.key, self.problem))
+
+
+@functools.lru_cache(maxsize=None)
+def file_mode() -> int:
+    """0666 minus the process umask: the mode `open()` would have given a new file."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def shard_name(index: int) -> str:
+    """File name of shard `index`: "shard-000123.tar"."""
+    if int(index) < 0:
+        raise ValueError(f"shard index must be >= 0, got {index}")
+    return f"shard-{int(index):0{SHARD_DIGITS}d}.tar"
+
+
+def shard_index(name: str) -> int | None:
+    """Index of a canonical shard file name, or None if `name` is not one."""
+    m = _SHARD_RE.fullmatch(name)
+    if m is None or shard_name(int(m.group(1))) != name:
+        return None
+    return int(m.group(1))
+
+
+def sample_key(global_index: int) -> str:
+    """Sample key of a global image index: 9 digits, zero-padded ("000001234")."""
+    if int(global_index) < 0:
+        raise ValueError(f"global index must be >= 0, got {global_index}")
+    return f"{int(global_index):0{KEY_DIGITS}d}"
+
+
+def key_index(key: str) -> int:
+    """Global image index of a canonical sample key; ValueError for anything else."""
+    if not isinstance(key, str) or not key.isascii() or not key.isdigit() or sample_key(int(key)) != key:
+        raise ValueError(f"not a sample key: {key!r} (expected the zero-padded global index, e.g. '000001234')")
+    return int(key)
+
+
+def split_member(name: str) -> tuple[str, str]:
+    """(key, field) of an acceptable member name; ValueError naming why a name is refused.
+
+    Names are never used as paths, but a name that could be one (`/`, `..`, absolute, control characters)
+    or that would be unpickled by a generic decoder is refused outright rather than skipped.
+    """
+    m = _VALID_RE.fullmatch(name)
+    if m is not None:
+        return m.group(1), m.group(2)
+    if not name:
+        raise ValueError("unsafe member name '' (empty)")
+    if name.startswith("/") or "\\" in name or "/" in name:
+        raise ValueError(f"unsafe member name {name!r} (a path, not a plain file name)")
+    if ".." in name:
+        raise ValueError(f"unsafe member name {name!r} (contains '..')")
+    if not name.isprintable() or not name.isascii():
+        raise ValueError(f"unsafe member name {name!r} (control or non-ASCII characters)")
+    suffix = name.rsplit(".", 1)[-1].lower()
+    if suffix in PICKLE_SUFFIXES:
+        raise ValueError(f"pickle payload member {name!r} (refused, never unpickled)")
+    m = _MEMBER_RE.fullmatch(name)
+    if m is None or m.group(2) not in FIELD_ORDER:
+        raise ValueError(f"unexpected member {name!r} (members are <9-digit key>.{{{','.join(FIELD_ORDER)}}})")
+    key = m.group(1)
+    if sample_key(int(key)) != key:
+        raise ValueError(f"unexpected member {name!r} (key is not a canonical zero-padded index)")
+    return key, m.group(2)

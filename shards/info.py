@@ -1,0 +1,70 @@
+"""Human-readable summaries for `dit-shards info` and `dit-shards verify` (the JSON forms are the dicts)."""
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from shards.manifest import read_manifest
+from shards.verify import VerifyReport
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def info_dict(folder: str | Path) -> dict[str, Any]:
+    """The manifest's summary: counts, sizes, latent layout, VAE and the skipped inputs by reason."""
+    m = read_manifest(folder)
+    reasons = Counter(str(s.get("reason", "?")).split(":", 1)[0] for s in m.skipped)
+    return {
+        "folder": str(folder), "format_version": m.format_version, "tool_version": m.tool_version,
+        "fingerprint": m.fingerprint(), "samples": m.total_samples, "classes": m.num_classes,
+        "shards": len(m.shards), "samples_per_shard": m.samples_per_shard, "bytes": m.total_bytes,
+        "store": m.store, "dtype": m.dtype, "views": m.views, "latent_shape": list(m.latent_shape),
+        "image_size": m.image_size, "scaling_factor": m.scaling_factor, "shift_factor": m.shift_factor,
+        "vae": m.extraction.get("vae"), "extraction": m.extraction,
+        "skipped": len(m.skipped), "skipped_by_reason": dict(sorted(reasons.items())),
+    }
+
+
+def format_info(d: dict[str, Any]) -> str:
+    vae = d["vae"] if isinstance(d["vae"], dict) else {}
+    vae_text = vae.get("source", "?") + "".join(
+        f", {k} {vae[k]}" for k in ("revision", "commit", "weights_sha256") if vae.get(k))
+    per = d["bytes"] / d["samples"] if d["samples"] else 0
+    lines = [
+        f"shard set {d['folder']} (format v{d['format_version']}, written by dit-pipeline {d['tool_version']})",
+        f"  samples:  {d['samples']} in {d['shards']} shards of up to {d['samples_per_shard']}, "
+        f"{human_bytes(d['bytes'])} ({human_bytes(per)}/sample)",
+        f"  classes:  {d['classes']}",
+        f"  latents:  {d['store']} ({'mean.npy + std.npy' if d['store'] == 'posterior' else 'latent.npy'}), "
+        f"{d['dtype']}, [{d['views']}, {', '.join(map(str, d['latent_shape']))}] per sample "
+        f"({d['views']} view{'s' if d['views'] != 1 else ''}), from {d['image_size']}px images",
+        f"  scale:    scaling_factor {d['scaling_factor']:g}"
+        + (f", shift_factor {d['shift_factor']:g}" if d["shift_factor"] is not None else ", no shift_factor"),
+        f"  vae:      {vae_text}",
+        f"  skipped:  {d['skipped']} inputs"
+        + (" (" + ", ".join(f"{r}: {n}" for r, n in d["skipped_by_reason"].items()) + ")" if d["skipped"] else ""),
+        f"  fingerprint: {d['fingerprint']}",
+    ]
+    other = {k: v for k, v in d["extraction"].items() if k != "vae"}
+    if other:
+        lines.append("  extraction config: " + ", ".join(f"{k}={v}" for k, v in sorted(other.items())))
+    return "\n".join(lines)
+
+
+def format_verify(r: VerifyReport) -> str:
+    mode = "quick check (sizes and tar structure, no hashing)" if r.quick else "full verification"
+    head = (f"{r.folder}: {mode} of {r.shards} shards, {r.samples} samples, {human_bytes(r.bytes)} "
+            f"in {r.seconds:.1f} s")
+    if r.ok:
+        return f"{head}\nOK: no problems found"
+    lines = [head, f"FAILED: {len(r.problems)} problem{'s' if len(r.problems) != 1 else ''} in "
+             f"{len({f for f, _ in r.problems})} file(s)"]
+    lines += [f"  {f}: {p}" for f, p in r.problems]
+    return "\n".join(lines)

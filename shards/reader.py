@@ -1,0 +1,206 @@
+"""Reading shards: stream a tar from any location WebDataset can open and decode its samples safely.
+
+Locations are opened with WebDataset's url opener (`webdataset.gopen`: local paths, `file:`, `pipe:CMD`,
+`http(s)://`, `gs://`, `hf://`, ...; `s3://` is read through `pipe:aws s3 cp URL -`). The tar is parsed by
+`shards.tario.TarReader` as it streams: nothing is extracted to disk, member names are checked against the
+closed list of the format and never used as paths, and arrays are NPY read without pickle. Given the
+manifest, every sample is also checked against it (fields, dtype, shape, finiteness, label range); any
+problem raises `ShardError(url, key, problem)`.
+
+Hot path: the expected layout is derived from the manifest once per shard, NPY headers are parsed once per
+distinct header, and finiteness is an integer test on the stored bits.
+"""
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+from typing import IO, Any, Callable, Iterator
+from urllib.parse import urlparse
+
+import numpy as np
+
+from shards.format import (ARRAY_FIELDS, MAX_JSON_BYTES, REQUIRED_COMMON, STORAGE_DTYPES, STORES, ShardError,
+                           key_index, split_member)
+from shards.manifest import Manifest
+from shards.npy import decode_raw, widen
+from shards.tario import TarProblem, TarReader
+
+_DTYPE_OF_STORAGE = {v: k for k, v in STORAGE_DTYPES.items()}
+_FIELD_SETS = {store: frozenset((*REQUIRED_COMMON, *arrays)) for store, arrays in STORES.items()}
+
+
+@dataclass
+class LatentSample:
+    """One decoded sample; arrays are writable float32 [V, C, h, w] (None when not stored)."""
+
+    key: str
+    label: int
+    mean: np.ndarray | None
+    std: np.ndarray | None
+    latent: np.ndarray | None
+    meta: dict | None
+
+
+@dataclass(frozen=True)
+class Expect:
+    """What every sample of a shard set must look like, derived once from its manifest."""
+
+    store: str
+    dtype: str
+    storage: str
+    shape: tuple[int, ...]
+    num_classes: int
+
+    @classmethod
+    def from_manifest(cls, m: Manifest) -> "Expect":
+        return cls(store=m.store, dtype=m.dtype, storage=STORAGE_DTYPES[m.dtype],
+                   shape=(m.views, *m.latent_shape), num_classes=m.num_classes)
+
+    def describe(self) -> str:
+        return f"{self.dtype} {list(self.shape)}"
+
+
+def open_url(url: str) -> IO[bytes]:
+    """Open a shard location for reading with WebDataset's url opener."""
+    from webdataset.gopen import gopen, gopen_schemes
+
+    scheme = urlparse(url).scheme
+    if scheme == "s3" and "s3" not in gopen_schemes:
+        return gopen(f"pipe:aws s3 cp --quiet {shlex.quote(url)} -")
+    return gopen(url, "rb")
+
+
+def is_local(url: str) -> bool:
+    scheme = urlparse(str(url)).scheme
+    return scheme == "" or len(scheme) == 1  # a Windows drive letter is not a scheme
+
+
+def iter_members(reader: TarReader, url: str, want: Callable[[str], bool] | None = None
+                 ) -> Iterator[tuple[str, dict[str, bytes | None]]]:
+    """Group a shard's members into samples: (key, {field: data}). Raises ShardError where the archive
+    stops being valid: a refused member, a duplicate field, or keys that do not increase (a key's members
+    must be contiguous, and keys unique within a shard)."""
+    key: str | None = None
+    fields: dict[str, bytes | None] = {}
+    last = -1
+    try:
+        for name, data in reader.members(want):
+            try:
+                k, field = split_member(name)
+            except ValueError as e:
+                raise ShardError(url, key, str(e)) from None
+            if k != key:
+                if key is not None:
+                    yield key, fields
+                idx = key_index(k)
+                if idx <= last:
+                    raise ShardError(url, k, f"key {k} follows key {key}: keys repeat or are out of order "
+                                     "(duplicate sample or non-contiguous members)")
+                key, fields, last = k, {}, idx
+            if field in fields:
+                raise ShardError(url, k, f"duplicate member {name!r}")
+            fields[field] = data
+    except TarProblem as e:
+        raise ShardError(url, key, str(e)) from None
+    except OSError as e:
+        raise ShardError(url, key, f"read failed: {e}") from None
+    if key is not None:
+        yield key, fields
+
+
+def parse_label(data: bytes) -> int:
+    """The integer of a `cls` member: ASCII decimal digits only (no sign, spaces or newline)."""
+    if not (0 < len(data) <= 10 and data.isdigit()):
+        raise ValueError(f"cls is not a non-negative ASCII integer: {bytes(data[:20])!r}")
+    return int(data)
+
+
+def _array(field: str, data: bytes, expect: Expect | None) -> np.ndarray:
+    """The stored array of an NPY member, checked against the manifest (dtype, shape; not finiteness)."""
+    try:
+        raw = decode_raw(data)
+    except ValueError as e:
+        raise ValueError(f"{field}: {e}") from None
+    if expect is None:
+        if raw.dtype.str not in _DTYPE_OF_STORAGE or raw.ndim != 4:
+            raise ValueError(f"{field} has dtype {raw.dtype.str} and shape {list(raw.shape)}; the format "
+                             "stores <f2, <f4 or <u2 (bfloat16) arrays of shape [V, C, h, w]")
+    elif raw.dtype.str != expect.storage:
+        raise ValueError(f"{field} has dtype {raw.dtype.str}, the manifest says {expect.dtype} "
+                         f"({expect.storage})")
+    elif raw.shape != expect.shape:
+        raise ValueError(f"{field} has shape {list(raw.shape)}, the manifest says {list(expect.shape)}")
+    return raw
+
+
+def _field_problem(fields: dict[str, Any], store: str) -> str | None:
+    wanted = STORES[store]
+    missing = [f for f in (*REQUIRED_COMMON, *wanted) if f not in fields]
+    if missing:
+        return f"missing field(s) {', '.join(missing)} (store {store!r})"
+    extra = [f for f in ARRAY_FIELDS if f in fields and f not in wanted]
+    if extra:
+        return f"unexpected field(s) {', '.join(extra)} for store {store!r}"
+    return None
+
+
+def _meta(data: bytes) -> dict:
+    if len(data) > MAX_JSON_BYTES:
+        raise ValueError(f"json member larger than {MAX_JSON_BYTES} bytes")
+    try:
+        meta = json.loads(bytes(data))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"json is not valid JSON ({e})") from None
+    if not isinstance(meta, dict):
+        raise ValueError("json is not a JSON object")
+    return meta
+
+
+def check_sample(key: str, fields: dict[str, Any], expect: Expect | None, *, parse_meta: bool
+                 ) -> tuple[int, dict[str, np.ndarray], dict | None]:
+    """Validate one sample's members: (label, stored arrays by field, meta or None); ValueError naming
+    the problem. Finiteness is left to the caller (cheaper on float32 after widening)."""
+    store = expect.store if expect is not None else ("sample" if "latent.npy" in fields else "posterior")
+    wanted = STORES[store]
+    if fields.keys() != _FIELD_SETS[store]:
+        raise ValueError(_field_problem(fields, store))
+    label = parse_label(fields["cls"])
+    if expect is not None and label >= expect.num_classes:
+        raise ValueError(f"label {label} out of range [0, {expect.num_classes})")
+    arrays = {f: _array(f, fields[f], expect) for f in wanted}
+    if expect is None and len({a.shape for a in arrays.values()}) != 1:
+        raise ValueError(f"array shapes differ: {[list(a.shape) for a in arrays.values()]}")
+    return label, arrays, _meta(fields["json"]) if parse_meta else None
+
+
+def iter_shard(url: str, manifest: Manifest | None = None, *, with_meta: bool = False) -> Iterator[LatentSample]:
+    """Stream the samples of one shard (see the module docstring); ShardError on any problem."""
+    url = str(url)
+    expect = Expect.from_manifest(manifest) if manifest is not None else None
+    try:
+        stream = open_url(url)
+    except (OSError, ValueError) as e:
+        raise ShardError(url, None, f"cannot open: {e}") from None
+    finished = False
+    try:
+        reader = TarReader(stream)
+        for key, fields in iter_members(reader, url):
+            try:
+                label, arrays, meta = check_sample(key, fields, expect, parse_meta=with_meta)
+            except ValueError as e:
+                raise ShardError(url, key, str(e)) from None
+            out = {f: widen(a, _DTYPE_OF_STORAGE[a.dtype.str]) for f, a in arrays.items()}
+            if expect is not None:
+                for f, a in out.items():
+                    if not np.isfinite(a).all():
+                        raise ShardError(url, key, f"{f} holds NaN or Inf")
+            yield LatentSample(key=key, label=label, mean=out.get("mean.npy"), std=out.get("std.npy"),
+                               latent=out.get("latent.npy"), meta=meta)
+        finished = True
+    finally:
+        try:
+            stream.close()
+        except OSError as e:  # a pipe: command that failed after writing a complete-looking archive
+            if finished:
+                raise ShardError(url, None, f"the stream failed: {e}") from None

@@ -1,0 +1,150 @@
+"""`dit-shards stats`: statistics of the scaled latents and the class balance of a shard set.
+
+DiT trains on latents scaled to roughly unit variance: latent = (z - shift_factor) * scaling_factor, with
+z a posterior sample (mean + std * noise) or the stored `latent.npy`. This is the diffusers convention
+(`(z - vae.config.shift_factor) * vae.config.scaling_factor` when encoding; the shift is dropped when the
+VAE config has none, as for the SD VAE). The command reports per-channel mean and std of those scaled
+latents, whether their overall std is near 1, and the scaling factor that would make it exactly 1.
+
+Latent statistics use up to --max-samples samples spread evenly over all shards (a shard holds
+consecutive images, i.e. a few classes, so reading only the first shards would be biased); the class
+histogram counts every sample (reading only the tiny `cls` members, other members are skipped).
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from common.seeding import numpy_rng
+from shards.format import ShardError, shard_index
+from shards.manifest import Manifest, read_manifest
+from shards.npy import widen
+from shards.reader import Expect, check_sample, iter_members, parse_label
+from shards.tario import TarReader
+
+STREAM_STATS = 101  # derive_seed stream for the posterior noise drawn by `stats`
+NEAR_ONE = 0.1  # |std - 1| within this counts as "unit variance"
+
+
+class _Moments:
+    """Per-channel count, sum and sum of squares in float64 (exact enough for millions of samples)."""
+
+    def __init__(self, channels: int):
+        self.n = 0
+        self.sum = np.zeros(channels)
+        self.sq = np.zeros(channels)
+
+    def add(self, x: np.ndarray) -> None:  # x: [V, C, h, w]
+        x = x.astype(np.float64)
+        self.n += x.size // x.shape[1]
+        self.sum += x.sum(axis=(0, 2, 3))
+        self.sq += np.square(x).sum(axis=(0, 2, 3))
+
+    def result(self) -> dict[str, Any]:
+        mean = self.sum / self.n
+        std = np.sqrt(np.maximum(self.sq / self.n - mean ** 2, 0.0))
+        all_mean = self.sum.sum() / (self.n * len(self.sum))
+        all_std = math.sqrt(max(self.sq.sum() / (self.n * len(self.sum)) - all_mean ** 2, 0.0))
+        return {"channel_mean": mean.tolist(), "channel_std": std.tolist(), "mean": all_mean, "std": all_std}
+
+
+def _scaled(sample: dict[str, np.ndarray], m: Manifest, rng: np.random.Generator) -> np.ndarray:
+    if m.store == "sample":
+        z = sample["latent.npy"]
+    else:
+        mean, std = sample["mean.npy"], sample["std.npy"]
+        z = mean + std * rng.standard_normal(mean.shape, dtype=np.float32)
+    if m.shift_factor is not None:
+        z = z - np.float32(m.shift_factor)
+    return z * np.float32(m.scaling_factor)
+
+
+def _shard_pass(path: Path, m: Manifest, expect: Expect, quota: int, stride: int, seed: int,
+                counts: np.ndarray, moments: _Moments) -> int:
+    """One pass over a shard: every label into `counts`, every stride-th sample (up to quota) into
+    `moments`. Returns the number of samples whose latents were used."""
+    rng = numpy_rng(seed, STREAM_STATS, shard_index(path.name) or 0)
+    state = {"key": None, "ordinal": -1}
+
+    def want(name: str) -> bool:  # decide per member: the label always, arrays only for picked samples
+        key = name.split(".", 1)[0]
+        if key != state["key"]:
+            state["key"], state["ordinal"] = key, state["ordinal"] + 1
+        if name.endswith(".cls"):
+            return True
+        if name.endswith(".json"):
+            return False
+        o = state["ordinal"]
+        return o % stride == 0 and o // stride < quota
+
+    used = 0
+    with open(path, "rb") as f:
+        for key, fields in iter_members(TarReader(f, seekable=True, chunk=1 << 16), str(path), want):
+            try:
+                if fields.get("mean.npy", fields.get("latent.npy")) is None:
+                    label = parse_label(fields["cls"])
+                    if label >= expect.num_classes:
+                        raise ValueError(f"label {label} out of range [0, {expect.num_classes})")
+                else:
+                    label, arrays, _ = check_sample(key, fields, expect, parse_meta=False)
+                    wide = {f: widen(a, m.dtype) for f, a in arrays.items()}
+                    if not all(np.isfinite(a).all() for a in wide.values()):
+                        raise ValueError("NaN or Inf in the latents")
+                    moments.add(_scaled(wide, m, rng))
+                    used += 1
+            except (ValueError, KeyError) as e:
+                raise ShardError(str(path), key, str(e)) from None
+            counts[label] += 1
+    return used
+
+
+def compute_stats(folder: str | Path, *, max_samples: int = 10_000, seed: int = 0) -> dict[str, Any]:
+    """Latent statistics and class histogram of a shard folder (see the module docstring)."""
+    if max_samples < 1:
+        raise ValueError(f"max_samples must be >= 1, got {max_samples}")
+    folder = Path(folder)
+    m = read_manifest(folder)
+    expect = Expect.from_manifest(m)
+    counts = np.zeros(m.num_classes, np.int64)
+    moments = _Moments(m.latent_shape[0])
+    nonempty = [s for s in m.shards if s.samples > 0]
+    quota = math.ceil(max_samples / max(len(nonempty), 1))
+    used = 0
+    for rec in nonempty:
+        take = max(0, min(quota, max_samples - used))  # 0: latents done, labels still counted
+        stride = max(1, rec.samples // take) if take else 1
+        used += _shard_pass(folder / rec.name, m, expect, take, stride, seed, counts, moments)
+    out: dict[str, Any] = {"samples_used": used, "total_samples": int(counts.sum()),
+                           "scaling_factor": m.scaling_factor, "shift_factor": m.shift_factor,
+                           "store": m.store, "seed": seed}
+    if used:
+        out.update(moments.result())
+        out["near_unit_std"] = abs(out["std"] - 1.0) <= NEAR_ONE
+        out["suggested_scaling_factor"] = m.scaling_factor / out["std"] if out["std"] > 0 else None
+    empty = [m.class_names[i] for i in np.nonzero(counts == 0)[0]]
+    out["classes"] = {"counts": counts.tolist(), "min": int(counts.min()), "max": int(counts.max()),
+                      "argmin": m.class_names[int(counts.argmin())], "argmax": m.class_names[int(counts.argmax())],
+                      "empty": empty}
+    return out
+
+
+def format_stats(s: dict[str, Any]) -> str:
+    lines = [f"latents: {s['samples_used']} samples used (of {s['total_samples']}), scaled as "
+             + ("(z - shift_factor) * scaling_factor" if s["shift_factor"] is not None else "z * scaling_factor")
+             + f", scaling_factor {s['scaling_factor']:g}"
+             + (f", shift_factor {s['shift_factor']:g}" if s["shift_factor"] is not None else "")]
+    if s["samples_used"]:
+        for c, (mu, sd) in enumerate(zip(s["channel_mean"], s["channel_std"])):
+            lines.append(f"  channel {c}: mean {mu:+.4f}  std {sd:.4f}")
+        verdict = "near 1, as DiT assumes" if s["near_unit_std"] else f"NOT near 1 (DiT assumes ~1, within {NEAR_ONE:g})"
+        lines.append(f"  all channels: mean {s['mean']:+.4f}  std {s['std']:.4f}  -> {verdict}")
+        lines.append(f"  suggested scaling_factor for unit std: {s['suggested_scaling_factor']:.5g}")
+    c = s["classes"]
+    lines.append(f"classes: {len(c['counts'])}, samples per class min {c['min']} ({c['argmin']}), "
+                 f"max {c['max']} ({c['argmax']}), empty: {len(c['empty'])}"
+                 + (f" ({', '.join(c['empty'][:10])}{' ...' if len(c['empty']) > 10 else ''})" if c["empty"] else ""))
+    return "\n".join(lines)
+

@@ -1,0 +1,148 @@
+"""ShardWriter: one WebDataset tar shard, written crash-safely and byte-for-byte deterministically.
+
+The shard is written to a hidden temp name next to its final path (`.tmp-shard-000003.tar.XXXX`, which
+`verify` and `common.io.remove_stale_temps` recognise), fsynced and renamed on close, so a reader sees
+either no shard or a complete one (RELIABILITY.md). Its byte size and sha256 are computed from the bytes
+as they are written, never by re-reading. Every header field that could vary (mtime, uid/gid, user and
+group names, mode, member order) is fixed, so the same calls produce the same bytes on any machine, which
+is what lets a resumed or multi-rank extraction reproduce an uninterrupted one exactly.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from common.io import TMP_PREFIX, HashingWriter, fsync_dir
+from shards.format import STORAGE_DTYPES, ShardError, file_mode, key_index
+from shards.manifest import ShardRecord
+from shards.npy import all_finite, encode_array, decode_raw
+from shards.tario import end_of_archive, member_bytes
+
+
+def _as_float_array(x: Any, what: str) -> np.ndarray:
+    a = np.asarray(x)
+    if not np.issubdtype(a.dtype, np.floating):
+        raise ValueError(f"{what} must be a floating-point array, got dtype {a.dtype}")
+    if a.ndim != 4 or 0 in a.shape:
+        raise ValueError(f"{what} must have shape [V, C, h, w] with V, C, h, w > 0, got {list(a.shape)}")
+    return a
+
+
+class ShardWriter:
+    """Write one shard; use as a context manager (an exception inside the block aborts the shard).
+
+    dtype: how arrays are stored: "float16" (default), "float32" or "bfloat16" (raw 16 bits as uint16).
+    """
+
+    def __init__(self, path: str | os.PathLike, *, dtype: str = "float16"):
+        if dtype not in STORAGE_DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(STORAGE_DTYPES)}, got {dtype!r}")
+        self.path = Path(path)
+        self.dtype = dtype
+        self.record: ShardRecord | None = None
+        self._samples = 0
+        self._first: str | None = None
+        self._last: str | None = None
+        self._store: str | None = None
+        self._shape: tuple[int, ...] | None = None
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{self.path.name}.", dir=self.path.parent)
+        self._tmp = Path(tmp)
+        self._file = os.fdopen(fd, "wb")
+        self._out = HashingWriter(self._file)
+
+    def __enter__(self) -> "ShardWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self.abort()
+        elif self.record is None and self._file is not None:
+            self.close()
+
+    def write(self, key: str, *, label: int, meta: dict, mean: np.ndarray | None = None,
+              std: np.ndarray | None = None, latent: np.ndarray | None = None) -> None:
+        """Append one sample: either `mean` and `std` (the posterior) or `latent`, float [V, C, h, w].
+
+        Keys must increase within a shard. Values that are not finite in the stored dtype (NaN, Inf, or a
+        float16 overflow) are refused with a ShardError rather than written."""
+        if self._file is None:
+            raise RuntimeError(f"{self.path}: write() after close() or abort()")
+        idx = key_index(key)
+        if self._last is not None and idx <= key_index(self._last):
+            raise ValueError(f"{self.path.name}: key {key} after {self._last}: keys must increase within a shard")
+        if not isinstance(label, (int, np.integer)) or isinstance(label, bool) or label < 0:
+            raise ValueError(f"label must be a non-negative integer, got {label!r}")
+        if not isinstance(meta, dict):
+            raise ValueError(f"meta must be a dict, got {type(meta).__name__}")
+        arrays = self._arrays(mean, std, latent)
+        members = {"cls": str(int(label)).encode("ascii"),
+                   "json": json.dumps(meta, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                                      allow_nan=False).encode("utf-8")}
+        for field, value in arrays.items():
+            data = encode_array(value, self.dtype)
+            if not all_finite(decode_raw(data)):
+                raise ShardError(str(self.path), key, f"{field} holds NaN or Inf (or overflows {self.dtype}); "
+                                 "refusing to store it")
+            members[field] = data
+        # Fields in sorted order (cls, json, latent.npy | mean.npy, std.npy): fixed bytes, and the key's
+        # members stay contiguous, which is what WebDataset's grouping needs.
+        self._out.write(b"".join(member_bytes(f"{key}.{f}", members[f]) for f in sorted(members)))
+        self._samples += 1
+        self._first = self._first or key
+        self._last = key
+
+    def _arrays(self, mean, std, latent) -> dict[str, np.ndarray]:
+        if latent is not None and (mean is not None or std is not None):
+            raise ValueError("pass either mean and std (posterior) or latent (a sample), not both")
+        if latent is None and (mean is None or std is None):
+            raise ValueError("pass both mean and std (posterior), or latent")
+        store = "sample" if latent is not None else "posterior"
+        arrays = ({"latent.npy": _as_float_array(latent, "latent")} if store == "sample" else
+                  {"mean.npy": _as_float_array(mean, "mean"), "std.npy": _as_float_array(std, "std")})
+        shapes = {a.shape for a in arrays.values()}
+        if len(shapes) != 1:
+            raise ValueError(f"mean and std shapes differ: {[list(s) for s in shapes]}")
+        shape = shapes.pop()
+        if self._store not in (None, store) or self._shape not in (None, shape):
+            raise ValueError(f"{self.path.name}: every sample of a shard has the same store and shape; got "
+                             f"{store} {list(shape)} after {self._store} {list(self._shape or ())}")
+        self._store, self._shape = store, shape
+        return arrays
+
+    def close(self) -> ShardRecord:
+        """Finish the archive, fsync, rename onto the final path; returns the shard's record."""
+        if self.record is not None:
+            return self.record
+        if self._file is None:
+            raise RuntimeError(f"{self.path}: close() after abort()")
+        try:
+            self._out.write(end_of_archive(self._out.bytes))
+            self._file.flush()
+            os.fchmod(self._file.fileno(), file_mode())  # mkstemp makes 0600; shards are shared data
+            os.fsync(self._file.fileno())
+            self._file.close()
+            self._file = None
+            os.replace(self._tmp, self.path)
+            fsync_dir(self.path.parent)
+        except BaseException:
+            self.abort()
+            raise
+        self.record = ShardRecord(name=self.path.name, samples=self._samples, first_key=self._first,
+                                  last_key=self._last, bytes=self._out.bytes, sha256=self._out.hexdigest())
+        return self.record
+
+    def abort(self) -> None:
+        """Drop the temp file; whatever is at `path` stays as it was."""
+        if self._file is not None:
+            with contextlib.suppress(OSError):
+                self._file.close()
+            self._file = None
+        with contextlib.suppress(FileNotFoundError):
+            self._tmp.unlink()
