@@ -242,3 +242,74 @@ def extract_main(debug: bool, **options: Any) -> None:
         run_extract(ExtractConfig(**options))
     finally:
         dist.destroy()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# dit-shards (shards/): verify | info | stats of a latent shard set
+# ---------------------------------------------------------------------------------------------------------
+
+_SHARD_DIR = click.Path(exists=True, file_okay=False, dir_okay=True)
+
+
+@click.group(cls=DashGroup, context_settings={"help_option_names": ["-h", "--help"]}, no_args_is_help=True)
+def shards_main() -> None:
+    """Inspect latent shard sets: prove one complete and intact (verify), summarise it (info), and check
+    the latent scale and class balance (stats)."""
+
+
+@shards_main.command("verify")
+@click.argument("folder", type=_SHARD_DIR)
+@click.option("--quick", is_flag=True, default=False,
+              help="Sizes and tar structure only, no hashing or decoding (seconds instead of minutes).")
+@click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Shards checked in parallel (processes).")
+@click.option("--json", "as_json", is_flag=True, default=False, help="Print the report as JSON on stdout.")
+@click.option("--quiet", is_flag=True, default=False, help="No progress bar.")
+@debug_option
+@handle_errors
+def shards_verify_cmd(folder: str, quick: bool, jobs: int, as_json: bool, quiet: bool, debug: bool) -> None:
+    """Check every shard in FOLDER against manifest.json: exit 0 if all is well, 1 with a report naming
+    each bad shard and its problem."""
+    import json
+
+    from shards import verify_shards
+    from shards.info import format_verify
+
+    report = verify_shards(folder, quick=quick, jobs=jobs, progress=not quiet and not as_json)
+    click.echo(json.dumps(report.to_dict(), indent=2) if as_json else format_verify(report))
+    sys.exit(0 if report.ok else 1)
+
+
+@shards_main.command("info")
+@click.argument("folder", type=_SHARD_DIR)
+@click.option("--json", "as_json", is_flag=True, default=False, help="Print the summary as JSON.")
+@debug_option
+@handle_errors
+def shards_info_cmd(folder: str, as_json: bool, debug: bool) -> None:
+    """Summarise the shard set in FOLDER from its manifest (reads no shard)."""
+    import json
+
+    from shards.info import format_info, info_dict
+
+    d = info_dict(folder)
+    click.echo(json.dumps(d, indent=2) if as_json else format_info(d))
+
+
+@shards_main.command("stats")
+@click.argument("folder", type=_SHARD_DIR)
+@click.option("--max-samples", type=click.IntRange(min=1), default=10_000, show_default=True,
+              help="Samples (spread over all shards) used for the latent statistics; labels of all are counted.")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Seed of the posterior noise (store 'posterior').")
+@click.option("--json", "as_json", is_flag=True, default=False, help="Print the statistics as JSON.")
+@debug_option
+@handle_errors
+def shards_stats_cmd(folder: str, max_samples: int, seed: int, as_json: bool, debug: bool) -> None:
+    """Per-channel mean/std of the scaled latents, whether their std is near 1 (the DiT assumption) with
+    the scaling factor that would make it 1, and the class histogram."""
+    import json
+
+    from shards.stats import compute_stats, format_stats
+
+    s = compute_stats(folder, max_samples=max_samples, seed=seed)
+    click.echo(json.dumps(s, indent=2) if as_json else format_stats(s))
