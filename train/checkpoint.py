@@ -1,0 +1,179 @@
+"""Training checkpoints: the format of docs/ARCHITECTURE.md, crash-safe writing, retention and safe reading.
+
+`RUN/checkpoints/step-0001000.pt` holds model, EMA, optimizer, scaler, step, epoch, data position, RNG states,
+model_config, latent scaling, the TrainConfig as JSON-compatible dict and the manifest fingerprint; it loads
+with `torch.load(weights_only=True)`. Beside it `step-0001000-ema.pt` is a bare EMA state_dict in the official
+DiT release format. The EMA file is written first and the full checkpoint last, each to a temp name, fsynced
+and renamed (common.io), so the newest full checkpoint is always complete; a SIGKILL mid-save leaves only a
+temp file, removed on the next start. Retention keeps the last K plus every `keep_every` steps.
+"""
+from __future__ import annotations
+
+import contextlib
+import random
+import re
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+import torch
+
+from common.errors import UserError
+from common.faults import fault_point
+from common.io import atomic_write, remove_stale_temps
+
+FORMAT = "dit-pipeline.checkpoint"
+VERSION = 1
+FAULT_MID_SAVE = "train.ckpt_mid_save"
+_NAME_RE = re.compile(r"^step-(\d{7,})\.pt$")
+_EMA_RE = re.compile(r"^step-(\d{7,})-ema\.pt$")
+
+
+def checkpoint_name(step: int) -> str:
+    return f"step-{step:07d}.pt"
+
+
+def ema_name(step: int) -> str:
+    return f"step-{step:07d}-ema.pt"
+
+
+class _FaultWriter:
+    """File wrapper that passes the fault-injection point `train.ckpt_mid_save` once the temp file holds
+    data, so tests can SIGKILL the writer in the middle of a real save (no sleeps, no races)."""
+
+    def __init__(self, f: IO[bytes]):
+        self._f = f
+        self._armed = True
+
+    def write(self, data: bytes) -> int:
+        n = self._f.write(data)
+        if self._armed and n:
+            self._armed = False
+            self._f.flush()
+            fault_point(FAULT_MID_SAVE)
+        return n
+
+    def flush(self) -> None:
+        self._f.flush()
+
+
+def _save(obj: Any, path: Path, *, fault: bool = False) -> None:
+    with atomic_write(path, "wb") as f:
+        torch.save(obj, _FaultWriter(f) if fault else f)
+
+
+class CheckpointManager:
+    """Lists, writes and prunes the checkpoints of one run folder (writes happen on rank 0 only)."""
+
+    def __init__(self, folder: str | Path, keep_last: int = 3, keep_every: int | None = None):
+        self.folder = Path(folder)
+        self.keep_last = keep_last
+        self.keep_every = keep_every
+
+    def steps(self) -> list[int]:
+        """Steps of the complete checkpoints, ascending."""
+        if not self.folder.is_dir():
+            return []
+        return sorted(int(m.group(1)) for p in self.folder.iterdir() if (m := _NAME_RE.match(p.name)))
+
+    def path(self, step: int) -> Path:
+        return self.folder / checkpoint_name(step)
+
+    def latest(self) -> Path | None:
+        steps = self.steps()
+        return self.path(steps[-1]) if steps else None
+
+    def clean_partial(self) -> list[Path]:
+        """Remove temp files of saves that were killed; returns them."""
+        return remove_stale_temps(self.folder)
+
+    def save(self, state: dict[str, Any]) -> Path:
+        """Write the EMA-only file, then the full checkpoint, then prune old ones; returns the path."""
+        step = int(state["step"])
+        self.folder.mkdir(parents=True, exist_ok=True)
+        _save(state["ema"], self.folder / ema_name(step))
+        path = self.path(step)
+        _save(state, path, fault=True)
+        self.prune()
+        return path
+
+    def to_keep(self, steps: list[int]) -> set[int]:
+        keep = set(steps[-self.keep_last:]) if self.keep_last > 0 else set()
+        if self.keep_every:
+            keep |= {s for s in steps if s % self.keep_every == 0}
+        return keep
+
+    def prune(self) -> list[Path]:
+        """Delete checkpoints outside the retention policy, and EMA files whose checkpoint is gone."""
+        steps = self.steps()
+        keep = self.to_keep(steps)
+        removed = []
+        for p in sorted(self.folder.iterdir()):
+            m = _NAME_RE.match(p.name) or _EMA_RE.match(p.name)
+            if m is None:
+                continue
+            step = int(m.group(1))
+            # An EMA file newer than every complete checkpoint belongs to a save that was interrupted;
+            # it is kept so a concurrent reader never loses it, and overwritten when that step is redone.
+            orphan_ok = _EMA_RE.match(p.name) and steps and step > steps[-1]
+            if step not in keep and not orphan_ok:
+                with contextlib.suppress(FileNotFoundError):
+                    p.unlink()
+                    removed.append(p)
+        return removed
+
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Read one of our checkpoints safely (weights_only) and check its format; UserError naming the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"checkpoint {path} does not exist; pass an existing file to --resume, or "
+                        "--resume auto to use the newest one in the run folder")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # corrupt zip, truncated file, refused pickle: all the same to the user
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise UserError(f"checkpoint {path} is corrupt or not a dit-pipeline checkpoint ({type(e).__name__}: "
+                        f"{first}). Nothing was loaded. Delete or move it to resume from the previous "
+                        "checkpoint, or pass another one with --resume PATH.") from None
+    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
+        raise UserError(f"checkpoint {path} is not a dit-pipeline training checkpoint (no format "
+                        f"{FORMAT!r}); to start from other weights use a new --run-dir")
+    if ckpt.get("version") != VERSION:
+        raise UserError(f"checkpoint {path} has format version {ckpt.get('version')!r}; this code reads "
+                        f"version {VERSION}")
+    missing = [k for k in ("model", "ema", "opt", "step", "epoch", "data", "model_config", "config",
+                           "manifest_fingerprint") if k not in ckpt]
+    if missing:
+        raise UserError(f"checkpoint {path} lacks {missing}; it is incomplete. Nothing was loaded.")
+    return ckpt
+
+
+# ----------------------------------------------------------------------------------------------------------
+# RNG states (the training randomness itself is derived from integers; these are kept for completeness
+# so any code that uses the global generators also continues where it stopped).
+
+def rng_state() -> dict[str, Any]:
+    np_state = np.random.get_state()
+    py_state = random.getstate()
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
+                  "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
+        "python": {"version": int(py_state[0]), "state": [int(x) for x in py_state[1]],
+                   "gauss": py_state[2]},
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    np_s = state["numpy"]
+    np.random.set_state(("MT19937", np_s["keys"].numpy().astype(np.uint32), np_s["pos"], np_s["has_gauss"],
+                         np_s["cached_gaussian"]))
+    py = state["python"]
+    random.setstate((py["version"], tuple(py["state"]), py["gauss"]))
+    if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(state["cuda"])

@@ -1,0 +1,219 @@
+"""`TrainConfig`: every setting of a training run, its validation, and the batch arithmetic.
+
+Follows the project convention (docs/ARCHITECTURE.md): one keyword-only dataclass whose `validate()` reports
+**all** problems at once with the fix; settings come from defaults < `--config run.yaml|json` < explicit
+flags; the resolved config is stored as JSON (never pickled). Defaults are the reference DiT recipe
+(REFERENCE.md): AdamW lr 1e-4, no weight decay, betas (0.9, 0.999), constant lr, global batch 256, EMA 0.9999,
+class dropout 0.1, seed 0.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from common.errors import ConfigError, UserError, collect
+
+PRECISIONS = ("auto", "bf16", "fp16", "fp32")
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    # data
+    shards: str                                 # shard folder, or URL list / brace pattern (+ manifest)
+    run_dir: str
+    manifest: str | None = None                 # manifest.json path/folder when `shards` is a URL pattern
+    image_size: int | None = None               # optional cross-check against the manifest
+    num_workers: int = 4                        # loader processes per rank (0 = read in the main process)
+    shuffle_buffer: int = 1000                  # samples held by each reader's in-memory shuffle buffer
+    prefetch_factor: int = 2
+    skip_bad_shards: bool = False
+    # model
+    model: str = "DiT-XL/2"
+    depth: int | None = None
+    hidden_size: int | None = None
+    num_heads: int | None = None
+    patch_size: int | None = None
+    class_dropout_prob: float = 0.1
+    # length and batch
+    max_steps: int | None = None
+    epochs: int | None = None
+    global_batch_size: int = 256
+    micro_batch_size: int | None = None         # per rank and forward pass; default: no accumulation
+    # optimisation
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    warmup_steps: int = 0
+    grad_clip: float | None = None
+    ema_decay: float = 0.9999
+    seed: int = 0
+    # speed
+    precision: str = "auto"                     # bf16 on GPU, fp32 on CPU
+    tf32: bool = True
+    grad_checkpointing: bool = False
+    compile: bool = False
+    # bookkeeping
+    log_every: int = 100
+    ckpt_every: int = 5000
+    keep_last: int = 3
+    keep_every: int | None = None
+    resume: str = "auto"                        # auto | none | path to a checkpoint
+    peak_tflops: float | None = None            # MFU denominator override (per GPU, dense bf16/fp16)
+    tensorboard: bool = True                    # write events when tensorboard is installed
+    quiet: bool = False
+    dry_run: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)  # settings owned by hooks (e.g. sample grids)
+
+    def validate(self) -> None:
+        """Raise ConfigError listing every invalid setting (nothing about world size: see batch_plan)."""
+        p: list[str] = []
+        if not str(self.shards or "").strip():
+            p.append("--shards is required: a shard folder (with manifest.json) or a URL list/pattern")
+        if not str(self.run_dir or "").strip():
+            p.append("--run-dir is required: the folder for checkpoints, logs and metrics")
+        _positive(p, self, "global_batch_size", "micro_batch_size", "image_size", "depth", "hidden_size",
+                  "num_heads", "patch_size", "max_steps", "epochs", "log_every", "ckpt_every", "keep_last",
+                  "keep_every", "shuffle_buffer", "prefetch_factor")
+        _non_negative(p, self, "num_workers", "warmup_steps", "seed", "weight_decay")
+        if self.max_steps is None and self.epochs is None:
+            p.append("give the run length: --max-steps N and/or --epochs N (the reference trained 7M steps)")
+        if not self.lr > 0:
+            p.append(f"--lr must be > 0, got {self.lr}")
+        for name in ("adam_beta1", "adam_beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                p.append(f"--{_flag(name)} must be in [0, 1), got {getattr(self, name)}")
+        if not self.adam_eps > 0:
+            p.append(f"--adam-eps must be > 0, got {self.adam_eps}")
+        if not 0.0 <= self.ema_decay <= 1.0:
+            p.append(f"--ema-decay must be in [0, 1], got {self.ema_decay}")
+        if not 0.0 <= self.class_dropout_prob < 1.0:
+            p.append(f"--class-dropout-prob must be in [0, 1), got {self.class_dropout_prob}")
+        if self.grad_clip is not None and not self.grad_clip > 0:
+            p.append(f"--grad-clip must be > 0 (omit it to disable clipping), got {self.grad_clip}")
+        if self.peak_tflops is not None and not self.peak_tflops > 0:
+            p.append(f"--peak-tflops must be > 0, got {self.peak_tflops}")
+        if self.precision not in PRECISIONS:
+            p.append(f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if not str(self.resume or "").strip():
+            p.append("--resume must be 'auto', 'none' or a checkpoint path")
+        try:
+            from dit.models import canonical_model_name
+            canonical_model_name(self.model)
+        except ValueError as e:
+            p.append(f"--model: {e}")
+        collect(p, "training configuration")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _flag(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def _positive(problems: list[str], cfg: TrainConfig, *names: str) -> None:
+    for name in names:
+        v = getattr(cfg, name)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+            problems.append(f"--{_flag(name)} must be a positive integer, got {v!r}")
+
+
+def _non_negative(problems: list[str], cfg: TrainConfig, *names: str) -> None:
+    for name in names:
+        v = getattr(cfg, name)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+            problems.append(f"--{_flag(name)} must be >= 0, got {v!r}")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Batch arithmetic: global batch = world size x micro-batch x accumulation steps, exactly.
+
+@dataclass(frozen=True)
+class BatchPlan:
+    world_size: int
+    global_batch: int
+    micro_batch: int
+    accum: int
+
+    @property
+    def per_rank(self) -> int:
+        return self.micro_batch * self.accum
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def batch_plan(global_batch: int, micro_batch: int | None, world_size: int) -> BatchPlan:
+    """Split the global batch over ranks and accumulation steps, or explain why it cannot be split.
+
+    The message states the arithmetic and suggests valid values (the classic DiT confusion between the
+    global and the per-GPU batch).
+    """
+    if world_size < 1:
+        raise ValueError(f"world size must be >= 1, got {world_size}")
+    if global_batch % world_size:
+        lo = global_batch // world_size * world_size
+        hi = lo + world_size
+        near = " or ".join(str(v) for v in (lo, hi) if v > 0)
+        raise ConfigError([f"--global-batch-size {global_batch} is not divisible by the world size "
+                           f"{world_size} ({global_batch} / {world_size} = {global_batch / world_size:g}); "
+                           f"use a multiple of {world_size}, e.g. {near}"], "batch configuration")
+    per_rank = global_batch // world_size
+    micro = per_rank if micro_batch is None else micro_batch
+    if micro > per_rank or per_rank % micro:
+        divs = _divisors(per_rank)
+        shown = divs if len(divs) <= 12 else divs[:6] + ["..."] + divs[-5:]
+        why = ("is larger than" if micro > per_rank else "does not divide")
+        raise ConfigError([f"--micro-batch-size {micro} {why} the per-rank batch {per_rank} "
+                           f"(= global batch {global_batch} / {world_size} ranks); valid micro-batch sizes: "
+                           f"{', '.join(map(str, shown))} (accumulation steps = {per_rank} / micro-batch)"],
+                          "batch configuration")
+    return BatchPlan(world_size=world_size, global_batch=global_batch, micro_batch=micro,
+                     accum=per_rank // micro)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Config files and merging: defaults < file < flags.
+
+FIELD_NAMES = tuple(f.name for f in dataclasses.fields(TrainConfig))
+
+
+def load_config_file(path: str | Path) -> dict[str, Any]:
+    """Read a YAML or JSON mapping of TrainConfig settings (dashed or underscored keys)."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise UserError(f"--config {path}: no such file")
+    text = path.read_text(encoding="utf-8")
+    import yaml
+
+    try:
+        # YAML is a superset of JSON, but a .json file gets the stricter parser and its error messages.
+        data = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as e:
+        raise UserError(f"--config {path}: cannot parse: {e}") from e
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError(f"--config {path}: expected a mapping of settings, got {type(data).__name__}")
+    out = {str(k).replace("-", "_"): v for k, v in data.items()}
+    unknown = sorted(set(out) - set(FIELD_NAMES))
+    if unknown:
+        raise ConfigError([f"--config {path}: unknown setting {k!r}" for k in unknown]
+                          + [f"known settings: {', '.join(FIELD_NAMES)}"], "config file")
+    return out
+
+
+def merge_config(file_values: dict[str, Any], flag_values: dict[str, Any]) -> TrainConfig:
+    """TrainConfig from defaults, then the config file, then explicitly given flags."""
+    merged = {**file_values, **flag_values}
+    missing = [n for n in ("shards", "run_dir") if merged.get(n) in (None, "")]
+    if missing:
+        raise ConfigError([f"--{_flag(n)} is required (as a flag or in --config)" for n in missing],
+                          "training configuration")
+    return TrainConfig(**merged)

@@ -1,0 +1,267 @@
+"""The training data stream: shards -> per-reader shuffle buffer -> micro-batches of scaled latents.
+
+Reading goes through `shards.iter_shard` only (WebDataset's url opener underneath, so local folders,
+`file:`, `pipe:` commands and object stores all work); nothing here parses tar files. Which reader reads
+which shards, and how many batches it yields, is decided by `train.partition` (pure functions of integers),
+so the stream of every rank is a deterministic function of (seed, epoch, rank, data layout):
+
+- each reader (rank x loader worker) streams its shards in plan order through an in-memory shuffle buffer
+  seeded from (seed, epoch, reader) and yields exactly its quota of micro-batches;
+- per-sample randomness (which view when the shards hold V > 1 views, and the posterior noise) comes from
+  derive_seed(seed, STREAM_SAMPLE, epoch, key index), so it does not depend on the number of workers;
+- latent = (z - shift_factor) * scaling_factor with z = mean + std * noise (diffusers' convention, as its
+  pipelines encode: `(z - vae.config.shift_factor) * vae.config.scaling_factor`; shift 0 for the SD-VAE);
+- resuming at rank micro-batch k replays the readers and drops their first batches without building them,
+  and rotates the DataLoader workers so batch k still comes from worker k % W.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, NamedTuple, Sequence, TypeVar
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from common.errors import UserError
+from common.seeding import STREAM_SAMPLE, derive_seed
+from shards import LatentSample, Manifest, ShardError, iter_shard, key_index, quick_check, read_manifest
+from train.partition import EpochPlan, shuffle_seed
+
+T = TypeVar("T")
+_RAW_BLOCK = 4096
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The shard set
+
+@dataclass
+class ShardSource:
+    """A validated shard set: its manifest and one readable location per manifest shard (same order)."""
+
+    manifest: Manifest
+    urls: list[str]
+    folder: Path | None
+    fingerprint: str
+
+    @property
+    def sizes(self) -> list[int]:
+        return [rec.samples for rec in self.manifest.shards]
+
+
+def _shard_name_in(url: str, names: set[str]) -> str | None:
+    """The manifest shard name a URL refers to (its last path component, or inside a pipe: command)."""
+    tail = url.rstrip("/").rsplit("/", 1)[-1]
+    if tail in names:
+        return tail
+    hits = [n for n in names if n in url]
+    return hits[0] if len(hits) == 1 else None
+
+
+def open_shards(shards: str, manifest: str | None = None) -> ShardSource:
+    """Resolve `--shards` (+ `--manifest`) into a ShardSource; UserError naming anything missing or foreign.
+
+    A local folder is checked against its manifest at once (every shard present with its recorded size).
+    A URL list ("a::b") or brace pattern ("s3://b/shard-{000000..000099}.tar") needs `--manifest`; each URL
+    must name exactly one manifest shard and every manifest shard must be listed.
+    """
+    from webdataset.shardlists import expand_urls
+
+    folder = Path(shards).expanduser()
+    if folder.is_dir():
+        m = read_manifest(Path(manifest).expanduser() if manifest else folder)
+        problems = quick_check(folder, m)
+        if problems:
+            shown = problems[:10] + ([f"... and {len(problems) - 10} more"] if len(problems) > 10 else [])
+            raise UserError(f"the shard set in {folder} does not match its manifest:\n  "
+                            + "\n  ".join(shown) + "\nRun `dit-shards verify` for a full report; re-extract or "
+                            "re-copy the listed shards.")
+        return ShardSource(m, m.shard_urls(str(folder)), folder, m.fingerprint())
+    if manifest is None:
+        raise UserError(f"--shards {shards!r} is not a folder; for a URL list or brace pattern also pass "
+                        "--manifest (the manifest.json of that shard set)")
+    m = read_manifest(Path(manifest).expanduser())
+    names = {rec.name for rec in m.shards}
+    by_name: dict[str, str] = {}
+    for url in expand_urls(shards):
+        name = _shard_name_in(url, names)
+        if name is None:
+            raise UserError(f"--shards: {url!r} names no shard of the manifest {manifest} (expected names "
+                            f"like {m.shards[0].name if m.shards else 'shard-000000.tar'})")
+        if name in by_name:
+            raise UserError(f"--shards lists {name} twice ({by_name[name]!r} and {url!r})")
+        by_name[name] = url
+    missing = [rec.name for rec in m.shards if rec.name not in by_name]
+    if missing:
+        raise UserError(f"--shards lists {len(by_name)} of the {len(m.shards)} shards of {manifest}; missing: "
+                        f"{', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}")
+    return ShardSource(m, [by_name[rec.name] for rec in m.shards], None, m.fingerprint())
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Per-sample transform
+
+@dataclass(frozen=True)
+class LatentSpec:
+    """How stored arrays become the model's training latents."""
+
+    store: str
+    views: int
+    shape: tuple[int, int, int]
+    scaling_factor: float
+    shift_factor: float | None
+
+    @classmethod
+    def from_manifest(cls, m: Manifest) -> "LatentSpec":
+        c, h, w = m.latent_shape
+        return cls(m.store, m.views, (c, h, w), m.scaling_factor, m.shift_factor)
+
+
+def sample_generator(seed: int, epoch: int, key: str, generator: torch.Generator | None = None
+                     ) -> torch.Generator:
+    """The CPU generator of one sample's randomness in `epoch` (reseeded in place when one is passed)."""
+    g = generator if generator is not None else torch.Generator()
+    g.manual_seed(derive_seed(seed, STREAM_SAMPLE, epoch, key_index(key)))
+    return g
+
+
+def make_latent(sample: LatentSample, spec: LatentSpec, seed: int, epoch: int,
+                out: torch.Tensor | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+    """[C, h, w] float32 training latent of one sample in `epoch`: the view (when V > 1) and then the
+    posterior noise are drawn, in that order, from the sample's own generator. torch's normal sampler is
+    used because it is several times faster than numpy's for these sizes (the loader's hot path)."""
+    g = sample_generator(seed, epoch, sample.key, generator)
+    view = int(torch.randint(spec.views, (1,), generator=g)) if spec.views > 1 else 0
+    z = out if out is not None else torch.empty(spec.shape)
+    if spec.store == "posterior":
+        torch.randn(spec.shape, generator=g, out=z)
+        z.mul_(torch.from_numpy(sample.std[view])).add_(torch.from_numpy(sample.mean[view]))
+    else:
+        z.copy_(torch.from_numpy(sample.latent[view]))
+    if spec.shift_factor:
+        z.sub_(spec.shift_factor)
+    return z.mul_(spec.scaling_factor)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Readers
+
+def shuffle_buffer(items: Iterator[T], size: int, seed: int) -> Iterator[T]:
+    """Reservoir-style shuffle: hold `size` items, emit a random one as each new item arrives, then drain.
+
+    Indices come from PCG64's raw stream (stable across numpy versions), so the order is a function of
+    (input order, size, seed) only. size 1 keeps the input order.
+    """
+    bits = np.random.PCG64(seed)
+    raw = iter(())
+
+    def pick(n: int) -> int:
+        nonlocal raw
+        r = next(raw, None)
+        if r is None:
+            raw = iter(bits.random_raw(_RAW_BLOCK).tolist())
+            r = next(raw)
+        return r % n
+
+    buf: list[T] = []
+    for item in items:
+        if len(buf) < size:
+            buf.append(item)
+            continue
+        j = pick(size)
+        out, buf[j] = buf[j], item
+        yield out
+    while buf:
+        j = pick(len(buf))
+        buf[j], buf[-1] = buf[-1], buf[j]
+        yield buf.pop()
+
+
+class Batch(NamedTuple):
+    latents: torch.Tensor      # [B, C, h, w] float32, scaled
+    labels: torch.Tensor       # [B] int64
+    keys: torch.Tensor         # [B] int64 global sample indices
+    skipped: list              # [(shard url, problem)] shards skipped (--skip-bad-shards) since the last batch
+
+
+class ReaderEvent(NamedTuple):
+    kind: str                  # "exhausted" (out of samples before the quota) | "error" (unreadable shard)
+    message: str
+    skipped: list
+
+
+class EpochStream(IterableDataset):
+    """One rank's micro-batches of one epoch, read by `plan.workers` DataLoader workers (or in-process)."""
+
+    def __init__(self, source: ShardSource, plan: EpochPlan, rank: int, *, seed: int, buffer: int,
+                 start_batch: int = 0, skip_bad_shards: bool = False):
+        self.source, self.plan, self.rank = source, plan, rank
+        self.seed, self.buffer, self.start_batch = seed, buffer, start_batch
+        self.skip_bad_shards = skip_bad_shards
+        self.spec = LatentSpec.from_manifest(source.manifest)
+        self._gen: torch.Generator | None = None  # made in the reading process (never pickled)
+
+    def __iter__(self) -> Iterator[Batch | ReaderEvent]:
+        info = get_worker_info()
+        loader_worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        if workers != self.plan.workers:
+            raise RuntimeError(f"plan made for {self.plan.workers} readers, DataLoader has {workers}")
+        # Rotate so the DataLoader's first worker serves rank batch start_batch (see module docstring).
+        return self.reader((loader_worker + self.start_batch) % workers)
+
+    def _samples(self, slot: int, skipped: list) -> Iterator[LatentSample]:
+        for shard in self.plan.slot_shards[slot]:
+            url = self.source.urls[shard]
+            try:
+                yield from iter_shard(url, self.source.manifest)
+            except ShardError as e:
+                if not self.skip_bad_shards:
+                    raise
+                skipped.append((url, str(e)))
+
+    def reader(self, worker: int) -> Iterator[Batch | ReaderEvent]:
+        """Batches of logical worker `worker` with rank batch index >= start_batch, exactly its quota."""
+        plan, micro = self.plan, self.plan.micro_batch
+        slot = plan.slot(self.rank, worker)
+        first, quota = plan.quota(worker, upto=self.start_batch), plan.quota(worker)
+        skipped: list = []
+        stream = shuffle_buffer(self._samples(slot, skipped), self.buffer,
+                                shuffle_seed(self.seed, plan.epoch, slot))
+        try:
+            for b in range(quota):
+                chunk = list(itertools.islice(stream, micro))
+                if len(chunk) < micro:
+                    msg = (f"rank {self.rank} reader {worker} ran out of samples in epoch {plan.epoch} "
+                           f"({len(skipped)} shard(s) skipped as unreadable)")
+                    for _ in range(max(b, first), quota):  # keep the item count, so the order stays fixed
+                        yield ReaderEvent("exhausted", msg, skipped[:])
+                        skipped.clear()
+                    return
+                if b < first:
+                    continue  # consumed before the resume point: replayed, never built
+                yield self._collate(chunk, skipped[:])
+                skipped.clear()
+        except ShardError as e:
+            yield ReaderEvent("error", str(e), skipped[:])
+
+    def _collate(self, chunk: Sequence[LatentSample], skipped: list) -> Batch:
+        if self._gen is None:
+            self._gen = torch.Generator()
+        latents = torch.empty((len(chunk), *self.spec.shape))
+        for i, sample in enumerate(chunk):
+            make_latent(sample, self.spec, self.seed, self.plan.epoch, out=latents[i], generator=self._gen)
+        labels = torch.tensor([s.label for s in chunk], dtype=torch.int64)
+        keys = torch.tensor([key_index(s.key) for s in chunk], dtype=torch.int64)
+        return Batch(latents, labels, keys, skipped)
+
+
+def make_loader(stream: EpochStream, *, num_workers: int, prefetch_factor: int, pin_memory: bool
+                ) -> Iterator[Any]:
+    """A DataLoader over an EpochStream (batches are formed by the readers: batch_size=None)."""
+    if num_workers == 0:
+        return iter(stream)
+    loader = DataLoader(stream, batch_size=None, num_workers=num_workers, prefetch_factor=prefetch_factor,
+                        pin_memory=pin_memory, persistent_workers=False, in_order=True)
+    return iter(loader)

@@ -1,0 +1,39 @@
+"""Periodic hooks: work that runs every N optimizer steps inside the training loop (e.g. sample grids).
+
+The trainer calls every hook on every rank right after step `ctx.step` is complete (optimizer and EMA
+updated, checkpoint written if one was due) whenever `ctx.step % hook.every == 0`. A hook decides itself
+which ranks do work (typically rank 0 only, with `ctx.ema`, which only rank 0 holds); ranks that skip the
+work simply wait at their next collective, so a hook should take well under the collective timeout
+(DIT_DIST_TIMEOUT, 600 s by default). Hooks are built by the CLI from their own options (settings can be
+kept in `TrainConfig.extra` so they are saved with the run) and passed to `train.run(cfg, hooks=[...])`;
+`train/` itself depends on no hook implementation.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+
+@dataclass
+class HookContext:
+    step: int                          # optimizer steps done
+    epoch: int
+    rank: int
+    world_size: int
+    run_dir: Path
+    device: torch.device
+    model: torch.nn.Module             # the raw DiT (no DDP/compile wrapper), in train mode
+    ema: torch.nn.Module | None        # fp32 EMA DiT on rank 0, None elsewhere
+    model_config: dict[str, Any]       # DiT.config
+    latent: dict[str, Any]             # {"scaling_factor", "shift_factor", "vae"} of the shard set
+    num_classes: int
+    config: dict[str, Any]             # the resolved TrainConfig as a dict
+
+
+class PeriodicHook(Protocol):
+    every: int
+
+    def __call__(self, ctx: HookContext) -> None: ...

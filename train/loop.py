@@ -1,0 +1,349 @@
+"""The training loop: data -> DDP forward/backward with accumulation -> checks -> AdamW -> EMA -> logs,
+checkpoints and hooks, one optimizer step at a time.
+
+Reproducibility: every random draw of a step (timesteps t, diffusion noise, class dropout) is made for the
+rank's whole step (accum x micro samples) from generators seeded with derive_seed(seed, stream, step, rank),
+so it survives restarts and does not depend on the micro-batch split. The data stream is a function of
+(seed, epoch, layout) (train.data). Hence a resumed run with the same world size repeats the uninterrupted
+run exactly.
+
+Per step there are two tiny all-reduces: before the forward, so all ranks agree on stopping (signal), an
+exhausted reader or an unreadable shard (no rank enters a collective the others skip); and after the
+backward, carrying the loss sums (logged loss = mean over all ranks), the grad norm and per-rank
+non-finite flags, so a NaN on any rank stops every rank before the optimizer update.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+from tqdm import tqdm
+
+from common import distributed as dist
+from common.errors import UserError
+from common.faults import fault_point, fault_requested
+from common.log import get_logger, progress_enabled
+from common.seeding import STREAM_DROPOUT, STREAM_TIMESTEP, generator
+from train.checkpoint import CheckpointManager
+from train.config import BatchPlan, TrainConfig
+from train.data import Batch, EpochStream, ReaderEvent, ShardSource, make_loader
+from train.hooks import HookContext, PeriodicHook
+from train.metrics import MetricsLog, mfu
+from train.partition import DataLayout, EpochPlan, plan_epoch
+
+MAX_CONSECUTIVE_OVERFLOWS = 25  # fp16: the loss scale has shrunk by 2**25: the run diverged
+
+
+class TrainingDiverged(UserError):
+    """Loss or gradient became NaN/Inf; raised on every rank before the optimizer update."""
+
+
+@dataclass
+class TrainState:
+    step: int = 0              # optimizer steps done
+    epoch: int = 0
+    step_in_epoch: int = 0     # optimizer steps done within `epoch`
+    overflow_steps: int = 0    # fp16 steps skipped by the GradScaler
+    bad_shards: int = 0        # shards skipped with --skip-bad-shards (summed over ranks)
+    exact: bool = True         # False after a resume with a different data layout (logged)
+
+
+@dataclass
+class Parts:
+    """The model and everything wrapped around it (built by train.run)."""
+
+    model: torch.nn.Module               # raw DiT, fp32 master weights
+    ema: torch.nn.Module | None          # fp32 EMA copy (rank 0 only)
+    opt: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    ddp: torch.nn.Module | None          # DistributedDataParallel wrapper when world size > 1
+    forward: Callable[..., torch.Tensor]  # what runs the forward (ddp/model, maybe compiled)
+    diffusion: Any
+    amp_dtype: torch.dtype | None
+    flops_per_image: float
+    peak_tflops: float | None
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, *, batch: BatchPlan, layout: DataLayout, source: ShardSource,
+                 parts: Parts, device: torch.device, state: TrainState, total_steps: int | None,
+                 ckpts: CheckpointManager, metrics: MetricsLog, run_dir: Path,
+                 save_checkpoint: Callable[["Trainer"], Path | None], hooks: Sequence[PeriodicHook] = ()):
+        self.cfg, self.batch, self.layout, self.source, self.p = cfg, batch, layout, source, parts
+        self.device, self.state, self.total_steps = device, state, total_steps
+        self.ckpts, self.metrics, self.run_dir = ckpts, metrics, run_dir
+        self.save_checkpoint, self.hooks = save_checkpoint, list(hooks)
+        self.rank, self.world = dist.rank(), dist.world_size()
+        self.log = get_logger()
+        self.params = [p for p in parts.model.parameters() if p.requires_grad]
+        self.ema_params = ([e for e, p in zip(parts.ema.parameters(), parts.model.parameters()) if p.requires_grad]
+                           if parts.ema is not None else [])
+        self.latent_shape = tuple(source.manifest.latent_shape)
+        self.last_saved = state.step
+        self._consecutive_overflows = 0
+        self._reset_interval()
+
+    # -- bookkeeping --------------------------------------------------------------------------------
+    def done(self) -> bool:
+        s = self.state
+        return ((self.cfg.max_steps is not None and s.step >= self.cfg.max_steps)
+                or (self.cfg.epochs is not None and s.epoch >= self.cfg.epochs))
+
+    def plan(self, epoch: int) -> EpochPlan:
+        return plan_epoch(self.source.sizes, seed=self.cfg.seed, epoch=epoch, world_size=self.world,
+                          workers=self.layout.workers, micro_batch=self.batch.micro_batch, accum=self.batch.accum)
+
+    def data_position(self) -> tuple[int, int]:
+        """(epoch, step_in_epoch) to store; the end of an epoch is stored as the start of the next."""
+        s = self.state
+        if s.step_in_epoch >= self.plan(s.epoch).steps:
+            return s.epoch + 1, 0
+        return s.epoch, s.step_in_epoch
+
+    def lr_at(self, step: int) -> float:
+        if self.cfg.warmup_steps:
+            return self.cfg.lr * min(1.0, (step + 1) / self.cfg.warmup_steps)
+        return self.cfg.lr
+
+    # -- main loop ----------------------------------------------------------------------------------
+    def fit(self, stop: Any) -> str:
+        """Train until done or stopped; returns "done" or "stopped" (a checkpoint is written either way)."""
+        bar = tqdm(total=self.total_steps, initial=self.state.step, desc="train", dynamic_ncols=True,
+                   disable=not progress_enabled(self.cfg.quiet))
+        outcome = "done"
+        try:
+            while not self.done():
+                plan = self.plan(self.state.epoch)
+                if plan.steps == 0:
+                    raise UserError(f"epoch {plan.epoch} has no complete optimizer step: each step needs "
+                                    f"{self.batch.global_batch} samples and the readers hold "
+                                    f"{plan.samples_total}")
+                if self.run_epoch(plan, stop, bar) == "stopped":
+                    outcome = "stopped"
+                    break
+        finally:
+            bar.close()
+        if self.state.step != self.last_saved:
+            self.checkpoint()
+        return outcome
+
+    def run_epoch(self, plan: EpochPlan, stop: Any, bar: tqdm) -> str:
+        s = self.state
+        stream = EpochStream(self.source, plan, self.rank, seed=self.cfg.seed, buffer=self.cfg.shuffle_buffer,
+                             start_batch=s.step_in_epoch * self.batch.accum,
+                             skip_bad_shards=self.cfg.skip_bad_shards)
+        loader = make_loader(stream, num_workers=self.cfg.num_workers, prefetch_factor=self.cfg.prefetch_factor,
+                             pin_memory=self.device.type == "cuda")
+        try:
+            while s.step_in_epoch < plan.steps:
+                if self.done():
+                    return "done"
+                t0 = time.perf_counter()
+                items = [next(loader) for _ in range(self.batch.accum)]
+                wait = time.perf_counter() - t0
+                verdict = self.agree(items, stop, plan)
+                if verdict == "stop":
+                    return "stopped"
+                if verdict == "exhausted":
+                    break
+                self.train_step(items, wait)
+                s.step_in_epoch += 1
+                self.after_step(plan, bar)
+        finally:
+            del loader  # shuts the loader workers down
+        s.epoch, s.step_in_epoch = s.epoch + 1, 0
+        return "done"
+
+    def agree(self, items: list[Batch | ReaderEvent], stop: Any, plan: EpochPlan) -> str:
+        """Pre-step consensus: 'stop' (a signal on any rank), 'exhausted', or 'go'; raises on a data error."""
+        skipped = [sk for it in items for sk in it.skipped]
+        for url, problem in skipped:
+            self.log.warning(f"skipped unreadable shard (--skip-bad-shards): {problem}")
+        errors = [it.message for it in items if isinstance(it, ReaderEvent) and it.kind == "error"]
+        exhausted = any(isinstance(it, ReaderEvent) and it.kind == "exhausted" for it in items)
+        flags = torch.zeros(3 + self.world, dtype=torch.float64)
+        flags[0], flags[1], flags[2] = float(stop.requested), float(exhausted), float(len(skipped))
+        flags[3 + self.rank] = float(bool(errors))
+        total = dist.all_reduce_sum(flags).tolist()
+        self.state.bad_shards += int(total[2])
+        bad_ranks = [r for r in range(self.world) if total[3 + r] > 0]
+        if bad_ranks:
+            if errors:
+                raise UserError(f"rank {self.rank} cannot read its data at step {self.state.step + 1}: "
+                                f"{errors[0]} (or pass --skip-bad-shards to skip unreadable shards)")
+            raise UserError(f"stopping: rank(s) {bad_ranks} could not read their data at step "
+                            f"{self.state.step + 1} (see RUN/logs/rank{bad_ranks[0]}.log)")
+        if total[0] > 0:
+            return "stop"
+        if total[1] > 0:
+            self.log.warning(f"epoch {plan.epoch} ended after {self.state.step_in_epoch} of {plan.steps} steps: "
+                             f"a reader ran out of samples ({self.state.bad_shards} shard(s) skipped so far)")
+            return "exhausted"
+        return "go"
+
+    # -- one optimizer step ---------------------------------------------------------------------------
+    def _model_fn(self, x: torch.Tensor, t: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        with torch.autocast(self.device.type, dtype=self.p.amp_dtype or torch.float32,
+                            enabled=self.p.amp_dtype is not None):
+            return self.p.forward(x, t, **kwargs)
+
+    def _step_randomness(self, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        step, dev = self.state.step, self.device
+        g = generator(self.cfg.seed, STREAM_TIMESTEP, step, self.rank, device=dev)
+        t = torch.randint(0, self.p.diffusion.num_timesteps, (n,), generator=g, device=dev)
+        noise = torch.randn((n, *self.latent_shape), generator=g, device=dev)
+        drop = None
+        if self.cfg.class_dropout_prob > 0:
+            gd = generator(self.cfg.seed, STREAM_DROPOUT, step, self.rank, device=dev)
+            drop = (torch.rand(n, generator=gd, device=dev) < self.cfg.class_dropout_prob).long()
+        return t, noise, drop
+
+    def train_step(self, items: list[Batch], wait: float) -> None:
+        p, micro, accum = self.p, self.batch.micro_batch, self.batch.accum
+        t_all, noise_all, drop_all = self._step_randomness(micro * accum)
+        sums = torch.zeros(3, device=self.device, dtype=torch.float64)
+        nan_fault = fault_requested("train.nan")
+        for i, b in enumerate(items):
+            sl = slice(i * micro, (i + 1) * micro)
+            x = b.latents.to(self.device, non_blocking=True)
+            y = b.labels.to(self.device, non_blocking=True)
+            kwargs = {"y": y, "force_drop_ids": None if drop_all is None else drop_all[sl]}
+            sync = p.ddp is None or i == accum - 1
+            with contextlib.nullcontext() if sync else p.ddp.no_sync():
+                terms = p.diffusion.training_losses(self._model_fn, x, t_all[sl], model_kwargs=kwargs,
+                                                    noise=noise_all[sl])
+                if nan_fault and i == 0:  # injected by DIT_FAULT=train.nan (reliability tests)
+                    terms["loss"] = terms["loss"] * float("nan")
+                p.scaler.scale(terms["loss"].mean() / accum).backward()
+            sums += torch.stack([terms[k].detach().sum() for k in ("loss", "mse", "vb")]).double()
+        self._finish_step(sums, wait)
+
+    def _finish_step(self, sums: torch.Tensor, wait: float) -> None:
+        p, cfg, n_local = self.p, self.cfg, self.batch.per_rank
+        if p.scaler.is_enabled():
+            p.scaler.unscale_(p.opt)
+        if cfg.grad_clip is not None:
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip, foreach=True)
+        else:
+            grad_norm = torch.nn.utils.get_total_norm([q.grad for q in self.params if q.grad is not None],
+                                                      foreach=True)
+        stats = torch.zeros(6 + self.world, device=self.device, dtype=torch.float64)
+        stats[:3] = sums
+        stats[3] = grad_norm.double() if self.rank == 0 else 0.0  # identical on all ranks after DDP
+        stats[4] = wait
+        stats[5 + self.rank] = (~torch.isfinite(sums[0])).double()
+        local = stats.clone()
+        vals = dist.all_reduce_sum(stats).tolist()
+        local_vals = local.tolist()
+        n_global = n_local * self.world
+        loss, mse, vb = (v / n_global for v in vals[:3])
+        bad_ranks = [r for r in range(self.world) if vals[5 + r] > 0]
+        norm = vals[3]
+        step = self.state.step + 1
+        skipped = self._check_finite(step, loss, norm, bad_ranks)
+        if not skipped:
+            for group in p.opt.param_groups:
+                group["lr"] = self.lr_at(self.state.step)
+            if p.scaler.is_enabled():
+                p.scaler.step(p.opt)
+            else:
+                p.opt.step()
+            self._update_ema()
+        if p.scaler.is_enabled():
+            p.scaler.update()
+        p.opt.zero_grad(set_to_none=True)
+        self.state.step = step
+        it = self._interval
+        it["steps"] += 1
+        it["loss"] += loss
+        it["mse"] += mse
+        it["vb"] += vb
+        it["grad_norm"] += norm
+        it["wait"] += vals[4] / self.world
+        it["skipped"] += int(skipped)
+        it["local"] = [a + b for a, b in zip(it["local"], [v / n_local for v in local_vals[:3]])]
+        it["local_wait"] += local_vals[4]
+
+    def _check_finite(self, step: int, loss: float, norm: float, bad_ranks: list[int]) -> bool:
+        """True when fp16 overflow makes the scaler skip this step; raises when the run diverged."""
+        if math.isfinite(loss) and math.isfinite(norm) and not bad_ranks:
+            self._consecutive_overflows = 0
+            return False
+        if self.p.scaler.is_enabled() and not math.isfinite(norm):
+            self._consecutive_overflows += 1
+            self.state.overflow_steps += 1
+            if self._consecutive_overflows <= MAX_CONSECUTIVE_OVERFLOWS:
+                return True  # GradScaler skips the update and lowers the scale, as designed
+        last = self.ckpts.latest()
+        where = f"on rank(s) {bad_ranks}" if bad_ranks else "in the gradients"
+        raise TrainingDiverged(
+            f"step {step}: non-finite loss or gradient {where} (loss {loss}, grad norm {norm}); stopped before "
+            f"the optimizer update. The last checkpoint ({last.name if last else 'none yet'}) is intact; "
+            "resume from it with a lower --lr, --grad-clip, --warmup-steps or --precision fp32.")
+
+    @torch.no_grad()
+    def _update_ema(self) -> None:
+        if self.p.ema is None:
+            return
+        d = self.cfg.ema_decay
+        torch._foreach_mul_(self.ema_params, d)
+        torch._foreach_add_(self.ema_params, self.params, alpha=1.0 - d)
+
+    # -- after a step ---------------------------------------------------------------------------------
+    def _reset_interval(self) -> None:
+        self._interval: dict[str, Any] = {"steps": 0, "loss": 0.0, "mse": 0.0, "vb": 0.0, "grad_norm": 0.0,
+                                          "wait": 0.0, "skipped": 0, "local": [0.0, 0.0, 0.0],
+                                          "local_wait": 0.0, "t0": time.perf_counter()}
+
+    def after_step(self, plan: EpochPlan, bar: tqdm) -> None:
+        step = self.state.step
+        bar.update(1)
+        if step % self.cfg.log_every == 0 or self.done():
+            self.log_interval(bar)
+        if step % self.cfg.ckpt_every == 0:
+            self.checkpoint()
+        for hook in self.hooks:
+            if step % hook.every == 0:
+                hook(self.hook_context())
+        fault_point("train.step_end")
+
+    def log_interval(self, bar: tqdm) -> None:
+        it, s, n = self._interval, self.state, max(1, self._interval["steps"])
+        elapsed = max(time.perf_counter() - it["t0"], 1e-9)
+        images_per_s = n * self.batch.global_batch / elapsed
+        rec = {"step": s.step, "epoch": s.epoch, "loss": it["loss"] / n, "mse": it["mse"] / n,
+               "vb": it["vb"] / n, "grad_norm": it["grad_norm"] / n, "lr": self.lr_at(s.step - 1),
+               "images_per_s": images_per_s, "steps_per_s": n / elapsed, "data_wait": it["wait"] / elapsed,
+               "peak_mem_gb": (torch.cuda.max_memory_allocated(self.device) / 2**30
+                               if self.device.type == "cuda" else None),
+               "mfu": mfu(self.p.flops_per_image, images_per_s, self.world, self.p.peak_tflops),
+               "fp16_skipped": s.overflow_steps, "bad_shards": s.bad_shards}
+        self.metrics.write(rec)
+        self.metrics.write_rank({"step": s.step, "loss": it["local"][0] / n, "mse": it["local"][1] / n,
+                                 "vb": it["local"][2] / n, "data_wait": it["local_wait"] / elapsed})
+        mem = f" mem {rec['peak_mem_gb']:.1f}G" if rec["peak_mem_gb"] is not None else ""
+        util = f" mfu {rec['mfu']:.1%}" if rec["mfu"] is not None else ""
+        self.log.info(f"step {s.step}{f'/{self.total_steps}' if self.total_steps else ''} epoch {s.epoch} "
+                      f"loss {rec['loss']:.4f} (mse {rec['mse']:.4f} vb {rec['vb']:.4f}) grad {rec['grad_norm']:.3g} "
+                      f"lr {rec['lr']:.3g} {images_per_s:.1f} img/s data-wait {rec['data_wait']:.0%}{mem}{util}")
+        bar.set_postfix(loss=f"{rec['loss']:.4f}", refresh=False)
+        self._reset_interval()
+
+    def checkpoint(self) -> Path | None:
+        path = self.save_checkpoint(self)
+        self.last_saved = self.state.step
+        return path
+
+    def hook_context(self) -> HookContext:
+        m = self.source.manifest
+        return HookContext(step=self.state.step, epoch=self.state.epoch, rank=self.rank, world_size=self.world,
+                           run_dir=self.run_dir, device=self.device, model=self.p.model, ema=self.p.ema,
+                           model_config=self.p.model.config,
+                           latent={"scaling_factor": m.scaling_factor, "shift_factor": m.shift_factor,
+                                   "vae": m.extraction.get("vae")},
+                           num_classes=m.num_classes, config=self.cfg.to_dict())

@@ -1,0 +1,130 @@
+"""Run metrics: `RUN/metrics.jsonl` (rank 0, one JSON object per log interval), per-rank
+`RUN/logs/rank{r}.jsonl` (that rank's own values, for post-mortems and for checking the all-rank means),
+TensorBoard events when tensorboard is installed, and the MFU estimate.
+
+MFU = achieved model FLOP/s / peak FLOP/s, with model FLOPs per image from `dit.train_flops_per_image`
+(2 x 3 x the analytic forward MACs: recomputation by activation checkpointing is not counted, as usual for
+MFU) and the peak dense bf16 tensor throughput of the GPU from a small table (`--peak-tflops` overrides).
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from common.io import atomic_write_bytes
+from common.log import get_logger
+
+# Dense bf16/fp16 tensor-core peak per GPU in TFLOP/s (vendor data sheets, without sparsity).
+# Order matters: the first substring found in the device name wins.
+PEAK_TFLOPS: tuple[tuple[str, float], ...] = (
+    ("GB200", 2500.0), ("B200", 2250.0), ("H200", 989.4), ("GH200", 989.4), ("H100 PCIe", 756.0),
+    ("H100", 989.4), ("H800", 989.4), ("A100", 312.0), ("A800", 312.0), ("L40S", 362.1), ("L40", 181.0),
+    ("A6000", 154.8), ("L4", 121.0), ("A10", 125.0), ("RTX 4090", 165.2), ("RTX 3090", 71.0), ("V100", 125.0),
+)
+
+
+def peak_tflops(device: torch.device, override: float | None = None) -> float | None:
+    """Peak dense TFLOP/s of `device` (None on CPU or for an unknown GPU, unless overridden)."""
+    if override is not None:
+        return override
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((tf for key, tf in PEAK_TFLOPS if key in name), None)
+
+
+def mfu(flops_per_image: float, images_per_s: float, world_size: int, peak: float | None) -> float | None:
+    if not peak or not images_per_s:
+        return None
+    return flops_per_image * images_per_s / (peak * 1e12 * world_size)
+
+
+def _clean(v: Any) -> Any:
+    """JSON has no NaN/Inf: write them as strings so a diverging run's last lines still parse."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    return v
+
+
+class MetricsLog:
+    """Writes metric records; only the process with `main=True` writes the shared files."""
+
+    def __init__(self, run_dir: str | Path, rank: int, *, main: bool, tensorboard: bool):
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / "metrics.jsonl"
+        self.rank_path = self.run_dir / "logs" / f"rank{rank}.jsonl"
+        self.main = main
+        self._tb = None
+        if main and tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+                self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
+            except ImportError:
+                get_logger().info("tensorboard is not installed: metrics go to metrics.jsonl only "
+                                  "(pip install 'dit-pipeline[tensorboard]' for event files)")
+
+    @staticmethod
+    def truncate(path: Path, after_step: int) -> int:
+        """Drop records with step > after_step (a resumed run rewrites them); returns how many remain.
+        A partial last line from a killed writer is dropped too."""
+        if not path.is_file():
+            return 0
+        kept = []
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(rec, dict) and isinstance(rec.get("step"), int) and rec["step"] <= after_step:
+                kept.append(line)
+        atomic_write_bytes(path, "".join(s + "\n" for s in kept).encode("utf-8"))
+        return len(kept)
+
+    def resume_at(self, step: int) -> None:
+        if self.main:
+            self.truncate(self.path, step)
+        self.truncate(self.rank_path, step)
+
+    @staticmethod
+    def _append(path: Path, record: dict[str, Any]) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
+
+    def write(self, record: dict[str, Any]) -> None:
+        if not self.main:
+            return
+        self._append(self.path, record)
+        if self._tb is not None:
+            for k, v in record.items():
+                if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool):
+                    self._tb.add_scalar(f"train/{k}", v, record["step"])
+
+    def write_rank(self, record: dict[str, Any]) -> None:
+        self._append(self.rank_path, record)
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The records of RUN/metrics.jsonl (or of a .jsonl path), in file order."""
+    path = Path(run_dir)
+    if path.is_dir():
+        path = path / "metrics.jsonl"
+    out = []
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(rec, dict):
+                out.append(rec)
+    return out

@@ -1,0 +1,182 @@
+"""Everything decided before a process touches a GPU: shard set, model shape vs latents, batch arithmetic,
+data layout, run length, and the resource estimate that `--dry-run` prints.
+
+The memory estimate answers the classic DiT questions (will this batch fit? why did the job die with -9?):
+per GPU, fp32 parameters + gradients + AdamW moments (+ the fp32 EMA on rank 0) + activations; per node, the
+loader's shuffle buffers in host memory. Activations per sample and block are estimated from the tensors a
+DiT block keeps for the backward pass: about 50 x T x D bytes under bf16/fp16 autocast (fp32 residual
+stream and LayerNorm inputs, 16-bit linear inputs, q/k/v and outputs of flash attention, the 4D-wide MLP
+hidden states) and about 84 x T x D in fp32; with activation checkpointing only each block's fp32 input
+(4 x T x D) is kept, plus one block's full set while it is recomputed. It is an estimate (allocator
+fragmentation and the CUDA context add a few GiB), printed as such.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from common import distributed as dist
+from common.errors import UserError
+from train.config import BatchPlan, TrainConfig, batch_plan
+from train.data import ShardSource, open_shards
+from train.partition import DataLayout, EpochPlan, plan_epoch, total_steps
+
+GiB = float(2**30)
+
+
+@dataclass
+class Prepared:
+    cfg: TrainConfig
+    world_size: int
+    batch: BatchPlan
+    source: ShardSource
+    model_kwargs: dict[str, Any]      # create_model(**model_kwargs)
+    layout: DataLayout
+    plan0: EpochPlan
+    total_steps: int | None
+
+
+def model_kwargs(cfg: TrainConfig, source: ShardSource) -> dict[str, Any]:
+    """create_model arguments for this config and shard set; UserError when they cannot match."""
+    from dit.models import canonical_model_name, create_model
+
+    m = source.manifest
+    c, h, w = m.latent_shape
+    where = source.folder or cfg.manifest
+    if h != w:
+        raise UserError(f"the shards in {where} hold {c}x{h}x{w} latents; DiT needs square latents")
+    if cfg.image_size is not None and cfg.image_size != m.image_size:
+        raise UserError(f"--image-size {cfg.image_size} does not match the shard set in {where}, extracted at "
+                        f"{m.image_size}px ({c}x{h}x{w} latents); use --image-size {m.image_size} or extract "
+                        f"the images again at {cfg.image_size}px")
+    kw: dict[str, Any] = {"name": canonical_model_name(cfg.model), "input_size": h,
+                          "num_classes": m.num_classes, "in_channels": c,
+                          "class_dropout_prob": cfg.class_dropout_prob}
+    for k in ("depth", "hidden_size", "num_heads", "patch_size"):
+        if getattr(cfg, k) is not None:
+            kw[k] = getattr(cfg, k)
+    try:
+        with torch.device("meta"):
+            create_model(**kw)
+    except ValueError as e:
+        raise UserError(f"--model {cfg.model} cannot be built for the shard set in {where} ({c}x{h}x{w} "
+                        f"latents, {m.num_classes} classes): {e}") from None
+    return kw
+
+
+def prepare(cfg: TrainConfig, world_size: int | None = None) -> Prepared:
+    """Validate everything that can be checked without a GPU or a process group (raises on problems)."""
+    cfg.validate()
+    world = dist.world_size() if world_size is None else world_size
+    batch = batch_plan(cfg.global_batch_size, cfg.micro_batch_size, world)
+    source = open_shards(cfg.shards, cfg.manifest)
+    kw = model_kwargs(cfg, source)
+    layout = DataLayout(seed=cfg.seed, world_size=world, workers=max(1, cfg.num_workers),
+                        micro_batch=batch.micro_batch, accum=batch.accum, shuffle_buffer=cfg.shuffle_buffer)
+    plan0 = plan_epoch(source.sizes, seed=cfg.seed, epoch=0, world_size=world, workers=layout.workers,
+                       micro_batch=batch.micro_batch, accum=batch.accum)
+    if plan0.steps == 0:
+        raise UserError(f"the shard set holds {source.manifest.total_samples} samples in {len(source.sizes)} "
+                        f"shards, not enough for one optimizer step of {batch.global_batch} samples with "
+                        f"{world} rank(s) x {layout.workers} reader(s) each; lower --global-batch-size or "
+                        "--num-workers")
+    total = cfg.max_steps
+    if cfg.epochs is not None:
+        by_epochs = total_steps(source.sizes, cfg.epochs, seed=cfg.seed, world_size=world, workers=layout.workers,
+                                micro_batch=batch.micro_batch, accum=batch.accum)
+        total = by_epochs if total is None else min(total, by_epochs)
+    return Prepared(cfg, world, batch, source, kw, layout, plan0, total)
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    if precision == "auto":
+        return "bf16" if device.type == "cuda" else "fp32"
+    return precision
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Estimates for --dry-run
+
+def param_counts(kw: dict[str, Any]) -> tuple[int, int, dict[str, Any]]:
+    """(all parameters, trainable parameters, model_config) of the model, built on the meta device."""
+    from dit.models import create_model
+
+    with torch.device("meta"):
+        model = create_model(**kw)
+    total = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return total, trainable, model.config
+
+
+def activation_bytes(model_config: dict[str, Any], micro_batch: int, precision: str, grad_ckpt: bool) -> int:
+    tokens = (model_config["input_size"] // model_config["patch_size"]) ** 2
+    d, depth = model_config["hidden_size"], model_config["depth"]
+    per_block = (50 if precision in ("bf16", "fp16") else 84) * tokens * d
+    blocks = (4 * tokens * d * depth + per_block) if grad_ckpt else per_block * depth
+    return micro_batch * (blocks + 16 * tokens * d)  # + embeddings, final layer and loss terms
+
+
+def memory_estimate(prep: Prepared, precision: str) -> dict[str, float]:
+    total, trainable, mc = param_counts(prep.model_kwargs)
+    est = {"params": 4 * total, "grads": 4 * trainable, "adamw": 8 * trainable, "ema_rank0": 4 * total,
+           "activations": activation_bytes(mc, prep.batch.micro_batch, precision, prep.cfg.grad_checkpointing)}
+    est["total_rank0"] = sum(est.values())
+    return {k: v / GiB for k, v in est.items()}
+
+
+def host_memory_available() -> float | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024 / GiB
+    except OSError:
+        pass
+    return None
+
+
+def format_plan(prep: Prepared, resume_from: Path | None = None) -> str:
+    cfg, b, m, p0 = prep.cfg, prep.batch, prep.source.manifest, prep.plan0
+    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    precision = resolve_precision(cfg.precision, device)
+    total, trainable, mc = param_counts(prep.model_kwargs)
+    c, h, w = m.latent_shape
+    shards_per = [len(s) for s in p0.slot_shards]
+    mem = memory_estimate(prep, precision)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", min(prep.world_size, max(1, torch.cuda.device_count()))))
+    sample_bytes = (2 if m.store == "posterior" else 1) * m.views * c * h * w * 4
+    host = local * prep.layout.workers * (cfg.shuffle_buffer + cfg.prefetch_factor * b.micro_batch) * sample_bytes
+    gpu = (f" of {torch.cuda.get_device_properties(0).total_memory / GiB:.1f} GiB on "
+           f"{torch.cuda.get_device_name(0)}" if device.type == "cuda" else " (no GPU visible here)")
+    avail = host_memory_available()
+    length = [f"max_steps {cfg.max_steps}"] if cfg.max_steps else []
+    length += [f"epochs {cfg.epochs}"] if cfg.epochs else []
+    lines = [
+        "dit-train plan (dry run: nothing was started)",
+        f"  shards      {cfg.shards}: {len(m.shards)} shards, {m.total_samples:,} samples, store {m.store}, "
+        f"{m.views} view(s), latents {c}x{h}x{w} {m.dtype}, scaling {m.scaling_factor:g}"
+        f"{f', shift {m.shift_factor:g}' if m.shift_factor else ''}, {m.num_classes} classes",
+        f"  model       {mc['model'] or 'custom'} (depth {mc['depth']}, hidden {mc['hidden_size']}, heads "
+        f"{mc['num_heads']}, patch {mc['patch_size']}): {total / 1e6:.2f}M parameters, input {mc['input_size']}",
+        f"  precision   {precision}, tf32 {'on' if cfg.tf32 else 'off'}, grad checkpointing "
+        f"{'on' if cfg.grad_checkpointing else 'off'}, compile {'on' if cfg.compile else 'off'}",
+        f"  batch       global {b.global_batch} = {prep.world_size} rank(s) x micro-batch {b.micro_batch} x "
+        f"{b.accum} accumulation step(s)",
+        f"  epoch 0     {p0.steps:,} optimizer steps; {p0.samples_used:,} of {p0.samples_total:,} samples used "
+        f"({p0.samples_total - p0.samples_used:,} left out so every rank runs the same number of steps)",
+        f"  readers     {prep.world_size} rank(s) x {prep.layout.workers} loader worker(s) = {len(shards_per)}; "
+        f"shards per reader {min(shards_per)}-{max(shards_per)}; shuffle buffer {cfg.shuffle_buffer} samples each",
+        f"  length      {', '.join(length)} -> {prep.total_steps:,} steps "
+        f"(~{prep.total_steps / max(p0.steps, 1):.2f} epochs)",
+        f"  GPU memory  (estimate, per GPU) params {mem['params']:.2f} + grads {mem['grads']:.2f} + AdamW "
+        f"{mem['adamw']:.2f} + EMA {mem['ema_rank0']:.2f} (rank 0) + activations {mem['activations']:.2f} = "
+        f"{mem['total_rank0']:.2f} GiB{gpu}",
+        f"  host memory (estimate, per node) {local} rank(s) x {prep.layout.workers} worker(s) x shuffle buffers = "
+        f"{host / GiB:.2f} GiB{f' of {avail:.1f} GiB available' if avail is not None else ''}",
+        f"  run dir     {cfg.run_dir}: "
+        + (f"would resume from {resume_from}" if resume_from else "would start from scratch"),
+    ]
+    return "\n".join(lines)
