@@ -1,0 +1,65 @@
+"""sample/plan.py: noise seeds, drawn classes and the rank split are pure functions of integers."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from common.seeding import STREAM_SAMPLING, derive_seed
+from sample import plan
+
+
+def test_noise_seed_is_derive_seed_of_seed_stream_index():
+    assert plan.noise_seed(7, 123) == derive_seed(7, STREAM_SAMPLING, 123)
+    assert plan.noise_seed(7, 123) != plan.noise_seed(7, 124) != plan.noise_seed(8, 124)
+
+
+def test_generators_depend_only_on_seed_and_index():
+    a = plan.noise_generators(3, [5, 6, 7])
+    b = plan.noise_generators(3, [7, 5])
+    draws_a = [torch.randn(4, generator=g) for g in a]
+    draws_b = [torch.randn(4, generator=g) for g in b]
+    assert torch.equal(draws_a[2], draws_b[0]) and torch.equal(draws_a[0], draws_b[1])
+    assert not torch.equal(draws_a[0], draws_a[1])
+
+
+def test_drawn_labels_are_pure_uniform_and_independent_of_noise_stream():
+    labels = plan.class_labels(num_samples=20000, seed=1, num_classes=10)
+    assert labels.dtype == np.int64 and labels.shape == (20000,)
+    assert np.array_equal(labels[100:110], [plan.drawn_label(1, i, 10) for i in range(100, 110)])
+    counts = np.bincount(labels, minlength=10)
+    # 20000 draws over 10 classes: expected 2000 each, sd ~42; 6 sd bounds
+    assert counts.min() > 1750 and counts.max() < 2250
+    assert not np.array_equal(labels, plan.class_labels(num_samples=20000, seed=2, num_classes=10))
+    # the label stream is not the noise stream: label seed differs from the noise seed of the same index
+    assert derive_seed(1, STREAM_SAMPLING, 5, plan.LABEL_SUBSTREAM) != plan.noise_seed(1, 5)
+
+
+def test_given_labels_repeat_cyclically():
+    assert plan.class_labels(num_samples=5, seed=0, num_classes=1000, given=[207, 360]).tolist() == \
+        [207, 360, 207, 360, 207]
+    assert plan.class_labels(num_samples=2, seed=0, num_classes=1000, given=[1, 2, 3]).tolist() == [1, 2]
+
+
+@pytest.mark.parametrize("n,batch,world", list(itertools.product([0, 1, 7, 50, 101], [1, 3, 32], [1, 2, 3, 8])))
+def test_rank_batches_cover_every_index_once(n, batch, world):
+    remaining = list(range(n))
+    per_rank = [plan.rank_batches(remaining, batch, r, world) for r in range(world)]
+    flat = [i for batches in per_rank for b in batches for i in b]
+    assert sorted(flat) == remaining
+    counts = [sum(len(b) for b in batches) for batches in per_rank]
+    assert max(counts) - min(counts) <= batch  # ranks are within one batch of each other
+    for batches in per_rank:
+        assert all(1 <= len(b) <= batch for b in batches)
+
+
+def test_rank_batches_with_holes_after_resume():
+    remaining = [0, 1, 2, 10, 11, 40, 41, 42, 43]
+    got = [plan.rank_batches(remaining, 2, r, 2) for r in range(2)]
+    assert got == [[[0, 1], [11, 40], [43]], [[2, 10], [41, 42]]]
+    with pytest.raises(ValueError):
+        plan.rank_batches(remaining, 0, 0, 1)
+    with pytest.raises(ValueError):
+        plan.rank_batches(remaining, 2, 2, 2)
