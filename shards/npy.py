@@ -55,7 +55,8 @@ def encode_array(x: np.ndarray, dtype: str) -> bytes:
     """float array -> NPY bytes in the stored `dtype` ("float16" | "float32" | "bfloat16")."""
     storage = STORAGE_DTYPES[dtype]
     x32 = np.ascontiguousarray(x, dtype=np.float32)
-    stored = to_bfloat16_bits(x32) if dtype == "bfloat16" else x32.astype(storage)
+    with np.errstate(over="ignore"):  # an overflow becomes Inf, which the writer then refuses by name
+        stored = to_bfloat16_bits(x32) if dtype == "bfloat16" else x32.astype(storage)
     return npy_header(storage, x32.shape) + stored.astype(storage, copy=False).tobytes()
 
 

@@ -95,7 +95,7 @@ def iter_members(reader: TarReader, url: str, want: Callable[[str], bool] | None
                     yield key, fields
                 idx = key_index(k)
                 if idx <= last:
-                    raise ShardError(url, k, f"key {k} follows key {key}: keys repeat or are out of order "
+                    raise ShardError(url, key, f"key {k} follows key {key}: keys repeat or are out of order "
                                      "(duplicate sample or non-contiguous members)")
                 key, fields, last = k, {}, idx
             if field in fields:
@@ -182,7 +182,6 @@ def iter_shard(url: str, manifest: Manifest | None = None, *, with_meta: bool = 
         stream = open_url(url)
     except (OSError, ValueError) as e:
         raise ShardError(url, None, f"cannot open: {e}") from None
-    finished = False
     try:
         reader = TarReader(stream)
         for key, fields in iter_members(reader, url):
@@ -197,10 +196,26 @@ def iter_shard(url: str, manifest: Manifest | None = None, *, with_meta: bool = 
                         raise ShardError(url, key, f"{f} holds NaN or Inf")
             yield LatentSample(key=key, label=label, mean=out.get("mean.npy"), std=out.get("std.npy"),
                                latent=out.get("latent.npy"), meta=meta)
-        finished = True
-    finally:
-        try:
-            stream.close()
-        except OSError as e:  # a pipe: command that failed after writing a complete-looking archive
-            if finished:
-                raise ShardError(url, None, f"the stream failed: {e}") from None
+    except ShardError as e:
+        # A pipe: command that failed usually shows up as a short archive first; name the real cause.
+        failure = _close(stream)
+        if failure:
+            raise ShardError(url, e.key, f"read failed: {failure} ({e.problem})") from None
+        raise
+    except BaseException:  # GeneratorExit when the consumer stops early: not an error of the stream
+        _close(stream)
+        raise
+    failure = _close(stream)
+    if failure:
+        raise ShardError(url, None, f"read failed: {failure}")
+
+
+def _close(stream: IO[bytes]) -> str | None:
+    """Close a stream; the error text if that fails (a pipe: command's exit status is checked here)."""
+    try:
+        stream.close()
+    except (OSError, ValueError) as e:
+        return str(e)
+    except Exception as e:  # subprocess.TimeoutExpired and the like from webdataset's Pipe
+        return f"{type(e).__name__}: {e}"
+    return None

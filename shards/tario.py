@@ -193,11 +193,13 @@ class TarReader:
                 raise TarProblem(f"truncated: incomplete end-of-archive marker at byte {start}")
             raise TarProblem(f"a zero block at byte {start} is followed by data (corrupt or spliced archive)")
         while True:
+            at = self.offset
             rest = self._take(self._chunk)
             if not rest:
                 return
             if rest.count(0) != len(rest):
-                raise TarProblem(f"non-zero data after the end-of-archive marker (byte {start + 2 * BLOCK})")
+                at += len(rest) - len(rest.lstrip(b"\0"))
+                raise TarProblem(f"non-zero data after the end-of-archive marker (byte {at})")
 
     def drain(self) -> None:
         """Read (and hash) the rest of the stream without parsing it."""
