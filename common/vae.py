@@ -113,6 +113,15 @@ def load_vae(spec: str = DEFAULT_VAE, *, config: str | Path | None = None, revis
                 identity["commit"] = commit
     except UserError:
         raise
+    except (RuntimeError, KeyError) as e:
+        if kind != "file":
+            raise
+        # load_state_dict lists every mismatching tensor; the first lines say enough.
+        detail = " ".join(str(e).strip().splitlines()[:2])
+        raise UserError(f"could not load the VAE from {spec!r}: its weights do not fit the config "
+                        f"{'builtin:sd-vae' if config is None else str(config)!r} ({type(e).__name__}: {detail} ...). "
+                        "Pass an SD-VAE (KL-f8) weight file, or --vae-config with a folder holding the "
+                        "diffusers config.json of this VAE.") from e
     except (OSError, ValueError, EnvironmentError) as e:
         hint = ""
         if kind == "hub":

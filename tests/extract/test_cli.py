@@ -1,0 +1,81 @@
+"""`dit-extract` on the command line: user mistakes are one clear line and nothing is written."""
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from cli import extract_main
+from shards import read_manifest
+from tests._util import draw_image
+from tests.extract.conftest import cli_args
+
+
+def _invoke(args):
+    return CliRunner().invoke(extract_main, [str(a) for a in args], catch_exceptions=False)
+
+
+def _bad_data(tmp_path, case):
+    root = tmp_path / "data"
+    if case == "file":
+        root.write_text("x")
+    elif case == "no_classes":
+        root.mkdir()
+    elif case == "no_images":
+        (root / "a").mkdir(parents=True)
+    return root
+
+
+@pytest.mark.parametrize("case, message", [("missing", "no such folder"), ("file", "is a file, not a folder"),
+                                           ("no_classes", "no class folders found"),
+                                           ("no_images", "found 1 class folder(s) but no image files")])
+def test_bad_data_path(tmp_path, tiny_vae_dir, case, message):
+    out = tmp_path / "out"
+    r = _invoke(cli_args(_bad_data(tmp_path, case), tiny_vae_dir, out))
+    assert r.exit_code == 1
+    assert f"error: --data-path {tmp_path / 'data'}: {message}" in r.output
+    assert "Traceback" not in r.output
+    assert not out.exists()
+
+
+def test_bad_vae(tmp_path, odd_tree):
+    out = tmp_path / "out"
+    r = _invoke(cli_args(odd_tree, tmp_path / "nope.safetensors", out))
+    assert r.exit_code == 1 and "no such file or folder" in r.output and not out.exists()
+    r = _invoke(cli_args(odd_tree, "nobody/no-such-vae", out))
+    assert r.exit_code == 1 and "needs the network" in r.output and not out.exists()
+
+
+def test_all_option_problems_in_one_usage_error(tmp_path, odd_tree, tiny_vae_dir):
+    r = _invoke(cli_args(odd_tree, tiny_vae_dir, tmp_path / "out", image_size=30, batch_size=0,
+                         samples_per_shard=-1))
+    assert r.exit_code == 2
+    for msg in ("--image-size must be a positive multiple of 8", "--batch-size must be >= 1",
+                "--samples-per-shard must be >= 1"):
+        assert msg in r.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_out_is_a_file(tmp_path, odd_tree, tiny_vae_dir):
+    out = tmp_path / "out"
+    out.write_text("keep me")
+    r = _invoke(cli_args(odd_tree, tiny_vae_dir, out))
+    assert r.exit_code == 1 and "exists and is not a folder" in r.output and out.read_text() == "keep me"
+
+
+def test_underscore_flags_and_summary(tmp_path, tiny_vae_dir):
+    data = tmp_path / "data"
+    for c in range(2):
+        (data / f"class{c}").mkdir(parents=True)
+        for i in range(2):
+            draw_image(c, i).save(data / f"class{c}" / f"{i}.JPEG")
+    out = tmp_path / "out"
+    args = ["--" + a[2:].replace("-", "_") if a.startswith("--") else a
+            for a in cli_args(data, tiny_vae_dir, out, quiet=False, no_flip=True)]
+    assert "--data_path" in args and "--samples_per_shard" in args
+    r = _invoke(args)
+    assert r.exit_code == 0, r.output
+    m = read_manifest(out)
+    assert m.total_samples == 4 and m.views == 1 and len(m.shards) == 1
+    assert "done: 4 images encoded" in r.output and "0 skipped" in r.output
+    assert f"manifest: {out / 'manifest.json'} (quick verify passed)" in r.output
+    assert (out / "logs" / "rank0.log").read_text().count("finished shard-000000.tar") == 1
