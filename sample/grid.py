@@ -7,6 +7,7 @@ sample i from (seed, i)), so a grid the trainer saved at step k is reproduced by
 """
 from __future__ import annotations
 
+import io
 import math
 from pathlib import Path
 from typing import Sequence
@@ -32,6 +33,15 @@ def grid_size(n: int, height: int, width: int, ncol: int | None = None,
     """(height, width) in pixels of the grid save_grid writes (make_grid's layout)."""
     rows, cols = grid_shape(n, ncol)
     return rows * (height + padding) + padding, cols * (width + padding) + padding
+
+
+def png_bytes(image: np.ndarray) -> bytes:
+    """uint8 [H, W, 3] -> PNG file bytes (lossless, so the pixels read back exactly)."""
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(image), "RGB").save(buf, format="PNG")
+    return buf.getvalue()
 
 
 def _draw_labels(grid: np.ndarray, labels: Sequence[int], tile_hw: tuple[int, int], cols: int,
@@ -63,7 +73,6 @@ def save_grid(images: np.ndarray | torch.Tensor, path: str | Path, *, labels: Se
     labels: class of each image, printed in the tile's top-left corner (None: no text).
     The PNG is `grid_size(N, H, W, ncol, padding)` pixels.
     """
-    from torchvision.io import encode_png
     from torchvision.utils import make_grid
 
     arr = np.asarray(images.cpu() if isinstance(images, torch.Tensor) else images)
@@ -76,9 +85,8 @@ def save_grid(images: np.ndarray | torch.Tensor, path: str | Path, *, labels: Se
     grid_hwc = grid.permute(1, 2, 0).contiguous().numpy()
     if labels is not None:
         grid_hwc = _draw_labels(grid_hwc, labels, arr.shape[1:3], cols, padding)
-    png = encode_png(torch.from_numpy(np.ascontiguousarray(grid_hwc)).permute(2, 0, 1).contiguous())
     path = Path(path)
-    atomic_write_bytes(path, png.numpy().tobytes())
+    atomic_write_bytes(path, png_bytes(grid_hwc))
     return path
 
 

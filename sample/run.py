@@ -31,7 +31,7 @@ from common.vae import load_vae
 from sample import plan
 from sample.config import SampleConfig
 from sample.generate import AUTOCAST_DTYPES, generate_images, guided_model_fn, make_diffusion
-from sample.grid import save_grid
+from sample.grid import png_bytes, save_grid
 from sample.load import LoadedModel, latent_scale, load_model
 from sample.npz import PartStore, assemble_npz, parts_dir_for
 
@@ -219,12 +219,9 @@ def _sample_batches(cfg: SampleConfig, loaded: LoadedModel, vae, store: PartStor
 
 
 def _write_pngs(folder: Path, indices: list[int], images: np.ndarray, total: int) -> None:
-    from torchvision.io import encode_png
-
     width = max(6, len(str(total - 1)))
     for i, img in zip(indices, images):
-        png = encode_png(torch.from_numpy(img).permute(2, 0, 1).contiguous())
-        atomic_write_bytes(folder / f"{i:0{width}d}.png", png.numpy().tobytes())
+        atomic_write_bytes(folder / f"{i:0{width}d}.png", png_bytes(img))
 
 
 def _finish(cfg: SampleConfig, store: PartStore, labels: np.ndarray, record: dict[str, Any],
