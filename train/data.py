@@ -17,6 +17,7 @@ so the stream of every rank is a deterministic function of (seed, epoch, rank, d
 from __future__ import annotations
 
 import itertools
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, NamedTuple, Sequence, TypeVar
@@ -29,6 +30,7 @@ from common.errors import UserError
 from common.seeding import STREAM_SAMPLE, derive_seed
 from shards import LatentSample, Manifest, ShardError, iter_shard, key_index, quick_check, read_manifest
 from train.partition import EpochPlan, shuffle_seed
+from train.signals import STOP_SIGNALS
 
 T = TypeVar("T")
 _RAW_BLOCK = 4096
@@ -257,11 +259,19 @@ class EpochStream(IterableDataset):
         return Batch(latents, labels, keys, skipped)
 
 
+def _ignore_stop_signals(worker_id: int) -> None:
+    """Loader workers ignore SIGTERM/SIGUSR1: schedulers signal the whole process group on preemption, and
+    the trainer must be able to finish its step and checkpoint (workers exit with their parent anyway)."""
+    for s in STOP_SIGNALS:
+        signal.signal(s, signal.SIG_IGN)
+
+
 def make_loader(stream: EpochStream, *, num_workers: int, prefetch_factor: int, pin_memory: bool
                 ) -> Iterator[Any]:
     """A DataLoader over an EpochStream (batches are formed by the readers: batch_size=None)."""
     if num_workers == 0:
         return iter(stream)
     loader = DataLoader(stream, batch_size=None, num_workers=num_workers, prefetch_factor=prefetch_factor,
-                        pin_memory=pin_memory, persistent_workers=False, in_order=True)
+                        pin_memory=pin_memory, persistent_workers=False, in_order=True,
+                        worker_init_fn=_ignore_stop_signals)
     return iter(loader)

@@ -19,7 +19,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from tqdm import tqdm
@@ -41,6 +41,29 @@ MAX_CONSECUTIVE_OVERFLOWS = 25  # fp16: the loss scale has shrunk by 2**25: the 
 
 class TrainingDiverged(UserError):
     """Loss or gradient became NaN/Inf; raised on every rank before the optimizer update."""
+
+
+class PeerLost(UserError):
+    """A collective failed because another rank died or hung (torchrun's summary names the first failure)."""
+
+
+_COMM_MARKERS = ("connection", "gloo", "nccl", "closed", "reset by peer", "timed out", "timeout", "broken pipe")
+
+
+@contextlib.contextmanager
+def comm_guard(what: str, step: int) -> Iterator[None]:
+    """Turn a failed collective into one clear line (instead of a backend traceback) on surviving ranks."""
+    try:
+        yield
+    except (RuntimeError, OSError) as e:
+        text = str(e)
+        if dist.world_size() < 2 or not (isinstance(e, getattr(torch.distributed, "DistError", ()))
+                                         or any(m in text.lower() for m in _COMM_MARKERS)):
+            raise
+        first = (text.strip().splitlines() or [type(e).__name__])[0][:300]
+        raise PeerLost(f"rank {dist.rank()}: {what} at step {step} failed, most likely because another rank "
+                       f"died or hung (torchrun's summary names the first failed rank; see RUN/logs/rank*.log): "
+                       f"{first}") from None
 
 
 @dataclass
@@ -169,7 +192,8 @@ class Trainer:
         flags = torch.zeros(3 + self.world, dtype=torch.float64)
         flags[0], flags[1], flags[2] = float(stop.requested), float(exhausted), float(len(skipped))
         flags[3 + self.rank] = float(bool(errors))
-        total = dist.all_reduce_sum(flags).tolist()
+        with comm_guard("the pre-step all-reduce", self.state.step + 1):
+            total = dist.all_reduce_sum(flags).tolist()
         self.state.bad_shards += int(total[2])
         bad_ranks = [r for r in range(self.world) if total[3 + r] > 0]
         if bad_ranks:
@@ -219,7 +243,8 @@ class Trainer:
                                                     noise=noise_all[sl])
                 if nan_fault and i == 0:  # injected by DIT_FAULT=train.nan (reliability tests)
                     terms["loss"] = terms["loss"] * float("nan")
-                p.scaler.scale(terms["loss"].mean() / accum).backward()
+                with comm_guard("the gradient all-reduce", self.state.step + 1):
+                    p.scaler.scale(terms["loss"].mean() / accum).backward()
             sums += torch.stack([terms[k].detach().sum() for k in ("loss", "mse", "vb")]).double()
         self._finish_step(sums, wait)
 
@@ -238,7 +263,8 @@ class Trainer:
         stats[4] = wait
         stats[5 + self.rank] = (~torch.isfinite(sums[0])).double()
         local = stats.clone()
-        vals = dist.all_reduce_sum(stats).tolist()
+        with comm_guard("the loss all-reduce", self.state.step + 1):
+            vals = dist.all_reduce_sum(stats).tolist()
         local_vals = local.tolist()
         n_global = n_local * self.world
         loss, mse, vb = (v / n_global for v in vals[:3])

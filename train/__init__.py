@@ -1,0 +1,12 @@
+"""train/: latents -> checkpoints (`dit-train`).
+
+Streams the latent shards (shards/) through DDP with AMP, EMA and crash-safe, exactly reproducible resume;
+the model and diffusion come from dit/. Entry point: `train.run(TrainConfig(...))`.
+"""
+from train.config import BatchPlan, TrainConfig, batch_plan, load_config_file, merge_config
+from train.hooks import HookContext, PeriodicHook
+from train.plot import plot_metrics
+from train.run import run
+
+__all__ = ["BatchPlan", "HookContext", "PeriodicHook", "TrainConfig", "batch_plan", "load_config_file",
+           "merge_config", "plot_metrics", "run"]

@@ -1,0 +1,249 @@
+"""`train.run(cfg)`: the whole training run on one process, under torchrun, or on many nodes.
+
+Order matters for the failure guarantees (RELIABILITY.md): every check that needs no GPU (config, batch
+arithmetic, shard set vs manifest, model vs latents, readers vs shards) runs before the process group is
+joined or a GPU is touched; a checkpoint to resume from is fully validated (model, shard set, global batch,
+state_dict keys and shapes, optimizer layout) before anything is loaded into the model, so a mismatch never
+half-loads; the run folder keeps only complete checkpoints (partial temp files from a killed save are
+removed at start).
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from common import distributed as dist
+from common.errors import UserError
+from common.io import atomic_write_json
+from common.log import get_logger, setup_logging
+from train.checkpoint import FORMAT, VERSION, CheckpointManager, load_checkpoint, rng_state, set_rng_state
+from train.config import TrainConfig
+from train.hooks import PeriodicHook
+from train.loop import Parts, Trainer, TrainState, comm_guard
+from train.metrics import MetricsLog, peak_tflops
+from train.partition import DataLayout, map_position, plan_epoch
+from train.plan import Prepared, format_plan, prepare, resolve_precision
+from train.signals import StopRequest
+
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
+
+
+def build_parts(prep: Prepared, device: torch.device, precision: str) -> Parts:
+    """Model (seeded, identical on every rank), EMA copy on rank 0, AdamW, GradScaler, DDP, compile."""
+    import dit
+
+    cfg = prep.cfg
+    torch.manual_seed(cfg.seed)
+    model = dit.create_model(**prep.model_kwargs).to(device)
+    if cfg.grad_checkpointing:
+        model.set_grad_checkpointing(True)
+    model.train()
+    ema = copy.deepcopy(model).requires_grad_(False).eval() if dist.is_main() else None
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
+                            weight_decay=cfg.weight_decay, fused=device.type == "cuda")
+    scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+    ddp = None
+    forward: Any = model
+    if prep.world_size > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                      gradient_as_bucket_view=True)
+        forward = ddp
+    if cfg.compile:
+        # Compiling the DDP wrapper lets dynamo split graphs at gradient buckets (overlapping all-reduce
+        # with backward); state_dicts come from the raw `model`, so names never get `_orig_mod.`.
+        forward = torch.compile(forward)
+    return Parts(model=model, ema=ema, opt=opt, scaler=scaler, ddp=ddp, forward=forward,
+                 diffusion=dit.create_diffusion(""), amp_dtype=AMP_DTYPES[precision],
+                 flops_per_image=float(dit.train_flops_per_image(model.config)),
+                 peak_tflops=peak_tflops(device, cfg.peak_tflops))
+
+
+def weights_fingerprint(model: torch.nn.Module) -> str:
+    """Cheap digest of all parameters (float64 sums), to prove every rank holds the same weights."""
+    with torch.no_grad():
+        sums = torch.stack([p.sum(dtype=torch.float64) for p in model.parameters()]).cpu()
+    return hashlib.sha256(sums.numpy().tobytes()).hexdigest()[:16]
+
+
+def save_checkpoint(tr: Trainer) -> Path | None:
+    """Collective: all ranks compare weight fingerprints; rank 0 writes the checkpoint."""
+    log, s, p = get_logger(), tr.state, tr.p
+    fp = weights_fingerprint(p.model)
+    tr.metrics.write_rank({"step": s.step, "weights_fingerprint": fp})
+    with comm_guard("the weights check before a checkpoint", s.step):
+        every = dist.all_gather_object(fp)
+    if len(set(every)) > 1:
+        raise RuntimeError(f"step {s.step}: ranks hold different weights (fingerprints {every}); DDP replicas "
+                           "diverged, which is a bug or a hardware fault")
+    if not dist.is_main():
+        return None
+    epoch, in_epoch = tr.data_position()
+    m = tr.source.manifest
+    state = {
+        "format": FORMAT, "version": VERSION,
+        "model": p.model.state_dict(), "ema": p.ema.state_dict(), "opt": p.opt.state_dict(),
+        "scaler": p.scaler.state_dict() if p.scaler.is_enabled() else None,
+        "step": s.step, "epoch": epoch,
+        "data": {"epoch": epoch, "step_in_epoch": in_epoch, **tr.layout.to_dict(),
+                 "overflow_steps": s.overflow_steps, "bad_shards": s.bad_shards},
+        "rng": rng_state(), "model_config": p.model.config,
+        "latent": {"scaling_factor": m.scaling_factor, "shift_factor": m.shift_factor,
+                   "vae": m.extraction.get("vae")},
+        "config": tr.cfg.to_dict(), "manifest_fingerprint": tr.source.fingerprint,
+    }
+    t0 = time.perf_counter()
+    path = tr.ckpts.save(state)
+    log.info(f"saved checkpoint {path} (+ EMA weights) in {time.perf_counter() - t0:.1f}s")
+    return path
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Resume
+
+def _checkpoint_to_resume(cfg: TrainConfig, ckpts: CheckpointManager) -> Path | None:
+    if cfg.resume == "none":
+        return None
+    if cfg.resume == "auto":
+        return ckpts.latest()
+    return Path(cfg.resume).expanduser()
+
+
+def _check_compatible(ckpt: dict[str, Any], path: Path, prep: Prepared, model: torch.nn.Module) -> None:
+    """Refuse a checkpoint of another model, shard set or global batch (nothing loaded yet)."""
+    from dit import WeightsError, check_state_dict
+
+    want, have = model.config, ckpt["model_config"]
+    diff = [f"{k}: checkpoint {have.get(k)!r}, this run {want[k]!r}" for k in want if k != "model"
+            and have.get(k) != want[k]]
+    if diff:
+        raise UserError(f"checkpoint {path} is for a different model ({have.get('model') or 'custom'}): "
+                        + "; ".join(diff) + ". Use the same --model and overrides, or a new --run-dir.")
+    if ckpt["manifest_fingerprint"] != prep.source.fingerprint:
+        raise UserError(f"checkpoint {path} was trained on a different shard set (manifest fingerprint "
+                        f"{str(ckpt['manifest_fingerprint'])[:12]}..., these shards {prep.source.fingerprint[:12]}...). "
+                        "Pass the same --shards, or a new --run-dir.")
+    saved_batch = ckpt["config"].get("global_batch_size")
+    if saved_batch != prep.cfg.global_batch_size:
+        raise UserError(f"checkpoint {path} was trained with --global-batch-size {saved_batch}, this run asks for "
+                        f"{prep.cfg.global_batch_size}; a resumed run must keep the global batch (start a new "
+                        "--run-dir to change it)")
+    try:
+        check_state_dict(ckpt["model"], want, where=f"{path} [model]")
+        check_state_dict(ckpt["ema"], want, where=f"{path} [ema]")
+    except WeightsError as e:
+        raise UserError(f"{e}. Nothing was loaded.") from None
+    groups = ckpt["opt"].get("param_groups", [])
+    n_params = sum(1 for q in model.parameters() if q.requires_grad)
+    if len(groups) != 1 or len(groups[0].get("params", [])) != n_params:
+        raise UserError(f"checkpoint {path}: optimizer state does not match this model ({n_params} trainable "
+                        "tensors). Nothing was loaded.")
+
+
+def resume(prep: Prepared, parts: Parts, path: Path, precision: str) -> TrainState:
+    """Load a validated checkpoint into every part; returns where training continues."""
+    log = get_logger()
+    ckpt = load_checkpoint(path)
+    _check_compatible(ckpt, path, prep, parts.model)
+    parts.model.load_state_dict(ckpt["model"], strict=True)
+    if parts.ema is not None:
+        parts.ema.load_state_dict(ckpt["ema"], strict=True)
+    parts.opt.load_state_dict(ckpt["opt"])
+    if parts.scaler.is_enabled() and ckpt.get("scaler") is not None:
+        parts.scaler.load_state_dict(ckpt["scaler"])
+    if ckpt.get("rng"):
+        set_rng_state(ckpt["rng"])
+    data = ckpt["data"]
+    saved = DataLayout(**{k: int(data[k]) for k in DataLayout.__dataclass_fields__})
+    steps = plan_epoch(prep.source.sizes, seed=prep.cfg.seed, epoch=int(data["epoch"]),
+                       world_size=prep.world_size, workers=prep.layout.workers,
+                       micro_batch=prep.batch.micro_batch, accum=prep.batch.accum).steps
+    pos = map_position(int(data["epoch"]), int(data["step_in_epoch"]), saved, prep.layout, steps)
+    if not pos.exact:
+        changed = ", ".join(f"{k} {getattr(saved, k)} -> {getattr(prep.layout, k)}"
+                            for k in DataLayout.__dataclass_fields__ if getattr(saved, k) != getattr(prep.layout, k))
+        log.warning(f"resuming with a different data layout ({changed}): the reading order of epoch {pos.epoch} "
+                    f"changes, so training continues at step {pos.step_in_epoch} of {steps} of that epoch in the "
+                    "new order; within this epoch some samples may be seen twice and others not at all. Later "
+                    "epochs are complete. The run is no longer identical to an uninterrupted one.")
+    log.info(f"resumed from {path} at step {ckpt['step']} (epoch {pos.epoch}, step {pos.step_in_epoch} in epoch)")
+    return TrainState(step=int(ckpt["step"]), epoch=pos.epoch, step_in_epoch=pos.step_in_epoch,
+                      overflow_steps=int(data.get("overflow_steps", 0)), bad_shards=int(data.get("bad_shards", 0)),
+                      exact=pos.exact)
+
+
+# ----------------------------------------------------------------------------------------------------------
+
+def _start_run_dir(prep: Prepared, precision: str) -> tuple[Path, CheckpointManager, TrainConfig]:
+    cfg = prep.cfg
+    run_dir = Path(cfg.run_dir).expanduser()
+    ckpts = CheckpointManager(run_dir / "checkpoints", cfg.keep_last, cfg.keep_every)
+    resolved = TrainConfig(**{**cfg.to_dict(), "precision": precision, "micro_batch_size": prep.batch.micro_batch})
+    if dist.is_main():
+        run_dir.mkdir(parents=True, exist_ok=True)
+        removed = ckpts.clean_partial()
+        atomic_write_json(run_dir / "config.json", resolved.to_dict())
+    dist.barrier()
+    setup_logging(run_dir / "logs", quiet=cfg.quiet, main_log=run_dir / "log.txt")
+    if dist.is_main() and removed:
+        get_logger().info(f"removed {len(removed)} partial checkpoint file(s) left by an interrupted save")
+    return run_dir, ckpts, resolved
+
+
+def run(cfg: TrainConfig, hooks: Sequence[PeriodicHook] = (), *, world_size: int | None = None) -> str | None:
+    """Train according to `cfg`. Returns "done", "stopped" (signal; checkpoint written) or None (dry run).
+
+    world_size: the world size to plan for in a dry run (the --nproc-per-node launcher); default: this
+    process's (torchrun's WORLD_SIZE, or 1).
+    """
+    prep = prepare(cfg, world_size)
+    if cfg.dry_run:
+        if dist.is_main():
+            latest = CheckpointManager(Path(cfg.run_dir).expanduser() / "checkpoints").latest()
+            print(format_plan(prep, latest if cfg.resume == "auto" else None), flush=True)
+        return None
+    dist.init()
+    try:
+        return _train(prep, hooks)
+    finally:
+        dist.destroy()
+
+
+def _train(prep: Prepared, hooks: Sequence[PeriodicHook]) -> str:
+    device = dist.device()
+    precision = resolve_precision(prep.cfg.precision, device)
+    torch.backends.cuda.matmul.allow_tf32 = prep.cfg.tf32
+    torch.backends.cudnn.allow_tf32 = prep.cfg.tf32
+    run_dir, ckpts, resolved = _start_run_dir(prep, precision)
+    log = get_logger()
+    log.info(format_plan(prep).replace("dit-train plan (dry run: nothing was started)", "dit-train"))
+    parts = build_parts(prep, device, precision)
+    path = dist.broadcast_object(str(p) if (p := _checkpoint_to_resume(prep.cfg, ckpts)) else None)
+    state = resume(prep, parts, Path(path), precision) if path else TrainState()
+    metrics = MetricsLog(run_dir, dist.rank(), main=dist.is_main(), tensorboard=prep.cfg.tensorboard)
+    metrics.resume_at(state.step)
+    trainer = Trainer(resolved, batch=prep.batch, layout=prep.layout, source=prep.source, parts=parts,
+                      device=device, state=state, total_steps=prep.total_steps, ckpts=ckpts, metrics=metrics,
+                      run_dir=run_dir, save_checkpoint=save_checkpoint, hooks=hooks)
+    if trainer.done():
+        log.info(f"nothing to do: the run in {run_dir} is complete at step {state.step}")
+        return "done"
+    t0 = time.perf_counter()
+    try:
+        with StopRequest() as stop:
+            outcome = trainer.fit(stop)
+    finally:
+        metrics.close()
+    with comm_guard("the final barrier", state.step):
+        dist.barrier()
+    why = f" on {stop.received.name}" if outcome == "stopped" and stop.received else ""
+    log.info(f"{'stopped' + why if outcome == 'stopped' else 'finished'} at step {state.step} (epoch {state.epoch}) "
+             f"after {time.perf_counter() - t0:.1f}s; newest checkpoint {ckpts.latest()}")
+    return outcome
