@@ -70,52 +70,72 @@ class TarReader:
 
     def __init__(self, stream: IO[bytes], *, hasher: Any = None, chunk: int = 1 << 20, seekable: bool = False):
         self._stream = stream
+        self._readinto = getattr(stream, "readinto", None)
         self._hasher = hasher
         self._chunk = chunk
         self._seekable = seekable and hasher is None
-        self._buf = b""
-        self._pos = 0
+        # One reused buffer, filled with readinto: no allocation (and no page faults) per chunk read.
+        self._buf = bytearray(chunk)
+        self._mv = memoryview(self._buf)
+        self._pos = 0  # next unread byte in the buffer
+        self._end = 0  # end of the valid bytes in the buffer
         self.offset = 0  # bytes of the archive consumed so far
         self.bytes_read = 0  # bytes taken from the stream (== file size once drained)
         # header[100:148] -> (size, header[156:], checksum of everything but the name) of validated headers
         self._known: dict[bytes, tuple[int, bytes, int]] = {}
 
-    def _read(self, n: int) -> bytes:
-        data = self._stream.read(n)
-        if data:
-            self.bytes_read += len(data)
+    def _read_into(self, start: int) -> int:
+        """One read from the stream into the buffer from `start` on; the byte count (0 at end of stream)."""
+        view = self._mv[start:]
+        if self._readinto is not None:
+            n = self._readinto(view) or 0
+        else:  # e.g. webdataset's Pipe, which only has read()
+            data = self._stream.read(len(view))
+            n = len(data)
+            view[:n] = data
+        if n:
+            self.bytes_read += n
             if self._hasher is not None:
-                self._hasher.update(data)
-        return data
+                self._hasher.update(view[:n])
+        return n
 
     def _fill(self, n: int) -> int:
         """Make n bytes available at _pos if the stream has them; returns how many are available."""
-        avail = len(self._buf) - self._pos
+        avail = self._end - self._pos
         if avail >= n:
             return avail
-        parts = [self._buf[self._pos:]] if avail else []
-        while avail < n:
-            data = self._read(max(self._chunk, n - avail))
-            if not data:
+        if self._pos:  # move the unread tail (less than one member) to the front
+            tail = bytes(self._mv[self._pos:self._end])
+            self._mv[:avail] = tail
+            self._pos, self._end = 0, avail
+        if n > len(self._buf):
+            self._mv.release()
+            self._buf.extend(bytes(max(n, 2 * len(self._buf)) - len(self._buf)))
+            self._mv = memoryview(self._buf)
+        while self._end < n:
+            got = self._read_into(self._end)
+            if not got:
                 break
-            parts.append(data)
-            avail += len(data)
-        self._buf = parts[0] if len(parts) == 1 else b"".join(parts)
-        self._pos = 0
-        return avail
+            self._end += got
+        return self._end - self._pos
 
     def _take(self, n: int) -> bytes:
         avail = self._fill(n)
-        out = self._buf[self._pos:self._pos + min(n, avail)]
-        self._pos += len(out)
-        self.offset += len(out)
+        k = min(n, avail)
+        out = bytes(self._mv[self._pos:self._pos + k])
+        self._pos += k
+        self.offset += k
         return out
 
     def _skip(self, n: int) -> int:
-        avail = len(self._buf) - self._pos
+        avail = self._end - self._pos
         if self._seekable and n > avail:
             self._stream.seek(n - avail, 1)
-            self._buf, self._pos = b"", 0
+            self._pos = self._end = 0
+            self.offset += n
+            return n
+        if n <= avail:
+            self._pos += n
             self.offset += n
             return n
         return len(self._take(n))
@@ -126,8 +146,8 @@ class TarReader:
         while True:
             start = self.offset
             pos = self._pos
-            if len(self._buf) - pos >= BLOCK:
-                header = self._buf[pos:pos + BLOCK]
+            if self._end - pos >= BLOCK:
+                header = bytes(self._mv[pos:pos + BLOCK])
                 self._pos = pos + BLOCK
                 self.offset = start + BLOCK
             else:
@@ -152,8 +172,8 @@ class TarReader:
             padded = size + (-size % BLOCK)
             if want is None or want(name):
                 pos = self._pos
-                if len(self._buf) - pos >= padded:  # the whole member is in the current chunk (usually)
-                    data = self._buf[pos:pos + size]
+                if self._end - pos >= padded:  # the whole member is in the current chunk (usually)
+                    data = bytes(self._mv[pos:pos + size])
                     self._pos = pos + padded
                     self.offset += padded
                 else:
@@ -203,6 +223,6 @@ class TarReader:
 
     def drain(self) -> None:
         """Read (and hash) the rest of the stream without parsing it."""
-        self._buf, self._pos = b"", 0
-        while self._read(self._chunk):
+        self._pos = self._end = 0
+        while self._read_into(0):
             pass
