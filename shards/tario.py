@@ -21,6 +21,9 @@ _TYPE_NAMES = {b"1": "hard link", b"2": "symbolic link", b"3": "character device
                b"5": "directory", b"6": "FIFO", b"7": "contiguous file", b"x": "pax extended header",
                b"g": "pax global header", b"L": "GNU long name", b"K": "GNU long link name"}
 
+_COMPRESSED = {b"\x1f\x8b\x08\x00": "gzip", b"\x1f\x8b\x08\x08": "gzip", b"\x28\xb5\x2f\xfd": "zstd",
+               b"BZh9": "bzip2", b"\xfd7zX": "xz"}
+
 
 class TarProblem(Exception):
     """The archive cannot be read past this point (message says why and where)."""
@@ -187,6 +190,8 @@ class TarReader:
                 yield name, None
 
     def _parse(self, header: bytes, start: int) -> tuple[str, int]:
+        if start == 0 and header[:4] in _COMPRESSED:
+            raise TarProblem(f"{_COMPRESSED[header[:4]]}-compressed file: shards are plain (uncompressed) tar")
         stored = _octal(header[148:156], "checksum", start)
         # The checksum counts its own 8-byte field as spaces (8 * 32).
         if sum(header) - sum(header[148:156]) + 256 != stored:

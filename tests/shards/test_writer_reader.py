@@ -83,6 +83,36 @@ def test_abort_and_exception_leave_previous_file_untouched(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == [shard_name(0)]
 
 
+def test_disk_full_fails_cleanly(tmp_path, monkeypatch):
+    import errno
+
+    from common.io import HashingWriter
+
+    path = tmp_path / shard_name(0)
+    _write(path, range(2))
+    before = path.read_bytes()
+    real_write = HashingWriter.write
+
+    def full(self, data):
+        if self.bytes > 1000:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(self, data)
+
+    monkeypatch.setattr(HashingWriter, "write", full)
+    with pytest.raises(OSError, match="No space left"):
+        _write(path, range(4))
+    assert path.read_bytes() == before and sorted(os.listdir(tmp_path)) == [shard_name(0)]
+
+
+def test_compressed_shard_is_named(tmp_path):
+    import gzip
+
+    _write(tmp_path / shard_name(0), range(1))
+    (tmp_path / "x.tar").write_bytes(gzip.compress((tmp_path / shard_name(0)).read_bytes()))
+    with pytest.raises(ShardError, match="gzip-compressed file: shards are plain"):
+        list(iter_shard(str(tmp_path / "x.tar")))
+
+
 def test_writer_refuses_bad_input(tmp_path):
     w = ShardWriter(tmp_path / shard_name(0))
     a = arrays_for(0)
