@@ -7,8 +7,9 @@ closed list of the format and never used as paths, and arrays are NPY read witho
 manifest, every sample is also checked against it (fields, dtype, shape, finiteness, label range); any
 problem raises `ShardError(url, key, problem)`.
 
-Hot path: the expected layout is derived from the manifest once per shard, NPY headers are parsed once per
-distinct header, and finiteness is an integer test on the stored bits.
+Hot path (the trainer's data loader runs it for every sample): the expected layout is derived from the
+manifest once per shard, tar headers that repeat a validated layout are checked in one step, NPY headers
+are parsed once per distinct header, and arrays are numpy views until the one float32 conversion.
 """
 from __future__ import annotations
 
@@ -57,9 +58,6 @@ class Expect:
         return cls(store=m.store, dtype=m.dtype, storage=STORAGE_DTYPES[m.dtype],
                    shape=(m.views, *m.latent_shape), num_classes=m.num_classes)
 
-    def describe(self) -> str:
-        return f"{self.dtype} {list(self.shape)}"
-
 
 def open_url(url: str) -> IO[bytes]:
     """Open a shard location for reading with WebDataset's url opener."""
@@ -69,11 +67,6 @@ def open_url(url: str) -> IO[bytes]:
     if scheme == "s3" and "s3" not in gopen_schemes:
         return gopen(f"pipe:aws s3 cp --quiet {shlex.quote(url)} -")
     return gopen(url, "rb")
-
-
-def is_local(url: str) -> bool:
-    scheme = urlparse(str(url)).scheme
-    return scheme == "" or len(scheme) == 1  # a Windows drive letter is not a scheme
 
 
 def iter_members(reader: TarReader, url: str, want: Callable[[str], bool] | None = None
@@ -134,7 +127,8 @@ def _array(field: str, data: bytes, expect: Expect | None) -> np.ndarray:
     return raw
 
 
-def _field_problem(fields: dict[str, Any], store: str) -> str | None:
+def field_problem(fields: dict[str, Any], store: str) -> str | None:
+    """What is wrong with the set of fields of a sample (missing or foreign ones), or None."""
     wanted = STORES[store]
     missing = [f for f in (*REQUIRED_COMMON, *wanted) if f not in fields]
     if missing:
@@ -164,7 +158,7 @@ def check_sample(key: str, fields: dict[str, Any], expect: Expect | None, *, par
     store = expect.store if expect is not None else ("sample" if "latent.npy" in fields else "posterior")
     wanted = STORES[store]
     if fields.keys() != _FIELD_SETS[store]:
-        raise ValueError(_field_problem(fields, store))
+        raise ValueError(field_problem(fields, store))
     label = parse_label(fields["cls"])
     if expect is not None and label >= expect.num_classes:
         raise ValueError(f"label {label} out of range [0, {expect.num_classes})")

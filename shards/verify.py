@@ -19,11 +19,10 @@ from typing import Any
 import numpy as np
 
 from common.errors import UserError
-from shards.format import (MANIFEST_NAME, REQUIRED_COMMON, STORES, ShardError, key_index, sample_key,
-                           shard_index)
+from shards.format import MANIFEST_NAME, ShardError, key_index, sample_key, shard_index
 from shards.manifest import Manifest, ShardRecord, read_manifest
 from shards.npy import all_finite
-from shards.reader import Expect, check_sample, iter_members
+from shards.reader import Expect, check_sample, field_problem, iter_members
 from shards.tario import TarReader
 
 IGNORED = (MANIFEST_NAME, "logs")  # plus every name starting with "."
@@ -97,7 +96,9 @@ def _walk(path: Path, rec: ShardRecord, expect: Expect, sps: int, quick: bool) -
                                     f"{sample_key(hi)}) (samples_per_shard {sps})")
                 try:
                     if quick:
-                        _check_fields_present(fields, expect)
+                        problem = field_problem(fields, expect.store)
+                        if problem:
+                            raise ValueError(problem)
                     else:
                         for f, raw in check_sample(key, fields, expect, parse_meta=True)[1].items():
                             if not all_finite(raw):
@@ -115,12 +116,6 @@ def _walk(path: Path, rec: ShardRecord, expect: Expect, sps: int, quick: bool) -
     if read_to_end:
         problems.extend(_record_mismatch(rec, keys))
     return _ShardResult(rec.name, problems, np.asarray(keys, np.int64), read_to_end, reader.bytes_read)
-
-
-def _check_fields_present(fields: dict, expect: Expect) -> None:
-    missing = [f for f in (*REQUIRED_COMMON, *STORES[expect.store]) if f not in fields]
-    if missing:
-        raise ValueError(f"missing field(s) {', '.join(missing)} (store {expect.store!r})")
 
 
 def _record_mismatch(rec: ShardRecord, keys: list[int]) -> list[str]:
