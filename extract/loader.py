@@ -19,6 +19,11 @@ from torch.utils.data import DataLoader, Dataset
 from extract.images import MAX_PIXELS, SkippedImage, load_and_crop
 
 
+def printable_path(rel: str) -> str:
+    """A relative path safe for UTF-8 JSON: undecodable filename bytes shown as \\xNN escapes."""
+    return rel.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 @dataclass
 class Decoded:
     """One image after a worker's decode + crop: pixels, or the reason it was skipped."""
@@ -51,17 +56,20 @@ class CropDataset(Dataset):
 
     def __init__(self, root: str | Path, paths: Sequence[str], image_size: int, max_pixels: int = MAX_PIXELS):
         self.root = str(root)
-        # One numpy bytes array instead of a list of str: forked workers then share it without
-        # copy-on-write page faults from reference counting (1.28M paths).
-        self.paths = np.array([p.encode("utf-8", "surrogateescape") for p in paths])
+        # One byte buffer + offsets instead of a list of 1.28M str objects: forked workers share it without
+        # copy-on-write page faults from reference counting, and it pickles compactly for spawned ones.
+        encoded = [p.encode("utf-8", "surrogateescape") for p in paths]
+        self._blob = np.frombuffer(b"".join(encoded), dtype=np.uint8)
+        self._offsets = np.cumsum([0] + [len(e) for e in encoded], dtype=np.int64)
         self.image_size = image_size
         self.max_pixels = max_pixels
 
     def __len__(self) -> int:
-        return len(self.paths)
+        return len(self._offsets) - 1
 
     def rel_path(self, index: int) -> str:
-        return bytes(self.paths[index]).decode("utf-8", "surrogateescape")
+        start, stop = self._offsets[index], self._offsets[index + 1]
+        return self._blob[start:stop].tobytes().decode("utf-8", "surrogateescape")
 
     def __getitem__(self, index: int) -> Decoded:
         rel = self.rel_path(index)
@@ -69,7 +77,7 @@ class CropDataset(Dataset):
             pixels, info = load_and_crop(f"{self.root}/{rel}", self.image_size, self.max_pixels)
         except SkippedImage as e:
             return Decoded(index, None, None, e.reason)
-        meta = {"path": rel, "orig_size": [info.width, info.height], "orig_mode": info.mode,
+        meta = {"path": printable_path(rel), "orig_size": [info.width, info.height], "orig_mode": info.mode,
                 "orig_format": info.format}
         return Decoded(index, pixels, meta)
 

@@ -18,7 +18,7 @@ from common.errors import UserError
 from common.faults import fault_point
 from extract.encode import LatentEncoder, Pending
 from extract.files import ImageList
-from extract.loader import Batch
+from extract.loader import Batch, printable_path
 from extract.state import ShardState, save_shard_state
 from shards import ShardWriter, sample_key, shard_name
 
@@ -45,7 +45,7 @@ class ShardSink:
     def check_skips(self, batch: Batch) -> None:
         """Log unusable images as soon as a batch arrives; with --strict, stop at the first one."""
         for index, reason in batch.skipped:
-            path = self.images.paths[index]
+            path = printable_path(self.images.paths[index])
             if self.strict:
                 raise UserError(f"{self.images.root / path}: {reason}. --strict makes an unusable image an error; "
                                 "remove or fix the file, or drop --strict to skip it (skipped images are listed "
@@ -63,7 +63,8 @@ class ShardSink:
             arrays = {"mean": mean[row], "std": std[row]} if self.store == "posterior" else {"latent": mean[row]}
             self._writer.write(sample_key(index), label=self.images.labels[index], meta=batch.meta[row], **arrays)
             fault_point("extract.sample_written")
-        self._skipped += [{"key": sample_key(i), "path": self.images.paths[i], "reason": r} for i, r in batch.skipped]
+        self._skipped += [{"key": sample_key(i), "path": printable_path(self.images.paths[i]), "reason": r}
+                          for i, r in batch.skipped]
         self.stats.images += len(batch.kept)
         self.stats.skipped += len(batch.skipped)
         self.bar.update(len(batch.indices))

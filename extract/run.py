@@ -7,8 +7,10 @@ finished, and rank 0 writes manifest.json once every rank is done and runs the q
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +37,7 @@ from shards import FORMAT_VERSION, MANIFEST_NAME, Manifest, verify_shards, write
 
 log = logging.getLogger("dit_pipeline")
 _ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4}
+EXTRACT_DIST_TIMEOUT_S = 24 * 3600
 
 
 @dataclass
@@ -94,7 +97,7 @@ def extraction_record(cfg: ExtractConfig, images: ImageList, vae_identity: dict,
 
     return {
         "data_path": str(images.root), "listing_sha256": images.fingerprint(), "num_images": len(images),
-        "num_classes": len(images.class_names), "limit": cfg.limit,
+        "num_classes": len(images.class_names),
         "image_size": cfg.image_size, "views": cfg.views, "flip": cfg.flip, "store": cfg.store,
         "dtype": cfg.dtype, "precision": precision, "samples_per_shard": samples_per_shard,
         "seed": cfg.seed if cfg.store == "sample" else None, "max_pixels": MAX_PIXELS,
@@ -191,7 +194,10 @@ def _encode(run: _Run, todo: list[int]):
     desc = "extract" if dist.world_size() == 1 else f"extract (rank 0 of {dist.world_size()})"
     bar = tqdm(total=sum(len(c) for _, c in chunks), unit="img", desc=desc, smoothing=0.05, dynamic_ncols=True,
                disable=not progress_enabled(cfg.quiet))
-    with logging_redirect_tqdm(loggers=[log]), bar:
+    # Route console log lines through tqdm so they do not tear the bar; only where the bar is shown (the
+    # redirect would otherwise add an unfiltered console handler to quiet runs and to other ranks).
+    redirect = logging_redirect_tqdm(loggers=[log]) if not bar.disable else contextlib.nullcontext()
+    with redirect, bar:
         sink = ShardSink(run.out, run.images, dtype=cfg.dtype, store=cfg.store, strict=cfg.strict, bar=bar)
         stats = encode_and_write(loader, encoder, sink)
     return stats, encoder.fp32_retries
@@ -241,7 +247,9 @@ def _summarize(run: _Run, gathered: list, states: dict[int, ShardState], t0: flo
 def run_extract(cfg: ExtractConfig) -> ExtractSummary:
     """Extract latents for `cfg` (one process, or every rank of a torchrun job)."""
     cfg.validate()
-    dist.init()
+    # Ranks wait in the final gather for the slowest one (a resumed run can be very uneven), so the
+    # collective timeout is long; a rank that dies is handled by torchrun, which stops the others.
+    dist.init(timeout_s=float(os.environ.get("DIT_DIST_TIMEOUT", EXTRACT_DIST_TIMEOUT_S)))
     setup_logging(None, quiet=cfg.quiet)
     t0 = time.monotonic()
     run = _setup(cfg)

@@ -79,3 +79,11 @@ def test_underscore_flags_and_summary(tmp_path, tiny_vae_dir):
     assert "done: 4 images encoded" in r.output and "0 skipped" in r.output
     assert f"manifest: {out / 'manifest.json'} (quick verify passed)" in r.output
     assert (out / "logs" / "rank0.log").read_text().count("finished shard-000000.tar") == 1
+
+
+def test_quiet_prints_nothing_but_still_logs(tmp_path, odd_tree, tiny_vae_dir):
+    out = tmp_path / "out"
+    r = _invoke(cli_args(odd_tree, tiny_vae_dir, out, limit=4))     # BASE settings include --quiet
+    assert r.exit_code == 0 and r.output == ""
+    log = (out / "logs" / "rank0.log").read_text()
+    assert "finished shard-000000.tar: 4 samples" in log and "done: 4 images encoded" in log

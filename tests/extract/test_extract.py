@@ -1,6 +1,7 @@
 """End-to-end extraction in one process: keys, labels, latents, skips, config refusal, resume details."""
 from __future__ import annotations
 
+import os
 import shutil
 
 import numpy as np
@@ -14,6 +15,7 @@ from common.vae import load_vae
 from extract.encode import STREAM_EXTRACT_SAMPLE
 from extract.images import load_rgb
 from shards import read_manifest, sample_key, shard_name, verify_shards
+from tests._util import draw_image
 from tests.extract.conftest import UNUSABLE, extract, read_samples, shard_hashes
 from tests.extract.test_images import reference_crop
 
@@ -123,7 +125,7 @@ def test_sample_store_without_flip(odd_tree, tiny_vae_dir, tmp_path):
 def test_limit_keeps_the_first_images(odd_tree, tiny_vae_dir, tmp_path):
     summary = extract(odd_tree, tiny_vae_dir, tmp_path / "out", limit=5)
     m = read_manifest(tmp_path / "out")
-    assert summary.images == 5 and m.extraction["num_images"] == 5 and m.extraction["limit"] == 5
+    assert summary.images == 5 and m.extraction["num_images"] == 5
     assert sorted(read_samples(tmp_path / "out")) == [sample_key(i) for i in range(5)]
 
 
@@ -167,3 +169,21 @@ def test_single_file_vae_gives_the_same_latents(odd_tree, tiny_vae_dir, odd_base
     a, b = read_samples(base_out), read_samples(tmp_path / "out")
     assert sorted(a) == sorted(b)
     assert all(np.array_equal(a[k].mean, b[k].mean) and np.array_equal(a[k].std, b[k].std) for k in a)
+
+
+def test_undecodable_file_names_are_kept_and_shown_escaped(tiny_vae_dir, tmp_path):
+    data = tmp_path / "data"
+    (data / "a").mkdir(parents=True)
+    draw_image(0, 0).save(data / "a" / "ok.JPEG")
+    # Linux allows any bytes in a file name; \xff is not UTF-8.
+    with open(os.path.join(os.fsencode(data / "a"), b"caf\xff.JPEG"), "wb") as f:
+        draw_image(0, 1).save(f, format="JPEG")
+    with open(os.path.join(os.fsencode(data / "a"), b"z\xfe.JPEG"), "wb") as f:
+        f.write(b"")
+    out = tmp_path / "out"
+    summary = extract(data, tiny_vae_dir, out)
+    assert (summary.images, summary.skipped) == (2, 1)
+    metas = sorted(s.meta["path"] for s in read_samples(out).values())
+    assert metas == ["a/caf\\xff.JPEG", "a/ok.JPEG"]
+    assert read_manifest(out).skipped == [{"key": sample_key(2), "path": "a/z\\xfe.JPEG",
+                                           "reason": "empty file (0 bytes)"}]

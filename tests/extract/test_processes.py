@@ -27,6 +27,7 @@ def test_two_ranks_write_the_same_shards_each_image_once(odd_tree, tiny_vae_dir,
     keys = sorted(read_samples(out))
     skipped = [s["key"] for s in read_manifest(out).skipped]
     assert sorted(keys + skipped) == [sample_key(i) for i in range(15)]       # every image exactly once
+    assert "finished shard-" not in r.stdout + r.stderr        # --quiet: info only in the per-rank logs
     logs = {r: (out / "logs" / f"rank{r}.log").read_text() for r in (0, 1)}
     # shard i is written by rank i % 2, and by no one else
     for i in range(4):
