@@ -80,7 +80,8 @@ def _block_keys(sd: dict[str, torch.Tensor], i: int, shared: dict[str, torch.Ten
     return out
 
 
-def to_diffusers_state_dict(state_dict: dict[str, torch.Tensor], model_config: dict[str, Any]) -> dict[str, torch.Tensor]:
+def to_diffusers_state_dict(state_dict: dict[str, torch.Tensor],
+                            model_config: dict[str, Any]) -> dict[str, torch.Tensor]:
     """DiT state_dict (official names) -> DiTTransformer2DModel state_dict (contiguous copies)."""
     if not float(model_config["class_dropout_prob"]) > 0:
         raise UserError("diffusers' DiT always has a null-class row in its label table, but this model was "

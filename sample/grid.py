@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import io
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
 from common.io import atomic_write_bytes
+from common.vae import load_vae
 from sample.generate import AUTOCAST_DTYPES, generate_images, make_diffusion
 
 GRID_PADDING = 2
@@ -120,3 +122,46 @@ def sample_grid(model: nn.Module, *, vae: nn.Module, scaling_factor: float, shif
     finally:
         model.train(was_training)
     return torch.cat(chunks).numpy()
+
+
+def default_grid_labels(num_classes: int, n: int = 8) -> list[int]:
+    """n classes spread evenly over the label range (all of them when there are fewer)."""
+    n = min(n, num_classes)
+    return [k * num_classes // n for k in range(n)]
+
+
+@dataclass
+class SampleGridHook:
+    """Trainer hook (train.hooks.PeriodicHook): every `every` steps rank 0 writes a labelled grid of the
+    EMA model's samples (the raw model when there is no EMA) to RUN/samples/step-0001000.png.
+
+    Classes and noise are fixed (seed, index), so the grids of one run show the same images evolving.
+    It draws no global random numbers, so training stays exactly resumable. The VAE loads on first use.
+    """
+
+    every: int
+    vae: str
+    vae_config: str | None = None
+    class_labels: Sequence[int] | None = None  # default: default_grid_labels(num_classes)
+    seed: int = 0
+    steps: int = 50
+    sampler: str = "ddim"
+    cfg_scale: float = 4.0
+    cfg_channels: str = "3"
+    precision: str = "fp32"
+    _vae: Any = field(default=None, init=False, repr=False)
+
+    def __call__(self, ctx: Any) -> Path | None:
+        if ctx.rank != 0:
+            return None
+        model = ctx.ema if ctx.ema is not None else ctx.model
+        if self._vae is None:
+            self._vae, _ = load_vae(self.vae, config=self.vae_config, device=ctx.device)
+        labels = list(self.class_labels) if self.class_labels else default_grid_labels(ctx.num_classes)
+        # A model trained without class dropout has no null class: show it unguided.
+        cfg_scale = self.cfg_scale if float(ctx.model_config.get("class_dropout_prob", 0.1)) > 0 else 1.0
+        images = sample_grid(model, vae=self._vae, scaling_factor=float(ctx.latent["scaling_factor"]),
+                             shift_factor=ctx.latent.get("shift_factor"), class_labels=labels, seed=self.seed,
+                             steps=self.steps, sampler=self.sampler, cfg_scale=cfg_scale,
+                             cfg_channels=self.cfg_channels, precision=self.precision)
+        return save_grid(images, Path(ctx.run_dir) / "samples" / f"step-{ctx.step:07d}.png", labels=labels)

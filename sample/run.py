@@ -80,11 +80,8 @@ def _run(cfg: SampleConfig) -> SampleResult:
     image_size = int(loaded.config["input_size"]) * int(vae_id["downsample_factor"])
     if cfg.out:
         log = setup_logging(Path(cfg.out) / "logs", quiet=cfg.quiet)
-    store = PartStore(parts_dir_for(cfg.npz, cfg.out), {}, cfg.total)
-    record: dict[str, Any] = {}
-    if dist.is_main():
-        record = _record(cfg, loaded, vae_id, scale, shift, labels, image_size)
-        store.fingerprint = record["fingerprint"]
+    record = _record(cfg, loaded, vae_id, scale, shift, labels, image_size) if dist.is_main() else {}
+    store = PartStore(parts_dir_for(cfg.npz, cfg.out), record.get("fingerprint", {}), cfg.total)
     state = _on_rank0(lambda: _prepare(cfg, store, record, log))
     if state == "complete":
         log.info("%s: already complete (same checkpoint and settings); nothing to do", cfg.npz or cfg.out)
@@ -95,15 +92,16 @@ def _run(cfg: SampleConfig) -> SampleResult:
     log.info("sampling %d of %d images (%d already done) at %dx%d on %d process(es), %s %d steps, cfg %s",
              len(remaining), cfg.total, len(done), image_size, image_size, dist.world_size(), cfg.sampler,
              cfg.steps, cfg.cfg_scale)
+    sampling_start = time.perf_counter()
     produced = _sample_batches(cfg, loaded, vae, store, labels, remaining, scale, shift)
     dist.barrier()
+    sampling = time.perf_counter() - sampling_start
     result = SampleResult(cfg.total, produced, len(done), image_size, 0.0)
     if dist.is_main():
+        log.info("sampled %d images in %.1f s: %.3g images/s over %d process(es)", len(remaining), sampling,
+                 len(remaining) / max(sampling, 1e-9), dist.world_size())
         result.npz, result.grid = _finish(cfg, store, labels, record, log)
     result.seconds = time.perf_counter() - start
-    if dist.is_main():
-        log.info("done: %d new images in %.1f s (%.2f images/s over %d process(es))", len(remaining),
-                 result.seconds, len(remaining) / max(result.seconds, 1e-9), dist.world_size())
     return result
 
 
@@ -138,7 +136,7 @@ def _record(cfg: SampleConfig, loaded: LoadedModel, vae_id: dict[str, Any], scal
         "sampler": cfg.sampler, "steps": cfg.steps, "cfg_scale": cfg.cfg_scale, "cfg_channels": cfg.cfg_channels,
         "seed": cfg.seed, "num_samples": cfg.total, "image_size": image_size,
         "labels_sha256": hashlib.sha256(np.ascontiguousarray(labels, dtype="<i8").tobytes()).hexdigest(),
-        "precision": cfg.precision, "tf32": cfg.tf32,
+        "precision": cfg.precision, "tf32": cfg.tf32, "compile": cfg.compile,
     }
     return {"fingerprint": json.loads(json.dumps(fingerprint)), "config": cfg.to_dict(),
             "checkpoint": {"path": str(cfg.ckpt), "source": loaded.info["source"], "step": loaded.info.get("step")},
@@ -194,11 +192,9 @@ def _sample_batches(cfg: SampleConfig, loaded: LoadedModel, vae, store: PartStor
     from tqdm.auto import tqdm
 
     model = loaded.model
-    if cfg.compile:
-        model.compile()  # in place, so forward_with_cfg's inner call runs the compiled forward
     diffusion = make_diffusion(cfg.sampler, cfg.steps, learn_sigma=bool(loaded.config["learn_sigma"]))
     model_fn = guided_model_fn(model, cfg_scale=cfg.cfg_scale, cfg_channels=cfg.cfg_channels,
-                               autocast_dtype=AUTOCAST_DTYPES[cfg.precision])
+                               autocast_dtype=AUTOCAST_DTYPES[cfg.precision], compile=cfg.compile)
     batches = plan.rank_batches(remaining, cfg.batch_size, dist.rank(), dist.world_size())
     ws = dist.world_size()
     produced = 0

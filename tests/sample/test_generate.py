@@ -2,14 +2,17 @@
 converted as the reference FID script does, and the trainer's grid API reproduces dit-sample."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from common.vae import load_vae
 from sample import plan
 from sample.generate import decode_latents, guided_model_fn, make_diffusion, sample_latents, to_uint8
-from sample.grid import sample_grid
+from sample.grid import SampleGridHook, default_grid_labels, grid_shape, grid_size, sample_grid
 from tests.sample.conftest import random_dit
 
 
@@ -101,3 +104,32 @@ def test_learn_sigma_false_models_sample(tiny_vae_dir):
     vae, _ = load_vae(str(tiny_vae_dir))
     out = sample_grid(model, vae=vae, scaling_factor=0.5, class_labels=[0, 1], seed=0, steps=3, sampler="ddpm")
     assert out.shape == (2, 32, 32, 3) and not np.array_equal(out[0], out[1])
+
+
+def test_default_grid_labels():
+    assert default_grid_labels(1000) == [0, 125, 250, 375, 500, 625, 750, 875]
+    assert default_grid_labels(10) == [0, 1, 2, 3, 5, 6, 7, 8] and default_grid_labels(3) == [0, 1, 2]
+
+
+def test_trainer_hook_writes_step_grids_without_touching_the_global_rng(tiny_vae_dir, tmp_path):
+    model = random_dit(13).train()
+    ctx = SimpleNamespace(step=1000, epoch=0, rank=0, world_size=1, run_dir=tmp_path, device=torch.device("cpu"),
+                          model=model, ema=random_dit(14), model_config=model.config,
+                          latent={"scaling_factor": 0.5, "shift_factor": None}, num_classes=10, config={})
+    hook = SampleGridHook(every=1000, vae=str(tiny_vae_dir), steps=3, seed=2)
+    rng = torch.get_rng_state()
+    path = hook(ctx)
+    assert torch.equal(torch.get_rng_state(), rng)  # training stays exactly resumable
+    assert path == tmp_path / "samples" / "step-0001000.png" and model.training
+    vae, _ = load_vae(str(tiny_vae_dir))
+    expected = sample_grid(ctx.ema, vae=vae, scaling_factor=0.5, class_labels=[0, 1, 2, 3, 5, 6, 7, 8], seed=2,
+                           steps=3, sampler="ddim")
+    with Image.open(path) as im:
+        assert im.size[::-1] == grid_size(8, 32, 32)
+        grid = np.asarray(im)
+    _, cols = grid_shape(8)
+    for k in range(8):  # lower half of every tile (the label sits in the top-left corner)
+        y, x = 2 + (k // cols) * 34, 2 + (k % cols) * 34
+        assert np.array_equal(grid[y + 16:y + 32, x:x + 32], expected[k, 16:])
+    ctx.rank = 1
+    assert hook(ctx) is None
