@@ -125,10 +125,9 @@ class LatentEncoder:
         mean, std, finite = self._outputs(x, indices, self.precision)
         if self.device.type != "cuda":
             return Pending(self, indices, x, mean, std, finite, None)
-        host = [None if t is None else torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in (mean, std, finite)]
-        for h, t in zip(host, (mean, std, finite)):
-            if t is not None:
-                h.copy_(t, non_blocking=True)
+        # Device -> pinned host copies queued behind the encode; the host collects them one batch later.
+        host = [None if t is None else torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
+                for t in (mean, std, finite)]
         event = torch.cuda.Event()
         event.record()
         return Pending(self, indices, x, host[0], host[1], host[2], event)

@@ -199,7 +199,12 @@ def _encode(run: _Run, todo: list[int]):
     redirect = logging_redirect_tqdm(loggers=[log]) if not bar.disable else contextlib.nullcontext()
     with redirect, bar:
         sink = ShardSink(run.out, run.images, dtype=cfg.dtype, store=cfg.store, strict=cfg.strict, bar=bar)
-        stats = encode_and_write(loader, encoder, sink)
+        try:
+            stats = encode_and_write(loader, encoder, sink)
+        except torch.OutOfMemoryError as e:
+            raise UserError(f"out of {run.device.type} memory encoding batches of {run.batch_size} images x "
+                            f"{cfg.views} view(s) at {cfg.image_size} px; rerun with a smaller --batch-size "
+                            "(finished shards are kept)") from e
     return stats, encoder.fp32_retries
 
 

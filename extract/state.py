@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import UserError
-from common.io import TMP_PREFIX, atomic_write_json, remove_stale_temps, sha256_file
+from common.io import atomic_write_json, remove_stale_temps, sha256_file
 from shards import MANIFEST_NAME, ShardRecord, shard_index, shard_name
 
 STATE_DIR = ".extract"
@@ -179,5 +179,5 @@ def start_output(out: str | Path, record: dict[str, Any]) -> None:
         log.info("removed %s left by an interrupted run", removed.name)
 
 
-__all__ = ["ShardState", "STATE_DIR", "TMP_PREFIX", "clear_output", "finished_shard", "load_shard_state",
+__all__ = ["ShardState", "STATE_DIR", "clear_output", "finished_shard", "load_shard_state",
            "prepare_output", "record_differences", "save_shard_state", "start_output", "state_path"]

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from common.errors import UserError
-from extract.state import (ShardState, clear_output, finished_shard, prepare_output, record_differences,
+from extract.state import (ShardState, finished_shard, prepare_output, record_differences,
                            save_shard_state, start_output, state_path)
 from shards import ShardWriter, sample_key, shard_name
 
