@@ -54,6 +54,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-decode", action="store_true", help="skip the VAE decode timing")
     p.add_argument("--device", default=None)
     p.add_argument("--json", default=None, help="also write the results to this file")
+    p.add_argument("--diffusers-residual", action="store_true",
+                   help="instead: how far stock diffusers (timestep shift 1) is from DiT on the exported model")
     return p.parse_args(argv)
 
 
@@ -142,6 +144,33 @@ def bench_decode(latents: torch.Tensor, device: torch.device, repeat: int) -> di
     return {"per_image_s": statistics.median(per_image) / n, "batched_s": statistics.median(batched) / n}
 
 
+def diffusers_residual(name: str, input_size: int, batch: int, device: torch.device) -> None:
+    """Output of the exported DiTTransformer2DModel, stock (downscale_freq_shift=1) and with DiT's
+    frequencies (shift 0), against our model on the same inputs."""
+    from sample.export import build_diffusers_transformer, set_dit_timestep_frequencies
+
+    model = build_model(name, input_size, device)
+    transformer = build_diffusers_transformer(model.state_dict(), model.config).to(device)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(batch, model.in_channels, input_size, input_size, generator=g).to(device)
+    y = torch.randint(0, model.num_classes, (batch,), generator=g).to(device)
+    print(f"# {name}, {input_size}x{input_size} latents, batch {batch}, fp32: diffusers DiTTransformer2DModel vs "
+          "our DiT (DiT init, adaLN and output layers N(0, 0.02))")
+    print("| t | stock: rel. L2 | stock: max abs | shift 0: max abs |")
+    print("|---|---|---|---|")
+    for step in (0, 10, 100, 250, 500, 999):
+        t = torch.full((batch,), step, device=device)
+        with torch.no_grad():
+            ours = model(x, t, y)
+            for b in transformer.transformer_blocks:
+                b.norm1.emb.time_proj.downscale_freq_shift = 1
+            stock = transformer(x, timestep=t, class_labels=y).sample
+            set_dit_timestep_frequencies(transformer)
+            exact = transformer(x, timestep=t, class_labels=y).sample
+        print(f"| {step} | {((stock - ours).norm() / ours.norm()).item():.2e} | "
+              f"{(stock - ours).abs().max().item():.2e} | {(exact - ours).abs().max().item():.2e} |")
+
+
 def _device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
@@ -155,6 +184,9 @@ def main(argv: list[str] | None = None) -> None:
     mode = "ieee" if args.no_tf32 else "tf32"
     torch.backends.cuda.matmul.fp32_precision = torch.backends.cudnn.conv.fp32_precision = mode
     name = dit.canonical_model_name(args.model)
+    if args.diffusers_residual:
+        diffusers_residual(name, args.input_size, args.batch, device)
+        return
     print(f"# {name} on {args.input_size}x{args.input_size} latents ({args.input_size * 8}px), batch "
           f"{args.batch}, cfg {args.cfg_scale}; device: {_device_name(device)}; repeat {args.repeat}")
     rows, latents = bench_modes(args, device, precision)

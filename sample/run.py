@@ -174,15 +174,23 @@ def _read_fingerprint(path: Path) -> dict[str, Any] | None:
 
 
 def _prepare(cfg: SampleConfig, store: PartStore, record: dict[str, Any], log) -> str | list[int]:
-    """Rank 0: "complete" if this exact run already finished, else open the parts; the finished indices."""
+    """Rank 0: "complete" if this exact run already finished, else open the parts; the finished indices.
+
+    Outputs of a different run (another checkpoint or other settings, or of unknown origin) are never
+    replaced without --overwrite.
+    """
     fp = record["fingerprint"]
-    same = [_read_fingerprint(p) == fp for p in _record_paths(cfg)]
+    records = _record_paths(cfg)
+    same = [_read_fingerprint(p) == fp for p in records]
     finals = [p for p in (Path(cfg.npz) if cfg.npz else None, _grid_path(cfg)) if p is not None]
     if all(same) and all(p.is_file() for p in finals) and not store.folder.exists():
         return "complete"
-    if cfg.npz and Path(cfg.npz).exists() and not same[0] and not cfg.overwrite:
-        raise UserError(f"--npz {cfg.npz} already exists and was not made by this checkpoint with these settings; "
-                        "choose another path or pass --overwrite to replace it")
+    foreign = [str(p) for p, ok in zip(records, same) if p.exists() and not ok]
+    if cfg.npz and Path(cfg.npz).exists() and not same[0]:
+        foreign.insert(0, str(cfg.npz))
+    if foreign and not cfg.overwrite:
+        raise UserError(f"{', '.join(foreign)} already exist(s) and were not made by this checkpoint with these "
+                        "settings; choose another output or pass --overwrite to replace them")
     return store.open(overwrite=cfg.overwrite, log=log)
 
 

@@ -105,9 +105,14 @@ def test_finished_run_is_not_redone_and_foreign_npz_is_protected(ckpts, tiny_vae
     run_sampling(SampleConfig(**cfg))
     first = npz.read_bytes()
     assert run_sampling(SampleConfig(**cfg)).produced == 0  # already complete
-    with pytest.raises(UserError, match="already exists and was not made by this checkpoint.*--overwrite"):
+    with pytest.raises(UserError, match=r"s\.npz, .*s\.npz\.json already exist\(s\) and were not made by this "
+                                         r"checkpoint with these settings.*--overwrite"):
         run_sampling(SampleConfig(**{**cfg, "cfg_scale": 1.5}))
     assert npz.read_bytes() == first
+    out = tmp_path / "out"
+    run_sampling(SampleConfig(**{**cfg, "npz": None, "out": str(out)}))
+    with pytest.raises(UserError, match=r"out/samples\.json already exist"):
+        run_sampling(SampleConfig(**{**cfg, "npz": None, "out": str(out), "seed": 1}))
     run_sampling(SampleConfig(**{**cfg, "cfg_scale": 1.5, "overwrite": True}))
     assert npz.read_bytes() != first
 
