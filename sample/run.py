@@ -213,9 +213,15 @@ def _sample_batches(cfg: SampleConfig, loaded: LoadedModel, vae, store: PartStor
             images = generate_images(model, vae, diffusion, indices=batch, labels=labels[batch].tolist(),
                                      seed=cfg.seed, scaling_factor=scale, shift_factor=shift, sampler=cfg.sampler,
                                      model_fn=model_fn).numpy()
-            if cfg.save_images:
-                _write_pngs(Path(cfg.out) / "images", batch, images, cfg.total)
-            store.write(batch, labels[batch], images)  # the commit point of this batch
+            try:
+                if cfg.save_images:
+                    _write_pngs(Path(cfg.out) / "images", batch, images, cfg.total)
+                fault_point("sample.part_write")
+                store.write(batch, labels[batch], images)  # the commit point of this batch
+            except OSError as e:
+                raise UserError(f"cannot write the samples of indices {batch[0]}..{batch[-1]} under {store.folder} "
+                                f"({e}); free space or fix the folder, then rerun the same command: the "
+                                f"{produced} images finished here are kept") from e
             fault_point("sample.part_written")
             produced += len(batch)
             bar.update(min(len(batch) * ws, bar.total - bar.n))

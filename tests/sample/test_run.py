@@ -179,3 +179,18 @@ def test_unguided_sampling_is_batch_size_invariant_too(ckpts, tiny_vae_dir, tmp_
                                               npz=str(npz), cfg_scale=1.0)))
         runs.append(load(npz)[0])
     assert np.array_equal(runs[0], runs[1])
+
+
+def test_disk_full_is_a_clear_error_and_keeps_finished_batches(reference_run, ckpts, tiny_vae_dir, tmp_path,
+                                                               monkeypatch):
+    npz = tmp_path / "full.npz"
+    cfg = SampleConfig(**base_args(ckpts["ours"], tiny_vae_dir, num_samples=6, seed=3, batch_size=3, npz=str(npz)))
+    monkeypatch.setenv("DIT_FAULT", "sample.part_write@2:enospc")
+    with pytest.raises(UserError, match=r"cannot write the samples of indices 3..5 .*No space left.*3 images "
+                                        r"finished here are kept"):
+        run_sampling(cfg)
+    parts = tmp_path / ".full.npz.parts"
+    assert [p.name for p in parts.glob("part-*.npz")] == ["part-000000000.npz"] and not list(parts.glob(".tmp-*"))
+    monkeypatch.delenv("DIT_FAULT")
+    assert run_sampling(cfg).resumed == 3
+    assert np.array_equal(load(npz)[0], reference_run[0])
