@@ -11,6 +11,7 @@ import concurrent.futures as cf
 import hashlib
 import multiprocessing
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -204,11 +205,39 @@ def _set_problems(manifest: Manifest, results: list[_ShardResult]) -> list[tuple
     return out
 
 
+def _mp_context() -> multiprocessing.context.BaseContext:
+    """fork (workers start in milliseconds, and it works whatever the main module is) unless this process
+    has initialised CUDA, whose state must not be forked; then spawn."""
+    torch = sys.modules.get("torch")
+    if "fork" in multiprocessing.get_all_start_methods() and not (torch is not None and torch.cuda.is_initialized()):
+        return multiprocessing.get_context("fork")
+    return multiprocessing.get_context("spawn")
+
+
+def _run(args: list[tuple], jobs: int, progress: bool, total_bytes: int) -> list[_ShardResult]:
+    """check_shard over all shards, in `jobs` processes, with a progress bar in bytes."""
+    from tqdm import tqdm
+
+    results: list[_ShardResult] = []
+    if jobs == 1 or len(args) <= 1:
+        with tqdm(total=total_bytes, unit="B", unit_scale=True, desc="verify", disable=not progress) as bar:
+            for a in args:
+                results.append(check_shard(*a))
+                bar.update(a[1].bytes)
+        return results
+    with cf.ProcessPoolExecutor(max_workers=min(jobs, len(args)), mp_context=_mp_context()) as pool:
+        # Submit (which starts the workers) before the bar exists: no tqdm thread is around at fork time.
+        futures = {pool.submit(check_shard, *a): a[1] for a in args}
+        with tqdm(total=total_bytes, unit="B", unit_scale=True, desc="verify", disable=not progress) as bar:
+            for fut in cf.as_completed(futures):
+                results.append(fut.result())
+                bar.update(futures[fut].bytes)
+    return results
+
+
 def verify_shards(folder: str | Path, *, quick: bool = False, jobs: int = 1, progress: bool = True) -> VerifyReport:
     """Check a shard folder against its manifest (all checks in docs/FORMAT.md); never raises for a bad
     shard set: every problem is in the report. UserError only if `folder` is not a folder."""
-    from tqdm import tqdm
-
     folder = Path(folder)
     if not folder.is_dir():
         raise UserError(f"{folder}: not a folder (pass the shard folder that holds manifest.json)")
@@ -222,24 +251,8 @@ def verify_shards(folder: str | Path, *, quick: bool = False, jobs: int = 1, pro
         report.problems.append((MANIFEST_NAME, str(e)))
         return report
     expect = Expect.from_manifest(manifest)
-    sps = manifest.samples_per_shard
-    results: list[_ShardResult] = []
-    bar = tqdm(total=manifest.total_bytes, unit="B", unit_scale=True, desc="verify", disable=not progress)
-    args = [(str(folder), rec, expect, sps, quick) for rec in manifest.shards]
-    try:
-        if jobs == 1 or len(args) <= 1:
-            for a in args:
-                results.append(check_shard(*a))
-                bar.update(a[1].bytes)
-        else:
-            ctx = multiprocessing.get_context("spawn")  # no fork of a parent that may hold threads/torch
-            with cf.ProcessPoolExecutor(max_workers=min(jobs, len(args)), mp_context=ctx) as pool:
-                futures = {pool.submit(check_shard, *a): a[1] for a in args}
-                for fut in cf.as_completed(futures):
-                    results.append(fut.result())
-                    bar.update(futures[fut].bytes)
-    finally:
-        bar.close()
+    args = [(str(folder), rec, expect, manifest.samples_per_shard, quick) for rec in manifest.shards]
+    results = _run(args, jobs, progress, manifest.total_bytes)
     results.sort(key=lambda r: r.name)
     for r in results:
         report.problems.extend((r.name, p) for p in r.problems)

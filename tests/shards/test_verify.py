@@ -246,3 +246,24 @@ def test_missing_manifest_is_a_problem_not_a_crash(tmp_path):
     (tmp_path / "set" / "manifest.json").unlink()
     got = problems(tmp_path / "set")
     assert len(got) == 1 and got[0][0] == "manifest.json" and "no manifest" in got[0][1]
+
+
+def test_parallel_start_method(monkeypatch):
+    import sys
+    import types
+
+    from shards.verify import _mp_context
+
+    assert _mp_context().get_start_method() == "fork"
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(is_initialized=lambda: True))
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    assert _mp_context().get_start_method() == "spawn"  # never fork a process holding CUDA state
+
+
+def test_jobs_work_from_any_main_module(folder):
+    import subprocess
+    import sys
+
+    code = f"from shards import verify_shards; r = verify_shards({str(folder)!r}, jobs=2, progress=False); print(r.ok)"
+    out = subprocess.run([sys.executable, "-"], input=code, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout == "True\n", out.stderr
