@@ -4,7 +4,8 @@ Builds (or reuses) a synthetic shard set shaped like ImageNet 256px posterior la
 [4, 32, 32], float16: ~36 KiB per sample), reads it once so every contender hashes from the page cache,
 then times, interleaved and repeated (median reported):
 
-  sha256sum        coreutils, one process over all shards (the reference rate)
+  sha256sum        coreutils, one process over all shards (the reference rate); also N processes over
+                   disjoint files, the machine's own ceiling for --jobs N
   openssl dgst     another single-core sha256 (informative)
   hashlib          Python's sha256 over each file (the floor for our full verify)
   verify jobs=N    shards.verify_shards, full (sha256 + tar structure + every array, label, JSON)
@@ -20,6 +21,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shutil
 import statistics
 import subprocess
@@ -72,10 +74,16 @@ def build(folder: Path, a: argparse.Namespace) -> Manifest:
     return m
 
 
-def timed(fn) -> float:
-    t0 = time.perf_counter()
+def timed(fn) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of this process and its finished children): on a shared machine the
+    CPU time is the fair per-core measure, the wall time what a user waits."""
+    def cpu() -> float:
+        me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+    c0, t0 = cpu(), time.perf_counter()
     fn()
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, cpu() - c0
 
 
 def contenders(folder: Path, m: Manifest, jobs: list[int]) -> dict:
@@ -94,7 +102,16 @@ def contenders(folder: Path, m: Manifest, jobs: list[int]) -> dict:
         n = sum(1 for u in m.shard_urls(str(folder))[:2] for _ in iter_shard(u, m))
         assert n == 2 * m.samples_per_shard or n == m.total_samples
 
+    def parallel_sha256sum(j: int):
+        def go():  # the machine's own scaling ceiling: j sha256sum processes over disjoint files
+            procs = [subprocess.Popen(["sha256sum", *files[i::j]], stdout=subprocess.DEVNULL) for i in range(j)]
+            assert all(p.wait() == 0 for p in procs)
+        return go
+
     out = {"sha256sum": lambda: run(["sha256sum", *files])}
+    for j in jobs:
+        if j > 1:
+            out[f"sha256sum x{j} processes"] = parallel_sha256sum(j)
     if shutil.which("openssl"):
         out["openssl dgst -sha256"] = lambda: run(["openssl", "dgst", "-sha256", *files])
     out["hashlib sha256 (python)"] = lambda: [sha256_file(f) for f in files]
@@ -120,45 +137,57 @@ def main(argv: list[str] | None = None) -> None:
         import webdataset  # noqa: F401  (the reader's url opener; its import time is not decoding)
 
         fns = contenders(folder, m, a.jobs)
-        times: dict[str, list[float]] = {k: [] for k in fns}
+        times: dict[str, list[tuple[float, float]]] = {k: [] for k in fns}
         for fn in fns.values():  # one untimed round: imports, worker start-up code paths, caches
             fn()
         for _ in range(a.repeat):
             for name, fn in fns.items():
                 times[name].append(timed(fn))
-        report(a, m, {k: statistics.median(v) for k, v in times.items()}, folder)
+        med = {k: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v)) for k, v in times.items()}
+        report(a, m, med)
     finally:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def report(a: argparse.Namespace, m: Manifest, t: dict[str, float], folder: Path) -> None:
+def report(a: argparse.Namespace, m: Manifest, t: dict[str, tuple[float, float]]) -> None:
     total = m.total_bytes
     decoded = min(2, len(m.shards)) * m.samples_per_shard
-    ref = total / t["sha256sum"]
+    ref_wall, ref_cpu = (total / x for x in t["sha256sum"])
     rows = []
-    for name, sec in t.items():
-        if name == "iter_shard decode":
-            rows.append({"name": name, "seconds": sec, "samples_per_s": decoded / sec})
-            continue
-        rate = total / sec
-        rows.append({"name": name, "seconds": sec, "MB_per_s": rate / 1e6, "samples_per_s": m.total_samples / sec,
-                     "vs_sha256sum": rate / ref})
-    base = t.get(f"verify --jobs {a.jobs[0]}")
+    for name, (wall, cpu) in t.items():
+        n = decoded if name == "iter_shard decode" else m.total_samples
+        row = {"name": name, "wall_s": wall, "cpu_s": cpu, "samples_per_s": n / wall,
+               "samples_per_cpu_s": n / cpu}
+        if name != "iter_shard decode":
+            row.update(MB_per_s=total / wall / 1e6, MB_per_cpu_s=total / cpu / 1e6,
+                       vs_sha256sum=total / wall / ref_wall, per_cpu_vs_sha256sum=total / cpu / ref_cpu)
+        rows.append(row)
     print(f"{len(m.shards)} shards, {m.total_samples} samples, {total / 2**20:.0f} MiB, {a.dtype} "
           f"[{a.views}, {', '.join(map(str, a.latent))}]; {platform.machine()}, {os.cpu_count()} CPUs, "
           f"load {os.getloadavg()[0]:.2f}; median of {a.repeat}")
-    print(f"{'contender':26s} {'seconds':>8s} {'MB/s':>8s} {'samples/s':>10s} {'x sha256sum':>12s}")
+    print(f"{'contender':24s} {'wall s':>7s} {'MB/s':>6s} {'x sha256sum':>11s} {'CPU s':>6s} {'MB/CPU-s':>8s} "
+          f"{'x sha256sum':>11s} {'samples/s':>9s}")
     for r in rows:
-        mb = f"{r['MB_per_s']:8.0f}" if "MB_per_s" in r else f"{'':8s}"
-        vs = f"{r['vs_sha256sum']:12.2f}" if "vs_sha256sum" in r else f"{'':12s}"
-        print(f"{r['name']:26s} {r['seconds']:8.2f} {mb} {r['samples_per_s']:10.0f} {vs}")
-    scaling = {j: base / t[f"verify --jobs {j}"] for j in a.jobs} if base else {}
+        if "MB_per_s" in r:
+            print(f"{r['name']:24s} {r['wall_s']:7.2f} {r['MB_per_s']:6.0f} {r['vs_sha256sum']:11.2f} "
+                  f"{r['cpu_s']:6.2f} {r['MB_per_cpu_s']:8.0f} {r['per_cpu_vs_sha256sum']:11.2f} "
+                  f"{r['samples_per_s']:9.0f}")
+        else:
+            print(f"{r['name']:24s} {r['wall_s']:7.2f} {'':6s} {'':11s} {r['cpu_s']:6.2f} {'':8s} {'':11s} "
+                  f"{r['samples_per_s']:9.0f}  ({r['samples_per_cpu_s']:.0f} per CPU-s)")
+    base = t.get(f"verify --jobs {a.jobs[0]}")
+    scaling = {j: base[0] / t[f"verify --jobs {j}"][0] for j in a.jobs} if base else {}
     if len(scaling) > 1:
-        print("verify --jobs scaling: " + ", ".join(f"{j} jobs {s:.2f}x" for j, s in scaling.items()))
+        print("verify --jobs wall-clock speed-up: " + ", ".join(f"{j} jobs {s:.2f}x" for j, s in scaling.items()))
+        ceiling = {j: t["sha256sum"][0] / t[f"sha256sum x{j} processes"][0] for j in a.jobs if j > 1}
+        print("sha256sum, same split, for comparison: " + ", ".join(f"{j} processes {s:.2f}x"
+                                                                   for j, s in ceiling.items()))
+        scaling = {"verify": scaling, "sha256sum": ceiling}
     if a.json:
         Path(a.json).write_text(json.dumps({"rows": rows, "scaling": scaling, "bytes": total,
-                                            "samples": m.total_samples, "argv": sys.argv[1:]}, indent=2))
+                                            "samples": m.total_samples, "load": os.getloadavg()[0],
+                                            "argv": sys.argv[1:]}, indent=2))
 
 
 if __name__ == "__main__":
