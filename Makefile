@@ -28,7 +28,7 @@ test-reliability: $(STAMP)
 	$(PY) -m pytest -q -m reliability --run-reliability tests/reliability $(PYTEST_ARGS)
 
 demo: $(STAMP)
-	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) -m demo $(DEMO_ARGS)
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) examples/demo.py $(DEMO_ARGS)
 
 clean:
 	rm -rf $(VENV) demo-out .pytest_cache

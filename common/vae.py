@@ -97,7 +97,7 @@ def load_vae(spec: str = DEFAULT_VAE, *, config: str | Path | None = None, revis
             if not (folder / "config.json").is_file():
                 raise UserError(f"--vae {spec!r}: folder has no config.json (expected a diffusers AutoencoderKL "
                                 "folder, as written by save_pretrained)")
-            vae = AutoencoderKL.from_pretrained(str(folder), torch_dtype=torch.float32)
+            vae = AutoencoderKL.from_pretrained(str(folder), torch_dtype=torch.float32, low_cpu_mem_usage=False)
             identity["weights_sha256"] = _folder_weights_hash(folder)
         elif kind == "file":
             cfg_dir = Path(config) if config is not None else sd_vae_config_dir()
@@ -106,7 +106,8 @@ def load_vae(spec: str = DEFAULT_VAE, *, config: str | Path | None = None, revis
             identity["weights_sha256"] = sha256_file(Path(spec).expanduser())
             identity["config"] = str(config) if config is not None else "builtin:sd-vae"
         else:
-            vae = AutoencoderKL.from_pretrained(spec, revision=revision, torch_dtype=torch.float32)
+            vae = AutoencoderKL.from_pretrained(spec, revision=revision, torch_dtype=torch.float32,
+                                                low_cpu_mem_usage=False)
             identity["revision"] = revision or "main"
             commit = getattr(vae.config, "_commit_hash", None)
             if commit:
@@ -137,5 +138,7 @@ def load_vae(spec: str = DEFAULT_VAE, *, config: str | Path | None = None, revis
     identity["latent_channels"] = int(vae.config.latent_channels)
     identity["downsample_factor"] = 2 ** (len(vae.config.block_out_channels) - 1)
     identity["class"] = type(vae).__name__
-    vae = vae.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    vae = vae.to(device).eval().requires_grad_(False)
+    if dtype != torch.float32:  # diffusers warns on any dtype cast, so cast only when asked to
+        vae = vae.to(dtype)
     return vae, identity
