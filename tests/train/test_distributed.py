@@ -1,0 +1,112 @@
+"""Multi-process training for real (gloo, CPU): the --nproc-per-node launcher running 2 ranks, a 2-node x 1
+process torchrun with c10d rendezvous on localhost (identical to the 2-rank run), NaN on one rank, a signal
+on one rank, a dying rank, and resuming with another world size."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+from common.errors import UserError
+from tests._util import cli_env, free_port, run_cli, run_torchrun, torchrun_cmd
+from tests.train.conftest import tiny_args
+from train.checkpoint import CheckpointManager, load_checkpoint
+from train.metrics import read_metrics
+
+DDP = {"max-steps": 4, "num-workers": 1, "micro-batch-size": 2}  # 2 ranks x micro 2 x accum 2 = 8
+
+
+def _rank_records(run_dir, rank):
+    return read_metrics(run_dir / "logs" / f"rank{rank}.jsonl")
+
+
+@pytest.fixture(scope="module")
+def ddp_run(shard_dir, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("ddp") / "run"
+    r = run_cli("dit-train", ["--nproc-per-node", "2", *tiny_args(shard_dir, run_dir, **DDP)], timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return run_dir
+
+
+def test_two_ranks_agree_and_log_the_mean_loss(ddp_run):
+    recs = {r["step"]: r for r in read_metrics(ddp_run)}
+    assert sorted(recs) == [1, 2, 3, 4]
+    ranks = [{r["step"]: r for r in _rank_records(ddp_run, k) if "loss" in r} for k in (0, 1)]
+    for step, rec in recs.items():
+        mean = (ranks[0][step]["loss"] + ranks[1][step]["loss"]) / 2
+        assert rec["loss"] == pytest.approx(mean, rel=1e-6, abs=1e-7)  # all ranks, not rank 0 or a sum
+        assert ranks[0][step]["loss"] != ranks[1][step]["loss"]  # the ranks did see different data
+    prints = [{r["step"]: r["weights_fingerprint"] for r in _rank_records(ddp_run, k) if "weights_fingerprint" in r}
+              for k in (0, 1)]
+    assert prints[0] == prints[1] and sorted(prints[0]) == [2, 4]  # identical weights on both ranks
+    ck = load_checkpoint(CheckpointManager(ddp_run / "checkpoints").latest())
+    assert ck["data"]["world_size"] == 2 and ck["data"]["accum"] == 2 and ck["step"] == 4
+
+
+def test_two_nodes_c10d_rendezvous_matches_the_two_rank_run(ddp_run, shard_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    port = free_port()
+    args = tiny_args(shard_dir, run_dir, **DDP)
+    procs = [subprocess.Popen(torchrun_cmd("dit-train", args, 1, nnodes=2, node_rank=n, port=port),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env())
+             for n in (0, 1)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
+    assert read_metrics(run_dir) and [
+        {k: r[k] for k in ("step", "loss", "mse", "vb", "grad_norm")} for r in read_metrics(run_dir)] == [
+        {k: r[k] for k in ("step", "loss", "mse", "vb", "grad_norm")} for r in read_metrics(ddp_run)]
+    a = load_checkpoint(CheckpointManager(run_dir / "checkpoints").latest())
+    b = load_checkpoint(CheckpointManager(ddp_run / "checkpoints").latest())
+    assert all(torch.equal(a["ema"][k], b["ema"][k]) for k in a["ema"])
+
+
+def test_nan_on_one_rank_stops_every_rank_before_the_update(shard_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    r = run_torchrun("dit-train", tiny_args(shard_dir, run_dir, **{**DDP, "max-steps": 6}),
+                     env={"DIT_FAULT": "train.nan@3", "DIT_FAULT_RANK": "1"}, timeout=300)
+    assert r.returncode != 0
+    msg = "step 3: non-finite loss or gradient on rank(s) [1]"
+    assert r.stderr.count(msg) == 2, r.stderr[-3000:]  # both ranks stop with the same message
+    assert "stopped before the optimizer update" in r.stderr and "step-0000002.pt) is intact" in r.stderr
+    assert CheckpointManager(run_dir / "checkpoints").steps() == [2]
+    assert [rec["step"] for rec in read_metrics(run_dir)] == [1, 2]
+
+
+def test_signal_on_one_rank_checkpoints_on_all_and_exits_zero(shard_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    r = run_torchrun("dit-train", tiny_args(shard_dir, run_dir, **{**DDP, "max-steps": 6, "ckpt-every": 100}),
+                     env={"DIT_FAULT": "train.step_end@2:usr1", "DIT_FAULT_RANK": "1"}, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "stopped at step 2" in r.stderr
+    assert CheckpointManager(run_dir / "checkpoints").steps() == [2]
+
+
+def test_a_dying_rank_makes_the_others_exit_naming_it(shard_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    r = run_torchrun("dit-train", tiny_args(shard_dir, run_dir, **{**DDP, "max-steps": 6}),
+                     env={"DIT_FAULT": "train.step_end@2:exit", "DIT_FAULT_RANK": "1"}, timeout=180)
+    assert r.returncode != 0
+    root = r.stderr[r.stderr.index("Root Cause"):]
+    assert "rank      : 1" in root and "exitcode  : 17" in root  # torchrun names the rank that died
+    assert "[rank 0] error: rank 0: the pre-step all-reduce at step 3 failed" in r.stderr
+    assert "[rank0]: Traceback" not in r.stderr  # the survivor says what happened in one line
+
+
+def test_resume_with_another_world_size(ddp_run, shard_dir, tmp_path):
+    from train import merge_config, run
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(ddp_run, run_dir)
+    base = {"shards": str(shard_dir), "run_dir": str(run_dir), "model": "DiT-S/2", "depth": 2, "hidden_size": 32,
+            "num_heads": 2, "global_batch_size": 8, "micro_batch_size": 4, "num_workers": 1, "lr": 1e-3,
+            "log_every": 1, "ckpt_every": 2, "quiet": True}
+    with pytest.raises(UserError, match="trained with --global-batch-size 8, this run asks for 16"):
+        run(merge_config({}, {**base, "global_batch_size": 16, "max_steps": 6}))
+    assert run(merge_config({}, {**base, "max_steps": 6})) == "done"
+    log = (run_dir / "log.txt").read_text()
+    assert "resuming with a different data layout (world_size 2 -> 1, micro_batch 2 -> 4)" in log
+    assert "no longer identical" in log
+    assert [r["step"] for r in read_metrics(run_dir)] == [1, 2, 3, 4, 5, 6]
+    assert load_checkpoint(CheckpointManager(run_dir / "checkpoints").latest())["data"]["world_size"] == 1
