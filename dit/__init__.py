@@ -9,14 +9,14 @@ The calling conventions follow the DiT reference scripts, so they port with an i
 """
 from .diffusion import GaussianDiffusion, create_diffusion, linear_betas
 from .flops import forward_macs, train_flops_per_image
-from .models import (MODEL_PRESETS, DiT, canonical_model_name, create_model, model_from_config,
+from .models import (MODEL_PRESETS, DiT, DiT_models, canonical_model_name, create_model, model_from_config,
                      pos_embed_2d, timestep_embedding)
 from .respace import space_timesteps
 from .weights import (WeightsError, build_model_from_weights, check_state_dict, infer_model_config,
                       load_dit_weights)
 
 __all__ = [
-    "MODEL_PRESETS", "DiT", "GaussianDiffusion", "WeightsError", "build_model_from_weights",
+    "MODEL_PRESETS", "DiT", "DiT_models", "GaussianDiffusion", "WeightsError", "build_model_from_weights",
     "canonical_model_name", "check_state_dict", "create_diffusion", "create_model", "forward_macs",
     "infer_model_config", "linear_betas", "load_dit_weights", "model_from_config", "pos_embed_2d",
     "space_timesteps", "timestep_embedding", "train_flops_per_image",

@@ -8,6 +8,7 @@ checkpointing is switched per block with `set_grad_checkpointing` without renami
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Iterable
 
@@ -366,6 +367,10 @@ def create_model(name: str, input_size: int = 32, num_classes: int = 1000, **ove
                                   input_size=input_size, num_classes=num_classes)
     kwargs.update(overrides)
     return DiT(**kwargs)
+
+
+# The reference scripts' `DiT_models[name](input_size=..., num_classes=...)` spelling.
+DiT_models = {name: functools.partial(create_model, name) for name in MODEL_PRESETS}
 
 
 def model_from_config(config: dict[str, Any]) -> DiT:

@@ -43,7 +43,7 @@ def load_dit_weights(path: str | Path, prefer: str = "ema") -> tuple[dict[str, t
     path = Path(path)
     if not path.is_file():
         raise WeightsError(f"weight file {path} does not exist or is not a file")
-    if path.suffix == ".safetensors":
+    if path.suffix.lower() == ".safetensors":
         state_dict, info = _read_safetensors(path)
     else:
         state_dict, info = _unpack(_torch_load(path), path, prefer)
@@ -58,11 +58,15 @@ def load_dit_weights(path: str | Path, prefer: str = "ema") -> tuple[dict[str, t
 def build_model_from_weights(state_dict: dict[str, torch.Tensor], info: dict[str, Any],
                              device: torch.device | str | None = None,
                              dtype: torch.dtype | None = None) -> DiT:
-    """The DiT described by info["model_config"], loaded strictly with `state_dict`, in eval mode."""
+    """The DiT described by info["model_config"], loaded strictly with `state_dict`, in eval mode
+    (float32 unless `dtype` says otherwise)."""
     check_state_dict(state_dict, info["model_config"], where=info.get("path", "state_dict"))
-    model = model_from_config(info["model_config"])
+    with torch.device("meta"):  # skip the random init of weights about to be overwritten
+        model = model_from_config(info["model_config"])
+    # fresh float32 storage on the target device, then a copying load: no aliasing of `state_dict`
+    model = model.to_empty(device=device or "cpu")
     model.load_state_dict(state_dict, strict=True)
-    return model.to(device=device, dtype=dtype).eval()
+    return model.to(dtype=dtype or torch.float32).eval()
 
 
 def _torch_load(path: Path) -> Any:
