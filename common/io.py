@@ -19,6 +19,12 @@ TMP_PREFIX = ".tmp-"
 _CHUNK = 1 << 20
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def fsync_dir(path: str | os.PathLike) -> None:
     """fsync a directory so a rename inside it is durable (no-op where unsupported)."""
     try:
@@ -43,6 +49,7 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO[Any]]
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX + path.name + ".", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; outputs must be readable like any other file
         with os.fdopen(fd, mode) as f:
             yield f
             f.flush()

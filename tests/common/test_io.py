@@ -42,3 +42,13 @@ def test_remove_stale_temps(tmp_path):
     removed = remove_stale_temps(tmp_path)
     assert [r.name for r in removed] == [".tmp-shard-000000.tar.abc"]
     assert sorted(os.listdir(tmp_path)) == ["shard-000000.tar"]
+
+
+def test_atomic_write_respects_umask(tmp_path):
+    old = os.umask(0o027)
+    try:
+        with atomic_write(tmp_path / "m") as f:
+            f.write(b"x")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "m").stat().st_mode & 0o777 == 0o640
