@@ -121,30 +121,44 @@ class LatentSpec:
         return cls(m.store, m.views, (c, h, w), m.scaling_factor, m.shift_factor)
 
 
-def sample_generator(seed: int, epoch: int, key: str, generator: torch.Generator | None = None
-                     ) -> torch.Generator:
-    """The CPU generator of one sample's randomness in `epoch` (reseeded in place when one is passed)."""
+def sample_seed(seed: int, epoch: int, key: str) -> int:
+    """The seed of one sample's randomness in `epoch` (independent of batch, worker and rank)."""
+    return derive_seed(seed, STREAM_SAMPLE, epoch, key_index(key))
+
+
+def sample_view(sample_seed_: int, views: int) -> int:
+    """Which stored view (e.g. original / mirrored) a sample uses: bits 32.. of its seed, mod V. The noise
+    generator is seeded with the whole 63-bit seed, so a separate draw is not needed for the view."""
+    return (sample_seed_ >> 32) % views if views > 1 else 0
+
+
+def make_latents(samples: Sequence[LatentSample], spec: LatentSpec, seed: int, epoch: int,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+    """[B, C, h, w] float32 training latents: (mean[v] + std[v] * noise - shift) * scale per sample, with the
+    view v and the noise from the sample's seed (noise = torch.randn(C, h, w) of a CPU generator seeded with
+    sample_seed; torch's normal sampler is several times faster than numpy's at these sizes). Every value
+    equals the one-sample computation (make_latent), whatever the batch."""
     g = generator if generator is not None else torch.Generator()
-    g.manual_seed(derive_seed(seed, STREAM_SAMPLE, epoch, key_index(key)))
-    return g
-
-
-def make_latent(sample: LatentSample, spec: LatentSpec, seed: int, epoch: int,
-                out: torch.Tensor | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
-    """[C, h, w] float32 training latent of one sample in `epoch`: the view (when V > 1) and then the
-    posterior noise are drawn, in that order, from the sample's own generator. torch's normal sampler is
-    used because it is several times faster than numpy's for these sizes (the loader's hot path)."""
-    g = sample_generator(seed, epoch, sample.key, generator)
-    view = int(torch.randint(spec.views, (1,), generator=g)) if spec.views > 1 else 0
-    z = out if out is not None else torch.empty(spec.shape)
+    seeds = [sample_seed(seed, epoch, s.key) for s in samples]
+    views = [sample_view(sd, spec.views) for sd in seeds]
     if spec.store == "posterior":
-        torch.randn(spec.shape, generator=g, out=z)
-        z.mul_(torch.from_numpy(sample.std[view])).add_(torch.from_numpy(sample.mean[view]))
+        z = torch.empty((len(samples), *spec.shape))
+        for i, (s, sd, v) in enumerate(zip(samples, seeds, views)):
+            g.manual_seed(sd)
+            zi = z[i]
+            torch.randn(spec.shape, generator=g, out=zi)
+            # mean + std * noise while the sample is in cache (one pass, no stacked copies of mean and std)
+            torch.addcmul(torch.from_numpy(s.mean[v]), torch.from_numpy(s.std[v]), zi, out=zi)
     else:
-        z.copy_(torch.from_numpy(sample.latent[view]))
+        z = torch.from_numpy(np.stack([s.latent[v] for s, v in zip(samples, views)]))
     if spec.shift_factor:
         z.sub_(spec.shift_factor)
     return z.mul_(spec.scaling_factor)
+
+
+def make_latent(sample: LatentSample, spec: LatentSpec, seed: int, epoch: int) -> torch.Tensor:
+    """[C, h, w] training latent of one sample (see make_latents)."""
+    return make_latents([sample], spec, seed, epoch)[0]
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -251,9 +265,7 @@ class EpochStream(IterableDataset):
     def _collate(self, chunk: Sequence[LatentSample], skipped: list) -> Batch:
         if self._gen is None:
             self._gen = torch.Generator()
-        latents = torch.empty((len(chunk), *self.spec.shape))
-        for i, sample in enumerate(chunk):
-            make_latent(sample, self.spec, self.seed, self.plan.epoch, out=latents[i], generator=self._gen)
+        latents = make_latents(chunk, self.spec, self.seed, self.plan.epoch, self._gen)
         labels = torch.tensor([s.label for s in chunk], dtype=torch.int64)
         keys = torch.tensor([key_index(s.key) for s in chunk], dtype=torch.int64)
         return Batch(latents, labels, keys, skipped)

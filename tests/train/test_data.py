@@ -14,8 +14,9 @@ from common.errors import UserError
 from shards import iter_shard
 from tests.train.conftest import SHARD_SIZES
 from tests.train.helpers import make_shard_set
-from train.data import (Batch, EpochStream, LatentSpec, ReaderEvent, make_latent, make_loader, open_shards,
-                        sample_generator, shuffle_buffer)
+from common.seeding import STREAM_SAMPLE, derive_seed
+from train.data import (Batch, EpochStream, LatentSpec, ReaderEvent, make_latent, make_latents, make_loader,
+                        open_shards, shuffle_buffer)
 from train.partition import plan_epoch
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")
@@ -66,16 +67,23 @@ def test_latent_formula(tmp_path, store, views, shift):
     spec = LatentSpec.from_manifest(m)
     for s in iter_shard(str(folder / "shard-000000.tar"), m):
         got = make_latent(s, spec, seed=3, epoch=2)
-        g = sample_generator(3, 2, s.key)  # the same draws, in the documented order: view, then noise
-        view = int(torch.randint(views, (1,), generator=g)) if views > 1 else 0
+        sd = derive_seed(3, STREAM_SAMPLE, 2, int(s.key))  # the documented per-sample seed
+        view = (sd >> 32) % views
         if store == "posterior":
-            z = torch.from_numpy(s.mean[view]) + torch.from_numpy(s.std[view]) * torch.randn((4, 8, 8), generator=g)
+            noise = torch.randn((4, 8, 8), generator=torch.Generator().manual_seed(sd))
+            z = torch.from_numpy(s.mean[view]) + torch.from_numpy(s.std[view]) * noise
         else:
             z = torch.from_numpy(s.latent[view])
         want = (z - (shift or 0.0)) * 0.7
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
         if store == "posterior":  # fresh posterior noise every epoch
             assert not torch.equal(got, make_latent(s, spec, seed=3, epoch=3))
+    batch = list(iter_shard(str(folder / "shard-000000.tar"), m))
+    together = make_latents(batch, spec, seed=3, epoch=2)  # a batch equals its samples computed alone
+    assert all(torch.equal(together[i], make_latent(s, spec, seed=3, epoch=2)) for i, s in enumerate(batch))
+    if views == 2:  # both views are used across samples and epochs
+        picked = {(derive_seed(3, STREAM_SAMPLE, e, k) >> 32) % 2 for e in range(8) for k in range(3)}
+        assert picked == {0, 1}
 
 
 def test_shuffle_buffer():

@@ -92,3 +92,42 @@ def test_injected_nan_stops_before_the_update(shard_dir, tmp_path, monkeypatch):
     assert ckpts.steps() == [2]
     assert all(torch.isfinite(v).all() for v in load_checkpoint(ckpts.latest())["model"].values())
     assert [r["step"] for r in read_metrics(run_dir)] == [1, 2]
+
+
+def test_unreadable_shard_mid_run_fails_fast_or_is_skipped_and_counted(shard_dir, tmp_path):
+    import shutil
+
+    from common.errors import UserError
+
+    shards = tmp_path / "shards"
+    shutil.copytree(shard_dir, shards)
+    path = shards / "shard-000002.tar"
+    data = bytearray(path.read_bytes())
+    at = data.find(b"000000036.mean.npy")
+    data[at:at + 6] = b"\xff" * 6  # same size: passes the start-up check, fails when read
+    path.write_bytes(bytes(data))
+    with pytest.raises(UserError) as e:
+        _run(shards, tmp_path / "a", max_steps=6, global_batch_size=8)
+    assert "shard-000002.tar" in str(e.value) and "--skip-bad-shards" in str(e.value)
+    _run(shards, tmp_path / "b", max_steps=6, global_batch_size=8, skip_bad_shards=True)
+    recs = read_metrics(tmp_path / "b")
+    assert recs[-1]["step"] == 6 and recs[-1]["bad_shards"] >= 1
+    assert "skipped unreadable shard" in (tmp_path / "b" / "log.txt").read_text()
+
+
+def test_warmup_clipping_and_periodic_hooks(shard_dir, tmp_path):
+    calls = []
+
+    class Probe:
+        every = 2
+
+        def __call__(self, ctx):
+            calls.append((ctx.step, ctx.rank, ctx.ema is not None, ctx.model.training, ctx.latent["scaling_factor"]))
+
+    cfg = merge_config({}, {"shards": str(shard_dir), "run_dir": str(tmp_path / "run"), **TINY, "max_steps": 4,
+                            "global_batch_size": 8, "warmup_steps": 4, "grad_clip": 1e-3})
+    assert run(cfg, hooks=[Probe()]) == "done"
+    recs = read_metrics(tmp_path / "run")
+    assert [r["lr"] for r in recs] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3])  # linear warm-up of 1e-3
+    assert all(r["grad_norm"] > 1e-3 for r in recs)  # the logged norm is the one before clipping
+    assert calls == [(2, 0, True, True, 0.5), (4, 0, True, True, 0.5)]
