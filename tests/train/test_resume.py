@@ -4,6 +4,7 @@ and optimizer state. The runs use 3 loader workers and cross an epoch boundary, 
 (shuffle buffers, worker rotation, next epoch's shard order) is exercised too."""
 from __future__ import annotations
 
+import json
 import signal
 
 import pytest
@@ -59,6 +60,7 @@ def test_straight_run_outputs(straight):
     ck = load_checkpoint(straight / "checkpoints" / "step-0000008.pt")
     assert ck["model_config"]["depth"] == 2 and ck["latent"]["scaling_factor"] == 0.5
     assert ck["config"]["micro_batch_size"] == 4 and ck["data"]["workers"] == 3
+    assert json.loads((straight / "config.json").read_text())["precision"] == "fp32"  # resolved from auto
     assert (straight / "config.json").is_file() and (straight / "log.txt").is_file()
     assert (straight / "logs" / "rank0.log").is_file()
 

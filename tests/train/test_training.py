@@ -131,3 +131,14 @@ def test_warmup_clipping_and_periodic_hooks(shard_dir, tmp_path):
     assert [r["lr"] for r in recs] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3])  # linear warm-up of 1e-3
     assert all(r["grad_norm"] > 1e-3 for r in recs)  # the logged norm is the one before clipping
     assert calls == [(2, 0, True, True, 0.5), (4, 0, True, True, 0.5)]
+
+
+def test_fp16_overflow_is_skipped_by_the_scaler_and_counted(shard_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("DIT_FAULT", "train.nan@2")
+    monkeypatch.setattr(faults, "_counts", faults.Counter())
+    ck = _run(shard_dir, tmp_path / "run", max_steps=3, global_batch_size=8, precision="fp16")
+    recs = read_metrics(tmp_path / "run")
+    assert [r["fp16_skipped"] for r in recs] == [0, 1, 1]
+    assert ck["scaler"]["scale"] == 2.0 ** 15  # halved once from the initial 2**16
+    assert ck["data"]["overflow_steps"] == 1
+    assert all(torch.isfinite(v).all() for v in ck["model"].values())
