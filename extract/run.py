@@ -262,7 +262,7 @@ def run_extract(cfg: ExtractConfig) -> ExtractSummary:
     log.info("dit-extract %s: %d images in %d classes from %s -> %s (%s)", tool_version(), len(run.images),
              len(run.images.class_names), run.images.root, run.out, run.status)
     if dist.is_main():
-        start_output(run.out, run.record)
+        start_output(run.out, run.record, options=cfg.to_dict())
     dist.barrier()
     total_shards = plan.num_shards(len(run.images), run.samples_per_shard)
     done, todo = _my_shards(run.out, total_shards)

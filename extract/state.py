@@ -1,7 +1,8 @@
 """The output folder of an extraction: what may be resumed, what must be refused, what is finished.
 
 Layout: OUT/shard-*.tar, OUT/manifest.json (written last), OUT/logs/, and the hidden resume state
-OUT/.extract/: `config.json` (the extraction record of the run that owns the folder) and one
+OUT/.extract/: `config.json` (the extraction record of the run that owns the folder), `options.json`
+(the command's options as given, informational) and one
 `shard-000123.json` per finished shard (its ShardRecord and its skipped images), each written atomically
 right after the shard itself was renamed into place. A shard counts as finished only if its state file
 exists and the file on disk has the recorded size and sha256; anything else is redone, so a run killed at
@@ -22,6 +23,7 @@ from shards import MANIFEST_NAME, ShardRecord, shard_index, shard_name
 
 STATE_DIR = ".extract"
 CONFIG_FILE = "config.json"
+OPTIONS_FILE = "options.json"      # ExtractConfig as given (dataclasses.asdict), informational
 LOG_DIR = "logs"
 # Record fields that may differ between the run that started a folder and the one resuming it:
 # informational ones are ignored, numerics ones change last bits only and are reported as a warning.
@@ -170,11 +172,14 @@ def prepare_output(out: str | Path, record: dict[str, Any], *, overwrite: bool) 
     return "overwritten"
 
 
-def start_output(out: str | Path, record: dict[str, Any]) -> None:
-    """Record this run's configuration and drop temp files left by a killed writer (rank 0, once)."""
+def start_output(out: str | Path, record: dict[str, Any], options: dict[str, Any] | None = None) -> None:
+    """Record this run's configuration (and, for the record, the command's options as given) and drop
+    temp files left by a killed writer (rank 0, once)."""
     out = Path(out)
     (out / STATE_DIR).mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / STATE_DIR / CONFIG_FILE, record)
+    if options is not None:
+        atomic_write_json(out / STATE_DIR / OPTIONS_FILE, options)
     for removed in remove_stale_temps(out) + remove_stale_temps(out / STATE_DIR):
         log.info("removed %s left by an interrupted run", removed.name)
 

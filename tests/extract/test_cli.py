@@ -1,6 +1,8 @@
 """`dit-extract` on the command line: user mistakes are one clear line and nothing is written."""
 from __future__ import annotations
 
+import json
+
 import pytest
 from click.testing import CliRunner
 
@@ -79,6 +81,8 @@ def test_underscore_flags_and_summary(tmp_path, tiny_vae_dir):
     assert "done: 4 images encoded" in r.output and "0 skipped" in r.output
     assert f"manifest: {out / 'manifest.json'} (quick verify passed)" in r.output
     assert (out / "logs" / "rank0.log").read_text().count("finished shard-000000.tar") == 1
+    options = json.loads((out / ".extract" / "options.json").read_text())
+    assert options["data_path"] == str(data) and options["flip"] is False and options["samples_per_shard"] == 4
 
 
 def test_quiet_prints_nothing_but_still_logs(tmp_path, odd_tree, tiny_vae_dir):
