@@ -322,8 +322,10 @@ def _randn(shape: Sequence[int], device: torch.device | str, generator: Generato
         return torch.randn(*shape, device=device)
     if isinstance(generator, torch.Generator):
         return torch.randn(*shape, generator=generator, device=generator.device).to(device)
-    rows = [torch.randn(*shape[1:], generator=g, device=g.device).to(device) for g in generator]
-    return torch.stack(rows)
+    rows = [torch.randn(*shape[1:], generator=g, device=g.device) for g in generator]
+    if len({r.device for r in rows}) == 1:  # one transfer for the batch, not one per sample
+        return torch.stack(rows).to(device)
+    return torch.stack([r.to(device) for r in rows])
 
 
 def _pick_device(device: torch.device | str | None, model: Model) -> torch.device:
