@@ -186,6 +186,7 @@ def _start_run_dir(prep: Prepared, precision: str) -> tuple[Path, CheckpointMana
     run_dir = Path(cfg.run_dir).expanduser()
     ckpts = CheckpointManager(run_dir / "checkpoints", cfg.keep_last, cfg.keep_every)
     resolved = TrainConfig(**{**cfg.to_dict(), "precision": precision, "micro_batch_size": prep.batch.micro_batch})
+    removed = []
     if dist.is_main():
         run_dir.mkdir(parents=True, exist_ok=True)
         removed = ckpts.clean_partial()
@@ -219,8 +220,11 @@ def run(cfg: TrainConfig, hooks: Sequence[PeriodicHook] = (), *, world_size: int
 def _train(prep: Prepared, hooks: Sequence[PeriodicHook]) -> str:
     device = dist.device()
     precision = resolve_precision(prep.cfg.precision, device)
-    torch.backends.cuda.matmul.allow_tf32 = prep.cfg.tf32
-    torch.backends.cudnn.allow_tf32 = prep.cfg.tf32
+    # TF32 for the float32 matmuls/convolutions that remain outside autocast (the new per-backend API;
+    # mixing it with the legacy allow_tf32 flags is an error in recent torch).
+    mode = "tf32" if prep.cfg.tf32 else "ieee"
+    torch.backends.cuda.matmul.fp32_precision = mode
+    torch.backends.cudnn.conv.fp32_precision = mode
     run_dir, ckpts, resolved = _start_run_dir(prep, precision)
     log = get_logger()
     log.info(format_plan(prep).replace("dit-train plan (dry run: nothing was started)", "dit-train"))
