@@ -35,4 +35,4 @@ def test_python_api_snippet_runs(tmp_path, monkeypatch):
     assert torch.isfinite(scope["samples"]).all()
     assert set(scope["losses"]) >= {"loss", "mse", "vb"}
     assert scope["losses"]["loss"].shape == (8,)
-    assert scope["info"]["num_classes"] == 1000
+    assert scope["info"]["model_config"]["num_classes"] == 1000
