@@ -9,8 +9,8 @@ The calling conventions follow the DiT reference scripts, so they port with an i
 """
 from .diffusion import GaussianDiffusion, create_diffusion, linear_betas
 from .flops import forward_macs, train_flops_per_image
-from .models import (MODEL_PRESETS, DiT, DiT_models, canonical_model_name, create_model, model_from_config,
-                     pos_embed_2d, timestep_embedding)
+from .models import (MODEL_PRESETS, DiT, DiT_models, canonical_model_name, create_model,
+                     model_from_config, pos_embed_2d, timestep_embedding)
 from .respace import space_timesteps
 from .weights import (WeightsError, build_model_from_weights, check_state_dict, infer_model_config,
                       load_dit_weights)

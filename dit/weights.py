@@ -107,7 +107,7 @@ def _read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, An
             for key in f.keys():
                 state_dict[key] = f.get_tensor(key)
     except (SafetensorError, OSError) as e:
-        raise WeightsError(f"cannot read {path}: not a valid safetensors file: {_unpickler_detail(str(e))}") from None
+        raise WeightsError(f"cannot read {path}: not a valid safetensors file: {e}") from None
     info: dict[str, Any] = {"source": "safetensors", "weights": "state_dict"}
     if "model_config" in metadata:
         try:

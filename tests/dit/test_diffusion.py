@@ -13,7 +13,7 @@ from tests.dit._reference import calm_model, tiny_model
 
 
 def abar_closed(t: int, steps: int = 1000) -> float:
-    """prod_{s<=t} (1 - beta_s) with beta_s = 1e-4 + s * (0.02 - 1e-4) / (steps - 1), via math.fsum of logs."""
+    """prod_{s<=t} (1 - beta_s), beta_s = 1e-4 + s * (0.02 - 1e-4) / (steps - 1), via math.fsum of logs."""
     return math.exp(math.fsum(math.log1p(-(1e-4 + s * (0.02 - 1e-4) / (steps - 1))) for s in range(t + 1)))
 
 
@@ -28,7 +28,8 @@ def toy_model(x, t, **kwargs):
 def test_betas_and_tables_match_closed_forms():
     d = dit.create_diffusion("")
     assert d.num_timesteps == 1000 and d.timestep_map == list(range(1000))
-    assert d.betas.dtype == np.float64 and d.betas[0] == 1e-4 and d.betas[-1] == pytest.approx(0.02, abs=1e-17)
+    assert d.betas.dtype == np.float64 and d.betas[0] == 1e-4
+    assert d.betas[-1] == pytest.approx(0.02, abs=1e-17)
     assert d.betas[500] == pytest.approx(1e-4 + 500 * 0.0199 / 999, rel=1e-14)
     for t in (0, 1, 10, 500, 999):
         abar = abar_closed(t)
@@ -104,9 +105,8 @@ def ref_p_mean_variance(out, x, t):
     for i, s in enumerate(t.tolist()):
         beta = 1e-4 + s * 0.0199 / 999
         abar, abar_prev = abar_closed(s), (abar_closed(s - 1) if s else 1.0)
-        post_var = lambda u: ((1e-4 + u * 0.0199 / 999) * (1 - (abar_closed(u - 1) if u else 1.0))  # noqa: E731
-                              / (1 - abar_closed(u)))
-        min_log = math.log(post_var(max(s, 1)))
+        u = max(s, 1)  # the clipped posterior log variance uses t = 1 at t = 0
+        min_log = math.log((1e-4 + u * 0.0199 / 999) * (1 - abar_closed(u - 1)) / (1 - abar_closed(u)))
         frac = (out[i, 4:] + 1) / 2
         logv = frac * math.log(beta) + (1 - frac) * min_log
         x0 = (x[i] - math.sqrt(1 - abar) * out[i, :4]) / math.sqrt(abar)

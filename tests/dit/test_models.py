@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import dit
-from tests.dit._reference import (TINY, calm_model, ref_forward, ref_pos_embed, ref_timestep_embedding,
-                                  tiny_model)
+from tests.dit._reference import (TINY, calm_model, ref_forward, ref_pos_embed,
+                                  ref_timestep_embedding, tiny_model)
 
 # docs/REFERENCE.md: parameter counts at 32x32x4 latents, 1000 classes, learned sigma
 # (XL/2 exact; the others as rounded there, checked to the shown digits).
@@ -34,7 +34,8 @@ def test_preset_parameter_counts(name):
 
 
 def test_presets_are_the_twelve_published_ones():
-    assert sorted(dit.MODEL_PRESETS) == sorted(f"DiT-{s}/{p}" for s in ("S", "B", "L", "XL") for p in (2, 4, 8))
+    want = [f"DiT-{s}/{p}" for s in ("S", "B", "L", "XL") for p in (2, 4, 8)]
+    assert sorted(dit.MODEL_PRESETS) == sorted(want)
     assert dit.canonical_model_name("DiT-XL-2") == "DiT-XL/2"
     with pytest.raises(ValueError, match="unknown DiT model 'DiT-M/2'.*DiT-S/2"):
         dit.create_model("DiT-M/2")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 
 import pytest
@@ -101,7 +102,7 @@ def test_safetensors_and_wrapper_prefixes(tmp_path):
     model = tiny_model(seed=3)
     path = tmp_path / "w.safetensors"
     save_file({f"_orig_mod.{k}": v.contiguous() for k, v in model.state_dict().items()}, str(path),
-              metadata={"model_config": __import__("json").dumps(model.config)})
+              metadata={"model_config": json.dumps(model.config)})
     sd, info = dit.load_dit_weights(path)
     assert info["source"] == "safetensors" and all(not k.startswith("_orig") for k in sd)
     assert torch.equal(outputs(dit.build_model_from_weights(sd, info)), outputs(model))
@@ -114,7 +115,8 @@ def test_safetensors_and_wrapper_prefixes(tmp_path):
 def test_pickled_objects_are_refused_and_never_run(tmp_path, s8):
     path = tmp_path / "bad.pt"
     torch.save({"ema": s8.state_dict(), "args": Payload()}, path)
-    with pytest.raises(WeightsError, match=r"refusing to load .*bad.pt: it contains a pickled tests.dit.test_weights.Payload"):
+    with pytest.raises(WeightsError, match=r"refusing to load .*bad.pt: it contains a pickled "
+                                           r"tests.dit.test_weights.Payload"):
         dit.load_dit_weights(path)
     target = tmp_path / "pwned"
     torch.save({"model": {"x": torch.zeros(1)}, "args": Exploit(str(target))}, path)
