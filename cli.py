@@ -357,6 +357,8 @@ def _train_options(f: Callable) -> Callable:
         o("--compile/--no-compile", default=None, help="torch.compile the model [off]."),
         o("--num-workers", type=int, help="Loader processes per GPU [4]."),
         o("--shuffle-buffer", type=int, help="Samples in each loader worker's shuffle buffer [1000]."),
+        o("--shards-in-flight", type=int, help="Shards each loader worker reads at once, taking samples from "
+          "them in a random order (shards are written in class order) [16]."),
         o("--prefetch-factor", type=int, help="Batches each loader worker prepares ahead [2]."),
         o("--skip-bad-shards/--no-skip-bad-shards", default=None,
           help="Skip (and count) a shard that turns out unreadable instead of stopping [stop]."),

@@ -28,6 +28,7 @@ class TrainConfig:
     image_size: int | None = None               # optional cross-check against the manifest
     num_workers: int = 4                        # loader processes per rank (0 = read in the main process)
     shuffle_buffer: int = 1000                  # samples held by each reader's in-memory shuffle buffer
+    shards_in_flight: int = 16                  # shards each reader reads at once (mixes classes)
     prefetch_factor: int = 2
     skip_bad_shards: bool = False
     # model
@@ -78,7 +79,7 @@ class TrainConfig:
             p.append("--run-dir is required: the folder for checkpoints, logs and metrics")
         _positive(p, self, "global_batch_size", "micro_batch_size", "image_size", "depth", "hidden_size",
                   "num_heads", "patch_size", "max_steps", "epochs", "log_every", "ckpt_every", "keep_last",
-                  "keep_every", "shuffle_buffer", "prefetch_factor")
+                  "keep_every", "shuffle_buffer", "shards_in_flight", "prefetch_factor")
         _non_negative(p, self, "num_workers", "warmup_steps", "seed", "weight_decay")
         if self.max_steps is None and self.epochs is None:
             p.append("give the run length: --max-steps N and/or --epochs N (the reference trained 7M steps)")

@@ -5,9 +5,9 @@ Reading goes through `shards.iter_shard` only (WebDataset's url opener underneat
 which shards, and how many batches it yields, is decided by `train.partition` (pure functions of integers),
 so the stream of every rank is a deterministic function of (seed, epoch, rank, data layout):
 
-- each reader (rank x loader worker) streams its shards in plan order, turns each sample into its training
-  latent at once, passes them through an in-memory shuffle buffer seeded from (seed, epoch, reader) and
-  yields exactly its quota of micro-batches;
+- each reader (rank x loader worker) reads several of its shards at once (taking each sample from a
+  seeded random one of them), turns each sample into its training latent at once, passes them through an
+  in-memory shuffle buffer seeded from (seed, epoch, reader) and yields exactly its quota of micro-batches;
 - per-sample randomness (which view when the shards hold V > 1 views, and the posterior noise) comes from
   derive_seed(seed, STREAM_SAMPLE, epoch, key index), so it does not depend on the number of workers;
 - latent = (z - shift_factor) * scaling_factor with z = mean + std * noise (diffusers' convention, as its
@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from common.errors import UserError
 from common.seeding import STREAM_SAMPLE, derive_seed
 from shards import LatentSample, Manifest, ShardError, iter_shard, key_index, quick_check, read_manifest
-from train.partition import EpochPlan, shuffle_seed
+from train.partition import EpochPlan, interleave_seed, shuffle_seed
 from train.signals import STOP_SIGNALS
 
 T = TypeVar("T")
@@ -161,23 +161,27 @@ def make_latents(samples: Sequence[LatentSample], spec: LatentSpec, seed: int, e
 # ----------------------------------------------------------------------------------------------------------
 # Readers
 
+class _Picker:
+    """Uniform random indices from PCG64's raw stream (stable across numpy versions), in blocks."""
+
+    def __init__(self, seed: int):
+        self._bits = np.random.PCG64(seed)
+        self._raw: Iterator[int] = iter(())
+
+    def __call__(self, n: int) -> int:
+        r = next(self._raw, None)
+        if r is None:
+            self._raw = iter(self._bits.random_raw(_RAW_BLOCK).tolist())
+            r = next(self._raw)
+        return r % n  # modulo bias below 2**-40 for any buffer size in use
+
+
 def shuffle_buffer(items: Iterator[T], size: int, seed: int) -> Iterator[T]:
     """Reservoir-style shuffle: hold `size` items, emit a random one as each new item arrives, then drain.
 
-    Indices come from PCG64's raw stream (stable across numpy versions), so the order is a function of
-    (input order, size, seed) only. size 1 keeps the input order.
+    The order is a function of (input order, size, seed) only. size 1 keeps the input order.
     """
-    bits = np.random.PCG64(seed)
-    raw = iter(())
-
-    def pick(n: int) -> int:
-        nonlocal raw
-        r = next(raw, None)
-        if r is None:
-            raw = iter(bits.random_raw(_RAW_BLOCK).tolist())
-            r = next(raw)
-        return r % n
-
+    pick = _Picker(seed)
     buf: list[T] = []
     for item in items:
         if len(buf) < size:
@@ -209,9 +213,10 @@ class EpochStream(IterableDataset):
     """One rank's micro-batches of one epoch, read by `plan.workers` DataLoader workers (or in-process)."""
 
     def __init__(self, source: ShardSource, plan: EpochPlan, rank: int, *, seed: int, buffer: int,
-                 start_batch: int = 0, skip_bad_shards: bool = False):
+                 shards_in_flight: int = 16, start_batch: int = 0, skip_bad_shards: bool = False):
         self.source, self.plan, self.rank = source, plan, rank
         self.seed, self.buffer, self.start_batch = seed, buffer, start_batch
+        self.shards_in_flight = shards_in_flight
         self.skip_bad_shards = skip_bad_shards
         self.spec = LatentSpec.from_manifest(source.manifest)
 
@@ -224,20 +229,49 @@ class EpochStream(IterableDataset):
         return self.reader((loader_worker + self.start_batch) % workers)
 
     def _samples(self, slot: int, skipped: list) -> Iterator[tuple[torch.Tensor, int, int]]:
-        """(latent, label, key index) of the slot's samples in reading order. The latent is made as soon as a
-        sample is read (its randomness depends only on (seed, epoch, key)), so the shuffle buffer holds one
-        [C, h, w] float32 tensor per sample instead of every view of mean and std: 8x less memory traffic."""
-        g = torch.Generator()
-        epoch, spec = self.plan.epoch, self.spec
-        for shard in self.plan.slot_shards[slot]:
-            url = self.source.urls[shard]
-            try:
-                for sample in iter_shard(url, self.source.manifest):
-                    yield make_latent(sample, spec, self.seed, epoch, g), sample.label, key_index(sample.key)
-            except ShardError as e:
-                if not self.skip_bad_shards:
-                    raise
-                skipped.append((url, str(e)))
+        """(latent, label, key index) of the slot's samples.
+
+        Extraction writes shards in sorted image order, so one shard holds a few classes only. The reader
+        therefore keeps up to `shards_in_flight` of its shards open and takes each next sample from a random
+        one of them (seeded, so the order is reproducible), refilling from its shard list as they end; the
+        shuffle buffer then mixes further. The latent is made as soon as a sample is read (its randomness
+        depends only on (seed, epoch, key)), so the buffer holds one [C, h, w] float32 tensor per sample
+        instead of every view of mean and std.
+        """
+        g, epoch, spec = torch.Generator(), self.plan.epoch, self.spec
+        pending = iter(self.plan.slot_shards[slot])
+        active: list[tuple[str, Iterator[LatentSample]]] = []
+
+        def refill() -> None:
+            for shard in pending:
+                url = self.source.urls[shard]
+                active.append((url, iter_shard(url, self.source.manifest)))
+                if len(active) >= self.shards_in_flight:
+                    return
+
+        pick = _Picker(interleave_seed(self.seed, epoch, slot))
+        refill()
+        try:
+            while active:
+                j = pick(len(active))
+                url, it = active[j]
+                try:
+                    sample = next(it)
+                except StopIteration:
+                    active.pop(j)
+                    refill()
+                    continue
+                except ShardError as e:
+                    if not self.skip_bad_shards:
+                        raise
+                    skipped.append((url, str(e)))
+                    active.pop(j)
+                    refill()
+                    continue
+                yield make_latent(sample, spec, self.seed, epoch, g), sample.label, key_index(sample.key)
+        finally:
+            for _, it in active:
+                it.close()
 
     def reader(self, worker: int) -> Iterator[Batch | ReaderEvent]:
         """Batches of logical worker `worker` with rank batch index >= start_batch, exactly its quota."""

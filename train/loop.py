@@ -158,7 +158,7 @@ class Trainer:
     def run_epoch(self, plan: EpochPlan, stop: Any, bar: tqdm) -> str:
         s = self.state
         stream = EpochStream(self.source, plan, self.rank, seed=self.cfg.seed, buffer=self.cfg.shuffle_buffer,
-                             start_batch=s.step_in_epoch * self.batch.accum,
+                             shards_in_flight=self.cfg.shards_in_flight, start_batch=s.step_in_epoch * self.batch.accum,
                              skip_bad_shards=self.cfg.skip_bad_shards)
         loader = make_loader(stream, num_workers=self.cfg.num_workers, prefetch_factor=self.cfg.prefetch_factor,
                              pin_memory=self.device.type == "cuda")

@@ -30,6 +30,7 @@ from common.seeding import STREAM_SHARD_ORDER, derive_seed
 # because derive_seed(..., x) equals derive_seed(..., x, 0) (SeedSequence pads with zeros).
 _ORDER = 0
 _SHUFFLE = 1
+_INTERLEAVE = 2
 
 
 def stable_permutation(n: int, seed: int) -> list[int]:
@@ -51,6 +52,11 @@ def shard_order(num_shards: int, seed: int, epoch: int) -> list[int]:
 def shuffle_seed(seed: int, epoch: int, slot: int) -> int:
     """Seed of reader `slot`'s shuffle buffer in `epoch`."""
     return derive_seed(seed, STREAM_SHARD_ORDER, epoch, _SHUFFLE, slot)
+
+
+def interleave_seed(seed: int, epoch: int, slot: int) -> int:
+    """Seed of the choice, sample by sample, of which of reader `slot`'s open shards to read next."""
+    return derive_seed(seed, STREAM_SHARD_ORDER, epoch, _INTERLEAVE, slot)
 
 
 def assign_shards(sizes: Sequence[int], order: Sequence[int], num_slots: int) -> list[list[int]]:
@@ -153,6 +159,7 @@ class DataLayout:
     micro_batch: int
     accum: int
     shuffle_buffer: int
+    shards_in_flight: int
 
     def to_dict(self) -> dict[str, int]:
         return {k: int(v) for k, v in self.__dict__.items()}

@@ -76,7 +76,8 @@ def prepare(cfg: TrainConfig, world_size: int | None = None) -> Prepared:
     source = open_shards(cfg.shards, cfg.manifest)
     kw = model_kwargs(cfg, source)
     layout = DataLayout(seed=cfg.seed, world_size=world, workers=max(1, cfg.num_workers),
-                        micro_batch=batch.micro_batch, accum=batch.accum, shuffle_buffer=cfg.shuffle_buffer)
+                        micro_batch=batch.micro_batch, accum=batch.accum, shuffle_buffer=cfg.shuffle_buffer,
+                        shards_in_flight=cfg.shards_in_flight)
     plan0 = plan_epoch(source.sizes, seed=cfg.seed, epoch=0, world_size=world, workers=layout.workers,
                        micro_batch=batch.micro_batch, accum=batch.accum)
     if plan0.steps == 0:
@@ -169,7 +170,8 @@ def format_plan(prep: Prepared, resume_from: Path | None = None) -> str:
         f"  epoch 0     {p0.steps:,} optimizer steps; {p0.samples_used:,} of {p0.samples_total:,} samples used "
         f"({p0.samples_total - p0.samples_used:,} left out so every rank runs the same number of steps)",
         f"  readers     {prep.world_size} rank(s) x {prep.layout.workers} loader worker(s) = {len(shards_per)}; "
-        f"shards per reader {min(shards_per)}-{max(shards_per)}; shuffle buffer {cfg.shuffle_buffer} samples each",
+        f"shards per reader {min(shards_per)}-{max(shards_per)}, up to {cfg.shards_in_flight} read at once; "
+        f"shuffle buffer {cfg.shuffle_buffer} samples each",
         f"  length      {', '.join(length)} -> {prep.total_steps:,} steps "
         f"(~{prep.total_steps / max(p0.steps, 1):.2f} epochs)",
         f"  GPU memory  (estimate, per GPU) params {mem['params']:.2f} + grads {mem['grads']:.2f} + AdamW "

@@ -161,7 +161,8 @@ def resume(prep: Prepared, parts: Parts, path: Path, precision: str) -> TrainSta
     if ckpt.get("rng"):
         set_rng_state(ckpt["rng"])
     data = ckpt["data"]
-    saved = DataLayout(**{k: int(data[k]) for k in DataLayout.__dataclass_fields__})
+    # a field the checkpoint lacks counts as changed (-1): the position is mapped, never silently reused
+    saved = DataLayout(**{k: int(data.get(k, -1)) for k in DataLayout.__dataclass_fields__})
     steps = plan_epoch(prep.source.sizes, seed=prep.cfg.seed, epoch=int(data["epoch"]),
                        world_size=prep.world_size, workers=prep.layout.workers,
                        micro_batch=prep.batch.micro_batch, accum=prep.batch.accum).steps
@@ -205,6 +206,10 @@ def run(cfg: TrainConfig, hooks: Sequence[PeriodicHook] = (), *, world_size: int
     process's (torchrun's WORLD_SIZE, or 1).
     """
     prep = prepare(cfg, world_size)
+    existing = CheckpointManager(Path(cfg.run_dir).expanduser() / "checkpoints").steps()
+    if cfg.resume == "none" and existing and not cfg.dry_run:
+        raise UserError(f"{cfg.run_dir} already holds checkpoints up to step {existing[-1]}; --resume none would "
+                        "train a new run over them. Use a new --run-dir, or --resume auto to continue this one.")
     if cfg.dry_run:
         if dist.is_main():
             latest = CheckpointManager(Path(cfg.run_dir).expanduser() / "checkpoints").latest()

@@ -14,18 +14,22 @@ VAE_IDENTITY = {"source": "tests/tiny-vae", "kind": "folder", "weights_sha256": 
                 "class": "AutoencoderKL"}
 
 
-def class_mean(label: int, shape: Sequence[int]) -> np.ndarray:
-    """A distinct, smooth mean latent per class (class 0 positive ramp, class 1 negative, ...)."""
+def class_mean(label: int, shape: Sequence[int], pattern: str = "ramp") -> np.ndarray:
+    """A distinct mean latent per class: a ramp (class 0 rising, class 1 falling, ...) or a constant level
+    (class 0 at +1, class 1 at -1, ...)."""
     c, h, w = shape
-    ramp = np.linspace(-1.0, 1.0, h * w, dtype=np.float32).reshape(1, h, w)
     sign = 1.0 if label % 2 == 0 else -1.0
+    if pattern == "constant":
+        return np.full((c, h, w), sign * (1.0 + 0.5 * (label // 2)), dtype=np.float32)
+    ramp = np.linspace(-1.0, 1.0, h * w, dtype=np.float32).reshape(1, h, w)
     return (sign * (1.0 + 0.5 * (label // 2)) * np.broadcast_to(ramp, (c, h, w))).astype(np.float32)
 
 
 def make_shard_set(folder: Path, *, samples: Sequence[int], num_classes: int = 2,
                    latent_shape: Sequence[int] = (4, 8, 8), views: int = 1, store: str = "posterior",
                    dtype: str = "float32", scaling_factor: float = 0.5, shift_factor: float | None = None,
-                   samples_per_shard: int | None = None, std: float = 0.1, seed: int = 0) -> Manifest:
+                   samples_per_shard: int | None = None, std: float = 0.1, seed: int = 0,
+                   pattern: str = "ramp") -> Manifest:
     """Shard i holds samples[i] samples with keys from i * samples_per_shard; label = key % num_classes;
     mean = class_mean(label) + small per-sample offset, std constant."""
     folder = Path(folder)
@@ -38,7 +42,7 @@ def make_shard_set(folder: Path, *, samples: Sequence[int], num_classes: int = 2
             for j in range(n):
                 key = i * sps + j
                 label = key % num_classes
-                base = class_mean(label, latent_shape)
+                base = class_mean(label, latent_shape, pattern)
                 mean = np.stack([base + 0.05 * rng.standard_normal(base.shape).astype(np.float32)
                                  for _ in range(views)])
                 if store == "posterior":

@@ -70,6 +70,8 @@ def test_missing_shard_is_named(shard_dir, tmp_path):
 def test_resume_refuses_another_model_or_shard_set_or_a_corrupt_file(trained, shard_dir, tmp_path):
     args = {"max-steps": 4, "num-workers": 0, "quiet": None}
     before = sorted(p.name for p in (trained / "checkpoints").iterdir())
+    r = _invoke(tiny_args(shard_dir, trained, **args, resume="none"))
+    assert r.exit_code == 1 and "already holds checkpoints up to step 2; --resume none" in r.output
     r = _invoke(tiny_args(shard_dir, trained, **args, **{"hidden-size": 64}))
     assert r.exit_code == 1
     assert "is for a different model" in r.output and "hidden_size: checkpoint 32, this run 64" in r.output

@@ -156,3 +156,15 @@ def test_unreadable_shard_fails_fast_or_is_skipped(shard_dir, tmp_path):
     good = [int(k) for b in items if isinstance(b, Batch) for k in b.keys]
     assert len(set(good)) == len(good)
     assert not any(24 <= k < 32 for k in good)  # nothing from the corrupt member on
+
+
+def test_readers_mix_several_shards_at_once(shard_dir):
+    src = open_shards(str(shard_dir))
+    plan = _plan(src, workers=1, micro=8)
+
+    def first_batch_shards(in_flight):
+        stream = EpochStream(src, plan, 0, seed=0, buffer=1, shards_in_flight=in_flight)  # buffer 1: no shuffle
+        return {int(k) // 16 for k in next(iter(stream)).keys}
+
+    assert len(first_batch_shards(1)) == 1  # one shard at a time: a batch comes from one shard
+    assert len(first_batch_shards(4)) >= 3  # shards are written in class order; readers interleave them

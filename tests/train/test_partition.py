@@ -119,8 +119,8 @@ def test_too_few_shards_names_the_numbers():
 
 
 def test_map_position():
-    a = DataLayout(seed=0, world_size=2, workers=2, micro_batch=4, accum=1, shuffle_buffer=10)
-    b = DataLayout(seed=0, world_size=4, workers=2, micro_batch=2, accum=1, shuffle_buffer=10)
+    a = DataLayout(seed=0, world_size=2, workers=2, micro_batch=4, accum=1, shuffle_buffer=10, shards_in_flight=4)
+    b = DataLayout(seed=0, world_size=4, workers=2, micro_batch=2, accum=1, shuffle_buffer=10, shards_in_flight=4)
     same = map_position(3, 5, a, a, steps_in_epoch=10)
     assert (same.epoch, same.step_in_epoch, same.exact) == (3, 5, True)
     moved = map_position(3, 5, a, b, steps_in_epoch=10)
