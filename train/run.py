@@ -233,6 +233,12 @@ def _train(prep: Prepared, hooks: Sequence[PeriodicHook]) -> str:
     run_dir, ckpts, resolved = _start_run_dir(prep, precision)
     log = get_logger()
     log.info(format_plan(prep).replace("dit-train plan (dry run: nothing was started)", "dit-train"))
+    p0 = prep.plan0
+    if p0.samples_used < 0.95 * p0.samples_total:
+        log.warning(f"each epoch leaves out {p0.samples_total - p0.samples_used:,} of {p0.samples_total:,} samples "
+                    f"so that all {prep.world_size} rank(s) x {prep.layout.workers} reader(s) yield the same number "
+                    "of batches (shards are read whole, and they are few or uneven for this many readers); use "
+                    "fewer --num-workers or re-extract with a smaller --samples-per-shard")
     parts = build_parts(prep, device, precision)
     path = dist.broadcast_object(str(p) if (p := _checkpoint_to_resume(prep.cfg, ckpts)) else None)
     state = resume(prep, parts, Path(path), precision) if path else TrainState()
