@@ -209,7 +209,7 @@ def test_bf16_autocast_is_finite_and_close():
             bf16 = model(x, t, y)
     assert torch.isfinite(bf16).all()
     rel = ((bf16.float() - fp32).norm() / fp32.norm()).item()
-    assert 0 < rel < 3e-2, rel
+    assert 0 < rel < 1.5e-2, rel  # measured 3.8e-3 (BENCHMARKS.md)
 
 
 def test_bad_inputs_are_refused_with_the_shapes():
