@@ -53,7 +53,9 @@ def plot_metrics(run_dir: str | Path, out: str | Path | None = None) -> Path:
     ax.set_ylabel("training loss (mean over ranks)")
     ax.grid(alpha=0.3)
     ax.legend()
-    ax.set_title(f"{src.name}: step {records[-1]['step']}, loss {records[-1].get('loss')}")
+    last = records[-1].get("loss")
+    shown = f"{last:.4f}" if isinstance(last, (int, float)) else str(last)
+    ax.set_title(f"{src.name}: step {records[-1]['step']}, loss {shown}")
     if has_speed:
         xs, ys = _series(records, "images_per_s")
         axes[1][0].plot(xs, ys, color="tab:green", linewidth=0.8)
