@@ -398,7 +398,7 @@ def train_main(ctx: click.Context, config_file: str | None, nproc_per_node: int 
     from click.core import ParameterSource
 
     from train import load_config_file, merge_config, plot_metrics, run
-    from train.launch import relaunch, under_launcher
+    from train.launch import launch, under_launcher
     from train.plan import prepare
 
     if plot_dir is not None:
@@ -412,7 +412,7 @@ def train_main(ctx: click.Context, config_file: str | None, nproc_per_node: int 
             run(cfg, world_size=nproc_per_node)
             return
         prepare(cfg, world_size=nproc_per_node)  # every check before any rank starts
-        relaunch(nproc_per_node, sys.argv[1:])
+        sys.exit(launch(nproc_per_node, sys.argv[1:]))
     # Periodic hooks (e.g. sample grids built from sample/) are constructed here from their own options
     # and passed as run(cfg, hooks=[...]); see train/hooks.py.
     run(cfg)

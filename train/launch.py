@@ -1,17 +1,26 @@
-"""`dit-train --nproc-per-node N`: re-execute the same command under `torch.distributed.run` (torchrun).
+"""`dit-train --nproc-per-node N`: run the same command as N local ranks under `torch.distributed.run`.
 
 A convenience for the single-node case; torchrun does the real work (rendezvous on a free local port, one
 process per GPU, and when one rank dies it stops the others and reports the failed rank with its exit code).
 The launcher flag is removed from the child command line, and the children recognise that they already run
 under a launcher from torchrun's environment (LOCAL_RANK), so they never launch again.
+
+This process stays as the parent of torchrun and forwards SIGTERM/SIGUSR1 to the ranks themselves: each
+rank finishes its step, they write a checkpoint and exit 0, and torchrun then exits 0 too. (Signalling
+torchrun directly also makes the ranks checkpoint, but torchrun itself then exits 1.)
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
+import subprocess
 import sys
 from pathlib import Path
-from typing import NoReturn, Sequence
+from typing import Sequence
+
+from train.signals import STOP_SIGNALS
 
 LAUNCHER_FLAGS = ("--nproc-per-node", "--nproc_per_node")
 
@@ -60,9 +69,39 @@ def launch_command(nproc: int, args: Sequence[str], *, script_name: str = "dit-t
             script, *strip_launcher_flag(args)]
 
 
-def relaunch(nproc: int, args: Sequence[str]) -> NoReturn:
-    """Replace this process by torchrun running `nproc` ranks of the same command (signals go to torchrun)."""
+def _children(pid: int) -> list[int]:
+    """Direct children of `pid` (Linux /proc scan; empty elsewhere)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            # the command name may contain spaces and parentheses: fields after the last ')' are fixed
+            fields = stat.rsplit(")", 1)[-1].split()
+            if len(fields) > 1 and fields[1] == str(pid):
+                out.append(int(entry.name))
+    return out
+
+
+def launch(nproc: int, args: Sequence[str]) -> int:
+    """Run torchrun with `nproc` ranks of the same command, forwarding stop signals to the ranks; returns
+    torchrun's exit code."""
     cmd = launch_command(nproc, args)
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execv(cmd[0], cmd)
+    proc = subprocess.Popen(cmd)
+
+    def forward(signum: int, frame: object) -> None:
+        ranks = _children(proc.pid)
+        for pid in ranks or [proc.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+
+    previous = {s: signal.signal(s, forward) for s in STOP_SIGNALS}
+    try:
+        return proc.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)

@@ -87,3 +87,13 @@ def test_config_file_errors(tmp_path):
         load_config_file(tmp_path / "missing.yaml")
     with pytest.raises(ConfigError, match="--run-dir is required"):
         merge_config({"shards": "x"}, {})
+
+
+def test_launcher_command_strips_its_flag():
+    from train.launch import launch_command, strip_launcher_flag
+
+    args = ["--shards", "s", "--nproc-per-node", "8", "--nproc_per_node=2", "--run-dir", "r"]
+    assert strip_launcher_flag(args) == ["--shards", "s", "--run-dir", "r"]
+    cmd = launch_command(4, args)
+    assert cmd[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4"]
+    assert cmd[5].endswith("dit-train") and cmd[6:] == ["--shards", "s", "--run-dir", "r"]

@@ -4,13 +4,15 @@ on one rank, a dying rank, and resuming with another world size."""
 from __future__ import annotations
 
 import shutil
+import signal
 import subprocess
+import time
 
 import pytest
 import torch
 
 from common.errors import UserError
-from tests._util import cli_env, free_port, run_cli, run_torchrun, torchrun_cmd
+from tests._util import BIN, cli_env, free_port, run_cli, run_torchrun, torchrun_cmd
 from tests.train.conftest import tiny_args
 from train.checkpoint import CheckpointManager, load_checkpoint
 from train.metrics import read_metrics
@@ -81,6 +83,28 @@ def test_signal_on_one_rank_checkpoints_on_all_and_exits_zero(shard_dir, tmp_pat
     assert r.returncode == 0, r.stderr[-3000:]
     assert "stopped at step 2" in r.stderr
     assert CheckpointManager(run_dir / "checkpoints").steps() == [2]
+
+
+def test_sigterm_to_the_launcher_checkpoints_on_every_rank_and_exits_zero(shard_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    args = tiny_args(shard_dir, run_dir, **{**DDP, "max-steps": 100000, "ckpt-every": 100000, "quiet": None})
+    proc = subprocess.Popen([str(BIN / "dit-train"), "--nproc-per-node", "2", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=cli_env())
+    try:
+        deadline = time.monotonic() + 240
+        while not read_metrics(run_dir) and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)  # wait until training runs; the assertions below do not depend on timing
+        assert read_metrics(run_dir), "training did not start"
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out[-3000:]
+    steps = CheckpointManager(run_dir / "checkpoints").steps()
+    assert len(steps) == 1 and f"stopped on SIGTERM at step {steps[0]}" in (run_dir / "log.txt").read_text()
+    prints = [{r["step"]: r["weights_fingerprint"] for r in _rank_records(run_dir, k) if "weights_fingerprint" in r}
+              for k in (0, 1)]
+    assert prints[0] == prints[1] and list(prints[0]) == steps  # both ranks took part in the final save
 
 
 def test_a_dying_rank_makes_the_others_exit_naming_it(shard_dir, tmp_path):
