@@ -22,7 +22,8 @@ def derive_seed(*ints: int) -> int:
     """A 63-bit seed that depends only on the given non-negative integers (and their order)."""
     if any(int(i) < 0 for i in ints):
         raise ValueError(f"derive_seed takes non-negative integers, got {ints}")
-    state = np.random.SeedSequence([int(i) for i in ints]).generate_state(2, np.uint32)
+    # The length goes first: SeedSequence pads its entropy with zeros, so (a, b) and (a, b, 0) would collide.
+    state = np.random.SeedSequence([len(ints), *(int(i) for i in ints)]).generate_state(2, np.uint32)
     return int((int(state[0]) << 31) ^ int(state[1])) & ((1 << 63) - 1)
 
 

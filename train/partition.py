@@ -26,8 +26,8 @@ import numpy as np
 from common.errors import ConfigError
 from common.seeding import STREAM_SHARD_ORDER, derive_seed
 
-# Sub-streams of STREAM_SHARD_ORDER. Seeds are always derived from tuples of one fixed length per use,
-# because derive_seed(..., x) equals derive_seed(..., x, 0) (SeedSequence pads with zeros).
+# Sub-streams of STREAM_SHARD_ORDER. Seeds are always derived from tuples of one fixed length per use
+# (derive_seed hashes the length too, so (.., x) and (.., x, 0) differ; fixed-length tuples stay clearer).
 _ORDER = 0
 _SHUFFLE = 1
 _INTERLEAVE = 2

@@ -9,6 +9,7 @@ def test_derive_seed_pure_and_distinct():
     seeds = {derive_seed(0, e, k) for e in range(10) for k in range(100)}
     assert len(seeds) == 1000
     assert derive_seed(1, 2) != derive_seed(2, 1)
+    assert derive_seed(1, 2) != derive_seed(1, 2, 0) != derive_seed(1, 2, 0, 0)  # no zero-padding collisions
     assert 0 <= derive_seed(123) < 2**63
     a = torch.randn(5, generator=generator(7, 3))
     b = torch.randn(5, generator=generator(7, 3))
