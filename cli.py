@@ -167,7 +167,14 @@ def sample_main() -> None:
 @debug_option
 @handle_errors
 def sample_run_cmd(compile_: bool, debug: bool, **options: Any) -> None:
-    """Sample images; every sample depends only on (seed, index), and a killed run resumes."""
+    """Sample images; every sample depends only on (seed, index), and a killed run resumes.
+
+    \b
+    Examples:
+      dit-sample --ckpt DiT-XL-2-256x256.pt --class-labels 207,360,387,974 --out samples/
+      torchrun --nproc-per-node 8 $(which dit-sample) --ckpt DiT-XL-2-256x256.pt \\
+          --num-samples 50000 --cfg-scale 1.5 --steps 250 --npz dit-xl2-cfg1.5.npz
+    """
     from sample.config import SampleConfig
     from sample.run import run_sampling
 
@@ -183,7 +190,13 @@ def sample_run_cmd(compile_: bool, debug: bool, **options: Any) -> None:
 @debug_option
 @handle_errors
 def sample_export_cmd(debug: bool, **options: Any) -> None:
-    """Export DiT weights to OUTPUT (a DiTPipeline folder or a .safetensors file)."""
+    """Export DiT weights to OUTPUT (a DiTPipeline folder or a .safetensors file).
+
+    \b
+    Examples:
+      dit-sample export --to diffusers dit-xl2-pipeline/ --ckpt runs/xl2/checkpoints/step-0400000.pt
+      dit-sample export --to safetensors dit-xl2.safetensors --ckpt DiT-XL-2-256x256.pt
+    """
     from common.log import setup_logging
     from sample.config import ExportConfig
     from sample.export import export
@@ -231,6 +244,12 @@ def extract_main(debug: bool, **options: Any) -> None:
     """Encode an ImageFolder tree with the SD VAE into WebDataset latent shards.
 
     Runs as one process or under torchrun (any nodes x GPUs); rerunning the same command resumes.
+
+    \b
+    Examples:
+      dit-extract --data-path imagenet/train --out shards/in1k-256
+      torchrun --nproc-per-node 8 $(which dit-extract) --data-path imagenet/train --out shards/in1k-256
+      dit-extract --data-path imagenet/train --out /tmp/trial --limit 512    # a quick trial
     """
     from diffusers.utils import logging as diffusers_logging
 
@@ -254,7 +273,14 @@ _SHARD_DIR = click.Path(exists=True, file_okay=False, dir_okay=True)
 @click.group(cls=DashGroup, context_settings={"help_option_names": ["-h", "--help"]}, no_args_is_help=True)
 def shards_main() -> None:
     """Inspect latent shard sets: prove one complete and intact (verify), summarise it (info), and check
-    the latent scale and class balance (stats)."""
+    the latent scale and class balance (stats).
+
+    \b
+    Examples:
+      dit-shards verify shards/in1k-256 --jobs 16
+      dit-shards info shards/in1k-256
+      dit-shards stats shards/in1k-256 --max-samples 20000
+    """
 
 
 @shards_main.command("verify")
@@ -269,7 +295,12 @@ def shards_main() -> None:
 @handle_errors
 def shards_verify_cmd(folder: str, quick: bool, jobs: int, as_json: bool, quiet: bool, debug: bool) -> None:
     """Check every shard in FOLDER against manifest.json: exit 0 if all is well, 1 with a report naming
-    each bad shard and its problem."""
+    each bad shard and its problem.
+
+    \b
+    Example:
+      dit-shards verify shards/in1k-256 --jobs 16 --json > verify.json
+    """
     import json
 
     from shards import verify_shards
@@ -286,7 +317,12 @@ def shards_verify_cmd(folder: str, quick: bool, jobs: int, as_json: bool, quiet:
 @debug_option
 @handle_errors
 def shards_info_cmd(folder: str, as_json: bool, debug: bool) -> None:
-    """Summarise the shard set in FOLDER from its manifest (reads no shard)."""
+    """Summarise the shard set in FOLDER from its manifest (reads no shard).
+
+    \b
+    Example:
+      dit-shards info shards/in1k-256
+    """
     import json
 
     from shards.info import format_info, info_dict
@@ -306,7 +342,12 @@ def shards_info_cmd(folder: str, as_json: bool, debug: bool) -> None:
 @handle_errors
 def shards_stats_cmd(folder: str, max_samples: int, seed: int, as_json: bool, debug: bool) -> None:
     """Per-channel mean/std of the scaled latents, whether their std is near 1 (the DiT assumption) with
-    the scaling factor that would make it 1, and the class histogram."""
+    the scaling factor that would make it 1, and the class histogram.
+
+    \b
+    Example:
+      dit-shards stats shards/in1k-256 --max-samples 20000
+    """
     import json
 
     from shards.stats import compute_stats, format_stats
@@ -394,6 +435,13 @@ def train_main(ctx: click.Context, config_file: str | None, nproc_per_node: int 
 
     Rerunning the same command resumes from the newest checkpoint; SIGTERM/SIGUSR1 write a checkpoint and
     exit 0.
+    
+    \b
+    Examples:
+      dit-train --shards shards/in1k-256 --model DiT-XL/2 --run-dir runs/xl2 --dry-run
+      dit-train --nproc-per-node 8 --shards shards/in1k-256 --model DiT-XL/2 --run-dir runs/xl2
+      torchrun --nproc-per-node 8 $(which dit-train) --shards shards/in1k-256 --run-dir runs/xl2
+      dit-train --plot runs/xl2
     """
     from click.core import ParameterSource
 

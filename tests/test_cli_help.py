@@ -1,0 +1,15 @@
+"""Every command's --help shows an example, and the four console scripts are installed."""
+import pytest
+
+from tests._util import run_cli
+
+COMMANDS = [("dit-extract",), ("dit-train",), ("dit-shards",), ("dit-shards", "verify"), ("dit-shards", "info"),
+            ("dit-shards", "stats"), ("dit-sample", "run"), ("dit-sample", "export")]
+
+
+@pytest.mark.parametrize("cmd", COMMANDS, ids=lambda c: " ".join(c))
+def test_help_has_an_example(cmd):
+    res = run_cli(cmd[0], [*cmd[1:], "--help"], timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "Example" in res.stdout
+    assert f"{cmd[0]} " in res.stdout.split("Example", 1)[1]  # the example uses the command itself
