@@ -64,7 +64,7 @@ def make_images(root: Path, per_class: int, size: int, seed: int = 0) -> int:
     rng = np.random.default_rng(seed)
     n = 0
     for c, name in enumerate(CLASSES):
-        folder = root / name
+        folder = root / f"{c}_{name}"  # the prefix keeps label order = drawing order (labels follow sorted names)
         folder.mkdir(parents=True, exist_ok=True)
         for i in range(per_class):
             img = draw(c, rng, int(size * rng.uniform(1.0, 1.5)))
@@ -102,9 +102,11 @@ def run(cmd: list[str], log: Path) -> None:
             raise SystemExit(f"demo: `{printable}` failed with exit code {proc.returncode} (log: {log})")
 
 
-def loss_summary(metrics: Path) -> tuple[float, float, int]:
+def loss_summary(metrics: Path) -> tuple[float, float, int, float]:
+    """First and last logged loss, last step, median training images/s."""
     rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-    return float(rows[0]["loss"]), float(rows[-1]["loss"]), int(rows[-1]["step"])
+    speed = float(np.median([r["images_per_s"] for r in rows if r.get("images_per_s")]))
+    return float(rows[0]["loss"]), float(rows[-1]["loss"]), int(rows[-1]["step"]), speed
 
 
 def check_outputs(first: float, last: float, grid: Path, size: int, n_classes: int) -> None:
@@ -158,7 +160,7 @@ def main(argv: list[str] | None = None) -> None:
          ",".join(str(c) for c in range(len(CLASSES)) for _ in range(4)), "--sampler", "ddim",
          "--steps", a.sample_steps, "--cfg-scale", 4.0, "--out", samples, "--grid-cols", 4], log)
 
-    first, last, step = loss_summary(run_dir / "metrics.jsonl")
+    first, last, step, speed = loss_summary(run_dir / "metrics.jsonl")
     wall = time.time() - t0
     manifest = json.loads((shards / "manifest.json").read_text())
     print("\n" + "=" * 78)
@@ -170,7 +172,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"  metrics      {run_dir / 'metrics.jsonl'}")
     print(f"  loss curve   {run_dir / 'loss.png'}")
     print(f"  sample grid  {samples / 'grid.png'}")
-    print(f"  loss         {first:.4f} -> {last:.4f} over {step} steps")
+    print(f"  loss         {first:.4f} -> {last:.4f} over {step} steps ({speed:.0f} training images/s)")
     print(f"  log          {log}")
     print("=" * 78)
     check_outputs(first, last, samples / "grid.png", a.image_size, len(CLASSES))
