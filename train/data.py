@@ -6,14 +6,15 @@ which shards, and how many batches it yields, is decided by `train.partition` (p
 so the stream of every rank is a deterministic function of (seed, epoch, rank, data layout):
 
 - each reader (rank x loader worker) reads several of its shards at once (taking each sample from a
-  seeded random one of them), turns each sample into its training latent at once, passes them through an
-  in-memory shuffle buffer seeded from (seed, epoch, reader) and yields exactly its quota of micro-batches;
-- per-sample randomness (which view when the shards hold V > 1 views, and the posterior noise) comes from
-  derive_seed(seed, STREAM_SAMPLE, epoch, key index), so it does not depend on the number of workers;
-- latent = (z - shift_factor) * scaling_factor with z = mean + std * noise (diffusers' convention, as its
-  pipelines encode: `(z - vae.config.shift_factor) * vae.config.scaling_factor`; shift 0 for the SD-VAE);
+  seeded random one of them), keeps the one view of each sample it will use (still float16 or as stored),
+  passes them through an in-memory shuffle buffer seeded from (seed, epoch, reader) and yields exactly its
+  quota of micro-batches, making the float32 latents of a whole batch at once;
+- per-sample randomness (which view, the posterior noise) and the latent formula are in `train.latents`:
+  they depend only on (seed, epoch, sample key), not on the number of workers, the batch or an interruption;
 - resuming at rank micro-batch k replays the readers and drops their first batches without batching them,
-  and rotates the DataLoader workers so batch k still comes from worker k % W.
+  and rotates the DataLoader workers so batch k still comes from worker k % W;
+- in loader workers a batch is made directly in shared memory, so handing it to the trainer copies nothing
+  (torch's default_collate does the same); the trainer pins it for the GPU (`pin_memory`).
 """
 from __future__ import annotations
 
@@ -21,15 +22,15 @@ import itertools
 import signal
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, NamedTuple, Sequence, TypeVar
+from typing import Any, Iterator, NamedTuple, TypeVar
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from common.errors import UserError
-from common.seeding import STREAM_SAMPLE, derive_seed
-from shards import LatentSample, Manifest, ShardError, iter_shard, key_index, quick_check, read_manifest
+from shards import LatentSample, Manifest, ShardError, iter_shard, quick_check, read_manifest
+from train.latents import LatentSpec, Pending, Scratch, build_latents, epoch_seed, pending, shared_empty
 from train.partition import EpochPlan, interleave_seed, shuffle_seed
 from train.signals import STOP_SIGNALS
 
@@ -104,61 +105,6 @@ def open_shards(shards: str, manifest: str | None = None) -> ShardSource:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Per-sample transform
-
-@dataclass(frozen=True)
-class LatentSpec:
-    """How stored arrays become the model's training latents."""
-
-    store: str
-    views: int
-    shape: tuple[int, int, int]
-    scaling_factor: float
-    shift_factor: float | None
-
-    @classmethod
-    def from_manifest(cls, m: Manifest) -> "LatentSpec":
-        c, h, w = m.latent_shape
-        return cls(m.store, m.views, (c, h, w), m.scaling_factor, m.shift_factor)
-
-
-def sample_seed(seed: int, epoch: int, key: str) -> int:
-    """The seed of one sample's randomness in `epoch` (independent of batch, worker and rank)."""
-    return derive_seed(seed, STREAM_SAMPLE, epoch, key_index(key))
-
-
-def sample_view(sample_seed_: int, views: int) -> int:
-    """Which stored view (e.g. original / mirrored) a sample uses: bits 32.. of its seed, mod V. The noise
-    generator is seeded with the whole 63-bit seed, so a separate draw is not needed for the view."""
-    return (sample_seed_ >> 32) % views if views > 1 else 0
-
-
-def make_latent(sample: LatentSample, spec: LatentSpec, seed: int, epoch: int,
-                generator: torch.Generator | None = None) -> torch.Tensor:
-    """[C, h, w] float32 training latent of one sample in `epoch`: (mean[v] + std[v] * noise - shift) * scale,
-    with the view v and the noise from the sample's seed (noise = torch.randn(C, h, w) of a CPU generator
-    seeded with sample_seed; torch's normal sampler is several times faster than numpy's at these sizes)."""
-    sd = sample_seed(seed, epoch, sample.key)
-    v = sample_view(sd, spec.views)
-    if spec.store == "posterior":
-        g = generator if generator is not None else torch.Generator()
-        g.manual_seed(sd)
-        z = torch.randn(spec.shape, generator=g)
-        torch.addcmul(torch.from_numpy(sample.mean[v]), torch.from_numpy(sample.std[v]), z, out=z)
-    else:
-        z = torch.from_numpy(np.array(sample.latent[v], dtype=np.float32))
-    if spec.shift_factor:
-        z.sub_(spec.shift_factor)
-    return z.mul_(spec.scaling_factor)
-
-
-def make_latents(samples: Sequence[LatentSample], spec: LatentSpec, seed: int, epoch: int) -> torch.Tensor:
-    """[B, C, h, w]: make_latent of each sample (values do not depend on the batch)."""
-    g = torch.Generator()
-    return torch.stack([make_latent(s, spec, seed, epoch, g) for s in samples])
-
-
-# ----------------------------------------------------------------------------------------------------------
 # Readers
 
 class _Picker:
@@ -202,6 +148,15 @@ class Batch(NamedTuple):
     keys: torch.Tensor         # [B] int64 global sample indices
     skipped: list              # [(shard url, problem)] shards skipped (--skip-bad-shards) since the last batch
 
+    def __reduce__(self):
+        # Sent from a loader worker: labels and keys travel by value (a few KB); as tensors each would cost
+        # a shared-memory file and a file descriptor passed through a socket, per batch.
+        return (_rebuild_batch, (self.latents, self.labels.numpy(), self.keys.numpy(), self.skipped))
+
+
+def _rebuild_batch(latents: torch.Tensor, labels: np.ndarray, keys: np.ndarray, skipped: list) -> Batch:
+    return Batch(latents, torch.from_numpy(labels), torch.from_numpy(keys), skipped)
+
 
 class ReaderEvent(NamedTuple):
     kind: str                  # "exhausted" (out of samples before the quota) | "error" (unreadable shard)
@@ -228,28 +183,28 @@ class EpochStream(IterableDataset):
         # Rotate so the DataLoader's first worker serves rank batch start_batch (see module docstring).
         return self.reader((loader_worker + self.start_batch) % workers)
 
-    def _samples(self, slot: int, skipped: list) -> Iterator[tuple[torch.Tensor, int, int]]:
-        """(latent, label, key index) of the slot's samples.
+    def _samples(self, slot: int, skipped: list) -> Iterator[Pending]:
+        """The slot's samples, each with its view chosen (still in the stored dtype).
 
         Extraction writes shards in sorted image order, so one shard holds a few classes only. The reader
         therefore keeps up to `shards_in_flight` of its shards open and takes each next sample from a random
         one of them (seeded, so the order is reproducible), refilling from its shard list as they end; the
-        shuffle buffer then mixes further. The latent is made as soon as a sample is read (its randomness
-        depends only on (seed, epoch, key)), so the buffer holds one [C, h, w] float32 tensor per sample
-        instead of every view of mean and std.
+        shuffle buffer then mixes further. Shards are read raw (no float32 copy of every view): a sample's
+        view depends only on (seed, epoch, key), so it is chosen as soon as the sample is read and the
+        buffer holds that view alone; the noise and the float32 arithmetic run once per batch.
         """
-        g, epoch, spec = torch.Generator(), self.plan.epoch, self.spec
-        pending = iter(self.plan.slot_shards[slot])
+        spec, base = self.spec, epoch_seed(self.seed, self.plan.epoch)
+        pending_shards = iter(self.plan.slot_shards[slot])
         active: list[tuple[str, Iterator[LatentSample]]] = []
 
         def refill() -> None:
-            for shard in pending:
+            for shard in pending_shards:
                 url = self.source.urls[shard]
-                active.append((url, iter_shard(url, self.source.manifest)))
+                active.append((url, iter_shard(url, self.source.manifest, raw=True)))
                 if len(active) >= self.shards_in_flight:
                     return
 
-        pick = _Picker(interleave_seed(self.seed, epoch, slot))
+        pick = _Picker(interleave_seed(self.seed, self.plan.epoch, slot))
         refill()
         try:
             while active:
@@ -268,10 +223,18 @@ class EpochStream(IterableDataset):
                     active.pop(j)
                     refill()
                     continue
-                yield make_latent(sample, spec, self.seed, epoch, g), sample.label, key_index(sample.key)
+                yield pending(sample, spec, base)
         finally:
             for _, it in active:
                 it.close()
+
+    def _batch(self, items: list[Pending], skipped: list, scratch: Scratch) -> Batch:
+        """One micro-batch; in a loader worker the latents are made in shared memory (no copy on the way to
+        the main process)."""
+        out = shared_empty((len(items), *self.spec.shape)) if get_worker_info() is not None else None
+        return Batch(build_latents(items, self.spec, out, scratch),
+                     torch.tensor([it.label for it in items], dtype=torch.int64),
+                     torch.tensor([it.key for it in items], dtype=torch.int64), skipped)
 
     def reader(self, worker: int) -> Iterator[Batch | ReaderEvent]:
         """Batches of logical worker `worker` with rank batch index >= start_batch, exactly its quota."""
@@ -279,6 +242,7 @@ class EpochStream(IterableDataset):
         slot = plan.slot(self.rank, worker)
         first, quota = plan.quota(worker, upto=self.start_batch), plan.quota(worker)
         skipped: list = []
+        scratch = Scratch()
         stream = shuffle_buffer(self._samples(slot, skipped), self.buffer,
                                 shuffle_seed(self.seed, plan.epoch, slot))
         try:
@@ -292,10 +256,8 @@ class EpochStream(IterableDataset):
                         skipped.clear()
                     return
                 if b < first:
-                    continue  # consumed before the resume point: replayed, never batched
-                latents, labels, keys = zip(*chunk)
-                yield Batch(torch.stack(latents), torch.tensor(labels, dtype=torch.int64),
-                            torch.tensor(keys, dtype=torch.int64), skipped[:])
+                    continue  # consumed before the resume point: replayed, never batched (no noise drawn)
+                yield self._batch(chunk, skipped[:], scratch)
                 skipped.clear()
         except ShardError as e:
             yield ReaderEvent("error", str(e), skipped[:])

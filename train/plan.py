@@ -148,9 +148,12 @@ def format_plan(prep: Prepared, resume_from: Path | None = None) -> str:
     shards_per = [len(s) for s in p0.slot_shards]
     mem = memory_estimate(prep, precision)
     local = int(os.environ.get("LOCAL_WORLD_SIZE", min(prep.world_size, max(1, torch.cuda.device_count()))))
-    # Each reader buffers finished [C, h, w] float32 latents, plus the batches it has prepared ahead.
-    sample_bytes = c * h * w * 4
-    host = local * prep.layout.workers * (cfg.shuffle_buffer + (cfg.prefetch_factor + 1) * b.micro_batch) * sample_bytes
+    # Each reader buffers one view of each sample as stored (mean + std, or the latent), keeps two scratch
+    # batches (the stacked stored values and their float32 copy), and has float32 batches prepared ahead.
+    arrays, itemsize = (2 if m.store == "posterior" else 1), (4 if m.dtype == "float32" else 2)
+    pending_bytes = arrays * c * h * w * itemsize
+    batch_bytes = b.micro_batch * c * h * w * (arrays * (itemsize + 4) + 4 * (cfg.prefetch_factor + 1))
+    host = local * prep.layout.workers * (cfg.shuffle_buffer * pending_bytes + batch_bytes)
     gpu = (f" of {torch.cuda.get_device_properties(0).total_memory / GiB:.1f} GiB on "
            f"{torch.cuda.get_device_name(0)}" if device.type == "cuda" else " (no GPU visible here)")
     avail = host_memory_available()

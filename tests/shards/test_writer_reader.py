@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from shards import ShardError, ShardWriter, iter_shard, read_manifest, sample_key, shard_name
+from shards.npy import widen
 from tests.shards._helpers import arrays_for, make_set, npy, read_members, replace_member, write_tar
 
 
@@ -41,6 +42,14 @@ def test_round_trip_bit_identical(tmp_path, dtype, store):
             assert y.dtype == np.float32 and y.shape == (2, 4, 4, 4) and y.flags.writeable
             assert np.array_equal(y.view(np.uint32), x.view(np.uint32))  # bit-identical, -0.0 included
         assert (s.latent is None) == (store == "posterior") and (s.mean is None) == (store == "sample")
+    raw = [s for url in m.shard_urls(str(tmp_path / "set")) for s in iter_shard(url, m, raw=True)]
+    assert [(r.key, r.label, r.meta) for r in raw] == [(s.key, s.label, None) for s in got]
+    for r, s in zip(raw, got):  # raw=True: the stored arrays, read-only; widening them gives the float32 ones
+        for field in ("mean", "std", "latent"):
+            a, b = getattr(r, field), getattr(s, field)
+            if b is not None:
+                assert a.dtype.str == {"float16": "<f2", "float32": "<f4", "bfloat16": "<u2"}[dtype]
+                assert not a.flags.writeable and np.array_equal(widen(a, dtype), b)
 
 
 def test_same_writes_give_identical_bytes_and_record_matches_file(tmp_path):
@@ -194,6 +203,7 @@ def test_stopping_early_closes_the_stream(tmp_path):
 
 @pytest.mark.parametrize("plant,problem", [
     (("000000001.mean.npy", "nan"), "mean.npy holds NaN or Inf"),
+    (("000000001.std.npy", "inf1"), "std.npy holds NaN or Inf"),
     (("000000001.std.npy", "shape"), "std.npy has shape [2, 4, 4, 3], the manifest says [2, 4, 4, 4]"),
     (("000000001.std.npy", "dtype"), "std.npy has dtype <f4, the manifest says float16 (<f2)"),
     (("000000001.cls", b"7"), "label 7 out of range [0, 3)"),
@@ -205,8 +215,10 @@ def test_reader_refuses_bad_samples_with_key(tmp_path, plant, problem):
     folder = tmp_path / "set"
     m = make_set(folder, n=4, skipped=())
     member, what = plant
+    one_inf = np.ones((2, 4, 4, 4), np.float16)
+    one_inf[1, 2, 3, 1] = -np.inf
     data = {"nan": npy(np.full((2, 4, 4, 4), np.nan, np.float16)), "shape": npy(np.zeros((2, 4, 4, 3), np.float16)),
-            "dtype": npy(np.zeros((2, 4, 4, 4), np.float32))}.get(what, what)
+            "dtype": npy(np.zeros((2, 4, 4, 4), np.float32)), "inf1": npy(one_inf)}.get(what, what)
     replace_member(folder, shard_name(0), member, data)
     url = str(folder / shard_name(0))
     if problem is None:  # meta is only parsed on request
@@ -214,9 +226,10 @@ def test_reader_refuses_bad_samples_with_key(tmp_path, plant, problem):
         with pytest.raises(ShardError, match="json is not a JSON object"):
             list(iter_shard(url, m, with_meta=True))
         return
-    with pytest.raises(ShardError) as e:
-        list(iter_shard(url, m))
-    assert (e.value.url, e.value.key, e.value.problem) == (url, "000000001", problem)
+    for raw in (False, True):  # the trainer's raw path keeps every check
+        with pytest.raises(ShardError) as e:
+            list(iter_shard(url, m, raw=raw))
+        assert (e.value.url, e.value.key, e.value.problem) == (url, "000000001", problem)
 
 
 def test_reader_never_follows_links_or_unpickles(tmp_path):

@@ -14,8 +14,8 @@ from shards import iter_shard
 from tests.train.conftest import SHARD_SIZES
 from tests.train.helpers import make_shard_set
 from common.seeding import STREAM_SAMPLE, derive_seed
-from train.data import (Batch, EpochStream, LatentSpec, ReaderEvent, make_latent, make_latents, make_loader,
-                        open_shards, shuffle_buffer)
+from train.data import Batch, EpochStream, ReaderEvent, make_loader, open_shards, shuffle_buffer
+from train.latents import LatentSpec, epoch_seed, make_latent, make_latents, mix_seed, sample_seed
 from train.partition import plan_epoch
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")
@@ -59,14 +59,33 @@ def test_open_shards_refuses_missing_or_truncated_shard(shard_dir, tmp_path):
     assert "shard-000002.tar: missing" in msg and "shard-000001.tar: 1000 bytes" in msg
 
 
-@pytest.mark.parametrize("store,views,shift", [("posterior", 1, None), ("posterior", 2, 0.25), ("sample", 2, None)])
-def test_latent_formula(tmp_path, store, views, shift):
+def test_sample_seed_is_splitmix64_of_the_epoch_seed():
+    # SplitMix64's published outputs for state 0 (the reference splitmix64.c), less their lowest bit.
+    want = [0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4, 0x06C45D188009454F, 0xF88BB8A8724C81EC]
+    assert [mix_seed(0, i) for i in range(4)] == [w >> 1 for w in want]
+    base = derive_seed(3, STREAM_SAMPLE, 2)
+    assert epoch_seed(3, 2) == base and sample_seed(3, 2, "000000017") == mix_seed(base, 17)
+    seeds = [mix_seed(base, i) for i in range(20000)]
+    assert len(set(seeds)) == 20000 and all(0 <= s < 2 ** 63 for s in seeds)
+    assert 0.45 < sum(s >> 62 for s in seeds) / 20000 < 0.55  # high bits (the view) balanced
+
+
+@pytest.mark.parametrize("store,views,shift,dtype", [("posterior", 1, None, "float32"),
+                                                      ("posterior", 2, 0.25, "float16"),
+                                                      ("posterior", 2, None, "bfloat16"),
+                                                      ("sample", 2, None, "float16")])
+def test_latent_formula(tmp_path, store, views, shift, dtype):
     folder = tmp_path / "s"
-    m = make_shard_set(folder, samples=[3], views=views, store=store, shift_factor=shift, scaling_factor=0.7)
+    m = make_shard_set(folder, samples=[5], views=views, store=store, shift_factor=shift, scaling_factor=0.7,
+                       dtype=dtype)
     spec = LatentSpec.from_manifest(m)
-    for s in iter_shard(str(folder / "shard-000000.tar"), m):
+    url = str(folder / "shard-000000.tar")
+    wide, raw = list(iter_shard(url, m)), list(iter_shard(url, m, raw=True))
+    assert raw[0].mean is None or raw[0].mean.dtype.str == {"float32": "<f4", "float16": "<f2",
+                                                             "bfloat16": "<u2"}[dtype]
+    for s, r in zip(wide, raw):
         got = make_latent(s, spec, seed=3, epoch=2)
-        sd = derive_seed(3, STREAM_SAMPLE, 2, int(s.key))  # the documented per-sample seed
+        sd = sample_seed(3, 2, s.key)  # the documented per-sample seed
         view = (sd >> 32) % views
         if store == "posterior":
             noise = torch.randn((4, 8, 8), generator=torch.Generator().manual_seed(sd))
@@ -75,13 +94,13 @@ def test_latent_formula(tmp_path, store, views, shift):
             z = torch.from_numpy(s.latent[view])
         want = (z - (shift or 0.0)) * 0.7
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+        assert torch.equal(make_latent(r, spec, seed=3, epoch=2), got)  # raw arrays: the same values
         if store == "posterior":  # fresh posterior noise every epoch
             assert not torch.equal(got, make_latent(s, spec, seed=3, epoch=3))
-    batch = list(iter_shard(str(folder / "shard-000000.tar"), m))
-    together = make_latents(batch, spec, seed=3, epoch=2)  # a batch equals its samples computed alone
-    assert all(torch.equal(together[i], make_latent(s, spec, seed=3, epoch=2)) for i, s in enumerate(batch))
+    together = make_latents(raw, spec, seed=3, epoch=2)  # a batch equals its samples computed alone
+    assert all(torch.equal(together[i], make_latent(s, spec, seed=3, epoch=2)) for i, s in enumerate(wide))
     if views == 2:  # both views are used across samples and epochs
-        picked = {(derive_seed(3, STREAM_SAMPLE, e, k) >> 32) % 2 for e in range(8) for k in range(3)}
+        picked = {(sample_seed(3, e, f"{k:09d}") >> 32) % 2 for e in range(8) for k in range(3)}
         assert picked == {0, 1}
 
 

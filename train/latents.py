@@ -1,0 +1,173 @@
+"""Stored arrays -> the model's training latents, a batch at a time (docs/FORMAT.md, "The latent the model sees").
+
+latent = (z - shift_factor) * scaling_factor with z = mean + std * noise (diffusers' convention, as its
+pipelines encode: `(z - vae.config.shift_factor) * vae.config.scaling_factor`; shift 0 for the SD-VAE), or
+z = the stored latent for store "sample". Per-sample randomness (which view when the shards hold V > 1
+views, and the posterior noise) comes from the sample seed mix_seed(epoch_seed(seed, epoch), key index),
+so it depends on nothing but (seed, epoch, key): not on the batch, the worker, the rank or an interruption.
+
+Cost matters here (every sample of every epoch passes through, in loader workers): a sample's view is
+chosen as soon as it is read and kept in its stored dtype; the noise is drawn per sample from one
+re-seeded generator, everything else runs once per batch on reused buffers.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Sequence
+
+import numpy as np
+import torch
+
+from common.seeding import STREAM_SAMPLE, derive_seed
+from shards import LatentSample, Manifest, key_index
+
+
+@dataclass(frozen=True)
+class LatentSpec:
+    """How stored arrays become the model's training latents."""
+
+    store: str
+    views: int
+    shape: tuple[int, int, int]
+    scaling_factor: float
+    shift_factor: float | None
+
+    @classmethod
+    def from_manifest(cls, m: Manifest) -> "LatentSpec":
+        c, h, w = m.latent_shape
+        return cls(m.store, m.views, (c, h, w), m.scaling_factor, m.shift_factor)
+
+    @property
+    def arrays(self) -> int:
+        """Stored arrays a sample contributes: mean and std, or the latent."""
+        return 2 if self.store == "posterior" else 1
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def epoch_seed(seed: int, epoch: int) -> int:
+    """The base of the per-sample seeds of `epoch` (one SeedSequence hash per epoch, not per sample)."""
+    return derive_seed(seed, STREAM_SAMPLE, epoch)
+
+
+def mix_seed(base: int, index: int) -> int:
+    """Sample `index`'s 63-bit seed from its epoch's base: output number index + 1 of SplitMix64 started
+    at `base` (Steele, Lea & Flood 2014; Java's SplittableRandom, and the usual way to seed generators).
+    Distinct indices give distinct 64-bit values (a Weyl step, then a bijective finaliser); about 1 us in
+    Python against about 10 us for a SeedSequence hash per sample."""
+    z = (base + (index + 1) * 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (z ^ (z >> 31)) >> 1
+
+
+def sample_seed(seed: int, epoch: int, key: str) -> int:
+    """The seed of one sample's randomness in `epoch` (independent of batch, worker and rank)."""
+    return mix_seed(epoch_seed(seed, epoch), key_index(key))
+
+
+def sample_view(sample_seed_: int, views: int) -> int:
+    """Which stored view (e.g. original / mirrored) a sample uses: bits 32.. of its seed, mod V. The noise
+    generator is seeded with the seed as well (torch's CPU generator uses its low 32 bits), so a separate
+    draw is not needed for the view."""
+    return (sample_seed_ >> 32) % views if views > 1 else 0
+
+
+class Pending(NamedTuple):
+    """A sample between reading and batching: its chosen view, still in the stored dtype."""
+
+    arrays: np.ndarray         # [A, C, h, w] storage dtype: (mean, std) of the chosen view, or (latent,)
+    label: int
+    key: int                   # global sample index
+    seed: int                  # sample_seed: the posterior noise
+
+
+def pending(sample: LatentSample, spec: LatentSpec, base: int) -> Pending:
+    """Pick the sample's view (from its seed; base = epoch_seed) and copy just that view out of the member
+    bytes, so a shuffle buffer holds A x C x h x w stored values per sample, not every view."""
+    index = key_index(sample.key)
+    sd = mix_seed(base, index)
+    v = sample_view(sd, spec.views)
+    if spec.store == "posterior":
+        mean = sample.mean[v]
+        arrays = np.empty((2, *mean.shape), dtype=mean.dtype)
+        arrays[0], arrays[1] = mean, sample.std[v]
+    else:
+        arrays = np.array(sample.latent[v:v + 1])
+    return Pending(arrays, sample.label, index, sd)
+
+
+def _stored_tensor(stored: np.ndarray) -> torch.Tensor:
+    """The stored values as a tensor without converting them: float16 / float32 as they are, bfloat16 bits
+    (<u2, docs/FORMAT.md) reinterpreted as torch.bfloat16. Arithmetic with float32 widens them exactly."""
+    if stored.dtype == np.uint16:
+        return torch.from_numpy(stored.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(stored)
+
+
+def shared_empty(shape: Sequence[int], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """An uninitialised CPU tensor in shared memory, as torch's default_collate allocates batches in loader
+    workers: the DataLoader then hands it to the main process without copying it."""
+    t = torch.empty(0, dtype=dtype)
+    storage = torch.UntypedStorage._new_shared(math.prod(shape) * t.element_size())
+    return t.set_(storage, 0, tuple(shape))
+
+
+class Scratch:
+    """Buffers one reader reuses from batch to batch. Fresh memory costs a page fault per 4 KiB (microseconds
+    each in a virtual machine), more than the arithmetic on it; the stacked stored values and their float32
+    copy therefore live here, and only the output batch is new memory."""
+
+    def __init__(self) -> None:
+        self._arrays: dict[tuple, Any] = {}
+
+    def numpy(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        key = ("np", shape, np.dtype(dtype).str)
+        if key not in self._arrays:
+            self._arrays[key] = np.empty(shape, dtype=dtype)
+        return self._arrays[key]
+
+    def torch(self, shape: tuple[int, ...]) -> torch.Tensor:
+        key = ("torch", shape)
+        if key not in self._arrays:
+            self._arrays[key] = torch.empty(shape)
+        return self._arrays[key]
+
+
+def build_latents(items: Sequence[Pending], spec: LatentSpec, out: torch.Tensor | None = None,
+                  scratch: Scratch | None = None) -> torch.Tensor:
+    """[B, C, h, w] float32 training latents: (mean + std * noise - shift) * scale of each item's view, with
+    noise = torch.randn(C, h, w) of a CPU generator seeded with the item's seed (torch's normal sampler is
+    several times faster than numpy's at these sizes). One generator is re-seeded per sample; the affine
+    part runs once over the batch, one elementwise op at a time (each exactly rounded, so a sample's values
+    do not depend on the batch it is in). `out`: where to write (e.g. shared memory)."""
+    scratch = scratch if scratch is not None else Scratch()
+    shape = (len(items), spec.arrays, *spec.shape)
+    stored = scratch.numpy(shape, items[0].arrays.dtype)
+    np.stack([it.arrays for it in items], out=stored)  # [B, A, C, h, w] as stored
+    z = out if out is not None else torch.empty(shape[:1] + shape[2:])
+    if spec.store == "posterior":
+        g = torch.Generator()
+        for it, row in zip(items, z.unbind(0)):
+            g.manual_seed(it.seed)
+            row.normal_(generator=g)  # the values of torch.randn(C, h, w, generator=g)
+        wide = scratch.torch(shape).copy_(_stored_tensor(stored))  # exact for every stored dtype
+        z.mul_(wide[:, 1]).add_(wide[:, 0])
+    else:
+        z.copy_(_stored_tensor(stored)[:, 0])
+    if spec.shift_factor:
+        z.sub_(spec.shift_factor)
+    return z.mul_(spec.scaling_factor)
+
+
+def make_latents(samples: Sequence[LatentSample], spec: LatentSpec, seed: int, epoch: int) -> torch.Tensor:
+    """[B, C, h, w]: the training latents of `samples` (raw or float32 LatentSamples) in `epoch`."""
+    base = epoch_seed(seed, epoch)
+    return build_latents([pending(s, spec, base) for s in samples], spec)
+
+
+def make_latent(sample: LatentSample, spec: LatentSpec, seed: int, epoch: int) -> torch.Tensor:
+    """[C, h, w] float32 training latent of one sample in `epoch` (equal to its row in any batch)."""
+    return make_latents([sample], spec, seed, epoch)[0]
