@@ -13,11 +13,11 @@ from .models import (MODEL_PRESETS, DiT, DiT_models, canonical_model_name, creat
                      model_from_config, pos_embed_2d, timestep_embedding)
 from .respace import space_timesteps
 from .weights import (WeightsError, build_model_from_weights, check_state_dict, infer_model_config,
-                      load_dit_weights)
+                      load_dit_weights, make_sidecar, read_sidecar, sidecar_path)
 
 __all__ = [
     "MODEL_PRESETS", "DiT", "DiT_models", "GaussianDiffusion", "WeightsError", "build_model_from_weights",
     "canonical_model_name", "check_state_dict", "create_diffusion", "create_model", "forward_macs",
-    "infer_model_config", "linear_betas", "load_dit_weights", "model_from_config", "pos_embed_2d",
-    "space_timesteps", "timestep_embedding", "train_flops_per_image",
+    "infer_model_config", "linear_betas", "load_dit_weights", "make_sidecar", "model_from_config", "pos_embed_2d",
+    "read_sidecar", "sidecar_path", "space_timesteps", "timestep_embedding", "train_flops_per_image",
 ]

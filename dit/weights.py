@@ -3,6 +3,9 @@
 Accepted: the official release files (a bare state_dict, e.g. DiT-XL-2-256x256.pt), checkpoints of the
 reference training script ({"model", "ema", "opt", "args"} with a pickled argparse.Namespace), this
 project's checkpoints (docs/ARCHITECTURE.md: format "dit-pipeline.checkpoint"), and .safetensors files.
+A bare state_dict may have a JSON sidecar beside it (`step-0001000-ema.pt` -> `step-0001000-ema.json`, written
+by the trainer): its model_config (the head count is invisible in tensor shapes), latent scale and step are
+used, and checked against the tensors.
 Pickle files are read with `torch.load(weights_only=True)`; the only class allowed beyond tensors and
 containers is argparse.Namespace. Anything else is refused, never unpickled. The architecture is inferred
 from tensor shapes (cross-checked with a stored model_config / args when present) and every key and shape
@@ -23,6 +26,8 @@ import torch
 from .models import MODEL_PRESETS, DiT, canonical_model_name, model_from_config, pos_embed_2d
 
 OWN_FORMAT = "dit-pipeline.checkpoint"
+SIDECAR_FORMAT = "dit-pipeline.weights-sidecar"
+SIDECAR_VERSION = 1
 _PREFIXES = ("module.", "_orig_mod.")
 
 
@@ -36,7 +41,8 @@ def load_dit_weights(path: str | Path, prefer: str = "ema") -> tuple[dict[str, t
     `prefer`: "ema" (default) or "model", for files holding both. `info` holds "path", "source"
     ("official" | "reference-train" | "dit-pipeline" | "safetensors"), "weights" ("ema" | "model" |
     "state_dict"), "model_config" (see DiT.config), "preset" (name or None) and, when the file has them,
-    "args" (reference training args as a dict), "step", "latent", "config".
+    "args" (reference training args as a dict), "step", "latent", "config", "sidecar" (its path).
+    A bare state_dict with a sidecar (see sidecar_path) reads as source "dit-pipeline", weights "ema".
     """
     if prefer not in ("ema", "model"):
         raise ValueError(f"prefer must be 'ema' or 'model', got {prefer!r}")
@@ -47,10 +53,15 @@ def load_dit_weights(path: str | Path, prefer: str = "ema") -> tuple[dict[str, t
         state_dict, info = _read_safetensors(path)
     else:
         state_dict, info = _unpack(_torch_load(path), path, prefer)
+    where = str(path)
+    if info["source"] == "official" and (sidecar := read_sidecar(path)) is not None:
+        info.update(source="dit-pipeline", weights="ema", model_config=sidecar["model_config"],
+                    latent=sidecar.get("latent"), step=sidecar.get("step"), sidecar=str(sidecar_path(path)))
+        where = f"{path} with its sidecar {sidecar_path(path).name}"
     state_dict = _strip_prefixes(state_dict, path)
     info["path"] = str(path)
     info["model_config"] = infer_model_config(state_dict, info.get("model_config"), info.get("args"),
-                                              where=str(path))
+                                              where=where)
     info["preset"] = info["model_config"]["model"]
     return state_dict, info
 
@@ -67,6 +78,40 @@ def build_model_from_weights(state_dict: dict[str, torch.Tensor], info: dict[str
     model = model.to_empty(device=device or "cpu")
     model.load_state_dict(state_dict, strict=True)
     return model.to(dtype=dtype or torch.float32).eval()
+
+
+def sidecar_path(path: str | Path) -> Path:
+    """The JSON sidecar of a bare weight file: the same name with `.json` (step-0001000-ema.pt ->
+    step-0001000-ema.json)."""
+    return Path(path).with_suffix(".json")
+
+
+def make_sidecar(model_config: dict[str, Any], latent: dict[str, Any] | None, step: int | None) -> dict[str, Any]:
+    """The sidecar content (JSON-compatible) for a bare state_dict of a model with `model_config` (DiT.config)."""
+    return {"format": SIDECAR_FORMAT, "version": SIDECAR_VERSION, "model_config": dict(model_config),
+            "latent": latent, "step": step}
+
+
+def read_sidecar(path: str | Path) -> dict[str, Any] | None:
+    """The sidecar of weight file `path`, None when there is none; WeightsError for a file in the sidecar's
+    place that is unreadable or not one (it is never silently ignored: it would decide the head count)."""
+    side = sidecar_path(path)
+    if not side.is_file():
+        return None
+    fix = f"fix or remove {side} (without it a DiT of non-preset size cannot be loaded from {Path(path).name})"
+    try:
+        data = json.loads(side.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise WeightsError(f"{side}, the sidecar of {Path(path).name}, is unreadable ({e}); {fix}") from None
+    if not isinstance(data, dict) or data.get("format") != SIDECAR_FORMAT:
+        raise WeightsError(f"{side} sits beside {Path(path).name} but is not a weights sidecar (no format "
+                           f"{SIDECAR_FORMAT!r}); {fix}")
+    if data.get("version") != SIDECAR_VERSION:
+        raise WeightsError(f"{side} has sidecar version {data.get('version')!r}; this code reads version "
+                           f"{SIDECAR_VERSION}")
+    if not isinstance(data.get("model_config"), dict):
+        raise WeightsError(f"{side} has no model_config object; {fix}")
+    return data
 
 
 def _torch_load(path: Path) -> Any:

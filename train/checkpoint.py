@@ -3,9 +3,11 @@
 `RUN/checkpoints/step-0001000.pt` holds model, EMA, optimizer, scaler, step, epoch, data position, RNG states,
 model_config, latent scaling, the TrainConfig as JSON-compatible dict and the manifest fingerprint; it loads
 with `torch.load(weights_only=True)`. Beside it `step-0001000-ema.pt` is a bare EMA state_dict in the official
-DiT release format. The EMA file is written first and the full checkpoint last, each to a temp name, fsynced
-and renamed (common.io), so the newest full checkpoint is always complete; a SIGKILL mid-save leaves only a
-temp file, removed on the next start. Retention keeps the last K plus every `keep_every` steps.
+DiT release format, and `step-0001000-ema.json` its sidecar (dit.make_sidecar: model_config, latent scale,
+step), which `dit.load_dit_weights` reads so that models of any size load from the bare file. The EMA file
+and its sidecar are written first and the full checkpoint last, each to a temp name, fsynced and renamed
+(common.io), so the newest full checkpoint is always complete; a SIGKILL mid-save leaves only a temp file,
+removed on the next start. Retention keeps the last K plus every `keep_every` steps (with their EMA files).
 """
 from __future__ import annotations
 
@@ -20,13 +22,14 @@ import torch
 
 from common.errors import UserError
 from common.faults import fault_point
-from common.io import atomic_write, remove_stale_temps
+from common.io import atomic_write, atomic_write_json, remove_stale_temps
+from dit.weights import make_sidecar, sidecar_path
 
 FORMAT = "dit-pipeline.checkpoint"
 VERSION = 1
 FAULT_MID_SAVE = "train.ckpt_mid_save"
 _NAME_RE = re.compile(r"^step-(\d{7,})\.pt$")
-_EMA_RE = re.compile(r"^step-(\d{7,})-ema\.pt$")
+_EMA_RE = re.compile(r"^step-(\d{7,})-ema\.(pt|json)$")  # the EMA weights and their sidecar
 
 
 def checkpoint_name(step: int) -> str:
@@ -92,6 +95,8 @@ class CheckpointManager:
         step = int(state["step"])
         self.folder.mkdir(parents=True, exist_ok=True)
         _save(state["ema"], self.folder / ema_name(step))
+        atomic_write_json(sidecar_path(self.folder / ema_name(step)),
+                          make_sidecar(state["model_config"], state.get("latent"), step))
         path = self.path(step)
         _save(state, path, fault=True)
         self.prune()
@@ -104,7 +109,8 @@ class CheckpointManager:
         return keep
 
     def prune(self) -> list[Path]:
-        """Delete checkpoints outside the retention policy, and EMA files whose checkpoint is gone."""
+        """Delete checkpoints outside the retention policy, and EMA files (weights and sidecar) whose
+        checkpoint is gone."""
         steps = self.steps()
         keep = self.to_keep(steps)
         removed = []

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 
 import pytest
 import torch
@@ -179,4 +180,45 @@ def test_stored_config_that_contradicts_the_weights_is_refused(tmp_path):
     ckpt["model_config"], ckpt["version"] = model.config, 2
     torch.save(ckpt, path)
     with pytest.raises(WeightsError, match="version 2"):
+        dit.load_dit_weights(path)
+
+
+def test_bare_state_dict_of_a_custom_size_loads_through_its_sidecar(tmp_path):
+    model = tiny_model(seed=1, depth=4, hidden_size=64, num_heads=8)  # no preset: 8 heads are not in the shapes
+    path = tmp_path / "step-0000010-ema.pt"
+    torch.save(model.state_dict(), path)
+    with pytest.raises(WeightsError, match="no DiT preset and the file has no model_config"):
+        dit.load_dit_weights(path)
+    latent = {"scaling_factor": 0.5, "shift_factor": None, "vae": {"source": "tiny"}}
+    (tmp_path / "step-0000010-ema.json").write_text(json.dumps(dit.make_sidecar(model.config, latent, 10)))
+    assert dit.sidecar_path(path) == tmp_path / "step-0000010-ema.json"
+    sd, info = dit.load_dit_weights(path)
+    assert info["source"] == "dit-pipeline" and info["weights"] == "ema" and info["step"] == 10
+    assert info["model_config"] == model.config and info["latent"] == latent
+    assert info["sidecar"] == str(tmp_path / "step-0000010-ema.json")
+    assert torch.equal(outputs(dit.build_model_from_weights(sd, info)), outputs(model))
+    # with the head count of another layout the output would differ: the sidecar decides it
+    wrong = dit.build_model_from_weights(sd, {**info, "model_config": {**model.config, "num_heads": 4}})
+    assert not torch.allclose(outputs(wrong), outputs(model))
+
+
+@pytest.mark.parametrize("content,problem", [
+    ({"depth": 3}, "with its sidecar step-0000010-ema.json: model_config says depth=3 but the weights have depth=2"),
+    ({"num_heads": 5}, "with its sidecar step-0000010-ema.json: invalid DiT configuration: hidden_size 32 is not divisible by num_heads 5"),
+    ({"num_classes": 7}, "label table has 6 rows but the stored config says 7 classes"),
+    ("{not json", "step-0000010-ema.json, the sidecar of step-0000010-ema.pt, is unreadable"),
+    ({"format": "something else"}, "is not a weights sidecar"),
+    ({"version": 9}, "sidecar version 9"),
+])
+def test_sidecar_that_contradicts_the_tensors_or_is_broken_is_refused(tmp_path, content, problem):
+    model = tiny_model(seed=1)
+    path = tmp_path / "step-0000010-ema.pt"
+    torch.save(model.state_dict(), path)
+    side = dit.make_sidecar(model.config, None, 10)
+    if isinstance(content, dict) and not {"format", "version"} & set(content):
+        side["model_config"].update(content)
+    elif isinstance(content, dict):
+        side.update(content)
+    (tmp_path / "step-0000010-ema.json").write_text(content if isinstance(content, str) else json.dumps(side))
+    with pytest.raises(WeightsError, match=re.escape(problem)):
         dit.load_dit_weights(path)

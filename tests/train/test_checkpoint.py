@@ -2,6 +2,7 @@
 save (disk full, injected in the middle of the write) leaving the previous checkpoint intact, RNG states."""
 from __future__ import annotations
 
+import json
 import os
 import random
 
@@ -22,7 +23,8 @@ def _state(step: int) -> dict:
     w = torch.full((3,), float(step))
     return {"format": FORMAT, "version": VERSION, "model": {"w": w}, "ema": {"w": w * 2}, "opt": {"state": {}},
             "scaler": None, "step": step, "epoch": 0, "data": {"epoch": 0, "step_in_epoch": step},
-            "rng": rng_state(), "model_config": {}, "latent": {}, "config": {"lr": 1e-4},
+            "rng": rng_state(), "model_config": {"depth": step}, "latent": {"scaling_factor": 0.5},
+            "config": {"lr": 1e-4},
             "manifest_fingerprint": "f" * 64}
 
 
@@ -32,12 +34,19 @@ def test_save_load_and_retention(tmp_path):
         mgr.save(_state(step))
     assert mgr.steps() == [4, 8, 9]
     names = sorted(os.listdir(tmp_path / "ck"))
-    assert names == ["step-0000004-ema.pt", "step-0000004.pt", "step-0000008-ema.pt", "step-0000008.pt",
-                     "step-0000009-ema.pt", "step-0000009.pt"]
+    assert names == [f"step-{s:07d}{suffix}" for s in (4, 8, 9) for suffix in ("-ema.json", "-ema.pt", ".pt")]
     ck = load_checkpoint(mgr.latest())
     assert ck["step"] == 9 and torch.equal(ck["model"]["w"], torch.full((3,), 9.0))
     ema = torch.load(tmp_path / "ck" / "step-0000009-ema.pt", weights_only=True)
     assert set(ema) == {"w"} and torch.equal(ema["w"], torch.full((3,), 18.0))  # bare state_dict
+    sidecar = json.loads((tmp_path / "ck" / "step-0000009-ema.json").read_text())
+    assert sidecar == {"format": "dit-pipeline.weights-sidecar", "version": 1, "step": 9,
+                       "model_config": {"depth": 9}, "latent": {"scaling_factor": 0.5}}
+    # EMA files of an interrupted save (newer than every checkpoint) stay; older ones without a checkpoint go
+    for name in ("step-0000010-ema.pt", "step-0000010-ema.json", "step-0000005-ema.pt", "step-0000005-ema.json"):
+        (tmp_path / "ck" / name).write_bytes(b"x")
+    assert sorted(p.name for p in mgr.prune()) == ["step-0000005-ema.json", "step-0000005-ema.pt"]
+    assert (tmp_path / "ck" / "step-0000010-ema.json").exists() and (tmp_path / "ck" / "step-0000010-ema.pt").exists()
 
 
 def test_corrupt_and_foreign_files_are_refused(tmp_path):
