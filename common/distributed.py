@@ -7,14 +7,45 @@ code runs on one process, one node with 8 GPUs, or many nodes through torchrun's
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import torch.distributed as _dist
 
+from common.errors import UserError
+
 DEFAULT_TIMEOUT_S = 600
+# What gloo and NCCL say when a peer is gone: "Connection closed by peer", "Connection reset by peer",
+# "Broken pipe", a timed-out wait.
+_PEER_MARKERS = ("connection", "gloo", "nccl", "closed", "reset by peer", "timed out", "timeout", "broken pipe")
+
+
+class PeerLost(UserError):
+    """A collective failed because another rank died or hung (torchrun's summary names the first failure)."""
+
+
+def is_peer_failure(e: BaseException) -> bool:
+    """True for the error a collective raises when another rank died or hung (several ranks only)."""
+    if world_size() < 2 or not isinstance(e, (RuntimeError, OSError)):
+        return False
+    return isinstance(e, getattr(_dist, "DistError", ())) or any(m in str(e).lower() for m in _PEER_MARKERS)
+
+
+@contextlib.contextmanager
+def peer_guard(what: str, logs: str = "the per-rank logs") -> Iterator[None]:
+    """Around collectives: a failure because another rank died becomes one clear PeerLost line on the
+    survivors instead of a backend traceback; anything else passes unchanged."""
+    try:
+        yield
+    except (RuntimeError, OSError) as e:
+        if not is_peer_failure(e):
+            raise
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+        raise PeerLost(f"rank {rank()}: {what} failed, most likely because another rank died or hung "
+                       f"(torchrun's summary names the first failed rank; see {logs}): {first}") from None
 
 
 def _env_int(name: str, default: int) -> int:

@@ -19,7 +19,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from tqdm import tqdm
@@ -43,27 +43,12 @@ class TrainingDiverged(UserError):
     """Loss or gradient became NaN/Inf; raised on every rank before the optimizer update."""
 
 
-class PeerLost(UserError):
-    """A collective failed because another rank died or hung (torchrun's summary names the first failure)."""
+PeerLost = dist.PeerLost  # a collective failed because another rank died or hung
 
 
-_COMM_MARKERS = ("connection", "gloo", "nccl", "closed", "reset by peer", "timed out", "timeout", "broken pipe")
-
-
-@contextlib.contextmanager
-def comm_guard(what: str, step: int) -> Iterator[None]:
+def comm_guard(what: str, step: int) -> contextlib.AbstractContextManager[None]:
     """Turn a failed collective into one clear line (instead of a backend traceback) on surviving ranks."""
-    try:
-        yield
-    except (RuntimeError, OSError) as e:
-        text = str(e)
-        if dist.world_size() < 2 or not (isinstance(e, getattr(torch.distributed, "DistError", ()))
-                                         or any(m in text.lower() for m in _COMM_MARKERS)):
-            raise
-        first = (text.strip().splitlines() or [type(e).__name__])[0][:300]
-        raise PeerLost(f"rank {dist.rank()}: {what} at step {step} failed, most likely because another rank "
-                       f"died or hung (torchrun's summary names the first failed rank; see RUN/logs/rank*.log): "
-                       f"{first}") from None
+    return dist.peer_guard(f"{what} at step {step}", logs="RUN/logs/rank*.log")
 
 
 @dataclass
