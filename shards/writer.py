@@ -6,6 +6,8 @@ either no shard or a complete one (RELIABILITY.md). Its byte size and sha256 are
 as they are written, never by re-reading. Every header field that could vary (mtime, uid/gid, user and
 group names, mode, member order) is fixed, so the same calls produce the same bytes on any machine, which
 is what lets a resumed or multi-rank extraction reproduce an uninterrupted one exactly.
+Fault points for the kill tests (common.faults): `shards.mid_sample` halfway through a sample's bytes,
+`shards.before_rename` after the fsync of the complete temp file, before its rename.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from common.faults import fault_point
 from common.io import TMP_PREFIX, HashingWriter, fsync_dir
 from shards.format import STORAGE_DTYPES, ShardError, file_mode, key_index
 from shards.manifest import ShardRecord
@@ -93,7 +96,13 @@ class ShardWriter:
             members[field] = data
         # Fields in sorted order (cls, json, latent.npy | mean.npy, std.npy): fixed bytes, and the key's
         # members stay contiguous, which is what WebDataset's grouping needs.
-        self._out.write(b"".join(member_bytes(f"{key}.{f}", members[f]) for f in sorted(members)))
+        blob = memoryview(b"".join(member_bytes(f"{key}.{f}", members[f]) for f in sorted(members)))
+        # Written in two halves around a fault point, so the kill tests can leave a temp tar that ends
+        # inside a member (a process killed while its write is in flight).
+        half = len(blob) // 2
+        self._out.write(blob[:half])
+        fault_point("shards.mid_sample")
+        self._out.write(blob[half:])
         self._samples += 1
         self._first = self._first or key
         self._last = key
@@ -129,6 +138,7 @@ class ShardWriter:
             os.fsync(self._file.fileno())
             self._file.close()
             self._file = None
+            fault_point("shards.before_rename")  # complete temp file, final name not yet there
             os.replace(self._tmp, self.path)
             fsync_dir(self.path.parent)
         except BaseException:
