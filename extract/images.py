@@ -7,12 +7,14 @@ to [-1, 1] later, on the accelerator, as ToTensor then Normalize(0.5, 0.5) (see 
 
 Odd files follow RELIABILITY.md: anything PIL decodes is converted to RGB (CMYK, grayscale, palette, alpha,
 a PNG named .JPEG all as `Image.convert("RGB")`, like ImageFolder's loader; 16-bit grayscale is scaled to
-8 bits instead of being clipped to white); anything it cannot decode (zero bytes, truncated, garbage) raises
-`SkippedImage` with the reason. Decompression bombs are refused from the header, before any pixel is decoded.
+8 bits instead of being clipped to white); anything it cannot decode (zero bytes, truncated, garbage, a
+malformed header) raises `SkippedImage` with the reason, and so does a FIFO or device with an image name,
+which is never opened (reading it would block or never end). Decompression bombs are refused from the header, before any pixel is decoded.
 """
 from __future__ import annotations
 
 import os
+import stat
 import warnings
 from dataclasses import dataclass
 
@@ -43,7 +45,24 @@ class ImageInfo:
     format: str | None
 
 
+def _special_file(path: str | os.PathLike) -> str | None:
+    """What `path` is when it is not a regular file (a FIFO would block the reader forever, a device never
+    ends); None for a regular file, or for one that cannot be stat'ed (opening it then says why)."""
+    try:
+        mode = os.stat(path).st_mode  # follows symlinks, like the open that would come next
+    except OSError:
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    kinds = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+             (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder"))
+    return next((name for test, name in kinds if test(mode)), "not a regular file")
+
+
 def _open(path: str | os.PathLike) -> Image.Image:
+    special = _special_file(path)
+    if special is not None:
+        raise SkippedImage(f"not a regular file ({special}), not read")
     try:
         with warnings.catch_warnings():
             # PIL only warns between 1x and 2x its pixel limit; a warning is a refusal here.
@@ -58,6 +77,8 @@ def _open(path: str | os.PathLike) -> Image.Image:
         raise SkippedImage(f"not a decodable image ({size} bytes in no format PIL recognises)") from None
     except OSError as e:
         raise SkippedImage(f"cannot read the file: {e.strerror or e}") from None
+    except Exception as e:  # a malformed header: PIL raises ValueError, SyntaxError, struct.error, ...
+        raise SkippedImage(f"malformed image header: {type(e).__name__}: {e}") from None
 
 
 def _file_size(path: str | os.PathLike) -> int:

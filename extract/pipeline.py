@@ -8,9 +8,11 @@ a shard's rename and its state file, `extract.shard_done` after both.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 from tqdm import tqdm
 
@@ -23,6 +25,17 @@ from extract.state import ShardState, save_shard_state
 from shards import ShardWriter, sample_key, shard_name
 
 log = logging.getLogger("dit_pipeline")
+
+
+@contextlib.contextmanager
+def disk_errors(path: Path, kept: str) -> Iterator[None]:
+    """A failed write (disk full, quota, file size limit, I/O error) becomes one clear UserError naming the
+    file; the writers behind it are atomic, so what was finished before stays valid."""
+    try:
+        yield
+    except OSError as e:
+        raise UserError(f"cannot write {path} ({e.strerror or e}). Free space (or fix the folder) and rerun the "
+                        f"same command: {kept}.") from None
 
 
 @dataclass
@@ -52,17 +65,25 @@ class ShardSink:
                                 "in manifest.json).")
             log.warning("skipping %s (key %s): %s", path, sample_key(index), reason)
 
+    def _disk_errors(self, shard: int):
+        return disk_errors(self.out / shard_name(shard), f"the {len(self.stats.states)} shard(s) finished by this "
+                           "run and those of earlier runs are kept")
+
     def write(self, batch: Batch, pending: Pending) -> None:
         if batch.shard != self._shard:
             self.finish()
-            self._writer = ShardWriter(self.out / shard_name(batch.shard), dtype=self.dtype)
+            with self._disk_errors(batch.shard):
+                self._writer = ShardWriter(self.out / shard_name(batch.shard), dtype=self.dtype)
             self._shard = batch.shard
             self._skipped = []
         mean, std = pending.arrays()
-        for row, index in enumerate(batch.kept):
-            arrays = {"mean": mean[row], "std": std[row]} if self.store == "posterior" else {"latent": mean[row]}
-            self._writer.write(sample_key(index), label=self.images.labels[index], meta=batch.meta[row], **arrays)
-            fault_point("extract.sample_written")
+        with self._disk_errors(self._shard):
+            for row, index in enumerate(batch.kept):
+                arrays = ({"mean": mean[row], "std": std[row]} if self.store == "posterior"
+                          else {"latent": mean[row]})
+                self._writer.write(sample_key(index), label=self.images.labels[index], meta=batch.meta[row],
+                                   **arrays)
+                fault_point("extract.sample_written")
         self._skipped += [{"key": sample_key(i), "path": printable_path(self.images.paths[i]), "reason": r}
                           for i, r in batch.skipped]
         self.stats.images += len(batch.kept)
@@ -73,11 +94,12 @@ class ShardSink:
         """Close the open shard (if any) and save its state: from now on it counts as finished."""
         if self._writer is None:
             return
-        record = self._writer.close()
-        self._writer = None
-        fault_point("extract.shard_renamed")
-        state = ShardState(record=record, skipped=self._skipped)
-        save_shard_state(self.out, self._shard, state)
+        with self._disk_errors(self._shard):
+            record = self._writer.close()
+            self._writer = None
+            fault_point("extract.shard_renamed")
+            state = ShardState(record=record, skipped=self._skipped)
+            save_shard_state(self.out, self._shard, state)
         self.stats.states[self._shard] = state
         log.info("finished %s: %d samples, %d skipped, %d bytes", record.name, record.samples,
                  len(self._skipped), record.bytes)

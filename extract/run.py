@@ -23,6 +23,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from common import distributed as dist
 from common.errors import UserError
+from common.faults import fault_point
 from common.log import progress_enabled, setup_logging
 from common.vae import load_vae
 from extract import plan
@@ -31,13 +32,14 @@ from extract.encode import LatentEncoder
 from extract.files import ImageList, scan_image_folder
 from extract.images import MAX_PIXELS
 from extract.loader import CropDataset, make_loader
-from extract.pipeline import LoopStats, ShardSink, encode_and_write
-from extract.state import LOG_DIR, ShardState, finished_shard, prepare_output, start_output
+from extract.pipeline import LoopStats, ShardSink, disk_errors, encode_and_write
+from extract.state import LOG_DIR, STATE_DIR, ShardState, finished_shard, prepare_output, start_output
 from shards import FORMAT_VERSION, MANIFEST_NAME, Manifest, verify_shards, write_manifest
 
 log = logging.getLogger("dit_pipeline")
 _ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4}
 EXTRACT_DIST_TIMEOUT_S = 24 * 3600
+_RANK_LOGS = "OUT/logs/rank*.log"
 
 
 @dataclass
@@ -73,7 +75,8 @@ def _on_rank0(fn: Callable[[], Any]) -> Any:
             result = fn()
         except UserError as e:
             error = str(e)
-    result, error = dist.broadcast_object((result, error))
+    with dist.peer_guard("waiting for rank 0", _RANK_LOGS):
+        result, error = dist.broadcast_object((result, error))
     if error is not None:
         raise UserError(error if dist.is_main() else f"(from rank 0) {error}")
     return result
@@ -82,7 +85,8 @@ def _on_rank0(fn: Callable[[], Any]) -> Any:
 def scan_images(cfg: ExtractConfig) -> ImageList:
     """The image list (after --limit), identical on every rank or a UserError."""
     images = scan_image_folder(cfg.data_path).head(cfg.limit)
-    prints = dist.all_gather_object((len(images), images.fingerprint()))
+    with dist.peer_guard("comparing the image lists of the ranks", _RANK_LOGS):
+        prints = dist.all_gather_object((len(images), images.fingerprint()))
     if len(set(prints)) > 1:
         detail = ", ".join(f"rank {r}: {n} images" for r, (n, _) in enumerate(prints))
         raise UserError(f"--data-path {cfg.data_path}: the ranks see different image lists ({detail}). Every "
@@ -218,12 +222,19 @@ def _write_manifest(run: _Run, states: dict[int, ShardState]) -> None:
         num_classes=len(run.images.class_names), total_samples=sum(s.record.samples for s in shards),
         samples_per_shard=run.samples_per_shard, shards=[s.record for s in shards],
         skipped=sorted((k for s in shards for k in s.skipped), key=lambda k: k["key"]))
-    write_manifest(run.out, manifest)
+    with disk_errors(run.out / MANIFEST_NAME, "every shard is finished and kept"):
+        fault_point("extract.before_manifest")  # every shard finished, manifest.json not yet written
+        write_manifest(run.out, manifest)
     report = verify_shards(run.out, quick=True, progress=False)
     if not report.ok:
         problems = "; ".join(f"{where}: {what}" for where, what in report.problems[:10])
         raise UserError(f"{run.out}: the quick verify of the new shard set failed ({problems}). Rerun the same "
                         "command to redo the damaged shards.")
+
+
+def _start_output(run: _Run) -> None:
+    with disk_errors(run.out / STATE_DIR, "no shard was changed"):
+        start_output(run.out, run.record, options=run.cfg.to_dict())
 
 
 def _log_summary(s: ExtractSummary) -> None:
@@ -261,19 +272,19 @@ def run_extract(cfg: ExtractConfig) -> ExtractSummary:
     setup_logging(run.out / LOG_DIR, quiet=cfg.quiet)
     log.info("dit-extract %s: %d images in %d classes from %s -> %s (%s)", tool_version(), len(run.images),
              len(run.images.class_names), run.images.root, run.out, run.status)
-    if dist.is_main():
-        start_output(run.out, run.record, options=cfg.to_dict())
-    dist.barrier()
+    _on_rank0(lambda: _start_output(run))  # also the barrier before any rank looks at the folder
     total_shards = plan.num_shards(len(run.images), run.samples_per_shard)
     done, todo = _my_shards(run.out, total_shards)
     if done:
         log.info("rank %d: keeping %d finished shard(s) from an earlier run", dist.rank(), len(done))
-    if dist.any_true(bool(todo)) and dist.is_main():
-        (run.out / MANIFEST_NAME).unlink(missing_ok=True)  # the folder is about to change: no stale manifest
-    dist.barrier()
+    with dist.peer_guard("agreeing on the shards to write", _RANK_LOGS):
+        if dist.any_true(bool(todo)) and dist.is_main():
+            (run.out / MANIFEST_NAME).unlink(missing_ok=True)  # the folder is about to change: no stale manifest
+        dist.barrier()
     stats, retries = _encode(run, todo)
-    gathered = dist.all_gather_object(({i: s.to_dict() for i, s in {**done, **stats.states}.items()},
-                                       stats.images, len(done), retries))
+    with dist.peer_guard("collecting the finished shards of every rank", _RANK_LOGS):
+        gathered = dist.all_gather_object(({i: s.to_dict() for i, s in {**done, **stats.states}.items()},
+                                           stats.images, len(done), retries))
     states = {i: ShardState.from_dict(d) for part in gathered for i, d in part[0].items()}
     assert sorted(states) == list(range(total_shards)), "every shard is written by exactly one rank"
     _on_rank0(lambda: _write_manifest(run, states))
