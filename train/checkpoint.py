@@ -42,14 +42,21 @@ def ema_name(step: int) -> str:
 
 class _FaultWriter:
     """File wrapper that passes the fault-injection point `train.ckpt_mid_save` once the temp file holds
-    data, so tests can SIGKILL the writer in the middle of a real save (no sleeps, no races)."""
+    data (when `armed`), so tests can SIGKILL the writer in the middle of a real save (no sleeps, no races),
+    and keeps the first write error: torch's zip writer reports a failed write (disk full) only as a
+    position mismatch, so `_save` raises the real OSError instead."""
 
-    def __init__(self, f: IO[bytes]):
+    def __init__(self, f: IO[bytes], armed: bool = True):
         self._f = f
-        self._armed = True
+        self._armed = armed
+        self.error: OSError | None = None
 
     def write(self, data: bytes) -> int:
-        n = self._f.write(data)
+        try:
+            n = self._f.write(data)
+        except OSError as e:
+            self.error = self.error or e
+            raise
         if self._armed and n:
             self._armed = False
             self._f.flush()
@@ -62,7 +69,13 @@ class _FaultWriter:
 
 def _save(obj: Any, path: Path, *, fault: bool = False) -> None:
     with atomic_write(path, "wb") as f:
-        torch.save(obj, _FaultWriter(f) if fault else f)
+        writer = _FaultWriter(f, armed=fault)
+        try:
+            torch.save(obj, writer)
+        except Exception as e:
+            if writer.error is not None:
+                raise writer.error from e
+            raise
 
 
 class CheckpointManager:
@@ -93,12 +106,20 @@ class CheckpointManager:
     def save(self, state: dict[str, Any]) -> Path:
         """Write the EMA-only file, then the full checkpoint, then prune old ones; returns the path."""
         step = int(state["step"])
-        self.folder.mkdir(parents=True, exist_ok=True)
-        _save(state["ema"], self.folder / ema_name(step))
-        atomic_write_json(sidecar_path(self.folder / ema_name(step)),
-                          make_sidecar(state["model_config"], state.get("latent"), step))
         path = self.path(step)
-        _save(state, path, fault=True)
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            _save(state["ema"], self.folder / ema_name(step))
+            atomic_write_json(sidecar_path(self.folder / ema_name(step)),
+                              make_sidecar(state["model_config"], state.get("latent"), step))
+            fault_point("train.ckpt_ema_written")  # EMA file in place, the full checkpoint not yet
+            _save(state, path, fault=True)
+        except OSError as e:  # disk full, quota, I/O error: the temp file is gone, older files untouched
+            last = self.latest()
+            raise UserError(f"cannot write checkpoint {path} ({e.strerror or e}); the previous checkpoint "
+                            f"({last.name if last else 'none yet'}) is intact. Free space (or fix the folder) and "
+                            "rerun the same command to resume from it.") from None
+        fault_point("train.ckpt_saved")  # both in place, older ones not yet pruned
         self.prune()
         return path
 

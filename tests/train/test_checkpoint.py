@@ -74,7 +74,8 @@ def test_failed_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     mgr.save(_state(2))
     monkeypatch.setenv("DIT_FAULT", "train.ckpt_mid_save:enospc")
     monkeypatch.setattr(faults, "_counts", faults.Counter())
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(UserError, match=r"step-0000004.pt \(No space left.*the previous checkpoint "
+                                        r"\(step-0000002.pt\) is intact"):
         mgr.save(_state(4))
     assert mgr.steps() == [2]
     assert load_checkpoint(mgr.latest())["step"] == 2
