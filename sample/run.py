@@ -12,12 +12,13 @@ after a barrier rank 0 assembles the `.npz`, the grid and the run record, then d
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -33,7 +34,7 @@ from sample.config import SampleConfig
 from sample.generate import AUTOCAST_DTYPES, generate_images, guided_model_fn, make_diffusion
 from sample.grid import png_bytes, save_grid
 from sample.load import LoadedModel, latent_scale, load_model
-from sample.npz import PartStore, assemble_npz, parts_dir_for
+from sample.npz import RUN_FILE, PartStore, assemble_npz, parts_dir_for
 
 RECORD_FORMAT = "dit-pipeline.samples"
 
@@ -94,7 +95,8 @@ def _run(cfg: SampleConfig) -> SampleResult:
              cfg.steps, cfg.cfg_scale)
     sampling_start = time.perf_counter()
     produced = _sample_batches(cfg, loaded, vae, store, labels, remaining, scale, shift)
-    dist.barrier()
+    with dist.peer_guard("waiting for every rank's samples"):
+        dist.barrier()
     sampling = time.perf_counter() - sampling_start
     result = SampleResult(cfg.total, produced, len(done), image_size, 0.0)
     if dist.is_main():
@@ -151,7 +153,8 @@ def _on_rank0(fn) -> Any:
             box = ("ok", fn())
         except UserError as e:
             box = ("error", str(e))
-    box = dist.broadcast_object(box)
+    with dist.peer_guard("waiting for rank 0"):
+        box = dist.broadcast_object(box)
     if box[0] == "error":
         raise UserError(box[1] if dist.is_main() else f"(reported by rank 0) {box[1]}")
     return box[1]
@@ -166,11 +169,22 @@ def _grid_path(cfg: SampleConfig) -> Path | None:
     return Path(cfg.out) / "grid.png" if cfg.out and cfg.grid_max > 0 else None
 
 
-def _read_fingerprint(path: Path) -> dict[str, Any] | None:
+def _read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text()).get("fingerprint")
-    except (OSError, ValueError, AttributeError):
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
         return None
+
+
+def _read_fingerprint(path: Path) -> dict[str, Any] | None:
+    data = _read_json(path)
+    return data.get("fingerprint") if isinstance(data, dict) else None
+
+
+def _interrupted_npz(npz_record: Path, store: PartStore) -> bool:
+    """An npz without its record, beside the parts of this very run, was written by this run before it was
+    interrupted (the record is written after the npz): it is rewritten from the parts, not foreign."""
+    return not npz_record.exists() and _read_json(store.folder / RUN_FILE) == store.fingerprint
 
 
 def _prepare(cfg: SampleConfig, store: PartStore, record: dict[str, Any], log) -> str | list[int]:
@@ -186,7 +200,7 @@ def _prepare(cfg: SampleConfig, store: PartStore, record: dict[str, Any], log) -
     if all(same) and all(p.is_file() for p in finals) and not store.folder.exists():
         return "complete"
     foreign = [str(p) for p, ok in zip(records, same) if p.exists() and not ok]
-    if cfg.npz and Path(cfg.npz).exists() and not same[0]:
+    if cfg.npz and Path(cfg.npz).exists() and not same[0] and not _interrupted_npz(records[0], store):
         foreign.insert(0, str(cfg.npz))
     if foreign and not cfg.overwrite:
         raise UserError(f"{', '.join(foreign)} already exist(s) and were not made by this checkpoint with these "
@@ -234,21 +248,37 @@ def _write_pngs(folder: Path, indices: list[int], images: np.ndarray, total: int
         atomic_write_bytes(folder / f"{i:0{width}d}.png", png_bytes(img))
 
 
+@contextlib.contextmanager
+def _writing(path: Path, store: PartStore) -> Iterator[None]:
+    """A failed output write (disk full, quota, I/O error) is one clear error; outputs are written atomically
+    and the parts are removed only after all of them, so every finished sample is kept for the rerun."""
+    try:
+        yield
+    except OSError as e:
+        raise UserError(f"cannot write {path} ({e.strerror or e}); all {store.total} samples are finished and kept "
+                        f"in {store.folder}. Free space (or fix the folder) and rerun the same command to write "
+                        "the outputs.") from None
+
+
 def _finish(cfg: SampleConfig, store: PartStore, labels: np.ndarray, record: dict[str, Any],
             log) -> tuple[Path | None, Path | None]:
     """Rank 0 after every rank finished: npz, grid, run records; then the parts go."""
     npz_path = grid_path = None
     if cfg.npz:
         npz_path = Path(cfg.npz)
-        n, h, w = assemble_npz(store, npz_path, labels)
+        with _writing(npz_path, store):
+            n, h, w = assemble_npz(store, npz_path, labels)
         log.info("wrote %s: arr_0 uint8 [%d, %d, %d, 3], arr_1 labels [%d]", npz_path, n, h, w, n)
+        fault_point("sample.npz_written")  # the npz is in place, its record and the grid not yet
     grid_path = _grid_path(cfg)
     if grid_path is not None:
         k = min(cfg.total, cfg.grid_max)
         pairs = list(store.iter_images(range(k)))
-        save_grid(np.stack([p[0] for p in pairs]), grid_path, labels=[p[1] for p in pairs], ncol=cfg.grid_cols)
+        with _writing(grid_path, store):
+            save_grid(np.stack([p[0] for p in pairs]), grid_path, labels=[p[1] for p in pairs], ncol=cfg.grid_cols)
         log.info("wrote %s (%d samples)", grid_path, k)
     for path in _record_paths(cfg):
-        atomic_write_json(path, record)
+        with _writing(path, store):
+            atomic_write_json(path, record)
     store.remove()
     return npz_path, grid_path
