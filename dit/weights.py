@@ -18,6 +18,7 @@ import json
 import math
 import pickle
 import re
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -114,7 +115,25 @@ def read_sidecar(path: str | Path) -> dict[str, Any] | None:
     return data
 
 
+def check_archive(path: str | Path) -> None:
+    """Check the CRC-32 that torch.save records for every member of its zip archive: torch.load does not, so
+    a flipped bit in a tensor or a torn copy would otherwise load as silently different weights. Files in
+    torch's legacy (non-zip) format carry no checksums and pass unchecked. WeightsError naming the member."""
+    path = Path(path)
+    if not zipfile.is_zipfile(path):
+        return  # legacy format, or no readable zip directory at all (torch.load then says what is wrong)
+    try:
+        with zipfile.ZipFile(path) as z:
+            bad = z.testzip()
+    except Exception as e:  # any failure to parse the damaged directory or a member header
+        raise WeightsError(f"cannot read {path}: damaged zip archive ({type(e).__name__}: {e})") from None
+    if bad is not None:
+        raise WeightsError(f"{path} is corrupt: its member {bad!r} fails the CRC-32 check (a flipped bit or an "
+                           "incomplete copy); nothing was loaded")
+
+
 def _torch_load(path: Path) -> Any:
+    check_archive(path)
     try:
         with torch.serialization.safe_globals([argparse.Namespace]):
             return torch.load(path, map_location="cpu", weights_only=True)

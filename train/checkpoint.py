@@ -23,7 +23,7 @@ import torch
 from common.errors import UserError
 from common.faults import fault_point
 from common.io import atomic_write, atomic_write_json, remove_stale_temps
-from dit.weights import make_sidecar, sidecar_path
+from dit.weights import check_archive, make_sidecar, sidecar_path
 
 FORMAT = "dit-pipeline.checkpoint"
 VERSION = 1
@@ -159,6 +159,7 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     try:
         # mmap: the ranks of a node share one copy of the file in the page cache instead of each holding
         # the whole checkpoint (11 GB for DiT-XL/2 with AdamW) in its own memory.
+        check_archive(path)  # torch.load does not check the archive's CRCs: a flipped bit would load silently
         ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:  # corrupt zip, truncated file, refused pickle: all the same to the user
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
