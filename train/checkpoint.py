@@ -157,12 +157,14 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         raise UserError(f"checkpoint {path} does not exist; pass an existing file to --resume, or "
                         "--resume auto to use the newest one in the run folder")
     try:
+        check_archive(path)  # torch.load does not check the archive's CRCs: a flipped bit would load silently
         # mmap: the ranks of a node share one copy of the file in the page cache instead of each holding
         # the whole checkpoint (11 GB for DiT-XL/2 with AdamW) in its own memory.
-        check_archive(path)  # torch.load does not check the archive's CRCs: a flipped bit would load silently
         ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:  # corrupt zip, truncated file, refused pickle: all the same to the user
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
+        # a refused pickle: the line naming the refused global, not torch's generic weights_only preamble
+        first = next((line for line in lines if "GLOBAL" in line), lines[0]).removeprefix("WeightsUnpickler error: ")
         raise UserError(f"checkpoint {path} is corrupt or not a dit-pipeline checkpoint ({type(e).__name__}: "
                         f"{first}). Nothing was loaded. Delete or move it to resume from the previous "
                         "checkpoint, or pass another one with --resume PATH.") from None
