@@ -4,8 +4,9 @@ Locations are opened with WebDataset's url opener (`webdataset.gopen`: local pat
 `http(s)://`, `gs://`, `hf://`, ...; `s3://` is read through `pipe:aws s3 cp URL -`). The tar is parsed by
 `shards.tario.TarReader` as it streams: nothing is extracted to disk, member names are checked against the
 closed list of the format and never used as paths, and arrays are NPY read without pickle. Given the
-manifest, every sample is also checked against it (fields, dtype, shape, finiteness, label range); any
-problem raises `ShardError(url, key, problem)`.
+manifest, every sample is also checked against it (fields, dtype, shape, finiteness, label range), and when
+the url names a shard of the manifest, its keys and count against that shard's record (a shard copied over
+another has the same size but not its keys); any problem raises `ShardError(url, key, problem)`.
 
 Hot path (the trainer's data loader runs it for every sample): the expected layout is derived from the
 manifest once per shard, tar headers that repeat a validated layout are checked in one step, NPY headers
@@ -26,7 +27,7 @@ import numpy as np
 
 from shards.format import (ARRAY_FIELDS, MAX_JSON_BYTES, REQUIRED_COMMON, STORAGE_DTYPES, STORES, ShardError,
                            key_index, split_member)
-from shards.manifest import Manifest
+from shards.manifest import Manifest, ShardRecord
 from shards.npy import all_finite, decode_raw, widen
 from shards.tario import TarProblem, TarReader
 
@@ -182,6 +183,11 @@ def iter_shard(url: str, manifest: Manifest | None = None, *, with_meta: bool = 
     """
     url = str(url)
     expect = Expect.from_manifest(manifest) if manifest is not None else None
+    record = _record_of(url, manifest) if manifest is not None else None
+    # Keys the manifest records for this shard: a shard copied over another one has the same size (so the
+    # start-up check passes) but not these keys.
+    lo, hi = (int(record.first_key), int(record.last_key)) if record and record.samples else (1, 0)
+    count = 0
     try:
         stream = open_url(url)
     except (OSError, ValueError) as e:
@@ -189,6 +195,11 @@ def iter_shard(url: str, manifest: Manifest | None = None, *, with_meta: bool = 
     try:
         reader = TarReader(stream)
         for key, fields in iter_members(reader, url):
+            count += 1
+            if record is not None and not lo <= int(key) <= hi:
+                raise ShardError(url, key, f"key {key} is outside the keys the manifest records for "
+                                 f"{record.name} ({record.first_key}..{record.last_key}): the file holds other "
+                                 "samples (another shard copied over it?)")
             try:
                 label, arrays, meta = check_sample(key, fields, expect, parse_meta=with_meta)
             except ValueError as e:
@@ -200,6 +211,9 @@ def iter_shard(url: str, manifest: Manifest | None = None, *, with_meta: bool = 
             out = arrays if raw else {f: widen(a, _DTYPE_OF_STORAGE[a.dtype.str]) for f, a in arrays.items()}
             yield LatentSample(key=key, label=label, mean=out.get("mean.npy"), std=out.get("std.npy"),
                                latent=out.get("latent.npy"), meta=meta)
+        if record is not None and count != record.samples:
+            raise ShardError(url, None, f"holds {count} samples, the manifest records {record.samples} for "
+                             f"{record.name}")
     except ShardError as e:
         # A pipe: command that failed usually shows up as a short archive first; name the real cause.
         failure = _close(stream)
@@ -212,6 +226,13 @@ def iter_shard(url: str, manifest: Manifest | None = None, *, with_meta: bool = 
     failure = _close(stream)
     if failure:
         raise ShardError(url, None, f"read failed: {failure}")
+
+
+def _record_of(url: str, manifest: Manifest) -> ShardRecord | None:
+    """The manifest's record of the shard `url` names by its file name (None when it names none, e.g. a
+    `pipe:` command)."""
+    name = url.rstrip("/").rsplit("/", 1)[-1]
+    return next((rec for rec in manifest.shards if rec.name == name), None)
 
 
 def _close(stream: IO[bytes]) -> str | None:
