@@ -214,6 +214,9 @@ def read_manifest(path: str | Path) -> Manifest:
     except json.JSONDecodeError as e:
         raise UserError(f"{path}: invalid JSON at line {e.lineno} column {e.colno} ({e.msg}); "
                         "the manifest is damaged: re-copy it or rerun the extraction") from None
+    except RecursionError:  # a hostile file of deeply nested brackets: json gives up by recursion
+        raise UserError(f"{path}: invalid manifest: JSON nested too deeply; the manifest is damaged: re-copy "
+                        "it or rerun the extraction") from None
     try:
         return Manifest.from_dict(d)
     except ValueError as e:
