@@ -9,7 +9,10 @@ Both read the same N ImageNet-256-like latents (4x32x32, 2 views) from the page 
   npy       the fast-DiT layout, written here from its description: one float32 .npy holding a fixed scaled
             latent [1, 4, 32, 32] and one .npy holding the label per sample; a map-style Dataset that
             np.loads both files, shuffled by a DataLoader with W workers and default collation
-  decode    shards.iter_shard alone in one process (the reading + validation part of one worker)
+  decode    shards.iter_shard alone in one process (the reading + validation part of one worker): float32
+            arrays (the default) and raw=True (the stored float16 arrays, what the trainer reads)
+  before    with --compare-with TREE: the shard loader of another checkout of this repository (e.g. an older
+            commit: `git worktree add /tmp/before <rev>`), on the same shards, interleaved with this one
 
 Reported: latents/s (wall clock) per loader and worker count, the ratio shards / npy, and the CPU time per
 latent summed over the main process and its workers (independent of other load on the machine: 1e6 / that
@@ -19,6 +22,11 @@ opens per sample vs. one per shard), which matters most on network file systems 
 
     python bench/loader.py                       # 16384 latents, workers 1 2 4
     python bench/loader.py --latents 65536 --workers 4 8 16
+    python bench/loader.py --compare-with /tmp/before --repeat 3
+
+Every shard-loader measurement runs in a fresh Python process (imports outside the timed part); with
+--repeat N each row is the best of N interleaved rounds (the wall-clock rate on a shared machine only
+ever loses to other load), with the CPU time of that round.
 """
 from __future__ import annotations
 
@@ -26,7 +34,9 @@ import argparse
 import os
 import platform
 import resource
+import json
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -55,6 +65,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
     p.add_argument("--buffer", type=int, default=1000, help="shuffle buffer per reader")
     p.add_argument("--dir", default=None, help="where to write the data [a temp folder]")
+    p.add_argument("--repeat", type=int, default=1, help="rounds; each row reports the best")
+    p.add_argument("--compare-with", default=None, metavar="TREE",
+                   help="another checkout of this repository whose shard loader to time beside this one")
     return p.parse_args(argv)
 
 
@@ -126,17 +139,41 @@ def time_shards(folder: Path, workers: int, batch: int, buffer: int) -> tuple[fl
     return _timed(make_loader(stream, num_workers=workers, prefetch_factor=4, pin_memory=False))
 
 
+_IN_TREE = """
+import json, sys
+from pathlib import Path
+tree = Path(sys.argv[1])
+sys.path[:0] = [str(tree), str(tree / "bench")]
+import torch
+torch.set_num_threads(1)
+import loader
+print(json.dumps(loader.time_shards(Path(sys.argv[2]), *map(int, sys.argv[3:]))))
+"""
+
+
+def time_shards_in(tree: Path, folder: Path, workers: int, batch: int, buffer: int) -> tuple[float, float]:
+    """time_shards of the checkout `tree`, in a fresh process."""
+    out = subprocess.run([sys.executable, "-W", "ignore", "-c", _IN_TREE, str(tree), str(folder), str(workers),
+                          str(batch), str(buffer)], cwd=tree, check=True, capture_output=True, text=True)
+    rate, cpu = json.loads(out.stdout.strip().splitlines()[-1])
+    return rate, cpu
+
+
 def time_npy(folder: Path, workers: int, batch: int) -> tuple[float, float]:
     loader = DataLoader(NpyDataset(folder), batch_size=batch, shuffle=True, num_workers=workers, drop_last=True,
                         prefetch_factor=4 if workers else None, generator=torch.Generator().manual_seed(0))
     return _timed(iter(loader))
 
 
-def time_decode(folder: Path) -> float:
+def time_decode(folder: Path, raw: bool) -> float:
     src = open_shards(str(folder))
     t0 = time.perf_counter()
-    n = sum(1 for url in src.urls for _ in iter_shard(url, src.manifest))
+    n = sum(1 for url in src.urls for _ in iter_shard(url, src.manifest, raw=raw))
     return n / (time.perf_counter() - t0)
+
+
+def _best(rounds: list[tuple[float, float]]) -> tuple[float, float]:
+    return max(rounds, key=lambda r: r[0])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -150,13 +187,28 @@ def main(argv: list[str] | None = None) -> None:
               f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}")
         time_shards(shards, 0, a.batch, a.buffer)  # warm the page cache for both layouts
         time_npy(npy, 0, a.batch)
-        print(f"decode only (iter_shard, 1 process): {time_decode(shards):,.0f} latents/s")
-        print("| workers | shards latents/s | npy latents/s | ratio | shards CPU us/latent | npy CPU us/latent |\n"
-              "|---|---|---|---|---|---|")
+        for raw in (False, True):
+            rate = max(time_decode(shards, raw) for _ in range(a.repeat))
+            print(f"decode only (iter_shard{', raw=True' if raw else ''}, 1 process): {rate:,.0f} latents/s")
+        here, other = Path(__file__).resolve().parent.parent, a.compare_with and Path(a.compare_with).resolve()
+        results: dict[tuple[str, int], list[tuple[float, float]]] = {}
+        for _ in range(a.repeat):
+            for w in a.workers:
+                results.setdefault(("shards", w), []).append(time_shards_in(here, shards, w, a.batch, a.buffer))
+                if other:
+                    results.setdefault(("before", w), []).append(time_shards_in(other, shards, w, a.batch, a.buffer))
+                results.setdefault(("npy", w), []).append(time_npy(npy, w, a.batch))
+        head = "| workers | shards latents/s | npy latents/s | ratio | shards CPU us/latent | npy CPU us/latent |"
+        if other:
+            head += f" before ({other.name}) latents/s | before CPU us/latent | speed-up (CPU) |"
+        print(head + "\n" + "|---" * (head.count("|") - 1) + "|")
         for w in a.workers:
-            s, s_cpu = time_shards(shards, w, a.batch, a.buffer)
-            f, f_cpu = time_npy(npy, w, a.batch)
-            print(f"| {w} | {s:,.0f} | {f:,.0f} | {s / f:.2f} | {s_cpu:.0f} | {f_cpu:.0f} |", flush=True)
+            (s, s_cpu), (f, f_cpu) = _best(results[("shards", w)]), _best(results[("npy", w)])
+            row = f"| {w} | {s:,.0f} | {f:,.0f} | {s / f:.2f} | {s_cpu:.0f} | {f_cpu:.0f} |"
+            if other:
+                b, b_cpu = _best(results[("before", w)])
+                row += f" {b:,.0f} | {b_cpu:.0f} | {s / b:.2f}x ({b_cpu / s_cpu:.2f}x) |"
+            print(row, flush=True)
     finally:
         if not a.dir:
             shutil.rmtree(root, ignore_errors=True)

@@ -13,12 +13,14 @@ so the stream of every rank is a deterministic function of (seed, epoch, rank, d
   they depend only on (seed, epoch, sample key), not on the number of workers, the batch or an interruption;
 - resuming at rank micro-batch k replays the readers and drops their first batches without batching them,
   and rotates the DataLoader workers so batch k still comes from worker k % W;
-- in loader workers a batch is made directly in shared memory, so handing it to the trainer copies nothing
-  (torch's default_collate does the same); the trainer pins it for the GPU (`pin_memory`).
+- in loader workers a batch is made directly in shared memory, in an output slot the worker reuses once the
+  trainer has dropped the batch (`train.pool`), so handing it over copies nothing and touches no fresh
+  pages; for the GPU it is copied into pinned memory (`pin_memory`).
 """
 from __future__ import annotations
 
 import itertools
+import math
 import signal
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,8 +32,9 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from common.errors import UserError
 from shards import LatentSample, Manifest, ShardError, iter_shard, quick_check, read_manifest
-from train.latents import LatentSpec, Pending, Scratch, build_latents, epoch_seed, pending, shared_empty
+from train.latents import LatentSpec, Pending, Scratch, build_latents, epoch_seed, pending
 from train.partition import EpochPlan, interleave_seed, shuffle_seed
+from train.pool import BatchPool, PooledBatch, shared_empty
 from train.signals import STOP_SIGNALS
 
 T = TypeVar("T")
@@ -174,6 +177,7 @@ class EpochStream(IterableDataset):
         self.shards_in_flight = shards_in_flight
         self.skip_bad_shards = skip_bad_shards
         self.spec = LatentSpec.from_manifest(source.manifest)
+        self.pool: BatchPool | None = None  # set by make_loader before its workers start
 
     def __iter__(self) -> Iterator[Batch | ReaderEvent]:
         info = get_worker_info()
@@ -228,13 +232,19 @@ class EpochStream(IterableDataset):
             for _, it in active:
                 it.close()
 
-    def _batch(self, items: list[Pending], skipped: list, scratch: Scratch) -> Batch:
-        """One micro-batch; in a loader worker the latents are made in shared memory (no copy on the way to
-        the main process)."""
-        out = shared_empty((len(items), *self.spec.shape)) if get_worker_info() is not None else None
-        return Batch(build_latents(items, self.spec, out, scratch),
-                     torch.tensor([it.label for it in items], dtype=torch.int64),
-                     torch.tensor([it.key for it in items], dtype=torch.int64), skipped)
+    def _batch(self, items: list[Pending], skipped: list, scratch: Scratch, worker: int) -> Batch | PooledBatch:
+        """One micro-batch. In a loader worker the latents are made in shared memory, so they reach the main
+        process without a copy: in a free slot of the epoch's BatchPool when there is one, else in fresh
+        shared memory."""
+        labels = np.array([it.label for it in items], dtype=np.int64)
+        keys = np.array([it.key for it in items], dtype=np.int64)
+        in_worker = get_worker_info() is not None
+        if in_worker and self.pool is not None and (slot := self.pool.acquire(worker)) is not None:
+            build_latents(items, self.spec, self.pool.data[slot], scratch)
+            return PooledBatch(slot, labels, keys, skipped)
+        out = shared_empty((len(items), *self.spec.shape)) if in_worker else None
+        return Batch(build_latents(items, self.spec, out, scratch), torch.from_numpy(labels),
+                     torch.from_numpy(keys), skipped)
 
     def reader(self, worker: int) -> Iterator[Batch | ReaderEvent]:
         """Batches of logical worker `worker` with rank batch index >= start_batch, exactly its quota."""
@@ -257,7 +267,7 @@ class EpochStream(IterableDataset):
                     return
                 if b < first:
                     continue  # consumed before the resume point: replayed, never batched (no noise drawn)
-                yield self._batch(chunk, skipped[:], scratch)
+                yield self._batch(chunk, skipped[:], scratch, worker)
                 skipped.clear()
         except ShardError as e:
             yield ReaderEvent("error", str(e), skipped[:])
@@ -271,11 +281,35 @@ def _ignore_stop_signals(worker_id: int) -> None:
 
 
 def make_loader(stream: EpochStream, *, num_workers: int, prefetch_factor: int, pin_memory: bool
-                ) -> Iterator[Any]:
-    """A DataLoader over an EpochStream (batches are formed by the readers: batch_size=None)."""
+                ) -> Iterator[Batch | ReaderEvent]:
+    """An iterator over the stream's items through a DataLoader with `num_workers` workers (batches are
+    formed by the readers: batch_size=None), or in this process when num_workers is 0.
+
+    Each worker gets enough BatchPool slots for the batches it has queued (prefetch_factor), the trainer's
+    share of one optimizer step (accum micro-batches round-robin over the workers), the one being consumed
+    and the one being written; beyond that it falls back to fresh shared memory.
+    """
     if num_workers == 0:
         return iter(stream)
-    loader = DataLoader(stream, batch_size=None, num_workers=num_workers, prefetch_factor=prefetch_factor,
-                        pin_memory=pin_memory, persistent_workers=False, in_order=True,
-                        worker_init_fn=_ignore_stop_signals)
-    return iter(loader)
+    slots = prefetch_factor + 2 + math.ceil(stream.plan.accum / num_workers)
+    stream.pool = pool = BatchPool(num_workers, slots, (stream.plan.micro_batch, *stream.spec.shape))
+    loader = DataLoader(stream, batch_size=None, collate_fn=_as_is, num_workers=num_workers,
+                        prefetch_factor=prefetch_factor, pin_memory=pin_memory, persistent_workers=False,
+                        in_order=True, worker_init_fn=_ignore_stop_signals)
+    return _from_pool(iter(loader), pool, pin_memory)
+
+
+def _as_is(item: Any) -> Any:
+    """The workers' items are final: no default_convert (it would turn the numpy labels of a PooledBatch into
+    tensors, each sent through its own shared-memory file)."""
+    return item
+
+
+def _from_pool(items: Iterator[Any], pool: BatchPool, pin_memory: bool) -> Iterator[Batch | ReaderEvent]:
+    """Turn PooledBatches into Batches (a pinned copy for the GPU, which frees the slot at once)."""
+    for item in items:
+        if isinstance(item, PooledBatch):
+            latents = pool.take(item.slot)
+            item = Batch(latents.pin_memory() if pin_memory else latents, torch.from_numpy(item.labels),
+                         torch.from_numpy(item.keys), item.skipped)
+        yield item

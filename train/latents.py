@@ -12,7 +12,6 @@ re-seeded generator, everything else runs once per batch on reused buffers.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Sequence
 
@@ -105,14 +104,6 @@ def _stored_tensor(stored: np.ndarray) -> torch.Tensor:
     if stored.dtype == np.uint16:
         return torch.from_numpy(stored.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(stored)
-
-
-def shared_empty(shape: Sequence[int], dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """An uninitialised CPU tensor in shared memory, as torch's default_collate allocates batches in loader
-    workers: the DataLoader then hands it to the main process without copying it."""
-    t = torch.empty(0, dtype=dtype)
-    storage = torch.UntypedStorage._new_shared(math.prod(shape) * t.element_size())
-    return t.set_(storage, 0, tuple(shape))
 
 
 class Scratch:

@@ -12,6 +12,7 @@ fragmentation and the CUDA context add a few GiB), printed as such.
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,10 +150,12 @@ def format_plan(prep: Prepared, resume_from: Path | None = None) -> str:
     mem = memory_estimate(prep, precision)
     local = int(os.environ.get("LOCAL_WORLD_SIZE", min(prep.world_size, max(1, torch.cuda.device_count()))))
     # Each reader buffers one view of each sample as stored (mean + std, or the latent), keeps two scratch
-    # batches (the stacked stored values and their float32 copy), and has float32 batches prepared ahead.
+    # batches (the stacked stored values and their float32 copy) and its float32 output slots (train.pool:
+    # prefetch + 2 + its share of one step's micro-batches).
     arrays, itemsize = (2 if m.store == "posterior" else 1), (4 if m.dtype == "float32" else 2)
     pending_bytes = arrays * c * h * w * itemsize
-    batch_bytes = b.micro_batch * c * h * w * (arrays * (itemsize + 4) + 4 * (cfg.prefetch_factor + 1))
+    slots = cfg.prefetch_factor + 2 + math.ceil(b.accum / prep.layout.workers)
+    batch_bytes = b.micro_batch * c * h * w * (arrays * (itemsize + 4) + 4 * slots)
     host = local * prep.layout.workers * (cfg.shuffle_buffer * pending_bytes + batch_bytes)
     gpu = (f" of {torch.cuda.get_device_properties(0).total_memory / GiB:.1f} GiB on "
            f"{torch.cuda.get_device_name(0)}" if device.type == "cuda" else " (no GPU visible here)")
