@@ -413,6 +413,15 @@ def _train_options(f: Callable) -> Callable:
         o("--quiet/--no-quiet", default=None, help="No progress bar or info messages on the console."),
         o("--dry-run/--no-dry-run", default=None,
           help="Validate everything and print the plan (batch split, steps per epoch, readers, memory)."),
+        o("--sample-every", type=int, help="Every N steps rank 0 writes RUN/samples/step-NNNNNNN.png, a grid of "
+          "the EMA model's DDIM samples of fixed classes and seeds (needs --vae) [off]."),
+        o("--vae", help="VAE that decodes the sample grids (the one the shards were extracted with): hub id, "
+          "local diffusers folder or single .safetensors/.ckpt file."),
+        o("--vae-config", help="Diffusers config folder for a single-file --vae [the SD-VAE config]."),
+        o("--sample-classes", help="Classes of the sample grids, comma-separated, e.g. 207,360,387 "
+          "[8 spread over the label range]."),
+        o("--sample-steps", type=int, help="DDIM steps of the sample grids [50]."),
+        o("--sample-cfg-scale", type=float, help="Guidance scale of the sample grids (1 = none) [4.0]."),
     ]):
         f = decorator(f)
     return f
@@ -455,12 +464,31 @@ def train_main(ctx: click.Context, config_file: str | None, nproc_per_node: int 
     given = {k: v for k, v in options.items()
              if ctx.get_parameter_source(k) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)}
     cfg = merge_config(load_config_file(config_file) if config_file else {}, given)
+    # Periodic hooks (sample grids from sample/) are built here from their options and passed as
+    # run(cfg, hooks=[...]); see train/hooks.py. Building them checks the options and loads the VAE.
+    hooks = _train_hooks(cfg)
     if nproc_per_node is not None and not under_launcher():
         if cfg.dry_run:
             run(cfg, world_size=nproc_per_node)
             return
         prepare(cfg, world_size=nproc_per_node)  # every check before any rank starts
+        del hooks  # the ranks build their own
         sys.exit(launch(nproc_per_node, sys.argv[1:]))
-    # Periodic hooks (e.g. sample grids built from sample/) are constructed here from their own options
-    # and passed as run(cfg, hooks=[...]); see train/hooks.py.
-    run(cfg)
+    run(cfg, hooks=hooks)
+
+
+def _train_hooks(cfg: Any) -> list:
+    """[SampleGridHook] with --sample-every, else []. The options are validated first (ConfigError, exit 2);
+    rank 0 (the one that draws) loads the VAE at once, so a bad --vae fails before training starts."""
+    if cfg.sample_every is None:
+        return []
+    from common import distributed as dist
+    from sample.grid import SampleGridHook
+
+    cfg.validate()
+    hook = SampleGridHook(every=cfg.sample_every, vae=cfg.vae, vae_config=cfg.vae_config,
+                          class_labels=cfg.sample_classes, seed=cfg.seed, steps=cfg.sample_steps,
+                          sampler="ddim", cfg_scale=cfg.sample_cfg_scale)
+    if dist.is_main():
+        hook.load()
+    return [hook]

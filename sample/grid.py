@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from common.errors import UserError
 from common.io import atomic_write_bytes
 from common.vae import load_vae
 from sample.generate import AUTOCAST_DTYPES, generate_images, make_diffusion
@@ -136,7 +137,9 @@ class SampleGridHook:
     EMA model's samples (the raw model when there is no EMA) to RUN/samples/step-0001000.png.
 
     Classes and noise are fixed (seed, index), so the grids of one run show the same images evolving.
-    It draws no global random numbers, so training stays exactly resumable. The VAE loads on first use.
+    It draws no global random numbers, so training stays exactly resumable. The VAE loads with `load()`
+    (the CLI calls it before training starts, so a bad --vae fails at once), else in `setup`, which the
+    trainer calls before the first step and which checks the VAE and the classes against the model.
     """
 
     every: int
@@ -150,13 +153,36 @@ class SampleGridHook:
     cfg_channels: str = "3"
     precision: str = "fp32"
     _vae: Any = field(default=None, init=False, repr=False)
+    _identity: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
+
+    def load(self, device: torch.device | str = "cpu") -> dict[str, Any]:
+        """Load the VAE now (UserError for a bad --vae); returns its identity (common.vae.load_vae)."""
+        if self._vae is None:
+            self._vae, self._identity = load_vae(self.vae, config=self.vae_config, device=device)
+        return self._identity
+
+    def setup(self, ctx: Any) -> None:
+        """Before training (rank 0): the VAE on the training device, its latent channels and the classes
+        checked against the model; UserError naming the mismatch."""
+        if ctx.rank != 0:
+            return
+        identity = self.load(ctx.device)
+        self._vae.to(ctx.device)
+        channels = int(ctx.model_config["in_channels"])
+        if int(identity["latent_channels"]) != channels:
+            raise UserError(f"--vae {self.vae!r} has {identity['latent_channels']} latent channels but the model "
+                            f"trains on {channels}-channel latents; pass the VAE the shards were extracted with")
+        bad = [c for c in self.class_labels or () if not 0 <= int(c) < ctx.num_classes]
+        if bad:
+            raise UserError(f"--sample-classes {bad}: the model has {ctx.num_classes} classes (ids 0.."
+                            f"{ctx.num_classes - 1})")
 
     def __call__(self, ctx: Any) -> Path | None:
         if ctx.rank != 0:
             return None
         model = ctx.ema if ctx.ema is not None else ctx.model
-        if self._vae is None:
-            self._vae, _ = load_vae(self.vae, config=self.vae_config, device=ctx.device)
+        self.load(ctx.device)
+        self._vae.to(ctx.device)
         labels = list(self.class_labels) if self.class_labels else default_grid_labels(ctx.num_classes)
         # A model trained without class dropout has no null class: show it unguided.
         cfg_scale = self.cfg_scale if float(ctx.model_config.get("class_dropout_prob", 0.1)) > 0 else 1.0

@@ -8,6 +8,7 @@ class dropout 0.1, seed 0.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from dataclasses import dataclass, field
@@ -68,7 +69,20 @@ class TrainConfig:
     tensorboard: bool = True                    # write events when tensorboard is installed
     quiet: bool = False
     dry_run: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)  # settings owned by hooks (e.g. sample grids)
+    # sample grids (sample.grid.SampleGridHook, built by the CLI): every N steps rank 0 writes
+    # RUN/samples/step-NNNNNNN.png of the EMA model's DDIM samples of fixed classes and seeds
+    sample_every: int | None = None
+    vae: str | None = None                      # decodes the grids: hub id, diffusers folder or single file
+    vae_config: str | None = None               # diffusers config folder for a single-file --vae
+    sample_classes: list[int] | None = None     # default: 8 classes spread over the label range
+    sample_steps: int = 50                      # DDIM steps
+    sample_cfg_scale: float = 4.0               # classifier-free guidance (1 = none)
+    extra: dict[str, Any] = field(default_factory=dict)  # settings owned by other hooks
+
+    def __post_init__(self) -> None:
+        if isinstance(self.sample_classes, str):  # "0,207,360" from the flag (a config file may give a list)
+            with contextlib.suppress(ValueError):
+                self.sample_classes = parse_classes(self.sample_classes)
 
     def validate(self) -> None:
         """Raise ConfigError listing every invalid setting (nothing about world size: see batch_plan)."""
@@ -107,7 +121,36 @@ class TrainConfig:
             canonical_model_name(self.model)
         except ValueError as e:
             p.append(f"--model: {e}")
+        p += self._sample_grid_problems()
         collect(p, "training configuration")
+
+    def _sample_grid_problems(self) -> list[str]:
+        from sample.config import ddim_stride, valid_ddim_steps
+
+        p: list[str] = []
+        if self.sample_every is None:
+            given = [f"--{_flag(n)}" for n in ("vae", "vae_config", "sample_classes") if getattr(self, n)]
+            if given:
+                p.append(f"{', '.join(given)} only serve the sample grids: add --sample-every N (or drop them)")
+            return p
+        _positive(p, self, "sample_every")
+        if not str(self.vae or "").strip():
+            p.append("--sample-every needs --vae, the VAE that decodes the grids (a hub id such as "
+                     "stabilityai/sd-vae-ft-ema, a local diffusers folder or a single .safetensors file)")
+        if self.sample_classes is not None:
+            try:
+                parse_classes(self.sample_classes)
+            except ValueError as e:
+                p.append(f"--sample-classes: {e}")
+        steps = self.sample_steps
+        if isinstance(steps, bool) or not isinstance(steps, int) or not (1 <= steps <= 1000 and ddim_stride(steps)):
+            near = sorted(sorted(valid_ddim_steps(), key=lambda v: abs(v - steps))[:4]) if isinstance(steps, int) \
+                else [25, 50, 100, 250]
+            p.append(f"--sample-steps {steps!r} is not a DDIM step count (DDIM takes every k-th of the 1000 "
+                     f"steps); nearest valid counts: {', '.join(map(str, near))}")
+        if not (isinstance(self.sample_cfg_scale, (int, float)) and self.sample_cfg_scale >= 1.0):
+            p.append(f"--sample-cfg-scale must be >= 1 (1 = no guidance), got {self.sample_cfg_scale!r}")
+        return p
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -115,6 +158,19 @@ class TrainConfig:
 
 def _flag(name: str) -> str:
     return name.replace("_", "-")
+
+
+def parse_classes(value: Any) -> list[int]:
+    """Class ids from "0,1,2" (a flag) or a list (a config file); ValueError saying what is wrong."""
+    items = [v.strip() for v in value.split(",")] if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not items:
+        raise ValueError(f"give comma-separated class ids such as 0,207,360, got {value!r}")
+    out = []
+    for v in items:
+        if isinstance(v, bool) or not ((isinstance(v, int) and v >= 0) or (isinstance(v, str) and v.isdigit())):
+            raise ValueError(f"{v!r} is not a class id (a non-negative integer); give e.g. 0,207,360")
+        out.append(int(v))
+    return out
 
 
 def _positive(problems: list[str], cfg: TrainConfig, *names: str) -> None:

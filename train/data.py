@@ -33,7 +33,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from common.errors import UserError
 from shards import LatentSample, Manifest, ShardError, iter_shard, quick_check, read_manifest
 from train.latents import LatentSpec, Pending, Scratch, build_latents, epoch_seed, pending
-from train.partition import EpochPlan, interleave_seed, shuffle_seed
+from train.partition import EpochPlan, interleave_seed, loader_seed, shuffle_seed
 from train.pool import BatchPool, PooledBatch, shared_empty
 from train.signals import STOP_SIGNALS
 
@@ -295,7 +295,9 @@ def make_loader(stream: EpochStream, *, num_workers: int, prefetch_factor: int, 
     stream.pool = pool = BatchPool(num_workers, slots, (stream.plan.micro_batch, *stream.spec.shape))
     loader = DataLoader(stream, batch_size=None, collate_fn=_as_is, num_workers=num_workers,
                         prefetch_factor=prefetch_factor, pin_memory=pin_memory, persistent_workers=False,
-                        in_order=True, worker_init_fn=_ignore_stop_signals)
+                        in_order=True, worker_init_fn=_ignore_stop_signals,
+                        generator=torch.Generator().manual_seed(loader_seed(stream.seed, stream.plan.epoch,
+                                                                            stream.rank)))
     return _from_pool(iter(loader), pool, pin_memory)
 
 

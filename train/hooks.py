@@ -7,6 +7,11 @@ work simply wait at their next collective, so a hook should take well under the 
 (DIT_DIST_TIMEOUT, 600 s by default). Hooks are built by the CLI from their own options (settings can be
 kept in `TrainConfig.extra` so they are saved with the run) and passed to `train.run(cfg, hooks=[...])`;
 `train/` itself depends on no hook implementation.
+
+A hook may also have `setup(ctx)`: called once on every rank before the first step of this invocation
+(after resuming), to load what it needs and check it against the run. A `UserError` there stops every rank
+before any training step. Hooks must draw no global random numbers (use their own generators), so that
+training with and without them, and a resumed run, stay identical.
 """
 from __future__ import annotations
 

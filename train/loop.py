@@ -119,8 +119,30 @@ class Trainer:
         return self.cfg.lr
 
     # -- main loop ----------------------------------------------------------------------------------
+    def setup_hooks(self) -> None:
+        """Every hook's optional setup(ctx), then an all-reduce so that a failure on one rank stops all of
+        them before the first step (instead of leaving the others waiting at their first collective)."""
+        if not any(hasattr(hook, "setup") for hook in self.hooks):  # the same hooks on every rank
+            return
+        error: UserError | None = None
+        for hook in self.hooks:
+            if hasattr(hook, "setup"):
+                try:
+                    hook.setup(self.hook_context())
+                except UserError as e:
+                    error = e
+                    break
+        with comm_guard("the hook setup check", self.state.step + 1):
+            failed = dist.all_reduce_sum(torch.tensor([float(error is not None)], dtype=torch.float64)).item()
+        if error is not None:
+            raise error
+        if failed:
+            raise UserError("stopping: a periodic hook (e.g. --sample-every) failed its setup on another rank; "
+                            "see RUN/logs/rank*.log")
+
     def fit(self, stop: Any) -> str:
         """Train until done or stopped; returns "done" or "stopped" (a checkpoint is written either way)."""
+        self.setup_hooks()
         bar = tqdm(total=self.total_steps, initial=self.state.step, desc="train", dynamic_ncols=True,
                    disable=not progress_enabled(self.cfg.quiet))
         outcome = "done"

@@ -31,6 +31,7 @@ from common.seeding import STREAM_SHARD_ORDER, derive_seed
 _ORDER = 0
 _SHUFFLE = 1
 _INTERLEAVE = 2
+_LOADER = 3
 
 
 def stable_permutation(n: int, seed: int) -> list[int]:
@@ -57,6 +58,12 @@ def shuffle_seed(seed: int, epoch: int, slot: int) -> int:
 def interleave_seed(seed: int, epoch: int, slot: int) -> int:
     """Seed of the choice, sample by sample, of which of reader `slot`'s open shards to read next."""
     return derive_seed(seed, STREAM_SHARD_ORDER, epoch, _INTERLEAVE, slot)
+
+
+def loader_seed(seed: int, epoch: int, rank: int) -> int:
+    """Seed of rank `rank`'s DataLoader in `epoch` (its workers' base seed): the loader then draws nothing
+    from the global torch generator, whose saved state therefore resumes exactly too."""
+    return derive_seed(seed, STREAM_SHARD_ORDER, epoch, _LOADER, rank)
 
 
 def assign_shards(sizes: Sequence[int], order: Sequence[int], num_slots: int) -> list[list[int]]:

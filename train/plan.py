@@ -76,6 +76,10 @@ def prepare(cfg: TrainConfig, world_size: int | None = None) -> Prepared:
     batch = batch_plan(cfg.global_batch_size, cfg.micro_batch_size, world)
     source = open_shards(cfg.shards, cfg.manifest)
     kw = model_kwargs(cfg, source)
+    n = source.manifest.num_classes
+    if cfg.sample_every and cfg.sample_classes and max(cfg.sample_classes) >= n:
+        raise UserError(f"--sample-classes {','.join(map(str, cfg.sample_classes))}: the shard set has {n} classes, "
+                        f"ids 0..{n - 1}")
     layout = DataLayout(seed=cfg.seed, world_size=world, workers=max(1, cfg.num_workers),
                         micro_batch=batch.micro_batch, accum=batch.accum, shuffle_buffer=cfg.shuffle_buffer,
                         shards_in_flight=cfg.shards_in_flight)

@@ -32,6 +32,7 @@ def assert_same_run(a, b):
     ca = load_checkpoint(CheckpointManager(a / "checkpoints").latest())
     cb = load_checkpoint(CheckpointManager(b / "checkpoints").latest())
     assert ca["step"] == cb["step"] == STEPS and ca["data"] == cb["data"]
+    assert torch.equal(ca["rng"]["torch"], cb["rng"]["torch"])  # nothing draws from the global generator
     for key in ("model", "ema"):
         assert ca[key].keys() == cb[key].keys()
         for name in ca[key]:
