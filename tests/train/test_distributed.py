@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from common.errors import UserError
-from tests._util import BIN, cli_env, free_port, run_cli, run_torchrun, torchrun_cmd
+from tests._util import BIN, cli_env, free_port, make_tiny_vae, run_cli, run_torchrun, torchrun_cmd
 from tests.train.conftest import tiny_args
 from train.checkpoint import CheckpointManager, load_checkpoint
 from train.metrics import read_metrics
@@ -25,9 +25,11 @@ def _rank_records(run_dir, rank):
 
 
 @pytest.fixture(scope="module")
-def ddp_run(shard_dir, tmp_path_factory):
+def ddp_run(shard_dir, tiny_vae_dir, tmp_path_factory):
+    """With sample grids on (rank 0 draws them; the 2-node run below has none and must match exactly)."""
     run_dir = tmp_path_factory.mktemp("ddp") / "run"
-    r = run_cli("dit-train", ["--nproc-per-node", "2", *tiny_args(shard_dir, run_dir, **DDP)], timeout=300)
+    grids = {"sample-every": 2, "vae": tiny_vae_dir, "sample-steps": 5, "sample-classes": "0,1"}
+    r = run_cli("dit-train", ["--nproc-per-node", "2", *tiny_args(shard_dir, run_dir, **DDP, **grids)], timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     return run_dir
 
@@ -45,6 +47,7 @@ def test_two_ranks_agree_and_log_the_mean_loss(ddp_run):
     assert prints[0] == prints[1] and sorted(prints[0]) == [2, 4]  # identical weights on both ranks
     ck = load_checkpoint(CheckpointManager(ddp_run / "checkpoints").latest())
     assert ck["data"]["world_size"] == 2 and ck["data"]["accum"] == 2 and ck["step"] == 4
+    assert sorted(p.name for p in (ddp_run / "samples").iterdir()) == ["step-0000002.png", "step-0000004.png"]
 
 
 def test_two_nodes_c10d_rendezvous_matches_the_two_rank_run(ddp_run, shard_dir, tmp_path):
@@ -74,6 +77,18 @@ def test_nan_on_one_rank_stops_every_rank_before_the_update(shard_dir, tmp_path)
     assert "stopped before the optimizer update" in r.stderr and "step-0000002.pt) is intact" in r.stderr
     assert CheckpointManager(run_dir / "checkpoints").steps() == [2]
     assert [rec["step"] for rec in read_metrics(run_dir)] == [1, 2]
+
+
+def test_a_hook_failing_its_setup_on_rank_0_stops_every_rank_before_the_first_step(shard_dir, tmp_path):
+    vae = make_tiny_vae(tmp_path / "vae8", latent_channels=8)  # loads fine; does not fit 4-channel latents
+    run_dir = tmp_path / "run"
+    r = run_torchrun("dit-train", tiny_args(shard_dir, run_dir, **DDP, **{"sample-every": 2, "vae": vae}),
+                     timeout=300)
+    assert r.returncode != 0
+    assert "has 8 latent channels but the model trains on 4-channel latents" in r.stderr, r.stderr[-3000:]
+    assert "[rank 1] error: stopping: a periodic hook (e.g. --sample-every) failed its setup on another rank" \
+        in r.stderr
+    assert read_metrics(run_dir) == [] and CheckpointManager(run_dir / "checkpoints").steps() == []
 
 
 def test_signal_on_one_rank_checkpoints_on_all_and_exits_zero(shard_dir, tmp_path):
