@@ -204,7 +204,8 @@ def test_bare_state_dict_of_a_custom_size_loads_through_its_sidecar(tmp_path):
 
 @pytest.mark.parametrize("content,problem", [
     ({"depth": 3}, "with its sidecar step-0000010-ema.json: model_config says depth=3 but the weights have depth=2"),
-    ({"num_heads": 5}, "with its sidecar step-0000010-ema.json: invalid DiT configuration: hidden_size 32 is not divisible by num_heads 5"),
+    ({"num_heads": 5}, "with its sidecar step-0000010-ema.json: invalid DiT configuration: hidden_size 32 is not "
+                       "divisible by num_heads 5"),
     ({"num_classes": 7}, "label table has 6 rows but the stored config says 7 classes"),
     ("{not json", "step-0000010-ema.json, the sidecar of step-0000010-ema.pt, is unreadable"),
     ({"format": "something else"}, "is not a weights sidecar"),
