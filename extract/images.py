@@ -9,7 +9,8 @@ Odd files follow RELIABILITY.md: anything PIL decodes is converted to RGB (CMYK,
 a PNG named .JPEG all as `Image.convert("RGB")`, like ImageFolder's loader; 16-bit grayscale is scaled to
 8 bits instead of being clipped to white); anything it cannot decode (zero bytes, truncated, garbage, a
 malformed header) raises `SkippedImage` with the reason, and so does a FIFO or device with an image name,
-which is never opened (reading it would block or never end). Decompression bombs are refused from the header, before any pixel is decoded.
+which is never opened (reading it would block or never end). Decompression bombs are refused from the
+header, before any pixel is decoded.
 """
 from __future__ import annotations
 
