@@ -454,7 +454,7 @@ def train_main(ctx: click.Context, config_file: str | None, nproc_per_node: int 
     """
     from click.core import ParameterSource
 
-    from train import load_config_file, merge_config, plot_metrics, run
+    from train import build_hooks, load_config_file, merge_config, plot_metrics, run
     from train.launch import launch, under_launcher
     from train.plan import prepare
 
@@ -464,9 +464,7 @@ def train_main(ctx: click.Context, config_file: str | None, nproc_per_node: int 
     given = {k: v for k, v in options.items()
              if ctx.get_parameter_source(k) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)}
     cfg = merge_config(load_config_file(config_file) if config_file else {}, given)
-    # Periodic hooks (sample grids from sample/) are built here from their options and passed as
-    # run(cfg, hooks=[...]); see train/hooks.py. Building them checks the options and loads the VAE.
-    hooks = _train_hooks(cfg)
+    hooks = build_hooks(cfg)  # checks the hook options and loads the VAE now: a bad --vae fails early
     if nproc_per_node is not None and not under_launcher():
         if cfg.dry_run:
             run(cfg, world_size=nproc_per_node)
@@ -476,19 +474,3 @@ def train_main(ctx: click.Context, config_file: str | None, nproc_per_node: int 
         sys.exit(launch(nproc_per_node, sys.argv[1:]))
     run(cfg, hooks=hooks)
 
-
-def _train_hooks(cfg: Any) -> list:
-    """[SampleGridHook] with --sample-every, else []. The options are validated first (ConfigError, exit 2);
-    rank 0 (the one that draws) loads the VAE at once, so a bad --vae fails before training starts."""
-    if cfg.sample_every is None:
-        return []
-    from common import distributed as dist
-    from sample.grid import SampleGridHook
-
-    cfg.validate()
-    hook = SampleGridHook(every=cfg.sample_every, vae=cfg.vae, vae_config=cfg.vae_config,
-                          class_labels=cfg.sample_classes, seed=cfg.seed, steps=cfg.sample_steps,
-                          sampler="ddim", cfg_scale=cfg.sample_cfg_scale)
-    if dist.is_main():
-        hook.load()
-    return [hook]

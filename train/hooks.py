@@ -4,9 +4,9 @@ The trainer calls every hook on every rank right after step `ctx.step` is comple
 updated, checkpoint written if one was due) whenever `ctx.step % hook.every == 0`. A hook decides itself
 which ranks do work (typically rank 0 only, with `ctx.ema`, which only rank 0 holds); ranks that skip the
 work simply wait at their next collective, so a hook should take well under the collective timeout
-(DIT_DIST_TIMEOUT, 600 s by default). Hooks are built by the CLI from their own options (settings can be
-kept in `TrainConfig.extra` so they are saved with the run) and passed to `train.run(cfg, hooks=[...])`;
-`train/` itself depends on no hook implementation.
+(DIT_DIST_TIMEOUT, 600 s by default). `build_hooks(cfg)` makes the hooks a TrainConfig asks for (today the
+sample grids of sample/, imported only when asked for); they are passed to `train.run(cfg, hooks=[...])`,
+whose loop knows only the `PeriodicHook` protocol below.
 
 A hook may also have `setup(ctx)`: called once on every rank before the first step of this invocation
 (after resuming), to load what it needs and check it against the run. A `UserError` there stops every rank
@@ -42,3 +42,23 @@ class PeriodicHook(Protocol):
     every: int
 
     def __call__(self, ctx: HookContext) -> None: ...
+
+
+def build_hooks(cfg: Any) -> list[PeriodicHook]:
+    """The hooks `cfg` asks for: a SampleGridHook with --sample-every, else none.
+
+    Validates the config first (ConfigError, exit 2). Rank 0, the one that draws, loads the VAE at once, so
+    a bad --vae fails before any training work.
+    """
+    if cfg.sample_every is None:
+        return []
+    from common import distributed as dist
+    from sample.grid import SampleGridHook
+
+    cfg.validate()
+    hook = SampleGridHook(every=cfg.sample_every, vae=cfg.vae, vae_config=cfg.vae_config,
+                          class_labels=cfg.sample_classes, seed=cfg.seed, steps=cfg.sample_steps,
+                          sampler="ddim", cfg_scale=cfg.sample_cfg_scale)
+    if dist.is_main():
+        hook.load()
+    return [hook]
