@@ -29,8 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a ch
 import torch  # noqa: E402
 
 import dit  # noqa: E402
+from common.precision import AUTOCAST_DTYPES  # noqa: E402
 from common.vae import SD_VAE_CONFIG, build_sd_vae  # noqa: E402
-from sample.generate import (AUTOCAST_DTYPES, decode_latents, guided_model_fn, make_diffusion,  # noqa: E402
+from sample.generate import (decode_latents, guided_model_fn, make_diffusion,  # noqa: E402
                              sample_latents)
 from sample.plan import noise_generators  # noqa: E402
 

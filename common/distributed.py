@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as _dist
@@ -184,3 +184,21 @@ def broadcast_tensor_(t: torch.Tensor, src: int = 0) -> torch.Tensor:
             _dist.broadcast(buf, src=src)
             t.copy_(buf)
     return t
+
+
+def on_rank0(fn: Callable[[], Any], logs: str = "the per-rank logs") -> Any:
+    """Run fn on rank 0 only; its result, or its UserError, reaches every rank (no rank left waiting).
+
+    Used for work that must happen once (checking or creating an output folder, writing a manifest).
+    """
+    result, error = None, None
+    if is_main():
+        try:
+            result = fn()
+        except UserError as e:
+            error = str(e)
+    with peer_guard("waiting for rank 0", logs):
+        result, error = broadcast_object((result, error))
+    if error is not None:
+        raise UserError(error if is_main() else f"(reported by rank 0) {error}")
+    return result

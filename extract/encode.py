@@ -22,11 +22,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from common.precision import AUTOCAST_DTYPES, set_tf32
 from common.seeding import derive_seed
 
 # Our own seed stream for `--store sample` noise: seed = derive_seed(seed, STREAM, global_index).
 STREAM_EXTRACT_SAMPLE = 101
-_AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 log = logging.getLogger("dit_pipeline")
 
@@ -73,8 +73,8 @@ class LatentEncoder:
 
     def __init__(self, vae: torch.nn.Module, *, device: torch.device, precision: str, views: int,
                  store: str = "posterior", seed: int = 0):
-        if precision not in _AUTOCAST:
-            raise ValueError(f"precision must be one of {sorted(_AUTOCAST)}, got {precision!r}")
+        if precision not in AUTOCAST_DTYPES:
+            raise ValueError(f"precision must be one of {sorted(AUTOCAST_DTYPES)}, got {precision!r}")
         self.vae = vae.to(device=device, memory_format=torch.channels_last).eval().requires_grad_(False)
         self.device = device
         self.precision = precision
@@ -86,11 +86,10 @@ class LatentEncoder:
             torch.backends.cudnn.benchmark = False
             torch.backends.cudnn.deterministic = True
             if precision == "fp32":
-                torch.backends.cudnn.allow_tf32 = False
-                torch.backends.cuda.matmul.allow_tf32 = False
+                set_tf32(False)
 
     def _posterior(self, x: torch.Tensor, precision: str) -> tuple[torch.Tensor, torch.Tensor]:
-        dtype = _AUTOCAST[precision]
+        dtype = AUTOCAST_DTYPES[precision]
         with torch.autocast(self.device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
             dist = self.vae.encode(x).latent_dist
         return dist.mean.float(), dist.std.float()

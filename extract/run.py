@@ -14,7 +14,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import PIL
 import torch
@@ -65,21 +65,6 @@ def tool_version() -> str:
         return importlib.metadata.version("dit-pipeline")
     except importlib.metadata.PackageNotFoundError:
         return "0+unknown"
-
-
-def _on_rank0(fn: Callable[[], Any]) -> Any:
-    """Run fn on rank 0 only; its result, or its UserError, reaches every rank (no rank left waiting)."""
-    result, error = None, None
-    if dist.is_main():
-        try:
-            result = fn()
-        except UserError as e:
-            error = str(e)
-    with dist.peer_guard("waiting for rank 0", _RANK_LOGS):
-        result, error = dist.broadcast_object((result, error))
-    if error is not None:
-        raise UserError(error if dist.is_main() else f"(from rank 0) {error}")
-    return result
 
 
 def scan_images(cfg: ExtractConfig) -> ImageList:
@@ -174,7 +159,7 @@ def _setup(cfg: ExtractConfig) -> _Run:
     record = extraction_record(cfg, images, vae_identity, precision=precision, batch_size=batch_size,
                                samples_per_shard=samples_per_shard, device=device)
     out = Path(cfg.out).expanduser()
-    status = _on_rank0(lambda: prepare_output(out, record, overwrite=cfg.overwrite))
+    status = dist.on_rank0(lambda: prepare_output(out, record, overwrite=cfg.overwrite), _RANK_LOGS)
     return _Run(cfg, images, device, precision, batch_size, vae, vae_identity, latent_shape, samples_per_shard,
                 record, out, status)
 
@@ -272,7 +257,7 @@ def run_extract(cfg: ExtractConfig) -> ExtractSummary:
     setup_logging(run.out / LOG_DIR, quiet=cfg.quiet)
     log.info("dit-extract %s: %d images in %d classes from %s -> %s (%s)", tool_version(), len(run.images),
              len(run.images.class_names), run.images.root, run.out, run.status)
-    _on_rank0(lambda: _start_output(run))  # also the barrier before any rank looks at the folder
+    dist.on_rank0(lambda: _start_output(run), _RANK_LOGS)  # also the barrier before any rank looks at the folder
     total_shards = plan.num_shards(len(run.images), run.samples_per_shard)
     done, todo = _my_shards(run.out, total_shards)
     if done:
@@ -287,7 +272,7 @@ def run_extract(cfg: ExtractConfig) -> ExtractSummary:
                                            stats.images, len(done), retries))
     states = {i: ShardState.from_dict(d) for part in gathered for i, d in part[0].items()}
     assert sorted(states) == list(range(total_shards)), "every shard is written by exactly one rank"
-    _on_rank0(lambda: _write_manifest(run, states))
+    dist.on_rank0(lambda: _write_manifest(run, states), _RANK_LOGS)
     summary = _summarize(run, gathered, states, t0)
     if dist.is_main():
         _log_summary(summary)

@@ -22,7 +22,6 @@ import dit
 from sample.config import respacing
 from sample.plan import noise_generators
 
-AUTOCAST_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def guide_channels_arg(cfg_channels: str | int) -> int | str:

@@ -19,8 +19,9 @@ from torch import nn
 
 from common.errors import UserError
 from common.io import atomic_write_bytes
+from common.precision import AUTOCAST_DTYPES
 from common.vae import load_vae
-from sample.generate import AUTOCAST_DTYPES, generate_images, make_diffusion
+from sample.generate import generate_images, make_diffusion
 
 GRID_PADDING = 2
 

@@ -28,10 +28,11 @@ from common.errors import UserError
 from common.faults import fault_point
 from common.io import atomic_write_bytes, atomic_write_json, sha256_file
 from common.log import progress_enabled, setup_logging
+from common.precision import AUTOCAST_DTYPES, set_tf32
 from common.vae import load_vae
 from sample import plan
 from sample.config import SampleConfig
-from sample.generate import AUTOCAST_DTYPES, generate_images, guided_model_fn, make_diffusion
+from sample.generate import generate_images, guided_model_fn, make_diffusion
 from sample.grid import png_bytes, save_grid
 from sample.load import LoadedModel, latent_scale, load_model
 from sample.npz import RUN_FILE, PartStore, assemble_npz, parts_dir_for
@@ -48,13 +49,6 @@ class SampleResult:
     seconds: float
     npz: Path | None = None
     grid: Path | None = None
-
-
-def set_tf32(enabled: bool) -> None:
-    """TF32 for float32 matmuls and convolutions on GPUs that have it (the reference samples with it on)."""
-    mode = "tf32" if enabled else "ieee"
-    torch.backends.cuda.matmul.fp32_precision = mode
-    torch.backends.cudnn.conv.fp32_precision = mode
 
 
 def run_sampling(cfg: SampleConfig) -> SampleResult:
@@ -83,7 +77,7 @@ def _run(cfg: SampleConfig) -> SampleResult:
         log = setup_logging(Path(cfg.out) / "logs", quiet=cfg.quiet)
     record = _record(cfg, loaded, vae_id, scale, shift, labels, image_size) if dist.is_main() else {}
     store = PartStore(parts_dir_for(cfg.npz, cfg.out), record.get("fingerprint", {}), cfg.total)
-    state = _on_rank0(lambda: _prepare(cfg, store, record, log))
+    state = dist.on_rank0(lambda: _prepare(cfg, store, record, log))
     if state == "complete":
         log.info("%s: already complete (same checkpoint and settings); nothing to do", cfg.npz or cfg.out)
         return SampleResult(cfg.total, 0, cfg.total, image_size, time.perf_counter() - start,
@@ -143,21 +137,6 @@ def _record(cfg: SampleConfig, loaded: LoadedModel, vae_id: dict[str, Any], scal
     return {"fingerprint": json.loads(json.dumps(fingerprint)), "config": cfg.to_dict(),
             "checkpoint": {"path": str(cfg.ckpt), "source": loaded.info["source"], "step": loaded.info.get("step")},
             "vae": vae_id, "labels": labels.tolist()}
-
-
-def _on_rank0(fn) -> Any:
-    """Run fn on rank 0 and give every rank its result; a UserError there is raised on every rank."""
-    box: tuple[str, Any] = ("ok", None)
-    if dist.is_main():
-        try:
-            box = ("ok", fn())
-        except UserError as e:
-            box = ("error", str(e))
-    with dist.peer_guard("waiting for rank 0"):
-        box = dist.broadcast_object(box)
-    if box[0] == "error":
-        raise UserError(box[1] if dist.is_main() else f"(reported by rank 0) {box[1]}")
-    return box[1]
 
 
 def _record_paths(cfg: SampleConfig) -> list[Path]:

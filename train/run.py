@@ -21,6 +21,7 @@ from common import distributed as dist
 from common.errors import UserError
 from common.io import atomic_write_json
 from common.log import get_logger, setup_logging
+from common.precision import AUTOCAST_DTYPES, set_tf32
 from train.checkpoint import FORMAT, VERSION, CheckpointManager, load_checkpoint, rng_state, set_rng_state
 from train.config import TrainConfig
 from train.hooks import PeriodicHook
@@ -30,7 +31,6 @@ from train.partition import DataLayout, map_position, plan_epoch
 from train.plan import Prepared, format_plan, prepare, resolve_precision
 from train.signals import StopRequest
 
-AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
 
 
 def build_parts(prep: Prepared, device: torch.device, precision: str) -> Parts:
@@ -61,7 +61,7 @@ def build_parts(prep: Prepared, device: torch.device, precision: str) -> Parts:
         # with backward); state_dicts come from the raw `model`, so names never get `_orig_mod.`.
         forward = torch.compile(forward)
     return Parts(model=model, ema=ema, opt=opt, scaler=scaler, ddp=ddp, forward=forward,
-                 diffusion=dit.create_diffusion(""), amp_dtype=AMP_DTYPES[precision],
+                 diffusion=dit.create_diffusion(""), amp_dtype=AUTOCAST_DTYPES[precision],
                  flops_per_image=float(dit.train_flops_per_image(model.config)),
                  peak_tflops=peak_tflops(device, cfg.peak_tflops))
 
@@ -225,11 +225,7 @@ def run(cfg: TrainConfig, hooks: Sequence[PeriodicHook] = (), *, world_size: int
 def _train(prep: Prepared, hooks: Sequence[PeriodicHook]) -> str:
     device = dist.device()
     precision = resolve_precision(prep.cfg.precision, device)
-    # TF32 for the float32 matmuls/convolutions that remain outside autocast (the new per-backend API;
-    # mixing it with the legacy allow_tf32 flags is an error in recent torch).
-    mode = "tf32" if prep.cfg.tf32 else "ieee"
-    torch.backends.cuda.matmul.fp32_precision = mode
-    torch.backends.cudnn.conv.fp32_precision = mode
+    set_tf32(prep.cfg.tf32)  # for the float32 matmuls/convolutions that remain outside autocast
     run_dir, ckpts, resolved = _start_run_dir(prep, precision)
     log = get_logger()
     log.info(format_plan(prep).replace("dit-train plan (dry run: nothing was started)", "dit-train"))

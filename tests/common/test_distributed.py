@@ -57,3 +57,17 @@ def test_two_rank_gloo(tmp_path):
         assert o["bcast"] == {"from": 0}
         assert o["gather"] == [0, 2]
         assert o["bcast_tensor"] == [8.0]
+
+
+def test_on_rank0_single_process():
+    import pytest
+
+    from common.errors import UserError
+
+    assert dist.on_rank0(lambda: {"status": "fresh"}) == {"status": "fresh"}
+
+    def refuse():
+        raise UserError("OUT holds shards of another config; pass --overwrite")
+
+    with pytest.raises(UserError, match="^OUT holds shards of another config"):
+        dist.on_rank0(refuse)
