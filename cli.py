@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import click
 
-from common.errors import ConfigError, UserError
+from dit_pipeline.common.errors import ConfigError, UserError
 
 
 class DashCommand(click.Command):
@@ -175,8 +175,8 @@ def sample_run_cmd(compile_: bool, debug: bool, **options: Any) -> None:
       torchrun --nproc-per-node 8 $(which dit-sample) --ckpt DiT-XL-2-256x256.pt \\
           --num-samples 50000 --cfg-scale 1.5 --steps 250 --npz dit-xl2-cfg1.5.npz
     """
-    from sample.config import SampleConfig
-    from sample.run import run_sampling
+    from dit_pipeline.sample.config import SampleConfig
+    from dit_pipeline.sample.run import run_sampling
 
     run_sampling(SampleConfig(compile=compile_, **options))
 
@@ -197,9 +197,9 @@ def sample_export_cmd(debug: bool, **options: Any) -> None:
       dit-sample export --to diffusers dit-xl2-pipeline/ --ckpt runs/xl2/checkpoints/step-0400000.pt
       dit-sample export --to safetensors dit-xl2.safetensors --ckpt DiT-XL-2-256x256.pt
     """
-    from common.log import setup_logging
-    from sample.config import ExportConfig
-    from sample.export import export
+    from dit_pipeline.common.log import setup_logging
+    from dit_pipeline.sample.config import ExportConfig
+    from dit_pipeline.sample.export import export
 
     setup_logging()
     path = export(ExportConfig(**options))
@@ -253,8 +253,8 @@ def extract_main(debug: bool, **options: Any) -> None:
     """
     from diffusers.utils import logging as diffusers_logging
 
-    from common import distributed as dist
-    from extract import ExtractConfig, run_extract
+    from dit_pipeline.common import distributed as dist
+    from dit_pipeline.extract import ExtractConfig, run_extract
 
     diffusers_logging.set_verbosity_error()
     try:
@@ -303,8 +303,8 @@ def shards_verify_cmd(folder: str, quick: bool, jobs: int, as_json: bool, quiet:
     """
     import json
 
-    from shards import verify_shards
-    from shards.info import format_verify
+    from dit_pipeline.shards import verify_shards
+    from dit_pipeline.shards.info import format_verify
 
     report = verify_shards(folder, quick=quick, jobs=jobs, progress=not quiet and not as_json)
     click.echo(json.dumps(report.to_dict(), indent=2) if as_json else format_verify(report))
@@ -325,7 +325,7 @@ def shards_info_cmd(folder: str, as_json: bool, debug: bool) -> None:
     """
     import json
 
-    from shards.info import format_info, info_dict
+    from dit_pipeline.shards.info import format_info, info_dict
 
     d = info_dict(folder)
     click.echo(json.dumps(d, indent=2) if as_json else format_info(d))
@@ -350,7 +350,7 @@ def shards_stats_cmd(folder: str, max_samples: int, seed: int, as_json: bool, de
     """
     import json
 
-    from shards.stats import compute_stats, format_stats
+    from dit_pipeline.shards.stats import compute_stats, format_stats
 
     s = compute_stats(folder, max_samples=max_samples, seed=seed)
     click.echo(json.dumps(s, indent=2) if as_json else format_stats(s))
@@ -454,9 +454,9 @@ def train_main(ctx: click.Context, config_file: str | None, nproc_per_node: int 
     """
     from click.core import ParameterSource
 
-    from train import build_hooks, load_config_file, merge_config, plot_metrics, run
-    from train.launch import launch, under_launcher
-    from train.plan import prepare
+    from dit_pipeline.train import build_hooks, load_config_file, merge_config, plot_metrics, run
+    from dit_pipeline.train.launch import launch, under_launcher
+    from dit_pipeline.train.plan import prepare
 
     if plot_dir is not None:
         click.echo(f"wrote {plot_metrics(plot_dir)}")

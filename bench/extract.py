@@ -38,10 +38,13 @@ import numpy as np
 import torch
 from PIL import Image
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _checkout import use_checkout  # noqa: E402
 
-from common.vae import build_sd_vae  # noqa: E402
-from extract.images import adm_center_crop, load_and_crop  # noqa: E402
+use_checkout()  # run from a checkout without installing
+
+from dit_pipeline.common.vae import build_sd_vae  # noqa: E402
+from dit_pipeline.extract.images import adm_center_crop, load_and_crop  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -129,7 +132,7 @@ def bench_baseline(items, vae, device: torch.device, size: int, out: Path) -> fl
 
 
 def bench_pipeline(data: Path, vae_dir: Path, out: Path, args, n: int) -> dict:
-    from extract import ExtractConfig, run_extract
+    from dit_pipeline.extract import ExtractConfig, run_extract
 
     shutil.rmtree(out, ignore_errors=True)
     t = time.perf_counter()
@@ -145,7 +148,7 @@ def compare_precisions(vae, device: torch.device, size: int, batch: int, iters: 
     """Error of each autocast precision against a float64 encode of the same crops, and its encode rate."""
     import copy
 
-    from extract.encode import LatentEncoder, to_model_input
+    from dit_pipeline.extract.encode import LatentEncoder, to_model_input
 
     rng = np.random.default_rng(1)
     crops = torch.from_numpy(np.stack([adm_center_crop(natural_image(rng), size) for _ in range(batch)]))
@@ -215,7 +218,7 @@ def main(argv: list[str] | None = None) -> dict:
     vae_dir = work / "sd-vae"
     if not (vae_dir / "config.json").exists():
         vae.save_pretrained(vae_dir)
-    from extract.config import resolve_num_workers, resolve_precision
+    from dit_pipeline.extract.config import resolve_num_workers, resolve_precision
 
     r = {"device": torch.cuda.get_device_name(device) if gpu else f"{os.cpu_count()}-core {platform.machine()} CPU",
          "torch": torch.__version__, "images": n, "image_size": args.image_size, "source_size": "500x375",

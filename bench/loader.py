@@ -46,11 +46,14 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _checkout import use_checkout  # noqa: E402
 
-from shards import FORMAT_VERSION, Manifest, ShardWriter, iter_shard, sample_key, shard_name, write_manifest  # noqa: E402
-from train.data import EpochStream, make_loader, open_shards  # noqa: E402
-from train.partition import plan_epoch  # noqa: E402
+use_checkout()  # run from a checkout without installing
+
+from dit_pipeline.shards import FORMAT_VERSION, Manifest, ShardWriter, iter_shard, sample_key, shard_name, write_manifest  # noqa: E402
+from dit_pipeline.train.data import EpochStream, make_loader, open_shards  # noqa: E402
+from dit_pipeline.train.partition import plan_epoch  # noqa: E402
 
 SCALE = 0.18215
 
@@ -144,6 +147,9 @@ import json, sys
 from pathlib import Path
 tree = Path(sys.argv[1])
 sys.path[:0] = [str(tree), str(tree / "bench")]
+if (tree / "bench" / "_checkout.py").exists():  # trees with the dit_pipeline namespace
+    import _checkout
+    _checkout.use_checkout(tree)
 import torch
 torch.set_num_threads(1)
 import loader

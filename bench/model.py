@@ -20,6 +20,12 @@ import resource
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _checkout import use_checkout  # noqa: E402
+
+use_checkout()  # run from a checkout without installing
 
 # Dense bf16/fp16 tensor-core peaks (TFLOP/s) for MFU; fp32 and CPUs have no entry.
 PEAK_TFLOPS = {"H100": 989.4, "H200": 989.4, "A100": 312.0}
@@ -52,7 +58,7 @@ def run_variant(v: dict) -> dict:
     """Build the model, run warmup + timed training iterations, return the measurements."""
     import torch
 
-    import dit
+    from dit_pipeline import dit
 
     baseline_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # after imports, before the model
     device = torch.device(v["device"])
@@ -127,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     import torch
 
-    import dit
+    from dit_pipeline import dit
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     name = dit.canonical_model_name(args.model)
@@ -159,7 +165,7 @@ def compare_bf16(name: str, image_size: int, batch: int, device: str) -> None:
     linear) get N(0, 0.02) weights so the output is not trivially zero."""
     import torch
 
-    import dit
+    from dit_pipeline import dit
 
     torch.manual_seed(0)
     model = dit.create_model(name, input_size=image_size // 8).to(device).eval()
@@ -186,7 +192,7 @@ def compare_bf16(name: str, image_size: int, batch: int, device: str) -> None:
 def _macs(name: str, image_size: int) -> int:
     import torch
 
-    import dit
+    from dit_pipeline import dit
 
     with torch.device("meta"):
         return dit.forward_macs(dit.create_model(name, input_size=image_size // 8).config)

@@ -24,16 +24,19 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without installing
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _checkout import use_checkout  # noqa: E402
+
+use_checkout()  # run from a checkout without installing
 
 import torch  # noqa: E402
 
-import dit  # noqa: E402
-from common.precision import AUTOCAST_DTYPES  # noqa: E402
-from common.vae import SD_VAE_CONFIG, build_sd_vae  # noqa: E402
-from sample.generate import (decode_latents, guided_model_fn, make_diffusion,  # noqa: E402
+from dit_pipeline import dit  # noqa: E402
+from dit_pipeline.common.precision import AUTOCAST_DTYPES  # noqa: E402
+from dit_pipeline.common.vae import SD_VAE_CONFIG, build_sd_vae  # noqa: E402
+from dit_pipeline.sample.generate import (decode_latents, guided_model_fn, make_diffusion,  # noqa: E402
                              sample_latents)
-from sample.plan import noise_generators  # noqa: E402
+from dit_pipeline.sample.plan import noise_generators  # noqa: E402
 
 MODES = {"ddpm250": ("ddpm", 250), "ddim50": ("ddim", 50)}
 FID_SAMPLES = 50_000
@@ -148,7 +151,7 @@ def bench_decode(latents: torch.Tensor, device: torch.device, repeat: int) -> di
 def diffusers_residual(name: str, input_size: int, batch: int, device: torch.device) -> None:
     """Output of the exported DiTTransformer2DModel, stock (downscale_freq_shift=1) and with DiT's
     frequencies (shift 0), against our model on the same inputs."""
-    from sample.export import build_diffusers_transformer, set_dit_timestep_frequencies
+    from dit_pipeline.sample.export import build_diffusers_transformer, set_dit_timestep_frequencies
 
     model = build_model(name, input_size, device)
     transformer = build_diffusers_transformer(model.state_dict(), model.config).to(device)

@@ -31,12 +31,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _checkout import use_checkout  # noqa: E402
 
-import dit  # noqa: E402
-from shards import FORMAT_VERSION, Manifest, ShardWriter, sample_key, shard_name, write_manifest  # noqa: E402
-from train import merge_config, run  # noqa: E402
-from train.metrics import peak_tflops, read_metrics  # noqa: E402
+use_checkout()  # run from a checkout without installing
+
+from dit_pipeline import dit  # noqa: E402
+from dit_pipeline.shards import FORMAT_VERSION, Manifest, ShardWriter, sample_key, shard_name, write_manifest  # noqa: E402
+from dit_pipeline.train import merge_config, run  # noqa: E402
+from dit_pipeline.train.metrics import peak_tflops, read_metrics  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -30,10 +30,15 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _checkout import use_checkout  # noqa: E402
+
+use_checkout()  # run from a checkout without installing
+
 import numpy as np
 
-from common.io import sha256_file
-from shards import FORMAT_VERSION, Manifest, ShardWriter, iter_shard, sample_key, shard_name, verify_shards, write_manifest
+from dit_pipeline.common.io import sha256_file
+from dit_pipeline.shards import FORMAT_VERSION, Manifest, ShardWriter, iter_shard, sample_key, shard_name, verify_shards, write_manifest
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -127,7 +132,7 @@ def main(argv: list[str] | None = None) -> None:
     tmp = None if a.dir else tempfile.mkdtemp(prefix="bench-verify-")
     folder = Path(a.dir or tmp)
     try:
-        from shards import read_manifest
+        from dit_pipeline.shards import read_manifest
 
         m = read_manifest(folder) if (folder / "manifest.json").is_file() else build(folder, a)
         for s in m.shards:  # into the page cache: every contender then hashes the same cached bytes

@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.distributed as _dist
 
-from common.errors import UserError
+from dit_pipeline.common.errors import UserError
 
 DEFAULT_TIMEOUT_S = 600
 # What gloo and NCCL say when a peer is gone: "Connection closed by peer", "Connection reset by peer",

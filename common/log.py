@@ -9,7 +9,7 @@ import logging
 import sys
 from pathlib import Path
 
-from common import distributed as dist
+from dit_pipeline.common import distributed as dist
 
 LOGGER_NAME = "dit_pipeline"
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from common.errors import UserError
-from common.io import sha256_file
+from dit_pipeline.common.errors import UserError
+from dit_pipeline.common.io import sha256_file
 
 DEFAULT_VAE = "stabilityai/sd-vae-ft-ema"
 SINGLE_FILE_SUFFIXES = (".safetensors", ".ckpt", ".pt", ".pth", ".bin")

@@ -4,10 +4,10 @@
 benchmark: `files` (image discovery and labels), `images` (decode + ADM crop), `plan` (the work split),
 `loader` (parallel decode), `encode` (batched VAE), `state` (resume), `pipeline` (the encode loop).
 """
-from extract.config import ExtractConfig
-from extract.files import IMAGE_EXTENSIONS, ImageList, scan_image_folder
-from extract.images import SkippedImage, adm_center_crop, load_and_crop, load_rgb
-from extract.run import ExtractSummary, run_extract
+from dit_pipeline.extract.config import ExtractConfig
+from dit_pipeline.extract.files import IMAGE_EXTENSIONS, ImageList, scan_image_folder
+from dit_pipeline.extract.images import SkippedImage, adm_center_crop, load_and_crop, load_rgb
+from dit_pipeline.extract.run import ExtractSummary, run_extract
 
 __all__ = ["ExtractConfig", "ExtractSummary", "IMAGE_EXTENSIONS", "ImageList", "SkippedImage", "adm_center_crop",
            "load_and_crop", "load_rgb", "run_extract", "scan_image_folder"]

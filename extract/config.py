@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
-from common.errors import collect
-from common.vae import DEFAULT_VAE
+from dit_pipeline.common.errors import collect
+from dit_pipeline.common.vae import DEFAULT_VAE
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 STORES = ("posterior", "sample")

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from common.precision import AUTOCAST_DTYPES, set_tf32
-from common.seeding import derive_seed
+from dit_pipeline.common.precision import AUTOCAST_DTYPES, set_tf32
+from dit_pipeline.common.seeding import derive_seed
 
 # Our own seed stream for `--store sample` noise: seed = derive_seed(seed, STREAM, global_index).
 STREAM_EXTRACT_SAMPLE = 101

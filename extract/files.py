@@ -20,7 +20,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.errors import UserError
+from dit_pipeline.common.errors import UserError
 
 # torchvision.datasets.folder.IMG_EXTENSIONS, so our image set equals ImageFolder's.
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from extract.images import MAX_PIXELS, SkippedImage, load_and_crop
+from dit_pipeline.extract.images import MAX_PIXELS, SkippedImage, load_and_crop
 
 
 def printable_path(rel: str) -> str:

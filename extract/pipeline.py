@@ -16,13 +16,13 @@ from typing import Iterator
 
 from tqdm import tqdm
 
-from common.errors import UserError
-from common.faults import fault_point
-from extract.encode import LatentEncoder, Pending
-from extract.files import ImageList
-from extract.loader import Batch, printable_path
-from extract.state import ShardState, save_shard_state
-from shards import ShardWriter, sample_key, shard_name
+from dit_pipeline.common.errors import UserError
+from dit_pipeline.common.faults import fault_point
+from dit_pipeline.extract.encode import LatentEncoder, Pending
+from dit_pipeline.extract.files import ImageList
+from dit_pipeline.extract.loader import Batch, printable_path
+from dit_pipeline.extract.state import ShardState, save_shard_state
+from dit_pipeline.shards import ShardWriter, sample_key, shard_name
 
 log = logging.getLogger("dit_pipeline")
 

@@ -21,20 +21,20 @@ import torch
 from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from common import distributed as dist
-from common.errors import UserError
-from common.faults import fault_point
-from common.log import progress_enabled, setup_logging
-from common.vae import load_vae
-from extract import plan
-from extract.config import ExtractConfig, resolve_batch_size, resolve_num_workers, resolve_precision
-from extract.encode import LatentEncoder
-from extract.files import ImageList, scan_image_folder
-from extract.images import MAX_PIXELS
-from extract.loader import CropDataset, make_loader
-from extract.pipeline import LoopStats, ShardSink, disk_errors, encode_and_write
-from extract.state import LOG_DIR, STATE_DIR, ShardState, finished_shard, prepare_output, start_output
-from shards import FORMAT_VERSION, MANIFEST_NAME, Manifest, verify_shards, write_manifest
+from dit_pipeline.common import distributed as dist
+from dit_pipeline.common.errors import UserError
+from dit_pipeline.common.faults import fault_point
+from dit_pipeline.common.log import progress_enabled, setup_logging
+from dit_pipeline.common.vae import load_vae
+from dit_pipeline.extract import plan
+from dit_pipeline.extract.config import ExtractConfig, resolve_batch_size, resolve_num_workers, resolve_precision
+from dit_pipeline.extract.encode import LatentEncoder
+from dit_pipeline.extract.files import ImageList, scan_image_folder
+from dit_pipeline.extract.images import MAX_PIXELS
+from dit_pipeline.extract.loader import CropDataset, make_loader
+from dit_pipeline.extract.pipeline import LoopStats, ShardSink, disk_errors, encode_and_write
+from dit_pipeline.extract.state import LOG_DIR, STATE_DIR, ShardState, finished_shard, prepare_output, start_output
+from dit_pipeline.shards import FORMAT_VERSION, MANIFEST_NAME, Manifest, verify_shards, write_manifest
 
 log = logging.getLogger("dit_pipeline")
 _ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4}

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common.errors import UserError
-from common.io import atomic_write_json, remove_stale_temps, sha256_file
-from shards import MANIFEST_NAME, ShardRecord, shard_index, shard_name
+from dit_pipeline.common.errors import UserError
+from dit_pipeline.common.io import atomic_write_json, remove_stale_temps, sha256_file
+from dit_pipeline.shards import MANIFEST_NAME, ShardRecord, shard_index, shard_name
 
 STATE_DIR = ".extract"
 CONFIG_FILE = "config.json"

@@ -7,9 +7,9 @@ Public API:
     save_grid(images, path, *, labels, ncol)              labelled PNG grid (torchvision make_grid)
 Reproducibility: sample i's noise and (drawn) class depend only on (seed, i); see sample/plan.py.
 """
-from sample.config import ExportConfig, SampleConfig
-from sample.export import export
-from sample.grid import sample_grid, save_grid
-from sample.run import SampleResult, run_sampling
+from dit_pipeline.sample.config import ExportConfig, SampleConfig
+from dit_pipeline.sample.export import export
+from dit_pipeline.sample.grid import sample_grid, save_grid
+from dit_pipeline.sample.run import SampleResult, run_sampling
 
 __all__ = ["ExportConfig", "SampleConfig", "SampleResult", "export", "run_sampling", "sample_grid", "save_grid"]

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common.errors import collect
-from common.vae import DEFAULT_VAE
+from dit_pipeline.common.errors import collect
+from dit_pipeline.common.vae import DEFAULT_VAE
 
 # DiT's diffusion has 1000 training steps (REFERENCE.md); respacing picks a subset of them.
 TRAIN_TIMESTEPS = 1000

@@ -25,12 +25,12 @@ from typing import Any
 
 import torch
 
-from common.errors import UserError
-from common.io import TMP_PREFIX, fsync_dir
-from common.log import get_logger
-from common.vae import load_vae
-from sample.config import TRAIN_TIMESTEPS, ExportConfig
-from sample.load import SAFETENSORS_LATENT_KEY, latent_scale, load_weights
+from dit_pipeline.common.errors import UserError
+from dit_pipeline.common.io import TMP_PREFIX, fsync_dir
+from dit_pipeline.common.log import get_logger
+from dit_pipeline.common.vae import load_vae
+from dit_pipeline.sample.config import TRAIN_TIMESTEPS, ExportConfig
+from dit_pipeline.sample.load import SAFETENSORS_LATENT_KEY, latent_scale, load_weights
 
 WEIGHTS_FORMAT = "dit-pipeline.weights"
 DIT_LN_EPS = 1e-6

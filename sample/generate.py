@@ -18,9 +18,9 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
-import dit
-from sample.config import respacing
-from sample.plan import noise_generators
+from dit_pipeline import dit
+from dit_pipeline.sample.config import respacing
+from dit_pipeline.sample.plan import noise_generators
 
 
 

@@ -17,11 +17,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from common.errors import UserError
-from common.io import atomic_write_bytes
-from common.precision import AUTOCAST_DTYPES
-from common.vae import load_vae
-from sample.generate import generate_images, make_diffusion
+from dit_pipeline.common.errors import UserError
+from dit_pipeline.common.io import atomic_write_bytes
+from dit_pipeline.common.precision import AUTOCAST_DTYPES
+from dit_pipeline.common.vae import load_vae
+from dit_pipeline.sample.generate import generate_images, make_diffusion
 
 GRID_PADDING = 2
 

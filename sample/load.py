@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-import dit
-from common.errors import UserError
+from dit_pipeline import dit
+from dit_pipeline.common.errors import UserError
 
 SAFETENSORS_LATENT_KEY = "latent"
 

@@ -22,8 +22,8 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from common.errors import UserError
-from common.io import atomic_write, atomic_write_json, remove_stale_temps
+from dit_pipeline.common.errors import UserError
+from dit_pipeline.common.io import atomic_write, atomic_write_json, remove_stale_temps
 
 RUN_FILE = "run.json"
 PART_GLOB = "part-*.npz"

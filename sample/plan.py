@@ -13,7 +13,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from common.seeding import STREAM_SAMPLING, derive_seed
+from dit_pipeline.common.seeding import STREAM_SAMPLING, derive_seed
 
 # Appended to (seed, STREAM_SAMPLING, index) for the class draw, so it never shares a seed with the noise.
 LABEL_SUBSTREAM = 1

@@ -23,19 +23,19 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from common import distributed as dist
-from common.errors import UserError
-from common.faults import fault_point
-from common.io import atomic_write_bytes, atomic_write_json, sha256_file
-from common.log import progress_enabled, setup_logging
-from common.precision import AUTOCAST_DTYPES, set_tf32
-from common.vae import load_vae
-from sample import plan
-from sample.config import SampleConfig
-from sample.generate import generate_images, guided_model_fn, make_diffusion
-from sample.grid import png_bytes, save_grid
-from sample.load import LoadedModel, latent_scale, load_model
-from sample.npz import RUN_FILE, PartStore, assemble_npz, parts_dir_for
+from dit_pipeline.common import distributed as dist
+from dit_pipeline.common.errors import UserError
+from dit_pipeline.common.faults import fault_point
+from dit_pipeline.common.io import atomic_write_bytes, atomic_write_json, sha256_file
+from dit_pipeline.common.log import progress_enabled, setup_logging
+from dit_pipeline.common.precision import AUTOCAST_DTYPES, set_tf32
+from dit_pipeline.common.vae import load_vae
+from dit_pipeline.sample import plan
+from dit_pipeline.sample.config import SampleConfig
+from dit_pipeline.sample.generate import generate_images, guided_model_fn, make_diffusion
+from dit_pipeline.sample.grid import png_bytes, save_grid
+from dit_pipeline.sample.load import LoadedModel, latent_scale, load_model
+from dit_pipeline.sample.npz import RUN_FILE, PartStore, assemble_npz, parts_dir_for
 
 RECORD_FORMAT = "dit-pipeline.samples"
 

@@ -4,11 +4,11 @@
 `quick_check` and `iter_shard`; `dit-shards verify | info | stats` inspect them. Nothing outside this
 package parses tar files.
 """
-from shards.format import FORMAT_VERSION, MANIFEST_NAME, ShardError, key_index, sample_key, shard_index, shard_name
-from shards.manifest import Manifest, ShardRecord, read_manifest, write_manifest
-from shards.reader import LatentSample, iter_shard
-from shards.verify import VerifyReport, quick_check, verify_shards
-from shards.writer import ShardWriter
+from dit_pipeline.shards.format import FORMAT_VERSION, MANIFEST_NAME, ShardError, key_index, sample_key, shard_index, shard_name
+from dit_pipeline.shards.manifest import Manifest, ShardRecord, read_manifest, write_manifest
+from dit_pipeline.shards.reader import LatentSample, iter_shard
+from dit_pipeline.shards.verify import VerifyReport, quick_check, verify_shards
+from dit_pipeline.shards.writer import ShardWriter
 
 __all__ = [
     "FORMAT_VERSION", "MANIFEST_NAME", "LatentSample", "Manifest", "ShardError", "ShardRecord", "ShardWriter",

@@ -11,7 +11,7 @@ import functools
 import os
 import re
 
-from common.errors import UserError
+from dit_pipeline.common.errors import UserError
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"

@@ -5,8 +5,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from shards.manifest import read_manifest
-from shards.verify import VerifyReport
+from dit_pipeline.shards.manifest import read_manifest
+from dit_pipeline.shards.verify import VerifyReport
 
 
 def human_bytes(n: float) -> str:

@@ -16,9 +16,9 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from common.errors import UserError
-from common.io import atomic_write_json
-from shards.format import FORMAT_VERSION, MANIFEST_NAME, STORAGE_DTYPES, STORES, file_mode, key_index, shard_index
+from dit_pipeline.common.errors import UserError
+from dit_pipeline.common.io import atomic_write_json
+from dit_pipeline.shards.format import FORMAT_VERSION, MANIFEST_NAME, STORAGE_DTYPES, STORES, file_mode, key_index, shard_index
 
 
 @dataclass(frozen=True)

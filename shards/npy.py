@@ -18,7 +18,7 @@ import struct
 
 import numpy as np
 
-from shards.format import STORAGE_DTYPES
+from dit_pipeline.shards.format import STORAGE_DTYPES
 
 _MAGIC = b"\x93NUMPY"
 _ALIGN = 64

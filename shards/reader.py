@@ -25,11 +25,11 @@ from urllib.parse import urlparse
 
 import numpy as np
 
-from shards.format import (ARRAY_FIELDS, MAX_JSON_BYTES, REQUIRED_COMMON, STORAGE_DTYPES, STORES, ShardError,
+from dit_pipeline.shards.format import (ARRAY_FIELDS, MAX_JSON_BYTES, REQUIRED_COMMON, STORAGE_DTYPES, STORES, ShardError,
                            key_index, split_member)
-from shards.manifest import Manifest, ShardRecord
-from shards.npy import all_finite, decode_raw, widen
-from shards.tario import TarProblem, TarReader
+from dit_pipeline.shards.manifest import Manifest, ShardRecord
+from dit_pipeline.shards.npy import all_finite, decode_raw, widen
+from dit_pipeline.shards.tario import TarProblem, TarReader
 
 _DTYPE_OF_STORAGE = {v: k for k, v in STORAGE_DTYPES.items()}
 _FIELD_SETS = {store: frozenset((*REQUIRED_COMMON, *arrays)) for store, arrays in STORES.items()}

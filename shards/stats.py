@@ -18,12 +18,12 @@ from typing import Any
 
 import numpy as np
 
-from common.seeding import numpy_rng
-from shards.format import ShardError, shard_index
-from shards.manifest import Manifest, read_manifest
-from shards.npy import widen
-from shards.reader import Expect, check_sample, iter_members, parse_label
-from shards.tario import TarReader
+from dit_pipeline.common.seeding import numpy_rng
+from dit_pipeline.shards.format import ShardError, shard_index
+from dit_pipeline.shards.manifest import Manifest, read_manifest
+from dit_pipeline.shards.npy import widen
+from dit_pipeline.shards.reader import Expect, check_sample, iter_members, parse_label
+from dit_pipeline.shards.tario import TarReader
 
 STREAM_STATS = 101  # derive_seed stream for the posterior noise drawn by `stats`
 NEAR_ONE = 0.1  # |std - 1| within this counts as "unit variance"

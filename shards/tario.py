@@ -12,7 +12,7 @@ from __future__ import annotations
 import tarfile
 from typing import IO, Any, Callable, Iterator
 
-from shards.format import MAX_MEMBER_BYTES
+from dit_pipeline.shards.format import MAX_MEMBER_BYTES
 
 BLOCK = 512
 RECORD = 20 * BLOCK  # the tar "blocking factor" GNU tar and tarfile pad archives to

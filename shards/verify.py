@@ -19,12 +19,12 @@ from typing import Any
 
 import numpy as np
 
-from common.errors import UserError
-from shards.format import MANIFEST_NAME, ShardError, key_index, sample_key, shard_index
-from shards.manifest import Manifest, ShardRecord, read_manifest
-from shards.npy import all_finite
-from shards.reader import Expect, check_sample, field_problem, iter_members
-from shards.tario import TarReader
+from dit_pipeline.common.errors import UserError
+from dit_pipeline.shards.format import MANIFEST_NAME, ShardError, key_index, sample_key, shard_index
+from dit_pipeline.shards.manifest import Manifest, ShardRecord, read_manifest
+from dit_pipeline.shards.npy import all_finite
+from dit_pipeline.shards.reader import Expect, check_sample, field_problem, iter_members
+from dit_pipeline.shards.tario import TarReader
 
 IGNORED = (MANIFEST_NAME, "logs")  # plus every name starting with "."
 MAX_PROBLEMS_PER_SHARD = 20

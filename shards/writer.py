@@ -20,12 +20,12 @@ from typing import Any
 
 import numpy as np
 
-from common.faults import fault_point
-from common.io import TMP_PREFIX, HashingWriter, fsync_dir
-from shards.format import STORAGE_DTYPES, ShardError, file_mode, key_index
-from shards.manifest import ShardRecord
-from shards.npy import all_finite, encode_array, decode_raw
-from shards.tario import end_of_archive, member_bytes
+from dit_pipeline.common.faults import fault_point
+from dit_pipeline.common.io import TMP_PREFIX, HashingWriter, fsync_dir
+from dit_pipeline.shards.format import STORAGE_DTYPES, ShardError, file_mode, key_index
+from dit_pipeline.shards.manifest import ShardRecord
+from dit_pipeline.shards.npy import all_finite, encode_array, decode_raw
+from dit_pipeline.shards.tario import end_of_archive, member_bytes
 
 
 def _as_float_array(x: Any, what: str) -> np.ndarray:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-import dit
+from dit_pipeline import dit
 from tests._util import REPO
 
 README = (REPO / "README.md").read_text()

@@ -20,10 +20,10 @@ from typing import IO, Any
 import numpy as np
 import torch
 
-from common.errors import UserError
-from common.faults import fault_point
-from common.io import atomic_write, atomic_write_json, remove_stale_temps
-from dit.weights import check_archive, make_sidecar, sidecar_path
+from dit_pipeline.common.errors import UserError
+from dit_pipeline.common.faults import fault_point
+from dit_pipeline.common.io import atomic_write, atomic_write_json, remove_stale_temps
+from dit_pipeline.dit.weights import check_archive, make_sidecar, sidecar_path
 
 FORMAT = "dit-pipeline.checkpoint"
 VERSION = 1

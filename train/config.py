@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common.errors import ConfigError, UserError, collect
+from dit_pipeline.common.errors import ConfigError, UserError, collect
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 
@@ -117,7 +117,7 @@ class TrainConfig:
         if not str(self.resume or "").strip():
             p.append("--resume must be 'auto', 'none' or a checkpoint path")
         try:
-            from dit.models import canonical_model_name
+            from dit_pipeline.dit.models import canonical_model_name
             canonical_model_name(self.model)
         except ValueError as e:
             p.append(f"--model: {e}")
@@ -125,7 +125,7 @@ class TrainConfig:
         collect(p, "training configuration")
 
     def _sample_grid_problems(self) -> list[str]:
-        from sample.config import ddim_stride, valid_ddim_steps
+        from dit_pipeline.sample.config import ddim_stride, valid_ddim_steps
 
         p: list[str] = []
         if self.sample_every is None:

@@ -30,12 +30,12 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from common.errors import UserError
-from shards import LatentSample, Manifest, ShardError, iter_shard, quick_check, read_manifest
-from train.latents import LatentSpec, Pending, Scratch, build_latents, epoch_seed, pending
-from train.partition import EpochPlan, interleave_seed, loader_seed, shuffle_seed
-from train.pool import BatchPool, PooledBatch, shared_empty
-from train.signals import STOP_SIGNALS
+from dit_pipeline.common.errors import UserError
+from dit_pipeline.shards import LatentSample, Manifest, ShardError, iter_shard, quick_check, read_manifest
+from dit_pipeline.train.latents import LatentSpec, Pending, Scratch, build_latents, epoch_seed, pending
+from dit_pipeline.train.partition import EpochPlan, interleave_seed, loader_seed, shuffle_seed
+from dit_pipeline.train.pool import BatchPool, PooledBatch, shared_empty
+from dit_pipeline.train.signals import STOP_SIGNALS
 
 T = TypeVar("T")
 _RAW_BLOCK = 4096

@@ -52,8 +52,8 @@ def build_hooks(cfg: Any) -> list[PeriodicHook]:
     """
     if cfg.sample_every is None:
         return []
-    from common import distributed as dist
-    from sample.grid import SampleGridHook
+    from dit_pipeline.common import distributed as dist
+    from dit_pipeline.sample.grid import SampleGridHook
 
     cfg.validate()
     hook = SampleGridHook(every=cfg.sample_every, vae=cfg.vae, vae_config=cfg.vae_config,

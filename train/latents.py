@@ -18,8 +18,8 @@ from typing import Any, NamedTuple, Sequence
 import numpy as np
 import torch
 
-from common.seeding import STREAM_SAMPLE, derive_seed
-from shards import LatentSample, Manifest, key_index
+from dit_pipeline.common.seeding import STREAM_SAMPLE, derive_seed
+from dit_pipeline.shards import LatentSample, Manifest, key_index
 
 
 @dataclass(frozen=True)

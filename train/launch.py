@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from train.signals import STOP_SIGNALS
+from dit_pipeline.train.signals import STOP_SIGNALS
 
 LAUNCHER_FLAGS = ("--nproc-per-node", "--nproc_per_node")
 

@@ -24,17 +24,17 @@ from typing import Any, Callable, Sequence
 import torch
 from tqdm import tqdm
 
-from common import distributed as dist
-from common.errors import UserError
-from common.faults import fault_point, fault_requested
-from common.log import get_logger, progress_enabled
-from common.seeding import STREAM_DROPOUT, STREAM_TIMESTEP, generator
-from train.checkpoint import CheckpointManager
-from train.config import BatchPlan, TrainConfig
-from train.data import Batch, EpochStream, ReaderEvent, ShardSource, make_loader
-from train.hooks import HookContext, PeriodicHook
-from train.metrics import MetricsLog, mfu
-from train.partition import DataLayout, EpochPlan, plan_epoch
+from dit_pipeline.common import distributed as dist
+from dit_pipeline.common.errors import UserError
+from dit_pipeline.common.faults import fault_point, fault_requested
+from dit_pipeline.common.log import get_logger, progress_enabled
+from dit_pipeline.common.seeding import STREAM_DROPOUT, STREAM_TIMESTEP, generator
+from dit_pipeline.train.checkpoint import CheckpointManager
+from dit_pipeline.train.config import BatchPlan, TrainConfig
+from dit_pipeline.train.data import Batch, EpochStream, ReaderEvent, ShardSource, make_loader
+from dit_pipeline.train.hooks import HookContext, PeriodicHook
+from dit_pipeline.train.metrics import MetricsLog, mfu
+from dit_pipeline.train.partition import DataLayout, EpochPlan, plan_epoch
 
 MAX_CONSECUTIVE_OVERFLOWS = 25  # fp16: the loss scale has shrunk by 2**25: the run diverged
 

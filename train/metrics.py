@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from common.io import atomic_write_bytes
-from common.log import get_logger
+from dit_pipeline.common.io import atomic_write_bytes
+from dit_pipeline.common.log import get_logger
 
 # Dense bf16/fp16 tensor-core peak per GPU in TFLOP/s (vendor data sheets, without sparsity).
 # Order matters: the first substring found in the device name wins.

@@ -23,8 +23,8 @@ from typing import Sequence
 
 import numpy as np
 
-from common.errors import ConfigError
-from common.seeding import STREAM_SHARD_ORDER, derive_seed
+from dit_pipeline.common.errors import ConfigError
+from dit_pipeline.common.seeding import STREAM_SHARD_ORDER, derive_seed
 
 # Sub-streams of STREAM_SHARD_ORDER. Seeds are always derived from tuples of one fixed length per use
 # (derive_seed hashes the length too, so (.., x) and (.., x, 0) differ; fixed-length tuples stay clearer).

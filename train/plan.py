@@ -20,11 +20,11 @@ from typing import Any
 
 import torch
 
-from common import distributed as dist
-from common.errors import UserError
-from train.config import BatchPlan, TrainConfig, batch_plan
-from train.data import ShardSource, open_shards
-from train.partition import DataLayout, EpochPlan, plan_epoch, total_steps
+from dit_pipeline.common import distributed as dist
+from dit_pipeline.common.errors import UserError
+from dit_pipeline.train.config import BatchPlan, TrainConfig, batch_plan
+from dit_pipeline.train.data import ShardSource, open_shards
+from dit_pipeline.train.partition import DataLayout, EpochPlan, plan_epoch, total_steps
 
 GiB = float(2**30)
 
@@ -43,7 +43,7 @@ class Prepared:
 
 def model_kwargs(cfg: TrainConfig, source: ShardSource) -> dict[str, Any]:
     """create_model arguments for this config and shard set; UserError when they cannot match."""
-    from dit.models import canonical_model_name, create_model
+    from dit_pipeline.dit.models import canonical_model_name, create_model
 
     m = source.manifest
     c, h, w = m.latent_shape
@@ -109,7 +109,7 @@ def resolve_precision(precision: str, device: torch.device) -> str:
 
 def param_counts(kw: dict[str, Any]) -> tuple[int, int, dict[str, Any]]:
     """(all parameters, trainable parameters, model_config) of the model, built on the meta device."""
-    from dit.models import create_model
+    from dit_pipeline.dit.models import create_model
 
     with torch.device("meta"):
         model = create_model(**kw)

@@ -8,8 +8,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from common.errors import UserError
-from train.metrics import read_metrics
+from dit_pipeline.common.errors import UserError
+from dit_pipeline.train.metrics import read_metrics
 
 
 def _series(records: list[dict], key: str) -> tuple[list[int], list[float]]:

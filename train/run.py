@@ -17,25 +17,25 @@ from typing import Any, Sequence
 
 import torch
 
-from common import distributed as dist
-from common.errors import UserError
-from common.io import atomic_write_json
-from common.log import get_logger, setup_logging
-from common.precision import AUTOCAST_DTYPES, set_tf32
-from train.checkpoint import FORMAT, VERSION, CheckpointManager, load_checkpoint, rng_state, set_rng_state
-from train.config import TrainConfig
-from train.hooks import PeriodicHook
-from train.loop import Parts, Trainer, TrainState, comm_guard
-from train.metrics import MetricsLog, peak_tflops
-from train.partition import DataLayout, map_position, plan_epoch
-from train.plan import Prepared, format_plan, prepare, resolve_precision
-from train.signals import StopRequest
+from dit_pipeline.common import distributed as dist
+from dit_pipeline.common.errors import UserError
+from dit_pipeline.common.io import atomic_write_json
+from dit_pipeline.common.log import get_logger, setup_logging
+from dit_pipeline.common.precision import AUTOCAST_DTYPES, set_tf32
+from dit_pipeline.train.checkpoint import FORMAT, VERSION, CheckpointManager, load_checkpoint, rng_state, set_rng_state
+from dit_pipeline.train.config import TrainConfig
+from dit_pipeline.train.hooks import PeriodicHook
+from dit_pipeline.train.loop import Parts, Trainer, TrainState, comm_guard
+from dit_pipeline.train.metrics import MetricsLog, peak_tflops
+from dit_pipeline.train.partition import DataLayout, map_position, plan_epoch
+from dit_pipeline.train.plan import Prepared, format_plan, prepare, resolve_precision
+from dit_pipeline.train.signals import StopRequest
 
 
 
 def build_parts(prep: Prepared, device: torch.device, precision: str) -> Parts:
     """Model (seeded, identical on every rank), EMA copy on rank 0, AdamW, GradScaler, DDP, compile."""
-    import dit
+    from dit_pipeline import dit
 
     cfg = prep.cfg
     torch.manual_seed(cfg.seed)
@@ -118,7 +118,7 @@ def _checkpoint_to_resume(cfg: TrainConfig, ckpts: CheckpointManager) -> Path | 
 
 def _check_compatible(ckpt: dict[str, Any], path: Path, prep: Prepared, model: torch.nn.Module) -> None:
     """Refuse a checkpoint of another model, shard set or global batch (nothing loaded yet)."""
-    from dit import WeightsError, check_state_dict
+    from dit_pipeline.dit import WeightsError, check_state_dict
 
     want, have = model.config, ckpt["model_config"]
     diff = [f"{k}: checkpoint {have.get(k)!r}, this run {want[k]!r}" for k in want if k != "model"

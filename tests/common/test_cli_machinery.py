@@ -2,8 +2,8 @@
 import click
 from click.testing import CliRunner
 
-from cli import DashCommand, debug_option, handle_errors
-from common.errors import ConfigError, UserError
+from dit_pipeline.cli import DashCommand, debug_option, handle_errors
+from dit_pipeline.common.errors import ConfigError, UserError
 
 
 @click.command(cls=DashCommand)

@@ -6,7 +6,7 @@ import textwrap
 
 import torch
 
-from common import distributed as dist
+from dit_pipeline.common import distributed as dist
 from tests._util import cli_env, free_port
 
 
@@ -25,7 +25,7 @@ def test_two_rank_gloo(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(textwrap.dedent("""
         import json, os, sys, torch
-        from common import distributed as dist
+        from dit_pipeline.common import distributed as dist
         dist.init()
         r, ws = dist.rank(), dist.world_size()
         out = {
@@ -62,7 +62,7 @@ def test_two_rank_gloo(tmp_path):
 def test_on_rank0_single_process():
     import pytest
 
-    from common.errors import UserError
+    from dit_pipeline.common.errors import UserError
 
     assert dist.on_rank0(lambda: {"status": "fresh"}) == {"status": "fresh"}
 

@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from common import faults
+from dit_pipeline.common import faults
 
 
 def test_no_env_is_noop(monkeypatch):

@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from common.io import HashingWriter, atomic_write, atomic_write_json, remove_stale_temps, sha256_file
+from dit_pipeline.common.io import HashingWriter, atomic_write, atomic_write_json, remove_stale_temps, sha256_file
 
 
 def test_atomic_write_replaces_only_on_success(tmp_path):

@@ -1,6 +1,6 @@
 import torch
 
-from common.precision import AUTOCAST_DTYPES, set_tf32
+from dit_pipeline.common.precision import AUTOCAST_DTYPES, set_tf32
 
 
 def test_autocast_dtypes():

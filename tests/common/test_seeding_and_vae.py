@@ -1,7 +1,7 @@
 import torch
 
-from common.seeding import derive_seed, generator
-from common.vae import load_vae
+from dit_pipeline.common.seeding import derive_seed, generator
+from dit_pipeline.common.vae import load_vae
 
 
 def test_derive_seed_pure_and_distinct():
@@ -30,7 +30,7 @@ def test_load_vae_folder_reads_scaling_from_config(tiny_vae_dir):
 def test_load_vae_missing_path_is_user_error(tmp_path):
     import pytest
 
-    from common.errors import UserError
+    from dit_pipeline.common.errors import UserError
 
     with pytest.raises(UserError, match="no such file or folder"):
         load_vae(str(tmp_path / "nope.safetensors"))

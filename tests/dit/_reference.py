@@ -6,7 +6,7 @@ import math
 
 import torch
 
-import dit
+from dit_pipeline import dit
 
 TINY = dict(input_size=8, patch_size=2, in_channels=4, hidden_size=32, depth=2, num_heads=2,
             num_classes=5, class_dropout_prob=0.1, learn_sigma=True)

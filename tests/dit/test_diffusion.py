@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-import dit
-from dit.respace import space_timesteps
+from dit_pipeline import dit
+from dit_pipeline.dit.respace import space_timesteps
 from tests.dit._reference import calm_model, tiny_model
 
 

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-import dit
+from dit_pipeline import dit
 from tests.dit._reference import (TINY, calm_model, ref_forward, ref_pos_embed,
                                   ref_timestep_embedding, tiny_model)
 

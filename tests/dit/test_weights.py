@@ -10,8 +10,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-import dit
-from dit.weights import WeightsError
+from dit_pipeline import dit
+from dit_pipeline.dit.weights import WeightsError
 from tests.dit._reference import tiny_model
 
 

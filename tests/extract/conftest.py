@@ -118,14 +118,14 @@ def cli_args(data: Path, vae: Path, out: Path, **overrides) -> list[str]:
 
 def extract(data: Path, vae: Path, out: Path, **overrides):
     """Run the extraction in this process with BASE settings (+ overrides); returns the summary."""
-    from extract import ExtractConfig, run_extract
+    from dit_pipeline.extract import ExtractConfig, run_extract
 
     return run_extract(ExtractConfig(data_path=str(data), out=str(out), vae=str(vae), **{**BASE, **overrides}))
 
 
 def read_samples(out: Path) -> dict:
     """key -> LatentSample over the whole shard set, read through the shards API (checked on the way)."""
-    from shards import iter_shard, read_manifest
+    from dit_pipeline.shards import iter_shard, read_manifest
 
     manifest = read_manifest(out)
     samples = {}

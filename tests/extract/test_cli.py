@@ -6,8 +6,8 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from cli import extract_main
-from shards import read_manifest
+from dit_pipeline.cli import extract_main
+from dit_pipeline.shards import read_manifest
 from tests._util import draw_image
 from tests.extract.conftest import cli_args
 

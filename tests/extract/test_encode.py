@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from common.vae import load_vae
-from extract.encode import LatentEncoder, to_model_input
+from dit_pipeline.common.vae import load_vae
+from dit_pipeline.extract.encode import LatentEncoder, to_model_input
 from tests._util import draw_image
 
 

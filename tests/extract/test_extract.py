@@ -9,12 +9,12 @@ import pytest
 import torch
 from torchvision.datasets import ImageFolder
 
-from common.errors import UserError
-from common.seeding import derive_seed
-from common.vae import load_vae
-from extract.encode import STREAM_EXTRACT_SAMPLE
-from extract.images import load_rgb
-from shards import read_manifest, sample_key, shard_name, verify_shards
+from dit_pipeline.common.errors import UserError
+from dit_pipeline.common.seeding import derive_seed
+from dit_pipeline.common.vae import load_vae
+from dit_pipeline.extract.encode import STREAM_EXTRACT_SAMPLE
+from dit_pipeline.extract.images import load_rgb
+from dit_pipeline.shards import read_manifest, sample_key, shard_name, verify_shards
 from tests._util import draw_image
 from tests.extract.conftest import UNUSABLE, extract, read_samples, shard_hashes
 from tests.extract.test_images import reference_crop

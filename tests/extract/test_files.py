@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from torchvision.datasets import ImageFolder
 
-from common.errors import UserError
-from extract.files import scan_image_folder
+from dit_pipeline.common.errors import UserError
+from dit_pipeline.extract.files import scan_image_folder
 from tests._util import draw_image
 
 

@@ -7,8 +7,8 @@ import torch
 from PIL import Image, ImageFile
 from torchvision import transforms
 
-from extract.encode import to_model_input
-from extract.images import SkippedImage, adm_center_crop, load_and_crop, load_rgb
+from dit_pipeline.extract.encode import to_model_input
+from dit_pipeline.extract.images import SkippedImage, adm_center_crop, load_and_crop, load_rgb
 from tests._util import draw_image
 from tests.extract.conftest import UNUSABLE, odd_files
 

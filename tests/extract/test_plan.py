@@ -5,7 +5,7 @@ import itertools
 
 import pytest
 
-from extract import plan
+from dit_pipeline.extract import plan
 
 
 @pytest.mark.parametrize("n, s, world", list(itertools.product([1, 2, 7, 10, 97, 1000, 1001], [1, 3, 10, 256],

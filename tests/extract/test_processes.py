@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shards import read_manifest, sample_key, shard_name, verify_shards
+from dit_pipeline.shards import read_manifest, sample_key, shard_name, verify_shards
 from tests._util import run_cli, run_torchrun
 from tests.extract.conftest import cli_args, extract, read_samples, shard_hashes
 

@@ -6,10 +6,10 @@ import json
 import numpy as np
 import pytest
 
-from common.errors import UserError
-from extract.state import (ShardState, finished_shard, prepare_output, record_differences,
+from dit_pipeline.common.errors import UserError
+from dit_pipeline.extract.state import (ShardState, finished_shard, prepare_output, record_differences,
                            save_shard_state, start_output, state_path)
-from shards import ShardWriter, sample_key, shard_name
+from dit_pipeline.shards import ShardWriter, sample_key, shard_name
 
 RECORD = {"image_size": 32, "views": 2, "dtype": "float16", "data_path": "/a", "batch_size": 4, "device": "cpu",
           "versions": {"torch": "2.14"},

@@ -8,8 +8,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from common.errors import UserError
-from common.vae import load_vae
+from dit_pipeline.common.errors import UserError
+from dit_pipeline.common.vae import load_vae
 
 
 def _ldm_key(key: str, num_blocks: int) -> str:

@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from common.errors import UserError
-from shards import ShardError, iter_shard, read_manifest
+from dit_pipeline.common.errors import UserError
+from dit_pipeline.shards import ShardError, iter_shard, read_manifest
 from tests.extract.conftest import UNUSABLE, cli_args, make_odd_tree, odd_files
 from tests.reliability import corpus
 from tests.reliability.conftest import sample_args, train_args
 from tests.reliability.harness import SWEEP, assert_clean_error, run, tried
 from tests.shards._helpers import make_set
-from train.data import open_shards
+from dit_pipeline.train.data import open_shards
 
 SHARDS = corpus.hostile_shards()
 MANIFESTS = corpus.malformed_manifests()
@@ -156,8 +156,8 @@ SAMPLE_LOADS = {"other_model"}   # a different model is a valid thing to sample 
 
 @pytest.mark.parametrize("bad_ckpt", sorted(CHECKPOINTS), indirect=True)
 def test_hostile_checkpoint_loads_nothing(bad_ckpt):
-    from sample.load import load_model
-    from train.checkpoint import load_checkpoint
+    from dit_pipeline.sample.load import load_model
+    from dit_pipeline.train.checkpoint import load_checkpoint
 
     case, path, marker, problem = bad_ckpt
     for load in (load_checkpoint, load_model):

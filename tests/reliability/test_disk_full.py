@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import pytest
 
-from extract.state import finished_shard
-from shards import shard_name
+from dit_pipeline.extract.state import finished_shard
+from dit_pipeline.shards import shard_name
 from tests.extract.conftest import cli_args
 from tests.reliability.conftest import SAMPLES, sample_args, train_args
 from tests.reliability.harness import SWEEP, assert_clean_error, file_hashes, run, temp_files
 from tests.reliability.test_extract_faults import assert_same_as_uninterrupted as same_shards
 from tests.reliability.test_sample_faults import assert_same_as_uninterrupted as same_samples
 from tests.reliability.test_train_faults import assert_same_as_uninterrupted as same_run
-from train.checkpoint import CheckpointManager
+from dit_pipeline.train.checkpoint import CheckpointManager
 
 IMAGE_BYTES = 64 * 64 * 3   # one sampled image (8x8 latents, 8x VAE)
 

@@ -21,8 +21,8 @@ from tests.reliability.conftest import sample_args, train_args
 from tests.reliability.harness import SWEEP, assert_clean_error, file_hashes, run
 from tests.reliability.test_extract_faults import assert_same_as_uninterrupted as same_shards
 from tests.reliability.test_sample_faults import assert_same_as_uninterrupted as same_samples
-from train.checkpoint import CheckpointManager, load_checkpoint
-from train.metrics import read_metrics
+from dit_pipeline.train.checkpoint import CheckpointManager, load_checkpoint
+from dit_pipeline.train.metrics import read_metrics
 
 DDP = {"max-steps": 4, "num-workers": 1, "micro-batch-size": 2}   # global 8 = 2 ranks x 2 x accum 2
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from extract.state import finished_shard
-from shards import read_manifest, sample_key, shard_name, verify_shards
+from dit_pipeline.extract.state import finished_shard
+from dit_pipeline.shards import read_manifest, sample_key, shard_name, verify_shards
 from tests.extract.conftest import cli_args, read_samples, shard_hashes
 from tests.reliability.harness import SWEEP, picks, run, sweep_points, temp_files
 

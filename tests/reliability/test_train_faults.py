@@ -20,8 +20,8 @@ import torch
 from tests.reliability.conftest import TRAIN_STEPS, train_args
 from tests.reliability.harness import (SWEEP, assert_clean_error, file_hashes, picks, run, start, sweep_points,
                                        temp_files, wait_stopped)
-from train.checkpoint import CheckpointManager, load_checkpoint
-from train.metrics import read_metrics
+from dit_pipeline.train.checkpoint import CheckpointManager, load_checkpoint
+from dit_pipeline.train.metrics import read_metrics
 
 SAVES = TRAIN_STEPS // 2
 KINDS = {"train.step_end": TRAIN_STEPS, "train.ckpt_ema_written": SAVES, "train.ckpt_mid_save": SAVES,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import dit
+from dit_pipeline import dit
 
 TINY = dict(depth=2, hidden_size=32, num_heads=2)
 LATENT = {"scaling_factor": 0.5, "shift_factor": None, "vae": {"source": "tiny"}}

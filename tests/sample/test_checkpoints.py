@@ -8,9 +8,9 @@ import logging
 import pytest
 import torch
 
-import dit
-from common.errors import UserError
-from sample.load import latent_scale, load_model, load_weights
+from dit_pipeline import dit
+from dit_pipeline.common.errors import UserError
+from dit_pipeline.sample.load import latent_scale, load_model, load_weights
 from tests.sample.conftest import LATENT, random_dit
 
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from common.errors import ConfigError
-from sample.config import ExportConfig, SampleConfig, ddim_stride, respacing, valid_ddim_steps
+from dit_pipeline.common.errors import ConfigError
+from dit_pipeline.sample.config import ExportConfig, SampleConfig, ddim_stride, respacing, valid_ddim_steps
 
 
 def test_valid_config_passes_and_counts_samples(tmp_path):

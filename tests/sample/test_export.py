@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-import dit
-from common.errors import ConfigError, UserError
-from sample import ExportConfig, SampleConfig, export, run_sampling
-from sample.export import (build_diffusers_transformer, scheduler_config, set_dit_timestep_frequencies,
+from dit_pipeline import dit
+from dit_pipeline.common.errors import ConfigError, UserError
+from dit_pipeline.sample import ExportConfig, SampleConfig, export, run_sampling
+from dit_pipeline.sample.export import (build_diffusers_transformer, scheduler_config, set_dit_timestep_frequencies,
                            to_diffusers_state_dict)
-from sample.plan import noise_seed
+from dit_pipeline.sample.plan import noise_seed
 from tests._util import run_cli
 from tests.sample.conftest import our_checkpoint, random_dit
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 from PIL import Image
 
-from common.vae import load_vae
-from sample import plan
-from sample.generate import decode_latents, guided_model_fn, make_diffusion, sample_latents, to_uint8
-from sample.grid import SampleGridHook, default_grid_labels, grid_shape, grid_size, sample_grid
+from dit_pipeline.common.vae import load_vae
+from dit_pipeline.sample import plan
+from dit_pipeline.sample.generate import decode_latents, guided_model_fn, make_diffusion, sample_latents, to_uint8
+from dit_pipeline.sample.grid import SampleGridHook, default_grid_labels, grid_shape, grid_size, sample_grid
 from tests.sample.conftest import random_dit
 
 

@@ -6,8 +6,8 @@ import logging
 import numpy as np
 import pytest
 
-from common.errors import UserError
-from sample.npz import RUN_FILE, PartStore, assemble_npz, parts_dir_for
+from dit_pipeline.common.errors import UserError
+from dit_pipeline.sample.npz import RUN_FILE, PartStore, assemble_npz, parts_dir_for
 
 FP = {"seed": 1, "steps": 5, "checkpoint_sha256": "ab" * 32}
 

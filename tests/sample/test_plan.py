@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from common.seeding import STREAM_SAMPLING, derive_seed
-from sample import plan
+from dit_pipeline.common.seeding import STREAM_SAMPLING, derive_seed
+from dit_pipeline.sample import plan
 
 
 def test_noise_seed_is_derive_seed_of_seed_stream_index():

@@ -9,9 +9,9 @@ import pytest
 import torch
 from PIL import Image
 
-from common.errors import UserError
-from sample import SampleConfig, run_sampling
-from sample.grid import grid_size
+from dit_pipeline.common.errors import UserError
+from dit_pipeline.sample import SampleConfig, run_sampling
+from dit_pipeline.sample.grid import grid_size
 from tests._util import run_cli, run_torchrun
 from tests.sample.conftest import our_checkpoint, random_dit
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from shards import FORMAT_VERSION, Manifest, ShardWriter, sample_key, shard_name, write_manifest
+from dit_pipeline.shards import FORMAT_VERSION, Manifest, ShardWriter, sample_key, shard_name, write_manifest
 
 LATENT = (4, 4, 4)  # [C, h, w]: tiny
 CLASSES = ["cat", "dog", "eel"]

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from shards import ShardError, key_index, sample_key, shard_index, shard_name
-from shards.format import split_member
-from shards.npy import all_finite, decode_raw, encode_array, from_bfloat16_bits, npy_header, to_bfloat16_bits, widen
+from dit_pipeline.shards import ShardError, key_index, sample_key, shard_index, shard_name
+from dit_pipeline.shards.format import split_member
+from dit_pipeline.shards.npy import all_finite, decode_raw, encode_array, from_bfloat16_bits, npy_header, to_bfloat16_bits, widen
 
 
 def test_names_and_keys():

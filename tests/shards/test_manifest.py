@@ -4,8 +4,8 @@ import os
 
 import pytest
 
-from common.errors import UserError
-from shards import Manifest, ShardRecord, read_manifest, write_manifest
+from dit_pipeline.common.errors import UserError
+from dit_pipeline.shards import Manifest, ShardRecord, read_manifest, write_manifest
 from tests.shards._helpers import edit_manifest, make_set
 
 

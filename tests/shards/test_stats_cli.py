@@ -4,8 +4,8 @@ import json
 import numpy as np
 import pytest
 
-from shards import shard_name
-from shards.stats import compute_stats
+from dit_pipeline.shards import shard_name
+from dit_pipeline.shards.stats import compute_stats
 from tests._util import run_cli
 from tests.shards._helpers import arrays_for, edit_manifest, make_set, replace_member
 

@@ -6,8 +6,8 @@ import tarfile
 import numpy as np
 import pytest
 
-from shards import quick_check, read_manifest, shard_name, verify_shards
-from shards.tario import end_of_archive
+from dit_pipeline.shards import quick_check, read_manifest, shard_name, verify_shards
+from dit_pipeline.shards.tario import end_of_archive
 from tests.shards._helpers import edit_manifest, make_set, npy, read_members, refresh_record, replace_member, write_tar
 
 S1, S2 = shard_name(1), shard_name(2)
@@ -252,7 +252,7 @@ def test_parallel_start_method(monkeypatch):
     import sys
     import types
 
-    from shards.verify import _mp_context
+    from dit_pipeline.shards.verify import _mp_context
 
     assert _mp_context().get_start_method() == "fork"
     fake = types.SimpleNamespace(cuda=types.SimpleNamespace(is_initialized=lambda: True))

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from shards import ShardError, ShardWriter, iter_shard, read_manifest, sample_key, shard_name
-from shards.npy import widen
+from dit_pipeline.shards import ShardError, ShardWriter, iter_shard, read_manifest, sample_key, shard_name
+from dit_pipeline.shards.npy import widen
 from tests.shards._helpers import arrays_for, make_set, npy, read_members, replace_member, write_tar
 
 
@@ -96,7 +96,7 @@ def test_abort_and_exception_leave_previous_file_untouched(tmp_path):
 def test_disk_full_fails_cleanly(tmp_path, monkeypatch):
     import errno
 
-    from common.io import HashingWriter
+    from dit_pipeline.common.io import HashingWriter
 
     path = tmp_path / shard_name(0)
     _write(path, range(2))

@@ -7,7 +7,7 @@ from typing import Sequence
 
 import numpy as np
 
-from shards import FORMAT_VERSION, Manifest, ShardWriter, sample_key, shard_name, write_manifest
+from dit_pipeline.shards import FORMAT_VERSION, Manifest, ShardWriter, sample_key, shard_name, write_manifest
 
 VAE_IDENTITY = {"source": "tests/tiny-vae", "kind": "folder", "weights_sha256": "0" * 64,
                 "scaling_factor": 0.5, "shift_factor": None, "latent_channels": 4, "downsample_factor": 8,

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from common import faults
-from common.errors import UserError
-from train.checkpoint import FORMAT, VERSION, CheckpointManager, load_checkpoint, rng_state, set_rng_state
+from dit_pipeline.common import faults
+from dit_pipeline.common.errors import UserError
+from dit_pipeline.train.checkpoint import FORMAT, VERSION, CheckpointManager, load_checkpoint, rng_state, set_rng_state
 
 
 class Evil:

@@ -7,7 +7,7 @@ import shutil
 import pytest
 from click.testing import CliRunner
 
-from cli import train_main
+from dit_pipeline.cli import train_main
 from tests.train.conftest import tiny_args
 from tests.train.helpers import make_shard_set
 

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from common.errors import ConfigError, UserError
-from train.config import TrainConfig, batch_plan, load_config_file, merge_config
+from dit_pipeline.common.errors import ConfigError, UserError
+from dit_pipeline.train.config import TrainConfig, batch_plan, load_config_file, merge_config
 
 
 def test_defaults_are_the_reference_recipe():
@@ -90,7 +90,7 @@ def test_config_file_errors(tmp_path):
 
 
 def test_launcher_command_strips_its_flag():
-    from train.launch import launch_command, strip_launcher_flag
+    from dit_pipeline.train.launch import launch_command, strip_launcher_flag
 
     args = ["--shards", "s", "--nproc-per-node", "8", "--nproc_per_node=2", "--run-dir", "r"]
     assert strip_launcher_flag(args) == ["--shards", "s", "--run-dir", "r"]

@@ -9,14 +9,14 @@ import shutil
 import pytest
 import torch
 
-from common.errors import UserError
-from shards import iter_shard
+from dit_pipeline.common.errors import UserError
+from dit_pipeline.shards import iter_shard
 from tests.train.conftest import SHARD_SIZES
 from tests.train.helpers import make_shard_set
-from common.seeding import STREAM_SAMPLE, derive_seed
-from train.data import Batch, EpochStream, ReaderEvent, make_loader, open_shards, shuffle_buffer
-from train.latents import LatentSpec, epoch_seed, make_latent, make_latents, mix_seed, sample_seed
-from train.partition import plan_epoch
+from dit_pipeline.common.seeding import STREAM_SAMPLE, derive_seed
+from dit_pipeline.train.data import Batch, EpochStream, ReaderEvent, make_loader, open_shards, shuffle_buffer
+from dit_pipeline.train.latents import LatentSpec, epoch_seed, make_latent, make_latents, mix_seed, sample_seed
+from dit_pipeline.train.partition import plan_epoch
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")
 

@@ -11,11 +11,11 @@ import time
 import pytest
 import torch
 
-from common.errors import UserError
+from dit_pipeline.common.errors import UserError
 from tests._util import BIN, cli_env, free_port, make_tiny_vae, run_cli, run_torchrun, torchrun_cmd
 from tests.train.conftest import tiny_args
-from train.checkpoint import CheckpointManager, load_checkpoint
-from train.metrics import read_metrics
+from dit_pipeline.train.checkpoint import CheckpointManager, load_checkpoint
+from dit_pipeline.train.metrics import read_metrics
 
 DDP = {"max-steps": 4, "num-workers": 1, "micro-batch-size": 2}  # 2 ranks x micro 2 x accum 2 = 8
 
@@ -134,7 +134,7 @@ def test_a_dying_rank_makes_the_others_exit_naming_it(shard_dir, tmp_path):
 
 
 def test_resume_with_another_world_size(ddp_run, shard_dir, tmp_path):
-    from train import merge_config, run
+    from dit_pipeline.train import merge_config, run
 
     run_dir = tmp_path / "run"
     shutil.copytree(ddp_run, run_dir)

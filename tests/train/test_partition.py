@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from common.errors import ConfigError
-from train.partition import (DataLayout, assign_shards, check_readers, map_position, plan_epoch, rank_capacity,
+from dit_pipeline.common.errors import ConfigError
+from dit_pipeline.train.partition import (DataLayout, assign_shards, check_readers, map_position, plan_epoch, rank_capacity,
                              shard_order, stable_permutation, total_steps, worker_quota)
 
 

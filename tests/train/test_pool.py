@@ -9,8 +9,8 @@ import itertools
 import pytest
 import torch
 
-from train.data import Batch, EpochStream, make_loader, open_shards
-from train.partition import plan_epoch
+from dit_pipeline.train.data import Batch, EpochStream, make_loader, open_shards
+from dit_pipeline.train.partition import plan_epoch
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")
 

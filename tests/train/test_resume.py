@@ -12,8 +12,8 @@ import torch
 
 from tests._util import run_cli
 from tests.train.conftest import tiny_args
-from train.checkpoint import CheckpointManager, load_checkpoint
-from train.metrics import read_metrics
+from dit_pipeline.train.checkpoint import CheckpointManager, load_checkpoint
+from dit_pipeline.train.metrics import read_metrics
 
 STEPS = 8
 
@@ -88,7 +88,7 @@ def test_sigkill_sigterm_and_kill_during_save_then_resume_is_identical(straight,
 
 
 def test_rerun_of_a_finished_run_does_nothing(straight, shard_dir):
-    from train import merge_config, run
+    from dit_pipeline.train import merge_config, run
 
     cfg = merge_config({}, {"shards": str(shard_dir), "run_dir": str(straight), "max_steps": STEPS,
                             "global_batch_size": 8, "micro_batch_size": 4, "num_workers": 3, "model": "DiT-S/2",

@@ -15,16 +15,16 @@ import torch
 from click.testing import CliRunner
 from PIL import Image
 
-import dit
-from cli import train_main
-from common.errors import UserError
+from dit_pipeline import dit
+from dit_pipeline.cli import train_main
+from dit_pipeline.common.errors import UserError
 from tests._util import run_cli
 from tests.train.conftest import tiny_args
 from tests.train.helpers import make_shard_set
-from sample.grid import SampleGridHook, grid_size
-from train.checkpoint import CheckpointManager, load_checkpoint
-from train.hooks import HookContext
-from train.metrics import read_metrics
+from dit_pipeline.sample.grid import SampleGridHook, grid_size
+from dit_pipeline.train.checkpoint import CheckpointManager, load_checkpoint
+from dit_pipeline.train.hooks import HookContext
+from dit_pipeline.train.metrics import read_metrics
 
 GRID = {"sample-every": 2, "sample-classes": "1,0,1", "sample-steps": 5, "sample-cfg-scale": 3.0}
 

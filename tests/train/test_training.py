@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-import dit
-from common import faults
+from dit_pipeline import dit
+from dit_pipeline.common import faults
 from tests.train.helpers import class_mean, make_shard_set
-from train import merge_config, run
-from train.checkpoint import CheckpointManager, load_checkpoint
-from train.loop import TrainingDiverged
-from train.metrics import read_metrics
+from dit_pipeline.train import merge_config, run
+from dit_pipeline.train.checkpoint import CheckpointManager, load_checkpoint
+from dit_pipeline.train.loop import TrainingDiverged
+from dit_pipeline.train.metrics import read_metrics
 
 TINY = {"model": "DiT-S/2", "depth": 2, "hidden_size": 32, "num_heads": 2, "num_workers": 0, "quiet": True,
         "log_every": 1, "lr": 1e-3}
@@ -99,7 +99,7 @@ def test_injected_nan_stops_before_the_update(shard_dir, tmp_path, monkeypatch):
 def test_unreadable_shard_mid_run_fails_fast_or_is_skipped_and_counted(shard_dir, tmp_path):
     import shutil
 
-    from common.errors import UserError
+    from dit_pipeline.common.errors import UserError
 
     shards = tmp_path / "shards"
     shutil.copytree(shard_dir, shards)
