@@ -16,6 +16,11 @@ from typing import Any, Callable
 import click
 
 from dit_pipeline.common.errors import ConfigError, UserError
+from dit_pipeline.common.precision import PRECISIONS, PRECISIONS_AUTO
+from dit_pipeline.extract.config import (CPU_DEFAULT_BATCH, DTYPES, GPU_DEFAULT_BATCH, MAX_AUTO_WORKERS, STORES,
+                                          ExtractConfig)
+from dit_pipeline.sample.config import CFG_CHANNELS, EXPORT_TARGETS, SAMPLERS, WEIGHTS, ExportConfig, SampleConfig
+from dit_pipeline.train.config import TrainConfig
 
 
 class DashCommand(click.Command):
@@ -51,6 +56,19 @@ def _dash_args(cmd: click.Command, args: list[str]) -> list[str]:
 def debug_option(f: Callable) -> Callable:
     return click.option("--debug", is_flag=True, default=False, envvar="DIT_DEBUG",
                         help="Show full tracebacks for errors.")(f)
+
+
+def default(config: type, name: str) -> Any:
+    """The default of a config dataclass field: the one place a command's defaults are written."""
+    return config.__dataclass_fields__[name].default
+
+
+def shown(config: type, name: str) -> str:
+    """A default as the help texts show it in brackets (on/off for flags)."""
+    v = default(config, name)
+    if isinstance(v, bool):
+        return "on" if v else "off"
+    return str(v)
 
 
 def _rank_prefix() -> str:
@@ -114,11 +132,12 @@ def _weights_options(f: Callable) -> Callable:
         click.option("--ckpt", default=None, help="DiT weights: our checkpoint (RUN/checkpoints/step-N.pt), an "
                      "EMA-only file, an official release file (DiT-XL-2-256x256.pt), a reference training "
                      "checkpoint, or .safetensors."),
-        click.option("--weights", type=click.Choice(["ema", "model"]), default="ema", show_default=True,
+        click.option("--weights", type=click.Choice(WEIGHTS), default=default(SampleConfig, "weights"),
+                     show_default=True,
                      help="Which weights of a training checkpoint."),
         click.option("--model", default=None, help="Expected preset (e.g. DiT-XL/2); inferred from the weights, "
                      "a mismatch is an error."),
-        click.option("--vae", default="stabilityai/sd-vae-ft-ema", show_default=True,
+        click.option("--vae", default=default(SampleConfig, "vae"), show_default=True,
                      help="VAE: hub id, local diffusers folder, or single .safetensors/.ckpt file."),
         click.option("--vae-config", default=None, help="Diffusers config folder for a single-file --vae "
                      "(default: the built-in SD-VAE config)."),
@@ -139,27 +158,32 @@ def sample_main() -> None:
 
 @sample_main.command("run")
 @_weights_options
-@click.option("--sampler", type=click.Choice(["ddpm", "ddim"]), default="ddpm", show_default=True)
-@click.option("--steps", type=int, default=250, show_default=True, help="Sampling steps (respaced).")
-@click.option("--cfg-scale", type=float, default=4.0, show_default=True,
+@click.option("--sampler", type=click.Choice(SAMPLERS), default=default(SampleConfig, "sampler"), show_default=True)
+@click.option("--steps", type=int, default=default(SampleConfig, "steps"), show_default=True,
+              help="Sampling steps (respaced).")
+@click.option("--cfg-scale", type=float, default=default(SampleConfig, "cfg_scale"), show_default=True,
               help="Classifier-free guidance scale (1 = none). The published FID-50K 2.27 uses 1.5.")
-@click.option("--cfg-channels", type=click.Choice(["3", "all"]), default="3", show_default=True,
+@click.option("--cfg-channels", type=click.Choice(CFG_CHANNELS), default=default(SampleConfig, "cfg_channels"),
+              show_default=True,
               help="Guide the first 3 latent channels (the reference, for its published FIDs) or all.")
 @click.option("--class-labels", callback=_parse_class_labels, default=None,
               help="Comma-separated class ids (one sample each; repeated cyclically with --num-samples).")
 @click.option("--num-samples", type=int, default=None, help="Number of samples; classes drawn uniformly "
               "unless --class-labels is given.")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--batch-size", type=int, default=32, show_default=True, help="Images per process and batch.")
+@click.option("--seed", type=int, default=default(SampleConfig, "seed"), show_default=True)
+@click.option("--batch-size", type=int, default=default(SampleConfig, "batch_size"), show_default=True,
+              help="Images per process and batch.")
 @click.option("--npz", default=None, help="Write the ADM evaluator's .npz (arr_0 uint8 [N,H,W,3], arr_1 labels).")
 @click.option("--out", default=None, help="Folder for grid.png (labelled), samples.json and logs.")
 @click.option("--save-images", is_flag=True, default=False, help="Also write one PNG per sample to OUT/images/.")
-@click.option("--grid-max", type=int, default=64, show_default=True, help="At most this many samples in "
+@click.option("--grid-max", type=int, default=default(SampleConfig, "grid_max"), show_default=True,
+              help="At most this many samples in "
               "grid.png (0: no grid).")
 @click.option("--grid-cols", type=int, default=None, help="Grid columns (default: square).")
-@click.option("--precision", type=click.Choice(["fp32", "bf16", "fp16"]), default="fp32", show_default=True,
-              help="DiT autocast dtype (the VAE always decodes in fp32).")
-@click.option("--tf32/--no-tf32", default=True, show_default=True, help="TF32 matmuls on GPUs that have it.")
+@click.option("--precision", type=click.Choice(PRECISIONS), default=default(SampleConfig, "precision"),
+              show_default=True, help="DiT autocast dtype (the VAE always decodes in fp32).")
+@click.option("--tf32/--no-tf32", default=default(SampleConfig, "tf32"), show_default=True,
+              help="TF32 matmuls on GPUs that have it.")
 @click.option("--compile", "compile_", is_flag=True, default=False, help="torch.compile the DiT.")
 @click.option("--overwrite", is_flag=True, default=False, help="Discard earlier results of a different run.")
 @click.option("--device", default=None, help="Device (default: this rank's GPU, else the CPU).")
@@ -175,14 +199,13 @@ def sample_run_cmd(compile_: bool, debug: bool, **options: Any) -> None:
       torchrun --nproc-per-node 8 $(which dit-sample) --ckpt DiT-XL-2-256x256.pt \\
           --num-samples 50000 --cfg-scale 1.5 --steps 250 --npz dit-xl2-cfg1.5.npz
     """
-    from dit_pipeline.sample.config import SampleConfig
-    from dit_pipeline.sample.run import run_sampling
+    from dit_pipeline import sample
 
-    run_sampling(SampleConfig(compile=compile_, **options))
+    sample.main(SampleConfig(compile=compile_, **options))
 
 
 @sample_main.command("export")
-@click.option("--to", "to", type=click.Choice(["diffusers", "safetensors"]), required=True,
+@click.option("--to", "to", type=click.Choice(EXPORT_TARGETS), required=True,
               help="diffusers: a DiTPipeline folder; safetensors: one file with our weights and metadata.")
 @click.argument("output")
 @_weights_options
@@ -197,13 +220,9 @@ def sample_export_cmd(debug: bool, **options: Any) -> None:
       dit-sample export --to diffusers dit-xl2-pipeline/ --ckpt runs/xl2/checkpoints/step-0400000.pt
       dit-sample export --to safetensors dit-xl2.safetensors --ckpt DiT-XL-2-256x256.pt
     """
-    from dit_pipeline.common.log import setup_logging
-    from dit_pipeline.sample.config import ExportConfig
-    from dit_pipeline.sample.export import export
+    from dit_pipeline import sample
 
-    setup_logging()
-    path = export(ExportConfig(**options))
-    click.echo(f"wrote {path}")
+    click.echo(f"wrote {sample.export_main(ExportConfig(**options))}")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -213,27 +232,31 @@ def sample_export_cmd(debug: bool, **options: Any) -> None:
 @click.command("dit-extract", cls=DashCommand)
 @click.option("--data-path", required=True, help="ImageFolder tree: one sub-folder per class (e.g. imagenet/train).")
 @click.option("--out", required=True, help="Folder for the shards, manifest.json and logs/ (rerun to resume).")
-@click.option("--vae", default="stabilityai/sd-vae-ft-ema", show_default=True,
+@click.option("--vae", default=default(ExtractConfig, "vae"), show_default=True,
               help="Hub id, local diffusers folder, or single .safetensors/.ckpt file.")
 @click.option("--vae-config", default=None, help="For a single-file --vae: a folder with its diffusers "
               "config.json (default: the built-in SD-VAE config).")
 @click.option("--vae-revision", default=None, help="Hub revision (branch, tag or commit) for a hub id.")
-@click.option("--image-size", type=int, default=256, show_default=True, help="Crop size (a multiple of 8).")
-@click.option("--flip/--no-flip", default=True, show_default=True,
+@click.option("--image-size", type=int, default=default(ExtractConfig, "image_size"), show_default=True,
+              help="Crop size (a multiple of 8).")
+@click.option("--flip/--no-flip", default=default(ExtractConfig, "flip"), show_default=True,
               help="Also encode the horizontal mirror of every image (2 views).")
-@click.option("--store", type=click.Choice(["posterior", "sample"]), default="posterior", show_default=True,
+@click.option("--store", type=click.Choice(STORES), default=default(ExtractConfig, "store"), show_default=True,
               help="posterior: mean + std (sample fresh noise every epoch); sample: one fixed posterior sample.")
-@click.option("--dtype", type=click.Choice(["float16", "float32", "bfloat16"]), default="float16",
-              show_default=True, help="Storage dtype of the latents in the shards.")
-@click.option("--precision", type=click.Choice(["auto", "fp32", "bf16", "fp16"]), default="auto",
+@click.option("--dtype", type=click.Choice(DTYPES), default=default(ExtractConfig, "dtype"), show_default=True,
+              help="Storage dtype of the latents in the shards.")
+@click.option("--precision", type=click.Choice(PRECISIONS_AUTO), default=default(ExtractConfig, "precision"),
               show_default=True, help="Encoder autocast (auto: fp16 on GPU, fp32 on CPU; see BENCHMARKS.md).")
-@click.option("--batch-size", type=int, default=None, help="Images per encoder call [default: 64 on GPU, 4 on CPU].")
+@click.option("--batch-size", type=int, default=None,
+              help=f"Images per encoder call [default: {GPU_DEFAULT_BATCH} on GPU, {CPU_DEFAULT_BATCH} on CPU].")
 @click.option("--num-workers", type=int, default=None,
-              help="Decode/crop processes per rank [default: this rank's share of the CPUs, at most 16].")
+              help="Decode/crop processes per rank [default: this rank's share of the CPUs, at most "
+              f"{MAX_AUTO_WORKERS}].")
 @click.option("--samples-per-shard", type=int, default=None,
               help="Images per shard [default: shards of about 256 MiB].")
 @click.option("--limit", type=int, default=None, help="Only the first N images (a quick trial).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Noise seed for --store sample.")
+@click.option("--seed", type=int, default=default(ExtractConfig, "seed"), show_default=True,
+              help="Noise seed for --store sample.")
 @click.option("--strict", is_flag=True, default=False, help="Fail on an unusable image instead of skipping it.")
 @click.option("--overwrite", is_flag=True, default=False,
               help="Replace a shard set in --out made with a different configuration (same config: resumes).")
@@ -251,16 +274,9 @@ def extract_main(debug: bool, **options: Any) -> None:
       torchrun --nproc-per-node 8 $(which dit-extract) --data-path imagenet/train --out shards/in1k-256
       dit-extract --data-path imagenet/train --out /tmp/trial --limit 512    # a quick trial
     """
-    from diffusers.utils import logging as diffusers_logging
+    from dit_pipeline import extract
 
-    from dit_pipeline.common import distributed as dist
-    from dit_pipeline.extract import ExtractConfig, run_extract
-
-    diffusers_logging.set_verbosity_error()
-    try:
-        run_extract(ExtractConfig(**options))
-    finally:
-        dist.destroy()
+    extract.main(ExtractConfig(**options))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -364,52 +380,59 @@ def _train_options(f: Callable) -> Callable:
     """Options mapped 1:1 onto TrainConfig fields. Defaults live in TrainConfig (shown in brackets): an option
     only overrides the config file when it is given on the command line."""
     o = click.option
+    T = functools.partial(shown, TrainConfig)  # noqa: N806 (the default of a TrainConfig field, as shown)
     for decorator in reversed([
         o("--shards", help="Shard folder (with manifest.json), or a URL list 'a::b' / brace pattern "
           "(s3://bucket/shard-{000000..000127}.tar, pipe:CMD) together with --manifest."),
         o("--manifest", help="manifest.json of the shard set, when --shards is a URL list or pattern."),
         o("--run-dir", help="Run folder: checkpoints/, metrics.jsonl, log.txt, logs/, config.json."),
-        o("--model", help="DiT preset, e.g. DiT-XL/2, DiT-B/4 [DiT-XL/2]."),
+        o("--model", help=f"DiT preset, e.g. DiT-XL/2, DiT-B/4 [{T('model')}]."),
         o("--image-size", type=int, help="Cross-check against the shard set's image size."),
         o("--depth", type=int, help="Override the preset's depth (small experiments)."),
         o("--hidden-size", type=int, help="Override the preset's hidden size."),
         o("--num-heads", type=int, help="Override the preset's attention heads."),
         o("--patch-size", type=int, help="Override the preset's patch size."),
-        o("--class-dropout-prob", type=float, help="Label dropout for classifier-free guidance [0.1]."),
+        o("--class-dropout-prob", type=float,
+          help=f"Label dropout for classifier-free guidance [{T('class_dropout_prob')}]."),
         o("--max-steps", type=int, help="Stop after this many optimizer steps."),
         o("--epochs", type=int, help="Stop after this many epochs (with --max-steps: whichever comes first)."),
-        o("--global-batch-size", type=int, help="Images per optimizer step over all GPUs [256]."),
+        o("--global-batch-size", type=int,
+          help=f"Images per optimizer step over all GPUs [{T('global_batch_size')}]."),
         o("--micro-batch-size", type=int, help="Images per GPU per forward pass; accumulation steps = global / "
           "(world size x micro) [global / world size]."),
-        o("--lr", type=float, help="AdamW learning rate, constant [1e-4]."),
-        o("--weight-decay", type=float, help="AdamW weight decay [0]."),
-        o("--adam-beta1", type=float, help="[0.9]"),
-        o("--adam-beta2", type=float, help="[0.999]"),
-        o("--adam-eps", type=float, help="[1e-8]"),
+        o("--lr", type=float, help=f"AdamW learning rate, constant [{T('lr')}]."),
+        o("--weight-decay", type=float, help=f"AdamW weight decay [{T('weight_decay')}]."),
+        o("--adam-beta1", type=float, help=f"[{T('adam_beta1')}]"),
+        o("--adam-beta2", type=float, help=f"[{T('adam_beta2')}]"),
+        o("--adam-eps", type=float, help=f"[{T('adam_eps')}]"),
         o("--warmup-steps", type=int, help="Linear learning-rate warmup [0: off]."),
         o("--grad-clip", type=float, help="Clip the gradient norm to this value [off]."),
-        o("--ema-decay", type=float, help="EMA decay per optimizer step [0.9999]."),
-        o("--seed", type=int, help="Global seed: model init, data order, noise [0]."),
-        o("--precision", type=click.Choice(["auto", "bf16", "fp16", "fp32"]),
+        o("--ema-decay", type=float, help=f"EMA decay per optimizer step [{T('ema_decay')}]."),
+        o("--seed", type=int, help=f"Global seed: model init, data order, noise [{T('seed')}]."),
+        o("--precision", type=click.Choice(PRECISIONS_AUTO),
           help="Autocast dtype; fp16 uses a GradScaler [auto: bf16 on GPU, fp32 on CPU]."),
-        o("--tf32/--no-tf32", default=None, help="TF32 matmuls for fp32 work [on]."),
+        o("--tf32/--no-tf32", default=None, help=f"TF32 matmuls for fp32 work [{T('tf32')}]."),
         o("--grad-checkpointing/--no-grad-checkpointing", default=None,
-          help="Recompute DiT blocks in the backward pass (less memory, ~30% more compute) [off]."),
-        o("--compile/--no-compile", default=None, help="torch.compile the model [off]."),
-        o("--num-workers", type=int, help="Loader processes per GPU [4]."),
-        o("--shuffle-buffer", type=int, help="Samples in each loader worker's shuffle buffer [1000]."),
+          help="Recompute DiT blocks in the backward pass (less memory, ~30% more compute) "
+          f"[{T('grad_checkpointing')}]."),
+        o("--compile/--no-compile", default=None, help=f"torch.compile the model [{T('compile')}]."),
+        o("--num-workers", type=int, help=f"Loader processes per GPU [{T('num_workers')}]."),
+        o("--shuffle-buffer", type=int,
+          help=f"Samples in each loader worker's shuffle buffer [{T('shuffle_buffer')}]."),
         o("--shards-in-flight", type=int, help="Shards each loader worker reads at once, taking samples from "
-          "them in a random order (shards are written in class order) [16]."),
-        o("--prefetch-factor", type=int, help="Batches each loader worker prepares ahead [2]."),
+          f"them in a random order (shards are written in class order) [{T('shards_in_flight')}]."),
+        o("--prefetch-factor", type=int, help=f"Batches each loader worker prepares ahead [{T('prefetch_factor')}]."),
         o("--skip-bad-shards/--no-skip-bad-shards", default=None,
           help="Skip (and count) a shard that turns out unreadable instead of stopping [stop]."),
-        o("--log-every", type=int, help="Steps per metrics line [100]."),
-        o("--ckpt-every", type=int, help="Steps between checkpoints [5000]."),
-        o("--keep-last", type=int, help="Checkpoints kept [3]."),
+        o("--log-every", type=int, help=f"Steps per metrics line [{T('log_every')}]."),
+        o("--ckpt-every", type=int, help=f"Steps between checkpoints [{T('ckpt_every')}]."),
+        o("--keep-last", type=int, help=f"Checkpoints kept [{T('keep_last')}]."),
         o("--keep-every", type=int, help="Also keep every checkpoint whose step is a multiple of this [off]."),
-        o("--resume", help="'auto' (newest checkpoint in the run folder), 'none', or a checkpoint path [auto]."),
+        o("--resume", help="'auto' (newest checkpoint in the run folder), 'none', or a checkpoint path "
+          f"[{T('resume')}]."),
         o("--peak-tflops", type=float, help="Peak TFLOP/s per GPU for the MFU estimate [from the GPU model]."),
-        o("--tensorboard/--no-tensorboard", default=None, help="TensorBoard events when installed [on]."),
+        o("--tensorboard/--no-tensorboard", default=None,
+          help=f"TensorBoard events when installed [{T('tensorboard')}]."),
         o("--quiet/--no-quiet", default=None, help="No progress bar or info messages on the console."),
         o("--dry-run/--no-dry-run", default=None,
           help="Validate everything and print the plan (batch split, steps per epoch, readers, memory)."),
@@ -420,8 +443,9 @@ def _train_options(f: Callable) -> Callable:
         o("--vae-config", help="Diffusers config folder for a single-file --vae [the SD-VAE config]."),
         o("--sample-classes", help="Classes of the sample grids, comma-separated, e.g. 207,360,387 "
           "[8 spread over the label range]."),
-        o("--sample-steps", type=int, help="DDIM steps of the sample grids [50]."),
-        o("--sample-cfg-scale", type=float, help="Guidance scale of the sample grids (1 = none) [4.0]."),
+        o("--sample-steps", type=int, help=f"DDIM steps of the sample grids [{T('sample_steps')}]."),
+        o("--sample-cfg-scale", type=float,
+          help=f"Guidance scale of the sample grids (1 = none) [{T('sample_cfg_scale')}]."),
     ]):
         f = decorator(f)
     return f
@@ -454,23 +478,14 @@ def train_main(ctx: click.Context, config_file: str | None, nproc_per_node: int 
     """
     from click.core import ParameterSource
 
-    from dit_pipeline.train import build_hooks, load_config_file, merge_config, plot_metrics, run
-    from dit_pipeline.train.launch import launch, under_launcher
-    from dit_pipeline.train.plan import prepare
+    from dit_pipeline import train
 
     if plot_dir is not None:
-        click.echo(f"wrote {plot_metrics(plot_dir)}")
+        click.echo(f"wrote {train.plot_metrics(plot_dir)}")
         return
     given = {k: v for k, v in options.items()
              if ctx.get_parameter_source(k) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)}
-    cfg = merge_config(load_config_file(config_file) if config_file else {}, given)
-    hooks = build_hooks(cfg)  # checks the hook options and loads the VAE now: a bad --vae fails early
-    if nproc_per_node is not None and not under_launcher():
-        if cfg.dry_run:
-            run(cfg, world_size=nproc_per_node)
-            return
-        prepare(cfg, world_size=nproc_per_node)  # every check before any rank starts
-        del hooks  # the ranks build their own
-        sys.exit(launch(nproc_per_node, sys.argv[1:]))
-    run(cfg, hooks=hooks)
-
+    cfg = train.merge_config(train.load_config_file(config_file) if config_file else {}, given)
+    code = train.main(cfg, nproc_per_node=nproc_per_node, argv=sys.argv[1:])
+    if code:
+        sys.exit(code)

@@ -5,6 +5,9 @@ from __future__ import annotations
 import torch
 
 AUTOCAST_DTYPES: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+PRECISIONS: tuple[str, ...] = tuple(AUTOCAST_DTYPES)   # the --precision values of dit-sample
+AUTO = "auto"                                          # dit-extract / dit-train: resolved per device
+PRECISIONS_AUTO: tuple[str, ...] = (AUTO, *PRECISIONS)  # the --precision values of dit-extract / dit-train
 
 
 def set_tf32(enabled: bool) -> None:

@@ -14,8 +14,8 @@ import torch
 
 from dit_pipeline.common.errors import collect
 from dit_pipeline.common.vae import DEFAULT_VAE
+from dit_pipeline.common.precision import PRECISIONS_AUTO as PRECISIONS
 
-PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 STORES = ("posterior", "sample")
 DTYPES = ("float16", "float32", "bfloat16")
 # Measured (BENCHMARKS.md, "Extraction"): fp16 autocast is ~8x closer to fp32 than bf16 on the SD-VAE

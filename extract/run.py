@@ -277,3 +277,14 @@ def run_extract(cfg: ExtractConfig) -> ExtractSummary:
     if dist.is_main():
         _log_summary(summary)
     return summary
+
+
+def main(cfg: ExtractConfig) -> ExtractSummary:
+    """The `dit-extract` command: `run_extract` with quiet libraries, leaving no process group behind."""
+    from diffusers.utils import logging as diffusers_logging
+
+    diffusers_logging.set_verbosity_error()
+    try:
+        return run_extract(cfg)
+    finally:
+        dist.destroy()

@@ -12,11 +12,11 @@ from typing import Any
 
 from dit_pipeline.common.errors import collect
 from dit_pipeline.common.vae import DEFAULT_VAE
+from dit_pipeline.common.precision import PRECISIONS
 
 # DiT's diffusion has 1000 training steps (REFERENCE.md); respacing picks a subset of them.
 TRAIN_TIMESTEPS = 1000
 SAMPLERS = ("ddpm", "ddim")
-PRECISIONS = ("fp32", "bf16", "fp16")
 CFG_CHANNELS = ("3", "all")
 WEIGHTS = ("ema", "model")
 EXPORT_TARGETS = ("diffusers", "safetensors")

@@ -27,7 +27,7 @@ import torch
 
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.io import TMP_PREFIX, fsync_dir
-from dit_pipeline.common.log import get_logger
+from dit_pipeline.common.log import get_logger, setup_logging
 from dit_pipeline.common.vae import load_vae
 from dit_pipeline.sample.config import TRAIN_TIMESTEPS, ExportConfig
 from dit_pipeline.sample.load import SAFETENSORS_LATENT_KEY, latent_scale, load_weights
@@ -199,3 +199,9 @@ def export(cfg: ExportConfig) -> Path:
         return export_safetensors(state_dict, info, output, overwrite=cfg.overwrite)
     return export_diffusers(state_dict, info, output, vae=cfg.vae, vae_config=cfg.vae_config,
                             overwrite=cfg.overwrite)
+
+
+def export_main(cfg: ExportConfig) -> Path:
+    """The `dit-sample export` command: `export` with console logging; returns the path written."""
+    setup_logging()
+    return export(cfg)

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from dit_pipeline.common.errors import ConfigError, UserError, collect
+from dit_pipeline.common.precision import PRECISIONS_AUTO as PRECISIONS
 
-PRECISIONS = ("auto", "bf16", "fp16", "fp32")
 
 
 @dataclass(kw_only=True)
