@@ -61,6 +61,8 @@ def discretized_gaussian_log_likelihood(x: torch.Tensor, means: torch.Tensor,
 class GaussianDiffusion:
     """A (possibly respaced) diffusion process; `t` arguments index its own steps 0..num_timesteps-1."""
 
+    objective = "ddpm"
+
     def __init__(self, betas: np.ndarray, *, learn_sigma: bool = True, sigma_small: bool = False,
                  timestep_map: Sequence[int] | None = None):
         betas = np.asarray(betas, dtype=np.float64)
@@ -119,6 +121,11 @@ class GaussianDiffusion:
                              f"{[x.shape[0], channels, *x.shape[2:]]} (learn_sigma={self.learn_sigma}); "
                              "build the diffusion with the model's learn_sigma")
         return out.float()
+
+    def draw_timesteps(self, n: int, *, generator: torch.Generator | None = None,
+                       device: torch.device | str | None = None) -> torch.Tensor:
+        """[n] training steps, uniform over 0..num_timesteps-1 (one randint draw from `generator`)."""
+        return torch.randint(0, self.num_timesteps, (n,), generator=generator, device=device)
 
     # -- forward process ------------------------------------------------------------------------------
     def q_sample(self, x_start: torch.Tensor, t: torch.Tensor,

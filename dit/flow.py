@@ -1,0 +1,219 @@
+"""Flow matching on a linear interpolant with velocity prediction, as SiT trains and samples it
+(Ma et al. 2024, "Exploring Flow and Diffusion-based Generative Models with Scalable Interpolant
+Transformers", arXiv:2401.08740; stochastic interpolants, Albergo & Vanden-Eijnden 2023).
+
+Convention (SiT's "Linear" path, so that the official SiT checkpoints run unchanged):
+- time t in [0, 1]; t = 0 is pure noise, t = 1 is data: x_t = t * x_data + (1 - t) * eps (alpha_t = t,
+  sigma_t = 1 - t). This is the reverse direction of rectified flow / SD3, where t = 1 is noise.
+- the network predicts the velocity v = d x_t / dt = x_data - eps; the loss is mean((v_pred - v)^2).
+- the network receives t itself (a float in [0, 1], not scaled by 1000) in DiT's sinusoidal timestep
+  embedder; sampling integrates dx/dt = v(x, t) from t = 0 (noise) to t = 1 (data).
+- a DiT built with learn_sigma=True (SiT-XL-2-256x256.pt is one) returns 2C channels; the velocity is the
+  first C, the rest is ignored.
+
+Training times: "uniform" U(0, 1) (SiT), or "logit-normal" t = sigmoid(mean + scale * n), n ~ N(0, 1)
+(Esser et al. 2024, SD3). SD3 draws its noise level sigma = 1 - t, so SD3's location m is mean = -m here.
+
+Samplers (`steps` = number of integration intervals on a uniform grid):
+- "euler", "heun": the probability-flow ODE from 0 to 1 (1 and 2 velocity evaluations per interval;
+  Heun is the explicit trapezoid rule, its corrector evaluating the field at the interval's end, t = 1
+  included: a velocity field is finite on all of [0, 1]).
+- "euler-maruyama": the SDE dx = [v + D(t) s(x, t)] dt + sqrt(2 D(t)) dW with the score recovered from the
+  velocity, s = (t v - x) / (1 - t), on SiT's grid: from t0 to 1 - last_step_size in `steps` intervals,
+  then one noise-free "Mean" step of size last_step_size. D(t) is one of SiT's diffusion forms (norm w):
+  constant w; SBDM w (1 - t) / t (t0 = sample_eps so that it is finite); sigma w (1 - t); linear w (1 - t);
+  decreasing 0.25 (w cos(pi t) + 1)^2; increasing-decreasing w sin(pi t)^2.
+All noise comes from the generators given (one per sample: each sample's draws come from its own only).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Sequence
+
+import torch
+
+Model = Callable[..., torch.Tensor]
+Generators = torch.Generator | Sequence[torch.Generator] | None
+
+T_SAMPLINGS = ("uniform", "logit-normal")
+ODE_SAMPLERS = ("euler", "heun")
+SDE_SAMPLERS = ("euler-maruyama",)
+FLOW_SAMPLERS = ODE_SAMPLERS + SDE_SAMPLERS
+DIFFUSION_FORMS = ("sigma", "SBDM", "constant", "linear", "decreasing", "increasing-decreasing")
+SAMPLE_EPS = 1e-3       # SiT's default start of the SDE grid (used by the SBDM form only)
+LAST_STEP_SIZE = 0.04   # SiT's default size of the final noise-free SDE step
+
+
+def _bcast(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """[N] -> [N, 1, ..., 1] matching x's rank."""
+    return t.reshape(-1, *([1] * (x.dim() - 1))).to(x.dtype)
+
+
+def interpolate(x_data: torch.Tensor, noise: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """x_t = t x_data + (1 - t) noise (t [N] in [0, 1])."""
+    tb = _bcast(t, x_data)
+    return tb * x_data + (1 - tb) * noise
+
+
+def target_velocity(x_data: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """d x_t / dt of the linear interpolant: x_data - noise."""
+    return x_data - noise
+
+
+def score_from_velocity(v: torch.Tensor, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """grad log p_t(x) from the velocity: E[noise | x_t] = x - t v, score = -E[noise | x_t] / (1 - t)."""
+    tb = _bcast(t, x)
+    return (tb * v - x) / (1 - tb)
+
+
+def diffusion_coefficient(form: str, t: torch.Tensor, norm: float = 1.0) -> torch.Tensor:
+    """SiT's D(t) (the SDE's noise is sqrt(2 D) dW); t [N] -> [N]."""
+    if form == "constant":
+        return torch.full_like(t, float(norm))
+    if form == "SBDM":
+        return norm * (1 - t) / t
+    if form in ("sigma", "linear"):  # sigma_t = 1 - t on the linear path: the two forms coincide
+        return norm * (1 - t)
+    if form == "decreasing":
+        return 0.25 * (norm * torch.cos(math.pi * t) + 1) ** 2
+    if form == "increasing-decreasing":
+        return norm * torch.sin(math.pi * t) ** 2
+    raise ValueError(f"unknown diffusion form {form!r}; choose one of: {', '.join(DIFFUSION_FORMS)}")
+
+
+def _randn(shape: Sequence[int], device: torch.device, generator: Generators) -> torch.Tensor:
+    """Standard normal [N, ...]; with a list of generators row i is drawn from generator i only."""
+    if generator is None:
+        return torch.randn(*shape, device=device)
+    if isinstance(generator, torch.Generator):
+        return torch.randn(*shape, generator=generator, device=generator.device).to(device)
+    if len(generator) != shape[0]:
+        raise ValueError(f"generator must be a torch.Generator or a list of {shape[0]} (one per sample), "
+                         f"got {len(generator)}")
+    rows = [torch.randn(*shape[1:], generator=g, device=g.device) for g in generator]
+    return torch.stack(rows).to(device)
+
+
+class FlowMatching:
+    """The flow objective with the training interface of `GaussianDiffusion` (`draw_timesteps`,
+    `training_losses`) and the flow samplers (`sample_loop`)."""
+
+    objective = "flow"
+
+    def __init__(self, *, t_sampling: str = "uniform", t_mean: float = 0.0, t_scale: float = 1.0):
+        if t_sampling not in T_SAMPLINGS:
+            raise ValueError(f"unknown t sampling {t_sampling!r}; choose one of: {', '.join(T_SAMPLINGS)}")
+        if not t_scale > 0:
+            raise ValueError(f"logit-normal scale must be > 0, got {t_scale}")
+        self.t_sampling, self.t_mean, self.t_scale = t_sampling, float(t_mean), float(t_scale)
+
+    def draw_timesteps(self, n: int, *, generator: torch.Generator | None = None,
+                       device: torch.device | str | None = None) -> torch.Tensor:
+        """[n] float32 training times in (0, 1) from `generator` (one draw of n values)."""
+        if self.t_sampling == "uniform":
+            return torch.rand(n, generator=generator, device=device)
+        z = torch.randn(n, generator=generator, device=device)
+        return torch.sigmoid(self.t_mean + self.t_scale * z)
+
+    def training_losses(self, model: Model, x_start: torch.Tensor, t: torch.Tensor,
+                        model_kwargs: dict[str, Any] | None = None,
+                        noise: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """Per-sample {"loss", "mse", "vb"} (loss = mse = mean squared velocity error, vb = 0), so the
+        trainer logs both objectives the same way. x_start is the data x_1, t [N] float times."""
+        if noise is None:
+            noise = torch.randn_like(x_start)
+        x_t = interpolate(x_start, noise, t)
+        out = model(x_t, t, **(model_kwargs or {}))
+        v = velocity_of(out, x_start.shape[1]).float()
+        mse = ((v - target_velocity(x_start, noise).float()) ** 2).mean(dim=list(range(1, x_start.dim())))
+        return {"loss": mse, "mse": mse, "vb": torch.zeros_like(mse)}
+
+    @torch.no_grad()
+    def sample_loop(self, model: Model, noise: torch.Tensor, *, sampler: str = "euler", steps: int = 50,
+                    model_kwargs: dict[str, Any] | None = None, generator: Generators = None,
+                    diffusion_form: str = "sigma", diffusion_norm: float = 1.0,
+                    last_step_size: float = LAST_STEP_SIZE, sample_eps: float = SAMPLE_EPS) -> torch.Tensor:
+        """Integrate from noise (t = 0) to data (t = 1) -> float32 samples shaped like `noise`."""
+        field = velocity_field(model, noise.shape[1], model_kwargs)
+        if sampler in ODE_SAMPLERS:
+            return ode_solve(field, noise, steps=steps, method=sampler)
+        if sampler in SDE_SAMPLERS:
+            return sde_solve(field, noise, steps=steps, generator=generator, form=diffusion_form,
+                             norm=diffusion_norm, last_step_size=last_step_size, sample_eps=sample_eps)
+        raise ValueError(f"unknown flow sampler {sampler!r}; choose one of: {', '.join(FLOW_SAMPLERS)}")
+
+
+def velocity_of(out: torch.Tensor, channels: int) -> torch.Tensor:
+    """The velocity part of a network output: all of it, or the first half of a learn_sigma DiT's."""
+    if out.shape[1] == channels:
+        return out
+    if out.shape[1] == 2 * channels:
+        return out[:, :channels]
+    raise ValueError(f"model output has {out.shape[1]} channels; expected {channels} or {2 * channels}")
+
+
+def velocity_field(model: Model, channels: int,
+                   model_kwargs: dict[str, Any] | None) -> Callable[[torch.Tensor, float], torch.Tensor]:
+    """(x [N, C, ...], t float) -> float32 v(x, t), calling model(x, t [N], **model_kwargs)."""
+    def field(x: torch.Tensor, t: float) -> torch.Tensor:
+        tt = torch.full((x.shape[0],), float(t), device=x.device, dtype=torch.float32)
+        return velocity_of(model(x, tt, **(model_kwargs or {})), channels).float()
+    return field
+
+
+def time_grid(t0: float, t1: float, steps: int) -> list[float]:
+    """steps + 1 equally spaced times from t0 to t1, computed in float64."""
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    return [t0 + (t1 - t0) * i / steps for i in range(steps + 1)]
+
+
+def ode_solve(field: Callable[[torch.Tensor, float], torch.Tensor], x: torch.Tensor, *, steps: int,
+              method: str = "euler", t0: float = 0.0, t1: float = 1.0) -> torch.Tensor:
+    """Fixed-step Euler or Heun (explicit trapezoid) for dx/dt = field(x, t) from t0 to t1."""
+    if method not in ODE_SAMPLERS:
+        raise ValueError(f"unknown ODE method {method!r}; choose one of: {', '.join(ODE_SAMPLERS)}")
+    ts = time_grid(t0, t1, steps)
+    x = x.float()
+    for a, b in zip(ts[:-1], ts[1:]):
+        h = b - a
+        d1 = field(x, a)
+        if method == "euler":
+            x = x + h * d1
+        else:
+            d2 = field(x + h * d1, b)
+            x = x + 0.5 * h * (d1 + d2)
+    return x
+
+
+def sde_solve(field: Callable[[torch.Tensor, float], torch.Tensor], x: torch.Tensor, *, steps: int,
+              generator: Generators = None, form: str = "sigma", norm: float = 1.0,
+              last_step_size: float = LAST_STEP_SIZE, sample_eps: float = SAMPLE_EPS) -> torch.Tensor:
+    """Euler-Maruyama for dx = [v + D s] dt + sqrt(2 D) dW on SiT's grid, then the "Mean" last step."""
+    if not 0 <= last_step_size < 1:
+        raise ValueError(f"last_step_size must be in [0, 1), got {last_step_size}")
+    t0 = sample_eps if form == "SBDM" else 0.0
+    t1 = 1.0 - last_step_size
+    x = x.float()
+
+    def drift(x: torch.Tensor, t: float) -> tuple[torch.Tensor, torch.Tensor]:
+        tt = torch.full((x.shape[0],), t, device=x.device, dtype=torch.float32)
+        d = _bcast(diffusion_coefficient(form, tt, norm), x)
+        v = field(x, t)
+        return v + d * score_from_velocity(v, x, tt), d
+
+    ts = time_grid(t0, t1, steps)
+    for a, b in zip(ts[:-1], ts[1:]):
+        h = b - a
+        dw = _randn(x.shape, x.device, generator) * math.sqrt(h)
+        mu, d = drift(x, a)
+        x = x + mu * h + torch.sqrt(2 * d) * dw
+    if last_step_size > 0:
+        mu, _ = drift(x, t1)
+        x = x + mu * last_step_size
+    return x
+
+
+def create_flow(t_sampling: str = "uniform", t_mean: float = 0.0, t_scale: float = 1.0) -> FlowMatching:
+    """The flow objective as `dit.create_diffusion` gives the DDPM one."""
+    return FlowMatching(t_sampling=t_sampling, t_mean=t_mean, t_scale=t_scale)
