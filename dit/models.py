@@ -5,6 +5,7 @@ sinusoidal timestep embedding, label embedding with a "null" row for classifier-
 names and shapes equal the official checkpoints', so `load_state_dict(strict=True)` takes
 `DiT-XL-2-256x256.pt` as is. Pure nn: wrapping (DDP, autocast, compile) is applied from outside; activation
 checkpointing is switched per block with `set_grad_checkpointing` without renaming any parameter.
+Optional block features (QK-norm, RMSNorm, SwiGLU, 2-D RoPE; dit/blocks.py) are off by default.
 """
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+
+from .blocks import BLOCK_OPTIONS, SwiGLU, apply_rope, make_norm, rope_2d_tables, swiglu_hidden
 
 # name -> (depth, hidden_size, num_heads, patch_size)
 MODEL_PRESETS: dict[str, tuple[int, int, int, int]] = {
@@ -132,20 +135,30 @@ class LabelEmbedder(nn.Module):
 
 
 class Attention(nn.Module):
-    """Multi-head self-attention; qkv features laid out [3, heads, head_dim]; SDPA (flash on GPU)."""
+    """Multi-head self-attention; qkv features laid out [3, heads, head_dim]; SDPA (flash on GPU).
+    Options: RMSNorm on q and k per head (`qk_norm`), 2-D rotary embedding of q and k (`rope`)."""
 
-    def __init__(self, dim: int, num_heads: int):
+    def __init__(self, dim: int, num_heads: int, qk_norm: bool = False, rope: bool = False):
         super().__init__()
         if dim % num_heads:
             raise ValueError(f"hidden size {dim} is not divisible by num_heads {num_heads}")
         self.num_heads = num_heads
         self.qkv = nn.Linear(dim, dim * 3)
         self.proj = nn.Linear(dim, dim)
+        self.qk_norm, self.rope = qk_norm, rope
+        if qk_norm:
+            self.q_norm = nn.RMSNorm(dim // num_heads, eps=1e-6)
+            self.k_norm = nn.RMSNorm(dim // num_heads, eps=1e-6)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n, tokens, dim = x.shape
         qkv = self.qkv(x).reshape(n, tokens, 3, self.num_heads, dim // self.num_heads)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [N, heads, T, head_dim]
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.rope:
+            cos, sin = rope_2d_tables(math.isqrt(tokens), dim // self.num_heads, q.device, q.dtype)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         out = F.scaled_dot_product_attention(q, k, v)  # default scale head_dim^-0.5
         return self.proj(out.transpose(1, 2).reshape(n, tokens, dim))
 
@@ -164,12 +177,14 @@ class Mlp(nn.Module):
 class DiTBlock(nn.Module):
     """adaLN-Zero transformer block. `grad_checkpointing` recomputes it in the backward pass."""
 
-    def __init__(self, hidden_size: int, num_heads: int):
+    def __init__(self, hidden_size: int, num_heads: int, qk_norm: bool = False, rms_norm: bool = False,
+                 swiglu: bool = False, rope: bool = False):
         super().__init__()
-        self.norm1 = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=LN_EPS)
-        self.attn = Attention(hidden_size, num_heads)
-        self.norm2 = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=LN_EPS)
-        self.mlp = Mlp(hidden_size, hidden_size * MLP_RATIO)
+        self.norm1 = make_norm(hidden_size, rms_norm)
+        self.attn = Attention(hidden_size, num_heads, qk_norm=qk_norm, rope=rope)
+        self.norm2 = make_norm(hidden_size, rms_norm)
+        self.mlp = (SwiGLU(hidden_size, swiglu_hidden(hidden_size, MLP_RATIO)) if swiglu
+                    else Mlp(hidden_size, hidden_size * MLP_RATIO))
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 6 * hidden_size))
         self.grad_checkpointing = False
 
@@ -181,9 +196,9 @@ class DiTBlock(nn.Module):
 
 
 class FinalLayer(nn.Module):
-    def __init__(self, hidden_size: int, patch_size: int, out_channels: int):
+    def __init__(self, hidden_size: int, patch_size: int, out_channels: int, rms_norm: bool = False):
         super().__init__()
-        self.norm_final = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=LN_EPS)
+        self.norm_final = make_norm(hidden_size, rms_norm)
         self.linear = nn.Linear(hidden_size, patch_size * patch_size * out_channels)
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 2 * hidden_size))
 
@@ -197,10 +212,16 @@ class DiT(nn.Module):
 
     def __init__(self, input_size: int = 32, patch_size: int = 2, in_channels: int = 4,
                  hidden_size: int = 1152, depth: int = 28, num_heads: int = 16,
-                 class_dropout_prob: float = 0.1, num_classes: int = 1000, learn_sigma: bool = True):
+                 class_dropout_prob: float = 0.1, num_classes: int = 1000, learn_sigma: bool = True,
+                 qk_norm: bool = False, rms_norm: bool = False, swiglu: bool = False, rope: bool = False):
         super().__init__()
         _check_dims(input_size, patch_size, in_channels, hidden_size, depth, num_heads,
                     class_dropout_prob, num_classes)
+        if rope and (hidden_size // num_heads) % 4:
+            raise ValueError(f"invalid DiT configuration: rope needs a head dimension divisible by 4, got "
+                             f"{hidden_size // num_heads}")
+        self.options = {"qk_norm": bool(qk_norm), "rms_norm": bool(rms_norm), "swiglu": bool(swiglu),
+                        "rope": bool(rope)}
         self.input_size, self.patch_size, self.in_channels = input_size, patch_size, in_channels
         self.hidden_size, self.depth, self.num_heads = hidden_size, depth, num_heads
         self.num_classes, self.class_dropout_prob = num_classes, float(class_dropout_prob)
@@ -214,19 +235,21 @@ class DiT(nn.Module):
         # A parameter (so it is in the official state_dict) that is never trained.
         self.pos_embed = nn.Parameter(torch.zeros(1, self.grid_size ** 2, hidden_size),
                                       requires_grad=False)
-        self.blocks = nn.ModuleList(DiTBlock(hidden_size, num_heads) for _ in range(depth))
-        self.final_layer = FinalLayer(hidden_size, patch_size, self.out_channels)
+        self.blocks = nn.ModuleList(DiTBlock(hidden_size, num_heads, **self.options) for _ in range(depth))
+        self.final_layer = FinalLayer(hidden_size, patch_size, self.out_channels, rms_norm=bool(rms_norm))
         self.initialize_weights()
 
     @property
     def config(self) -> dict[str, Any]:
-        """JSON-able architecture description (the checkpoint's `model_config`)."""
+        """JSON-able architecture description (the checkpoint's `model_config`); a block option appears
+        only when it is on, so a plain DiT's config is what it always was."""
         return {
             "model": preset_name(self.depth, self.hidden_size, self.num_heads, self.patch_size),
             "input_size": self.input_size, "num_classes": self.num_classes,
             "learn_sigma": self.learn_sigma, "in_channels": self.in_channels, "depth": self.depth,
             "hidden_size": self.hidden_size, "num_heads": self.num_heads,
             "patch_size": self.patch_size, "class_dropout_prob": self.class_dropout_prob,
+            **{k: True for k, on in self.options.items() if on},
         }
 
     @torch.no_grad()
@@ -360,9 +383,10 @@ def create_model(name: str, input_size: int = 32, num_classes: int = 1000, **ove
     fields such as depth/hidden_size/num_heads for small custom models).
     """
     depth, hidden, heads, patch = MODEL_PRESETS[canonical_model_name(name)]
-    unknown = set(overrides) - set(_CONFIG_KEYS)
+    unknown = set(overrides) - set(_CONFIG_KEYS) - set(BLOCK_OPTIONS)
     if unknown:
-        raise ValueError(f"unknown DiT options {sorted(unknown)}; allowed: {', '.join(_CONFIG_KEYS)}")
+        raise ValueError(f"unknown DiT options {sorted(unknown)}; allowed: "
+                         f"{', '.join(_CONFIG_KEYS + BLOCK_OPTIONS)}")
     kwargs: dict[str, Any] = dict(depth=depth, hidden_size=hidden, num_heads=heads, patch_size=patch,
                                   input_size=input_size, num_classes=num_classes)
     kwargs.update(overrides)
@@ -382,4 +406,4 @@ def model_from_config(config: dict[str, Any]) -> DiT:
     dims = (config["depth"], config["hidden_size"], config["num_heads"], config["patch_size"])
     if name is not None and MODEL_PRESETS.get(canonical_model_name(name)) != dims:
         raise ValueError(f"model_config names {name!r} but has depth/hidden/heads/patch {dims}")
-    return DiT(**{k: config[k] for k in _CONFIG_KEYS})
+    return DiT(**{k: config[k] for k in _CONFIG_KEYS}, **{k: bool(config.get(k, False)) for k in BLOCK_OPTIONS})

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from .blocks import BLOCK_OPTIONS
 from .models import MODEL_PRESETS, DiT, canonical_model_name, model_from_config, pos_embed_2d
 
 OWN_FORMAT = "dit-pipeline.checkpoint"
@@ -254,6 +255,9 @@ def infer_model_config(state_dict: dict[str, torch.Tensor], stored: dict[str, An
         "input_size": grid * patch, "in_channels": channels, "depth": depth, "hidden_size": hidden,
         "patch_size": patch, "learn_sigma": out_features == 2 * patch * patch * channels,
         "num_classes": rows - 1, "class_dropout_prob": 0.1, "num_heads": None,
+        # block options with parameters show in the keys; rms_norm and rope only in a stored config
+        "qk_norm": "blocks.0.attn.q_norm.weight" in shapes, "swiglu": "blocks.0.mlp.w12.weight" in shapes,
+        "rms_norm": False, "rope": False,
     }
     _apply_stored(config, stored, args, rows, where)
     if config["num_heads"] is None:
@@ -263,6 +267,9 @@ def infer_model_config(state_dict: dict[str, torch.Tensor], stored: dict[str, An
                                "no model_config, so the number of attention heads is unknown")
         config["num_heads"] = matches[0]
     config["model"] = _preset_of(config)
+    for key in BLOCK_OPTIONS:  # as DiT.config writes them: present only when on
+        if not config[key]:
+            del config[key]
     check_state_dict(state_dict, config, where)
     return {"model": config["model"], **{k: v for k, v in config.items() if k != "model"}}
 
@@ -278,6 +285,11 @@ def _apply_stored(config: dict[str, Any], stored: dict[str, Any] | None, args: d
         for key in ("num_heads", "num_classes", "class_dropout_prob"):
             if stored.get(key) is not None:
                 config[key] = stored[key]
+        for key in ("qk_norm", "swiglu"):
+            if key in stored and bool(stored[key]) != config[key]:
+                raise WeightsError(f"{where}: model_config says {key}={stored[key]!r} but the weights "
+                                   f"have {key}={config[key]!r}")
+        config["rms_norm"], config["rope"] = bool(stored.get("rms_norm")), bool(stored.get("rope"))
     elif args and isinstance(args.get("model"), str):
         try:
             config["num_heads"] = MODEL_PRESETS[canonical_model_name(args["model"])][2]
