@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: test test-reliability demo install bench clean
+.PHONY: test test-reliability test-min-deps demo install bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -29,8 +29,23 @@ test: $(STAMP)
 test-reliability: $(STAMP)
 	$(PY) -m pytest -q --run-reliability tests/reliability $(PYTEST_ARGS)
 
+# The declared version floors, proven: a separate venv with every dependency of pyproject.toml (and the test and
+# plot extras) pinned at exactly its `>=` minimum (tests/min_deps.py), then the suite. Torch's PyPI wheel is the
+# CUDA build (several GB of downloads the first time); README "Version floors" has the measured time.
+MIN_VENV ?= .venv-min
+test-min-deps:
+	rm -rf $(MIN_VENV)
+	$(PYTHON) -m venv $(MIN_VENV)
+	$(MIN_VENV)/bin/python -m pip install -q --upgrade pip
+	$(PYTHON) tests/min_deps.py pyproject.toml test plot > $(MIN_VENV)/min-requirements.txt
+	$(MIN_VENV)/bin/python -m pip install -q -r $(MIN_VENV)/min-requirements.txt
+	$(MIN_VENV)/bin/python -m pip install -q --no-deps -e .
+	$(MIN_VENV)/bin/python -m pip check
+	$(MIN_VENV)/bin/python -m pip freeze | grep -iE '^(torch|torchvision|diffusers|numpy|webdataset)=='
+	$(MIN_VENV)/bin/python -m pytest -q $(PYTEST_ARGS)
+
 demo: $(STAMP)
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) examples/demo.py $(DEMO_ARGS)
 
 clean:
-	rm -rf $(VENV) demo-out .pytest_cache
+	rm -rf $(VENV) $(MIN_VENV) demo-out .pytest_cache

@@ -58,14 +58,23 @@ class MetricsLog:
         self.path = self.run_dir / "metrics.jsonl"
         self.rank_path = self.run_dir / "logs" / f"rank{rank}.jsonl"
         self.main = main
-        self._tb = None
-        if main and tensorboard:
+        self._tb: Any = None
+        self._tb_wanted = main and tensorboard
+        self._purge_step: int | None = None
+
+    def _writer(self) -> Any:
+        """The SummaryWriter, opened at the first record: after `resume_at(step)` it purges the events of the
+        steps after `step` that an interrupted run had written (else TensorBoard shows those steps twice)."""
+        if self._tb is None and self._tb_wanted:
+            self._tb_wanted = False
             try:
                 from torch.utils.tensorboard import SummaryWriter
-                self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
             except ImportError:
                 get_logger().info("tensorboard is not installed: metrics go to metrics.jsonl only "
                                   "(pip install 'dit-pipeline[tensorboard]' for event files)")
+                return None
+            self._tb = SummaryWriter(str(self.run_dir / "tensorboard"), purge_step=self._purge_step)
+        return self._tb
 
     @staticmethod
     def truncate(path: Path, after_step: int) -> int:
@@ -85,6 +94,10 @@ class MetricsLog:
         return len(kept)
 
     def resume_at(self, step: int) -> None:
+        """Continue after a checkpoint of `step`: later records (of the run that was interrupted) are dropped
+        from the JSONL files and from the TensorBoard events."""
+        if step > 0:
+            self._purge_step = step + 1
         if self.main:
             self.truncate(self.path, step)
         self.truncate(self.rank_path, step)
@@ -99,10 +112,11 @@ class MetricsLog:
         if not self.main:
             return
         self._append(self.path, record)
-        if self._tb is not None:
+        tb = self._writer()
+        if tb is not None:
             for k, v in record.items():
                 if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool):
-                    self._tb.add_scalar(f"train/{k}", v, record["step"])
+                    tb.add_scalar(f"train/{k}", v, record["step"])
 
     def write_rank(self, record: dict[str, Any]) -> None:
         self._append(self.rank_path, record)
