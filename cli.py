@@ -53,6 +53,32 @@ def _dash_args(cmd: click.Command, args: list[str]) -> list[str]:
     return out
 
 
+# Every command and subcommand takes -h as well as --help.
+CONTEXT = {"help_option_names": ["-h", "--help"]}
+
+
+def version_option(f: Callable) -> Callable:
+    """`--version`: the installed dit-pipeline version and the torch it runs on."""
+    def message() -> str:
+        from importlib.metadata import PackageNotFoundError, version
+
+        import torch
+
+        try:
+            ours = version("dit-pipeline")
+        except PackageNotFoundError:
+            ours = "unknown (not installed)"
+        return f"%(prog)s (dit-pipeline) {ours}, torch {torch.__version__}"
+
+    def show(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+        if value and not ctx.resilient_parsing:
+            click.echo(message() % {"prog": ctx.find_root().info_name})
+            ctx.exit()
+
+    return click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=show,
+                        help="Show the version and exit.")(f)
+
+
 def debug_option(f: Callable) -> Callable:
     return click.option("--debug", is_flag=True, default=False, envvar="DIT_DEBUG",
                         help="Show full tracebacks for errors.")(f)
@@ -113,7 +139,7 @@ class DefaultCommandGroup(DashGroup):
     default_command = "run"
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        if args and args[0] not in self.commands and args[0] not in ctx.help_option_names:
+        if args and args[0] not in self.commands and args[0] not in (*ctx.help_option_names, "--version"):
             args = [self.default_command, *args]
         return super().parse_args(ctx, args)
 
@@ -146,8 +172,8 @@ def _weights_options(f: Callable) -> Callable:
     return f
 
 
-@click.group(cls=DefaultCommandGroup, context_settings={"help_option_names": ["-h", "--help"]},
-             no_args_is_help=True)
+@click.group(cls=DefaultCommandGroup, context_settings=CONTEXT, no_args_is_help=True)
+@version_option
 def sample_main() -> None:
     """Sample images and FID-ready .npz files from DiT checkpoints; export them to diffusers.
 
@@ -229,7 +255,8 @@ def sample_export_cmd(debug: bool, **options: Any) -> None:
 # dit-extract (extract/): images -> SD-VAE latents -> verified shards
 # ---------------------------------------------------------------------------------------------------------
 
-@click.command("dit-extract", cls=DashCommand)
+@click.command("dit-extract", cls=DashCommand, context_settings=CONTEXT)
+@version_option
 @click.option("--data-path", required=True, help="ImageFolder tree: one sub-folder per class (e.g. imagenet/train).")
 @click.option("--out", required=True, help="Folder for the shards, manifest.json and logs/ (rerun to resume).")
 @click.option("--vae", default=default(ExtractConfig, "vae"), show_default=True,
@@ -286,7 +313,8 @@ def extract_main(debug: bool, **options: Any) -> None:
 _SHARD_DIR = click.Path(exists=True, file_okay=False, dir_okay=True)
 
 
-@click.group(cls=DashGroup, context_settings={"help_option_names": ["-h", "--help"]}, no_args_is_help=True)
+@click.group(cls=DashGroup, context_settings=CONTEXT, no_args_is_help=True)
+@version_option
 def shards_main() -> None:
     """Inspect latent shard sets: prove one complete and intact (verify), summarise it (info), and check
     the latent scale and class balance (stats).
@@ -451,7 +479,8 @@ def _train_options(f: Callable) -> Callable:
     return f
 
 
-@click.command("dit-train", cls=DashCommand, context_settings={"help_option_names": ["-h", "--help"]})
+@click.command("dit-train", cls=DashCommand, context_settings=CONTEXT)
+@version_option
 @_train_options
 @click.option("--config", "config_file", default=None,
               help="YAML or JSON file of settings (keys as the flags, dashes or underscores); flags override it.")

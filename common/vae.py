@@ -2,7 +2,7 @@
 a single original-format weight file, with an identity record for manifests and checkpoints.
 
 Offline clusters are the common case, so a single `.safetensors`/`.ckpt` file loads with the SD-VAE config
-shipped here (REFERENCE.md: the diffusers config of sd-vae-ft-ema/-mse) instead of fetching it from the Hub.
+shipped here (docs/REFERENCE.md: the diffusers config of sd-vae-ft-ema/-mse) instead of fetching it from the Hub.
 The latent scale comes from the loaded config (`scaling_factor`, `shift_factor`), never from a literal.
 """
 from __future__ import annotations

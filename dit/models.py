@@ -1,6 +1,6 @@
 """The DiT network (Peebles & Xie 2023, "Scalable Diffusion Models with Transformers").
 
-Written from the facts in docs/REFERENCE.md (shared): adaLN-Zero blocks, 2-D sin-cos position table,
+Written from the facts in docs/REFERENCE.md: adaLN-Zero blocks, 2-D sin-cos position table,
 sinusoidal timestep embedding, label embedding with a "null" row for classifier-free guidance. Parameter
 names and shapes equal the official checkpoints', so `load_state_dict(strict=True)` takes
 `DiT-XL-2-256x256.pt` as is. Pure nn: wrapping (DDP, autocast, compile) is applied from outside; activation

@@ -1,6 +1,6 @@
 """Batched VAE encoding of cropped uint8 images into posterior mean/std (or a posterior sample).
 
-Follows REFERENCE.md: pixels to [-1, 1] exactly like ToTensor then Normalize(0.5, 0.5) (x/255, -0.5,
+Follows docs/REFERENCE.md: pixels to [-1, 1] exactly like ToTensor then Normalize(0.5, 0.5) (x/255, -0.5,
 /0.5 in float32, bit-identical to torchvision), the second view is the exact horizontal mirror of the crop,
 and the posterior is diffusers' `DiagonalGaussianDistribution` as the VAE computes it (mean, and
 std = exp(0.5 * logvar) after its clamp), stored unscaled: the manifest carries `scaling_factor` /

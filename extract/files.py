@@ -1,7 +1,7 @@
 """Finding the images of a class-folder tree and their labels.
 
 Follows torchvision's `ImageFolder` convention, which is what the published DiT was trained with
-(REFERENCE.md): a label is the index of the class folder in sorted folder-name order (ImageNet's
+(docs/REFERENCE.md): a label is the index of the class folder in sorted folder-name order (ImageNet's
 `n01440764` is 0 ... `n15075141` is 999), files are found recursively inside each class folder (following
 symlinks) in sorted walk order, and an image is a file whose extension, case-insensitively, is one of
 ImageFolder's. Empty class folders keep their index.

@@ -1,4 +1,4 @@
-"""Decoding one image file to RGB and cropping it exactly like the reference (REFERENCE.md).
+"""Decoding one image file to RGB and cropping it exactly like the reference (docs/REFERENCE.md).
 
 ADM center crop (the preprocessing the published DiT latents were made with): while the short side is at
 least twice the target size, halve both sides (floor) with a BOX filter; then resize with BICUBIC so the

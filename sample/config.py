@@ -14,7 +14,7 @@ from dit_pipeline.common.errors import collect
 from dit_pipeline.common.vae import DEFAULT_VAE
 from dit_pipeline.common.precision import PRECISIONS
 
-# DiT's diffusion has 1000 training steps (REFERENCE.md); respacing picks a subset of them.
+# DiT's diffusion has 1000 training steps (docs/REFERENCE.md); respacing picks a subset of them.
 TRAIN_TIMESTEPS = 1000
 SAMPLERS = ("ddpm", "ddim")
 CFG_CHANNELS = ("3", "all")

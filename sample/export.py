@@ -34,7 +34,7 @@ from dit_pipeline.sample.load import SAFETENSORS_LATENT_KEY, latent_scale, load_
 
 WEIGHTS_FORMAT = "dit-pipeline.weights"
 DIT_LN_EPS = 1e-6
-# DiT's betas: linspace(1e-4, 0.02) over 1000 steps (REFERENCE.md).
+# DiT's betas: linspace(1e-4, 0.02) over 1000 steps (docs/REFERENCE.md).
 BETA_START, BETA_END = 1e-4, 0.02
 
 

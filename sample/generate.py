@@ -1,6 +1,6 @@
 """The sampling core shared by `dit-sample` and the trainer's periodic grids.
 
-Follows the reference DiT sampler (REFERENCE.md): classifier-free guidance as [cond; uncond] through
+Follows the reference DiT sampler (docs/REFERENCE.md): classifier-free guidance as [cond; uncond] through
 `forward_with_cfg` (first 3 latent channels guided by default), IDDPM respacing, `clip_denoised=False`,
 decode with the VAE after dividing by its scaling factor, and pixels to uint8 as
 `clamp(127.5 * x + 128, 0, 255)` truncated, as the reference's FID sampling script does.

@@ -3,7 +3,7 @@
 Weight files of every kind go through `dit.load_dit_weights` (safe loading, shape inference); this module
 turns its errors into user-facing ones, applies `--weights` and `--model`, and reads the latent scale that
 our checkpoints (and our safetensors exports) carry. Official files have none, so the VAE config's
-`scaling_factor` is used (REFERENCE.md: 0.18215 for the SD-VAE, read from the config, never a literal).
+`scaling_factor` is used (docs/REFERENCE.md: 0.18215 for the SD-VAE, read from the config, never a literal).
 """
 from __future__ import annotations
 

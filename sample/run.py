@@ -1,6 +1,6 @@
 """`dit-sample`: images and FID-ready `.npz` files from DiT checkpoints, on one process or under torchrun.
 
-Follows the reference DiT FID sampler (REFERENCE.md; ADM evaluation format) with three guarantees added:
+Follows the reference DiT FID sampler (docs/REFERENCE.md; ADM evaluation format) with three guarantees added:
 every sample is a pure function of (seed, index) (sample/plan.py), finished batches survive a kill
 (sample/npz.py part files, checked against a fingerprint of everything that determines the pixels), and
 ranks split the missing indices between them, so the final arrays do not depend on the batch size, the

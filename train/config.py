@@ -3,7 +3,7 @@
 Follows the project convention (docs/ARCHITECTURE.md): one keyword-only dataclass whose `validate()` reports
 **all** problems at once with the fix; settings come from defaults < `--config run.yaml|json` < explicit
 flags; the resolved config is stored as JSON (never pickled). Defaults are the reference DiT recipe
-(REFERENCE.md): AdamW lr 1e-4, no weight decay, betas (0.9, 0.999), constant lr, global batch 256, EMA 0.9999,
+(docs/REFERENCE.md): AdamW lr 1e-4, no weight decay, betas (0.9, 0.999), constant lr, global batch 256, EMA 0.9999,
 class dropout 0.1, seed 0.
 """
 from __future__ import annotations

@@ -75,7 +75,7 @@ def _silu(x):
 
 
 def ref_forward(model: dit.DiT, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """The DiT forward of REFERENCE.md in float64 with the model's weights (labels used as given)."""
+    """The DiT forward of docs/REFERENCE.md in float64 with the model's weights (labels used as given)."""
     sd = {k: v.double() for k, v in model.state_dict().items()}
     cfg = model.config
     n, p, d, heads = x.shape[0], cfg["patch_size"], cfg["hidden_size"], cfg["num_heads"]

@@ -14,7 +14,7 @@ from tests.extract.conftest import UNUSABLE, odd_files
 
 
 def reference_crop(img: Image.Image, size: int) -> np.ndarray:
-    """REFERENCE.md's ADM center crop, written out independently (sizes by hand, PIL's crop box)."""
+    """docs/REFERENCE.md's ADM center crop, written out independently (sizes by hand, PIL's crop box)."""
     w, h = img.size
     while min(w, h) >= 2 * size:
         w, h = w // 2, h // 2
