@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 import torch.distributed as _dist
@@ -149,6 +149,42 @@ def all_reduce_max(t: torch.Tensor) -> torch.Tensor:
     buf = t.detach().to(_comm_device(), copy=True)
     _dist.all_reduce(buf, op=_dist.ReduceOp.MAX)
     return buf.to(t.device)
+
+
+class NamedSums:
+    """What `all_reduce_named` returns: `sums[name]`, the total over ranks, and `ranks_with(name)`."""
+
+    def __init__(self, sums: dict[str, float], per_rank: dict[str, list[float]]):
+        self.sums, self.per_rank = sums, per_rank
+
+    def __getitem__(self, name: str) -> float:
+        return self.sums[name]
+
+    def ranks_with(self, name: str) -> list[int]:
+        """The ranks whose `per_rank` value `name` was non-zero, in rank order."""
+        return [r for r, v in enumerate(self.per_rank[name]) if v != 0]
+
+
+def all_reduce_named(values: Mapping[str, float | torch.Tensor], *,
+                     per_rank: Mapping[str, float | torch.Tensor] | None = None,
+                     device: torch.device | None = None) -> NamedSums:
+    """Named scalars summed over all ranks in ONE float64 all-reduce (edm2's training_stats idea).
+
+    `values` are summed; each `per_rank` value stays in its own rank's slot, so every rank learns every
+    rank's value (e.g. which ranks saw a NaN). Every rank passes the same names; the order of the dicts does
+    not matter. `device`: where the buffer is built (where 0-d tensor values live, to avoid a copy each).
+    """
+    names, own = sorted(values), sorted(per_rank or {})
+    world, me = world_size(), rank()
+    buf = torch.zeros(len(names) + len(own) * world, dtype=torch.float64, device=device)
+    for i, name in enumerate(names):
+        buf[i] = values[name]
+    for j, name in enumerate(own):
+        buf[len(names) + j * world + me] = per_rank[name]  # type: ignore[index]
+    out = all_reduce_sum(buf).tolist()
+    sums = dict(zip(names, out))
+    ranks = {name: out[len(names) + j * world:len(names) + (j + 1) * world] for j, name in enumerate(own)}
+    return NamedSums(sums, ranks)
 
 
 def any_true(flag: bool) -> bool:

@@ -7,10 +7,11 @@ so it survives restarts and does not depend on the micro-batch split. The data s
 (seed, epoch, layout) (train.data). Hence a resumed run with the same world size repeats the uninterrupted
 run exactly.
 
-Per step there are two tiny all-reduces: before the forward, so all ranks agree on stopping (signal), an
-exhausted reader or an unreadable shard (no rank enters a collective the others skip); and after the
-backward, carrying the loss sums (logged loss = mean over all ranks), the grad norm and per-rank
-non-finite flags, so a NaN on any rank stops every rank before the optimizer update.
+Per step there are two tiny all-reduces of named scalars (`common.distributed.all_reduce_named`): before
+the forward, so all ranks agree on stopping (signal), an exhausted reader or an unreadable shard (no rank
+enters a collective the others skip); and after the backward, carrying the loss sums (logged loss = mean over
+all ranks), the grad norm and each rank's non-finite flag, so a NaN on any rank stops every rank before the
+optimizer update. Between log lines the values accumulate in a `Meter`.
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ from dit_pipeline.train.checkpoint import CheckpointManager
 from dit_pipeline.train.config import BatchPlan, TrainConfig
 from dit_pipeline.train.data import Batch, EpochStream, ReaderEvent, ShardSource, make_loader
 from dit_pipeline.train.hooks import HookContext, PeriodicHook
-from dit_pipeline.train.metrics import MetricsLog, mfu
+from dit_pipeline.train.metrics import Meter, MetricsLog, mfu
 from dit_pipeline.train.partition import DataLayout, EpochPlan, plan_epoch
 
 MAX_CONSECUTIVE_OVERFLOWS = 25  # fp16: the loss scale has shrunk by 2**25: the run diverged
@@ -94,7 +95,8 @@ class Trainer:
         self.latent_shape = tuple(source.manifest.latent_shape)
         self.last_saved = state.step
         self._consecutive_overflows = 0
-        self._reset_interval()
+        self.meter = Meter()       # all-rank means of this log interval
+        self.own = Meter()         # this rank's own values (RUN/logs/rank{r}.jsonl)
 
     # -- bookkeeping --------------------------------------------------------------------------------
     def done(self) -> bool:
@@ -133,7 +135,7 @@ class Trainer:
                     error = e
                     break
         with comm_guard("the hook setup check", self.state.step + 1):
-            failed = dist.all_reduce_sum(torch.tensor([float(error is not None)], dtype=torch.float64)).item()
+            failed = dist.all_reduce_named({"failed": float(error is not None)})["failed"]
         if error is not None:
             raise error
         if failed:
@@ -196,22 +198,21 @@ class Trainer:
             self.log.warning(f"skipped unreadable shard (--skip-bad-shards): {problem}")
         errors = [it.message for it in items if isinstance(it, ReaderEvent) and it.kind == "error"]
         exhausted = any(isinstance(it, ReaderEvent) and it.kind == "exhausted" for it in items)
-        flags = torch.zeros(3 + self.world, dtype=torch.float64)
-        flags[0], flags[1], flags[2] = float(stop.requested), float(exhausted), float(len(skipped))
-        flags[3 + self.rank] = float(bool(errors))
         with comm_guard("the pre-step all-reduce", self.state.step + 1):
-            total = dist.all_reduce_sum(flags).tolist()
-        self.state.bad_shards += int(total[2])
-        bad_ranks = [r for r in range(self.world) if total[3 + r] > 0]
+            total = dist.all_reduce_named({"stop": float(stop.requested), "exhausted": float(exhausted),
+                                           "skipped_shards": float(len(skipped))},
+                                          per_rank={"read_error": float(bool(errors))})
+        self.state.bad_shards += int(total["skipped_shards"])
+        bad_ranks = total.ranks_with("read_error")
         if bad_ranks:
             if errors:
                 raise UserError(f"rank {self.rank} cannot read its data at step {self.state.step + 1}: "
                                 f"{errors[0]} (or pass --skip-bad-shards to skip unreadable shards)")
             raise UserError(f"stopping: rank(s) {bad_ranks} could not read their data at step "
                             f"{self.state.step + 1} (see RUN/logs/rank{bad_ranks[0]}.log)")
-        if total[0] > 0:
+        if total["stop"] > 0:
             return "stop"
-        if total[1] > 0:
+        if total["exhausted"] > 0:
             self.log.warning(f"epoch {plan.epoch} ended after {self.state.step_in_epoch} of {plan.steps} steps: "
                              f"a reader ran out of samples ({self.state.bad_shards} shard(s) skipped so far)")
             return "exhausted"
@@ -264,19 +265,15 @@ class Trainer:
         else:
             grad_norm = torch.nn.utils.get_total_norm([q.grad for q in self.params if q.grad is not None],
                                                       foreach=True)
-        stats = torch.zeros(6 + self.world, device=self.device, dtype=torch.float64)
-        stats[:3] = sums
-        stats[3] = grad_norm.double() if self.rank == 0 else 0.0  # identical on all ranks after DDP
-        stats[4] = wait
-        stats[5 + self.rank] = (~torch.isfinite(sums[0])).double()
-        local = stats.clone()
+        local = {"loss": sums[0], "mse": sums[1], "vb": sums[2], "wait": wait,
+                 "grad_norm": grad_norm.double() if self.rank == 0 else 0.0}  # identical on all ranks after DDP
         with comm_guard("the loss all-reduce", self.state.step + 1):
-            vals = dist.all_reduce_sum(stats).tolist()
-        local_vals = local.tolist()
+            total = dist.all_reduce_named(local, per_rank={"non_finite": (~torch.isfinite(sums[0])).double()},
+                                          device=self.device)
         n_global = n_local * self.world
-        loss, mse, vb = (v / n_global for v in vals[:3])
-        bad_ranks = [r for r in range(self.world) if vals[5 + r] > 0]
-        norm = vals[3]
+        loss, mse, vb = (total[k] / n_global for k in ("loss", "mse", "vb"))
+        bad_ranks = total.ranks_with("non_finite")
+        norm = total["grad_norm"]
         step = self.state.step + 1
         skipped = self._check_finite(step, loss, norm, bad_ranks)
         if not skipped:
@@ -291,16 +288,8 @@ class Trainer:
             p.scaler.update()
         p.opt.zero_grad(set_to_none=True)
         self.state.step = step
-        it = self._interval
-        it["steps"] += 1
-        it["loss"] += loss
-        it["mse"] += mse
-        it["vb"] += vb
-        it["grad_norm"] += norm
-        it["wait"] += vals[4] / self.world
-        it["skipped"] += int(skipped)
-        it["local"] = [a + b for a, b in zip(it["local"], [v / n_local for v in local_vals[:3]])]
-        it["local_wait"] += local_vals[4]
+        self.meter.step(loss=loss, mse=mse, vb=vb, grad_norm=norm, wait=total["wait"] / self.world)
+        self.own.step(**{k: float(local[k]) / n_local for k in ("loss", "mse", "vb")}, wait=wait)
 
     def _check_finite(self, step: int, loss: float, norm: float, bad_ranks: list[int]) -> bool:
         """True when fp16 overflow makes the scaler skip this step; raises when the run diverged."""
@@ -328,11 +317,6 @@ class Trainer:
         torch._foreach_add_(self.ema_params, self.params, alpha=1.0 - d)
 
     # -- after a step ---------------------------------------------------------------------------------
-    def _reset_interval(self) -> None:
-        self._interval: dict[str, Any] = {"steps": 0, "loss": 0.0, "mse": 0.0, "vb": 0.0, "grad_norm": 0.0,
-                                          "wait": 0.0, "skipped": 0, "local": [0.0, 0.0, 0.0],
-                                          "local_wait": 0.0, "t0": time.perf_counter()}
-
     def after_step(self, plan: EpochPlan, bar: tqdm) -> None:
         step = self.state.step
         bar.update(1)
@@ -346,26 +330,27 @@ class Trainer:
         fault_point("train.step_end")
 
     def log_interval(self, bar: tqdm) -> None:
-        it, s, n = self._interval, self.state, max(1, self._interval["steps"])
-        elapsed = max(time.perf_counter() - it["t0"], 1e-9)
+        m, own, s = self.meter, self.own, self.state
+        n, elapsed = max(1, m.steps), m.elapsed()
         images_per_s = n * self.batch.global_batch / elapsed
-        rec = {"step": s.step, "epoch": s.epoch, "loss": it["loss"] / n, "mse": it["mse"] / n,
-               "vb": it["vb"] / n, "grad_norm": it["grad_norm"] / n, "lr": self.lr_at(s.step - 1),
-               "images_per_s": images_per_s, "steps_per_s": n / elapsed, "data_wait": it["wait"] / elapsed,
+        rec = {"step": s.step, "epoch": s.epoch, "loss": m.mean("loss"), "mse": m.mean("mse"),
+               "vb": m.mean("vb"), "grad_norm": m.mean("grad_norm"), "lr": self.lr_at(s.step - 1),
+               "images_per_s": images_per_s, "steps_per_s": n / elapsed, "data_wait": m.sum("wait") / elapsed,
                "peak_mem_gb": (torch.cuda.max_memory_allocated(self.device) / 2**30
                                if self.device.type == "cuda" else None),
                "mfu": mfu(self.p.flops_per_image, images_per_s, self.world, self.p.peak_tflops),
                "fp16_skipped": s.overflow_steps, "bad_shards": s.bad_shards}
         self.metrics.write(rec)
-        self.metrics.write_rank({"step": s.step, "loss": it["local"][0] / n, "mse": it["local"][1] / n,
-                                 "vb": it["local"][2] / n, "data_wait": it["local_wait"] / elapsed})
+        self.metrics.write_rank({"step": s.step, "loss": own.mean("loss"), "mse": own.mean("mse"),
+                                 "vb": own.mean("vb"), "data_wait": own.sum("wait") / elapsed})
         mem = f" mem {rec['peak_mem_gb']:.1f}G" if rec["peak_mem_gb"] is not None else ""
         util = f" mfu {rec['mfu']:.1%}" if rec["mfu"] is not None else ""
         self.log.info(f"step {s.step}{f'/{self.total_steps}' if self.total_steps else ''} epoch {s.epoch} "
                       f"loss {rec['loss']:.4f} (mse {rec['mse']:.4f} vb {rec['vb']:.4f}) grad {rec['grad_norm']:.3g} "
                       f"lr {rec['lr']:.3g} {images_per_s:.1f} img/s data-wait {rec['data_wait']:.0%}{mem}{util}")
         bar.set_postfix(loss=f"{rec['loss']:.4f}", refresh=False)
-        self._reset_interval()
+        m.reset()
+        own.reset()
 
     def checkpoint(self) -> Path | None:
         path = self.save_checkpoint(self)

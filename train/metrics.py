@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import math
+import time
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +43,41 @@ def mfu(flops_per_image: float, images_per_s: float, world_size: int, peak: floa
     if not peak or not images_per_s:
         return None
     return flops_per_image * images_per_s / (peak * 1e12 * world_size)
+
+
+class Meter:
+    """Running sums of named scalars over one log interval (edm2's training_stats, for one process).
+
+    `add(loss=..., mse=...)` after each step, `mean(name)` per step at the end of the interval, `reset()` to
+    start the next one; `steps` counts the `step()` calls and `elapsed()` the seconds since the reset.
+    """
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self._sums: dict[str, float] = defaultdict(float)
+        self.steps = 0
+        self.t0 = time.perf_counter()
+
+    def step(self, **values: float) -> None:
+        """One step done, with its values."""
+        self.steps += 1
+        self.add(**values)
+
+    def add(self, **values: float) -> None:
+        for name, v in values.items():
+            self._sums[name] += v
+
+    def sum(self, name: str) -> float:
+        return self._sums[name]
+
+    def mean(self, name: str) -> float:
+        """Mean per step of `name` over this interval (0 steps count as 1)."""
+        return self._sums[name] / max(1, self.steps)
+
+    def elapsed(self) -> float:
+        return max(time.perf_counter() - self.t0, 1e-9)
 
 
 def _clean(v: Any) -> Any:
