@@ -199,6 +199,8 @@ def sample_main() -> None:
 @click.option("--seed", type=int, default=default(SampleConfig, "seed"), show_default=True)
 @click.option("--batch-size", type=int, default=default(SampleConfig, "batch_size"), show_default=True,
               help="Images per process and batch.")
+@click.option("--cpu-threads", type=int, default=default(SampleConfig, "cpu_threads"), show_default=True,
+              help="Sampling threads per process on CPU (fixed so the pixels do not depend on the launch).")
 @click.option("--npz", default=None, help="Write the ADM evaluator's .npz (arr_0 uint8 [N,H,W,3], arr_1 labels).")
 @click.option("--out", default=None, help="Folder for grid.png (labelled), samples.json and logs.")
 @click.option("--save-images", is_flag=True, default=False, help="Also write one PNG per sample to OUT/images/.")
@@ -284,6 +286,8 @@ def sample_export_cmd(debug: bool, **options: Any) -> None:
 @click.option("--limit", type=int, default=None, help="Only the first N images (a quick trial).")
 @click.option("--seed", type=int, default=default(ExtractConfig, "seed"), show_default=True,
               help="Noise seed for --store sample.")
+@click.option("--cpu-threads", type=int, default=default(ExtractConfig, "cpu_threads"), show_default=True,
+              help="Encoder threads per process on CPU (fixed so the bytes do not depend on the launch).")
 @click.option("--strict", is_flag=True, default=False, help="Fail on an unusable image instead of skipping it.")
 @click.option("--overwrite", is_flag=True, default=False,
               help="Replace a shard set in --out made with a different configuration (same config: resumes).")

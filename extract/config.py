@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from dit_pipeline.common.determinism import DEFAULT_CPU_THREADS
 from dit_pipeline.common.errors import collect
 from dit_pipeline.common.vae import DEFAULT_VAE
 from dit_pipeline.common.precision import PRECISIONS_AUTO as PRECISIONS
@@ -44,6 +45,7 @@ class ExtractConfig:
     samples_per_shard: int | None = None   # None: shards of about plan.TARGET_SHARD_BYTES
     limit: int | None = None               # only the first N images of the sorted list
     seed: int = 0                          # posterior-sample noise for --store sample
+    cpu_threads: int = DEFAULT_CPU_THREADS  # intra-op threads of the encoder on CPU (common/determinism.py)
     strict: bool = False                   # an unusable image is an error instead of a skip
     overwrite: bool = False                # replace a shard set made with another config
     quiet: bool = False
@@ -70,6 +72,8 @@ class ExtractConfig:
             p.append(f"--num-workers must be >= 0 (0 decodes in the main process), got {self.num_workers}")
         if self.seed < 0:
             p.append(f"--seed must be >= 0, got {self.seed}")
+        if self.cpu_threads < 1:
+            p.append(f"--cpu-threads must be >= 1, got {self.cpu_threads}")
         collect(p, "dit-extract options")
         return self
 

@@ -22,6 +22,7 @@ from tqdm import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from dit_pipeline.common import distributed as dist
+from dit_pipeline.common.determinism import pinned_threads
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.faults import fault_point
 from dit_pipeline.common.log import progress_enabled, setup_logging
@@ -95,7 +96,7 @@ def extraction_record(cfg: ExtractConfig, images: ImageList, vae_identity: dict,
         "normalize": "ToTensor then Normalize(0.5, 0.5); view 1 is the horizontal mirror of view 0",
         "latents": "raw VAE posterior (unscaled): model latent = (z - shift_factor) * scaling_factor",
         "vae": dict(vae_identity), "format_version": FORMAT_VERSION,
-        "batch_size": batch_size,
+        "batch_size": batch_size, "cpu_threads": cfg.cpu_threads if device.type == "cpu" else None,
         "device": f"cuda ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "cpu",
         "versions": {"torch": torch.__version__, "diffusers": diffusers.__version__, "pillow": PIL.__version__},
     }
@@ -186,7 +187,9 @@ def _encode(run: _Run, todo: list[int]):
     # Route console log lines through tqdm so they do not tear the bar; only where the bar is shown (the
     # redirect would otherwise add an unfiltered console handler to quiet runs and to other ranks).
     redirect = logging_redirect_tqdm(loggers=[log]) if not bar.disable else contextlib.nullcontext()
-    with redirect, bar:
+    # Pinned threads (common/determinism.py): the shard bytes must not depend on OMP_NUM_THREADS or on the
+    # one thread per process that torchrun sets when it starts several ranks.
+    with redirect, bar, pinned_threads(run.device, cfg.cpu_threads):
         sink = ShardSink(run.out, run.images, dtype=cfg.dtype, store=cfg.store, strict=cfg.strict, bar=bar)
         try:
             stats = encode_and_write(loader, encoder, sink)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dit_pipeline.common.determinism import DEFAULT_CPU_THREADS
 from dit_pipeline.common.errors import collect
 from dit_pipeline.common.vae import DEFAULT_VAE
 from dit_pipeline.common.precision import PRECISIONS
@@ -63,6 +64,7 @@ class SampleConfig:
     num_samples: int | None = None
     seed: int = 0
     batch_size: int = 32  # per process
+    cpu_threads: int = DEFAULT_CPU_THREADS  # intra-op threads of the sampling compute on CPU
     npz: str | None = None
     out: str | None = None
     save_images: bool = False  # also one PNG per sample under OUT/images/
@@ -115,6 +117,8 @@ class SampleConfig:
             p.append(f"--seed must be >= 0, got {self.seed}")
         if self.batch_size < 1:
             p.append(f"--batch-size must be >= 1 (images per process and batch), got {self.batch_size}")
+        if self.cpu_threads < 1:
+            p.append(f"--cpu-threads must be >= 1, got {self.cpu_threads}")
         if self.grid_max < 0:
             p.append(f"--grid-max must be >= 0, got {self.grid_max}")
         if self.grid_cols is not None and self.grid_cols < 1:

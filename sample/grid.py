@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from dit_pipeline.common.determinism import DEFAULT_CPU_THREADS, pinned_threads
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.io import atomic_write_bytes
 from dit_pipeline.common.precision import AUTOCAST_DTYPES
@@ -98,13 +99,15 @@ def save_grid(images: np.ndarray | torch.Tensor, path: str | Path, *, labels: Se
 def sample_grid(model: nn.Module, *, vae: nn.Module, scaling_factor: float, shift_factor: float | None = None,
                 class_labels: Sequence[int], seed: int, steps: int = 50, sampler: str = "ddim",
                 cfg_scale: float = 4.0, cfg_channels: str = "3", batch_size: int | None = None,
-                precision: str = "fp32") -> np.ndarray:
+                precision: str = "fp32", cpu_threads: int = DEFAULT_CPU_THREADS) -> np.ndarray:
     """Sample one image per entry of `class_labels` -> uint8 [N, H, W, 3] (numpy).
 
     model: a DiT (not DDP-wrapped; pass the EMA copy) on its device; `vae` on the same device.
     Image i uses the noise of (seed, i), exactly as `dit-sample --seed seed --class-labels ...` would.
     The model is switched to eval mode for sampling (no class dropout) and restored afterwards.
     precision: "fp32", "bf16" or "fp16" autocast for the DiT (the VAE decodes in float32).
+    batch_size: images per batch (default: all in one). Bit-identical to `dit-sample` with the same batch
+    size and `--cpu-threads` on the same machine; another batch size changes the last float bits.
     """
     if sampler not in ("ddpm", "ddim"):
         raise ValueError(f"sampler must be 'ddpm' or 'ddim', got {sampler!r}")
@@ -112,17 +115,25 @@ def sample_grid(model: nn.Module, *, vae: nn.Module, scaling_factor: float, shif
     diffusion = make_diffusion(sampler, steps, learn_sigma=bool(model.learn_sigma))
     was_training = model.training
     model.eval()
+    device = next(model.parameters()).device
     try:
-        chunks = []
-        step = batch_size or len(labels)
-        for start in range(0, len(labels), step):
-            idx = list(range(start, min(start + step, len(labels))))
-            chunks.append(generate_images(
-                model, vae, diffusion, indices=idx, labels=[labels[i] for i in idx], seed=seed,
-                scaling_factor=scaling_factor, shift_factor=shift_factor, sampler=sampler, cfg_scale=cfg_scale,
-                cfg_channels=cfg_channels, autocast_dtype=AUTOCAST_DTYPES[precision]))
+        with pinned_threads(device, cpu_threads):
+            return _sample_chunks(model, vae, diffusion, labels, batch_size or len(labels), seed=seed,
+                                  scaling_factor=scaling_factor, shift_factor=shift_factor, sampler=sampler,
+                                  cfg_scale=cfg_scale, cfg_channels=cfg_channels,
+                                  autocast_dtype=AUTOCAST_DTYPES[precision])
     finally:
         model.train(was_training)
+
+
+def _sample_chunks(model: nn.Module, vae: nn.Module, diffusion, labels: list[int], step: int, *, seed: int,
+                   **kwargs: Any) -> np.ndarray:
+    """Images [0, step), [step, 2*step), ... of `labels`, concatenated (the global chunks of dit-sample)."""
+    chunks = []
+    for start in range(0, len(labels), step):
+        idx = list(range(start, min(start + step, len(labels))))
+        chunks.append(generate_images(model, vae, diffusion, indices=idx, labels=[labels[i] for i in idx],
+                                      seed=seed, **kwargs))
     return torch.cat(chunks).numpy()
 
 

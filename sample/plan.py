@@ -2,9 +2,11 @@
 
 Every sample has a global index i in [0, N). Its noise comes from a torch.Generator seeded with
 `derive_seed(seed, STREAM_SAMPLING, i)` and, when classes are drawn, its class from
-`derive_seed(seed, STREAM_SAMPLING, i, LABEL_SUBSTREAM)`. Nothing else enters, so an image is the same
-whatever the batch size, the number of ranks or how often the run was interrupted and resumed
-(STYLE.md: reproducible decisions are pure functions of integers; streaming's partitioning).
+`derive_seed(seed, STREAM_SAMPLING, i, LABEL_SUBSTREAM)`, whatever the batch size, the number of ranks
+or how often the run was interrupted. The batches are fixed global chunks of the index range, so the
+float computation of a sample, and hence its bits, is the same for any number of ranks and after a kill
+(for one batch size; another batch size changes kernel shapes: common/determinism.py).
+(STYLE.md: reproducible decisions are pure functions of integers; streaming's partitioning.)
 """
 from __future__ import annotations
 
@@ -55,12 +57,15 @@ def class_labels(*, num_samples: int, seed: int, num_classes: int,
 def rank_batches(remaining: Sequence[int], batch_size: int, rank: int, world_size: int) -> list[list[int]]:
     """This rank's batches of the still-missing sample indices.
 
-    The sorted remaining indices are cut into consecutive batches of `batch_size` (the last one shorter)
-    and batch k goes to rank k % world_size: every index exactly once, ranks within one batch of each
-    other, and each batch a contiguous range when nothing is missing in the middle.
+    Batches are fixed global chunks: chunk k holds the missing indices of [k*B, (k+1)*B), and the k-th
+    non-empty chunk goes to rank k % world_size. A chunk is the same tensor shape whatever the number of
+    ranks, and a killed run (which commits whole chunks) redoes whole chunks, so every sample is computed
+    in the same batch as in an uninterrupted one-process run with the same batch size
+    (common/determinism.py); ranks stay within one batch of each other.
     """
     if batch_size < 1 or world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"bad split: batch_size={batch_size}, rank={rank}, world_size={world_size}")
-    ordered = sorted(int(i) for i in remaining)
-    batches = [ordered[k:k + batch_size] for k in range(0, len(ordered), batch_size)]
-    return batches[rank::world_size]
+    chunks: dict[int, list[int]] = {}
+    for i in sorted(int(i) for i in remaining):
+        chunks.setdefault(i // batch_size, []).append(i)
+    return list(chunks.values())[rank::world_size]

@@ -3,8 +3,10 @@
 Follows the reference DiT FID sampler (docs/REFERENCE.md; ADM evaluation format) with three guarantees added:
 every sample is a pure function of (seed, index) (sample/plan.py), finished batches survive a kill
 (sample/npz.py part files, checked against a fingerprint of everything that determines the pixels), and
-ranks split the missing indices between them, so the final arrays do not depend on the batch size, the
-number of GPUs or interruptions.
+ranks split the missing indices between them in fixed global chunks, so for one batch size the final
+arrays do not depend on the number of GPUs or on interruptions (bit for bit on one machine: same shapes,
+pinned CPU threads, deterministic cuDNN; common/determinism.py). Another batch size gives the same
+samples to within float rounding (README, "Sampling").
 
 Flow: every rank loads the model and VAE; rank 0 checks earlier results and opens the parts folder and
 tells the others which indices are missing; each rank samples its batches and writes one part per batch;
@@ -24,6 +26,7 @@ import numpy as np
 import torch
 
 from dit_pipeline.common import distributed as dist
+from dit_pipeline.common.determinism import deterministic_cuda, pinned_threads
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.faults import fault_point
 from dit_pipeline.common.io import atomic_write_bytes, atomic_write_json, sha256_file
@@ -66,6 +69,8 @@ def _run(cfg: SampleConfig) -> SampleResult:
     start = time.perf_counter()
     device = torch.device(cfg.device) if cfg.device else dist.device()
     set_tf32(cfg.tf32)
+    if device.type == "cuda":
+        deterministic_cuda()
     loaded = load_model(cfg.ckpt, weights=cfg.weights, expect_model=cfg.model, device=device)
     log.info("model: %s", loaded.describe())
     vae, vae_id = load_vae(cfg.vae, config=cfg.vae_config, device=device)
@@ -75,7 +80,7 @@ def _run(cfg: SampleConfig) -> SampleResult:
     image_size = int(loaded.config["input_size"]) * int(vae_id["downsample_factor"])
     if cfg.out:
         log = setup_logging(Path(cfg.out) / "logs", quiet=cfg.quiet)
-    record = _record(cfg, loaded, vae_id, scale, shift, labels, image_size) if dist.is_main() else {}
+    record = _record(cfg, loaded, vae_id, scale, shift, labels, image_size, device) if dist.is_main() else {}
     store = PartStore(parts_dir_for(cfg.npz, cfg.out), record.get("fingerprint", {}), cfg.total)
     state = dist.on_rank0(lambda: _prepare(cfg, store, record, log))
     if state == "complete":
@@ -88,7 +93,8 @@ def _run(cfg: SampleConfig) -> SampleResult:
              len(remaining), cfg.total, len(done), image_size, image_size, dist.world_size(), cfg.sampler,
              cfg.steps, cfg.cfg_scale)
     sampling_start = time.perf_counter()
-    produced = _sample_batches(cfg, loaded, vae, store, labels, remaining, scale, shift)
+    with pinned_threads(device, cfg.cpu_threads):  # the pixels must not depend on OMP_NUM_THREADS or torchrun
+        produced = _sample_batches(cfg, loaded, vae, store, labels, remaining, scale, shift)
     with dist.peer_guard("waiting for every rank's samples"):
         dist.barrier()
     sampling = time.perf_counter() - sampling_start
@@ -121,8 +127,11 @@ def _check_compatible(cfg: SampleConfig, loaded: LoadedModel, vae_id: dict[str, 
 
 
 def _record(cfg: SampleConfig, loaded: LoadedModel, vae_id: dict[str, Any], scale: float,
-            shift: float | None, labels: np.ndarray, image_size: int) -> dict[str, Any]:
-    """What the outputs record: the fingerprint (everything that determines the pixels) and context."""
+            shift: float | None, labels: np.ndarray, image_size: int, device: torch.device) -> dict[str, Any]:
+    """What the outputs record: the fingerprint (what the samples are) and context.
+
+    `numerics` (batch size, CPU threads, device) change only the last float bits, so they stay out of
+    the fingerprint: a resume with another batch size keeps the finished parts (common/determinism.py)."""
     vae_key = ({"weights_sha256": vae_id["weights_sha256"]} if vae_id.get("weights_sha256")
                else {k: vae_id.get(k) for k in ("source", "revision", "commit")})
     fingerprint = {
@@ -134,7 +143,9 @@ def _record(cfg: SampleConfig, loaded: LoadedModel, vae_id: dict[str, Any], scal
         "labels_sha256": hashlib.sha256(np.ascontiguousarray(labels, dtype="<i8").tobytes()).hexdigest(),
         "precision": cfg.precision, "tf32": cfg.tf32, "compile": cfg.compile,
     }
-    return {"fingerprint": json.loads(json.dumps(fingerprint)), "config": cfg.to_dict(),
+    numerics = {"batch_size": cfg.batch_size, "cpu_threads": cfg.cpu_threads if device.type == "cpu" else None,
+                "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}
+    return {"fingerprint": json.loads(json.dumps(fingerprint)), "numerics": numerics, "config": cfg.to_dict(),
             "checkpoint": {"path": str(cfg.ckpt), "source": loaded.info["source"], "step": loaded.info.get("step")},
             "vae": vae_id, "labels": labels.tolist()}
 

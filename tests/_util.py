@@ -69,7 +69,10 @@ def cli_env(extra: dict | None = None) -> dict:
     env = dict(os.environ)
     env.pop("WORLD_SIZE", None)
     env.pop("RANK", None)
-    env.update({"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+    # One thread per CLI process (the box is small); make test-determinism sets DIT_TEST_CLI_THREADS=2 to
+    # prove that the outputs do not depend on it.
+    threads = os.environ.get("DIT_TEST_CLI_THREADS", "1")
+    env.update({"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": threads,
                 "TOKENIZERS_PARALLELISM": "false"})
     env.update(extra or {})
     return env

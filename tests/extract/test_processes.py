@@ -1,9 +1,12 @@
 """Real processes: 2 ranks under torchrun (gloo) and kill -9 at fixed points, compared byte for byte with
-one uninterrupted single-process run (the `odd_baseline` fixture: 15 images, 5 unusable, 4 shards)."""
+one uninterrupted single-process run (the `odd_baseline` fixture: 15 images, 5 unusable, 4 shards).
+Identical by design: the same batches (fixed by shard and batch size) and the same pinned encoder threads,
+whatever OMP_NUM_THREADS the processes started with (make test-determinism varies it)."""
 from __future__ import annotations
 
 import pytest
 
+pytestmark = pytest.mark.determinism
 from dit_pipeline.shards import read_manifest, sample_key, shard_name, verify_shards
 from tests._util import run_cli, run_torchrun
 from tests.extract.conftest import cli_args, extract, read_samples, shard_hashes

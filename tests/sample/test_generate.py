@@ -24,6 +24,7 @@ def test_to_uint8_is_the_reference_rounding():
     assert to_uint8(torch.zeros(2, 3, 4, 5)).shape == (2, 4, 5, 3)
 
 
+@pytest.mark.determinism
 @pytest.mark.parametrize("sampler,cfg_channels", [("ddpm", "3"), ("ddim", "all")])
 def test_half_batch_loop_equals_reference_doubled_batch(sampler, cfg_channels):
     """The reference runs [z; z] with labels [y; null] through forward_with_cfg inside the loop and keeps
@@ -51,16 +52,24 @@ def test_half_batch_loop_equals_reference_doubled_batch(sampler, cfg_channels):
     assert ours.abs().max() > 0.1
 
 
+# float32 rounding: the guided call runs the network on the doubled batch [x; x], whose kernels may split and
+# order the sums differently from the call on x (measured here: at most 7 ulps of the largest output).
+FP32_ULP = torch.finfo(torch.float32).eps
+
+
 def test_cfg_scale_one_is_the_plain_conditional_model():
     model = random_dit(8)
     fn = guided_model_fn(model, cfg_scale=1.0)
     x, t, y = torch.randn(2, 4, 4, 4), torch.tensor([5, 500]), torch.tensor([1, 2])
     with torch.no_grad():
-        assert torch.equal(fn(x, t, y), model(x, t, y))
+        plain = model(x, t, y)
+        assert torch.equal(fn(x, t, y), plain)  # the very same call
         guided = guided_model_fn(model, cfg_scale=3.0)(x, t, y)
-        assert guided.shape == (2, 8, 4, 4) and not torch.equal(guided, model(x, t, y))
-        # variance channels and channel 4 pass through unguided (reference behaviour)
-        assert torch.equal(guided[:, 3:], model(x, t, y)[:, 3:])
+        assert guided.shape == (2, 8, 4, 4) and (guided[:, :3] - plain[:, :3]).abs().max() > 0.01
+        # variance channels and channel 4 pass through unguided (reference behaviour), up to the rounding of
+        # the doubled batch: 64 ulps of the largest output
+        tol = 64 * FP32_ULP * plain.abs().max().item()
+        torch.testing.assert_close(guided[:, 3:], plain[:, 3:], rtol=0, atol=tol)
 
 
 def test_bf16_autocast_stays_close_to_fp32():
@@ -83,20 +92,33 @@ def test_decode_divides_by_scale_and_adds_shift(tiny_vae_dir):
     assert vae_id["scaling_factor"] == 0.5
 
 
+@pytest.mark.determinism
 def test_sample_grid_is_reproducible_and_restores_train_mode(tiny_vae_dir):
     model = random_dit(10).train()
     vae, _ = load_vae(str(tiny_vae_dir))
     kwargs = dict(vae=vae, scaling_factor=0.5, class_labels=[3, 1, 4], seed=5, steps=5, sampler="ddim")
-    a = sample_grid(model, **kwargs)
+    a = sample_grid(model, batch_size=2, **kwargs)
     assert model.training  # restored
-    b = sample_grid(model, batch_size=1, **kwargs)  # batch size does not matter
-    assert a.dtype == np.uint8 and a.shape == (3, 32, 32, 3) and np.array_equal(a, b)
+    assert a.dtype == np.uint8 and a.shape == (3, 32, 32, 3) and np.array_equal(a, sample_grid(model, batch_size=2,
+                                                                                               **kwargs))
     assert not np.array_equal(a[0], a[1])
-    # image i uses the noise of (seed, i): the first two of a longer grid are unchanged
-    c = sample_grid(model, **{**kwargs, "class_labels": [3, 1, 7, 7]})
+    # image i uses the noise of (seed, i): the first chunk of a longer grid is the same computation
+    c = sample_grid(model, batch_size=2, **{**kwargs, "class_labels": [3, 1, 7, 7]})
     assert np.array_equal(c[:2], a[:2])
     with pytest.raises(ValueError, match="sampler"):
         sample_grid(model, **{**kwargs, "sampler": "euler"})
+
+
+def test_other_batch_sizes_agree_to_within_one_pixel_level(tiny_vae_dir):
+    """Other batch shapes change the float rounding only: the truncating uint8 conversion (127.5 x + 128)
+    then moves a value by at most one level, and rarely (measured: 2-6 of 61440 values at batch 1 vs 20)."""
+    model = random_dit(10)
+    vae, _ = load_vae(str(tiny_vae_dir))
+    kwargs = dict(vae=vae, scaling_factor=0.5, class_labels=list(range(10)), seed=5, steps=5, sampler="ddpm")
+    whole = sample_grid(model, **kwargs).astype(np.int16)
+    for batch in (1, 3):
+        diff = np.abs(sample_grid(model, batch_size=batch, **kwargs).astype(np.int16) - whole)
+        assert diff.max() <= 1 and (diff > 0).mean() < 0.01
 
 
 def test_learn_sigma_false_models_sample(tiny_vae_dir):
@@ -111,6 +133,7 @@ def test_default_grid_labels():
     assert default_grid_labels(10) == [0, 1, 2, 3, 5, 6, 7, 8] and default_grid_labels(3) == [0, 1, 2]
 
 
+@pytest.mark.determinism
 def test_trainer_hook_writes_step_grids_without_touching_the_global_rng(tiny_vae_dir, tmp_path):
     model = random_dit(13).train()
     ctx = SimpleNamespace(step=1000, epoch=0, rank=0, world_size=1, run_dir=tmp_path, device=torch.device("cpu"),

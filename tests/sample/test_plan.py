@@ -55,10 +55,23 @@ def test_rank_batches_cover_every_index_once(n, batch, world):
         assert all(1 <= len(b) <= batch for b in batches)
 
 
+@pytest.mark.determinism
+@pytest.mark.parametrize("world", [1, 2, 3, 8])
+def test_batches_are_fixed_global_chunks(world):
+    """The same batches (tensor shapes) for any number of ranks, and after a kill that kept whole chunks."""
+    whole = [list(range(k, min(k + 4, 30))) for k in range(0, 30, 4)]
+    got = [b for r in range(world) for b in plan.rank_batches(range(30), 4, r, world)]
+    assert sorted(got) == whole
+    kept = {0, 3, 6}  # chunks finished before a kill
+    remaining = [i for k, b in enumerate(whole) if k not in kept for i in b]
+    again = [b for r in range(world) for b in plan.rank_batches(remaining, 4, r, world)]
+    assert sorted(again) == [b for k, b in enumerate(whole) if k not in kept]
+
+
 def test_rank_batches_with_holes_after_resume():
     remaining = [0, 1, 2, 10, 11, 40, 41, 42, 43]
     got = [plan.rank_batches(remaining, 2, r, 2) for r in range(2)]
-    assert got == [[[0, 1], [11, 40], [43]], [[2, 10], [41, 42]]]
+    assert got == [[[0, 1], [10, 11], [42, 43]], [[2], [40, 41]]]  # the global chunks [2k, 2k+2)
     with pytest.raises(ValueError):
         plan.rank_batches(remaining, 0, 0, 1)
     with pytest.raises(ValueError):

