@@ -30,6 +30,7 @@ def _shards_state(out):
     return {n: h for n, h in file_hashes(out).items() if n.startswith("shard-") or n.startswith(".extract/shard-")}
 
 
+@pytest.mark.determinism
 def test_extract_file_size_limit(images, tiny_vae_dir, extract_base, tmp_path):
     out = tmp_path / "out"
     args = cli_args(images, tiny_vae_dir, out)

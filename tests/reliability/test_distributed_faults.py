@@ -73,6 +73,7 @@ def test_training_rank_dies(train_shards, ddp_base, tmp_path, fault, dead):
     _same_ddp_run(run_dir, ddp_base)
 
 
+@pytest.mark.determinism
 @pytest.mark.parametrize("fault, dead, rerun_nproc", [
     ("shards.mid_sample@2:kill", 1, 2),
     pytest.param("extract.shard_done@1:exit", 0, 1, marks=SWEEP),

@@ -67,6 +67,7 @@ def _kill_and_rerun(images, vae, out, faults: list[str], action: str = "kill"):
     return r
 
 
+@pytest.mark.determinism
 @pytest.mark.parametrize("fault", [f if f in SUBSET else pytest.param(f, marks=SWEEP)
                                    for f in sorted(set(SWEPT) | SUBSET, key=POINTS.index)])
 def test_sigkill_at_every_point_then_rerun(images, tiny_vae_dir, extract_base, tmp_path, fault):

@@ -49,6 +49,7 @@ def _kill_and_rerun(ckpt, vae, npz: Path, faults: list[str], action: str = "kill
     assert f"sampling {SAMPLES - done} of {SAMPLES} images ({done} already done)" in r.err, r.err[-3000:]
 
 
+@pytest.mark.determinism
 @pytest.mark.parametrize("fault", [f if f in SUBSET else pytest.param(f, marks=SWEEP)
                                    for f in sorted(set(SWEPT) | SUBSET, key=POINTS.index)])
 def test_sigkill_at_every_point_then_rerun(sample_ckpt, tiny_vae_dir, sample_base, tmp_path, fault):

@@ -66,6 +66,7 @@ def test_straight_run_outputs(straight):
     assert (straight / "logs" / "rank0.log").is_file()
 
 
+@pytest.mark.determinism  # same world size, same threads per process (both runs are CLI processes)
 def test_sigkill_sigterm_and_kill_during_save_then_resume_is_identical(straight, shard_dir, tmp_path):
     run_dir = tmp_path / "run"
     args = tiny_args(shard_dir, run_dir)
