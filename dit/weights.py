@@ -25,11 +25,9 @@ from typing import Any
 import torch
 
 from .blocks import BLOCK_OPTIONS
+from .formats import CHECKPOINT_FORMAT, CHECKPOINT_VERSION, SIDECAR_FORMAT, SIDECAR_VERSION
 from .models import MODEL_PRESETS, DiT, canonical_model_name, model_from_config, pos_embed_2d
 
-OWN_FORMAT = "dit-pipeline.checkpoint"
-SIDECAR_FORMAT = "dit-pipeline.weights-sidecar"
-SIDECAR_VERSION = 1
 _PREFIXES = ("module.", "_orig_mod.")
 
 
@@ -193,10 +191,10 @@ def _unpack(obj: Any, path: Path, prefer: str) -> tuple[dict[str, torch.Tensor],
         return obj, {"source": "official", "weights": "state_dict"}
     if not isinstance(obj, dict):
         raise WeightsError(f"{path} holds a {type(obj).__name__}, not a DiT state_dict or checkpoint")
-    own = obj.get("format") == OWN_FORMAT
-    if own and obj.get("version") != 1:
+    own = obj.get("format") == CHECKPOINT_FORMAT
+    if own and obj.get("version") != CHECKPOINT_VERSION:
         raise WeightsError(f"{path} is a dit-pipeline checkpoint of version {obj.get('version')!r}; "
-                           "this code reads version 1")
+                           f"this code reads version {CHECKPOINT_VERSION}")
     order = ("ema", "model") if prefer == "ema" else ("model", "ema")
     chosen = next((k for k in order if _is_state_dict(obj.get(k))), None)
     if chosen is None:

@@ -23,10 +23,11 @@ import torch
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.faults import fault_point
 from dit_pipeline.common.io import atomic_write, atomic_write_json, remove_stale_temps
-from dit_pipeline.dit.weights import check_archive, make_sidecar, sidecar_path
+from dit_pipeline.dit.formats import CHECKPOINT_FORMAT as FORMAT
+from dit_pipeline.dit.formats import CHECKPOINT_KEYS
+from dit_pipeline.dit.formats import CHECKPOINT_VERSION as VERSION
+from dit_pipeline.dit.weights import WeightsError, check_archive, check_state_dict, make_sidecar, sidecar_path
 
-FORMAT = "dit-pipeline.checkpoint"
-VERSION = 1
 FAULT_MID_SAVE = "train.ckpt_mid_save"
 _NAME_RE = re.compile(r"^step-(\d{7,})\.pt$")
 _EMA_RE = re.compile(r"^step-(\d{7,})-ema\.(pt|json)$")  # the EMA weights and their sidecar
@@ -174,11 +175,41 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     if ckpt.get("version") != VERSION:
         raise UserError(f"checkpoint {path} has format version {ckpt.get('version')!r}; this code reads "
                         f"version {VERSION}")
-    missing = [k for k in ("model", "ema", "opt", "step", "epoch", "data", "model_config", "config",
-                           "manifest_fingerprint") if k not in ckpt]
+    missing = [k for k in CHECKPOINT_KEYS if k not in ckpt]
     if missing:
         raise UserError(f"checkpoint {path} lacks {missing}; it is incomplete. Nothing was loaded.")
     return ckpt
+
+
+def check_resumable(ckpt: dict[str, Any], path: Path, *, model: torch.nn.Module, fingerprint: str,
+                    global_batch: int) -> None:
+    """Refuse a checkpoint of another model, shard set or global batch, or with tensors or an optimizer
+    that do not fit `model` (UserError; nothing is loaded before this passes)."""
+    want, have = model.config, ckpt["model_config"]
+    diff = [f"{k}: checkpoint {have.get(k)!r}, this run {want[k]!r}" for k in want if k != "model"
+            and have.get(k) != want[k]]
+    if diff:
+        raise UserError(f"checkpoint {path} is for a different model ({have.get('model') or 'custom'}): "
+                        + "; ".join(diff) + ". Use the same --model and overrides, or a new --run-dir.")
+    if ckpt["manifest_fingerprint"] != fingerprint:
+        raise UserError(f"checkpoint {path} was trained on a different shard set (manifest fingerprint "
+                        f"{str(ckpt['manifest_fingerprint'])[:12]}..., these shards {fingerprint[:12]}...). "
+                        "Pass the same --shards, or a new --run-dir.")
+    saved_batch = ckpt["config"].get("global_batch_size")
+    if saved_batch != global_batch:
+        raise UserError(f"checkpoint {path} was trained with --global-batch-size {saved_batch}, this run asks for "
+                        f"{global_batch}; a resumed run must keep the global batch (start a new "
+                        "--run-dir to change it)")
+    try:
+        check_state_dict(ckpt["model"], want, where=f"{path} [model]")
+        check_state_dict(ckpt["ema"], want, where=f"{path} [ema]")
+    except WeightsError as e:
+        raise UserError(f"{e}. Nothing was loaded.") from None
+    groups = ckpt["opt"].get("param_groups", [])
+    n_params = sum(1 for q in model.parameters() if q.requires_grad)
+    if len(groups) != 1 or len(groups[0].get("params", [])) != n_params:
+        raise UserError(f"checkpoint {path}: optimizer state does not match this model ({n_params} trainable "
+                        "tensors). Nothing was loaded.")
 
 
 # ----------------------------------------------------------------------------------------------------------

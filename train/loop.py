@@ -36,30 +36,13 @@ from dit_pipeline.train.data import Batch, EpochStream, ReaderEvent, ShardSource
 from dit_pipeline.train.hooks import HookContext, PeriodicHook
 from dit_pipeline.train.metrics import Meter, MetricsLog, mfu
 from dit_pipeline.train.partition import DataLayout, EpochPlan, plan_epoch
+from dit_pipeline.train.state import CheckpointMixin, TrainState, comm_guard
 
 MAX_CONSECUTIVE_OVERFLOWS = 25  # fp16: the loss scale has shrunk by 2**25: the run diverged
 
 
 class TrainingDiverged(UserError):
     """Loss or gradient became NaN/Inf; raised on every rank before the optimizer update."""
-
-
-PeerLost = dist.PeerLost  # a collective failed because another rank died or hung
-
-
-def comm_guard(what: str, step: int) -> contextlib.AbstractContextManager[None]:
-    """Turn a failed collective into one clear line (instead of a backend traceback) on surviving ranks."""
-    return dist.peer_guard(f"{what} at step {step}", logs="RUN/logs/rank*.log")
-
-
-@dataclass
-class TrainState:
-    step: int = 0              # optimizer steps done
-    epoch: int = 0
-    step_in_epoch: int = 0     # optimizer steps done within `epoch`
-    overflow_steps: int = 0    # fp16 steps skipped by the GradScaler
-    bad_shards: int = 0        # shards skipped with --skip-bad-shards (summed over ranks)
-    exact: bool = True         # False after a resume with a different data layout (logged)
 
 
 @dataclass
@@ -78,15 +61,17 @@ class Parts:
     peak_tflops: float | None
 
 
-class Trainer:
+class Trainer(CheckpointMixin):
+    """One training run on this rank: `fit(stop)` loops over epochs and steps; `state_dict()` /
+    `load_state_dict()` / `checkpoint()` (train.state) are its checkpoint."""
+
     def __init__(self, cfg: TrainConfig, *, batch: BatchPlan, layout: DataLayout, source: ShardSource,
                  parts: Parts, device: torch.device, state: TrainState, total_steps: int | None,
-                 ckpts: CheckpointManager, metrics: MetricsLog, run_dir: Path,
-                 save_checkpoint: Callable[["Trainer"], Path | None], hooks: Sequence[PeriodicHook] = ()):
+                 ckpts: CheckpointManager, metrics: MetricsLog, run_dir: Path, hooks: Sequence[PeriodicHook] = ()):
         self.cfg, self.batch, self.layout, self.source, self.p = cfg, batch, layout, source, parts
         self.device, self.state, self.total_steps = device, state, total_steps
         self.ckpts, self.metrics, self.run_dir = ckpts, metrics, run_dir
-        self.save_checkpoint, self.hooks = save_checkpoint, list(hooks)
+        self.hooks = list(hooks)
         self.rank, self.world = dist.rank(), dist.world_size()
         self.log = get_logger()
         self.params = [p for p in parts.model.parameters() if p.requires_grad]
@@ -351,11 +336,6 @@ class Trainer:
         bar.set_postfix(loss=f"{rec['loss']:.4f}", refresh=False)
         m.reset()
         own.reset()
-
-    def checkpoint(self) -> Path | None:
-        path = self.save_checkpoint(self)
-        self.last_saved = self.state.step
-        return path
 
     def hook_context(self) -> HookContext:
         m = self.source.manifest

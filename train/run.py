@@ -10,7 +10,6 @@ removed at start).
 from __future__ import annotations
 
 import copy
-import hashlib
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -22,14 +21,14 @@ from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.io import atomic_write_json
 from dit_pipeline.common.log import get_logger, setup_logging
 from dit_pipeline.common.precision import AUTOCAST_DTYPES, set_tf32
-from dit_pipeline.train.checkpoint import FORMAT, VERSION, CheckpointManager, load_checkpoint, rng_state, set_rng_state
+from dit_pipeline.train.checkpoint import CheckpointManager, load_checkpoint
 from dit_pipeline.train.config import TrainConfig
 from dit_pipeline.train.hooks import PeriodicHook
-from dit_pipeline.train.loop import Parts, Trainer, TrainState, comm_guard
+from dit_pipeline.train.loop import Parts, Trainer
 from dit_pipeline.train.metrics import MetricsLog, peak_tflops
-from dit_pipeline.train.partition import DataLayout, map_position, plan_epoch
 from dit_pipeline.train.plan import Prepared, format_plan, prepare, resolve_precision
 from dit_pipeline.train.signals import StopRequest
+from dit_pipeline.train.state import TrainState, comm_guard
 
 
 
@@ -66,118 +65,12 @@ def build_parts(prep: Prepared, device: torch.device, precision: str) -> Parts:
                  peak_tflops=peak_tflops(device, cfg.peak_tflops))
 
 
-def weights_fingerprint(model: torch.nn.Module) -> str:
-    """Cheap digest of all parameters (float64 sums), to prove every rank holds the same weights."""
-    with torch.no_grad():
-        sums = torch.stack([p.sum(dtype=torch.float64) for p in model.parameters()]).cpu()
-    return hashlib.sha256(sums.numpy().tobytes()).hexdigest()[:16]
-
-
-def save_checkpoint(tr: Trainer) -> Path | None:
-    """Collective: all ranks compare weight fingerprints; rank 0 writes the checkpoint."""
-    log, s, p = get_logger(), tr.state, tr.p
-    fp = weights_fingerprint(p.model)
-    tr.metrics.write_rank({"step": s.step, "weights_fingerprint": fp})
-    with comm_guard("the weights check before a checkpoint", s.step):
-        every = dist.all_gather_object(fp)
-    if len(set(every)) > 1:
-        raise RuntimeError(f"step {s.step}: ranks hold different weights (fingerprints {every}); DDP replicas "
-                           "diverged, which is a bug or a hardware fault")
-    if not dist.is_main():
-        return None
-    epoch, in_epoch = tr.data_position()
-    m = tr.source.manifest
-    state = {
-        "format": FORMAT, "version": VERSION,
-        "model": p.model.state_dict(), "ema": p.ema.state_dict(), "opt": p.opt.state_dict(),
-        "scaler": p.scaler.state_dict() if p.scaler.is_enabled() else None,
-        "step": s.step, "epoch": epoch,
-        "data": {"epoch": epoch, "step_in_epoch": in_epoch, **tr.layout.to_dict(),
-                 "overflow_steps": s.overflow_steps, "bad_shards": s.bad_shards},
-        "rng": rng_state(), "model_config": p.model.config,
-        "latent": {"scaling_factor": m.scaling_factor, "shift_factor": m.shift_factor,
-                   "vae": m.extraction.get("vae")},
-        "config": tr.cfg.to_dict(), "manifest_fingerprint": tr.source.fingerprint,
-    }
-    t0 = time.perf_counter()
-    path = tr.ckpts.save(state)
-    log.info(f"saved checkpoint {path} (+ EMA weights) in {time.perf_counter() - t0:.1f}s")
-    return path
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Resume
-
 def _checkpoint_to_resume(cfg: TrainConfig, ckpts: CheckpointManager) -> Path | None:
     if cfg.resume == "none":
         return None
     if cfg.resume == "auto":
         return ckpts.latest()
     return Path(cfg.resume).expanduser()
-
-
-def _check_compatible(ckpt: dict[str, Any], path: Path, prep: Prepared, model: torch.nn.Module) -> None:
-    """Refuse a checkpoint of another model, shard set or global batch (nothing loaded yet)."""
-    from dit_pipeline.dit import WeightsError, check_state_dict
-
-    want, have = model.config, ckpt["model_config"]
-    diff = [f"{k}: checkpoint {have.get(k)!r}, this run {want[k]!r}" for k in want if k != "model"
-            and have.get(k) != want[k]]
-    if diff:
-        raise UserError(f"checkpoint {path} is for a different model ({have.get('model') or 'custom'}): "
-                        + "; ".join(diff) + ". Use the same --model and overrides, or a new --run-dir.")
-    if ckpt["manifest_fingerprint"] != prep.source.fingerprint:
-        raise UserError(f"checkpoint {path} was trained on a different shard set (manifest fingerprint "
-                        f"{str(ckpt['manifest_fingerprint'])[:12]}..., these shards {prep.source.fingerprint[:12]}...). "
-                        "Pass the same --shards, or a new --run-dir.")
-    saved_batch = ckpt["config"].get("global_batch_size")
-    if saved_batch != prep.cfg.global_batch_size:
-        raise UserError(f"checkpoint {path} was trained with --global-batch-size {saved_batch}, this run asks for "
-                        f"{prep.cfg.global_batch_size}; a resumed run must keep the global batch (start a new "
-                        "--run-dir to change it)")
-    try:
-        check_state_dict(ckpt["model"], want, where=f"{path} [model]")
-        check_state_dict(ckpt["ema"], want, where=f"{path} [ema]")
-    except WeightsError as e:
-        raise UserError(f"{e}. Nothing was loaded.") from None
-    groups = ckpt["opt"].get("param_groups", [])
-    n_params = sum(1 for q in model.parameters() if q.requires_grad)
-    if len(groups) != 1 or len(groups[0].get("params", [])) != n_params:
-        raise UserError(f"checkpoint {path}: optimizer state does not match this model ({n_params} trainable "
-                        "tensors). Nothing was loaded.")
-
-
-def resume(prep: Prepared, parts: Parts, path: Path, precision: str) -> TrainState:
-    """Load a validated checkpoint into every part; returns where training continues."""
-    log = get_logger()
-    ckpt = load_checkpoint(path)
-    _check_compatible(ckpt, path, prep, parts.model)
-    parts.model.load_state_dict(ckpt["model"], strict=True)
-    if parts.ema is not None:
-        parts.ema.load_state_dict(ckpt["ema"], strict=True)
-    parts.opt.load_state_dict(ckpt["opt"])
-    if parts.scaler.is_enabled() and ckpt.get("scaler") is not None:
-        parts.scaler.load_state_dict(ckpt["scaler"])
-    if ckpt.get("rng"):
-        set_rng_state(ckpt["rng"])
-    data = ckpt["data"]
-    # a field the checkpoint lacks counts as changed (-1): the position is mapped, never silently reused
-    saved = DataLayout(**{k: int(data.get(k, -1)) for k in DataLayout.__dataclass_fields__})
-    steps = plan_epoch(prep.source.sizes, seed=prep.cfg.seed, epoch=int(data["epoch"]),
-                       world_size=prep.world_size, workers=prep.layout.workers,
-                       micro_batch=prep.batch.micro_batch, accum=prep.batch.accum).steps
-    pos = map_position(int(data["epoch"]), int(data["step_in_epoch"]), saved, prep.layout, steps)
-    if not pos.exact:
-        changed = ", ".join(f"{k} {getattr(saved, k)} -> {getattr(prep.layout, k)}"
-                            for k in DataLayout.__dataclass_fields__ if getattr(saved, k) != getattr(prep.layout, k))
-        log.warning(f"resuming with a different data layout ({changed}): the reading order of epoch {pos.epoch} "
-                    f"changes, so training continues at step {pos.step_in_epoch} of {steps} of that epoch in the "
-                    "new order; within this epoch some samples may be seen twice and others not at all. Later "
-                    "epochs are complete. The run is no longer identical to an uninterrupted one.")
-    log.info(f"resumed from {path} at step {ckpt['step']} (epoch {pos.epoch}, step {pos.step_in_epoch} in epoch)")
-    return TrainState(step=int(ckpt["step"]), epoch=pos.epoch, step_in_epoch=pos.step_in_epoch,
-                      overflow_steps=int(data.get("overflow_steps", 0)), bad_shards=int(data.get("bad_shards", 0)),
-                      exact=pos.exact)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -236,13 +129,15 @@ def _train(prep: Prepared, hooks: Sequence[PeriodicHook]) -> str:
                     "of batches (shards are read whole, and they are few or uneven for this many readers); use "
                     "fewer --num-workers or re-extract with a smaller --samples-per-shard")
     parts = build_parts(prep, device, precision)
-    path = dist.broadcast_object(str(p) if (p := _checkpoint_to_resume(prep.cfg, ckpts)) else None)
-    state = resume(prep, parts, Path(path), precision) if path else TrainState()
     metrics = MetricsLog(run_dir, dist.rank(), main=dist.is_main(), tensorboard=prep.cfg.tensorboard)
-    metrics.resume_at(state.step)
     trainer = Trainer(resolved, batch=prep.batch, layout=prep.layout, source=prep.source, parts=parts,
-                      device=device, state=state, total_steps=prep.total_steps, ckpts=ckpts, metrics=metrics,
-                      run_dir=run_dir, save_checkpoint=save_checkpoint, hooks=hooks)
+                      device=device, state=TrainState(), total_steps=prep.total_steps, ckpts=ckpts,
+                      metrics=metrics, run_dir=run_dir, hooks=hooks)
+    path = dist.broadcast_object(str(p) if (p := _checkpoint_to_resume(prep.cfg, ckpts)) else None)
+    if path:
+        trainer.load_state_dict(load_checkpoint(Path(path)), Path(path))
+    state = trainer.state
+    metrics.resume_at(state.step)
     if trainer.done():
         log.info(f"nothing to do: the run in {run_dir} is complete at step {state.step}")
         return "done"
