@@ -11,7 +11,7 @@ import pytest
 
 from tests._util import REPO
 
-FOLDERS = ("cli", "common", "dit", "extract", "sample", "shards", "train")
+FOLDERS = ("cli", "common", "dit", "evaluate", "extract", "sample", "shards", "train")
 
 
 @pytest.mark.timeout(600)

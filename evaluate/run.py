@@ -1,0 +1,179 @@
+"""`dit-eval`: FID, sFID, Inception Score, precision and recall of SAMPLES against REF, as the ADM evaluator
+reports them (evaluate/metrics.py), on one process or under torchrun.
+
+Flow: every rank loads the Inception network; rank 0 inspects both inputs and checks that they can be compared;
+features of each side come from its cache or are extracted by all ranks (evaluate/features.py); rank 0
+computes the metrics, prints them and writes them as JSON (default: beside SAMPLES, `SAMPLES.eval.json`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from dit_pipeline.common import distributed as dist
+from dit_pipeline.common.errors import UserError, collect
+from dit_pipeline.common.io import atomic_write_json
+from dit_pipeline.common.log import setup_logging
+from dit_pipeline.evaluate import metrics as M
+from dit_pipeline.evaluate.features import source_features
+from dit_pipeline.evaluate.inception import INPUT_SIZE, load_inception
+from dit_pipeline.evaluate.inputs import Source, open_source
+
+RESULT_FORMAT = "dit-pipeline.eval"
+METRIC_NAMES = ("inception_score", "fid", "sfid", "precision", "recall")
+
+
+@dataclass(kw_only=True)
+class EvalConfig:
+    samples: str
+    ref: str
+    json: str | None = None  # default: SAMPLES.eval.json
+    inception: str | None = None  # local weights file; None: torch hub cache (fetched once)
+    batch_size: int = 64  # images per Inception forward, per process (the ADM evaluator's 64)
+    cache: bool = True
+    quiet: bool = False
+    device: str | None = None  # default: this rank's GPU, else the CPU
+    input_size: int = INPUT_SIZE  # hidden test knob: Inception input resolution (299 for real numbers)
+    random_inception: int | None = None  # hidden test knob: random weights of this seed instead of the file
+
+    def validate(self) -> None:
+        problems = []
+        if not str(self.samples).strip():
+            problems.append("SAMPLES is empty: give an .npz of images, a folder of images or a statistics file")
+        if not str(self.ref).strip():
+            problems.append("--ref is empty: give the reference batch, e.g. VIRTUAL_imagenet256_labeled.npz")
+        if self.batch_size < 1:
+            problems.append(f"--batch-size must be >= 1, got {self.batch_size}")
+        if self.input_size < 75:
+            problems.append(f"the Inception input size must be >= 75, got {self.input_size}")
+        collect(problems, "dit-eval settings")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @property
+    def json_path(self) -> Path:
+        return Path(self.json) if self.json else Path(str(Path(self.samples).expanduser()) + ".eval.json")
+
+
+@dataclass
+class Side:
+    """What one input contributes: features (None for a statistics file) and precomputed statistics."""
+
+    source: Source
+    features: dict[str, np.ndarray] | None
+
+    def stats(self, key: str) -> M.Statistics | None:
+        if key in self.source.stats:
+            return self.source.stats[key]
+        return M.statistics(self.features[key]) if self.features is not None else None
+
+
+def compute_metrics(samples: Side, ref: Side, device: torch.device | str = "cpu") -> dict[str, float | None]:
+    """The five numbers (None where an input lacks what a metric needs, e.g. a statistics-only REF)."""
+    out: dict[str, float | None] = dict.fromkeys(METRIC_NAMES)
+    if samples.features is not None:
+        out["inception_score"] = M.inception_score(samples.features["logits"])
+    pool = (samples.stats("pool"), ref.stats("pool"))
+    out["fid"] = M.frechet_distance(*pool)
+    spatial = (samples.stats("spatial"), ref.stats("spatial"))
+    if None not in spatial:
+        out["sfid"] = M.frechet_distance(*spatial)
+    if samples.features is not None and ref.features is not None:
+        out["precision"], out["recall"] = M.precision_recall(ref.features["pool"], samples.features["pool"],
+                                                             device=device)
+    return out
+
+
+def check_comparable(samples: Source, ref: Source) -> None:
+    """The errors that must come before any Inception work (UserError naming the input)."""
+    k = M.NEIGHBOURHOOD_K
+    for what, s in (("SAMPLES", samples), ("REF", ref)):
+        if s.kind != "statistics" and s.count < 2:
+            raise UserError(f"{what} {s.path} has {s.count} image(s); FID needs at least 2 (50,000 for numbers "
+                            "comparable with papers)")
+    if samples.kind == "statistics":
+        raise UserError(f"SAMPLES {samples.path} holds only statistics; give the samples' images (.npz or folder) "
+                        "or their features file, so that the Inception Score can be computed")
+    if ref.kind != "statistics":
+        small = [(w, s) for w, s in (("SAMPLES", samples), ("REF", ref)) if s.count <= k]
+        if small:
+            w, s = small[0]
+            raise UserError(f"{w} {s.path} has {s.count} images: precision and recall (k = {k} nearest "
+                            f"neighbours) need at least {k + 1} on each side")
+    if samples.image_hw and ref.image_hw and samples.image_hw != ref.image_hw:
+        raise UserError(f"SAMPLES are {samples.image_hw[0]}x{samples.image_hw[1]} but REF {ref.path} is "
+                        f"{ref.image_hw[0]}x{ref.image_hw[1]}: compare against the reference batch of the "
+                        "samples' resolution (e.g. VIRTUAL_imagenet256_labeled.npz for 256x256)")
+
+
+def run_eval(cfg: EvalConfig) -> dict[str, Any]:
+    """Evaluate (see the module docstring); the result dict (on every rank)."""
+    cfg.validate()
+    dist.init()
+    try:
+        return _run(cfg)
+    finally:
+        dist.destroy()
+
+
+def _run(cfg: EvalConfig) -> dict[str, Any]:
+    log = setup_logging(None, quiet=cfg.quiet)
+    start = time.perf_counter()
+    device = torch.device(cfg.device) if cfg.device else dist.device()
+
+    def inspect() -> tuple[Source, Source]:
+        pair = open_source(cfg.samples, "SAMPLES"), open_source(cfg.ref, "REF")
+        check_comparable(*pair)
+        return pair
+
+    samples, ref = dist.on_rank0(inspect)
+    model, ident = _load_model(cfg, device)
+    log.info("samples: %s\nreference: %s\nInception: %s (%s)", samples.describe(), ref.describe(),
+             ident["extractor"], ident["weights"])
+    sides = []
+    for src in (samples, ref):
+        feats = None
+        if src.kind != "statistics":
+            feats = source_features(src, model, ident, batch_size=cfg.batch_size, device=device,
+                                    use_cache=cfg.cache, quiet=cfg.quiet, log=log)
+        sides.append(Side(src, feats))
+
+    def finish() -> dict[str, Any]:
+        try:
+            numbers = compute_metrics(*sides, device=device)
+        except ValueError as e:
+            raise UserError(f"cannot compute the metrics of {samples.path} against {ref.path}: {e}") from None
+        result = {"format": RESULT_FORMAT, "version": 1, **numbers,
+                  "reference_statistics": "precomputed" if "pool" in ref.stats else "computed from its images",
+                  "samples": {"path": str(samples.path), "kind": samples.kind, "count": samples.count},
+                  "ref": {"path": str(ref.path), "kind": ref.kind, "count": ref.count},
+                  "extractor": ident, "seconds": round(time.perf_counter() - start, 3), "config": cfg.to_dict()}
+        try:
+            atomic_write_json(cfg.json_path, result)
+        except OSError as e:
+            raise UserError(f"cannot write {cfg.json_path} ({e.strerror or e}); pass --json elsewhere") from None
+        return result
+
+    return dist.on_rank0(finish)
+
+
+def _load_model(cfg: EvalConfig, device: torch.device) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """Rank 0 loads (and if needed fetches) the weights first, so a missing file is one error on every rank."""
+    kwargs = dict(random_seed=cfg.random_inception, input_size=cfg.input_size)
+    first: list[Any] = []
+    dist.on_rank0(lambda: first.append(load_inception(cfg.inception, device=device, **kwargs)))
+    return first[0] if first else load_inception(cfg.inception, device=device, **kwargs)
+
+
+def format_result(result: dict[str, Any]) -> str:
+    """The ADM evaluator's printout, one metric per line (n/a where an input lacked what it needs)."""
+    labels = {"inception_score": "Inception Score", "fid": "FID", "sfid": "sFID", "precision": "Precision",
+              "recall": "Recall"}
+    return "\n".join(f"{labels[k]}: {'n/a' if result[k] is None else repr(float(result[k]))}" for k in METRIC_NAMES)
