@@ -17,6 +17,7 @@ import click
 
 from dit_pipeline.common.errors import ConfigError, UserError
 from dit_pipeline.common.precision import PRECISIONS, PRECISIONS_AUTO
+from dit_pipeline.evaluate.config import EvalConfig
 from dit_pipeline.extract.config import (CPU_DEFAULT_BATCH, DTYPES, GPU_DEFAULT_BATCH, MAX_AUTO_WORKERS, STORES,
                                           ExtractConfig)
 from dit_pipeline.sample.config import CFG_CHANNELS, EXPORT_TARGETS, SAMPLERS, WEIGHTS, ExportConfig, SampleConfig
@@ -522,3 +523,39 @@ def train_main(ctx: click.Context, config_file: str | None, nproc_per_node: int 
     code = train.main(cfg, nproc_per_node=nproc_per_node, argv=sys.argv[1:])
     if code:
         sys.exit(code)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# dit-eval (evaluate/): FID, sFID, Inception Score, precision and recall as the ADM evaluator reports them
+# ---------------------------------------------------------------------------------------------------------
+
+@click.command("dit-eval", cls=DashCommand, context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("samples")
+@click.option("--ref", required=True, help="Reference: the ADM reference batch (e.g. VIRTUAL_imagenet256_labeled.npz;"
+              " its precomputed statistics are used), an .npz of images, a folder of images or a statistics file.")
+@click.option("--json", "json_path", default=None, help="Where to write the metrics as JSON [SAMPLES.eval.json].")
+@click.option("--inception", default=None, metavar="PATH",
+              help="Local weights-inception-2015-12-05-6726825d.pth [torch hub cache, fetched once].")
+@click.option("--batch-size", type=int, default=default(EvalConfig, "batch_size"), show_default=True,
+              help="Images per Inception forward, per process.")
+@click.option("--cache/--no-cache", default=default(EvalConfig, "cache"), show_default=True,
+              help="Keep features beside each input (keyed by its content hash and the extractor).")
+@click.option("--device", default=None, help="Device (default: this rank's GPU, else the CPU).")
+@click.option("--quiet", is_flag=True, default=False)
+@click.option("--input-size", type=int, default=default(EvalConfig, "input_size"), hidden=True)
+@click.option("--random-inception", type=int, default=None, hidden=True)
+@debug_option
+@handle_errors
+def eval_main(json_path: str | None, debug: bool, **options: Any) -> None:
+    """FID, sFID, Inception Score, precision and recall of SAMPLES against --ref, as the ADM evaluator
+    (guided-diffusion evaluations/evaluator.py) defines them. SAMPLES: an .npz (arr_0 uint8 [N,H,W,3]), a
+    folder of images, or a features file. Runs under torchrun across GPUs.
+
+    \b
+    Examples:
+      dit-eval samples/dit-xl2-256-cfg1.5.npz --ref VIRTUAL_imagenet256_labeled.npz
+      torchrun --nproc-per-node 8 $(which dit-eval) samples.npz --ref VIRTUAL_imagenet256_labeled.npz
+    """
+    from dit_pipeline import evaluate
+
+    evaluate.main(EvalConfig(json=json_path, **options))

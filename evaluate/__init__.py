@@ -3,7 +3,8 @@ as the ADM evaluator (openai/guided-diffusion `evaluations/evaluator.py`) define
 InceptionV3 in PyTorch; plus the trainer hook that logs them during training (evaluate/hook.py)."""
 from dit_pipeline.evaluate.metrics import (Statistics, frechet_distance, inception_score, manifold_radii,
                                            precision_recall, statistics)
-from dit_pipeline.evaluate.run import EvalConfig, format_result, run_eval
+from dit_pipeline.evaluate.config import EvalConfig
+from dit_pipeline.evaluate.run import format_result, main, run_eval
 
-__all__ = ["EvalConfig", "Statistics", "format_result", "frechet_distance", "inception_score", "manifold_radii",
+__all__ = ["EvalConfig", "Statistics", "format_result", "frechet_distance", "inception_score", "main", "manifold_radii",
            "precision_recall", "run_eval", "statistics"]

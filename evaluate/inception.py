@@ -31,12 +31,12 @@ from torch import nn
 
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.io import sha256_file
+from dit_pipeline.evaluate.config import INPUT_SIZE
 
 WEIGHTS_FILE = "weights-inception-2015-12-05-6726825d.pth"
 WEIGHTS_URL = f"https://github.com/toshas/torch-fidelity/releases/download/v0.2.0/{WEIGHTS_FILE}"
 # Bump when anything changes what `InceptionFeatures` returns for the same pixels; cached features carry it.
 EXTRACTOR_VERSION = "tf-inception-2015-12-05.v1"
-INPUT_SIZE = 299
 SPATIAL_CHANNELS = 7
 POOL_DIM, SPATIAL_DIM, LOGITS_DIM = 2048, 17 * 17 * SPATIAL_CHANNELS, 1008
 

@@ -99,8 +99,10 @@ def inception_score(logits: np.ndarray, split_size: int = IS_SPLIT_SIZE) -> floa
     for start in range(0, len(logp), split_size):
         part = logp[start:start + split_size]
         p = np.exp(part)
-        log_marginal = np.log(p.mean(axis=0, keepdims=True))
-        scores.append(np.exp(np.mean(np.sum(p * (part - log_marginal), axis=1))))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            log_marginal = np.log(p.mean(axis=0, keepdims=True))
+            terms = np.where(p > 0, p * (part - log_marginal), 0.0)  # p log p -> 0 as p -> 0
+        scores.append(np.exp(np.mean(np.sum(terms, axis=1))))
     return float(np.mean(scores))
 
 

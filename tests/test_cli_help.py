@@ -4,7 +4,7 @@ import pytest
 from tests._util import run_cli
 
 COMMANDS = [("dit-extract",), ("dit-train",), ("dit-shards",), ("dit-shards", "verify"), ("dit-shards", "info"),
-            ("dit-shards", "stats"), ("dit-sample", "run"), ("dit-sample", "export")]
+            ("dit-shards", "stats"), ("dit-sample", "run"), ("dit-sample", "export"), ("dit-eval",)]
 
 
 @pytest.mark.parametrize("cmd", COMMANDS, ids=lambda c: " ".join(c))
