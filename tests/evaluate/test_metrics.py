@@ -130,9 +130,9 @@ def _naive_pr(ref, samples, k=3):
 
 def test_precision_recall_known_answer_on_a_line():
     ref = np.array([[0.0], [1.0], [2.0], [3.0], [4.0]])
-    # 3rd-nearest squared distances of ref: 0->4, 1->4, 2->1... ; samples at 0.5 (inside) and 10 (outside)
+    # 3rd-nearest squared distances of ref: 0 -> 9 (from 3), 1 -> 4, 2 -> 4, ...; sample 0.5 is inside, 10 is not
     samples = np.array([[0.5], [10.0], [10.5], [11.0], [12.0]])
-    np.testing.assert_allclose(manifold_radii(ref), [9, 4, 1, 4, 9])
+    np.testing.assert_allclose(manifold_radii(ref), [9, 4, 4, 4, 9])
     precision, recall = precision_recall(ref, samples)
     assert precision == pytest.approx(1 / 5)
     # sample radii: 0.5 -> 3rd nearest of {10,10.5,11,12} = 10.5 -> 100; ref points within 100 of 0.5: 0..4 -> all
