@@ -45,7 +45,8 @@ def cache_path(source: Source, content_sha256: str, ident: dict[str, Any]) -> Pa
 def batch_features(model: torch.nn.Module, images: np.ndarray | torch.Tensor,
                    device: torch.device) -> dict[str, np.ndarray]:
     """One batch of uint8 [n, H, W, 3] -> float32 arrays {pool, spatial, logits} on the CPU."""
-    x = torch.as_tensor(np.asarray(images) if not isinstance(images, torch.Tensor) else images).to(device)
+    x = images if isinstance(images, torch.Tensor) else torch.from_numpy(np.array(images, np.uint8))  # writable copy
+    x = x.to(device)
     out = model(x)
     return {k: out[k].cpu().numpy() for k in KEYS}
 

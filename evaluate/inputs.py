@@ -24,7 +24,7 @@ import numpy as np
 
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.io import sha256_file
-from dit_pipeline.evaluate.metrics import Statistics
+from dit_pipeline.evaluate.metrics import NEIGHBOURHOOD_K, Statistics
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
 FEATURES_FORMAT = "dit-pipeline.eval-features"
@@ -173,3 +173,25 @@ def read_features_file(path: Path) -> tuple[dict[str, np.ndarray], dict[str, Any
     if not all(np.isfinite(a).all() for a in arrays.values()):
         raise UserError(f"{path}: the features contain NaN or Inf; delete the file to recompute them")
     return arrays, meta
+
+
+def check_comparable(samples: Source, ref: Source) -> None:
+    """The errors that must come before any Inception work (UserError naming the input)."""
+    k = NEIGHBOURHOOD_K
+    for what, s in (("SAMPLES", samples), ("REF", ref)):
+        if s.kind != "statistics" and s.count < 2:
+            raise UserError(f"{what} {s.path} has {s.count} image(s); FID needs at least 2 (50,000 for numbers "
+                            "comparable with papers)")
+    if samples.kind == "statistics":
+        raise UserError(f"SAMPLES {samples.path} holds only statistics; give the samples' images (.npz or folder) "
+                        "or their features file, so that the Inception Score can be computed")
+    if ref.kind != "statistics":
+        small = [(w, s) for w, s in (("SAMPLES", samples), ("REF", ref)) if s.count <= k]
+        if small:
+            w, s = small[0]
+            raise UserError(f"{w} {s.path} has {s.count} images: precision and recall (k = {k} nearest "
+                            f"neighbours) need at least {k + 1} on each side")
+    if samples.image_hw and ref.image_hw and samples.image_hw != ref.image_hw:
+        raise UserError(f"SAMPLES are {samples.image_hw[0]}x{samples.image_hw[1]} but REF {ref.path} is "
+                        f"{ref.image_hw[0]}x{ref.image_hw[1]}: compare against the reference batch of the "
+                        "samples' resolution (e.g. VIRTUAL_imagenet256_labeled.npz for 256x256)")

@@ -23,7 +23,7 @@ from dit_pipeline.evaluate import metrics as M
 from dit_pipeline.evaluate.features import source_features
 from dit_pipeline.evaluate.config import EvalConfig
 from dit_pipeline.evaluate.inception import load_inception
-from dit_pipeline.evaluate.inputs import Source, open_source
+from dit_pipeline.evaluate.inputs import Source, check_comparable, open_source
 
 RESULT_FORMAT = "dit-pipeline.eval"
 METRIC_NAMES = ("inception_score", "fid", "sfid", "precision", "recall")
@@ -42,42 +42,25 @@ class Side:
         return M.statistics(self.features[key]) if self.features is not None else None
 
 
+def _fid(samples: Side, ref: Side, key: str) -> float | None:
+    if key not in samples.source.stats and key not in ref.source.stats and samples.features is not None \
+            and ref.features is not None:
+        return M.frechet_distance_of_features(samples.features[key], ref.features[key])
+    pair = samples.stats(key), ref.stats(key)
+    return None if None in pair else M.frechet_distance(*pair)
+
+
 def compute_metrics(samples: Side, ref: Side, device: torch.device | str = "cpu") -> dict[str, float | None]:
     """The five numbers (None where an input lacks what a metric needs, e.g. a statistics-only REF)."""
     out: dict[str, float | None] = dict.fromkeys(METRIC_NAMES)
     if samples.features is not None:
         out["inception_score"] = M.inception_score(samples.features["logits"])
-    pool = (samples.stats("pool"), ref.stats("pool"))
-    out["fid"] = M.frechet_distance(*pool)
-    spatial = (samples.stats("spatial"), ref.stats("spatial"))
-    if None not in spatial:
-        out["sfid"] = M.frechet_distance(*spatial)
+    out["fid"] = _fid(samples, ref, "pool")
+    out["sfid"] = _fid(samples, ref, "spatial")
     if samples.features is not None and ref.features is not None:
         out["precision"], out["recall"] = M.precision_recall(ref.features["pool"], samples.features["pool"],
                                                              device=device)
     return out
-
-
-def check_comparable(samples: Source, ref: Source) -> None:
-    """The errors that must come before any Inception work (UserError naming the input)."""
-    k = M.NEIGHBOURHOOD_K
-    for what, s in (("SAMPLES", samples), ("REF", ref)):
-        if s.kind != "statistics" and s.count < 2:
-            raise UserError(f"{what} {s.path} has {s.count} image(s); FID needs at least 2 (50,000 for numbers "
-                            "comparable with papers)")
-    if samples.kind == "statistics":
-        raise UserError(f"SAMPLES {samples.path} holds only statistics; give the samples' images (.npz or folder) "
-                        "or their features file, so that the Inception Score can be computed")
-    if ref.kind != "statistics":
-        small = [(w, s) for w, s in (("SAMPLES", samples), ("REF", ref)) if s.count <= k]
-        if small:
-            w, s = small[0]
-            raise UserError(f"{w} {s.path} has {s.count} images: precision and recall (k = {k} nearest "
-                            f"neighbours) need at least {k + 1} on each side")
-    if samples.image_hw and ref.image_hw and samples.image_hw != ref.image_hw:
-        raise UserError(f"SAMPLES are {samples.image_hw[0]}x{samples.image_hw[1]} but REF {ref.path} is "
-                        f"{ref.image_hw[0]}x{ref.image_hw[1]}: compare against the reference batch of the "
-                        "samples' resolution (e.g. VIRTUAL_imagenet256_labeled.npz for 256x256)")
 
 
 def run_eval(cfg: EvalConfig) -> dict[str, Any]:
