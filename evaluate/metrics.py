@@ -107,6 +107,29 @@ def frechet_distance_of_features(x: np.ndarray, y: np.ndarray) -> float:
     return float(diff @ diff + np.sum(a * a) / n1 + np.sum(b * b) / n2 - 2 * tr_covmean)
 
 
+def frechet_distance_to_statistics(x: np.ndarray, ref: Statistics) -> float:
+    """Fréchet distance between features x [N, D] and precomputed statistics. With N <= D the covariance of x is
+    A^T A / (N-1) for the centred features A, and tr((S1 S2)^(1/2)) is the sum of the square roots of the
+    eigenvalues of A S2 A^T / (N-1), an N x N problem; otherwise `frechet_distance` of the statistics."""
+    x = np.asarray(x, np.float64)
+    if x.ndim != 2 or len(x) < 2:
+        raise ValueError(f"features [N >= 2, D] needed, got {list(x.shape)}")
+    if len(x) > x.shape[1]:
+        return frechet_distance(statistics(x), ref)
+    mu2, s2 = np.asarray(ref.mu, np.float64), np.asarray(ref.sigma, np.float64)
+    if mu2.shape != (x.shape[1],) or s2.shape != (x.shape[1],) * 2:
+        raise ValueError(f"statistics of different dimensions: features {x.shape[1]}, mean {list(mu2.shape)}, "
+                         f"covariance {list(s2.shape)}")
+    if not (np.isfinite(mu2).all() and np.isfinite(s2).all()):
+        raise ValueError("FID is not finite: the statistics contain NaN or Inf")
+    a = x - x.mean(0)
+    n1 = len(x) - 1
+    m = a @ s2 @ a.T / n1
+    w = np.linalg.eigvalsh((m + m.T) / 2)
+    diff = x.mean(0) - mu2
+    return float(diff @ diff + np.sum(a * a) / n1 + np.trace(s2) - 2 * np.sqrt(np.clip(w, 0, None)).sum())
+
+
 def inception_score(logits: np.ndarray, split_size: int = IS_SPLIT_SIZE) -> float:
     """Inception Score of bias-free logits [N, 1008] (softmax in float64; splits of `split_size`)."""
     logits = np.asarray(logits, np.float64)

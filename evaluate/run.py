@@ -46,6 +46,8 @@ def _fid(samples: Side, ref: Side, key: str) -> float | None:
     if key not in samples.source.stats and key not in ref.source.stats and samples.features is not None \
             and ref.features is not None:
         return M.frechet_distance_of_features(samples.features[key], ref.features[key])
+    if key not in samples.source.stats and samples.features is not None and key in ref.source.stats:
+        return M.frechet_distance_to_statistics(samples.features[key], ref.source.stats[key])
     pair = samples.stats(key), ref.stats(key)
     return None if None in pair else M.frechet_distance(*pair)
 

@@ -6,7 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from dit_pipeline.evaluate.metrics import (Statistics, frechet_distance, frechet_distance_of_features, inception_score, manifold_radii,
+from dit_pipeline.evaluate.metrics import (Statistics, frechet_distance, frechet_distance_of_features,
+                                           frechet_distance_to_statistics, inception_score, manifold_radii,
                                            precision_recall, statistics, trace_sqrt_product)
 
 
@@ -56,6 +57,7 @@ def test_singular_covariances_of_few_samples_match_the_nuclear_norm_form():
     expected = np.sum((sx.mu - sy.mu) ** 2) + np.trace(sx.sigma) + np.trace(sy.sigma) - 2 * nuclear
     assert frechet_distance(sx, sy) == pytest.approx(expected, abs=2 * tol)
     assert frechet_distance_of_features(x, y) == pytest.approx(frechet_distance(sx, sy), abs=2 * tol)
+    assert frechet_distance_to_statistics(x, sy) == pytest.approx(frechet_distance(sx, sy), abs=2 * tol)
     big_x, big_y = rng.normal(size=(50, 3)), rng.normal(size=(60, 3))  # N >= D: through the statistics
     assert frechet_distance_of_features(big_x, big_y) == frechet_distance(statistics(big_x), statistics(big_y))
 
