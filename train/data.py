@@ -5,10 +5,13 @@ Reading goes through `shards.iter_shard` only (WebDataset's url opener underneat
 which shards, and how many batches it yields, is decided by `train.partition` (pure functions of integers),
 so the stream of every rank is a deterministic function of (seed, epoch, rank, data layout):
 
-- each reader (rank x loader worker) reads several of its shards at once (taking each sample from a
-  seeded random one of them), keeps the one view of each sample it will use (still float16 or as stored),
-  passes them through an in-memory shuffle buffer seeded from (seed, epoch, reader) and yields exactly its
-  quota of micro-batches, making the float32 latents of a whole batch at once;
+- each reader (rank x loader worker) is a chain of iterator -> iterator stages (webdataset's style):
+  `read_shard` (one shard; with --skip-bad-shards an unreadable one ends in a `SkippedShard` event) ->
+  `interleave` (several of its shards at once, each sample from a seeded random one of them) -> the one view
+  of each sample it will use (still float16 or as stored) -> `shuffle_buffer` (seeded from (seed, epoch,
+  reader)) -> `micro_batches` (exactly its quota; the events met are attached to the next batch) -> resume
+  skip -> the float32 latents of a whole batch at once. Events travel in-band, through the stages, never
+  through shared state;
 - per-sample randomness (which view, the posterior noise) and the latent formula are in `train.latents`:
   they depend only on (seed, epoch, sample key), not on the number of workers, the batch or an interruption;
 - resuming at rank micro-batch k replays the readers and drops their first batches without batching them,
@@ -19,7 +22,6 @@ so the stream of every rank is a deterministic function of (seed, epoch, rank, d
 """
 from __future__ import annotations
 
-import itertools
 import math
 import signal
 from dataclasses import dataclass
@@ -125,14 +127,74 @@ class _Picker:
         return r % n  # modulo bias below 2**-40 for any buffer size in use
 
 
-def shuffle_buffer(items: Iterator[T], size: int, seed: int) -> Iterator[T]:
-    """Reservoir-style shuffle: hold `size` items, emit a random one as each new item arrives, then drain.
+class SkippedShard(NamedTuple):
+    """In-band event (--skip-bad-shards): a shard turned out unreadable and was left out. It is the last item
+    its shard's stream yields; the stages pass it on at once, and the batcher attaches it to the next batch."""
 
-    The order is a function of (input order, size, seed) only. size 1 keeps the input order.
-    """
+    url: str
+    problem: str
+
+
+def read_shard(url: str, manifest: Manifest, skip_bad: bool) -> Iterator[LatentSample | SkippedShard]:
+    """Stage 1: one shard's samples (raw, stored dtype); on a ShardError a SkippedShard when `skip_bad`."""
+    samples = iter_shard(url, manifest, raw=True)
+    try:
+        yield from samples
+    except ShardError as e:
+        if not skip_bad:
+            raise
+        yield SkippedShard(url, str(e))
+    finally:
+        samples.close()
+
+
+def interleave(streams: Iterator[Iterator[T]], in_flight: int, seed: int) -> Iterator[T | SkippedShard]:
+    """Stage 2: read up to `in_flight` streams at once, each next item from a seeded random one of them,
+    refilling from `streams` as they end (a SkippedShard ends its stream)."""
+    pick = _Picker(seed)
+    active: list[Iterator[T]] = []
+
+    def refill() -> None:
+        for stream in streams:
+            active.append(stream)
+            if len(active) >= in_flight:
+                return
+
+    refill()
+    try:
+        while active:
+            j = pick(len(active))
+            item = next(active[j], _END)
+            if item is _END:
+                active.pop(j)
+                refill()
+                continue
+            if isinstance(item, SkippedShard):  # the last item of its stream
+                _close(active.pop(j))
+                refill()
+            yield item
+    finally:
+        for stream in active:
+            _close(stream)
+
+
+def _close(stream: Iterator[Any]) -> None:
+    """Close a generator (its open shard file) early; other iterators hold nothing to close."""
+    close = getattr(stream, "close", None)
+    if close is not None:
+        close()
+
+
+def shuffle_buffer(items: Iterator[T], size: int, seed: int) -> Iterator[T]:
+    """Stage 4: reservoir-style shuffle: hold `size` items, emit a random one as each new item arrives, then
+    drain. The order is a function of (input order, size, seed) only; size 1 keeps the input order. Events
+    (SkippedShard) are not shuffled: they pass on as they arrive."""
     pick = _Picker(seed)
     buf: list[T] = []
     for item in items:
+        if isinstance(item, SkippedShard):
+            yield item
+            continue
         if len(buf) < size:
             buf.append(item)
             continue
@@ -145,11 +207,35 @@ def shuffle_buffer(items: Iterator[T], size: int, seed: int) -> Iterator[T]:
         yield buf.pop()
 
 
+def micro_batches(items: Iterator[T | SkippedShard], micro: int, quota: int
+                  ) -> Iterator[tuple[list[T] | None, list[SkippedShard]]]:
+    """Stage 5: `quota` groups of `micro` items, each with the events met since the previous group; a group
+    is None once the items ran out (one None per missing group, so the count stays fixed)."""
+    events: list[SkippedShard] = []
+    for b in range(quota):
+        chunk: list[T] = []
+        while len(chunk) < micro and (item := next(items, _END)) is not _END:
+            if isinstance(item, SkippedShard):
+                events.append(item)
+            else:
+                chunk.append(item)
+        if len(chunk) < micro:
+            for _ in range(b, quota):
+                yield None, events
+                events = []
+            return
+        yield chunk, events
+        events = []
+
+
+_END: Any = object()  # the end of a stream, for next(it, _END)
+
+
 class Batch(NamedTuple):
     latents: torch.Tensor      # [B, C, h, w] float32, scaled
     labels: torch.Tensor       # [B] int64
     keys: torch.Tensor         # [B] int64 global sample indices
-    skipped: list              # [(shard url, problem)] shards skipped (--skip-bad-shards) since the last batch
+    skipped: list              # [SkippedShard(url, problem)] left out (--skip-bad-shards) since the last batch
 
     def __reduce__(self):
         # Sent from a loader worker: labels and keys travel by value (a few KB); as tensors each would cost
@@ -168,7 +254,11 @@ class ReaderEvent(NamedTuple):
 
 
 class EpochStream(IterableDataset):
-    """One rank's micro-batches of one epoch, read by `plan.workers` DataLoader workers (or in-process)."""
+    """One rank's micro-batches of one epoch, read by `plan.workers` DataLoader workers (or in-process).
+
+    Each reader is a chain of iterator -> iterator stages (webdataset's style), see `reader`; a skipped
+    shard travels through them in-band, as a SkippedShard item.
+    """
 
     def __init__(self, source: ShardSource, plan: EpochPlan, rank: int, *, seed: int, buffer: int,
                  shards_in_flight: int = 16, start_batch: int = 0, skip_bad_shards: bool = False):
@@ -187,55 +277,25 @@ class EpochStream(IterableDataset):
         # Rotate so the DataLoader's first worker serves rank batch start_batch (see module docstring).
         return self.reader((loader_worker + self.start_batch) % workers)
 
-    def _samples(self, slot: int, skipped: list) -> Iterator[Pending]:
-        """The slot's samples, each with its view chosen (still in the stored dtype).
+    def _samples(self, slot: int) -> Iterator[Pending | SkippedShard]:
+        """Stages 1-3: the slot's samples, each with its view chosen (still in the stored dtype).
 
         Extraction writes shards in sorted image order, so one shard holds a few classes only. The reader
         therefore keeps up to `shards_in_flight` of its shards open and takes each next sample from a random
-        one of them (seeded, so the order is reproducible), refilling from its shard list as they end; the
-        shuffle buffer then mixes further. Shards are read raw (no float32 copy of every view): a sample's
-        view depends only on (seed, epoch, key), so it is chosen as soon as the sample is read and the
-        buffer holds that view alone; the noise and the float32 arithmetic run once per batch.
+        one of them (seeded, so the order is reproducible); the shuffle buffer then mixes further. Shards are
+        read raw (no float32 copy of every view): a sample's view depends only on (seed, epoch, key), so it
+        is chosen as soon as the sample is read and the buffer holds that view alone; the noise and the
+        float32 arithmetic run once per batch.
         """
-        spec, base = self.spec, epoch_seed(self.seed, self.plan.epoch)
-        pending_shards = iter(self.plan.slot_shards[slot])
-        active: list[tuple[str, Iterator[LatentSample]]] = []
-
-        def refill() -> None:
-            for shard in pending_shards:
-                url = self.source.urls[shard]
-                active.append((url, iter_shard(url, self.source.manifest, raw=True)))
-                if len(active) >= self.shards_in_flight:
-                    return
-
-        pick = _Picker(interleave_seed(self.seed, self.plan.epoch, slot))
-        refill()
-        try:
-            while active:
-                j = pick(len(active))
-                url, it = active[j]
-                try:
-                    sample = next(it)
-                except StopIteration:
-                    active.pop(j)
-                    refill()
-                    continue
-                except ShardError as e:
-                    if not self.skip_bad_shards:
-                        raise
-                    skipped.append((url, str(e)))
-                    active.pop(j)
-                    refill()
-                    continue
-                yield pending(sample, spec, base)
-        finally:
-            for _, it in active:
-                it.close()
+        spec, base, src = self.spec, epoch_seed(self.seed, self.plan.epoch), self.source
+        shards = (read_shard(src.urls[i], src.manifest, self.skip_bad_shards) for i in self.plan.slot_shards[slot])
+        for item in interleave(shards, self.shards_in_flight, interleave_seed(self.seed, self.plan.epoch, slot)):
+            yield item if isinstance(item, SkippedShard) else pending(item, spec, base)  # stage 3: the view
 
     def _batch(self, items: list[Pending], skipped: list, scratch: Scratch, worker: int) -> Batch | PooledBatch:
-        """One micro-batch. In a loader worker the latents are made in shared memory, so they reach the main
-        process without a copy: in a free slot of the epoch's BatchPool when there is one, else in fresh
-        shared memory."""
+        """Stage 6: one micro-batch. In a loader worker the latents are made in shared memory, so they reach
+        the main process without a copy: in a free slot of the epoch's BatchPool when there is one, else in
+        fresh shared memory."""
         labels = np.array([it.label for it in items], dtype=np.int64)
         keys = np.array([it.key for it in items], dtype=np.int64)
         in_worker = get_worker_info() is not None
@@ -247,30 +307,31 @@ class EpochStream(IterableDataset):
                      torch.from_numpy(keys), skipped)
 
     def reader(self, worker: int) -> Iterator[Batch | ReaderEvent]:
-        """Batches of logical worker `worker` with rank batch index >= start_batch, exactly its quota."""
-        plan, micro = self.plan, self.plan.micro_batch
+        """Batches of logical worker `worker` with rank batch index >= start_batch, exactly its quota:
+        read + interleave + view (`_samples`) -> shuffle -> micro-batches -> resume skip -> batch."""
+        plan = self.plan
         slot = plan.slot(self.rank, worker)
-        first, quota = plan.quota(worker, upto=self.start_batch), plan.quota(worker)
-        skipped: list = []
+        first = plan.quota(worker, upto=self.start_batch)
         scratch = Scratch()
-        stream = shuffle_buffer(self._samples(slot, skipped), self.buffer,
-                                shuffle_seed(self.seed, plan.epoch, slot))
+        stream = shuffle_buffer(self._samples(slot), self.buffer, shuffle_seed(self.seed, plan.epoch, slot))
+        skipped: list[SkippedShard] = []  # met since the last batch yielded (or replayed before the resume point)
+        message = None
         try:
-            for b in range(quota):
-                chunk = list(itertools.islice(stream, micro))
-                if len(chunk) < micro:
-                    msg = (f"rank {self.rank} reader {worker} ran out of samples in epoch {plan.epoch} "
-                           f"({len(skipped)} shard(s) skipped as unreadable)")
-                    for _ in range(max(b, first), quota):  # keep the item count, so the order stays fixed
-                        yield ReaderEvent("exhausted", msg, skipped[:])
-                        skipped.clear()
-                    return
+            for b, (chunk, events) in enumerate(micro_batches(stream, plan.micro_batch, plan.quota(worker))):
+                skipped += events
+                if chunk is None:  # out of samples: one event per missing batch keeps the order fixed
+                    message = message or (f"rank {self.rank} reader {worker} ran out of samples in epoch "
+                                          f"{plan.epoch} ({len(skipped)} shard(s) skipped as unreadable)")
+                    if b >= first:
+                        yield ReaderEvent("exhausted", message, skipped)
+                        skipped = []
+                    continue
                 if b < first:
                     continue  # consumed before the resume point: replayed, never batched (no noise drawn)
-                yield self._batch(chunk, skipped[:], scratch, worker)
-                skipped.clear()
+                yield self._batch(chunk, skipped, scratch, worker)
+                skipped = []
         except ShardError as e:
-            yield ReaderEvent("error", str(e), skipped[:])
+            yield ReaderEvent("error", str(e), skipped)
 
 
 def _ignore_stop_signals(worker_id: int) -> None:
