@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+TRAIN_TIMESTEPS = 1000  # DiT's diffusion has 1000 training steps; respacing keeps a subset of them
+
 
 def space_timesteps(num_timesteps: int, section_counts: str | list[int]) -> list[int]:
     """The kept steps (sorted) for "250", "10,20" (per equal section of the process) or "ddimN".
@@ -48,16 +50,37 @@ def space_timesteps(num_timesteps: int, section_counts: str | list[int]) -> list
     return sorted(set(steps))
 
 
+def ddim_stride(steps: int, total: int = TRAIN_TIMESTEPS) -> int | None:
+    """The integer stride s with len(range(0, total, s)) == steps ("ddimN" respacing), or None."""
+    for s in range(1, total):
+        n = len(range(0, total, s))  # non-increasing in s: once below `steps`, no later stride fits
+        if n == steps:
+            return s
+        if n < steps:
+            return None
+    return None
+
+
+def valid_ddim_steps(total: int = TRAIN_TIMESTEPS) -> list[int]:
+    """Every step count "ddimN" accepts, ascending."""
+    return sorted({len(range(0, total, s)) for s in range(1, total)})
+
+
+def nearest_ddim_steps(steps: int, k: int = 4, total: int = TRAIN_TIMESTEPS) -> list[int]:
+    """The `k` valid DDIM step counts nearest to `steps` (ties: the smaller first), ascending."""
+    return sorted(sorted(valid_ddim_steps(total), key=lambda v: (abs(v - steps), v))[:k])
+
+
 def _ddim_steps(num_timesteps: int, count_text: str) -> list[int]:
     try:
         count = int(count_text)
     except ValueError:
         raise ValueError(f"'ddim{count_text}': expected 'ddim' followed by a step count, e.g. 'ddim50'") \
             from None
-    for stride in range(1, num_timesteps):
-        if len(range(0, num_timesteps, stride)) == count:
-            return list(range(0, num_timesteps, stride))
-    valid = sorted({len(range(0, num_timesteps, s)) for s in range(1, num_timesteps)}, reverse=True)
+    stride = ddim_stride(count, num_timesteps)
+    if stride is not None:
+        return list(range(0, num_timesteps, stride))
+    valid = valid_ddim_steps(num_timesteps)[::-1]
     raise ValueError(f"'ddim{count}': no integer stride gives exactly {count} of {num_timesteps} steps; "
                      f"possible counts include {valid[:12]}")
 

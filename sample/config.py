@@ -14,37 +14,18 @@ from dit_pipeline.common.determinism import DEFAULT_CPU_THREADS
 from dit_pipeline.common.errors import collect
 from dit_pipeline.common.vae import DEFAULT_VAE
 from dit_pipeline.common.precision import PRECISIONS
+# the DDIM stride search lives in dit.respace; ddim_stride and valid_ddim_steps stay importable from here
+from dit_pipeline.dit.respace import TRAIN_TIMESTEPS, ddim_stride, nearest_ddim_steps, valid_ddim_steps  # noqa: F401
 
-# DiT's diffusion has 1000 training steps (docs/REFERENCE.md); respacing picks a subset of them.
-TRAIN_TIMESTEPS = 1000
 SAMPLERS = ("ddpm", "ddim")
 CFG_CHANNELS = ("3", "all")
 WEIGHTS = ("ema", "model")
 EXPORT_TARGETS = ("diffusers", "safetensors")
 
 
-def ddim_stride(steps: int, total: int = TRAIN_TIMESTEPS) -> int | None:
-    """The integer stride s with len(range(0, total, s)) == steps ("ddimN" respacing), or None."""
-    for s in range(1, total):
-        n = len(range(0, total, s))
-        if n == steps:
-            return s
-        if n < steps:
-            return None
-    return None
-
-
-def valid_ddim_steps(total: int = TRAIN_TIMESTEPS) -> list[int]:
-    return sorted({len(range(0, total, s)) for s in range(1, total)})
-
-
 def respacing(sampler: str, steps: int) -> str:
     """The timestep_respacing string for dit.create_diffusion (IDDPM conventions)."""
     return f"ddim{steps}" if sampler == "ddim" else str(steps)
-
-
-def _nearest(values: list[int], target: int, k: int = 4) -> list[int]:
-    return sorted(sorted(values, key=lambda v: (abs(v - target), v))[:k])
 
 
 @dataclass(kw_only=True)
@@ -137,7 +118,7 @@ class SampleConfig:
         if not 1 <= self.steps <= TRAIN_TIMESTEPS:
             p.append(f"--steps must be in 1..{TRAIN_TIMESTEPS}, got {self.steps}")
         elif self.sampler == "ddim" and ddim_stride(self.steps) is None:
-            near = _nearest(valid_ddim_steps(), self.steps)
+            near = nearest_ddim_steps(self.steps)
             p.append(f"--steps {self.steps} is not possible with --sampler ddim (DDIM takes every k-th of the "
                      f"{TRAIN_TIMESTEPS} steps); nearest valid counts: {near}")
         if not self.cfg_scale >= 1.0:

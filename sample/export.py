@@ -29,7 +29,8 @@ from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.io import TMP_PREFIX, fsync_dir
 from dit_pipeline.common.log import get_logger, setup_logging
 from dit_pipeline.common.vae import load_vae
-from dit_pipeline.sample.config import TRAIN_TIMESTEPS, ExportConfig
+from dit_pipeline.dit.respace import TRAIN_TIMESTEPS
+from dit_pipeline.sample.config import ExportConfig
 from dit_pipeline.sample.load import SAFETENSORS_LATENT_KEY, latent_scale, load_weights
 
 WEIGHTS_FORMAT = "dit-pipeline.weights"

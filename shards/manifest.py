@@ -14,11 +14,32 @@ import math
 import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.io import atomic_write_json
 from dit_pipeline.shards.format import FORMAT_VERSION, MANIFEST_NAME, STORAGE_DTYPES, STORES, file_mode, key_index, shard_index
+
+
+Z = TypeVar("Z")
+
+
+def scale_latents(z: Z, scaling_factor: float, shift_factor: float | None) -> Z:
+    """The latent formula, written once: `(z - shift_factor) * scaling_factor` (diffusers' convention, as its
+    pipelines encode with the VAE config's factors; no shift when the VAE has none, as for the SD VAE).
+
+    A torch tensor is scaled in place (float32 arithmetic, one exactly rounded op at a time) and returned;
+    a numpy array gives a new array (float32 factors).
+    """
+    if hasattr(z, "mul_"):  # torch.Tensor (shards/ itself does not import torch)
+        if shift_factor:
+            z.sub_(shift_factor)
+        return z.mul_(scaling_factor)
+    import numpy as np
+
+    if shift_factor:
+        z = z - np.float32(shift_factor)
+    return z * np.float32(scaling_factor)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import numpy as np
 
 from dit_pipeline.common.seeding import numpy_rng
 from dit_pipeline.shards.format import ShardError, shard_index
-from dit_pipeline.shards.manifest import Manifest, read_manifest
+from dit_pipeline.shards.manifest import Manifest, read_manifest, scale_latents
 from dit_pipeline.shards.npy import widen
 from dit_pipeline.shards.reader import Expect, check_sample, iter_members, parse_label
 from dit_pipeline.shards.tario import TarReader
@@ -57,9 +57,7 @@ def _scaled(sample: dict[str, np.ndarray], m: Manifest, rng: np.random.Generator
     else:
         mean, std = sample["mean.npy"], sample["std.npy"]
         z = mean + std * rng.standard_normal(mean.shape, dtype=np.float32)
-    if m.shift_factor is not None:
-        z = z - np.float32(m.shift_factor)
-    return z * np.float32(m.scaling_factor)
+    return scale_latents(z, m.scaling_factor, m.shift_factor)
 
 
 def _shard_pass(path: Path, m: Manifest, expect: Expect, quota: int, stride: int, seed: int,

@@ -125,7 +125,7 @@ class TrainConfig:
         collect(p, "training configuration")
 
     def _sample_grid_problems(self) -> list[str]:
-        from dit_pipeline.sample.config import ddim_stride, valid_ddim_steps
+        from dit_pipeline.dit.respace import TRAIN_TIMESTEPS, ddim_stride, nearest_ddim_steps
 
         p: list[str] = []
         if self.sample_every is None:
@@ -143,9 +143,9 @@ class TrainConfig:
             except ValueError as e:
                 p.append(f"--sample-classes: {e}")
         steps = self.sample_steps
-        if isinstance(steps, bool) or not isinstance(steps, int) or not (1 <= steps <= 1000 and ddim_stride(steps)):
-            near = sorted(sorted(valid_ddim_steps(), key=lambda v: abs(v - steps))[:4]) if isinstance(steps, int) \
-                else [25, 50, 100, 250]
+        if isinstance(steps, bool) or not isinstance(steps, int) or not (1 <= steps <= TRAIN_TIMESTEPS
+                                                                         and ddim_stride(steps)):
+            near = nearest_ddim_steps(steps) if isinstance(steps, int) else [25, 50, 100, 250]
             p.append(f"--sample-steps {steps!r} is not a DDIM step count (DDIM takes every k-th of the 1000 "
                      f"steps); nearest valid counts: {', '.join(map(str, near))}")
         if not (isinstance(self.sample_cfg_scale, (int, float)) and self.sample_cfg_scale >= 1.0):

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from dit_pipeline.common.seeding import STREAM_SAMPLE, derive_seed
-from dit_pipeline.shards import LatentSample, Manifest, key_index
+from dit_pipeline.shards import LatentSample, Manifest, key_index, scale_latents
 
 
 @dataclass(frozen=True)
@@ -148,9 +148,7 @@ def build_latents(items: Sequence[Pending], spec: LatentSpec, out: torch.Tensor 
         z.mul_(wide[:, 1]).add_(wide[:, 0])
     else:
         z.copy_(_stored_tensor(stored)[:, 0])
-    if spec.shift_factor:
-        z.sub_(spec.shift_factor)
-    return z.mul_(spec.scaling_factor)
+    return scale_latents(z, spec.scaling_factor, spec.shift_factor)
 
 
 def make_latents(samples: Sequence[LatentSample], spec: LatentSpec, seed: int, epoch: int) -> torch.Tensor:
