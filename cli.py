@@ -479,6 +479,18 @@ def _train_options(f: Callable) -> Callable:
         o("--sample-steps", type=int, help=f"DDIM steps of the sample grids [{T('sample_steps')}]."),
         o("--sample-cfg-scale", type=float,
           help=f"Guidance scale of the sample grids (1 = none) [{T('sample_cfg_scale')}]."),
+        o("--fid-every", type=int, help="Every N steps all ranks sample with the EMA weights (as dit-sample) and "
+          "log fid, sfid, inception_score, precision, recall to metrics.jsonl (needs --vae, --fid-ref) [off]."),
+        o("--fid-ref", help="FID reference: the ADM reference batch (VIRTUAL_imagenet256_labeled.npz), an .npz or "
+          "folder of images, or a statistics file."),
+        o("--fid-num-samples", type=int, help=f"Samples per FID evaluation [{T('fid_num_samples')}]."),
+        o("--fid-steps", type=int, help=f"DDPM steps of the FID samples [{T('fid_steps')}]."),
+        o("--fid-cfg-scale", type=float, help=f"Guidance scale of the FID samples [{T('fid_cfg_scale')}]."),
+        o("--fid-batch-size", type=int, help=f"FID samples per GPU and batch [{T('fid_batch_size')}]."),
+        o("--inception", help="Inception weights file weights-inception-2015-12-05-6726825d.pth [torch hub "
+          "cache, fetched once]."),
+        o("--fid-input-size", type=int, hidden=True),
+        o("--fid-random-inception", type=int, hidden=True),
     ]):
         f = decorator(f)
     return f

@@ -77,6 +77,17 @@ class TrainConfig:
     sample_classes: list[int] | None = None     # default: 8 classes spread over the label range
     sample_steps: int = 50                      # DDIM steps
     sample_cfg_scale: float = 4.0               # classifier-free guidance (1 = none)
+    # FID during training (evaluate.hook.FidHook): every N steps all ranks sample with the EMA weights as
+    # dit-sample does, rank 0 logs fid, sfid, inception_score, precision, recall to metrics.jsonl
+    fid_every: int | None = None
+    fid_ref: str | None = None                  # reference: ADM reference batch, npz/folder of images, stats
+    fid_num_samples: int = 5000
+    fid_steps: int = 250                        # DDPM steps, as for the paper's FID
+    fid_cfg_scale: float = 1.5
+    fid_batch_size: int = 32                    # samples per process and batch
+    inception: str | None = None                # Inception weights file [torch hub cache]
+    fid_input_size: int = 299                   # test knob (hidden): Inception input resolution
+    fid_random_inception: int | None = None     # test knob (hidden): random Inception weights of this seed
     extra: dict[str, Any] = field(default_factory=dict)  # settings owned by other hooks
 
     def __post_init__(self) -> None:
@@ -122,14 +133,35 @@ class TrainConfig:
         except ValueError as e:
             p.append(f"--model: {e}")
         p += self._sample_grid_problems()
+        p += self._fid_problems()
         collect(p, "training configuration")
+
+    def _fid_problems(self) -> list[str]:
+        p: list[str] = []
+        if self.fid_every is None:
+            if self.fid_ref:
+                p.append("--fid-ref only serves FID during training: add --fid-every N (or drop it)")
+            return p
+        _positive(p, self, "fid_every", "fid_num_samples", "fid_steps", "fid_batch_size")
+        if not str(self.fid_ref or "").strip():
+            p.append("--fid-every needs --fid-ref, the reference (e.g. VIRTUAL_imagenet256_labeled.npz)")
+        if not str(self.vae or "").strip():
+            p.append("--fid-every needs --vae, the VAE that decodes the samples (the one the shards were "
+                     "extracted with)")
+        if isinstance(self.fid_num_samples, int) and 0 < self.fid_num_samples < 4:
+            p.append(f"--fid-num-samples must be >= 4 (precision/recall use 3 nearest neighbours), got "
+                     f"{self.fid_num_samples}")
+        if not (isinstance(self.fid_cfg_scale, (int, float)) and self.fid_cfg_scale >= 1.0):
+            p.append(f"--fid-cfg-scale must be >= 1 (1 = no guidance), got {self.fid_cfg_scale!r}")
+        return p
 
     def _sample_grid_problems(self) -> list[str]:
         from dit_pipeline.dit.respace import TRAIN_TIMESTEPS, ddim_stride, nearest_ddim_steps
 
         p: list[str] = []
         if self.sample_every is None:
-            given = [f"--{_flag(n)}" for n in ("vae", "vae_config", "sample_classes") if getattr(self, n)]
+            grid_only = ("sample_classes",) if self.fid_every is not None else ("vae", "vae_config", "sample_classes")
+            given = [f"--{_flag(n)}" for n in grid_only if getattr(self, n)]
             if given:
                 p.append(f"{', '.join(given)} only serve the sample grids: add --sample-every N (or drop them)")
             return p

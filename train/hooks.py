@@ -36,6 +36,7 @@ class HookContext:
     latent: dict[str, Any]             # {"scaling_factor", "shift_factor", "vae"} of the shard set
     num_classes: int
     config: dict[str, Any]             # the resolved TrainConfig as a dict
+    metrics: Any = None                # train.metrics.MetricsLog: write({"step": ..., name: value}) (rank 0 writes)
 
 
 class PeriodicHook(Protocol):
@@ -45,20 +46,32 @@ class PeriodicHook(Protocol):
 
 
 def build_hooks(cfg: Any) -> list[PeriodicHook]:
-    """The hooks `cfg` asks for: a SampleGridHook with --sample-every, else none.
+    """The hooks `cfg` asks for: a SampleGridHook with --sample-every, an evaluate.hook.FidHook with
+    --fid-every; none without them.
 
     Validates the config first (ConfigError, exit 2). Rank 0, the one that draws, loads the VAE at once, so
     a bad --vae fails before any training work.
     """
-    if cfg.sample_every is None:
-        return []
+    hooks: list[PeriodicHook] = []
+    if cfg.sample_every is None and cfg.fid_every is None:
+        return hooks
     from dit_pipeline.common import distributed as dist
-    from dit_pipeline.sample.grid import SampleGridHook
 
     cfg.validate()
-    hook = SampleGridHook(every=cfg.sample_every, vae=cfg.vae, vae_config=cfg.vae_config,
-                          class_labels=cfg.sample_classes, seed=cfg.seed, steps=cfg.sample_steps,
-                          sampler="ddim", cfg_scale=cfg.sample_cfg_scale)
-    if dist.is_main():
-        hook.load()
-    return [hook]
+    if cfg.sample_every is not None:
+        from dit_pipeline.sample.grid import SampleGridHook
+
+        grid = SampleGridHook(every=cfg.sample_every, vae=cfg.vae, vae_config=cfg.vae_config,
+                              class_labels=cfg.sample_classes, seed=cfg.seed, steps=cfg.sample_steps,
+                              sampler="ddim", cfg_scale=cfg.sample_cfg_scale)
+        if dist.is_main():
+            grid.load()
+        hooks.append(grid)
+    if cfg.fid_every is not None:
+        from dit_pipeline.evaluate.hook import FidHook
+
+        hooks.append(FidHook(every=cfg.fid_every, ref=cfg.fid_ref, vae=cfg.vae, vae_config=cfg.vae_config,
+                             num_samples=cfg.fid_num_samples, steps=cfg.fid_steps, cfg_scale=cfg.fid_cfg_scale,
+                             batch_size=cfg.fid_batch_size, seed=cfg.seed, inception=cfg.inception,
+                             input_size=cfg.fid_input_size, random_inception=cfg.fid_random_inception))
+    return hooks

@@ -1,6 +1,7 @@
 """Loss curves from `RUN/metrics.jsonl` as a PNG (`dit-train --plot RUN`), with matplotlib (the `plot` extra).
 
 Top panel: loss, mse and vb against the optimizer step (log scale when the values span more than a decade);
+then FID against the step when the run logged it (`--fid-every`, evaluate/hook.py), with the best value;
 bottom panel: throughput (images/s) when the records have it.
 """
 from __future__ import annotations
@@ -38,8 +39,9 @@ def plot_metrics(run_dir: str | Path, out: str | Path | None = None) -> Path:
         raise UserError("plotting needs matplotlib: pip install 'dit-pipeline[plot]'") from None
     out = Path(out) if out is not None else (src if src.is_dir() else src.parent) / "loss.png"
     has_speed = bool(_series(records, "images_per_s")[0])
-    fig, axes = plt.subplots(2 if has_speed else 1, 1, figsize=(8, 6 if has_speed else 4), sharex=True,
-                             squeeze=False)
+    has_fid = bool(_series(records, "fid")[0])
+    rows = 1 + has_fid + has_speed
+    fig, axes = plt.subplots(rows, 1, figsize=(8, 4 if rows == 1 else 3 * rows), sharex=True, squeeze=False)
     ax = axes[0][0]
     lows, highs = [], []
     for key in ("loss", "mse", "vb"):
@@ -53,14 +55,23 @@ def plot_metrics(run_dir: str | Path, out: str | Path | None = None) -> Path:
     ax.set_ylabel("training loss (mean over ranks)")
     ax.grid(alpha=0.3)
     ax.legend()
-    last = records[-1].get("loss")
-    shown = f"{last:.4f}" if isinstance(last, (int, float)) else str(last)
-    ax.set_title(f"{src.name}: step {records[-1]['step']}, loss {shown}")
+    last = [r for r in records if "loss" in r] or records
+    loss = last[-1].get("loss")
+    shown = f"{loss:.4f}" if isinstance(loss, (int, float)) else str(loss)
+    ax.set_title(f"{src.name}: step {last[-1]['step']}, loss {shown}")
+    if has_fid:
+        xs, ys = _series(records, "fid")
+        fid_ax = axes[1][0]
+        fid_ax.plot(xs, ys, "o-", color="tab:red", linewidth=1.0, markersize=3)
+        n = next((r.get("fid_num_samples") for r in reversed(records) if "fid" in r), None)
+        fid_ax.set_ylabel(f"FID ({n} samples)" if n else "FID")
+        fid_ax.set_title(f"best FID {min(ys):.3g} at step {xs[ys.index(min(ys))]}", fontsize=9)
+        fid_ax.grid(alpha=0.3)
     if has_speed:
         xs, ys = _series(records, "images_per_s")
-        axes[1][0].plot(xs, ys, color="tab:green", linewidth=0.8)
-        axes[1][0].set_ylabel("images/s")
-        axes[1][0].grid(alpha=0.3)
+        axes[-1][0].plot(xs, ys, color="tab:green", linewidth=0.8)
+        axes[-1][0].set_ylabel("images/s")
+        axes[-1][0].grid(alpha=0.3)
     axes[-1][0].set_xlabel("optimizer step")
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)

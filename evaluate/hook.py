@@ -1,0 +1,124 @@
+"""FID during training (`dit-train --fid-every N --fid-ref REF`): a trainer hook (train/hooks.py protocol).
+
+Every `every` steps all ranks sample `num_samples` images with the EMA weights (rank 0 holds the EMA; it is
+broadcast into a sampling copy on every rank) with exactly `dit-sample`'s deterministic sampler: DDPM with
+`steps` respaced steps, guidance `cfg_scale` on the first 3 latent channels, classes drawn by
+(seed, index) as `dit-sample --num-samples N --seed S` draws them, noise of sample i from (seed, i). Each rank
+extracts the Inception features of its images; rank 0 gathers them, computes FID, sFID, Inception Score and
+precision/recall against REF (whose features or precomputed statistics are loaded once, in `setup`) and
+writes them with the seconds the evaluation took to metrics.jsonl and TensorBoard.
+
+Training is unchanged by it: the hook uses its own model copy and per-sample generators, draws no global
+random numbers and leaves the trained model and its optimizer untouched.
+"""
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from dit_pipeline.common import distributed as dist
+from dit_pipeline.common.errors import UserError
+from dit_pipeline.common.log import get_logger
+from dit_pipeline.common.vae import load_vae
+from dit_pipeline.evaluate.features import gather_rows, local_features, source_features
+from dit_pipeline.evaluate.inception import INPUT_SIZE, load_inception
+from dit_pipeline.evaluate.inputs import Source, open_source
+from dit_pipeline.evaluate.metrics import NEIGHBOURHOOD_K
+from dit_pipeline.evaluate.run import Side, compute_metrics
+from dit_pipeline.sample import plan
+from dit_pipeline.sample.generate import generate_images, guided_model_fn, make_diffusion
+
+
+@dataclass
+class FidHook:
+    every: int
+    ref: str
+    vae: str
+    vae_config: str | None = None
+    num_samples: int = 5000
+    steps: int = 250
+    cfg_scale: float = 1.5
+    batch_size: int = 32
+    seed: int = 0
+    inception: str | None = None
+    input_size: int = INPUT_SIZE  # test knob (299 for real numbers)
+    random_inception: int | None = None  # test knob
+    _state: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
+
+    def setup(self, ctx: Any) -> None:
+        """Every rank: VAE, Inception, a sampling copy of the model; the reference's features (all ranks
+        extract them, cached beside REF). UserError for a bad REF, VAE or too few samples."""
+        if self.num_samples <= NEIGHBOURHOOD_K:
+            raise UserError(f"--fid-num-samples {self.num_samples}: precision and recall need at least "
+                            f"{NEIGHBOURHOOD_K + 1} samples (5000 is usual during training, 50000 for papers)")
+        ref: Source = dist.on_rank0(lambda: open_source(self.ref, "--fid-ref"))
+        vae, ident = load_vae(self.vae, config=self.vae_config, device=ctx.device)
+        if int(ident["latent_channels"]) != int(ctx.model_config["in_channels"]):
+            raise UserError(f"--vae {self.vae!r} has {ident['latent_channels']} latent channels but the model "
+                            f"trains on {ctx.model_config['in_channels']}")
+        inception, inc_id = load_inception(self.inception, device=ctx.device, random_seed=self.random_inception,
+                                           input_size=self.input_size)
+        feats = None
+        if ref.kind != "statistics":
+            feats = source_features(ref, inception, inc_id, batch_size=self.batch_size, device=ctx.device,
+                                    use_cache=True, quiet=True, log=get_logger())
+        sampler_model = copy.deepcopy(ctx.model).eval().requires_grad_(False)
+        self._state = {"vae": vae, "inception": inception, "ref": Side(ref, feats), "model": sampler_model}
+
+    def _sync_ema(self, ctx: Any) -> torch.nn.Module:
+        """The EMA weights (rank 0's; the raw model's when there is no EMA) in every rank's sampling copy."""
+        model = self._state["model"]
+        source = (ctx.ema if ctx.ema is not None else ctx.model).state_dict() if ctx.rank == 0 else {}
+        with torch.no_grad(), dist.peer_guard("sending the EMA weights for FID"):
+            for name, dst in model.state_dict().items():
+                if ctx.rank == 0:
+                    dst.copy_(source[name])
+                dist.broadcast_tensor_(dst)
+        return model
+
+    def __call__(self, ctx: Any) -> dict[str, Any] | None:
+        if not self._state:
+            self.setup(ctx)
+        start = time.perf_counter()
+        model = self._sync_ema(ctx)
+        cfg_scale = self.cfg_scale if float(ctx.model_config.get("class_dropout_prob", 0.1)) > 0 else 1.0
+        diffusion = make_diffusion("ddpm", self.steps, learn_sigma=bool(model.learn_sigma))
+        model_fn = guided_model_fn(model, cfg_scale=cfg_scale, cfg_channels="3")
+        labels = plan.class_labels(num_samples=self.num_samples, seed=self.seed, num_classes=ctx.num_classes)
+        ws = ctx.world_size
+        batches = plan.rank_batches(range(self.num_samples), self.batch_size, ctx.rank, ws)
+
+        def images():
+            for b in batches:
+                yield b, generate_images(model, self._state["vae"], diffusion, indices=b,
+                                         labels=labels[b].tolist(), seed=self.seed,
+                                         scaling_factor=float(ctx.latent["scaling_factor"]),
+                                         shift_factor=ctx.latent.get("shift_factor"), sampler="ddpm",
+                                         model_fn=model_fn)
+
+        idx, arrays = local_features(self._state["inception"], images(), ctx.device)
+        rows = [sum(len(b) for b in plan.rank_batches(range(self.num_samples), self.batch_size, r, ws))
+                for r in range(ws)]
+        gathered = gather_rows(idx, arrays, self.num_samples, rows)
+        if ctx.rank != 0:
+            return None
+        samples = Side(Source(ctx.run_dir, "features", count=self.num_samples), gathered)
+        numbers = compute_metrics(samples, self._state["ref"], device=ctx.device)
+        record = {"step": ctx.step, **numbers, "fid_num_samples": self.num_samples,
+                  "fid_seconds": time.perf_counter() - start}
+        if getattr(ctx, "metrics", None) is not None:
+            ctx.metrics.write(record)
+        get_logger().info("step %d: FID %.4g (sFID %s, IS %s, precision %s, recall %s) from %d samples in %.1f s",
+                          ctx.step, numbers["fid"], _fmt(numbers["sfid"]), _fmt(numbers["inception_score"]),
+                          _fmt(numbers["precision"]), _fmt(numbers["recall"]), self.num_samples,
+                          record["fid_seconds"])
+        return record
+
+
+def _fmt(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.4g}"
+

@@ -1,0 +1,69 @@
+"""FID during training: dit-train --fid-every logs fid & co. to metrics.jsonl from EMA samples, prints its
+cost, leaves the training unchanged (identical losses with and without it), and --plot draws it."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dit_pipeline.evaluate import metrics
+from dit_pipeline.train.metrics import read_metrics
+from tests._util import run_cli
+from tests.train.conftest import tiny_args
+from tests.train.helpers import make_shard_set
+
+FID = {"fid-every": 2, "fid-num-samples": 4, "fid-steps": 3, "fid-cfg-scale": 1.5, "fid-batch-size": 4,
+       "fid-input-size": 75, "fid-random-inception": 0}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, tiny_vae_dir):
+    root = tmp_path_factory.mktemp("fid-runs")
+    make_shard_set(root / "shards", samples=[16, 16], latent_shape=(4, 8, 8))
+    np.savez(root / "ref.npz", arr_0=np.random.default_rng(0).integers(0, 256, (6, 32, 32, 3), dtype=np.uint8))
+    out = {}
+    for name, extra in (("plain", {}), ("fid", {**FID, "fid-ref": root / "ref.npz", "vae": tiny_vae_dir})):
+        r = run_cli("dit-train", tiny_args(root / "shards", root / name, **{"max-steps": 4, "num-workers": 1,
+                                                                              **extra}), timeout=900)
+        assert r.returncode == 0, r.stderr[-3000:]
+        out[name] = (root / name, r.stderr)
+    return out
+
+
+@pytest.mark.timeout(1200)
+def test_fid_is_logged_and_training_is_unchanged(runs):
+    (plain, _), (fid, log) = runs["plain"], runs["fid"]
+    losses = [(r["step"], r["loss"]) for r in read_metrics(plain) if "loss" in r]
+    assert losses == [(r["step"], r["loss"]) for r in read_metrics(fid) if "loss" in r]
+    evals = [r for r in read_metrics(fid) if "fid" in r]
+    assert [r["step"] for r in evals] == [2, 4]
+    for r in evals:
+        assert np.isfinite(r["fid"]) and r["fid"] >= 0 and r["inception_score"] >= 1 - 1e-9
+        assert 0 <= r["precision"] <= 1 and 0 <= r["recall"] <= 1 and r["fid_seconds"] > 0
+        assert r["fid_num_samples"] == 4
+    assert "step 2: FID " in log and " from 4 samples in " in log
+    # the reference's features were cached beside it, once
+    assert len(list(fid.parent.glob(".ref.npz.*.features.npz"))) == 1
+
+
+@pytest.mark.timeout(600)
+def test_plot_draws_fid_beside_the_loss(runs):
+    fid, _ = runs["fid"]
+    r = run_cli("dit-train", ["--plot", fid], timeout=300)
+    assert r.returncode == 0, r.stderr
+    from PIL import Image
+
+    with Image.open(fid / "loss.png") as im:
+        width, height = im.size
+    assert height == 3 * 3 * 120  # three panels of 3 inches at 120 dpi: loss, FID, throughput
+
+
+@pytest.mark.parametrize("opts, message", [
+    ({"fid-every": 2, "fid-ref": "R"}, "--fid-every needs --vae"),
+    ({"fid-every": 2, "vae": "V"}, "--fid-every needs --fid-ref"),
+    ({"fid-ref": "R"}, "--fid-ref only serves FID during training"),
+    ({"fid-every": 2, "fid-ref": "R", "vae": "V", "fid-num-samples": 3}, "--fid-num-samples must be >= 4"),
+])
+def test_fid_options_are_checked_before_any_work(tmp_path, opts, message):
+    r = run_cli("dit-train", tiny_args(tmp_path / "shards", tmp_path / "run", **opts), timeout=300)
+    assert r.returncode == 2 and message in r.stderr, r.stderr
+    assert not (tmp_path / "run").exists()
