@@ -16,19 +16,19 @@ comes out non-finite under fp16/bf16 (an overflow) is encoded again in fp32, det
 """
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from dit_pipeline.common.log import get_logger
 from dit_pipeline.common.precision import AUTOCAST_DTYPES, set_tf32
 from dit_pipeline.common.seeding import derive_seed
 
 # Our own seed stream for `--store sample` noise: seed = derive_seed(seed, STREAM, global_index).
 STREAM_EXTRACT_SAMPLE = 101
 
-log = logging.getLogger("dit_pipeline")
+log = get_logger()
 
 
 def to_model_input(pixels: torch.Tensor, views: int) -> torch.Tensor:

@@ -9,7 +9,6 @@ a shard's rename and its state file, `extract.shard_done` after both.
 from __future__ import annotations
 
 import contextlib
-import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -18,13 +17,14 @@ from tqdm import tqdm
 
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.faults import fault_point
+from dit_pipeline.common.log import get_logger
 from dit_pipeline.extract.encode import LatentEncoder, Pending
 from dit_pipeline.extract.files import ImageList
 from dit_pipeline.extract.loader import Batch, printable_path
 from dit_pipeline.extract.state import ShardState, save_shard_state
 from dit_pipeline.shards import ShardWriter, sample_key, shard_name
 
-log = logging.getLogger("dit_pipeline")
+log = get_logger()
 
 
 @contextlib.contextmanager

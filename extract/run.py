@@ -2,14 +2,13 @@
 
 Order of work (RELIABILITY.md: bad input is refused before anything is written): scan the images and
 check every rank sees the same list, load the VAE, build the extraction record, check the output folder
-(new / resume / refuse), then each rank encodes its shards (plan.py), skipping the ones an earlier run
+(new / resume / refuse), then each rank encodes its shards (extract/plan.py: the work split), skipping the ones an earlier run
 finished, and rank 0 writes manifest.json once every rank is done and runs the quick verify.
 """
 from __future__ import annotations
 
 import contextlib
 import importlib.metadata
-import logging
 import os
 import time
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ from dit_pipeline.common import distributed as dist
 from dit_pipeline.common.determinism import pinned_threads
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.faults import fault_point
-from dit_pipeline.common.log import progress_enabled, setup_logging
+from dit_pipeline.common.log import get_logger, progress_enabled, setup_logging
 from dit_pipeline.common.vae import load_vae
 from dit_pipeline.extract import plan
 from dit_pipeline.extract.config import ExtractConfig, resolve_batch_size, resolve_num_workers, resolve_precision
@@ -37,7 +36,7 @@ from dit_pipeline.extract.pipeline import LoopStats, ShardSink, disk_errors, enc
 from dit_pipeline.extract.state import LOG_DIR, STATE_DIR, ShardState, finished_shard, prepare_output, start_output
 from dit_pipeline.shards import FORMAT_VERSION, MANIFEST_NAME, Manifest, verify_shards, write_manifest
 
-log = logging.getLogger("dit_pipeline")
+log = get_logger()
 _ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4}
 EXTRACT_DIST_TIMEOUT_S = 24 * 3600
 _RANK_LOGS = "OUT/logs/rank*.log"
@@ -131,7 +130,7 @@ def _my_shards(out: Path, total_shards: int) -> tuple[dict[int, ShardState], lis
 
 
 @dataclass
-class _Run:
+class ExtractJob:
     """What `_setup` resolved and checked, before anything was written."""
 
     cfg: ExtractConfig
@@ -148,7 +147,7 @@ class _Run:
     status: str
 
 
-def _setup(cfg: ExtractConfig) -> _Run:
+def _setup(cfg: ExtractConfig) -> ExtractJob:
     """Everything checked before a byte is written: images, VAE, sizes, the output folder."""
     images = scan_images(cfg)
     device = dist.device()
@@ -161,11 +160,11 @@ def _setup(cfg: ExtractConfig) -> _Run:
                                samples_per_shard=samples_per_shard, device=device)
     out = Path(cfg.out).expanduser()
     status = dist.on_rank0(lambda: prepare_output(out, record, overwrite=cfg.overwrite), _RANK_LOGS)
-    return _Run(cfg, images, device, precision, batch_size, vae, vae_identity, latent_shape, samples_per_shard,
+    return ExtractJob(cfg, images, device, precision, batch_size, vae, vae_identity, latent_shape, samples_per_shard,
                 record, out, status)
 
 
-def _encode(run: _Run, todo: list[int]):
+def _encode(run: ExtractJob, todo: list[int]):
     """Encode and write this rank's unfinished shards; returns (LoopStats, fp32 retries)."""
     cfg, n = run.cfg, len(run.images)
     if not todo:
@@ -200,7 +199,7 @@ def _encode(run: _Run, todo: list[int]):
     return stats, encoder.fp32_retries
 
 
-def _write_manifest(run: _Run, states: dict[int, ShardState]) -> None:
+def _write_manifest(run: ExtractJob, states: dict[int, ShardState]) -> None:
     cfg, shards = run.cfg, [states[i] for i in sorted(states)]
     manifest = Manifest(
         format_version=FORMAT_VERSION, tool_version=tool_version(), extraction=run.record,
@@ -220,7 +219,7 @@ def _write_manifest(run: _Run, states: dict[int, ShardState]) -> None:
                         "command to redo the damaged shards.")
 
 
-def _start_output(run: _Run) -> None:
+def _start_output(run: ExtractJob) -> None:
     with disk_errors(run.out / STATE_DIR, "no shard was changed"):
         start_output(run.out, run.record, options=run.cfg.to_dict())
 
@@ -238,7 +237,7 @@ def _log_summary(s: ExtractSummary) -> None:
     log.info("manifest: %s (quick verify passed)", s.manifest)
 
 
-def _summarize(run: _Run, gathered: list, states: dict[int, ShardState], t0: float) -> ExtractSummary:
+def _summarize(run: ExtractJob, gathered: list, states: dict[int, ShardState], t0: float) -> ExtractSummary:
     kept = sum(g[2] for g in gathered)
     return ExtractSummary(
         out=str(run.out), manifest=str(run.out / MANIFEST_NAME), images=sum(g[1] for g in gathered),

@@ -11,7 +11,7 @@ from typing import Sequence
 from dit_pipeline.train.config import TrainConfig
 from dit_pipeline.train.hooks import build_hooks
 from dit_pipeline.train.launch import launch, under_launcher
-from dit_pipeline.train.plan import prepare
+from dit_pipeline.train.preflight import prepare
 from dit_pipeline.train.run import run
 
 

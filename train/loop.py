@@ -46,8 +46,9 @@ class TrainingDiverged(UserError):
 
 
 @dataclass
-class Parts:
-    """The model and everything wrapped around it (built by train.run)."""
+class TrainModel:
+    """The model being trained and everything wrapped around it: EMA, optimizer, scaler, DDP, the compiled
+    forward, the diffusion (built by `train.run.build_model`)."""
 
     model: torch.nn.Module               # raw DiT, fp32 master weights
     ema: torch.nn.Module | None          # fp32 EMA copy (rank 0 only)
@@ -66,7 +67,7 @@ class Trainer(CheckpointMixin):
     `load_state_dict()` / `checkpoint()` (train.state) are its checkpoint."""
 
     def __init__(self, cfg: TrainConfig, *, batch: BatchPlan, layout: DataLayout, source: ShardSource,
-                 parts: Parts, device: torch.device, state: TrainState, total_steps: int | None,
+                 parts: TrainModel, device: torch.device, state: TrainState, total_steps: int | None,
                  ckpts: CheckpointManager, metrics: MetricsLog, run_dir: Path, hooks: Sequence[PeriodicHook] = ()):
         self.cfg, self.batch, self.layout, self.source, self.p = cfg, batch, layout, source, parts
         self.device, self.state, self.total_steps = device, state, total_steps

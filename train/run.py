@@ -24,15 +24,15 @@ from dit_pipeline.common.precision import AUTOCAST_DTYPES, set_tf32
 from dit_pipeline.train.checkpoint import CheckpointManager, load_checkpoint
 from dit_pipeline.train.config import TrainConfig
 from dit_pipeline.train.hooks import PeriodicHook
-from dit_pipeline.train.loop import Parts, Trainer
+from dit_pipeline.train.loop import TrainModel, Trainer
 from dit_pipeline.train.metrics import MetricsLog, peak_tflops
-from dit_pipeline.train.plan import Prepared, format_plan, prepare, resolve_precision
+from dit_pipeline.train.preflight import Preflight, format_plan, prepare, resolve_precision
 from dit_pipeline.train.signals import StopRequest
 from dit_pipeline.train.state import TrainState, comm_guard
 
 
 
-def build_parts(prep: Prepared, device: torch.device, precision: str) -> Parts:
+def build_model(prep: Preflight, device: torch.device, precision: str) -> TrainModel:
     """Model (seeded, identical on every rank), EMA copy on rank 0, AdamW, GradScaler, DDP, compile."""
     from dit_pipeline import dit
 
@@ -59,7 +59,7 @@ def build_parts(prep: Prepared, device: torch.device, precision: str) -> Parts:
         # Compiling the DDP wrapper lets dynamo split graphs at gradient buckets (overlapping all-reduce
         # with backward); state_dicts come from the raw `model`, so names never get `_orig_mod.`.
         forward = torch.compile(forward)
-    return Parts(model=model, ema=ema, opt=opt, scaler=scaler, ddp=ddp, forward=forward,
+    return TrainModel(model=model, ema=ema, opt=opt, scaler=scaler, ddp=ddp, forward=forward,
                  diffusion=dit.create_diffusion(""), amp_dtype=AUTOCAST_DTYPES[precision],
                  flops_per_image=float(dit.train_flops_per_image(model.config)),
                  peak_tflops=peak_tflops(device, cfg.peak_tflops))
@@ -75,7 +75,7 @@ def _checkpoint_to_resume(cfg: TrainConfig, ckpts: CheckpointManager) -> Path | 
 
 # ----------------------------------------------------------------------------------------------------------
 
-def _start_run_dir(prep: Prepared, precision: str) -> tuple[Path, CheckpointManager, TrainConfig]:
+def _start_run_dir(prep: Preflight, precision: str) -> tuple[Path, CheckpointManager, TrainConfig]:
     cfg = prep.cfg
     run_dir = Path(cfg.run_dir).expanduser()
     ckpts = CheckpointManager(run_dir / "checkpoints", cfg.keep_last, cfg.keep_every)
@@ -115,7 +115,7 @@ def run(cfg: TrainConfig, hooks: Sequence[PeriodicHook] = (), *, world_size: int
         dist.destroy()
 
 
-def _train(prep: Prepared, hooks: Sequence[PeriodicHook]) -> str:
+def _train(prep: Preflight, hooks: Sequence[PeriodicHook]) -> str:
     device = dist.device()
     precision = resolve_precision(prep.cfg.precision, device)
     set_tf32(prep.cfg.tf32)  # for the float32 matmuls/convolutions that remain outside autocast
@@ -128,7 +128,7 @@ def _train(prep: Prepared, hooks: Sequence[PeriodicHook]) -> str:
                     f"so that all {prep.world_size} rank(s) x {prep.layout.workers} reader(s) yield the same number "
                     "of batches (shards are read whole, and they are few or uneven for this many readers); use "
                     "fewer --num-workers or re-extract with a smaller --samples-per-shard")
-    parts = build_parts(prep, device, precision)
+    parts = build_model(prep, device, precision)
     metrics = MetricsLog(run_dir, dist.rank(), main=dist.is_main(), tensorboard=prep.cfg.tensorboard)
     trainer = Trainer(resolved, batch=prep.batch, layout=prep.layout, source=prep.source, parts=parts,
                       device=device, state=TrainState(), total_steps=prep.total_steps, ckpts=ckpts,

@@ -30,7 +30,9 @@ GiB = float(2**30)
 
 
 @dataclass
-class Prepared:
+class Preflight:
+    """What `prepare` checked and decided before any GPU work (printed by --dry-run)."""
+
     cfg: TrainConfig
     world_size: int
     batch: BatchPlan
@@ -69,7 +71,7 @@ def model_kwargs(cfg: TrainConfig, source: ShardSource) -> dict[str, Any]:
     return kw
 
 
-def prepare(cfg: TrainConfig, world_size: int | None = None) -> Prepared:
+def prepare(cfg: TrainConfig, world_size: int | None = None) -> Preflight:
     """Validate everything that can be checked without a GPU or a process group (raises on problems)."""
     cfg.validate()
     world = dist.world_size() if world_size is None else world_size
@@ -95,7 +97,7 @@ def prepare(cfg: TrainConfig, world_size: int | None = None) -> Prepared:
         by_epochs = total_steps(source.sizes, cfg.epochs, seed=cfg.seed, world_size=world, workers=layout.workers,
                                 micro_batch=batch.micro_batch, accum=batch.accum)
         total = by_epochs if total is None else min(total, by_epochs)
-    return Prepared(cfg, world, batch, source, kw, layout, plan0, total)
+    return Preflight(cfg, world, batch, source, kw, layout, plan0, total)
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:
@@ -126,7 +128,7 @@ def activation_bytes(model_config: dict[str, Any], micro_batch: int, precision: 
     return micro_batch * (blocks + 16 * tokens * d)  # + embeddings, final layer and loss terms
 
 
-def memory_estimate(prep: Prepared, precision: str) -> dict[str, float]:
+def memory_estimate(prep: Preflight, precision: str) -> dict[str, float]:
     total, trainable, mc = param_counts(prep.model_kwargs)
     est = {"params": 4 * total, "grads": 4 * trainable, "adamw": 8 * trainable, "ema_rank0": 4 * total,
            "activations": activation_bytes(mc, prep.batch.micro_batch, precision, prep.cfg.grad_checkpointing)}
@@ -144,7 +146,7 @@ def host_memory_available() -> float | None:
     return None
 
 
-def format_plan(prep: Prepared, resume_from: Path | None = None) -> str:
+def format_plan(prep: Preflight, resume_from: Path | None = None) -> str:
     cfg, b, m, p0 = prep.cfg, prep.batch, prep.source.manifest, prep.plan0
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     precision = resolve_precision(cfg.precision, device)
