@@ -2,8 +2,9 @@
 
 Order of work (RELIABILITY.md: bad input is refused before anything is written): scan the images and
 check every rank sees the same list, load the VAE, build the extraction record, check the output folder
-(new / resume / refuse), then each rank encodes its shards (extract/plan.py: the work split), skipping the ones an earlier run
-finished, and rank 0 writes manifest.json once every rank is done and runs the quick verify.
+(new / resume / refuse), then each rank encodes its shards (extract/plan.py: the work split), skipping the
+ones an earlier run finished, and rank 0 writes manifest.json once every rank is done and runs the quick
+verify.
 """
 from __future__ import annotations
 
