@@ -1,0 +1,52 @@
+"""The import picture of docs/ARCHITECTURE.md: packages import only those below them (no upward arrows), and
+no module imports itself through others (no cycles), counting the imports inside functions too."""
+from __future__ import annotations
+
+import ast
+
+from tests._util import REPO
+
+ALLOWED = {"dit": set(), "common": set(), "shards": {"common"}, "extract": {"common", "shards"},
+           "sample": {"common", "dit"}, "train": {"common", "shards", "dit", "sample"}}
+
+
+def _imports() -> dict[str, set[str]]:
+    """'pkg.module' -> the 'pkg.module' names (or 'pkg' for a package) it imports from dit_pipeline."""
+    out: dict[str, set[str]] = {}
+    for pkg in ALLOWED:
+        for f in sorted((REPO / pkg).glob("*.py")):
+            deps = out.setdefault(f"{pkg}.{f.stem}", set())
+            for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.ImportFrom) and node.level:
+                    deps.add(f"{pkg}.{node.module}" if node.module else pkg)
+                elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("dit_pipeline."):
+                    parts = node.module.split(".")[1:]
+                    deps.update(f"{parts[0]}.{a.name}" for a in node.names) if len(parts) == 1 else \
+                        deps.add(".".join(parts[:2]))
+    return out
+
+
+def test_no_upward_arrows():
+    bad = [f"{mod} imports {dep}" for mod, deps in _imports().items() for dep in deps
+           if (target := dep.split(".")[0]) != mod.split(".")[0] and target not in ALLOWED[mod.split(".")[0]]]
+    assert bad == []
+
+
+def test_no_import_cycles():
+    graph = _imports()
+    graph = {m: {d for d in deps if d in graph and d != m} for m, deps in graph.items()}
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(m: str, path: list[str]) -> list[str] | None:
+        state[m] = 1
+        for d in sorted(graph[m]):
+            if state.get(d) == 1:
+                return path[path.index(d):] + [d]
+            if d not in state and (cycle := visit(d, path + [d])):
+                return cycle
+        state[m] = 2
+        return None
+
+    cycles = [c for m in sorted(graph) if m not in state and (c := visit(m, [m]))]
+    assert cycles == []
+    assert "train.loop" in graph and "train.state" in graph["train.loop"]  # the walk sees real edges
