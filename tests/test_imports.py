@@ -7,7 +7,7 @@ import ast
 from tests._util import REPO
 
 ALLOWED = {"dit": set(), "common": set(), "shards": {"common"}, "extract": {"common", "shards"},
-           "sample": {"common", "dit"}, "train": {"common", "shards", "dit", "sample"},
+           "sample": {"common", "dit"}, "train": {"common", "shards", "dit", "sample", "evaluate"},
            "evaluate": {"common", "sample"}}
 
 
