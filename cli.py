@@ -99,8 +99,13 @@ def shown(config: type, name: str) -> str:
 
 
 def _rank_prefix() -> str:
-    ws = int(os.environ.get("WORLD_SIZE", "1") or 1)
-    return f"[rank {os.environ.get('RANK', '0')}] " if ws > 1 else ""
+    from dit_pipeline.common import distributed as dist
+
+    try:
+        info = dist.launch_info()
+    except UserError:  # the launch itself is what is wrong
+        return ""
+    return f"[rank {info.rank}] " if info.world_size > 1 else ""
 
 
 def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:

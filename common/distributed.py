@@ -1,15 +1,23 @@
 """The one wrapper around torch.distributed. No other module calls torch.distributed directly.
 
-Works unchanged as a single process: without `torchrun` (no WORLD_SIZE in the environment) `rank()` is 0,
-`world_size()` is 1, collectives return their input and `barrier()` does nothing. Under `torchrun` it joins
-the process group (NCCL when CUDA is available, gloo on CPU) from the environment torchrun sets, so the same
-code runs on one process, one node with 8 GPUs, or many nodes through torchrun's c10d rendezvous.
+Works unchanged as a single process: without a launcher `rank()` is 0, `world_size()` is 1, collectives
+return their input and `barrier()` does nothing. Two launchers are recognised (`detect_launch`):
+- torchrun (its RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR variables): these always win, so
+  `srun ... torchrun ...` (one task per node) uses torchrun's ranks;
+- srun with one task per GPU (SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID of a job step): the rendezvous
+  is the first host of the step's node list (SLURM_LAUNCH_NODE_IPADDR on one node without a node list),
+  on a port derived from the job and step ids; MASTER_ADDR / MASTER_PORT override both.
+An environment that could make two processes both believe they are rank 0 (a multi-task Slurm allocation
+that srun did not start, or an srun step with no reachable rank 0) is refused with one line before any
+work. The process group uses NCCL when CUDA is available, gloo on CPU.
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import os
+import re
 from typing import Any, Callable, Iterator, Mapping
 
 import torch
@@ -48,14 +56,114 @@ def peer_guard(what: str, logs: str = "the per-rank logs") -> Iterator[None]:
                        f"(torchrun's summary names the first failed rank; see {logs}): {first}") from None
 
 
-def _env_int(name: str, default: int) -> int:
-    value = os.environ.get(name)
+def _env_int(name: str, default: int, env: Mapping[str, str] | None = None) -> int:
+    value = (os.environ if env is None else env).get(name)
     return int(value) if value not in (None, "") else default
 
 
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """How this process was started: which launcher, its place in the job, and where rank 0 listens."""
+
+    launcher: str = "none"  # "none" (one process), "torchrun" (or another launcher setting WORLD_SIZE), "srun"
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+    master_addr: str | None = None
+    master_port: int | None = None
+
+    def describe(self) -> str:
+        """One line for the start-up summary."""
+        if self.launcher == "none":
+            return "launcher: none (one process)"
+        where = f", rendezvous {self.master_addr}:{self.master_port}" if self.launcher == "srun" else ""
+        return f"launcher: {self.launcher}, {self.world_size} rank(s), {self.local_world_size} on this node{where}"
+
+
+_HOW = ("launch one task per GPU with `srun dit-... ARGS` (e.g. sbatch --ntasks-per-node=GPUS), or one task per "
+        "node running `torchrun --nproc-per-node GPUS $(which dit-...) ARGS`")
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a Slurm host list: 'gpu[003-005,9],cpu1' -> 'gpu003', 'r[1-2]n[07-08]' -> 'r1n07'."""
+    depth, end = 0, len(nodelist)
+    for i, ch in enumerate(nodelist):
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            end = i
+            break
+    first = nodelist[:end].strip()
+    return re.sub(r"\[([^\]]*)\]", lambda m: m.group(1).split(",")[0].split("-")[0], first)
+
+
+def tasks_on_node(tasks_per_node: str, node: int) -> int:
+    """Tasks on node `node` from Slurm's compressed count list: '2(x3),1' means 2, 2, 2, 1."""
+    counts: list[int] = []
+    for part in tasks_per_node.split(","):
+        m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+        if m is None:
+            raise ValueError(f"unreadable Slurm tasks-per-node list {tasks_per_node!r}")
+        counts += [int(m.group(1))] * int(m.group(2) or 1)
+    return counts[node] if 0 <= node < len(counts) else counts[-1]
+
+
+def srun_port(job_id: int, step_id: int) -> int:
+    """Rendezvous port for a Slurm step: same on every task of the step, different for concurrent steps of a
+    job and (mostly) for jobs sharing a node; 15000-31999, below Linux's ephemeral port range."""
+    return 15000 + (job_id * 8 + step_id % 8) % 17000
+
+
+def detect_launch(env: Mapping[str, str] | None = None) -> Launch:
+    """This process's launch from its environment (see the module docstring); UserError when ambiguous."""
+    env = os.environ if env is None else env
+    if "WORLD_SIZE" in env or "TORCHELASTIC_RUN_ID" in env:
+        ws = _env_int("WORLD_SIZE", 1, env)
+        if ws <= 1:
+            return Launch()
+        return Launch("torchrun", _env_int("RANK", 0, env), ws, _env_int("LOCAL_RANK", 0, env),
+                      _env_int("LOCAL_WORLD_SIZE", 1, env), env.get("MASTER_ADDR"),
+                      _env_int("MASTER_PORT", 0, env) or None)
+    ntasks = _env_int("SLURM_STEP_NUM_TASKS", _env_int("SLURM_NTASKS", 1, env), env)
+    if "SLURM_JOB_ID" not in env or ntasks <= 1:
+        return Launch()
+    if "SLURM_STEP_ID" not in env and "SLURM_STEPID" not in env:
+        raise UserError(f"this process runs in a Slurm allocation of {ntasks} tasks (SLURM_NTASKS) but srun did not "
+                        f"start it, so it cannot know its rank: {_HOW}; for one process, set SLURM_NTASKS=1")
+    nodes = _env_int("SLURM_STEP_NUM_NODES", _env_int("SLURM_NNODES", 0, env), env)
+    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    addr = env.get("MASTER_ADDR") or (first_host(nodelist) if nodelist else None)
+    if addr is None and nodes == 1:
+        addr = env.get("SLURM_LAUNCH_NODE_IPADDR")
+    if addr is None or "SLURM_PROCID" not in env:
+        raise UserError(f"srun started {ntasks} tasks but this one cannot tell how to reach rank 0 (no SLURM_PROCID, "
+                        f"SLURM_STEP_NODELIST or MASTER_ADDR): {_HOW}")
+    node = _env_int("SLURM_NODEID", 0, env)
+    per_node = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
+    local_ws = tasks_on_node(per_node, node) if per_node else (ntasks if nodes == 1 else 1)
+    port = _env_int("MASTER_PORT", 0, env) or srun_port(_env_int("SLURM_JOB_ID", 0, env),
+                                                        _env_int("SLURM_STEP_ID", _env_int("SLURM_STEPID", 0, env), env))
+    return Launch("srun", _env_int("SLURM_PROCID", 0, env), ntasks, _env_int("SLURM_LOCALID", 0, env), local_ws,
+                  addr, port)
+
+
+_launch_cache: tuple[tuple, Launch] | None = None
+_LAUNCH_VARS = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID", "MASTER_ADDR",
+                "MASTER_PORT", "SLURM_JOB_ID", "SLURM_NTASKS", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_ID", "SLURM_PROCID")
+
+
+def launch_info() -> Launch:
+    """`detect_launch()` of the current environment (cached while the launch variables stay the same)."""
+    global _launch_cache
+    key = tuple(os.environ.get(k) for k in _LAUNCH_VARS)
+    if _launch_cache is None or _launch_cache[0] != key:
+        _launch_cache = (key, detect_launch())
+    return _launch_cache[1]
+
+
 def launched() -> bool:
-    """True when started by torchrun (or another launcher that sets WORLD_SIZE > 1)."""
-    return _env_int("WORLD_SIZE", 1) > 1
+    """True when started by a launcher (torchrun, srun) with more than one rank."""
+    return launch_info().world_size > 1
 
 
 def is_initialized() -> bool:
@@ -63,22 +171,25 @@ def is_initialized() -> bool:
 
 
 def init(backend: str | None = None, timeout_s: float | None = None) -> None:
-    """Join the process group described by torchrun's environment (no-op for one process).
+    """Join the process group of the detected launch (no-op for one process).
 
     The collective timeout bounds how long surviving ranks wait for a dead one
     (env DIT_DIST_TIMEOUT overrides, seconds).
     """
-    if is_initialized() or not launched():
+    info = launch_info()
+    if is_initialized() or info.world_size <= 1:
         return
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     if timeout_s is None:
         timeout_s = float(os.environ.get("DIT_DIST_TIMEOUT", DEFAULT_TIMEOUT_S))
-    if backend == "nccl":
-        torch.cuda.set_device(local_rank())
     kwargs: dict[str, Any] = {}
     if backend == "nccl":
+        torch.cuda.set_device(local_rank())
         kwargs["device_id"] = torch.device("cuda", local_rank())
+    if info.launcher == "srun":
+        host = f"[{info.master_addr}]" if ":" in str(info.master_addr) else info.master_addr
+        kwargs.update(init_method=f"tcp://{host}:{info.master_port}", rank=info.rank, world_size=info.world_size)
     _dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
 
 
@@ -88,19 +199,19 @@ def destroy() -> None:
 
 
 def rank() -> int:
-    return _dist.get_rank() if is_initialized() else _env_int("RANK", 0) if launched() else 0
+    return _dist.get_rank() if is_initialized() else launch_info().rank
 
 
 def world_size() -> int:
-    return _dist.get_world_size() if is_initialized() else _env_int("WORLD_SIZE", 1)
+    return _dist.get_world_size() if is_initialized() else launch_info().world_size
 
 
 def local_rank() -> int:
-    return _env_int("LOCAL_RANK", 0)
+    return launch_info().local_rank
 
 
 def local_world_size() -> int:
-    return _env_int("LOCAL_WORLD_SIZE", 1)
+    return launch_info().local_world_size
 
 
 def is_main() -> bool:

@@ -260,6 +260,7 @@ def run_extract(cfg: ExtractConfig) -> ExtractSummary:
     setup_logging(run.out / LOG_DIR, quiet=cfg.quiet)
     log.info("dit-extract %s: %d images in %d classes from %s -> %s (%s)", tool_version(), len(run.images),
              len(run.images.class_names), run.images.root, run.out, run.status)
+    log.info("%s", dist.launch_info().describe())
     dist.on_rank0(lambda: _start_output(run), _RANK_LOGS)  # also the barrier before any rank looks at the folder
     total_shards = plan.num_shards(len(run.images), run.samples_per_shard)
     done, todo = _my_shards(run.out, total_shards)

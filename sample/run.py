@@ -73,6 +73,7 @@ def _run(cfg: SampleConfig) -> SampleResult:
         deterministic_cuda()
     loaded = load_model(cfg.ckpt, weights=cfg.weights, expect_model=cfg.model, device=device)
     log.info("model: %s", loaded.describe())
+    log.info("%s", dist.launch_info().describe())
     vae, vae_id = load_vae(cfg.vae, config=cfg.vae_config, device=device)
     scale, shift = latent_scale(loaded.latent, vae_id, log)
     labels = _labels(cfg, loaded)

@@ -69,6 +69,8 @@ def cli_env(extra: dict | None = None) -> dict:
     env = dict(os.environ)
     env.pop("WORLD_SIZE", None)
     env.pop("RANK", None)
+    for k in [k for k in env if k.startswith("SLURM_")]:  # the suite inside a Slurm job: one process per test
+        del env[k]
     # One thread per CLI process (the box is small); make test-determinism sets DIT_TEST_CLI_THREADS=2 to
     # prove that the outputs do not depend on it.
     threads = os.environ.get("DIT_TEST_CLI_THREADS", "1")

@@ -9,6 +9,8 @@ from tests._util import make_image_tree, make_tiny_vae
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "2")
+for _k in [k for k in os.environ if k.startswith("SLURM_")]:  # run inside a Slurm job: still one process
+    del os.environ[_k]
 
 
 def pytest_addoption(parser):

@@ -13,7 +13,6 @@ fragmentation and the CUDA context add a few GiB), printed as such.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -154,7 +153,8 @@ def format_plan(prep: Preflight, resume_from: Path | None = None) -> str:
     c, h, w = m.latent_shape
     shards_per = [len(s) for s in p0.slot_shards]
     mem = memory_estimate(prep, precision)
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", min(prep.world_size, max(1, torch.cuda.device_count()))))
+    local = (dist.local_world_size() if dist.launched()
+             else min(prep.world_size, max(1, torch.cuda.device_count())))
     # Each reader buffers one view of each sample as stored (mean + std, or the latent), keeps two scratch
     # batches (the stacked stored values and their float32 copy) and its float32 output slots (train.pool:
     # prefetch + 2 + its share of one step's micro-batches).
@@ -177,6 +177,7 @@ def format_plan(prep: Preflight, resume_from: Path | None = None) -> str:
         f"{mc['num_heads']}, patch {mc['patch_size']}): {total / 1e6:.2f}M parameters, input {mc['input_size']}",
         f"  precision   {precision}, tf32 {'on' if cfg.tf32 else 'off'}, grad checkpointing "
         f"{'on' if cfg.grad_checkpointing else 'off'}, compile {'on' if cfg.compile else 'off'}",
+        f"  {dist.launch_info().describe()}",
         f"  batch       global {b.global_batch} = {prep.world_size} rank(s) x micro-batch {b.micro_batch} x "
         f"{b.accum} accumulation step(s)",
         f"  epoch 0     {p0.steps:,} optimizer steps; {p0.samples_used:,} of {p0.samples_total:,} samples used "

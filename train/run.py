@@ -21,6 +21,7 @@ from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.io import atomic_write_json
 from dit_pipeline.common.log import get_logger, setup_logging
 from dit_pipeline.common.precision import AUTOCAST_DTYPES, set_tf32
+from dit_pipeline.common.runlock import RunLock
 from dit_pipeline.train.checkpoint import CheckpointManager, load_checkpoint
 from dit_pipeline.train.config import TrainConfig
 from dit_pipeline.train.hooks import PeriodicHook
@@ -109,19 +110,31 @@ def run(cfg: TrainConfig, hooks: Sequence[PeriodicHook] = (), *, world_size: int
             print(format_plan(prep, latest if cfg.resume == "auto" else None), flush=True)
         return None
     dist.init()
+    held: list[RunLock] = []
     try:
-        return _train(prep, hooks)
+        # One live run per run folder (two jobs given the same --run-dir; see common/runlock.py): rank 0 holds
+        # the lease, and its refusal reaches every rank before any of them writes.
+        def take() -> str | None:
+            held.append(RunLock(Path(cfg.run_dir).expanduser(), "dit-train").acquire())
+            return held[0].warning
+
+        warning = dist.on_rank0(take)
+        return _train(prep, hooks, warning)
     finally:
+        for lock in held:
+            lock.release()
         dist.destroy()
 
 
-def _train(prep: Preflight, hooks: Sequence[PeriodicHook]) -> str:
+def _train(prep: Preflight, hooks: Sequence[PeriodicHook], lock_warning: str | None = None) -> str:
     device = dist.device()
     precision = resolve_precision(prep.cfg.precision, device)
     set_tf32(prep.cfg.tf32)  # for the float32 matmuls/convolutions that remain outside autocast
     run_dir, ckpts, resolved = _start_run_dir(prep, precision)
     log = get_logger()
     log.info(format_plan(prep).replace("dit-train plan (dry run: nothing was started)", "dit-train"))
+    if lock_warning:
+        log.warning(lock_warning)
     p0 = prep.plan0
     if p0.samples_used < 0.95 * p0.samples_total:
         log.warning(f"each epoch leaves out {p0.samples_total - p0.samples_used:,} of {p0.samples_total:,} samples "
