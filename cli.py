@@ -13,7 +13,14 @@ import sys
 import traceback
 from typing import Any, Callable
 
-import click
+if os.path.basename(sys.argv[0]) == "dit-train":
+    # dit-train handles SIGTERM/SIGUSR1/Ctrl-C from here on (train/signals.py adopts what arrives meanwhile):
+    # the imports below take seconds on a loaded node, and a scheduler's signal then must not kill it.
+    from dit_pipeline.common import early_signals
+
+    early_signals.install()
+
+import click  # noqa: E402
 
 from dit_pipeline.common.errors import ConfigError, UserError
 from dit_pipeline.common.precision import PRECISIONS, PRECISIONS_AUTO
@@ -517,8 +524,8 @@ def train_main(ctx: click.Context, config_file: str | None, nproc_per_node: int 
                debug: bool, **options: Any) -> None:
     """Train a class-conditional DiT on latent shards (one process, torchrun, or --nproc-per-node N).
 
-    Rerunning the same command resumes from the newest checkpoint; SIGTERM/SIGUSR1 write a checkpoint and
-    exit 0.
+    Rerunning the same command resumes from the newest checkpoint; SIGTERM/SIGUSR1 or a first Ctrl-C write
+    a checkpoint and exit 0 (a second Ctrl-C aborts).
     
     \b
     Examples:

@@ -23,7 +23,6 @@ so the stream of every rank is a deterministic function of (seed, epoch, rank, d
 from __future__ import annotations
 
 import math
-import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, NamedTuple, TypeVar
@@ -37,7 +36,7 @@ from dit_pipeline.shards import LatentSample, Manifest, ShardError, iter_shard, 
 from dit_pipeline.train.latents import LatentSpec, Pending, Scratch, build_latents, epoch_seed, pending
 from dit_pipeline.train.partition import EpochPlan, interleave_seed, loader_seed, shuffle_seed
 from dit_pipeline.train.pool import BatchPool, PooledBatch, shared_empty
-from dit_pipeline.train.signals import STOP_SIGNALS
+from dit_pipeline.train.signals import ignore_in_worker
 
 T = TypeVar("T")
 _RAW_BLOCK = 4096
@@ -334,13 +333,6 @@ class EpochStream(IterableDataset):
             yield ReaderEvent("error", str(e), skipped)
 
 
-def _ignore_stop_signals(worker_id: int) -> None:
-    """Loader workers ignore SIGTERM/SIGUSR1: schedulers signal the whole process group on preemption, and
-    the trainer must be able to finish its step and checkpoint (workers exit with their parent anyway)."""
-    for s in STOP_SIGNALS:
-        signal.signal(s, signal.SIG_IGN)
-
-
 def make_loader(stream: EpochStream, *, num_workers: int, prefetch_factor: int, pin_memory: bool
                 ) -> Iterator[Batch | ReaderEvent]:
     """An iterator over the stream's items through a DataLoader with `num_workers` workers (batches are
@@ -356,7 +348,7 @@ def make_loader(stream: EpochStream, *, num_workers: int, prefetch_factor: int, 
     stream.pool = pool = BatchPool(num_workers, slots, (stream.plan.micro_batch, *stream.spec.shape))
     loader = DataLoader(stream, batch_size=None, collate_fn=_as_is, num_workers=num_workers,
                         prefetch_factor=prefetch_factor, pin_memory=pin_memory, persistent_workers=False,
-                        in_order=True, worker_init_fn=_ignore_stop_signals,
+                        in_order=True, worker_init_fn=ignore_in_worker,
                         generator=torch.Generator().manual_seed(loader_seed(stream.seed, stream.plan.epoch,
                                                                             stream.rank)))
     return _from_pool(iter(loader), pool, pin_memory)
@@ -369,10 +361,18 @@ def _as_is(item: Any) -> Any:
 
 
 def _from_pool(items: Iterator[Any], pool: BatchPool, pin_memory: bool) -> Iterator[Batch | ReaderEvent]:
-    """Turn PooledBatches into Batches (a pinned copy for the GPU, which frees the slot at once)."""
-    for item in items:
-        if isinstance(item, PooledBatch):
-            latents = pool.take(item.slot)
-            item = Batch(latents.pin_memory() if pin_memory else latents, torch.from_numpy(item.labels),
-                         torch.from_numpy(item.keys), item.skipped)
-        yield item
+    """Turn PooledBatches into Batches (a pinned copy for the GPU, which frees the slot at once).
+
+    Closing this generator shuts the loader workers down at once (not whenever the DataLoader iterator
+    happens to be collected): a stopped run must not leave workers waiting on their index queues."""
+    try:
+        for item in items:
+            if isinstance(item, PooledBatch):
+                latents = pool.take(item.slot)
+                item = Batch(latents.pin_memory() if pin_memory else latents, torch.from_numpy(item.labels),
+                             torch.from_numpy(item.keys), item.skipped)
+            yield item
+    finally:
+        shutdown = getattr(items, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()

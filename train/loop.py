@@ -173,7 +173,7 @@ class Trainer(CheckpointMixin):
                 s.step_in_epoch += 1
                 self.after_step(plan, bar)
         finally:
-            del loader  # shuts the loader workers down
+            getattr(loader, "close", lambda: None)()  # shuts the loader workers down now
         s.epoch, s.step_in_epoch = s.epoch + 1, 0
         return "done"
 

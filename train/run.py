@@ -98,7 +98,15 @@ def run(cfg: TrainConfig, hooks: Sequence[PeriodicHook] = (), *, world_size: int
 
     world_size: the world size to plan for in a dry run (the --nproc-per-node launcher); default: this
     process's (torchrun's WORLD_SIZE, or 1).
+
+    SIGTERM, SIGUSR1 and Ctrl-C are handled from the start (train/signals.py): a signal during start-up stops
+    the run at the first step boundary, with exit 0 and nothing lost.
     """
+    with StopRequest() as stop:
+        return _run(cfg, hooks, world_size, stop)
+
+
+def _run(cfg: TrainConfig, hooks: Sequence[PeriodicHook], world_size: int | None, stop: StopRequest) -> str | None:
     prep = prepare(cfg, world_size)
     existing = CheckpointManager(Path(cfg.run_dir).expanduser() / "checkpoints").steps()
     if cfg.resume == "none" and existing and not cfg.dry_run:
@@ -119,14 +127,15 @@ def run(cfg: TrainConfig, hooks: Sequence[PeriodicHook] = (), *, world_size: int
             return held[0].warning
 
         warning = dist.on_rank0(take)
-        return _train(prep, hooks, warning)
+        return _train(prep, hooks, stop, warning)
     finally:
         for lock in held:
             lock.release()
         dist.destroy()
 
 
-def _train(prep: Preflight, hooks: Sequence[PeriodicHook], lock_warning: str | None = None) -> str:
+def _train(prep: Preflight, hooks: Sequence[PeriodicHook], stop: StopRequest, lock_warning: str | None = None
+           ) -> str:
     device = dist.device()
     precision = resolve_precision(prep.cfg.precision, device)
     set_tf32(prep.cfg.tf32)  # for the float32 matmuls/convolutions that remain outside autocast
@@ -154,10 +163,11 @@ def _train(prep: Preflight, hooks: Sequence[PeriodicHook], lock_warning: str | N
     if trainer.done():
         log.info(f"nothing to do: the run in {run_dir} is complete at step {state.step}")
         return "done"
+    stop.lost = lambda: (f"the {trainer.state.step - trainer.last_saved} step(s) since the last checkpoint (step "
+                         f"{trainer.last_saved}) are lost; rerun the same command to resume from it")
     t0 = time.perf_counter()
     try:
-        with StopRequest() as stop:
-            outcome = trainer.fit(stop)
+        outcome = trainer.fit(stop)
     finally:
         metrics.close()
     with comm_guard("the final barrier", state.step):
