@@ -259,7 +259,7 @@ def _missing_weights(why: str) -> UserError:
 
 
 def _fetch() -> Path:
-    """The published weights in torch's hub cache, downloaded (sha256-checked by torch.hub) if missing."""
+    """The published weights in torch's hub cache, downloaded if missing (its sha256 enters the cache keys)."""
     path = _hub_file()
     if path.is_file():
         return path
@@ -267,14 +267,15 @@ def _fetch() -> Path:
         raise _missing_weights("offline")
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        torch.hub.download_url_to_file(WEIGHTS_URL, str(path), hash_prefix="6726825d", progress=False)
+        torch.hub.download_url_to_file(WEIGHTS_URL, str(path), progress=False)  # temp file, then rename
     except Exception as e:  # noqa: BLE001 - any network failure means the same thing to the user
         raise _missing_weights(f"download failed: {str(e).splitlines()[0][:200] if str(e) else type(e).__name__}")
     return path
 
 
 def load_inception(path: str | Path | None = None, *, device: torch.device | str = "cpu",
-                   random_seed: int | None = None, input_size: int = INPUT_SIZE) -> tuple[InceptionFeatures, dict[str, Any]]:
+                   random_seed: int | None = None,
+                   input_size: int = INPUT_SIZE) -> tuple[InceptionFeatures, dict[str, Any]]:
     """The feature network and its identity {"extractor", "weights", "weights_sha256"} (part of cache keys).
 
     path: a local weights file; None: the hub cache (fetched once). random_seed: random weights instead (tests).

@@ -94,5 +94,6 @@ def test_offline_without_weights_is_one_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(UserError) as e:
         inc.load_inception()
+    where = tmp_path / "hub" / "checkpoints" / inc.WEIGHTS_FILE
     assert str(e.value) == (f"the Inception weights are not available (offline). Download {inc.WEIGHTS_URL} and "
-                            f"pass --inception PATH, or put it at {tmp_path / 'hub' / 'checkpoints' / inc.WEIGHTS_FILE}")
+                            f"pass --inception PATH, or put it at {where}")
