@@ -9,7 +9,7 @@ Code marks interesting moments with `fault_point("name")` (e.g. "extract.shard_m
 The n-th time (1-based, default 1) this process reaches the named point it performs the action:
 `kill` (SIGKILL itself, the default: like the OOM killer or a node loss), `term` (SIGTERM itself, like
 cluster preemption), `usr1` (SIGUSR1), `exit` (os._exit(17): a crashed rank), `enospc` (raise
-OSError(ENOSPC): a full disk), or `stop` (SIGSTOP itself: the process freezes there until a test has
+OSError(ENOSPC): a full disk), `erofs` (raise OSError(EROFS): a read-only mount), or `stop` (SIGSTOP itself: the process freezes there until a test has
 changed something, e.g. corrupted a shard, and sends SIGCONT). `nan` is handled by the caller through
 `fault_requested(name)`.
 """
@@ -67,6 +67,8 @@ def fault_point(name: str) -> None:
         os._exit(17)
     elif action == "enospc":
         raise OSError(errno.ENOSPC, f"No space left on device (injected at {name})")
+    elif action == "erofs":
+        raise OSError(errno.EROFS, "Read-only file system")
     elif action == "stop":
         os.kill(os.getpid(), signal.SIGSTOP)
     else:

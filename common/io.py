@@ -8,12 +8,16 @@ writer is SIGKILLed or the disk fills up (RELIABILITY.md).
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
 import tempfile
 from pathlib import Path
 from typing import IO, Any, Iterator
+
+from dit_pipeline.common.errors import UserError
+from dit_pipeline.common.faults import fault_point
 
 TMP_PREFIX = ".tmp-"
 _CHUNK = 1 << 20
@@ -83,6 +87,31 @@ def remove_stale_temps(folder: str | os.PathLike) -> list[Path]:
                 p.unlink()
                 removed.append(p)
     return removed
+
+
+def check_writable_dir(path: str | os.PathLike, label: str) -> None:
+    """UserError (one line naming the folder and the problem) unless `path` is, or can become, a folder this
+    process can write in; `label` names the setting, e.g. "--out shards/". Leaves nothing behind: it writes
+    and removes a probe file in `path`, or in the nearest existing folder above it when `path` does not exist
+    yet (a read-only mount or a missing permission is only certain once a write is tried; root passes every
+    permission check)."""
+    folder = Path(path).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise UserError(f"{label}: {folder} exists and is not a folder; pass a folder")
+    probe_in = folder
+    while not probe_in.exists() and probe_in.parent != probe_in:
+        probe_in = probe_in.parent
+    try:
+        if not probe_in.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, "Not a directory")
+        fault_point("io.write_check")
+        fd, probe = tempfile.mkstemp(prefix=TMP_PREFIX + "write-check.", dir=probe_in)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        why = e.strerror or str(e)
+        where = f"write in {folder}" if probe_in == folder else f"create {folder} in {probe_in}"
+        raise UserError(f"{label}: cannot {where} ({why}); pass a writable folder") from None
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = _CHUNK) -> str:

@@ -25,6 +25,7 @@ from dit_pipeline.common import distributed as dist
 from dit_pipeline.common.determinism import pinned_threads
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.faults import fault_point
+from dit_pipeline.common.io import check_writable_dir
 from dit_pipeline.common.log import get_logger, progress_enabled, setup_logging
 from dit_pipeline.common.vae import load_vae
 from dit_pipeline.extract import plan
@@ -251,6 +252,7 @@ def _summarize(run: ExtractJob, gathered: list, states: dict[int, ShardState], t
 def run_extract(cfg: ExtractConfig) -> ExtractSummary:
     """Extract latents for `cfg` (one process, or every rank of a torchrun job)."""
     cfg.validate()
+    check_writable_dir(cfg.out, f"--out {cfg.out}")  # before any work (the VAE, the image scan)
     # Ranks wait in the final gather for the slowest one (a resumed run can be very uneven), so the
     # collective timeout is long; a rank that dies is handled by torchrun, which stops the others.
     dist.init(timeout_s=float(os.environ.get("DIT_DIST_TIMEOUT", EXTRACT_DIST_TIMEOUT_S)))

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from dit_pipeline.common.errors import UserError
-from dit_pipeline.common.io import TMP_PREFIX, fsync_dir
+from dit_pipeline.common.io import TMP_PREFIX, check_writable_dir, fsync_dir
 from dit_pipeline.common.log import get_logger, setup_logging
 from dit_pipeline.common.vae import load_vae
 from dit_pipeline.dit.respace import TRAIN_TIMESTEPS
@@ -194,8 +194,9 @@ def export_diffusers(state_dict: dict[str, torch.Tensor], info: dict[str, Any], 
 def export(cfg: ExportConfig) -> Path:
     """Run `dit-sample export` (see the module docstring)."""
     cfg.validate()
-    state_dict, info = load_weights(cfg.ckpt, weights=cfg.weights, expect_model=cfg.model)
     output = Path(cfg.output).expanduser()
+    check_writable_dir(output.parent, f"export OUTPUT {cfg.output}")
+    state_dict, info = load_weights(cfg.ckpt, weights=cfg.weights, expect_model=cfg.model)
     if cfg.to == "safetensors":
         return export_safetensors(state_dict, info, output, overwrite=cfg.overwrite)
     return export_diffusers(state_dict, info, output, vae=cfg.vae, vae_config=cfg.vae_config,

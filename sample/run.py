@@ -29,7 +29,7 @@ from dit_pipeline.common import distributed as dist
 from dit_pipeline.common.determinism import deterministic_cuda, pinned_threads
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.faults import fault_point
-from dit_pipeline.common.io import atomic_write_bytes, atomic_write_json, sha256_file
+from dit_pipeline.common.io import atomic_write_bytes, atomic_write_json, check_writable_dir, sha256_file
 from dit_pipeline.common.log import progress_enabled, setup_logging
 from dit_pipeline.common.precision import AUTOCAST_DTYPES, set_tf32
 from dit_pipeline.common.vae import load_vae
@@ -57,6 +57,10 @@ class SampleResult:
 def run_sampling(cfg: SampleConfig) -> SampleResult:
     """Run one sampling job (see the module docstring); joins torchrun's process group if launched by it."""
     cfg.validate()
+    if cfg.out:
+        check_writable_dir(cfg.out, f"--out {cfg.out}")
+    if cfg.npz:
+        check_writable_dir(Path(cfg.npz).expanduser().parent, f"--npz {cfg.npz}")
     dist.init()
     try:
         return _run(cfg)

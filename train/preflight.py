@@ -21,6 +21,7 @@ import torch
 
 from dit_pipeline.common import distributed as dist
 from dit_pipeline.common.errors import UserError
+from dit_pipeline.common.io import check_writable_dir
 from dit_pipeline.train.config import BatchPlan, TrainConfig, batch_plan
 from dit_pipeline.train.data import ShardSource, open_shards
 from dit_pipeline.train.partition import DataLayout, EpochPlan, plan_epoch, total_steps
@@ -73,6 +74,7 @@ def model_kwargs(cfg: TrainConfig, source: ShardSource) -> dict[str, Any]:
 def prepare(cfg: TrainConfig, world_size: int | None = None) -> Preflight:
     """Validate everything that can be checked without a GPU or a process group (raises on problems)."""
     cfg.validate()
+    check_writable_dir(cfg.run_dir, f"--run-dir {cfg.run_dir}")  # before any work, also in a dry run
     world = dist.world_size() if world_size is None else world_size
     batch = batch_plan(cfg.global_batch_size, cfg.micro_batch_size, world)
     source = open_shards(cfg.shards, cfg.manifest)
