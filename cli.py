@@ -176,8 +176,9 @@ def _weights_options(f: Callable) -> Callable:
                      help="Which weights of a training checkpoint."),
         click.option("--model", default=None, help="Expected preset (e.g. DiT-XL/2); inferred from the weights, "
                      "a mismatch is an error."),
-        click.option("--vae", default=default(SampleConfig, "vae"), show_default=True,
-                     help="VAE: hub id, local diffusers folder, or single .safetensors/.ckpt file."),
+        click.option("--vae", default=None, help="VAE: hub id, local diffusers folder, or single "
+                     ".safetensors/.ckpt file [the VAE the checkpoint records (the one its shards were extracted "
+                     "with), else stabilityai/sd-vae-ft-ema]."),
         click.option("--vae-config", default=None, help="Diffusers config folder for a single-file --vae "
                      "(default: the built-in SD-VAE config)."),
     ]):
@@ -482,9 +483,9 @@ def _train_options(f: Callable) -> Callable:
         o("--dry-run/--no-dry-run", default=None,
           help="Validate everything and print the plan (batch split, steps per epoch, readers, memory)."),
         o("--sample-every", type=int, help="Every N steps rank 0 writes RUN/samples/step-NNNNNNN.png, a grid of "
-          "the EMA model's DDIM samples of fixed classes and seeds (needs --vae) [off]."),
-        o("--vae", help="VAE that decodes the sample grids (the one the shards were extracted with): hub id, "
-          "local diffusers folder or single .safetensors/.ckpt file."),
+          "the EMA model's DDIM samples of fixed classes and seeds [off]."),
+        o("--vae", help="VAE that decodes the sample grids: hub id, local diffusers folder or single "
+          ".safetensors/.ckpt file [the one the manifest records, i.e. the shards were extracted with]."),
         o("--vae-config", help="Diffusers config folder for a single-file --vae [the SD-VAE config]."),
         o("--sample-classes", help="Classes of the sample grids, comma-separated, e.g. 207,360,387 "
           "[8 spread over the label range]."),

@@ -8,6 +8,7 @@ The latent scale comes from the loaded config (`scaling_factor`, `shift_factor`)
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -56,17 +57,79 @@ def build_sd_vae(config: dict[str, Any] | None = None):
 
 
 def classify_vae_spec(spec: str) -> str:
-    """'folder', 'file' or 'hub' for a --vae value (also checks that local paths exist)."""
+    """'folder', 'file' or 'hub' for a --vae value; a value that can only be a local path (a hub id is
+    owner/name) and does not exist fails at once, naming the path tried."""
     p = Path(spec).expanduser()
     if p.is_dir():
         return "folder"
     if p.is_file():
         return "file"
-    looks_local = spec.lower().endswith(SINGLE_FILE_SUFFIXES) or spec.startswith((".", "/", "~")) or spec.count("/") > 1
+    looks_local = (spec.lower().endswith(SINGLE_FILE_SUFFIXES) or spec.startswith((".", "/", "~"))
+                   or spec.count("/") != 1)
     if looks_local:
-        raise UserError(f"--vae {spec!r}: no such file or folder. Pass a hub id (e.g. {DEFAULT_VAE}), a local "
-                        "diffusers folder (with config.json), or a single .safetensors/.ckpt file.")
+        raise UserError(f"--vae {spec!r}: no such file or folder ({p.absolute()}), and not a hub id (owner/name, "
+                        f"e.g. {DEFAULT_VAE}). Pass a local diffusers folder (with config.json), a single "
+                        ".safetensors/.ckpt file, or a hub id")
     return "hub"
+
+
+def _hub_unreachable(timeout: float = 3.0) -> str | None:
+    """Why the Hugging Face hub cannot be reached (a TCP connect within `timeout` s), or None if it can or a
+    proxy is configured (then the hub client decides). Without this check an offline machine spends about
+    half a minute in the hub client's retries before failing."""
+    import socket
+    from urllib.parse import urlparse
+
+    if any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return None
+    from huggingface_hub import constants
+
+    url = urlparse(os.environ.get("HF_ENDPOINT") or constants.ENDPOINT)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname or "", port), timeout=timeout).close()
+    except OSError as e:
+        return f"{url.scheme}://{url.netloc} is unreachable: {e.strerror or e}"
+    return None
+
+
+def _load_hub_vae(spec: str, revision: str | None):
+    """AutoencoderKL of a hub id: from the hub, or from the local cache when the hub is off or unreachable;
+    UserError saying what was tried (local path, cache, hub) when neither has it."""
+    from diffusers import AutoencoderKL
+
+    kw = dict(revision=revision, torch_dtype=torch.float32, low_cpu_mem_usage=False)
+    offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+    why = "HF_HUB_OFFLINE is set" if offline else _hub_unreachable()
+    if why is None:
+        return AutoencoderKL.from_pretrained(spec, **kw)
+    try:
+        return AutoencoderKL.from_pretrained(spec, local_files_only=True, **kw)
+    except (OSError, ValueError):
+        from huggingface_hub import constants
+
+        raise UserError(f"--vae {spec!r}: no local file or folder of that name ({Path(spec).absolute()}), not in "
+                        f"the Hugging Face cache ({constants.HF_HUB_CACHE}), and the hub was not asked ({why}). "
+                        "Pass a local diffusers folder or a single .safetensors file (--vae /path/to/vae), or "
+                        f"fill the cache where there is a network (huggingface-cli download {spec})") from None
+
+
+def recorded_vae(identity: dict[str, Any] | None, where: str) -> tuple[str, str | None] | None:
+    """(--vae, --vae-config) of the VAE an identity record (a manifest's or checkpoint's) names, or None when
+    there is no record. A local folder or file is used only while it still exists (UserError naming it
+    otherwise); a hub id is used as recorded (it fails at once when neither cached nor reachable)."""
+    if not identity or not identity.get("source"):
+        return None
+    source, kind = str(identity["source"]), identity.get("kind")
+    config = identity.get("config")
+    config = None if config in (None, "builtin:sd-vae") else str(config)
+    if kind == "hub":
+        return source, None
+    path = Path(source).expanduser()
+    if (kind == "folder" and path.is_dir()) or (kind == "file" and path.is_file()):
+        return source, config
+    raise UserError(f"{where} records the VAE {source!r}, a local {kind} that does not exist here "
+                    f"({path.absolute()}); pass --vae (the VAE the shards were extracted with)")
 
 
 def _folder_weights_hash(folder: Path) -> str | None:
@@ -106,8 +169,7 @@ def load_vae(spec: str = DEFAULT_VAE, *, config: str | Path | None = None, revis
             identity["weights_sha256"] = sha256_file(Path(spec).expanduser())
             identity["config"] = str(config) if config is not None else "builtin:sd-vae"
         else:
-            vae = AutoencoderKL.from_pretrained(spec, revision=revision, torch_dtype=torch.float32,
-                                                low_cpu_mem_usage=False)
+            vae = _load_hub_vae(spec, revision)
             identity["revision"] = revision or "main"
             commit = getattr(vae.config, "_commit_hash", None)
             if commit:
@@ -128,7 +190,7 @@ def load_vae(spec: str = DEFAULT_VAE, *, config: str | Path | None = None, revis
         if kind == "hub":
             hint = (" Loading a hub id needs the network (or a filled Hugging Face cache with HF_HUB_OFFLINE=1). "
                     "On an offline cluster pass a local diffusers folder or a single .safetensors file.")
-        raise UserError(f"could not load the VAE from {spec!r}: {type(e).__name__}: {e}.{hint}") from e
+        raise UserError(f"could not load the VAE from {spec!r}: {type(e).__name__}: {str(e).rstrip('.')}.{hint}") from e
     scaling = vae.config.get("scaling_factor") if hasattr(vae.config, "get") else getattr(vae.config, "scaling_factor", None)
     if scaling is None:
         raise UserError(f"VAE {spec!r} has no scaling_factor in its config; cannot scale latents")

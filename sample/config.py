@@ -12,7 +12,6 @@ from typing import Any
 
 from dit_pipeline.common.determinism import DEFAULT_CPU_THREADS
 from dit_pipeline.common.errors import collect
-from dit_pipeline.common.vae import DEFAULT_VAE
 from dit_pipeline.common.precision import PRECISIONS
 # the DDIM stride search lives in dit.respace; ddim_stride and valid_ddim_steps stay importable from here
 from dit_pipeline.dit.respace import TRAIN_TIMESTEPS, ddim_stride, nearest_ddim_steps, valid_ddim_steps  # noqa: F401
@@ -33,7 +32,7 @@ class SampleConfig:
     """One sampling run. Either `class_labels` or `num_samples` (or both: the labels repeat cyclically)."""
 
     ckpt: str
-    vae: str = DEFAULT_VAE
+    vae: str | None = None  # default: the VAE the checkpoint records, else DEFAULT_VAE
     vae_config: str | None = None  # diffusers config folder for a single-file VAE
     weights: str = "ema"  # which weights of a training checkpoint: "ema" or "model"
     model: str | None = None  # expected preset, checked against the weights
@@ -138,7 +137,7 @@ class ExportConfig:
     ckpt: str
     weights: str = "ema"
     model: str | None = None
-    vae: str = DEFAULT_VAE  # bundled into the diffusers pipeline folder
+    vae: str | None = None  # bundled into the diffusers pipeline folder [recorded in the checkpoint, else DEFAULT_VAE]
     vae_config: str | None = None
     overwrite: bool = False
 

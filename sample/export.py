@@ -28,7 +28,7 @@ import torch
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.io import TMP_PREFIX, check_writable_dir, fsync_dir
 from dit_pipeline.common.log import get_logger, setup_logging
-from dit_pipeline.common.vae import load_vae
+from dit_pipeline.common.vae import DEFAULT_VAE, load_vae, recorded_vae
 from dit_pipeline.dit.respace import TRAIN_TIMESTEPS
 from dit_pipeline.sample.config import ExportConfig
 from dit_pipeline.sample.load import SAFETENSORS_LATENT_KEY, latent_scale, load_weights
@@ -199,7 +199,12 @@ def export(cfg: ExportConfig) -> Path:
     state_dict, info = load_weights(cfg.ckpt, weights=cfg.weights, expect_model=cfg.model)
     if cfg.to == "safetensors":
         return export_safetensors(state_dict, info, output, overwrite=cfg.overwrite)
-    return export_diffusers(state_dict, info, output, vae=cfg.vae, vae_config=cfg.vae_config,
+    vae, vae_config = cfg.vae, cfg.vae_config
+    if not vae:
+        found = recorded_vae((info.get("latent") or {}).get("vae"), f"--ckpt {cfg.ckpt}")
+        vae, vae_config = found if found else (DEFAULT_VAE, None)
+        vae_config = cfg.vae_config or vae_config
+    return export_diffusers(state_dict, info, output, vae=vae, vae_config=vae_config,
                             overwrite=cfg.overwrite)
 
 

@@ -15,6 +15,7 @@ after a barrier rank 0 assembles the `.npz`, the grid and the run record, then d
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import time
@@ -32,7 +33,7 @@ from dit_pipeline.common.faults import fault_point
 from dit_pipeline.common.io import atomic_write_bytes, atomic_write_json, check_writable_dir, sha256_file
 from dit_pipeline.common.log import progress_enabled, setup_logging
 from dit_pipeline.common.precision import AUTOCAST_DTYPES, set_tf32
-from dit_pipeline.common.vae import load_vae
+from dit_pipeline.common.vae import DEFAULT_VAE, load_vae, recorded_vae
 from dit_pipeline.sample import plan
 from dit_pipeline.sample.config import SampleConfig
 from dit_pipeline.sample.generate import generate_images, guided_model_fn, make_diffusion
@@ -78,6 +79,7 @@ def _run(cfg: SampleConfig) -> SampleResult:
     loaded = load_model(cfg.ckpt, weights=cfg.weights, expect_model=cfg.model, device=device)
     log.info("model: %s", loaded.describe())
     log.info("%s", dist.launch_info().describe())
+    cfg = _with_vae(cfg, loaded, log)
     vae, vae_id = load_vae(cfg.vae, config=cfg.vae_config, device=device)
     scale, shift = latent_scale(loaded.latent, vae_id, log)
     labels = _labels(cfg, loaded)
@@ -110,6 +112,17 @@ def _run(cfg: SampleConfig) -> SampleResult:
         result.npz, result.grid = _finish(cfg, store, labels, record, log)
     result.seconds = time.perf_counter() - start
     return result
+
+
+def _with_vae(cfg: SampleConfig, loaded: LoadedModel, log: Any) -> SampleConfig:
+    """`cfg` with --vae filled in when not given: the VAE the checkpoint records (the one its shards were
+    extracted with) when there is a record, else the SD-VAE the official checkpoints use."""
+    if cfg.vae:
+        return cfg
+    found = recorded_vae((loaded.latent or {}).get("vae"), f"--ckpt {cfg.ckpt}")
+    vae, vae_config = found if found else (DEFAULT_VAE, cfg.vae_config)
+    log.info("--vae not given: using %s (%s)", vae, "recorded in the checkpoint" if found else "the default")
+    return dataclasses.replace(cfg, vae=vae, vae_config=cfg.vae_config or vae_config)
 
 
 def _labels(cfg: SampleConfig, loaded: LoadedModel) -> np.ndarray:

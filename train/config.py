@@ -166,9 +166,6 @@ class TrainConfig:
                 p.append(f"{', '.join(given)} only serve the sample grids: add --sample-every N (or drop them)")
             return p
         _positive(p, self, "sample_every")
-        if not str(self.vae or "").strip():
-            p.append("--sample-every needs --vae, the VAE that decodes the grids (a hub id such as "
-                     "stabilityai/sd-vae-ft-ema, a local diffusers folder or a single .safetensors file)")
         if self.sample_classes is not None:
             try:
                 parse_classes(self.sample_classes)

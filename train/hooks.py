@@ -45,6 +45,22 @@ class PeriodicHook(Protocol):
     def __call__(self, ctx: HookContext) -> None: ...
 
 
+def _recorded_vae(cfg: Any) -> tuple[str, str | None]:
+    """The VAE the shard set was extracted with (its manifest's record), for --sample-every without --vae."""
+    from dit_pipeline.common.errors import UserError
+    from dit_pipeline.common.vae import recorded_vae
+    from dit_pipeline.shards import read_manifest
+
+    where = cfg.manifest or cfg.shards
+    if cfg.manifest is None and not Path(cfg.shards).expanduser().is_dir():
+        raise UserError("--sample-every needs --vae here: the manifest is not known yet (pass --manifest or --vae)")
+    found = recorded_vae(read_manifest(Path(where).expanduser()).extraction.get("vae"), f"the manifest of {where}")
+    if found is None:
+        raise UserError(f"--sample-every needs --vae: the manifest of {where} records no VAE; pass the VAE the "
+                        "shards were extracted with (a hub id, a local diffusers folder or a .safetensors file)")
+    return found
+
+
 def build_hooks(cfg: Any) -> list[PeriodicHook]:
     """The hooks `cfg` asks for: a SampleGridHook with --sample-every, an evaluate.hook.FidHook with
     --fid-every; none without them.
@@ -58,10 +74,14 @@ def build_hooks(cfg: Any) -> list[PeriodicHook]:
     from dit_pipeline.common import distributed as dist
 
     cfg.validate()
+    vae, vae_config = cfg.vae, cfg.vae_config
+    if not vae:
+        vae, vae_config = _recorded_vae(cfg)
+        vae_config = cfg.vae_config or vae_config
     if cfg.sample_every is not None:
         from dit_pipeline.sample.grid import SampleGridHook
 
-        grid = SampleGridHook(every=cfg.sample_every, vae=cfg.vae, vae_config=cfg.vae_config,
+        grid = SampleGridHook(every=cfg.sample_every, vae=vae, vae_config=vae_config,
                               class_labels=cfg.sample_classes, seed=cfg.seed, steps=cfg.sample_steps,
                               sampler="ddim", cfg_scale=cfg.sample_cfg_scale)
         if dist.is_main():
@@ -70,7 +90,7 @@ def build_hooks(cfg: Any) -> list[PeriodicHook]:
     if cfg.fid_every is not None:
         from dit_pipeline.evaluate.hook import FidHook
 
-        hooks.append(FidHook(every=cfg.fid_every, ref=cfg.fid_ref, vae=cfg.vae, vae_config=cfg.vae_config,
+        hooks.append(FidHook(every=cfg.fid_every, ref=cfg.fid_ref, vae=vae, vae_config=vae_config,
                              num_samples=cfg.fid_num_samples, steps=cfg.fid_steps, cfg_scale=cfg.fid_cfg_scale,
                              batch_size=cfg.fid_batch_size, seed=cfg.seed, inception=cfg.inception,
                              input_size=cfg.fid_input_size, random_inception=cfg.fid_random_inception))

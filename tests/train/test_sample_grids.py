@@ -61,7 +61,7 @@ def _invoke(args):
 
 
 @pytest.mark.parametrize("opts,code,message", [
-    ({"sample-every": 2}, 2, "--sample-every needs --vae"),
+    ({"sample-every": 2}, 1, "records the VAE 'tests/tiny-vae', a local folder that does not exist here ("),
     ({"vae": "VAE"}, 2, "--vae only serve the sample grids: add --sample-every N"),
     ({"sample-every": 2, "vae": "VAE", "sample-steps": 51}, 2, "nearest valid counts: 46, 48, 50, 53"),
     ({"sample-every": 2, "vae": "VAE", "sample-classes": "0,x"}, 2, "--sample-classes: 'x' is not a class id"),
@@ -136,3 +136,17 @@ def test_the_hook_draws_no_global_random_numbers(tiny_vae_dir, tmp_path):
     assert all(np.array_equal(x, y) for x, y in zip(states[1], after[1]))
     with pytest.raises(UserError, match=r"--sample-classes \[2\]: the model has 2 classes"):
         SampleGridHook(every=2, vae=str(tiny_vae_dir), class_labels=[0, 2]).setup(ctx)
+
+
+def test_grid_vae_defaults_to_the_one_the_manifest_records(tmp_path, tiny_vae_dir):
+    import json
+
+    from dit_pipeline.train import TrainConfig, build_hooks
+
+    folder = tmp_path / "shards"
+    make_shard_set(folder, samples=[4, 4])
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["extraction"]["vae"]["source"] = str(tiny_vae_dir)
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    [hook] = build_hooks(TrainConfig(shards=str(folder), run_dir=str(tmp_path / "run"), max_steps=1, sample_every=1))
+    assert hook.vae == str(tiny_vae_dir) and hook.vae_config is None
