@@ -37,6 +37,7 @@ from dit_pipeline.extract.loader import CropDataset, make_loader
 from dit_pipeline.extract.pipeline import LoopStats, ShardSink, disk_errors, encode_and_write
 from dit_pipeline.extract.state import LOG_DIR, STATE_DIR, ShardState, finished_shard, prepare_output, start_output
 from dit_pipeline.shards import FORMAT_VERSION, MANIFEST_NAME, Manifest, verify_shards, write_manifest
+from dit_pipeline.shards.info import human_bytes
 
 log = get_logger()
 _ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4}
@@ -227,11 +228,10 @@ def _start_output(run: ExtractJob) -> None:
 
 
 def _log_summary(s: ExtractSummary) -> None:
-    gib = s.total_bytes / 2**30
     log.info("done: %d images encoded in %.1f s (%.1f images/s, %d rank(s)); %d shards (%d written now, %d kept "
-             "from an earlier run), %d samples, %d skipped, %.3f GiB", s.images, s.wall_s, s.images_per_s,
+             "from an earlier run), %d samples, %d skipped, %s", s.images, s.wall_s, s.images_per_s,
              dist.world_size(), s.shards_written + s.shards_kept, s.shards_written, s.shards_kept,
-             s.total_samples, s.skipped, gib)
+             s.total_samples, s.skipped, human_bytes(s.total_bytes))
     if s.fp32_retries:
         log.info("%d batch(es) overflowed in reduced precision and were encoded again in fp32", s.fp32_retries)
     if s.skipped:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ import torch
 
 from dit_pipeline import dit
 from dit_pipeline.common.errors import UserError
+from dit_pipeline.common.log import get_logger
 
 SAFETENSORS_LATENT_KEY = "latent"
 
@@ -51,10 +53,30 @@ def _safetensors_latent(path: Path) -> dict[str, Any] | None:
     return json.loads(raw) if raw else None
 
 
+_CKPT_RE = re.compile(r"^step-(\d{7,})\.pt$")  # train.checkpoint's names (sample/ does not import train/)
+
+
+def resolve_ckpt(ckpt: str | Path) -> Path:
+    """The weight file `--ckpt` means: the file itself, or for a run folder (or its checkpoints/ folder) its
+    newest full checkpoint, said in the log; UserError for a folder without one."""
+    path = Path(ckpt).expanduser()
+    if not path.is_dir():
+        return path
+    folder = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+    steps = sorted((int(m.group(1)), p) for p in folder.iterdir() if (m := _CKPT_RE.match(p.name)))
+    if not steps:
+        raise UserError(f"--ckpt {ckpt}: a folder without checkpoints (expected a run folder holding "
+                        "checkpoints/step-NNNNNNN.pt, or a weight file)")
+    newest = steps[-1][1]
+    get_logger().info("--ckpt %s is a run folder: using its newest checkpoint %s", ckpt, newest)
+    return newest
+
+
 def load_weights(ckpt: str | Path, *, weights: str = "ema",
                  expect_model: str | None = None) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """(state_dict, info) of `ckpt`, with --weights and --model applied; UserError on any mismatch."""
-    path = Path(ckpt).expanduser()
+    """(state_dict, info) of `ckpt` (a weight file or a run folder: resolve_ckpt), with --weights and --model
+    applied; UserError on any mismatch."""
+    path = resolve_ckpt(ckpt)
     try:
         state_dict, info = dit.load_dit_weights(path, prefer=weights)
     except dit.WeightsError as e:
@@ -76,7 +98,7 @@ def load_weights(ckpt: str | Path, *, weights: str = "ema",
             raise UserError(f"--model: {e}") from None
         if info["preset"] != want:
             c = info["model_config"]
-            raise UserError(f"--model {want}, but {path} holds {info['preset'] or 'a custom DiT'} weights "
+            raise UserError(f"--model {want}, but {path} holds the weights of {info['preset'] or 'a custom DiT'} "
                             f"(depth {c['depth']}, hidden {c['hidden_size']}, patch {c['patch_size']}); "
                             "drop --model or pass the matching checkpoint")
     return state_dict, info

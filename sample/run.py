@@ -38,7 +38,7 @@ from dit_pipeline.sample import plan
 from dit_pipeline.sample.config import SampleConfig
 from dit_pipeline.sample.generate import generate_images, guided_model_fn, make_diffusion
 from dit_pipeline.sample.grid import png_bytes, save_grid
-from dit_pipeline.sample.load import LoadedModel, latent_scale, load_model
+from dit_pipeline.sample.load import LoadedModel, latent_scale, load_model, resolve_ckpt
 from dit_pipeline.sample.npz import RUN_FILE, PartStore, assemble_npz, parts_dir_for
 
 RECORD_FORMAT = "dit-pipeline.samples"
@@ -76,6 +76,7 @@ def _run(cfg: SampleConfig) -> SampleResult:
     set_tf32(cfg.tf32)
     if device.type == "cuda":
         deterministic_cuda()
+    cfg = dataclasses.replace(cfg, ckpt=str(resolve_ckpt(cfg.ckpt)))  # a run folder: its newest checkpoint
     loaded = load_model(cfg.ckpt, weights=cfg.weights, expect_model=cfg.model, device=device)
     log.info("model: %s", loaded.describe())
     log.info("%s", dist.launch_info().describe())

@@ -173,6 +173,8 @@ def _train(prep: Preflight, hooks: Sequence[PeriodicHook], stop: StopRequest, lo
     with comm_guard("the final barrier", state.step):
         dist.barrier()
     why = f" on {stop.received.name}" if outcome == "stopped" and stop.received else ""
-    log.info(f"{'stopped' + why if outcome == 'stopped' else 'finished'} at step {state.step} (epoch {state.epoch}) "
+    # the epoch of the last step, as the step lines count it (at an epoch's end state.epoch is the next one)
+    last_epoch = state.epoch - 1 if state.step_in_epoch == 0 and state.epoch > 0 else state.epoch
+    log.info(f"{'stopped' + why if outcome == 'stopped' else 'finished'} at step {state.step} (epoch {last_epoch}) "
              f"after {time.perf_counter() - t0:.1f}s; newest checkpoint {ckpts.latest()}")
     return outcome

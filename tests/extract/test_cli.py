@@ -8,6 +8,7 @@ from click.testing import CliRunner
 
 from dit_pipeline.cli import extract_main
 from dit_pipeline.shards import read_manifest
+from dit_pipeline.shards.info import human_bytes
 from tests._util import draw_image
 from tests.extract.conftest import cli_args
 
@@ -44,7 +45,7 @@ def test_bad_vae(tmp_path, odd_tree):
     r = _invoke(cli_args(odd_tree, tmp_path / "nope.safetensors", out))
     assert r.exit_code == 1 and "no such file or folder" in r.output and not out.exists()
     r = _invoke(cli_args(odd_tree, "nobody/no-such-vae", out))
-    assert r.exit_code == 1 and "needs the network" in r.output and not out.exists()
+    assert r.exit_code == 1 and "not in the Hugging Face cache" in r.output and not out.exists()
 
 
 def test_all_option_problems_in_one_usage_error(tmp_path, odd_tree, tiny_vae_dir):
@@ -79,6 +80,8 @@ def test_underscore_flags_and_summary(tmp_path, tiny_vae_dir):
     m = read_manifest(out)
     assert m.total_samples == 4 and m.views == 1 and len(m.shards) == 1
     assert "done: 4 images encoded" in r.output and "0 skipped" in r.output
+    size = human_bytes(m.shards[0].bytes)  # a small set in KiB, not "0.000 GiB"
+    assert size.endswith(" KiB") and f"4 samples, 0 skipped, {size}\n" in r.output
     assert f"manifest: {out / 'manifest.json'} (quick verify passed)" in r.output
     assert (out / "logs" / "rank0.log").read_text().count("finished shard-000000.tar") == 1
     options = json.loads((out / ".extract" / "options.json").read_text())

@@ -67,7 +67,7 @@ def test_missing_and_corrupt_files(tmp_path, ckpts):
 
 
 def test_model_flag_must_match_the_weights(ckpts):
-    with pytest.raises(UserError, match=r"--model DiT-XL/2, but .* holds DiT-S/8 weights .*drop --model"):
+    with pytest.raises(UserError, match=r"--model DiT-XL/2, but .* holds the weights of DiT-S/8 .*drop --model"):
         load_weights(ckpts["bare"], expect_model="DiT-XL/2")
     with pytest.raises(UserError, match="--model: unknown DiT model 'DiT-Q/3'"):
         load_weights(ckpts["bare"], expect_model="DiT-Q/3")
@@ -107,3 +107,23 @@ def test_latent_scale_prefers_the_checkpoint(caplog):
     with caplog.at_level(logging.WARNING, logger="t"):
         assert latent_scale({"scaling_factor": 0.5, "shift_factor": 0.1}, vae, log) == (0.5, 0.1)
     assert "decoding with the checkpoint's values" in caplog.text
+
+
+def test_ckpt_accepts_a_run_folder(tmp_path, caplog):
+    import logging
+
+    from dit_pipeline.sample.load import resolve_ckpt
+
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    with pytest.raises(UserError) as e:
+        resolve_ckpt(run)
+    assert str(e.value) == (f"--ckpt {run}: a folder without checkpoints (expected a run folder holding "
+                            "checkpoints/step-NNNNNNN.pt, or a weight file)")
+    for name in ("step-0000200.pt", "step-0001000.pt", "step-0001000-ema.pt", "step-0000900.pt"):
+        (run / "checkpoints" / name).write_bytes(b"")
+    newest = run / "checkpoints" / "step-0001000.pt"
+    with caplog.at_level(logging.INFO, logger="dit_pipeline"):
+        assert resolve_ckpt(run) == newest and resolve_ckpt(run / "checkpoints") == newest
+    assert f"--ckpt {run} is a run folder: using its newest checkpoint {newest}" in caplog.text
+    assert resolve_ckpt(newest) == newest
