@@ -17,6 +17,8 @@ posterior shards with two views).
 """
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import shlex
 from dataclasses import dataclass
@@ -174,16 +176,48 @@ def check_sample(key: str, fields: dict[str, Any], expect: Expect | None, *, par
     return label, arrays, _meta(fields["json"]) if parse_meta else None
 
 
-def iter_shard(url: str, manifest: Manifest | None = None, *, with_meta: bool = False, raw: bool = False
-               ) -> Iterator[LatentSample]:
+SHA256_MODES = ("whole", "stream")
+
+
+def _sha256_problem(record: ShardRecord, digest: str, used: str) -> str:
+    return (f"sha256 mismatch: the file hashes to {digest[:16]}..., the manifest records {record.sha256[:16]}... "
+            f"for {record.name} (changed or damaged since extraction); {used}")
+
+
+def _read_whole(url: str, stream: IO[bytes], record: ShardRecord) -> IO[bytes]:
+    """The shard's bytes in memory, checked against the record's sha256 before any sample is parsed."""
+    try:
+        data = stream.read()
+    except (OSError, ValueError) as e:
+        raise ShardError(url, None, f"read failed: {_close(stream) or e}") from None
+    failure = _close(stream)
+    if failure:
+        raise ShardError(url, None, f"read failed: {failure}")
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != record.sha256:
+        raise ShardError(url, None, _sha256_problem(record, digest, "none of its samples were used"))
+    return io.BytesIO(data)
+
+
+def iter_shard(url: str, manifest: Manifest | None = None, *, with_meta: bool = False, raw: bool = False,
+               record: ShardRecord | None = None, sha256: str | None = None) -> Iterator[LatentSample]:
     """Stream the samples of one shard (see the module docstring); ShardError on any problem.
 
     raw: yield the stored arrays (read-only views, storage dtype) instead of float32 copies; the checks are
     the same (with a manifest: fields, dtype, shape, label range, and finite values on the stored bits).
+    record: the shard's manifest record (default: the one the url's file name names).
+    sha256: check the shard's bytes against the record's sha256: "whole" reads the shard into memory and
+    checks it before the first sample is yielded; "stream" hashes the bytes as they are parsed and checks
+    once the shard ends (its samples were yielded by then: the error says how many); None: no hash.
     """
     url = str(url)
     expect = Expect.from_manifest(manifest) if manifest is not None else None
-    record = _record_of(url, manifest) if manifest is not None else None
+    if record is None and manifest is not None:
+        record = _record_of(url, manifest)
+    if sha256 is not None and sha256 not in SHA256_MODES:
+        raise ValueError(f"sha256 must be one of {SHA256_MODES} or None, got {sha256!r}")
+    if record is None:
+        sha256 = None
     # Keys the manifest records for this shard: a shard copied over another one has the same size (so the
     # start-up check passes) but not these keys.
     lo, hi = (int(record.first_key), int(record.last_key)) if record and record.samples else (1, 0)
@@ -192,8 +226,11 @@ def iter_shard(url: str, manifest: Manifest | None = None, *, with_meta: bool = 
         stream = open_url(url)
     except (OSError, ValueError) as e:
         raise ShardError(url, None, f"cannot open: {e}") from None
+    hasher = hashlib.sha256() if sha256 == "stream" else None
     try:
-        reader = TarReader(stream)
+        if sha256 == "whole":
+            stream = _read_whole(url, stream, record)
+        reader = TarReader(stream, hasher=hasher)
         for key, fields in iter_members(reader, url):
             count += 1
             if record is not None and not lo <= int(key) <= hi:
@@ -214,6 +251,11 @@ def iter_shard(url: str, manifest: Manifest | None = None, *, with_meta: bool = 
         if record is not None and count != record.samples:
             raise ShardError(url, None, f"holds {count} samples, the manifest records {record.samples} for "
                              f"{record.name}")
+        if hasher is not None:
+            reader.drain()
+            if hasher.hexdigest() != record.sha256:
+                raise ShardError(url, None, _sha256_problem(record, hasher.hexdigest(), f"all {count} of its "
+                                 "samples were already read (a check as the shard streams comes at its end)"))
     except ShardError as e:
         # A pipe: command that failed usually shows up as a short archive first; name the real cause.
         failure = _close(stream)
