@@ -36,7 +36,7 @@ from dit_pipeline.shards import LatentSample, Manifest, ShardError, iter_shard, 
 from dit_pipeline.train.latents import LatentSpec, Pending, Scratch, build_latents, epoch_seed, pending
 from dit_pipeline.train.partition import EpochPlan, interleave_seed, loader_seed, shuffle_seed
 from dit_pipeline.train.pool import BatchPool, PooledBatch, shared_empty
-from dit_pipeline.train.signals import ignore_in_worker
+from dit_pipeline.train.signals import ignore_in_worker, workers_start_blocked
 
 T = TypeVar("T")
 _RAW_BLOCK = 4096
@@ -351,7 +351,9 @@ def make_loader(stream: EpochStream, *, num_workers: int, prefetch_factor: int, 
                         in_order=True, worker_init_fn=ignore_in_worker,
                         generator=torch.Generator().manual_seed(loader_seed(stream.seed, stream.plan.epoch,
                                                                             stream.rank)))
-    return _from_pool(iter(loader), pool, pin_memory)
+    with workers_start_blocked():  # the workers are forked here
+        items = iter(loader)
+    return _from_pool(items, pool, pin_memory)
 
 
 def _as_is(item: Any) -> Any:

@@ -25,7 +25,7 @@ import signal
 import sys
 import threading
 from types import FrameType
-from typing import Callable
+from typing import Callable, Iterator
 
 from dit_pipeline.common import early_signals
 
@@ -35,9 +35,29 @@ ABORT_EXIT_CODE = 130
 
 
 def ignore_in_worker(worker_id: int = 0) -> None:
-    """worker_init_fn of the loader workers: the group's SIGTERM/SIGUSR1/SIGINT are for the trainer."""
+    """worker_init_fn of the loader workers: the group's SIGTERM/SIGUSR1/SIGINT are for the trainer.
+
+    The workers start with these signals blocked (`workers_start_blocked`): torch's worker loop installs a
+    SIGTERM handler that ends a worker signalled by anyone but its parent, so a group SIGTERM arriving between
+    the fork and this function killed the worker and the trainer failed ("worker exited unexpectedly").
+    A signal that arrived meanwhile stays pending and is discarded when unblocked, as it is ignored by then."""
     for s in HANDLED:
         signal.signal(s, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, HANDLED)
+
+
+@contextlib.contextmanager
+def workers_start_blocked() -> Iterator[None]:
+    """Block SIGTERM/SIGUSR1/SIGINT in this thread while loader workers are forked (they inherit the mask);
+    signals that arrive meanwhile are delivered to the trainer's handlers right after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def reap_children() -> None:

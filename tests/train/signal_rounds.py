@@ -84,3 +84,13 @@ def wait_stopped(pid: int, timeout: float = HANG_GUARD_S) -> None:
 def cpu_burners(n: int) -> list[subprocess.Popen]:
     """n busy processes beside the run (the load of a shared node)."""
     return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+
+
+def wait_for_step(run_dir: Path, step: int) -> None:
+    """Wait until metrics.jsonl holds step `step` (or a later one)."""
+    end = time.monotonic() + HANG_GUARD_S
+    while time.monotonic() < end:
+        if any(r.get("step", 0) >= step for r in read_metrics(run_dir)):
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"no step {step} in {run_dir}")

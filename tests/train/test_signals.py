@@ -10,27 +10,17 @@ import time
 
 import pytest
 
-from dit_pipeline.train.metrics import read_metrics
-from tests.train.signal_rounds import HANG_GUARD_S, finish, start, wait_stopped
+from tests.train.signal_rounds import finish, start, wait_for_step, wait_stopped
 
 FIRST_CTRL_C = ("Ctrl-C: finishing the current step, writing a checkpoint and exiting (Ctrl-C again aborts at once, "
                 "losing the steps since the last checkpoint)")
-
-
-def _wait_for_step(run_dir, step: int) -> None:
-    end = time.monotonic() + HANG_GUARD_S
-    while time.monotonic() < end:
-        if any(r.get("step", 0) >= step for r in read_metrics(run_dir)):
-            return
-        time.sleep(0.05)
-    raise TimeoutError(f"no step {step} in {run_dir}")
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
 def test_signal_to_the_group_checkpoints_exits_zero_and_leaves_no_process(shard_dir, tmp_path, sig):
     run_dir = tmp_path / "run"
     proc = start(shard_dir, run_dir)
-    _wait_for_step(run_dir, 2)
+    wait_for_step(run_dir, 2)
     os.killpg(proc.pid, sig)
     r = finish(proc, run_dir, time.monotonic())
     assert r.returncode == 0, r.stderr[-3000:]
