@@ -28,7 +28,7 @@ from dit_pipeline.evaluate.config import EvalConfig
 from dit_pipeline.extract.config import (CPU_DEFAULT_BATCH, DTYPES, GPU_DEFAULT_BATCH, MAX_AUTO_WORKERS, STORES,
                                           ExtractConfig)
 from dit_pipeline.sample.config import CFG_CHANNELS, EXPORT_TARGETS, SAMPLERS, WEIGHTS, ExportConfig, SampleConfig
-from dit_pipeline.train.config import TrainConfig
+from dit_pipeline.train.config import ATTENTION_BACKENDS, TrainConfig
 
 
 class DashCommand(click.Command):
@@ -422,6 +422,15 @@ def shards_stats_cmd(folder: str, max_samples: int, seed: int, as_json: bool, de
 # dit-train (train/): latent shards -> checkpoints, with DDP, AMP, EMA and exact crash-safe resume
 # ---------------------------------------------------------------------------------------------------------
 
+def _int_or_auto(ctx: click.Context, param: click.Parameter, value: str | None) -> int | str | None:
+    if value is None or value == "auto":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is neither a whole number nor 'auto'") from None
+
+
 def _train_options(f: Callable) -> Callable:
     """Options mapped 1:1 onto TrainConfig fields. Defaults live in TrainConfig (shown in brackets): an option
     only overrides the config file when it is given on the command line."""
@@ -444,8 +453,9 @@ def _train_options(f: Callable) -> Callable:
         o("--epochs", type=int, help="Stop after this many epochs (with --max-steps: whichever comes first)."),
         o("--global-batch-size", type=int,
           help=f"Images per optimizer step over all GPUs [{T('global_batch_size')}]."),
-        o("--micro-batch-size", type=int, help="Images per GPU per forward pass; accumulation steps = global / "
-          "(world size x micro) [global / world size]."),
+        o("--micro-batch-size", callback=_int_or_auto, help="Images per GPU per forward pass; accumulation "
+          "steps = global / (world size x micro); 'auto' = the largest that fits the GPU memory estimate "
+          "[global / world size]."),
         o("--lr", type=float, help=f"AdamW learning rate, constant [{T('lr')}]."),
         o("--weight-decay", type=float, help=f"AdamW weight decay [{T('weight_decay')}]."),
         o("--adam-beta1", type=float, help=f"[{T('adam_beta1')}]"),
@@ -461,7 +471,11 @@ def _train_options(f: Callable) -> Callable:
         o("--grad-checkpointing/--no-grad-checkpointing", default=None,
           help="Recompute DiT blocks in the backward pass (less memory, ~30% more compute) "
           f"[{T('grad_checkpointing')}]."),
-        o("--compile/--no-compile", default=None, help=f"torch.compile the model [{T('compile')}]."),
+        o("--compile/--no-compile", default=None, help="torch.compile each DiT block in place (state_dict "
+          "names unchanged); eager with a warning where compile cannot run [on for CUDA, off on CPU]."),
+        o("--attention", type=click.Choice(ATTENTION_BACKENDS), help="SDPA attention backend on CUDA; auto "
+          f"times each at start-up and keeps the fastest [{T('attention')}]."),
+        o("--ddp-bucket-mb", type=int, help=f"DDP gradient bucket size in MB [{T('ddp_bucket_mb')}]."),
         o("--num-workers", type=int, help=f"Loader processes per GPU [{T('num_workers')}]."),
         o("--shuffle-buffer", type=int,
           help=f"Samples in each loader worker's shuffle buffer [{T('shuffle_buffer')}]."),

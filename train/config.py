@@ -18,6 +18,7 @@ from typing import Any
 from dit_pipeline.common.errors import ConfigError, UserError, collect
 from dit_pipeline.common.precision import PRECISIONS_AUTO as PRECISIONS
 
+ATTENTION_BACKENDS = ("auto", "cudnn", "flash", "efficient", "math")  # train.speed applies them
 
 
 @dataclass(kw_only=True)
@@ -43,7 +44,8 @@ class TrainConfig:
     max_steps: int | None = None
     epochs: int | None = None
     global_batch_size: int = 256
-    micro_batch_size: int | None = None         # per rank and forward pass; default: no accumulation
+    micro_batch_size: int | str | None = None   # per rank and forward pass; default: no accumulation;
+                                                # "auto": the largest that fits the GPU (train.memory)
     # optimisation
     lr: float = 1e-4
     weight_decay: float = 0.0
@@ -58,7 +60,9 @@ class TrainConfig:
     precision: str = "auto"                     # bf16 on GPU, fp32 on CPU
     tf32: bool = True
     grad_checkpointing: bool = False
-    compile: bool = False
+    compile: bool | None = None                 # regional (per-block) torch.compile; None: on for CUDA
+    attention: str = "auto"                     # SDPA backend on CUDA: auto (fastest, timed) | cudnn | ...
+    ddp_bucket_mb: int = 25                     # DDP gradient bucket size (torch's default)
     # bookkeeping
     log_every: int = 100
     ckpt_every: int = 5000
@@ -102,7 +106,9 @@ class TrainConfig:
             p.append("--shards is required: a shard folder (with manifest.json) or a URL list/pattern")
         if not str(self.run_dir or "").strip():
             p.append("--run-dir is required: the folder for checkpoints, logs and metrics")
-        _positive(p, self, "global_batch_size", "micro_batch_size", "image_size", "depth", "hidden_size",
+        if self.micro_batch_size != "auto":
+            _positive(p, self, "micro_batch_size")
+        _positive(p, self, "global_batch_size", "image_size", "ddp_bucket_mb", "depth", "hidden_size",
                   "num_heads", "patch_size", "max_steps", "epochs", "log_every", "ckpt_every", "keep_last",
                   "keep_every", "shuffle_buffer", "shards_in_flight", "prefetch_factor")
         _non_negative(p, self, "num_workers", "warmup_steps", "seed", "weight_decay")
@@ -123,6 +129,8 @@ class TrainConfig:
             p.append(f"--grad-clip must be > 0 (omit it to disable clipping), got {self.grad_clip}")
         if self.peak_tflops is not None and not self.peak_tflops > 0:
             p.append(f"--peak-tflops must be > 0, got {self.peak_tflops}")
+        if self.attention not in ATTENTION_BACKENDS:
+            p.append(f"--attention must be one of {', '.join(ATTENTION_BACKENDS)}, got {self.attention!r}")
         if self.precision not in PRECISIONS:
             p.append(f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if not str(self.resume or "").strip():

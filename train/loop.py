@@ -36,6 +36,7 @@ from dit_pipeline.train.data import Batch, EpochStream, ReaderEvent, ShardSource
 from dit_pipeline.train.hooks import HookContext, PeriodicHook
 from dit_pipeline.train.metrics import Meter, MetricsLog, mfu
 from dit_pipeline.train.partition import DataLayout, EpochPlan, plan_epoch
+from dit_pipeline.train.speed import ema_update
 from dit_pipeline.train.state import CheckpointMixin, TrainState, comm_guard
 
 MAX_CONSECUTIVE_OVERFLOWS = 25  # fp16: the loss scale has shrunk by 2**25: the run diverged
@@ -298,9 +299,7 @@ class Trainer(CheckpointMixin):
     def _update_ema(self) -> None:
         if self.p.ema is None:
             return
-        d = self.cfg.ema_decay
-        torch._foreach_mul_(self.ema_params, d)
-        torch._foreach_add_(self.ema_params, self.params, alpha=1.0 - d)
+        ema_update(self.ema_params, self.params, self.cfg.ema_decay)
 
     # -- after a step ---------------------------------------------------------------------------------
     def after_step(self, plan: EpochPlan, bar: tqdm) -> None:

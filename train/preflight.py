@@ -2,13 +2,9 @@
 data layout, run length, and the resource estimate that `--dry-run` prints.
 
 The memory estimate answers the classic DiT questions (will this batch fit? why did the job die with -9?):
-per GPU, fp32 parameters + gradients + AdamW moments (+ the fp32 EMA on rank 0) + activations; per node, the
-loader's shuffle buffers in host memory. Activations per sample and block are estimated from the tensors a
-DiT block keeps for the backward pass: about 50 x T x D bytes under bf16/fp16 autocast (fp32 residual
-stream and LayerNorm inputs, 16-bit linear inputs, q/k/v and outputs of flash attention, the 4D-wide MLP
-hidden states) and about 84 x T x D in fp32; with activation checkpointing only each block's fp32 input
-(4 x T x D) is kept, plus one block's full set while it is recomputed. It is an estimate (allocator
-fragmentation and the CUDA context add a few GiB), printed as such.
+per GPU from train.memory (a measured table where a row matches, else an analytic estimate, labelled as
+such); per node, the loader's shuffle buffers in host memory. `--micro-batch-size auto` takes the largest
+micro-batch whose estimate fits the visible GPU.
 """
 from __future__ import annotations
 
@@ -22,9 +18,11 @@ import torch
 from dit_pipeline.common import distributed as dist
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.io import check_writable_dir
+from dit_pipeline.train import memory
 from dit_pipeline.train.config import BatchPlan, TrainConfig, batch_plan
 from dit_pipeline.train.data import ShardSource, open_shards
 from dit_pipeline.train.partition import DataLayout, EpochPlan, plan_epoch, total_steps
+from dit_pipeline.train.speed import compile_enabled
 
 GiB = float(2**30)
 
@@ -76,9 +74,12 @@ def prepare(cfg: TrainConfig, world_size: int | None = None) -> Preflight:
     cfg.validate()
     check_writable_dir(cfg.run_dir, f"--run-dir {cfg.run_dir}")  # before any work, also in a dry run
     world = dist.world_size() if world_size is None else world_size
-    batch = batch_plan(cfg.global_batch_size, cfg.micro_batch_size, world)
     source = open_shards(cfg.shards, cfg.manifest)
     kw = model_kwargs(cfg, source)
+    micro = cfg.micro_batch_size
+    if micro == "auto":
+        micro = resolve_auto_micro_batch(cfg, kw, world)
+    batch = batch_plan(cfg.global_batch_size, micro, world)
     n = source.manifest.num_classes
     if cfg.sample_every and cfg.sample_classes and max(cfg.sample_classes) >= n:
         raise UserError(f"--sample-classes {','.join(map(str, cfg.sample_classes))}: the shard set has {n} classes, "
@@ -101,6 +102,25 @@ def prepare(cfg: TrainConfig, world_size: int | None = None) -> Preflight:
     return Preflight(cfg, world, batch, source, kw, layout, plan0, total)
 
 
+def resolve_auto_micro_batch(cfg: TrainConfig, kw: dict[str, Any], world: int) -> int | None:
+    """`--micro-batch-size auto`: the largest micro-batch whose memory estimate fits the visible GPU (None,
+    i.e. the whole per-rank batch, when no GPU is visible: host memory is not what limits a CPU run)."""
+    if cfg.global_batch_size % world:
+        return None  # batch_plan explains the problem
+    if not torch.cuda.is_available():
+        return None
+    capacity = torch.cuda.get_device_properties(0).total_memory / GiB
+    precision = resolve_precision(cfg.precision, torch.device("cuda", 0))
+    total, trainable, mc = param_counts(kw)
+    compiled = compile_enabled(cfg.compile, torch.device("cuda", 0))
+
+    def fits(m: int) -> bool:
+        return memory.estimate(mc, total, trainable, m, precision, grad_ckpt=cfg.grad_checkpointing,
+                               compile=compiled).total <= memory.FIT_FRACTION * capacity
+
+    return memory.auto_micro_batch(cfg.global_batch_size // world, fits)
+
+
 def resolve_precision(precision: str, device: torch.device) -> str:
     if precision == "auto":
         return "bf16" if device.type == "cuda" else "fp32"
@@ -121,20 +141,13 @@ def param_counts(kw: dict[str, Any]) -> tuple[int, int, dict[str, Any]]:
     return total, trainable, model.config
 
 
-def activation_bytes(model_config: dict[str, Any], micro_batch: int, precision: str, grad_ckpt: bool) -> int:
-    tokens = (model_config["input_size"] // model_config["patch_size"]) ** 2
-    d, depth = model_config["hidden_size"], model_config["depth"]
-    per_block = (50 if precision in ("bf16", "fp16") else 84) * tokens * d
-    blocks = (4 * tokens * d * depth + per_block) if grad_ckpt else per_block * depth
-    return micro_batch * (blocks + 16 * tokens * d)  # + embeddings, final layer and loss terms
-
-
-def memory_estimate(prep: Preflight, precision: str) -> dict[str, float]:
+def memory_estimate(prep: Preflight) -> memory.MemoryEstimate:
+    """Rank 0's GPU memory for this plan, at the precision and compile setting a GPU run would use."""
     total, trainable, mc = param_counts(prep.model_kwargs)
-    est = {"params": 4 * total, "grads": 4 * trainable, "adamw": 8 * trainable, "ema_rank0": 4 * total,
-           "activations": activation_bytes(mc, prep.batch.micro_batch, precision, prep.cfg.grad_checkpointing)}
-    est["total_rank0"] = sum(est.values())
-    return {k: v / GiB for k, v in est.items()}
+    precision = resolve_precision(prep.cfg.precision, torch.device("cuda"))
+    return memory.estimate(mc, total, trainable, prep.batch.micro_batch, precision,
+                           grad_ckpt=prep.cfg.grad_checkpointing,
+                           compile=compile_enabled(prep.cfg.compile, torch.device("cuda")))
 
 
 def host_memory_available() -> float | None:
@@ -154,7 +167,9 @@ def format_plan(prep: Preflight, resume_from: Path | None = None) -> str:
     total, trainable, mc = param_counts(prep.model_kwargs)
     c, h, w = m.latent_shape
     shards_per = [len(s) for s in p0.slot_shards]
-    mem = memory_estimate(prep, precision)
+    mem = memory_estimate(prep)
+    parts = " + ".join(f"{k} {v:.2f}" for k, v in mem.parts.items())
+    compiled = compile_enabled(cfg.compile, device)
     local = (dist.local_world_size() if dist.launched()
              else min(prep.world_size, max(1, torch.cuda.device_count())))
     # Each reader buffers one view of each sample as stored (mean + std, or the latent), keeps two scratch
@@ -178,10 +193,14 @@ def format_plan(prep: Preflight, resume_from: Path | None = None) -> str:
         f"  model       {mc['model'] or 'custom'} (depth {mc['depth']}, hidden {mc['hidden_size']}, heads "
         f"{mc['num_heads']}, patch {mc['patch_size']}): {total / 1e6:.2f}M parameters, input {mc['input_size']}",
         f"  precision   {precision}, tf32 {'on' if cfg.tf32 else 'off'}, grad checkpointing "
-        f"{'on' if cfg.grad_checkpointing else 'off'}, compile {'on' if cfg.compile else 'off'}",
+        f"{'on' if cfg.grad_checkpointing else 'off'}, compile {'on (per block)' if compiled else 'off'}, "
+        f"attention {cfg.attention if device.type == 'cuda' else 'default (CPU)'}",
         f"  {dist.launch_info().describe()}",
         f"  batch       global {b.global_batch} = {prep.world_size} rank(s) x micro-batch {b.micro_batch} x "
-        f"{b.accum} accumulation step(s)",
+        f"{b.accum} accumulation step(s)"
+        + (" (--micro-batch-size auto: the largest that fits the GPU memory estimate)"
+           if cfg.micro_batch_size == "auto" and device.type == "cuda" else
+           " (--micro-batch-size auto: no GPU visible, no accumulation)" if cfg.micro_batch_size == "auto" else ""),
         f"  epoch 0     {p0.steps:,} optimizer steps; {p0.samples_used:,} of {p0.samples_total:,} samples used "
         f"({p0.samples_total - p0.samples_used:,} left out so every rank runs the same number of steps)",
         f"  readers     {prep.world_size} rank(s) x {prep.layout.workers} loader worker(s) = {len(shards_per)}; "
@@ -189,9 +208,7 @@ def format_plan(prep: Preflight, resume_from: Path | None = None) -> str:
         f"shuffle buffer {cfg.shuffle_buffer} samples each",
         f"  length      {', '.join(length)} -> {prep.total_steps:,} steps "
         f"(~{prep.total_steps / max(p0.steps, 1):.2f} epochs)",
-        f"  GPU memory  (estimate, per GPU) params {mem['params']:.2f} + grads {mem['grads']:.2f} + AdamW "
-        f"{mem['adamw']:.2f} + EMA {mem['ema_rank0']:.2f} (rank 0) + activations {mem['activations']:.2f} = "
-        f"{mem['total_rank0']:.2f} GiB{gpu}",
+        f"  GPU memory  ({mem.source}, rank 0) {parts} = {mem.total:.2f} GiB{gpu}",
         f"  host memory (estimate, per node) {local} rank(s) x {prep.layout.workers} worker(s) x shuffle buffers = "
         f"{host / GiB:.2f} GiB{f' of {avail:.1f} GiB available' if avail is not None else ''}",
         f"  run dir     {cfg.run_dir}: "

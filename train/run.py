@@ -29,12 +29,14 @@ from dit_pipeline.train.loop import TrainModel, Trainer
 from dit_pipeline.train.metrics import MetricsLog, peak_tflops
 from dit_pipeline.train.preflight import Preflight, format_plan, prepare, resolve_precision
 from dit_pipeline.train.signals import StopRequest
+from dit_pipeline.train.speed import choose_attention, compile_enabled, compile_problem, regional_compile
 from dit_pipeline.train.state import TrainState, comm_guard
 
 
 
 def build_model(prep: Preflight, device: torch.device, precision: str) -> TrainModel:
-    """Model (seeded, identical on every rank), EMA copy on rank 0, AdamW, GradScaler, DDP, compile."""
+    """Model (seeded, identical on every rank), EMA copy on rank 0, AdamW, GradScaler, DDP, regional compile
+    and the attention backend (train.speed)."""
     from dit_pipeline import dit
 
     cfg = prep.cfg
@@ -48,22 +50,40 @@ def build_model(prep: Preflight, device: torch.device, precision: str) -> TrainM
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
                             weight_decay=cfg.weight_decay, fused=device.type == "cuda")
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+    amp_dtype = AUTOCAST_DTYPES[precision]
+    _apply_speed_settings(cfg, model, device, prep.batch.micro_batch, amp_dtype)
     ddp = None
     forward: Any = model
     if prep.world_size > 1:
         from torch.nn.parallel import DistributedDataParallel
 
         ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
-                                      gradient_as_bucket_view=True)
+                                      gradient_as_bucket_view=True, bucket_cap_mb=cfg.ddp_bucket_mb)
         forward = ddp
-    if cfg.compile:
-        # Compiling the DDP wrapper lets dynamo split graphs at gradient buckets (overlapping all-reduce
-        # with backward); state_dicts come from the raw `model`, so names never get `_orig_mod.`.
-        forward = torch.compile(forward)
     return TrainModel(model=model, ema=ema, opt=opt, scaler=scaler, ddp=ddp, forward=forward,
-                 diffusion=dit.create_diffusion(""), amp_dtype=AUTOCAST_DTYPES[precision],
+                 diffusion=dit.create_diffusion(""), amp_dtype=amp_dtype,
                  flops_per_image=float(dit.train_flops_per_image(model.config)),
                  peak_tflops=peak_tflops(device, cfg.peak_tflops))
+
+
+def _apply_speed_settings(cfg: TrainConfig, model: torch.nn.Module, device: torch.device, micro: int,
+                          amp_dtype: torch.dtype | None) -> None:
+    """Per-block compile (on by default on CUDA, state_dict names unchanged) and the SDPA backend; logged."""
+    log = get_logger()
+    if compile_enabled(cfg.compile, device):
+        problem = compile_problem()
+        if problem:
+            log.warning(f"compile off: {problem}; training runs eager (pass --no-compile to silence this)")
+        else:
+            n = regional_compile(model)
+            log.info(f"compile: {n} modules (each DiT block and the final layer) compiled in place; the first "
+                     "step includes compilation (--no-compile turns it off)")
+    mc = model.config
+    name, times = choose_attention(cfg.attention, device, batch=micro, heads=mc["num_heads"],
+                                   tokens=(mc["input_size"] // mc["patch_size"]) ** 2,
+                                   head_dim=mc["hidden_size"] // mc["num_heads"], dtype=amp_dtype)
+    probe = ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in times.items())
+    log.info(f"attention: {name}" + (f" (fastest forward+backward probe: {probe})" if probe else ""))
 
 
 def _checkpoint_to_resume(cfg: TrainConfig, ckpts: CheckpointManager) -> Path | None:
