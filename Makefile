@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: test test-reliability test-min-deps test-determinism demo install bench clean
+.PHONY: test test-reliability test-min-deps test-determinism demo install bench clean gpu-wheels
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -54,6 +54,10 @@ test-determinism: $(STAMP)
 
 demo: $(STAMP)
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) examples/demo.py $(DEMO_ARGS)
+
+# Wheels the GPU machine lacks (diffusers, webdataset + deps) into .whl/ for `bash bench/gpu.sh` there.
+gpu-wheels: $(STAMP)
+	PYTHON=$(PY) bash bench/gpu_wheels.sh
 
 clean:
 	rm -rf $(VENV) $(MIN_VENV) demo-out .pytest_cache

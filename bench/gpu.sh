@@ -1,22 +1,19 @@
 #!/usr/bin/env bash
-# One prepared pass of every GPU measurement BENCHMARKS.md asks for (about 8 minutes on one H100/H200).
-# Run from the repository root with a Python that has torch (CUDA), diffusers, webdataset, click installed
-# and this package importable (e.g. PYTHONPATH=.); results go to ${OUT:-bench-gpu-out}/ as logs.
-# Order: cheapest and most important first, so a cut-off run still yields the headline numbers.
+# Every GPU number BENCHMARKS.md asks for, in one process, within 8 minutes on one H100/H200 (bench/gpu.py).
+# Run from the repository root. Results: ${OUT:-bench-gpu-out}/results.jsonl (one row per measurement, written
+# as it is measured) and gpu.txt. Wheels in .whl/ (make gpu-wheels, for a machine without diffusers or
+# webdataset) are installed into /tmp/site first. `bash bench/gpu.sh --smoke` checks the script on a CPU.
 set -uo pipefail
 out=${OUT:-bench-gpu-out}
 mkdir -p "$out"
-export PYTHONUNBUFFERED=1 PYTHONPATH=${PYTHONPATH:-.}
+export PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
-run() { local name=$1; shift; echo "=== $name: $*"; timeout "${LIMIT:-240}" "$py" "$@" 2>&1 | tee "$out/$name.log"; }
-# 1. DiT-XL/2 256px training step: images/s, TFLOP/s, MFU, peak memory (goal >= 50% MFU).
-run model-xl2 bench/model.py --model DiT-XL/2 --batch 32 64 --precision bf16 --compile off on --repeat 2
-# 2. bf16 numerics of the model output vs fp32.
-run numerics bench/model.py --numerics --model DiT-XL/2 --batch 8
-# 3. The full trainer step (DDP wrapper, AMP, EMA) vs a reference-style loop.
-run train-xl2 bench/train.py --models DiT-XL/2 --input-size 32 --batch 32 64 --precision bf16 --compile off on
-# 4. Extraction: our pipeline vs the one-image fp32 baseline, and the encoder precision comparison.
-run extract bench/extract.py --images 1024 --num-workers 16 --precision-compare
-# 5. Sampling: DDPM-250 / DDIM-50 with CFG, ours vs the reference loop; hours for 50K.
-run sample-xl2 bench/sample.py --model DiT-XL/2 --input-size 32 --batch 64 --precision bf16 --compile --repeat 1
+if compgen -G ".whl/*.whl" >/dev/null; then
+    "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        || { echo "installing the carried wheels failed"; exit 2; }
+    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
+# 450 s of sections (the script stops starting new ones after that) + start-up, inside a hard 480 s limit.
+timeout -k 10 "${LIMIT:-480}" "$py" bench/gpu.py --out "$out" "$@" 2>&1 | tee "$out/log.txt"
+exit "${PIPESTATUS[0]}"

@@ -10,6 +10,8 @@ Speed: uint8 crops travel to the GPU (4x fewer bytes than float) from pinned mem
 copies, the model and input are `channels_last`, the encoder runs under `torch.inference_mode` and
 autocast, and results come back through pinned buffers while the next batch is already running.
 
+`compile=True` compiles the VAE encoder in place with static shapes (an option: bench/gpu.py measures it).
+
 Determinism: cuDNN autotuning is off and only deterministic algorithms are used, TF32 is off for fp32, so
 the same batch gives the same bits in every run (what makes resumed shards byte-identical). A batch that
 comes out non-finite under fp16/bf16 (an overflow) is encoded again in fp32, deterministically.
@@ -72,7 +74,7 @@ class LatentEncoder:
     """Wraps the VAE: `submit(pixels, indices)` starts a batch, `Pending.arrays()` waits for its result."""
 
     def __init__(self, vae: torch.nn.Module, *, device: torch.device, precision: str, views: int,
-                 store: str = "posterior", seed: int = 0):
+                 store: str = "posterior", seed: int = 0, compile: bool = False):
         if precision not in AUTOCAST_DTYPES:
             raise ValueError(f"precision must be one of {sorted(AUTOCAST_DTYPES)}, got {precision!r}")
         self.vae = vae.to(device=device, memory_format=torch.channels_last).eval().requires_grad_(False)
@@ -82,6 +84,10 @@ class LatentEncoder:
         self.store = store
         self.seed = seed
         self.fp32_retries = 0
+        if compile:
+            # In place (names unchanged), static shapes: fixed batch shapes compile once per shape and
+            # autocast dtype (an fp32 re-encode of an overflowed batch compiles once more).
+            self.vae.encoder.compile(dynamic=False)
         if device.type == "cuda":
             torch.backends.cudnn.benchmark = False
             torch.backends.cudnn.deterministic = True
