@@ -191,9 +191,19 @@ def init(backend: str | None = None, timeout_s: float | None = None) -> None:
         host = f"[{info.master_addr}]" if ":" in str(info.master_addr) else info.master_addr
         kwargs.update(init_method=f"tcp://{host}:{info.master_port}", rank=info.rank, world_size=info.world_size)
     _dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
+    global _CPU_GROUP
+    if backend == "nccl" and world_size() > 1:
+        # Host-side control values (the trainer's pre-step stop/exhausted/error flags) reduce over gloo, so
+        # agreeing on them never queues work on, or waits for, the GPU stream.
+        _CPU_GROUP = _dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+
+
+_CPU_GROUP: Any = None  # a gloo group beside NCCL for CPU tensors (see init)
 
 
 def destroy() -> None:
+    global _CPU_GROUP
+    _CPU_GROUP = None
     if is_initialized():
         _dist.destroy_process_group()
 
@@ -242,9 +252,13 @@ def _comm_device() -> torch.device:
 
 
 def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
-    """Sum a tensor over all ranks (returns a new tensor on t's device)."""
+    """Sum a tensor over all ranks (returns a new tensor on t's device; a CPU tensor never touches a GPU)."""
     if not is_initialized():
         return t.clone()
+    if t.device.type == "cpu" and _CPU_GROUP is not None:
+        buf = t.detach().clone()
+        _dist.all_reduce(buf, op=_dist.ReduceOp.SUM, group=_CPU_GROUP)
+        return buf
     buf = t.detach().to(_comm_device(), copy=True)
     _dist.all_reduce(buf, op=_dist.ReduceOp.SUM)
     return buf.to(t.device)

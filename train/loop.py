@@ -12,6 +12,10 @@ the forward, so all ranks agree on stopping (signal), an exhausted reader or an 
 enters a collective the others skip); and after the backward, carrying the loss sums (logged loss = mean over
 all ranks), the grad norm and each rank's non-finite flag, so a NaN on any rank stops every rank before the
 optimizer update. Between log lines the values accumulate in a `Meter`.
+The pre-step flags are host values: under NCCL they travel over a gloo side group (common.distributed), so
+agreeing on them never waits for the GPU. The post-backward values come to the host once per step: that
+verdict is what lets the update be refused before it happens. The grad norm it carries is the gradient
+non-finite check as well as a logged value (one foreach read of the gradients).
 """
 from __future__ import annotations
 
@@ -255,8 +259,10 @@ class Trainer(CheckpointMixin):
         local = {"loss": sums[0], "mse": sums[1], "vb": sums[2], "wait": wait,
                  "grad_norm": grad_norm.double() if self.rank == 0 else 0.0}  # identical on all ranks after DDP
         with comm_guard("the loss all-reduce", self.state.step + 1):
-            total = dist.all_reduce_named(local, per_rank={"non_finite": (~torch.isfinite(sums[0])).double()},
-                                          device=self.device)
+            # this rank's own sums ride along in its slots: one device -> host copy per step in all
+            total = dist.all_reduce_named(local, per_rank={"non_finite": (~torch.isfinite(sums[0])).double(),
+                                                           "own_loss": sums[0], "own_mse": sums[1],
+                                                           "own_vb": sums[2]}, device=self.device)
         n_global = n_local * self.world
         loss, mse, vb = (total[k] / n_global for k in ("loss", "mse", "vb"))
         bad_ranks = total.ranks_with("non_finite")
@@ -276,7 +282,8 @@ class Trainer(CheckpointMixin):
         p.opt.zero_grad(set_to_none=True)
         self.state.step = step
         self.meter.step(loss=loss, mse=mse, vb=vb, grad_norm=norm, wait=total["wait"] / self.world)
-        self.own.step(**{k: float(local[k]) / n_local for k in ("loss", "mse", "vb")}, wait=wait)
+        self.own.step(**{k: total.per_rank[f"own_{k}"][self.rank] / n_local for k in ("loss", "mse", "vb")},
+                      wait=wait)
 
     def _check_finite(self, step: int, loss: float, norm: float, bad_ranks: list[int]) -> bool:
         """True when fp16 overflow makes the scaler skip this step; raises when the run diverged."""
