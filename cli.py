@@ -292,6 +292,9 @@ def sample_export_cmd(debug: bool, **options: Any) -> None:
               show_default=True, help="Encoder autocast (auto: fp16 on GPU, fp32 on CPU; see BENCHMARKS.md).")
 @click.option("--batch-size", type=int, default=None,
               help=f"Images per encoder call [default: {GPU_DEFAULT_BATCH} on GPU, {CPU_DEFAULT_BATCH} on CPU].")
+@click.option("--compile/--no-compile", default=default(ExtractConfig, "compile"), show_default=True,
+              help="torch.compile the VAE encoder (static shapes; changes last bits, so a folder resumes with a "
+              "warning when this differs).")
 @click.option("--num-workers", type=int, default=None,
               help="Decode/crop processes per rank [default: this rank's share of the CPUs, at most "
               f"{MAX_AUTO_WORKERS}].")

@@ -41,6 +41,7 @@ class ExtractConfig:
     dtype: str = "float16"                 # storage dtype of the arrays in the shards
     precision: str = "auto"                # encoder autocast: fp32 on CPU, GPU_DEFAULT_PRECISION on GPU
     batch_size: int | None = None          # images per encoder call (each gives `views` encodes)
+    compile: bool = False                  # torch.compile the VAE encoder in place (static shapes)
     num_workers: int | None = None         # DataLoader decode/crop processes per rank
     samples_per_shard: int | None = None   # None: shards of about plan.TARGET_SHARD_BYTES
     limit: int | None = None               # only the first N images of the sorted list

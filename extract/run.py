@@ -98,7 +98,8 @@ def extraction_record(cfg: ExtractConfig, images: ImageList, vae_identity: dict,
         "normalize": "ToTensor then Normalize(0.5, 0.5); view 1 is the horizontal mirror of view 0",
         "latents": "raw VAE posterior (unscaled): model latent = (z - shift_factor) * scaling_factor",
         "vae": dict(vae_identity), "format_version": FORMAT_VERSION,
-        "batch_size": batch_size, "cpu_threads": cfg.cpu_threads if device.type == "cpu" else None,
+        "batch_size": batch_size, "compile": cfg.compile,
+        "cpu_threads": cfg.cpu_threads if device.type == "cpu" else None,
         "device": f"cuda ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "cpu",
         "versions": {"torch": torch.__version__, "diffusers": diffusers.__version__, "pillow": PIL.__version__},
     }
@@ -182,7 +183,7 @@ def _encode(run: ExtractJob, todo: list[int]):
     loader = make_loader(dataset, chunks, samples_per_shard=run.samples_per_shard, num_workers=workers,
                          pin_memory=run.device.type == "cuda")
     encoder = LatentEncoder(run.vae, device=run.device, precision=run.precision, views=cfg.views,
-                            store=cfg.store, seed=cfg.seed)
+                            store=cfg.store, seed=cfg.seed, compile=cfg.compile)
     desc = "extract" if dist.world_size() == 1 else f"extract (rank 0 of {dist.world_size()})"
     bar = tqdm(total=sum(len(c) for _, c in chunks), unit="img", desc=desc, smoothing=0.05, dynamic_ncols=True,
                disable=not progress_enabled(cfg.quiet))

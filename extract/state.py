@@ -28,7 +28,7 @@ LOG_DIR = "logs"
 # Record fields that may differ between the run that started a folder and the one resuming it:
 # informational ones are ignored, numerics ones change last bits only and are reported as a warning.
 INFO_KEYS = ("data_path",)
-NUMERICS_KEYS = ("batch_size", "cpu_threads", "device", "versions")
+NUMERICS_KEYS = ("batch_size", "compile", "cpu_threads", "device", "versions")
 VAE_INFO_KEYS = ("source", "kind", "config")
 
 log = logging.getLogger("dit_pipeline")

@@ -66,3 +66,10 @@ def test_sample_noise_depends_on_the_image_index_only(tiny_vae_dir, pixels):
     np.testing.assert_allclose((alone - m1) / s1, noise_together[1:2], rtol=0, atol=1e-4)
     other_seed, _ = _encoder(tiny_vae_dir, store="sample", seed=4, views=1).submit(pixels, [7, 8, 9]).arrays()
     assert not np.allclose(other_seed, together)
+
+
+def test_compile_option_compiles_the_encoder_in_place(tiny_vae_dir):
+    plain, compiled = _encoder(tiny_vae_dir), _encoder(tiny_vae_dir, compile=True)
+    assert getattr(plain.vae.encoder, "_compiled_call_impl", None) is None
+    assert compiled.vae.encoder._compiled_call_impl is not None  # compiled lazily, at the first batch
+    assert list(compiled.vae.state_dict()) == list(plain.vae.state_dict())  # names unchanged

@@ -126,3 +126,8 @@ def test_shards_without_state_are_refused_unless_overwrite(tmp_path):
     assert (tmp_path / shard_name(0)).exists()
     assert prepare_output(tmp_path, RECORD, overwrite=True) == "overwritten"
     assert not (tmp_path / shard_name(0)).exists()
+
+
+def test_a_changed_compile_setting_is_a_numerics_difference():
+    hard, soft = record_differences({**RECORD, "compile": False}, {**RECORD, "compile": True})
+    assert hard == [] and soft == ["compile: False in the folder, True now"]
