@@ -3,7 +3,7 @@
 Sections, most important first; each result row is appended to OUT/results.jsonl (and printed as a markdown
 row) the moment it is measured, so a run killed at its time limit keeps everything it measured:
 
-  train     our training step (train.run.build_parts + the Trainer's own train_step: bf16 autocast, fused
+  train     our training step (train.run.build_model + the Trainer's own train_step: bf16 autocast, fused
             AdamW, foreach-lerp EMA, loss/grad-norm bookkeeping) vs a fast-DiT-style step written here from
             its description (fp16 AMP + GradScaler, eager, EMA parameter by parameter, loss.item() every
             step) at DiT-XL/2 batch 256 or the largest that fits; ours eager with each SDPA backend and ours

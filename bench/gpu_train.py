@@ -1,6 +1,6 @@
 """bench/gpu.py's training section: our real training step vs a fast-DiT-style step, one process.
 
-"Ours" is the trainer itself: train.plan.prepare + train.run.build_parts (per-block compile, the SDPA
+"Ours" is the trainer itself: train.preflight.prepare + train.run.build_model (per-block compile, the SDPA
 backend, fused AdamW) and Trainer.train_step (per-step derived randomness, bf16 autocast, the loss/grad-norm
 all-reduce and non-finite check, foreach-lerp EMA) on batches already on the GPU (the loader is measured on
 its own in the loader section). The fast-DiT-style step is written here from its description: fp16 autocast
@@ -22,10 +22,11 @@ from dit_pipeline.train import memory
 from dit_pipeline.train.checkpoint import CheckpointManager
 from dit_pipeline.train.config import merge_config
 from dit_pipeline.train.data import Batch
-from dit_pipeline.train.loop import Trainer, TrainState
+from dit_pipeline.train.loop import Trainer
 from dit_pipeline.train.metrics import MetricsLog, peak_tflops
-from dit_pipeline.train.plan import prepare
-from dit_pipeline.train.run import build_parts
+from dit_pipeline.train.preflight import prepare
+from dit_pipeline.train.run import build_model
+from dit_pipeline.train.state import TrainState
 from dit_pipeline.train.speed import available_attention, choose_attention, ema_update
 
 
@@ -69,14 +70,13 @@ def _trainer(s: dict, shards: Path, device: torch.device, work: Path, *, batch: 
                             "num_workers": 0, "precision": "bf16", "compile": compile_, "attention": attention,
                             "quiet": True, "tensorboard": False, "resume": "none"})
     prep = prepare(cfg, 1)
-    parts = build_parts(prep, device, "bf16")
+    parts = build_model(prep, device, "bf16")
     if compile_ and s["compile_backend"] != "inductor":  # smoke: exercise the path without a C++ compiler
         for block in [*parts.model.blocks, parts.model.final_layer]:
             block.compile(backend=s["compile_backend"])
     return Trainer(cfg, batch=prep.batch, layout=prep.layout, source=prep.source, parts=parts, device=device,
                    state=TrainState(), total_steps=None, ckpts=CheckpointManager(run_dir / "checkpoints"),
-                   metrics=MetricsLog(run_dir, 0, main=True, tensorboard=False), run_dir=run_dir,
-                   save_checkpoint=lambda tr: None)
+                   metrics=MetricsLog(run_dir, 0, main=True, tensorboard=False), run_dir=run_dir)
 
 
 def _items(s: dict, batch: int, micro: int, device: torch.device) -> list[Batch]:
