@@ -79,13 +79,14 @@ def test_cli_verify_exit_codes_and_reports(tmp_path):
 @pytest.mark.parametrize("args,message", [
     (["verify", "{tmp}/nope"], "Directory '{tmp}/nope' does not exist"),
     (["verify", "{tmp}", "--jobs", "0"], "0 is not in the range x>=1"),
-    (["verify", "{tmp}", "--fast"], "No such option '--fast'"),
+    (["verify", "{tmp}", "--fast"], ("No such option", "--fast")),  # click < 8.3.1 does not quote the name
     (["stats", "{tmp}", "--max-samples", "0"], "0 is not in the range x>=1"),
     (["frobnicate"], "No such command 'frobnicate'"),
 ])
 def test_cli_usage_errors_exit_2(tmp_path, args, message):
     r = run_cli("dit-shards", [a.format(tmp=tmp_path) for a in args])
-    assert r.returncode == 2 and message.format(tmp=tmp_path) in r.stderr, r.stderr
+    parts = message if isinstance(message, tuple) else (message,)
+    assert r.returncode == 2 and all(p.format(tmp=tmp_path) in r.stderr for p in parts), r.stderr
 
 
 def test_cli_info_and_stats(tmp_path):
