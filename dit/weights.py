@@ -86,10 +86,15 @@ def sidecar_path(path: str | Path) -> Path:
     return Path(path).with_suffix(".json")
 
 
-def make_sidecar(model_config: dict[str, Any], latent: dict[str, Any] | None, step: int | None) -> dict[str, Any]:
-    """The sidecar content (JSON-compatible) for a bare state_dict of a model with `model_config` (DiT.config)."""
-    return {"format": SIDECAR_FORMAT, "version": SIDECAR_VERSION, "model_config": dict(model_config),
+def make_sidecar(model_config: dict[str, Any], latent: dict[str, Any] | None, step: int | None,
+                 objective: str | None = None) -> dict[str, Any]:
+    """The sidecar content (JSON-compatible) for a bare state_dict of a model with `model_config` (DiT.config);
+    `objective` ("ddpm" or "flow") is added when given (readers treat a sidecar without it as ddpm)."""
+    side = {"format": SIDECAR_FORMAT, "version": SIDECAR_VERSION, "model_config": dict(model_config),
             "latent": latent, "step": step}
+    if objective is not None:
+        side["objective"] = objective
+    return side
 
 
 def read_sidecar(path: str | Path) -> dict[str, Any] | None:
@@ -202,7 +207,7 @@ def _unpack(obj: Any, path: Path, prefer: str) -> tuple[dict[str, torch.Tensor],
                            f"state_dicts; found keys {sorted(map(str, obj))[:12]}")
     info: dict[str, Any] = {"source": "dit-pipeline" if own else "reference-train", "weights": chosen}
     if own:
-        for key in ("model_config", "latent", "step", "config"):
+        for key in ("model_config", "latent", "step", "config", "objective"):
             if key in obj:
                 info[key] = obj[key]
     args = obj.get("args")

@@ -112,7 +112,8 @@ class CheckpointManager:
             self.folder.mkdir(parents=True, exist_ok=True)
             _save(state["ema"], self.folder / ema_name(step))
             atomic_write_json(sidecar_path(self.folder / ema_name(step)),
-                              make_sidecar(state["model_config"], state.get("latent"), step))
+                              make_sidecar(state["model_config"], state.get("latent"), step,
+                                           objective=state.get("objective")))
             fault_point("train.ckpt_ema_written")  # EMA file in place, the full checkpoint not yet
             _save(state, path, fault=True)
         except OSError as e:  # disk full, quota, I/O error: the temp file is gone, older files untouched
@@ -182,12 +183,16 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
 
 
 def check_resumable(ckpt: dict[str, Any], path: Path, *, model: torch.nn.Module, fingerprint: str,
-                    global_batch: int) -> None:
-    """Refuse a checkpoint of another model, shard set or global batch, or with tensors or an optimizer
-    that do not fit `model` (UserError; nothing is loaded before this passes)."""
+                    global_batch: int, objective: str = "ddpm") -> None:
+    """Refuse a checkpoint of another objective, model, shard set or global batch, or with tensors or an
+    optimizer that do not fit `model` (UserError; nothing is loaded before this passes)."""
+    saved_objective = ckpt.get("objective", "ddpm")  # checkpoints before the key existed are ddpm
+    if saved_objective != objective:
+        raise UserError(f"checkpoint {path} was trained with --objective {saved_objective}, this run asks for "
+                        f"--objective {objective}; resume with the same objective or use a new --run-dir")
     want, have = model.config, ckpt["model_config"]
-    diff = [f"{k}: checkpoint {have.get(k)!r}, this run {want[k]!r}" for k in want if k != "model"
-            and have.get(k) != want[k]]
+    keys = [k for k in dict.fromkeys([*want, *have]) if k != "model"]  # block options appear only when on
+    diff = [f"{k}: checkpoint {have.get(k)!r}, this run {want.get(k)!r}" for k in keys if have.get(k) != want.get(k)]
     if diff:
         raise UserError(f"checkpoint {path} is for a different model ({have.get('model') or 'custom'}): "
                         + "; ".join(diff) + ". Use the same --model and overrides, or a new --run-dir.")

@@ -19,6 +19,7 @@ from dit_pipeline.common.errors import ConfigError, UserError, collect
 from dit_pipeline.common.precision import PRECISIONS_AUTO as PRECISIONS
 
 ATTENTION_BACKENDS = ("auto", "cudnn", "flash", "efficient", "math")  # train.speed applies them
+OBJECTIVES = ("ddpm", "flow")
 
 
 @dataclass(kw_only=True)
@@ -40,6 +41,15 @@ class TrainConfig:
     num_heads: int | None = None
     patch_size: int | None = None
     class_dropout_prob: float = 0.1
+    qk_norm: bool = False                       # optional block features (dit/blocks.py), off = DiT
+    rms_norm: bool = False
+    swiglu: bool = False
+    rope: bool = False
+    # objective: ddpm (DiT) or flow (SiT's linear interpolant, velocity prediction; dit/flow.py)
+    objective: str = "ddpm"
+    t_sampling: str = "uniform"                 # flow training times: uniform | logit-normal
+    t_mean: float = 0.0                         # logit-normal location and scale
+    t_scale: float = 1.0
     # length and batch
     max_steps: int | None = None
     epochs: int | None = None
@@ -125,6 +135,7 @@ class TrainConfig:
             p.append(f"--ema-decay must be in [0, 1], got {self.ema_decay}")
         if not 0.0 <= self.class_dropout_prob < 1.0:
             p.append(f"--class-dropout-prob must be in [0, 1), got {self.class_dropout_prob}")
+        p += self._objective_problems()
         if self.grad_clip is not None and not self.grad_clip > 0:
             p.append(f"--grad-clip must be > 0 (omit it to disable clipping), got {self.grad_clip}")
         if self.peak_tflops is not None and not self.peak_tflops > 0:
@@ -162,6 +173,29 @@ class TrainConfig:
         if not (isinstance(self.fid_cfg_scale, (int, float)) and self.fid_cfg_scale >= 1.0):
             p.append(f"--fid-cfg-scale must be >= 1 (1 = no guidance), got {self.fid_cfg_scale!r}")
         return p
+
+    def _objective_problems(self) -> list[str]:
+        from dit_pipeline.dit.flow import T_SAMPLINGS
+
+        p: list[str] = []
+        if self.objective not in OBJECTIVES:
+            p.append(f"--objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
+        if self.t_sampling not in T_SAMPLINGS:
+            p.append(f"--t-sampling must be one of {', '.join(T_SAMPLINGS)}, got {self.t_sampling!r}")
+        elif self.objective == "ddpm" and (self.t_sampling, self.t_mean, self.t_scale) != ("uniform", 0.0, 1.0):
+            p.append("--t-sampling, --t-mean and --t-scale choose flow training times: add --objective flow "
+                     "(ddpm draws its 1000 discrete steps uniformly)")
+        if not self.t_scale > 0:
+            p.append(f"--t-scale must be > 0, got {self.t_scale}")
+        return p
+
+    def make_objective(self):
+        """The dit/ object that draws training times and computes the loss (GaussianDiffusion or FlowMatching)."""
+        from dit_pipeline import dit
+
+        if self.objective == "flow":
+            return dit.create_flow(self.t_sampling, self.t_mean, self.t_scale)
+        return dit.create_diffusion("")
 
     def _sample_grid_problems(self) -> list[str]:
         from dit_pipeline.dit.respace import TRAIN_TIMESTEPS, ddim_stride, nearest_ddim_steps

@@ -218,7 +218,7 @@ class Trainer(CheckpointMixin):
     def _step_randomness(self, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         step, dev = self.state.step, self.device
         g = generator(self.cfg.seed, STREAM_TIMESTEP, step, self.rank, device=dev)
-        t = torch.randint(0, self.p.diffusion.num_timesteps, (n,), generator=g, device=dev)
+        t = self.p.diffusion.draw_timesteps(n, generator=g, device=dev)  # ddpm: randint 0..999; flow: floats
         noise = torch.randn((n, *self.latent_shape), generator=g, device=dev)
         drop = None
         if self.cfg.class_dropout_prob > 0:

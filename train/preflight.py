@@ -60,6 +60,11 @@ def model_kwargs(cfg: TrainConfig, source: ShardSource) -> dict[str, Any]:
     for k in ("depth", "hidden_size", "num_heads", "patch_size"):
         if getattr(cfg, k) is not None:
             kw[k] = getattr(cfg, k)
+    for k in ("qk_norm", "rms_norm", "swiglu", "rope"):  # passed only when on: off builds today's DiT
+        if getattr(cfg, k):
+            kw[k] = True
+    if cfg.objective == "flow":
+        kw["learn_sigma"] = False  # a velocity has C channels (SiT's training setting)
     try:
         with torch.device("meta"):
             create_model(**kw)

@@ -61,7 +61,7 @@ def build_model(prep: Preflight, device: torch.device, precision: str) -> TrainM
                                       gradient_as_bucket_view=True, bucket_cap_mb=cfg.ddp_bucket_mb)
         forward = ddp
     return TrainModel(model=model, ema=ema, opt=opt, scaler=scaler, ddp=ddp, forward=forward,
-                 diffusion=dit.create_diffusion(""), amp_dtype=amp_dtype,
+                 diffusion=cfg.make_objective(), amp_dtype=amp_dtype,
                  flops_per_image=float(dit.train_flops_per_image(model.config)),
                  peak_tflops=peak_tflops(device, cfg.peak_tflops))
 

@@ -64,7 +64,7 @@ class CheckpointMixin:
             "step": s.step, "epoch": epoch,
             "data": {"epoch": epoch, "step_in_epoch": in_epoch, **self.layout.to_dict(),
                      "overflow_steps": s.overflow_steps, "bad_shards": s.bad_shards},
-            "rng": rng_state(), "model_config": p.model.config,
+            "rng": rng_state(), "model_config": p.model.config, "objective": self.cfg.objective,
             "latent": {"scaling_factor": m.scaling_factor, "shift_factor": m.shift_factor,
                        "vae": m.extraction.get("vae")},
             "config": self.cfg.to_dict(), "manifest_fingerprint": self.source.fingerprint,
@@ -74,7 +74,7 @@ class CheckpointMixin:
         """Continue from `ckpt` (read from `where`): checked against this run first, then loaded."""
         p = self.p
         check_resumable(ckpt, where, model=p.model, fingerprint=self.source.fingerprint,
-                        global_batch=self.cfg.global_batch_size)
+                        global_batch=self.cfg.global_batch_size, objective=self.cfg.objective)
         p.model.load_state_dict(ckpt["model"], strict=True)
         if p.ema is not None:
             p.ema.load_state_dict(ckpt["ema"], strict=True)
