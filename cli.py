@@ -27,7 +27,8 @@ from dit_pipeline.common.precision import PRECISIONS, PRECISIONS_AUTO
 from dit_pipeline.evaluate.config import EvalConfig
 from dit_pipeline.extract.config import (CPU_DEFAULT_BATCH, DTYPES, GPU_DEFAULT_BATCH, MAX_AUTO_WORKERS, STORES,
                                           ExtractConfig)
-from dit_pipeline.sample.config import CFG_CHANNELS, EXPORT_TARGETS, SAMPLERS, WEIGHTS, ExportConfig, SampleConfig
+from dit_pipeline.sample.config import (CFG_CHANNELS, DIFFUSION_FORMS, EXPORT_TARGETS, OBJECTIVES, SAMPLERS, WEIGHTS,
+                                         ExportConfig, SampleConfig)
 from dit_pipeline.train.config import ATTENTION_BACKENDS, TrainConfig
 
 
@@ -200,7 +201,15 @@ def sample_main() -> None:
 @_weights_options
 @click.option("--sampler", type=click.Choice(SAMPLERS), default=default(SampleConfig, "sampler"), show_default=True)
 @click.option("--steps", type=int, default=default(SampleConfig, "steps"), show_default=True,
-              help="Sampling steps (respaced).")
+              help="Sampling steps (ddpm/ddim: respaced; flow samplers: integration intervals).")
+@click.option("--objective", type=click.Choice(OBJECTIVES), default=None,
+              help="ddpm or flow, for a file that does not record it [recorded; else flow for SiT-* files, ddpm].")
+@click.option("--diffusion-form", type=click.Choice(DIFFUSION_FORMS), default=default(SampleConfig, "diffusion_form"),
+              show_default=True, help="euler-maruyama: SiT's diffusion coefficient D(t).")
+@click.option("--diffusion-norm", type=float, default=default(SampleConfig, "diffusion_norm"), show_default=True,
+              help="euler-maruyama: the scale of D(t).")
+@click.option("--last-step-size", type=float, default=default(SampleConfig, "last_step_size"), show_default=True,
+              help="euler-maruyama: the final noise-free step (SiT's 'Mean' last step).")
 @click.option("--cfg-scale", type=float, default=default(SampleConfig, "cfg_scale"), show_default=True,
               help="Classifier-free guidance scale (1 = none). The published FID-50K 2.27 uses 1.5.")
 @click.option("--cfg-channels", type=click.Choice(CFG_CHANNELS), default=default(SampleConfig, "cfg_channels"),
@@ -252,6 +261,8 @@ def sample_run_cmd(compile_: bool, debug: bool, **options: Any) -> None:
 @click.argument("output")
 @_weights_options
 @click.option("--overwrite", is_flag=True, default=False, help="Replace OUTPUT if it exists.")
+@click.option("--objective", type=click.Choice(OBJECTIVES), default=None,
+              help="ddpm or flow, for a file that does not record it; flow models export to safetensors only.")
 @debug_option
 @handle_errors
 def sample_export_cmd(debug: bool, **options: Any) -> None:
@@ -510,13 +521,13 @@ def _train_options(f: Callable) -> Callable:
         o("--dry-run/--no-dry-run", default=None,
           help="Validate everything and print the plan (batch split, steps per epoch, readers, memory)."),
         o("--sample-every", type=int, help="Every N steps rank 0 writes RUN/samples/step-NNNNNNN.png, a grid of "
-          "the EMA model's DDIM samples of fixed classes and seeds [off]."),
+          "the EMA model's samples (DDIM; Euler ODE for --objective flow) of fixed classes and seeds [off]."),
         o("--vae", help="VAE that decodes the sample grids: hub id, local diffusers folder or single "
           ".safetensors/.ckpt file [the one the manifest records, i.e. the shards were extracted with]."),
         o("--vae-config", help="Diffusers config folder for a single-file --vae [the SD-VAE config]."),
         o("--sample-classes", help="Classes of the sample grids, comma-separated, e.g. 207,360,387 "
           "[8 spread over the label range]."),
-        o("--sample-steps", type=int, help=f"DDIM steps of the sample grids [{T('sample_steps')}]."),
+        o("--sample-steps", type=int, help=f"DDIM (flow: Euler) steps of the sample grids [{T('sample_steps')}]."),
         o("--sample-cfg-scale", type=float,
           help=f"Guidance scale of the sample grids (1 = none) [{T('sample_cfg_scale')}]."),
         o("--fid-every", type=int, help="Every N steps all ranks sample with the EMA weights (as dit-sample) and "

@@ -56,7 +56,8 @@ def load_dit_weights(path: str | Path, prefer: str = "ema") -> tuple[dict[str, t
     where = str(path)
     if info["source"] == "official" and (sidecar := read_sidecar(path)) is not None:
         info.update(source="dit-pipeline", weights="ema", model_config=sidecar["model_config"],
-                    latent=sidecar.get("latent"), step=sidecar.get("step"), sidecar=str(sidecar_path(path)))
+                    latent=sidecar.get("latent"), step=sidecar.get("step"), sidecar=str(sidecar_path(path)),
+                    objective=sidecar.get("objective", "ddpm"))  # sidecars before the key: ddpm
         where = f"{path} with its sidecar {sidecar_path(path).name}"
     state_dict = _strip_prefixes(state_dict, path)
     info["path"] = str(path)
@@ -177,6 +178,10 @@ def _read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, An
     except (SafetensorError, OSError) as e:
         raise WeightsError(f"cannot read {path}: not a valid safetensors file: {e}") from None
     info: dict[str, Any] = {"source": "safetensors", "weights": "state_dict"}
+    if metadata.get("objective") in ("ddpm", "flow"):
+        info["objective"] = metadata["objective"]
+    elif metadata.get("format") == "dit-pipeline.weights":
+        info["objective"] = "ddpm"  # our exports before the key existed
     if "model_config" in metadata:
         try:
             info["model_config"] = json.loads(metadata["model_config"])
@@ -210,6 +215,7 @@ def _unpack(obj: Any, path: Path, prefer: str) -> tuple[dict[str, torch.Tensor],
         for key in ("model_config", "latent", "step", "config", "objective"):
             if key in obj:
                 info[key] = obj[key]
+        info.setdefault("objective", "ddpm")  # our checkpoints before the key existed
     args = obj.get("args")
     if isinstance(args, argparse.Namespace):
         info["args"] = dict(vars(args))

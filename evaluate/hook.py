@@ -86,7 +86,9 @@ class FidHook:
         start = time.perf_counter()
         model = self._sync_ema(ctx)
         cfg_scale = self.cfg_scale if float(ctx.model_config.get("class_dropout_prob", 0.1)) > 0 else 1.0
-        diffusion = make_diffusion("ddpm", self.steps, learn_sigma=bool(model.learn_sigma))
+        # a flow model (dit-train --objective flow) samples with the Euler ODE, a ddpm model with DDPM
+        sampler = "euler" if ctx.config.get("objective") == "flow" else "ddpm"
+        diffusion = make_diffusion(sampler, self.steps, learn_sigma=bool(model.learn_sigma))
         model_fn = guided_model_fn(model, cfg_scale=cfg_scale, cfg_channels="3")
         labels = plan.class_labels(num_samples=self.num_samples, seed=self.seed, num_classes=ctx.num_classes)
         ws = ctx.world_size
@@ -97,7 +99,7 @@ class FidHook:
                 yield b, generate_images(model, self._state["vae"], diffusion, indices=b,
                                          labels=labels[b].tolist(), seed=self.seed,
                                          scaling_factor=float(ctx.latent["scaling_factor"]),
-                                         shift_factor=ctx.latent.get("shift_factor"), sampler="ddpm",
+                                         shift_factor=ctx.latent.get("shift_factor"), sampler=sampler,
                                          model_fn=model_fn)
 
         idx, arrays = local_features(self._state["inception"], images(), ctx.device)

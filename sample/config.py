@@ -16,7 +16,11 @@ from dit_pipeline.common.precision import PRECISIONS
 # the DDIM stride search lives in dit.respace; ddim_stride and valid_ddim_steps stay importable from here
 from dit_pipeline.dit.respace import TRAIN_TIMESTEPS, ddim_stride, nearest_ddim_steps, valid_ddim_steps  # noqa: F401
 
-SAMPLERS = ("ddpm", "ddim")
+DDPM_SAMPLERS = ("ddpm", "ddim")
+FLOW_SAMPLERS = ("euler", "heun", "euler-maruyama")  # dit.flow: ODE Euler / Heun, SDE Euler-Maruyama
+SAMPLERS = DDPM_SAMPLERS + FLOW_SAMPLERS
+OBJECTIVES = ("ddpm", "flow")
+DIFFUSION_FORMS = ("sigma", "SBDM", "constant", "linear", "decreasing", "increasing-decreasing")
 CFG_CHANNELS = ("3", "all")
 WEIGHTS = ("ema", "model")
 EXPORT_TARGETS = ("diffusers", "safetensors")
@@ -36,8 +40,12 @@ class SampleConfig:
     vae_config: str | None = None  # diffusers config folder for a single-file VAE
     weights: str = "ema"  # which weights of a training checkpoint: "ema" or "model"
     model: str | None = None  # expected preset, checked against the weights
-    sampler: str = "ddpm"
+    sampler: str = "ddpm"  # ddpm models: ddpm, ddim; flow models: euler, heun, euler-maruyama
     steps: int = 250
+    objective: str | None = None  # ddpm | flow; None: what the checkpoint records (SiT-* files: flow)
+    diffusion_form: str = "sigma"  # euler-maruyama: SiT's diffusion coefficient D(t) and its norm
+    diffusion_norm: float = 1.0
+    last_step_size: float = 0.04  # euler-maruyama: SiT's final noise-free step
     cfg_scale: float = 4.0
     cfg_channels: str = "3"  # "3": guide the first 3 latent channels as the reference does; "all"
     class_labels: list[int] | None = None
@@ -122,6 +130,16 @@ class SampleConfig:
                      f"{TRAIN_TIMESTEPS} steps); nearest valid counts: {near}")
         if not self.cfg_scale >= 1.0:
             p.append(f"--cfg-scale must be >= 1 (1 = no guidance), got {self.cfg_scale}")
+        if self.objective is not None and self.objective not in OBJECTIVES:
+            p.append(f"--objective must be one of {OBJECTIVES}, got {self.objective!r}")
+        elif self.objective is not None and self.sampler in SAMPLERS and \
+                (self.sampler in FLOW_SAMPLERS) != (self.objective == "flow"):
+            want = FLOW_SAMPLERS if self.objective == "flow" else DDPM_SAMPLERS
+            p.append(f"--sampler {self.sampler} does not sample a {self.objective} model; choose one of {want}")
+        if self.diffusion_form not in DIFFUSION_FORMS:
+            p.append(f"--diffusion-form must be one of {DIFFUSION_FORMS}, got {self.diffusion_form!r}")
+        if not 0.0 <= self.last_step_size < 1.0:
+            p.append(f"--last-step-size must be in [0, 1), got {self.last_step_size}")
         return p
 
     def to_dict(self) -> dict[str, Any]:
@@ -140,6 +158,7 @@ class ExportConfig:
     vae: str | None = None  # bundled into the diffusers pipeline folder [recorded in the checkpoint, else DEFAULT_VAE]
     vae_config: str | None = None
     overwrite: bool = False
+    objective: str | None = None  # for a file that does not record it (as SampleConfig.objective)
 
     def validate(self) -> "ExportConfig":
         p: list[str] = []

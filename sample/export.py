@@ -13,6 +13,13 @@ hard-codes `downscale_freq_shift=1` (frequencies 10000^(-k/127) instead of DiT's
 stock pipeline is close to but not exactly DiT; setting it to 0 on the loaded model makes it exact.
 
 The scheduler is DDIM with DiT's linear betas and "leading" spacing, i.e. DiT's "ddimN" respacing.
+
+Flow models (SiT's objective) and models with block options are exported to safetensors only (with the
+objective in the metadata). diffusers can hold the plain transformer's weights, but none of its pipelines
+runs a SiT velocity model: DiTPipeline steps an epsilon/DDIM scheduler, and its flow-matching scheduler
+(FlowMatchEulerDiscreteScheduler) feeds the network 1000 sigma with sigma = 1 at the noise end and expects
+noise - data, while SiT's network takes t = 1 - sigma in [0, 1] and returns data - noise. Its DiT blocks
+have no QK-norm, RMSNorm, SwiGLU or RoPE. Exporting such a folder would load and silently sample garbage.
 """
 from __future__ import annotations
 
@@ -29,9 +36,10 @@ from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.io import TMP_PREFIX, check_writable_dir, fsync_dir
 from dit_pipeline.common.log import get_logger, setup_logging
 from dit_pipeline.common.vae import DEFAULT_VAE, load_vae, recorded_vae
+from dit_pipeline.dit.blocks import BLOCK_OPTIONS
 from dit_pipeline.dit.respace import TRAIN_TIMESTEPS
 from dit_pipeline.sample.config import ExportConfig
-from dit_pipeline.sample.load import SAFETENSORS_LATENT_KEY, latent_scale, load_weights
+from dit_pipeline.sample.load import SAFETENSORS_LATENT_KEY, latent_scale, load_weights, resolve_objective
 
 WEIGHTS_FORMAT = "dit-pipeline.weights"
 DIT_LN_EPS = 1e-6
@@ -154,6 +162,7 @@ def export_safetensors(state_dict: dict[str, torch.Tensor], info: dict[str, Any]
         metadata[SAFETENSORS_LATENT_KEY] = json.dumps(info["latent"], sort_keys=True)
     if info.get("step") is not None:
         metadata["step"] = str(info["step"])
+    metadata["objective"] = str(info.get("objective") or "ddpm")
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = output.parent / f"{TMP_PREFIX}{output.name}.{os.getpid()}"
     try:
@@ -171,6 +180,7 @@ def export_diffusers(state_dict: dict[str, torch.Tensor], info: dict[str, Any], 
     """A DiTPipeline folder (transformer, vae, scheduler), written to a temp folder and renamed into place."""
     from diffusers import DDIMScheduler, DiTPipeline
 
+    check_diffusers_representable(info)
     log = get_logger()
     transformer = build_diffusers_transformer(state_dict, info["model_config"])
     vae_model, vae_id = load_vae(vae, config=vae_config)
@@ -191,12 +201,27 @@ def export_diffusers(state_dict: dict[str, torch.Tensor], info: dict[str, Any], 
     return output
 
 
+def check_diffusers_representable(info: dict[str, Any]) -> None:
+    """UserError naming what a diffusers DiTPipeline cannot represent (see the module docstring)."""
+    objective = info.get("objective") or "ddpm"
+    if objective != "ddpm":
+        raise UserError(f"--to diffusers: this is a {objective} model (SiT's velocity objective); no diffusers "
+                        "pipeline samples it correctly (DiTPipeline is epsilon/DDIM; FlowMatchEulerDiscreteScheduler "
+                        "passes t = 1000 sigma, noise at sigma = 1, and expects noise - data). Export it with "
+                        "--to safetensors and sample with dit-sample --sampler euler|heun|euler-maruyama")
+    options = [k for k in BLOCK_OPTIONS if info["model_config"].get(k)]
+    if options:
+        raise UserError(f"--to diffusers: diffusers' DiT blocks have no {', '.join(options)}; export this model "
+                        "with --to safetensors")
+
+
 def export(cfg: ExportConfig) -> Path:
     """Run `dit-sample export` (see the module docstring)."""
     cfg.validate()
     output = Path(cfg.output).expanduser()
     check_writable_dir(output.parent, f"export OUTPUT {cfg.output}")
     state_dict, info = load_weights(cfg.ckpt, weights=cfg.weights, expect_model=cfg.model)
+    info["objective"] = resolve_objective(info, cfg.ckpt, cfg.objective)
     if cfg.to == "safetensors":
         return export_safetensors(state_dict, info, output, overwrite=cfg.overwrite)
     vae, vae_config = cfg.vae, cfg.vae_config

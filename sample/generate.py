@@ -13,6 +13,7 @@ each sample's noise come from its own generator (seed, index) alone.
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
@@ -70,8 +71,29 @@ def initial_noise(generators: Sequence[torch.Generator], shape: tuple[int, ...],
     return torch.stack(rows).to(device)
 
 
-def make_diffusion(sampler: str, steps: int, learn_sigma: bool = True):
-    """The respaced DiT diffusion for a sampler: "ddpm" -> "N" sections, "ddim" -> "ddimN"."""
+@dataclass(frozen=True)
+class FlowLoop:
+    """A flow sampler bound to its settings (dit.flow): what `sample_latents` runs for a flow model."""
+
+    sampler: str
+    steps: int
+    diffusion_form: str = "sigma"
+    diffusion_norm: float = 1.0
+    last_step_size: float = dit.flow.LAST_STEP_SIZE
+
+    def __call__(self, fn: Callable, noise: torch.Tensor, labels: torch.Tensor,
+                 generators: Sequence[torch.Generator]) -> torch.Tensor:
+        return dit.create_flow().sample_loop(fn, noise, sampler=self.sampler, steps=self.steps,
+                                             model_kwargs={"y": labels}, generator=list(generators),
+                                             diffusion_form=self.diffusion_form, diffusion_norm=self.diffusion_norm,
+                                             last_step_size=self.last_step_size)
+
+
+def make_diffusion(sampler: str, steps: int, learn_sigma: bool = True, **flow_options):
+    """The respaced DiT diffusion for a sampler: "ddpm" -> "N" sections, "ddim" -> "ddimN"; a FlowLoop for the
+    flow samplers (euler, heun, euler-maruyama; `flow_options` are FlowLoop's SDE settings)."""
+    if sampler in dit.FLOW_SAMPLERS:
+        return FlowLoop(sampler, steps, **flow_options)
     return dit.create_diffusion(timestep_respacing=respacing(sampler, steps), learn_sigma=learn_sigma)
 
 
@@ -81,13 +103,16 @@ def sample_latents(model: nn.Module, diffusion, labels: torch.Tensor, generators
                    autocast_dtype: torch.dtype | None = None, model_fn: Callable | None = None) -> torch.Tensor:
     """Denoise one batch: labels [B] (on the model's device), one generator per sample -> latents [B, C, S, S].
 
-    The initial noise and every step's noise of sample b come from generators[b] only.
+    The initial noise and every step's noise of sample b come from generators[b] only. `diffusion` is a
+    GaussianDiffusion (sampler ddpm/ddim) or a FlowLoop (flow models; `sampler` is then the FlowLoop's).
     """
     device = labels.device
     shape = (int(model.in_channels), int(model.input_size), int(model.input_size))
     fn = model_fn or guided_model_fn(model, cfg_scale=cfg_scale, cfg_channels=cfg_channels,
                                      autocast_dtype=autocast_dtype)
     noise = initial_noise(generators, shape, device)
+    if isinstance(diffusion, FlowLoop):
+        return diffusion(fn, noise, labels, generators)
     loop = diffusion.ddim_sample_loop if sampler == "ddim" else diffusion.p_sample_loop
     return loop(fn, noise.shape, noise=noise, clip_denoised=False, model_kwargs={"y": labels},
                 progress=False, generator=list(generators))

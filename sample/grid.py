@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from dit_pipeline import dit
 from dit_pipeline.common.determinism import DEFAULT_CPU_THREADS, pinned_threads
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.io import atomic_write_bytes
@@ -109,8 +110,8 @@ def sample_grid(model: nn.Module, *, vae: nn.Module, scaling_factor: float, shif
     batch_size: images per batch (default: all in one). Bit-identical to `dit-sample` with the same batch
     size and `--cpu-threads` on the same machine; another batch size changes the last float bits.
     """
-    if sampler not in ("ddpm", "ddim"):
-        raise ValueError(f"sampler must be 'ddpm' or 'ddim', got {sampler!r}")
+    if sampler not in ("ddpm", "ddim") + dit.FLOW_SAMPLERS:
+        raise ValueError(f"sampler must be one of ddpm, ddim, {', '.join(dit.FLOW_SAMPLERS)}, got {sampler!r}")
     labels = [int(c) for c in class_labels]
     diffusion = make_diffusion(sampler, steps, learn_sigma=bool(model.learn_sigma))
     was_training = model.training

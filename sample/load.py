@@ -115,6 +115,20 @@ def load_model(ckpt: str | Path, *, weights: str = "ema", expect_model: str | No
     return LoadedModel(model=model, state_dict=state_dict, info=info)
 
 
+def resolve_objective(info: dict[str, Any], ckpt: str | Path, given: str | None) -> str:
+    """The model's objective: recorded in our checkpoints, sidecars and exports; else --objective; else "flow"
+    for an official SiT release file (named SiT-*), "ddpm" otherwise (DiT's files and older checkpoints).
+    UserError when --objective contradicts the record."""
+    recorded = info.get("objective")
+    if recorded is not None and given is not None and recorded != given:
+        raise UserError(f"--objective {given}, but {ckpt} records a {recorded} model; drop --objective")
+    if recorded is not None:
+        return str(recorded)
+    if given is not None:
+        return given
+    return "flow" if Path(ckpt).name.lower().startswith("sit-") else "ddpm"
+
+
 def latent_scale(latent: dict[str, Any] | None, vae_identity: dict[str, Any],
                  log: logging.Logger | None = None) -> tuple[float, float | None]:
     """(scaling_factor, shift_factor) that decode this model's latents.

@@ -35,10 +35,10 @@ from dit_pipeline.common.log import progress_enabled, setup_logging
 from dit_pipeline.common.precision import AUTOCAST_DTYPES, set_tf32
 from dit_pipeline.common.vae import DEFAULT_VAE, load_vae, recorded_vae
 from dit_pipeline.sample import plan
-from dit_pipeline.sample.config import SampleConfig
+from dit_pipeline.sample.config import DDPM_SAMPLERS, FLOW_SAMPLERS, SampleConfig
 from dit_pipeline.sample.generate import generate_images, guided_model_fn, make_diffusion
 from dit_pipeline.sample.grid import png_bytes, save_grid
-from dit_pipeline.sample.load import LoadedModel, latent_scale, load_model, resolve_ckpt
+from dit_pipeline.sample.load import LoadedModel, latent_scale, load_model, resolve_ckpt, resolve_objective
 from dit_pipeline.sample.npz import RUN_FILE, PartStore, assemble_npz, parts_dir_for
 
 RECORD_FORMAT = "dit-pipeline.samples"
@@ -84,6 +84,7 @@ def _run(cfg: SampleConfig) -> SampleResult:
     vae, vae_id = load_vae(cfg.vae, config=cfg.vae_config, device=device)
     scale, shift = latent_scale(loaded.latent, vae_id, log)
     labels = _labels(cfg, loaded)
+    loaded.info["objective"] = resolve_objective(loaded.info, cfg.ckpt, cfg.objective)
     _check_compatible(cfg, loaded, vae_id)
     image_size = int(loaded.config["input_size"]) * int(vae_id["downsample_factor"])
     if cfg.out:
@@ -136,7 +137,12 @@ def _labels(cfg: SampleConfig, loaded: LoadedModel) -> np.ndarray:
 
 
 def _check_compatible(cfg: SampleConfig, loaded: LoadedModel, vae_id: dict[str, Any]) -> None:
-    c = loaded.config
+    c, objective = loaded.config, loaded.info["objective"]
+    if (cfg.sampler in FLOW_SAMPLERS) != (objective == "flow"):
+        want = FLOW_SAMPLERS if objective == "flow" else DDPM_SAMPLERS
+        raise UserError(f"--sampler {cfg.sampler}: {cfg.ckpt} is a {objective} model; pass --sampler "
+                        f"{' or '.join(want)} (or --objective if the file's objective was guessed wrong: a "
+                        "file without a record is ddpm unless its name starts with SiT-)")
     if int(vae_id["latent_channels"]) != int(c["in_channels"]):
         raise UserError(f"--vae {cfg.vae!r} has {vae_id['latent_channels']} latent channels but the model takes "
                         f"{c['in_channels']}; pass the VAE the model was trained with")
@@ -157,7 +163,8 @@ def _record(cfg: SampleConfig, loaded: LoadedModel, vae_id: dict[str, Any], scal
         "format": RECORD_FORMAT, "version": 1,
         "checkpoint_sha256": sha256_file(Path(cfg.ckpt).expanduser()), "weights": loaded.info["weights"],
         "model_config": loaded.config, "vae": vae_key, "scaling_factor": scale, "shift_factor": shift,
-        "sampler": cfg.sampler, "steps": cfg.steps, "cfg_scale": cfg.cfg_scale, "cfg_channels": cfg.cfg_channels,
+        "objective": loaded.info["objective"], "sampler": cfg.sampler, "steps": cfg.steps,
+        **_sde_settings(cfg), "cfg_scale": cfg.cfg_scale, "cfg_channels": cfg.cfg_channels,
         "seed": cfg.seed, "num_samples": cfg.total, "image_size": image_size,
         "labels_sha256": hashlib.sha256(np.ascontiguousarray(labels, dtype="<i8").tobytes()).hexdigest(),
         "precision": cfg.precision, "tf32": cfg.tf32, "compile": cfg.compile,
@@ -167,6 +174,14 @@ def _record(cfg: SampleConfig, loaded: LoadedModel, vae_id: dict[str, Any], scal
     return {"fingerprint": json.loads(json.dumps(fingerprint)), "numerics": numerics, "config": cfg.to_dict(),
             "checkpoint": {"path": str(cfg.ckpt), "source": loaded.info["source"], "step": loaded.info.get("step")},
             "vae": vae_id, "labels": labels.tolist()}
+
+
+def _sde_settings(cfg: SampleConfig) -> dict[str, Any]:
+    """The SDE sampler's settings (they determine its pixels); nothing for the other samplers."""
+    if cfg.sampler != "euler-maruyama":
+        return {}
+    return {"diffusion_form": cfg.diffusion_form, "diffusion_norm": cfg.diffusion_norm,
+            "last_step_size": cfg.last_step_size}
 
 
 def _record_paths(cfg: SampleConfig) -> list[Path]:
@@ -223,7 +238,8 @@ def _sample_batches(cfg: SampleConfig, loaded: LoadedModel, vae, store: PartStor
     from tqdm.auto import tqdm
 
     model = loaded.model
-    diffusion = make_diffusion(cfg.sampler, cfg.steps, learn_sigma=bool(loaded.config["learn_sigma"]))
+    diffusion = make_diffusion(cfg.sampler, cfg.steps, learn_sigma=bool(loaded.config["learn_sigma"]),
+                               **_sde_settings(cfg))
     model_fn = guided_model_fn(model, cfg_scale=cfg.cfg_scale, cfg_channels=cfg.cfg_channels,
                                autocast_dtype=AUTOCAST_DTYPES[cfg.precision], compile=cfg.compile)
     batches = plan.rank_batches(remaining, cfg.batch_size, dist.rank(), dist.world_size())

@@ -84,12 +84,12 @@ class TrainConfig:
     quiet: bool = False
     dry_run: bool = False
     # sample grids (sample.grid.SampleGridHook, built by the CLI): every N steps rank 0 writes
-    # RUN/samples/step-NNNNNNN.png of the EMA model's DDIM samples of fixed classes and seeds
+    # RUN/samples/step-NNNNNNN.png of the EMA model's DDIM (flow: Euler ODE) samples of fixed classes and seeds
     sample_every: int | None = None
     vae: str | None = None                      # decodes the grids: hub id, diffusers folder or single file
     vae_config: str | None = None               # diffusers config folder for a single-file --vae
     sample_classes: list[int] | None = None     # default: 8 classes spread over the label range
-    sample_steps: int = 50                      # DDIM steps
+    sample_steps: int = 50                      # DDIM steps (flow: Euler steps)
     sample_cfg_scale: float = 4.0               # classifier-free guidance (1 = none)
     # FID during training (evaluate.hook.FidHook): every N steps all ranks sample with the EMA weights as
     # dit-sample does, rank 0 logs fid, sfid, inception_score, precision, recall to metrics.jsonl

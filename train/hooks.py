@@ -83,7 +83,8 @@ def build_hooks(cfg: Any) -> list[PeriodicHook]:
 
         grid = SampleGridHook(every=cfg.sample_every, vae=vae, vae_config=vae_config,
                               class_labels=cfg.sample_classes, seed=cfg.seed, steps=cfg.sample_steps,
-                              sampler="ddim", cfg_scale=cfg.sample_cfg_scale)
+                              sampler="euler" if cfg.objective == "flow" else "ddim",
+                              cfg_scale=cfg.sample_cfg_scale)
         if dist.is_main():
             grid.load()
         hooks.append(grid)
