@@ -36,8 +36,11 @@ LN_EPS = 1e-6
 
 
 def canonical_model_name(name: str) -> str:
-    """'DiT-XL/2' for 'DiT-XL/2', 'DiT-XL-2' or 'dit-xl/2'; ValueError naming the presets otherwise."""
+    """'DiT-XL/2' for 'DiT-XL/2', 'DiT-XL-2' or 'dit-xl/2' (and SiT's 'SiT-XL/2': the same network);
+    ValueError naming the presets otherwise."""
     key = name.strip().replace("\\", "/")
+    if key.lower().startswith("sit-"):
+        key = "DiT-" + key[4:]
     for preset in MODEL_PRESETS:
         if key.lower() in (preset.lower(), preset.replace("/", "-").lower()):
             return preset

@@ -221,6 +221,8 @@ def _unpack(obj: Any, path: Path, prefer: str) -> tuple[dict[str, torch.Tensor],
         info["args"] = dict(vars(args))
     elif isinstance(args, dict):
         info["args"] = dict(args)
+    if str(info.get("args", {}).get("model", "")).lower().startswith("sit-"):
+        info["objective"] = "flow"  # a checkpoint of SiT's train.py (args.model = "SiT-XL/2")
     return obj[chosen], info
 
 
