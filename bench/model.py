@@ -9,6 +9,8 @@ inflates nothing.
 
     python bench/model.py --model DiT-S/2 --batch 8 --precision fp32 bf16 --grad-checkpointing off on
     python bench/model.py --model DiT-XL/2 --batch 256 --precision bf16 --compile off on   # on a GPU
+    python bench/model.py --model DiT-S/2 --batch 8 --objective ddpm flow --block-option plain qk_norm rms_norm \
+        swiglu rope all --optimizer --repeat 3      # step cost of the objectives and block options
 """
 from __future__ import annotations
 
@@ -41,6 +43,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--compile", nargs="+", default=["off"], choices=["off", "on"])
     p.add_argument("--grad-checkpointing", nargs="+", default=["off"],
                    help="off, on (all blocks) or a number of blocks")
+    p.add_argument("--objective", nargs="+", default=["ddpm"], choices=["ddpm", "flow"])
+    p.add_argument("--block-option", nargs="+", default=["plain"],
+                   choices=["plain", "qk_norm", "rms_norm", "swiglu", "rope", "all"],
+                   help="DiT block features (dit/blocks.py); 'all' = the four together")
     p.add_argument("--optimizer", action="store_true", help="include an AdamW step in each iteration")
     p.add_argument("--steps", type=int, default=5, help="timed iterations")
     p.add_argument("--warmup", type=int, default=2, help="untimed iterations first (compile happens here)")
@@ -64,18 +70,22 @@ def run_variant(v: dict) -> dict:
     device = torch.device(v["device"])
     torch.manual_seed(0)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = v["precision"] == "tf32"
-    model = dit.create_model(v["model"], input_size=v["image_size"] // 8).to(device).train()
+    names = ("qk_norm", "rms_norm", "swiglu", "rope")
+    options = {k: True for k in names if v.get("block_option", "plain") in (k, "all")}
+    flow = v.get("objective", "ddpm") == "flow"
+    model = dit.create_model(v["model"], input_size=v["image_size"] // 8, learn_sigma=not flow,
+                             **options).to(device).train()
     ckpt = {"off": False, "on": True}.get(v["grad_checkpointing"])
     model.set_grad_checkpointing(int(v["grad_checkpointing"]) if ckpt is None else ckpt)
     net = torch.compile(model) if v["compile"] == "on" else model
-    diffusion = dit.create_diffusion("")
+    diffusion = dit.create_flow() if flow else dit.create_diffusion("")
     opt = None
     if v["optimizer"]:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
     n, size = v["batch"], v["image_size"] // 8
     x = torch.randn(n, 4, size, size, device=device)
     y = torch.randint(0, 1000, (n,), device=device)
-    t = torch.randint(0, diffusion.num_timesteps, (n,), device=device)
+    t = diffusion.draw_timesteps(n, device=device)
     amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(v["precision"])
 
     def step() -> float:
@@ -145,9 +155,10 @@ def main(argv: list[str] | None = None) -> None:
           f"{macs / 1e9:.2f} G MACs forward/image; device {device}; steps {args.steps}, warmup {args.warmup}")
     variants = [dict(model=name, image_size=args.image_size, batch=batch, precision=precision,
                      compile=comp, grad_checkpointing=ckpt, optimizer=args.optimizer, steps=args.steps,
-                     warmup=args.warmup, device=device)
-                for batch, precision, comp, ckpt in itertools.product(
-                    args.batch, args.precision, args.compile, args.grad_checkpointing)]
+                     warmup=args.warmup, device=device, objective=objective, block_option=option)
+                for batch, precision, comp, ckpt, objective, option in itertools.product(
+                    args.batch, args.precision, args.compile, args.grad_checkpointing, args.objective,
+                    args.block_option)]
     runs = [[_spawn(v) for v in variants] for _ in range(args.repeat)]  # interleaved rounds
     _print_table([_best(list(results)) for results in zip(*runs)], args.peak_tflops)
 
@@ -202,11 +213,13 @@ def _print_table(rows: list[dict], peak_override: float | None) -> None:
     ok = [r for r in rows if "error" not in r]
     if ok:
         print(f"# device: {ok[0]['device_name']}")
-    print("| batch | precision | compile | grad ckpt | img/s | ratio | TFLOP/s | MFU | peak mem GiB |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| batch | precision | compile | grad ckpt | objective | block option | img/s | ratio | TFLOP/s | MFU "
+          "| peak mem GiB |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     base = ok[0]["img_s"] if ok else None
     for r in rows:
-        head = f"| {r['batch']} | {r['precision']} | {r['compile']} | {r['grad_checkpointing']} |"
+        head = (f"| {r['batch']} | {r['precision']} | {r['compile']} | {r['grad_checkpointing']} | "
+                f"{r.get('objective', 'ddpm')} | {r.get('block_option', 'plain')} |")
         if "error" in r:
             print(f"{head} failed: {r['error']} | | | | |")
             continue
