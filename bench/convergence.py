@@ -13,6 +13,7 @@ network evaluations: DDIM (DiT's deterministic sampler) for ddpm, Euler for flow
 
     python bench/convergence.py --out bench/results/convergence        # ~ minutes on 2 CPU cores
     python bench/convergence.py --variants ddpm flow-uniform --steps 500 --seeds 1   # quicker look
+    python bench/convergence.py --merge OUT1 OUT2 --out OUT   # one plot and table from runs made in parallel
 """
 from __future__ import annotations
 
@@ -66,8 +67,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--patch", type=int, default=2)
     p.add_argument("--seeds", type=int, default=2, help="training seeds per variant (curves are their mean)")
     p.add_argument("--data-seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1, help="torch threads (1: no spin-waiting on a shared machine)")
     p.add_argument("--out", default="bench/results/convergence", help="folder for results.json and curves.png")
+    p.add_argument("--merge", nargs="+", default=None, metavar="DIR",
+                   help="only merge the results.json of these folders (same setup) into --out, plot and print")
     return p.parse_args(argv)
 
 
@@ -147,7 +150,7 @@ def train_variant(name: str, seed: int, data: ClassGaussians, args) -> dict:
                 e.lerp_(p, 1 - args.ema)
         if step % args.eval_every == 0 or step == args.steps:
             fd = evaluate(ema, objective, data, args)
-            curve.append({"step": step, "fd": fd, "fd_mean": float(np.mean(fd)), "loss": float(loss)})
+            curve.append({"step": step, "fd": fd, "fd_mean": float(np.mean(fd)), "loss": float(loss.detach())})
             print(f"{name} seed {seed} step {step}: FD {np.mean(fd):.3f} (per class "
                   f"{', '.join(f'{v:.2f}' for v in fd)}), {time.perf_counter() - start:.0f}s", flush=True)
     return {"variant": name, "seed": seed, "curve": curve, "seconds": time.perf_counter() - start}
@@ -175,6 +178,9 @@ def plot(results: dict, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.merge:
+        merge(args.merge, Path(args.out))
+        return
     torch.set_num_threads(args.threads)
     shape = (args.channels, args.size, args.size)
     data = ClassGaussians(args.classes, shape, args.rank, args.data_seed)
@@ -191,6 +197,19 @@ def main(argv: list[str] | None = None) -> None:
     for name in args.variants:
         results["variants"][name] = [train_variant(name, seed, data, args) for seed in range(args.seeds)]
         (out / "results.json").write_text(json.dumps(results, indent=1))
+    plot(results, out / "curves.png")
+    print_table(results)
+
+
+def merge(folders: list[str], out: Path) -> None:
+    parts = [json.loads((Path(f) / "results.json").read_text()) for f in folders]
+    if len({p["setup"] for p in parts}) != 1:
+        raise SystemExit("--merge: the runs have different setups: " + "; ".join({p["setup"] for p in parts}))
+    results = {**parts[0], "floor": float(np.mean([p["floor"] for p in parts])), "variants": {}}
+    for p in parts:
+        results["variants"].update(p["variants"])
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=1))
     plot(results, out / "curves.png")
     print_table(results)
 

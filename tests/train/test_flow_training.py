@@ -72,6 +72,8 @@ def test_ddpm_default_checkpoint_records_ddpm_and_resume_refuses_another_objecti
     assert not {"qk_norm", "rms_norm", "swiglu", "rope"} & set(ck["model_config"])
     with pytest.raises(UserError, match="was trained with --objective ddpm, this run asks for --objective flow"):
         _run(shard_dir, tmp_path / "r", max_steps=2, global_batch_size=8, objective="flow")
+    with pytest.raises(UserError, match=r"is for a different model .*rope: checkpoint None, this run True"):
+        _run(shard_dir, tmp_path / "r", max_steps=2, global_batch_size=8, rope=True)  # no parameters to differ
 
 
 def test_objective_settings_are_validated():
