@@ -170,7 +170,7 @@ def plot(results: dict, path: Path) -> None:
     ax.set_yscale("log")
     ax.set_xlabel("training step (equal compute: same batch and model)")
     ax.set_ylabel("Frechet distance to the true class Gaussians (mean over classes)")
-    ax.set_title("Convergence proxy: " + results["setup"])
+    ax.set_title("Convergence proxy: " + results["setup"].replace(", batch", ",\nbatch"), fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
