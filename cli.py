@@ -506,6 +506,9 @@ def _train_options(f: Callable) -> Callable:
         o("--shards-in-flight", type=int, help="Shards each loader worker reads at once, taking samples from "
           f"them in a random order (shards are written in class order) [{T('shards_in_flight')}]."),
         o("--prefetch-factor", type=int, help=f"Batches each loader worker prepares ahead [{T('prefetch_factor')}]."),
+        o("--verify-shards/--no-verify-shards", default=None, help="Check each shard's sha256 against the "
+          "manifest while training: before its samples are used when the shards read at once fit in a quarter "
+          "of the host memory, else as it streams (the plan says which) [on]."),
         o("--skip-bad-shards/--no-skip-bad-shards", default=None,
           help="Skip (and count) a shard that turns out unreadable instead of stopping [stop]."),
         o("--log-every", type=int, help=f"Steps per metrics line [{T('log_every')}]."),

@@ -34,6 +34,7 @@ class TrainConfig:
     shards_in_flight: int = 16                  # shards each reader reads at once (mixes classes)
     prefetch_factor: int = 2
     skip_bad_shards: bool = False
+    verify_shards: bool = True                  # check each shard's sha256 against the manifest while training
     # model
     model: str = "DiT-XL/2"
     depth: int | None = None

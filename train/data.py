@@ -6,7 +6,8 @@ which shards, and how many batches it yields, is decided by `train.partition` (p
 so the stream of every rank is a deterministic function of (seed, epoch, rank, data layout):
 
 - each reader (rank x loader worker) is a chain of iterator -> iterator stages (webdataset's style):
-  `read_shard` (one shard; with --skip-bad-shards an unreadable one ends in a `SkippedShard` event) ->
+  `read_shard` (one shard, its sha256 checked against the manifest unless --no-verify-shards; with
+  --skip-bad-shards an unreadable or mismatching one ends in a `SkippedShard` event) ->
   `interleave` (several of its shards at once, each sample from a seeded random one of them) -> the one view
   of each sample it will use (still float16 or as stored) -> `shuffle_buffer` (seeded from (seed, epoch,
   reader)) -> `micro_batches` (exactly its quota; the events met are attached to the next batch) -> resume
@@ -32,7 +33,8 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from dit_pipeline.common.errors import UserError
-from dit_pipeline.shards import LatentSample, Manifest, ShardError, iter_shard, quick_check, read_manifest
+from dit_pipeline.shards import (LatentSample, Manifest, ShardError, ShardRecord, iter_shard, quick_check,
+                                 read_manifest)
 from dit_pipeline.train.latents import LatentSpec, Pending, Scratch, build_latents, epoch_seed, pending
 from dit_pipeline.train.partition import EpochPlan, interleave_seed, loader_seed, shuffle_seed
 from dit_pipeline.train.pool import BatchPool, PooledBatch, shared_empty
@@ -134,9 +136,14 @@ class SkippedShard(NamedTuple):
     problem: str
 
 
-def read_shard(url: str, manifest: Manifest, skip_bad: bool) -> Iterator[LatentSample | SkippedShard]:
-    """Stage 1: one shard's samples (raw, stored dtype); on a ShardError a SkippedShard when `skip_bad`."""
-    samples = iter_shard(url, manifest, raw=True)
+def read_shard(url: str, manifest: Manifest, skip_bad: bool, *, record: ShardRecord | None = None,
+               sha256: str | None = None) -> Iterator[LatentSample | SkippedShard]:
+    """Stage 1: one shard's samples (raw, stored dtype); on a ShardError a SkippedShard when `skip_bad`.
+
+    sha256 ("whole" | "stream" | None): shards.iter_shard's check of the shard's bytes against `record` (its
+    manifest record): "whole" before any sample is yielded, "stream" at the shard's end (a mismatch is a
+    ShardError like any other, naming the shard)."""
+    samples = iter_shard(url, manifest, raw=True, record=record, sha256=sha256)
     try:
         yield from samples
     except ShardError as e:
@@ -260,11 +267,13 @@ class EpochStream(IterableDataset):
     """
 
     def __init__(self, source: ShardSource, plan: EpochPlan, rank: int, *, seed: int, buffer: int,
-                 shards_in_flight: int = 16, start_batch: int = 0, skip_bad_shards: bool = False):
+                 shards_in_flight: int = 16, start_batch: int = 0, skip_bad_shards: bool = False,
+                 sha256: str | None = None):
         self.source, self.plan, self.rank = source, plan, rank
         self.seed, self.buffer, self.start_batch = seed, buffer, start_batch
         self.shards_in_flight = shards_in_flight
         self.skip_bad_shards = skip_bad_shards
+        self.sha256 = sha256  # each shard's check against the manifest: whole | stream | None (train.preflight)
         self.spec = LatentSpec.from_manifest(source.manifest)
         self.pool: BatchPool | None = None  # set by make_loader before its workers start
 
@@ -287,7 +296,8 @@ class EpochStream(IterableDataset):
         float32 arithmetic run once per batch.
         """
         spec, base, src = self.spec, epoch_seed(self.seed, self.plan.epoch), self.source
-        shards = (read_shard(src.urls[i], src.manifest, self.skip_bad_shards) for i in self.plan.slot_shards[slot])
+        shards = (read_shard(src.urls[i], src.manifest, self.skip_bad_shards, record=src.manifest.shards[i],
+                             sha256=self.sha256) for i in self.plan.slot_shards[slot])
         for item in interleave(shards, self.shards_in_flight, interleave_seed(self.seed, self.plan.epoch, slot)):
             yield item if isinstance(item, SkippedShard) else pending(item, spec, base)  # stage 3: the view
 
@@ -315,8 +325,10 @@ class EpochStream(IterableDataset):
         stream = shuffle_buffer(self._samples(slot), self.buffer, shuffle_seed(self.seed, plan.epoch, slot))
         skipped: list[SkippedShard] = []  # met since the last batch yielded (or replayed before the resume point)
         message = None
+        quota, at = plan.quota(worker), 0  # at: the batch being formed
         try:
-            for b, (chunk, events) in enumerate(micro_batches(stream, plan.micro_batch, plan.quota(worker))):
+            for b, (chunk, events) in enumerate(micro_batches(stream, plan.micro_batch, quota)):
+                at = b + 1
                 skipped += events
                 if chunk is None:  # out of samples: one event per missing batch keeps the order fixed
                     message = message or (f"rank {self.rank} reader {worker} ran out of samples in epoch "
@@ -330,7 +342,12 @@ class EpochStream(IterableDataset):
                 yield self._batch(chunk, skipped, scratch, worker)
                 skipped = []
         except ShardError as e:
-            yield ReaderEvent("error", str(e), skipped)
+            # One event per remaining batch: the item count stays fixed (the trainer takes a step's
+            # micro-batches before it looks at them; an in-process reader that ended early stopped that).
+            start = max(at, first)
+            for _ in range(start, max(quota, start + 1)):
+                yield ReaderEvent("error", str(e), skipped)
+                skipped = []
 
 
 def make_loader(stream: EpochStream, *, num_workers: int, prefetch_factor: int, pin_memory: bool

@@ -73,8 +73,10 @@ class Trainer(CheckpointMixin):
 
     def __init__(self, cfg: TrainConfig, *, batch: BatchPlan, layout: DataLayout, source: ShardSource,
                  parts: TrainModel, device: torch.device, state: TrainState, total_steps: int | None,
-                 ckpts: CheckpointManager, metrics: MetricsLog, run_dir: Path, hooks: Sequence[PeriodicHook] = ()):
+                 ckpts: CheckpointManager, metrics: MetricsLog, run_dir: Path, hooks: Sequence[PeriodicHook] = (),
+                 sha256: str | None = None):
         self.cfg, self.batch, self.layout, self.source, self.p = cfg, batch, layout, source, parts
+        self.sha256 = sha256  # how each shard is checked against the manifest (train.preflight.sha256_mode)
         self.device, self.state, self.total_steps = device, state, total_steps
         self.ckpts, self.metrics, self.run_dir = ckpts, metrics, run_dir
         self.hooks = list(hooks)
@@ -159,7 +161,7 @@ class Trainer(CheckpointMixin):
         s = self.state
         stream = EpochStream(self.source, plan, self.rank, seed=self.cfg.seed, buffer=self.cfg.shuffle_buffer,
                              shards_in_flight=self.cfg.shards_in_flight, start_batch=s.step_in_epoch * self.batch.accum,
-                             skip_bad_shards=self.cfg.skip_bad_shards)
+                             skip_bad_shards=self.cfg.skip_bad_shards, sha256=self.sha256)
         loader = make_loader(stream, num_workers=self.cfg.num_workers, prefetch_factor=self.cfg.prefetch_factor,
                              pin_memory=self.device.type == "cuda")
         try:

@@ -39,6 +39,29 @@ class Preflight:
     layout: DataLayout
     plan0: EpochPlan
     total_steps: int | None
+    sha256: str | None = None         # shards.iter_shard's check of each shard: whole | stream | None
+    sha256_bytes: int = 0             # whole shards held at once per node by the "whole" check
+
+
+def local_ranks(world: int) -> int:
+    """Ranks on this node: the launcher's count, else the GPUs visible here (at most `world`, at least 1)."""
+    return dist.local_world_size() if dist.launched() else min(world, max(1, torch.cuda.device_count()))
+
+
+def sha256_mode(cfg: TrainConfig, source: ShardSource, plan0: EpochPlan, world: int) -> tuple[str | None, int]:
+    """How the trainer checks each shard's sha256, and the bytes of whole shards a node would hold for it.
+
+    "whole" (read and hashed before any of its samples is used) when the shards that all readers of a node
+    read at once fit in a quarter of the available host memory, else "stream" (hashed as it is parsed and
+    checked at its end, so a mismatch is found after its samples were used); None with --no-verify-shards.
+    """
+    if not cfg.verify_shards:
+        return None, 0
+    biggest = max((rec.bytes for rec in source.manifest.shards), default=0)
+    at_once = min(cfg.shards_in_flight, max((len(s) for s in plan0.slot_shards), default=0))
+    need = local_ranks(world) * plan0.workers * at_once * biggest
+    avail = host_memory_available()
+    return ("whole" if avail is not None and need <= 0.25 * avail * GiB else "stream"), need
 
 
 def model_kwargs(cfg: TrainConfig, source: ShardSource) -> dict[str, Any]:
@@ -104,7 +127,8 @@ def prepare(cfg: TrainConfig, world_size: int | None = None) -> Preflight:
         by_epochs = total_steps(source.sizes, cfg.epochs, seed=cfg.seed, world_size=world, workers=layout.workers,
                                 micro_batch=batch.micro_batch, accum=batch.accum)
         total = by_epochs if total is None else min(total, by_epochs)
-    return Preflight(cfg, world, batch, source, kw, layout, plan0, total)
+    mode, held = sha256_mode(cfg, source, plan0, world)
+    return Preflight(cfg, world, batch, source, kw, layout, plan0, total, mode, held)
 
 
 def resolve_auto_micro_batch(cfg: TrainConfig, kw: dict[str, Any], world: int) -> int | None:
@@ -165,6 +189,17 @@ def host_memory_available() -> float | None:
     return None
 
 
+def integrity_line(prep: Preflight) -> str:
+    """The plan's line on the shards' sha256 check (train.preflight.sha256_mode)."""
+    held = f"{prep.sha256_bytes / GiB:.2f} GiB of whole shards per node"
+    return "  integrity   " + {
+        None: "sha256 check of the shards off (--no-verify-shards)",
+        "whole": f"each shard's sha256 checked against the manifest before its samples are used ({held})",
+        "stream": (f"each shard's sha256 checked against the manifest as it streams, so a mismatch is found at "
+                   f"the shard's end (hashing whole shards first would hold {held}, more than a quarter of the "
+                   "available memory)")}[prep.sha256]
+
+
 def format_plan(prep: Preflight, resume_from: Path | None = None) -> str:
     cfg, b, m, p0 = prep.cfg, prep.batch, prep.source.manifest, prep.plan0
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
@@ -175,8 +210,7 @@ def format_plan(prep: Preflight, resume_from: Path | None = None) -> str:
     mem = memory_estimate(prep)
     parts = " + ".join(f"{k} {v:.2f}" for k, v in mem.parts.items())
     compiled = compile_enabled(cfg.compile, device)
-    local = (dist.local_world_size() if dist.launched()
-             else min(prep.world_size, max(1, torch.cuda.device_count())))
+    local = local_ranks(prep.world_size)
     # Each reader buffers one view of each sample as stored (mean + std, or the latent), keeps two scratch
     # batches (the stacked stored values and their float32 copy) and its float32 output slots (train.pool:
     # prefetch + 2 + its share of one step's micro-batches).
@@ -216,6 +250,7 @@ def format_plan(prep: Preflight, resume_from: Path | None = None) -> str:
         f"  GPU memory  ({mem.source}, rank 0) {parts} = {mem.total:.2f} GiB{gpu}",
         f"  host memory (estimate, per node) {local} rank(s) x {prep.layout.workers} worker(s) x shuffle buffers = "
         f"{host / GiB:.2f} GiB{f' of {avail:.1f} GiB available' if avail is not None else ''}",
+        integrity_line(prep),
         f"  run dir     {cfg.run_dir}: "
         + (f"would resume from {resume_from}" if resume_from else "would start from scratch"),
     ]

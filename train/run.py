@@ -174,7 +174,7 @@ def _train(prep: Preflight, hooks: Sequence[PeriodicHook], stop: StopRequest, lo
     metrics = MetricsLog(run_dir, dist.rank(), main=dist.is_main(), tensorboard=prep.cfg.tensorboard)
     trainer = Trainer(resolved, batch=prep.batch, layout=prep.layout, source=prep.source, parts=parts,
                       device=device, state=TrainState(), total_steps=prep.total_steps, ckpts=ckpts,
-                      metrics=metrics, run_dir=run_dir, hooks=hooks)
+                      metrics=metrics, run_dir=run_dir, hooks=hooks, sha256=prep.sha256)
     path = dist.broadcast_object(str(p) if (p := _checkpoint_to_resume(prep.cfg, ckpts)) else None)
     if path:
         trainer.load_state_dict(load_checkpoint(Path(path)), Path(path))
