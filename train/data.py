@@ -60,6 +60,10 @@ class ShardSource:
     def sizes(self) -> list[int]:
         return [rec.samples for rec in self.manifest.shards]
 
+    def index_of(self, name: str) -> int:
+        """The index of the manifest shard `name`."""
+        return next(i for i, rec in enumerate(self.manifest.shards) if rec.name == name)
+
 
 def _shard_name_in(url: str, names: set[str]) -> str | None:
     """The manifest shard name a URL refers to (its last path component, or inside a pipe: command)."""
@@ -268,11 +272,12 @@ class EpochStream(IterableDataset):
 
     def __init__(self, source: ShardSource, plan: EpochPlan, rank: int, *, seed: int, buffer: int,
                  shards_in_flight: int = 16, start_batch: int = 0, skip_bad_shards: bool = False,
-                 sha256: str | None = None):
+                 sha256: str | None = None, exclude: frozenset[int] = frozenset()):
         self.source, self.plan, self.rank = source, plan, rank
         self.seed, self.buffer, self.start_batch = seed, buffer, start_batch
         self.shards_in_flight = shards_in_flight
         self.skip_bad_shards = skip_bad_shards
+        self.exclude = exclude  # shards skipped as bad in an earlier epoch (--skip-bad-shards): never opened
         self.sha256 = sha256  # each shard's check against the manifest: whole | stream | None (train.preflight)
         self.spec = LatentSpec.from_manifest(source.manifest)
         self.pool: BatchPool | None = None  # set by make_loader before its workers start
@@ -297,7 +302,8 @@ class EpochStream(IterableDataset):
         """
         spec, base, src = self.spec, epoch_seed(self.seed, self.plan.epoch), self.source
         shards = (read_shard(src.urls[i], src.manifest, self.skip_bad_shards, record=src.manifest.shards[i],
-                             sha256=self.sha256) for i in self.plan.slot_shards[slot])
+                             sha256=self.sha256) for i in self.plan.slot_shards[slot]
+                  if i not in self.exclude)
         for item in interleave(shards, self.shards_in_flight, interleave_seed(self.seed, self.plan.epoch, slot)):
             yield item if isinstance(item, SkippedShard) else pending(item, spec, base)  # stage 3: the view
 

@@ -98,7 +98,11 @@ class Trainer(CheckpointMixin):
                 or (self.cfg.epochs is not None and s.epoch >= self.cfg.epochs))
 
     def plan(self, epoch: int) -> EpochPlan:
-        return plan_epoch(self.source.sizes, seed=self.cfg.seed, epoch=epoch, world_size=self.world,
+        """The epoch's reading plan; shards skipped as bad count as empty, so an epoch is a full pass over the
+        remaining ones (not a pass that ends early, every epoch, at the bad shard)."""
+        bad = set(self.state.bad_shard_names)
+        sizes = [0 if rec.name in bad else rec.samples for rec in self.source.manifest.shards]
+        return plan_epoch(sizes, seed=self.cfg.seed, epoch=epoch, world_size=self.world,
                           workers=self.layout.workers, micro_batch=self.batch.micro_batch, accum=self.batch.accum)
 
     def data_position(self) -> tuple[int, int]:
@@ -161,7 +165,8 @@ class Trainer(CheckpointMixin):
         s = self.state
         stream = EpochStream(self.source, plan, self.rank, seed=self.cfg.seed, buffer=self.cfg.shuffle_buffer,
                              shards_in_flight=self.cfg.shards_in_flight, start_batch=s.step_in_epoch * self.batch.accum,
-                             skip_bad_shards=self.cfg.skip_bad_shards, sha256=self.sha256)
+                             skip_bad_shards=self.cfg.skip_bad_shards, sha256=self.sha256,
+                             exclude=frozenset(self.source.index_of(n) for n in s.bad_shard_names))
         loader = make_loader(stream, num_workers=self.cfg.num_workers, prefetch_factor=self.cfg.prefetch_factor,
                              pin_memory=self.device.type == "cuda")
         try:
@@ -186,16 +191,16 @@ class Trainer(CheckpointMixin):
 
     def agree(self, items: list[Batch | ReaderEvent], stop: Any, plan: EpochPlan) -> str:
         """Pre-step consensus: 'stop' (a signal on any rank), 'exhausted', or 'go'; raises on a data error."""
-        skipped = [sk for it in items for sk in it.skipped]
-        for url, problem in skipped:
-            self.log.warning(f"skipped unreadable shard (--skip-bad-shards): {problem}")
+        skipped = [tuple(sk) for it in items for sk in it.skipped]
         errors = [it.message for it in items if isinstance(it, ReaderEvent) and it.kind == "error"]
         exhausted = any(isinstance(it, ReaderEvent) and it.kind == "exhausted" for it in items)
         with comm_guard("the pre-step all-reduce", self.state.step + 1):
             total = dist.all_reduce_named({"stop": float(stop.requested), "exhausted": float(exhausted),
                                            "skipped_shards": float(len(skipped))},
                                           per_rank={"read_error": float(bool(errors))})
-        self.state.bad_shards += int(total["skipped_shards"])
+        if total["skipped_shards"] > 0:  # every rank learns every skipped shard: the epoch plans stay equal
+            with comm_guard("sharing the skipped shards", self.state.step + 1):
+                self.note_skipped([sk for part in dist.all_gather_object(skipped) for sk in part])
         bad_ranks = total.ranks_with("read_error")
         if bad_ranks:
             if errors:
@@ -207,9 +212,20 @@ class Trainer(CheckpointMixin):
             return "stop"
         if total["exhausted"] > 0:
             self.log.warning(f"epoch {plan.epoch} ended after {self.state.step_in_epoch} of {plan.steps} steps: "
-                             f"a reader ran out of samples ({self.state.bad_shards} shard(s) skipped so far)")
+                             f"a reader ran out of samples ({self.state.bad_shards} distinct shard(s) skipped so far)")
             return "exhausted"
         return "go"
+
+    def note_skipped(self, skipped: list[tuple[str, str]]) -> None:
+        """Record shards skipped with --skip-bad-shards: each is warned about once and read by no later epoch."""
+        for url, problem in skipped:
+            name = self.source.manifest.shards[self.source.urls.index(url)].name
+            if name in self.state.bad_shard_names:
+                continue
+            self.state.bad_shard_names.append(name)
+            self.log.warning(f"skipping {name} from now on (--skip-bad-shards; {len(self.state.bad_shard_names)} "
+                             f"distinct shard(s) skipped): {problem}")
+        self.state.bad_shards = len(self.state.bad_shard_names)
 
     # -- one optimizer step ---------------------------------------------------------------------------
     def _model_fn(self, x: torch.Tensor, t: torch.Tensor, **kwargs: Any) -> torch.Tensor:

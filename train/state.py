@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,8 @@ class TrainState:
     epoch: int = 0
     step_in_epoch: int = 0     # optimizer steps done within `epoch`
     overflow_steps: int = 0    # fp16 steps skipped by the GradScaler
-    bad_shards: int = 0        # shards skipped with --skip-bad-shards (summed over ranks)
+    bad_shards: int = 0        # distinct shards skipped with --skip-bad-shards (all ranks)
+    bad_shard_names: list[str] = field(default_factory=list)  # those shards: no later epoch reads them
     exact: bool = True         # False after a resume with a different data layout (logged)
 
 
@@ -63,7 +64,8 @@ class CheckpointMixin:
             "scaler": p.scaler.state_dict() if p.scaler.is_enabled() else None,
             "step": s.step, "epoch": epoch,
             "data": {"epoch": epoch, "step_in_epoch": in_epoch, **self.layout.to_dict(),
-                     "overflow_steps": s.overflow_steps, "bad_shards": s.bad_shards},
+                     "overflow_steps": s.overflow_steps, "bad_shards": s.bad_shards,
+                     "bad_shard_names": list(s.bad_shard_names)},
             "rng": rng_state(), "model_config": p.model.config, "objective": self.cfg.objective,
             "latent": {"scaling_factor": m.scaling_factor, "shift_factor": m.shift_factor,
                        "vae": m.extraction.get("vae")},
@@ -84,12 +86,16 @@ class CheckpointMixin:
         if ckpt.get("rng"):
             set_rng_state(ckpt["rng"])
         data = ckpt["data"]
+        s = self.state
+        # before the position is mapped: the epoch plans count the skipped shards as empty (a checkpoint
+        # written before the names were kept has none: its count stays as it was)
+        s.bad_shard_names = [str(n) for n in data.get("bad_shard_names", [])]
         epoch, step_in_epoch, exact = self._map_position(data)
         get_logger().info(f"resumed from {where} at step {ckpt['step']} (epoch {epoch}, step {step_in_epoch} "
                           "in epoch)")
-        s = self.state
         s.step, s.epoch, s.step_in_epoch, s.exact = int(ckpt["step"]), epoch, step_in_epoch, exact
-        s.overflow_steps, s.bad_shards = int(data.get("overflow_steps", 0)), int(data.get("bad_shards", 0))
+        s.overflow_steps = int(data.get("overflow_steps", 0))
+        s.bad_shards = max(len(s.bad_shard_names), int(data.get("bad_shards", 0)))
         self.last_saved = s.step
         self.meter.reset()  # the first log interval is timed from after the resume
         self.own.reset()

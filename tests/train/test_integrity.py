@@ -1,14 +1,17 @@
 """The trainer's sha256 check of each shard against the manifest, end to end: a flipped byte inside a latent
 payload (every value still finite, so the per-sample checks pass) stops the run naming the shard and saying
-that none of its samples were used; --no-verify-shards trains on it."""
+that none of its samples were used; --skip-bad-shards skips it from then on (one warning, one count, epochs
+stay passes over the remaining shards); --no-verify-shards trains on it."""
 from __future__ import annotations
 
 import shutil
 
 import pytest
+import torch
 from click.testing import CliRunner
 
 from dit_pipeline.cli import train_main
+from dit_pipeline.train.metrics import read_metrics
 from tests.shards.test_sha256_check import flip_payload_byte
 from tests.train.conftest import tiny_args
 
@@ -53,3 +56,20 @@ def test_streaming_check_when_whole_shards_would_not_fit(damaged, tmp_path, monk
     assert r.exit_code == 1, r.output
     assert "shard-000002.tar: sha256 mismatch" in r.output and ("all 16 of its samples were already read (a check as the shard streams comes at its end)"
                                                               in r.output)
+
+
+def test_skip_bad_shards_warns_once_counts_once_and_keeps_epochs(damaged, tmp_path):
+    run = tmp_path / "run"
+    r = _invoke(tiny_args(damaged, run, **{"max-steps": 15, "num-workers": 0, "quiet": None, "ckpt-every": 15,
+                                           "skip-bad-shards": None}))
+    assert r.exit_code == 0, r.output
+    log = (run / "log.txt").read_text()
+    assert log.count("skipping shard-000002.tar from now on") == 1
+    assert ("skipping shard-000002.tar from now on (--skip-bad-shards; 1 distinct shard(s) skipped): shard "
+            in log) and "none of its samples were used" in log
+    recs = read_metrics(run)
+    assert [r["bad_shards"] for r in recs] == [1] * 15
+    # 44 good samples and 8 per step: every epoch is 5 steps (epoch 0 met the bad shard at its start)
+    assert [r["epoch"] for r in recs] == [0] * 5 + [1] * 5 + [2] * 5
+    ckpt = torch.load(run / "checkpoints" / "step-0000015.pt", map_location="cpu", weights_only=False)
+    assert ckpt["data"]["bad_shards"] == 1 and ckpt["data"]["bad_shard_names"] == ["shard-000002.tar"]
