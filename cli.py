@@ -473,7 +473,8 @@ def _train_options(f: Callable) -> Callable:
           help=f"Flow training times: uniform or sigmoid(t-mean + t-scale * N(0, 1)) [{T('t_sampling')}]."),
         o("--t-mean", type=float, help=f"Logit-normal location (SiT time: data at t = 1) [{T('t_mean')}]."),
         o("--t-scale", type=float, help=f"Logit-normal scale [{T('t_scale')}]."),
-        o("--max-steps", type=int, help="Stop after this many optimizer steps."),
+        o("--max-steps", type=int, help="Stop after this many optimizer steps [400000, the DiT paper's length "
+          "for its model comparisons, when --epochs is not given either; said in the plan]."),
         o("--epochs", type=int, help="Stop after this many epochs (with --max-steps: whichever comes first)."),
         o("--global-batch-size", type=int,
           help=f"Images per optimizer step over all GPUs [{T('global_batch_size')}]."),
@@ -500,7 +501,8 @@ def _train_options(f: Callable) -> Callable:
         o("--attention", type=click.Choice(ATTENTION_BACKENDS), help="SDPA attention backend on CUDA; auto "
           f"times each at start-up and keeps the fastest [{T('attention')}]."),
         o("--ddp-bucket-mb", type=int, help=f"DDP gradient bucket size in MB [{T('ddp_bucket_mb')}]."),
-        o("--num-workers", type=int, help=f"Loader processes per GPU [{T('num_workers')}]."),
+        o("--num-workers", type=int, help="Loader processes per GPU [4; fewer when the shard set has fewer "
+          "shards per rank, said in the plan]."),
         o("--shuffle-buffer", type=int,
           help=f"Samples in each loader worker's shuffle buffer [{T('shuffle_buffer')}]."),
         o("--shards-in-flight", type=int, help="Shards each loader worker reads at once, taking samples from "

@@ -29,7 +29,8 @@ class TrainConfig:
     run_dir: str
     manifest: str | None = None                 # manifest.json path/folder when `shards` is a URL pattern
     image_size: int | None = None               # optional cross-check against the manifest
-    num_workers: int = 4                        # loader processes per rank (0 = read in the main process)
+    num_workers: int | None = None              # loader processes per rank (0 = in the main process); None:
+                                                # 4, fewer when the shard set has fewer shards per rank
     shuffle_buffer: int = 1000                  # samples held by each reader's in-memory shuffle buffer
     shards_in_flight: int = 16                  # shards each reader reads at once (mixes classes)
     prefetch_factor: int = 2
@@ -122,9 +123,9 @@ class TrainConfig:
         _positive(p, self, "global_batch_size", "image_size", "ddp_bucket_mb", "depth", "hidden_size",
                   "num_heads", "patch_size", "max_steps", "epochs", "log_every", "ckpt_every", "keep_last",
                   "keep_every", "shuffle_buffer", "shards_in_flight", "prefetch_factor")
-        _non_negative(p, self, "num_workers", "warmup_steps", "seed", "weight_decay")
-        if self.max_steps is None and self.epochs is None:
-            p.append("give the run length: --max-steps N and/or --epochs N (the reference trained 7M steps)")
+        _non_negative(p, self, "warmup_steps", "seed", "weight_decay")
+        if self.num_workers is not None:
+            _non_negative(p, self, "num_workers")
         if not self.lr > 0:
             p.append(f"--lr must be > 0, got {self.lr}")
         for name in ("adam_beta1", "adam_beta2"):

@@ -8,6 +8,7 @@ micro-batch whose estimate fits the visible GPU.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,8 @@ from dit_pipeline.train.partition import DataLayout, EpochPlan, plan_epoch, tota
 from dit_pipeline.train.speed import compile_enabled
 
 GiB = float(2**30)
+DEFAULT_MAX_STEPS = 400_000   # neither --max-steps nor --epochs: the DiT paper's length for its comparisons
+DEFAULT_NUM_WORKERS = 4
 
 
 @dataclass
@@ -39,8 +42,25 @@ class Preflight:
     layout: DataLayout
     plan0: EpochPlan
     total_steps: int | None
+    notes: dict[str, str] = dataclasses.field(default_factory=dict)  # plan line -> a default chosen for the user
     sha256: str | None = None         # shards.iter_shard's check of each shard: whole | stream | None
     sha256_bytes: int = 0             # whole shards held at once per node by the "whole" check
+
+
+def resolve_defaults(cfg: TrainConfig, num_shards: int, world: int) -> tuple[TrainConfig, dict[str, str]]:
+    """`cfg` with the run length and the loader workers filled in where not given, and what was chosen."""
+    notes: dict[str, str] = {}
+    if cfg.max_steps is None and cfg.epochs is None:
+        cfg = dataclasses.replace(cfg, max_steps=DEFAULT_MAX_STEPS)
+        notes["length"] = ("--max-steps and --epochs not given: the DiT paper's 400K steps; stop earlier with "
+                           "SIGTERM/SIGUSR1 (a checkpoint is written) or pass --max-steps")
+    if cfg.num_workers is None:
+        workers = max(1, min(DEFAULT_NUM_WORKERS, num_shards // max(1, world)))
+        cfg = dataclasses.replace(cfg, num_workers=workers)
+        if workers < DEFAULT_NUM_WORKERS:
+            notes["readers"] = (f"{workers} loader worker(s) per rank instead of {DEFAULT_NUM_WORKERS}: the set "
+                                f"has {num_shards} shard(s) for {world} rank(s), and each worker reads whole shards")
+    return cfg, notes
 
 
 def local_ranks(world: int) -> int:
@@ -103,6 +123,7 @@ def prepare(cfg: TrainConfig, world_size: int | None = None) -> Preflight:
     check_writable_dir(cfg.run_dir, f"--run-dir {cfg.run_dir}")  # before any work, also in a dry run
     world = dist.world_size() if world_size is None else world_size
     source = open_shards(cfg.shards, cfg.manifest)
+    cfg, notes = resolve_defaults(cfg, len(source.sizes), world)
     kw = model_kwargs(cfg, source)
     micro = cfg.micro_batch_size
     if micro == "auto":
@@ -128,7 +149,7 @@ def prepare(cfg: TrainConfig, world_size: int | None = None) -> Preflight:
                                 micro_batch=batch.micro_batch, accum=batch.accum)
         total = by_epochs if total is None else min(total, by_epochs)
     mode, held = sha256_mode(cfg, source, plan0, world)
-    return Preflight(cfg, world, batch, source, kw, layout, plan0, total, mode, held)
+    return Preflight(cfg, world, batch, source, kw, layout, plan0, total, notes, mode, held)
 
 
 def resolve_auto_micro_batch(cfg: TrainConfig, kw: dict[str, Any], world: int) -> int | None:
@@ -244,9 +265,11 @@ def format_plan(prep: Preflight, resume_from: Path | None = None) -> str:
         f"({p0.samples_total - p0.samples_used:,} left out so every rank runs the same number of steps)",
         f"  readers     {prep.world_size} rank(s) x {prep.layout.workers} loader worker(s) = {len(shards_per)}; "
         f"shards per reader {min(shards_per)}-{max(shards_per)}, up to {cfg.shards_in_flight} read at once; "
-        f"shuffle buffer {cfg.shuffle_buffer} samples each",
+        f"shuffle buffer {cfg.shuffle_buffer} samples each"
+        + (f"\n              ({prep.notes['readers']})" if "readers" in prep.notes else ""),
         f"  length      {', '.join(length)} -> {prep.total_steps:,} steps "
-        f"(~{prep.total_steps / max(p0.steps, 1):.2f} epochs)",
+        f"(~{prep.total_steps / max(p0.steps, 1):.2f} epochs)"
+        + (f"\n              ({prep.notes['length']})" if "length" in prep.notes else ""),
         f"  GPU memory  ({mem.source}, rank 0) {parts} = {mem.total:.2f} GiB{gpu}",
         f"  host memory (estimate, per node) {local} rank(s) x {prep.layout.workers} worker(s) x shuffle buffers = "
         f"{host / GiB:.2f} GiB{f' of {avail:.1f} GiB available' if avail is not None else ''}",

@@ -104,8 +104,9 @@ def test_dry_run_with_config_file_and_flag_override(shard_dir, tmp_path):
     bad.write_text("global_batch: 8\n")
     r = _invoke(["--config", bad])
     assert r.exit_code == 2 and "unknown setting 'global_batch'" in r.output
-    r = _invoke(["--shards", shard_dir, "--run-dir", tmp_path / "run"])
-    assert r.exit_code == 2 and "--max-steps N and/or --epochs N" in r.output
+    r = _invoke(["--shards", shard_dir, "--run-dir", tmp_path / "run", "--model", "DiT-S/2", "--dry-run",
+                 "--global-batch-size", "8"])  # no length given: the paper's 400K steps, said in the plan
+    assert r.exit_code == 0 and "length      max_steps 400000 -> 400,000 steps" in r.output
 
 
 def test_plot_writes_a_png(trained):
