@@ -221,7 +221,9 @@ def integrity_line(prep: Preflight) -> str:
                    "available memory)")}[prep.sha256]
 
 
-def format_plan(prep: Preflight, resume_from: Path | None = None) -> str:
+def format_plan(prep: Preflight, start_line: str | None = None, *, dry_run: bool = True) -> str:
+    """The plan `--dry-run` prints and the real run logs; `start_line`: where the run starts
+    (train.resume.start_line), else "from scratch"."""
     cfg, b, m, p0 = prep.cfg, prep.batch, prep.source.manifest, prep.plan0
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     precision = resolve_precision(cfg.precision, device)
@@ -246,7 +248,7 @@ def format_plan(prep: Preflight, resume_from: Path | None = None) -> str:
     length = [f"max_steps {cfg.max_steps}"] if cfg.max_steps else []
     length += [f"epochs {cfg.epochs}"] if cfg.epochs else []
     lines = [
-        "dit-train plan (dry run: nothing was started)",
+        "dit-train plan (dry run: nothing was started)" if dry_run else "dit-train plan",
         f"  shards      {cfg.shards}: {len(m.shards)} shards, {m.total_samples:,} samples, store {m.store}, "
         f"{m.views} view(s), latents {c}x{h}x{w} {m.dtype}, scaling {m.scaling_factor:g}"
         f"{f', shift {m.shift_factor:g}' if m.shift_factor else ''}, {m.num_classes} classes",
@@ -274,7 +276,6 @@ def format_plan(prep: Preflight, resume_from: Path | None = None) -> str:
         f"  host memory (estimate, per node) {local} rank(s) x {prep.layout.workers} worker(s) x shuffle buffers = "
         f"{host / GiB:.2f} GiB{f' of {avail:.1f} GiB available' if avail is not None else ''}",
         integrity_line(prep),
-        f"  run dir     {cfg.run_dir}: "
-        + (f"would resume from {resume_from}" if resume_from else "would start from scratch"),
+        start_line or f"  run dir     {cfg.run_dir}: {'would start' if dry_run else 'starts'} from scratch",
     ]
     return "\n".join(lines)

@@ -17,17 +17,18 @@ from typing import Any, Sequence
 import torch
 
 from dit_pipeline.common import distributed as dist
-from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.io import atomic_write_json
 from dit_pipeline.common.log import get_logger, setup_logging
 from dit_pipeline.common.precision import AUTOCAST_DTYPES, set_tf32
 from dit_pipeline.common.runlock import RunLock
-from dit_pipeline.train.checkpoint import CheckpointManager, load_checkpoint
+from dit_pipeline.train.checkpoint import CheckpointManager
 from dit_pipeline.train.config import TrainConfig
 from dit_pipeline.train.hooks import PeriodicHook
 from dit_pipeline.train.loop import TrainModel, Trainer
 from dit_pipeline.train.metrics import MetricsLog, peak_tflops
 from dit_pipeline.train.preflight import Preflight, format_plan, prepare, resolve_precision
+from dit_pipeline.train.resume import (CONFIG_HISTORY, StartPoint, append_history, check_resume, format_changes,
+                                       resolved_config, start_line)
 from dit_pipeline.train.signals import StopRequest
 from dit_pipeline.train.speed import choose_attention, compile_enabled, compile_problem, regional_compile
 from dit_pipeline.train.state import TrainState, comm_guard
@@ -86,30 +87,27 @@ def _apply_speed_settings(cfg: TrainConfig, model: torch.nn.Module, device: torc
     log.info(f"attention: {name}" + (f" (fastest forward+backward probe: {probe})" if probe else ""))
 
 
-def _checkpoint_to_resume(cfg: TrainConfig, ckpts: CheckpointManager) -> Path | None:
-    if cfg.resume == "none":
-        return None
-    if cfg.resume == "auto":
-        return ckpts.latest()
-    return Path(cfg.resume).expanduser()
-
-
 # ----------------------------------------------------------------------------------------------------------
 
-def _start_run_dir(prep: Preflight, precision: str) -> tuple[Path, CheckpointManager, TrainConfig]:
+def _start_run_dir(prep: Preflight, precision: str, start: StartPoint
+                   ) -> tuple[Path, CheckpointManager, TrainConfig]:
     cfg = prep.cfg
     run_dir = Path(cfg.run_dir).expanduser()
     ckpts = CheckpointManager(run_dir / "checkpoints", cfg.keep_last, cfg.keep_every)
-    resolved = TrainConfig(**{**cfg.to_dict(), "precision": precision, "micro_batch_size": prep.batch.micro_batch})
+    resolved = resolved_config(prep, precision)
     removed = []
     if dist.is_main():
         run_dir.mkdir(parents=True, exist_ok=True)
         removed = ckpts.clean_partial()
+        append_history(run_dir, start, resolved)
         atomic_write_json(run_dir / "config.json", resolved.to_dict())
     dist.barrier()
     setup_logging(run_dir / "logs", quiet=cfg.quiet, main_log=run_dir / "log.txt")
     if dist.is_main() and removed:
         get_logger().info(f"removed {len(removed)} partial checkpoint file(s) left by an interrupted save")
+    if dist.is_main() and start.changes:
+        get_logger().info(f"settings changed since {start.path} (allowed; kept in {run_dir / CONFIG_HISTORY}): "
+                          f"{format_changes(start.changes)}")
     return run_dir, ckpts, resolved
 
 
@@ -128,14 +126,10 @@ def run(cfg: TrainConfig, hooks: Sequence[PeriodicHook] = (), *, world_size: int
 
 def _run(cfg: TrainConfig, hooks: Sequence[PeriodicHook], world_size: int | None, stop: StopRequest) -> str | None:
     prep = prepare(cfg, world_size)
-    existing = CheckpointManager(Path(cfg.run_dir).expanduser() / "checkpoints").steps()
-    if cfg.resume == "none" and existing and not cfg.dry_run:
-        raise UserError(f"{cfg.run_dir} already holds checkpoints up to step {existing[-1]}; --resume none would "
-                        "train a new run over them. Use a new --run-dir, or --resume auto to continue this one.")
+    start = check_resume(prep)  # on every rank before any is started; a dry run checks the same
     if cfg.dry_run:
         if dist.is_main():
-            latest = CheckpointManager(Path(cfg.run_dir).expanduser() / "checkpoints").latest()
-            print(format_plan(prep, latest if cfg.resume == "auto" else None), flush=True)
+            print(format_plan(prep, start_line(cfg.run_dir, start, dry_run=True)), flush=True)
         return None
     dist.init()
     held: list[RunLock] = []
@@ -147,21 +141,21 @@ def _run(cfg: TrainConfig, hooks: Sequence[PeriodicHook], world_size: int | None
             return held[0].warning
 
         warning = dist.on_rank0(take)
-        return _train(prep, hooks, stop, warning)
+        return _train(prep, hooks, stop, start, warning)
     finally:
         for lock in held:
             lock.release()
         dist.destroy()
 
 
-def _train(prep: Preflight, hooks: Sequence[PeriodicHook], stop: StopRequest, lock_warning: str | None = None
-           ) -> str:
+def _train(prep: Preflight, hooks: Sequence[PeriodicHook], stop: StopRequest, start: StartPoint,
+           lock_warning: str | None = None) -> str:
     device = dist.device()
     precision = resolve_precision(prep.cfg.precision, device)
     set_tf32(prep.cfg.tf32)  # for the float32 matmuls/convolutions that remain outside autocast
-    run_dir, ckpts, resolved = _start_run_dir(prep, precision)
+    run_dir, ckpts, resolved = _start_run_dir(prep, precision, start)
     log = get_logger()
-    log.info(format_plan(prep).replace("dit-train plan (dry run: nothing was started)", "dit-train"))
+    log.info(format_plan(prep, start_line(prep.cfg.run_dir, start, dry_run=False), dry_run=False))
     if lock_warning:
         log.warning(lock_warning)
     p0 = prep.plan0
@@ -175,9 +169,10 @@ def _train(prep: Preflight, hooks: Sequence[PeriodicHook], stop: StopRequest, lo
     trainer = Trainer(resolved, batch=prep.batch, layout=prep.layout, source=prep.source, parts=parts,
                       device=device, state=TrainState(), total_steps=prep.total_steps, ckpts=ckpts,
                       metrics=metrics, run_dir=run_dir, hooks=hooks, sha256=prep.sha256)
-    path = dist.broadcast_object(str(p) if (p := _checkpoint_to_resume(prep.cfg, ckpts)) else None)
-    if path:
-        trainer.load_state_dict(load_checkpoint(Path(path)), Path(path))
+    ckpt, start.checkpoint = start.checkpoint, None  # the only reference: freed once loaded
+    if start.path is not None and ckpt is not None:
+        trainer.load_state_dict(ckpt, start.path)
+    del ckpt
     state = trainer.state
     metrics.resume_at(state.step)
     if trainer.done():

@@ -1,10 +1,16 @@
-"""The first hour with dit-train: a default run length and loader-worker count that fit small shard sets,
-both said in the plan."""
+"""The first hour with dit-train: a default run length and loader-worker count that fit small shard sets
+(said in the plan), a dry run that runs exactly the real run's checks (resume included) and a plan that says
+where the run starts, and allowed setting changes on resume logged old -> new and kept in a config history."""
 from __future__ import annotations
 
+import json
+import shutil
+
+import pytest
 from click.testing import CliRunner
 
 from dit_pipeline.cli import train_main
+from dit_pipeline.train.checkpoint import CheckpointManager
 from dit_pipeline.train.config import TrainConfig
 from dit_pipeline.train.preflight import format_plan, prepare, resolve_defaults
 from tests.train.conftest import tiny_args
@@ -34,3 +40,52 @@ def test_fewer_workers_with_fewer_shards_per_rank(shard_dir, tmp_path):
     assert (given.num_workers, given.max_steps, notes) == (0, 5, {})
     one, notes = resolve_defaults(TrainConfig(shards="s", run_dir="r", max_steps=5), 3, 8)
     assert one.num_workers == 1 and "1 loader worker(s) per rank instead of 4" in notes["readers"]
+
+
+def _invoke(args):
+    return CliRunner().invoke(train_main, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def two_steps(shard_dir, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("first-run") / "run"
+    r = _invoke(tiny_args(shard_dir, run_dir, **{"max-steps": 2, "num-workers": 0, "quiet": None}))
+    assert r.exit_code == 0, r.output
+    return run_dir
+
+
+def test_dry_run_runs_the_resume_checks_of_the_real_run(shard_dir, two_steps):
+    ckpt = CheckpointManager(two_steps / "checkpoints").path(2)
+    before = (two_steps / "config.json").read_bytes()
+    outputs = []
+    for dry in (True, False):
+        r = _invoke(tiny_args(shard_dir, two_steps, **{"max-steps": 4, "num-workers": 0, "patch-size": 4,
+                                                       "quiet": None, "dry-run": dry}))
+        assert r.exit_code == 1, r.output
+        outputs.append(r.output)
+    assert outputs[0] == outputs[1]
+    assert outputs[0].startswith(f"error: checkpoint {ckpt} is for a different model") and "patch_size" in outputs[0]
+    assert (two_steps / "config.json").read_bytes() == before  # a refused resume changes nothing
+    r = _invoke(tiny_args(shard_dir, two_steps, **{"max-steps": 2, "num-workers": 0, "dry-run": None}))
+    assert r.exit_code == 0 and f"run dir     {two_steps}: would resume from {ckpt} (step 2)" in r.output
+
+
+def test_allowed_changes_are_logged_and_kept(shard_dir, two_steps, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(two_steps, run)
+    ckpt = CheckpointManager(run / "checkpoints").path(2)
+    args = tiny_args(shard_dir, run, **{"max-steps": 3, "num-workers": 0, "quiet": None, "lr": 5e-4})
+    r = _invoke([*args, "--dry-run"])
+    assert r.exit_code == 0, r.output
+    assert "changed     since that checkpoint (allowed): max_steps 2 -> 3; lr 0.001 -> 0.0005" in r.output
+    r = _invoke(args)
+    assert r.exit_code == 0, r.output
+    log = (run / "log.txt").read_text()
+    assert f"run dir     {run}: resumes from {ckpt} (step 2)" in log
+    assert (f"settings changed since {ckpt} (allowed; kept in {run / 'config-history.jsonl'}): max_steps 2 -> 3; "
+            "lr 0.001 -> 0.0005") in log
+    history = [json.loads(line) for line in (run / "config-history.jsonl").read_text().splitlines()]
+    assert [(h["step"], h["changes"]) for h in history] == [
+        (0, {}), (2, {"max_steps": [2, 3], "lr": [0.001, 0.0005]})]
+    assert history[1]["config"] == json.loads((run / "config.json").read_text())
+    assert history[1]["config"]["lr"] == 0.0005 and history[0]["config"]["lr"] == 0.001

@@ -1,0 +1,103 @@
+"""Where a training run starts, decided once and the same way in a dry run and the real run.
+
+`check_resume` runs on every rank before any process group is joined: it refuses `--resume none` over an
+existing run, finds the checkpoint to resume from, loads it once and checks it against this run (model,
+objective, shard set, global batch: train.checkpoint.check_resumable) and lists the settings changed since
+it. A refused resume therefore stops before the run folder is touched (config.json stays byte-identical);
+allowed changes are logged old -> new and appended, with the full config, to RUN/config-history.jsonl.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dit_pipeline.common.errors import UserError
+from dit_pipeline.common.io import atomic_write_bytes
+from dit_pipeline.train.checkpoint import CheckpointManager, check_resumable, load_checkpoint
+from dit_pipeline.train.config import TrainConfig
+from dit_pipeline.train.preflight import Preflight, resolve_precision
+
+CONFIG_HISTORY = "config-history.jsonl"
+# Settings whose change on resume is not a change of the run (how this invocation behaves; a moved folder).
+_NOT_RUN_SETTINGS = ("dry_run", "quiet", "resume", "run_dir")
+
+
+@dataclass
+class StartPoint:
+    """Where a run starts: the checkpoint it resumes from (None: from scratch), its step, and the settings
+    changed since that checkpoint (name -> [old, new]), all checked by `check_resume`."""
+
+    path: Path | None = None
+    step: int = 0
+    changes: dict[str, list] = field(default_factory=dict)
+    checkpoint: dict[str, Any] | None = field(default=None, repr=False)  # loaded once; dropped after use
+
+
+def resolved_config(prep: Preflight, precision: str) -> TrainConfig:
+    """The config as the run uses it (precision and micro-batch resolved), as saved in config.json."""
+    return TrainConfig(**{**prep.cfg.to_dict(), "precision": precision, "micro_batch_size": prep.batch.micro_batch})
+
+
+def config_changes(old: dict[str, Any], new: dict[str, Any]) -> dict[str, list]:
+    """Settings that differ between a checkpoint's config and this run's (name -> [old, new])."""
+    return {k: [old.get(k), v] for k, v in new.items() if k not in _NOT_RUN_SETTINGS and old.get(k) != v}
+
+
+def format_changes(changes: dict[str, list]) -> str:
+    return "; ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in changes.items())
+
+
+def _checkpoint_to_resume(cfg: TrainConfig, ckpts: CheckpointManager) -> Path | None:
+    if cfg.resume == "none":
+        return None
+    if cfg.resume == "auto":
+        return ckpts.latest()
+    return Path(cfg.resume).expanduser()
+
+
+def check_resume(prep: Preflight) -> StartPoint:
+    """Where the run starts, with every check of a resume done (UserError on a refused one)."""
+    from dit_pipeline import dit
+
+    cfg = prep.cfg
+    ckpts = CheckpointManager(Path(cfg.run_dir).expanduser() / "checkpoints")
+    existing = ckpts.steps()
+    if cfg.resume == "none" and existing:
+        raise UserError(f"{cfg.run_dir} already holds checkpoints up to step {existing[-1]}; --resume none would "
+                        "train a new run over them. Use a new --run-dir, or --resume auto to continue this one.")
+    path = _checkpoint_to_resume(cfg, ckpts)
+    if path is None:
+        return StartPoint()
+    ckpt = load_checkpoint(path)
+    with torch.device("meta"):
+        model = dit.create_model(**prep.model_kwargs)
+    check_resumable(ckpt, path, model=model, fingerprint=prep.source.fingerprint,
+                    global_batch=cfg.global_batch_size, objective=cfg.objective)
+    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    new = resolved_config(prep, resolve_precision(cfg.precision, device)).to_dict()
+    return StartPoint(path, int(ckpt["step"]), config_changes(ckpt.get("config") or {}, new), ckpt)
+
+
+def append_history(run_dir: Path, start: StartPoint, resolved: TrainConfig) -> None:
+    """RUN/config-history.jsonl: one line per start of the run (step, time, changes, the full config)."""
+    path = run_dir / CONFIG_HISTORY
+    old = path.read_bytes() if path.is_file() else b""
+    rec = {"step": start.step, "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "resumed_from": str(start.path) if start.path else None, "changes": start.changes,
+           "config": resolved.to_dict()}
+    atomic_write_bytes(path, old + (json.dumps(rec, sort_keys=True) + "\n").encode())
+
+
+def start_line(run_dir: str, start: StartPoint, dry_run: bool) -> str:
+    """The plan's lines on where the run starts and what changed since its checkpoint."""
+    verb = ("would resume" if dry_run else "resumes") if start.path else ("would start" if dry_run else "starts")
+    where = f" from {start.path} (step {start.step})" if start.path else " from scratch"
+    line = f"  run dir     {run_dir}: {verb}{where}"
+    if start.changes:
+        line += f"\n  changed     since that checkpoint (allowed): {format_changes(start.changes)}"
+    return line
