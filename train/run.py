@@ -17,6 +17,7 @@ from typing import Any, Sequence
 import torch
 
 from dit_pipeline.common import distributed as dist
+from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.io import atomic_write_json
 from dit_pipeline.common.log import get_logger, setup_logging
 from dit_pipeline.common.precision import AUTOCAST_DTYPES, set_tf32
@@ -169,6 +170,11 @@ def _train(prep: Preflight, hooks: Sequence[PeriodicHook], stop: StopRequest, st
     trainer = Trainer(resolved, batch=prep.batch, layout=prep.layout, source=prep.source, parts=parts,
                       device=device, state=TrainState(), total_steps=prep.total_steps, ckpts=ckpts,
                       metrics=metrics, run_dir=run_dir, hooks=hooks, sha256=prep.sha256)
+    with comm_guard("agreeing on the checkpoint to resume from", 0):
+        seen = dist.all_gather_object(str(start.path) if start.path else None)
+    if len(set(seen)) > 1:  # every rank found its own (train.resume.check_resume): they must be the same
+        raise UserError(f"the ranks would resume from different checkpoints ({', '.join(map(str, seen))}): "
+                        "--run-dir must be one shared folder on every node")
     ckpt, start.checkpoint = start.checkpoint, None  # the only reference: freed once loaded
     if start.path is not None and ckpt is not None:
         trainer.load_state_dict(ckpt, start.path)
