@@ -106,7 +106,7 @@ def test_sample_grid_is_reproducible_and_restores_train_mode(tiny_vae_dir):
     c = sample_grid(model, batch_size=2, **{**kwargs, "class_labels": [3, 1, 7, 7]})
     assert np.array_equal(c[:2], a[:2])
     with pytest.raises(ValueError, match="sampler"):
-        sample_grid(model, **{**kwargs, "sampler": "euler"})
+        sample_grid(model, **{**kwargs, "sampler": "dpm++"})
 
 
 def test_other_batch_sizes_agree_to_within_one_pixel_level(tiny_vae_dir):
