@@ -29,7 +29,7 @@ from dit_pipeline.extract.config import (CPU_DEFAULT_BATCH, DTYPES, GPU_DEFAULT_
                                           ExtractConfig)
 from dit_pipeline.sample.config import (CFG_CHANNELS, DIFFUSION_FORMS, EXPORT_TARGETS, OBJECTIVES, SAMPLERS, WEIGHTS,
                                          ExportConfig, SampleConfig)
-from dit_pipeline.train.config import ATTENTION_BACKENDS, TrainConfig
+from dit_pipeline.train.config import ATTENTION_BACKENDS, SAMPLE_WEIGHTS, TrainConfig
 
 
 class DashCommand(click.Command):
@@ -526,7 +526,11 @@ def _train_options(f: Callable) -> Callable:
         o("--dry-run/--no-dry-run", default=None,
           help="Validate everything and print the plan (batch split, steps per epoch, readers, memory)."),
         o("--sample-every", type=int, help="Every N steps rank 0 writes RUN/samples/step-NNNNNNN.png, a grid of "
-          "the EMA model's samples (DDIM; Euler ODE for --objective flow) of fixed classes and seeds [off]."),
+          "the EMA model's samples (DDIM; Euler ODE for --objective flow) of fixed classes and seeds, labelled "
+          "with the class names [off]."),
+        o("--sample-weights", type=click.Choice(SAMPLE_WEIGHTS), help="Weights the grids show: ema, raw "
+          "(step-NNNNNNN-raw.png) or both; an EMA of decay 0.9999 averages ~10,000 steps, so in a short run "
+          f"its grids show barely trained weights [{T('sample_weights')}]."),
         o("--vae", help="VAE that decodes the sample grids: hub id, local diffusers folder or single "
           ".safetensors/.ckpt file [the one the manifest records, i.e. the shards were extracted with]."),
         o("--vae-config", help="Diffusers config folder for a single-file --vae [the SD-VAE config]."),

@@ -50,7 +50,12 @@ def png_bytes(image: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def _draw_labels(grid: np.ndarray, labels: Sequence[int], tile_hw: tuple[int, int], cols: int,
+def label_texts(labels: Sequence[int], names: Sequence[str] | None) -> list[str]:
+    """Tile labels: "id name" where the class names are known (the manifest's), else the id."""
+    return [f"{int(c)} {names[int(c)]}" if names and 0 <= int(c) < len(names) else str(int(c)) for c in labels]
+
+
+def _draw_labels(grid: np.ndarray, labels: Sequence[int | str], tile_hw: tuple[int, int], cols: int,
                  padding: int) -> np.ndarray:
     from PIL import Image, ImageDraw, ImageFont
 
@@ -65,14 +70,14 @@ def _draw_labels(grid: np.ndarray, labels: Sequence[int], tile_hw: tuple[int, in
     for k, label in enumerate(labels):
         x = padding + (k % cols) * (w + padding)
         y = padding + (k // cols) * (h + padding)
-        text = str(int(label))
+        text = label if isinstance(label, str) else str(int(label))
         left, top, right, bottom = draw.textbbox((x + 1, y), text, font=font)
         draw.rectangle((x, y, min(right + 1, x + w - 1), min(bottom + 1, y + h - 1)), fill=(0, 0, 0))
         draw.text((x + 1, y), text, fill=(255, 255, 255), font=font)
     return np.array(img)  # a writable copy (PIL's buffer is read-only)
 
 
-def save_grid(images: np.ndarray | torch.Tensor, path: str | Path, *, labels: Sequence[int] | None = None,
+def save_grid(images: np.ndarray | torch.Tensor, path: str | Path, *, labels: Sequence[int | str] | None = None,
               ncol: int | None = None, padding: int = GRID_PADDING) -> Path:
     """Write uint8 images [N, H, W, 3] as one PNG grid (atomically); returns the path.
 
@@ -165,6 +170,7 @@ class SampleGridHook:
     cfg_scale: float = 4.0
     cfg_channels: str = "3"
     precision: str = "fp32"
+    weights: str = "ema"  # ema | raw | both (raw grids are step-NNNNNNN-raw.png)
     _vae: Any = field(default=None, init=False, repr=False)
     _identity: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
 
@@ -191,16 +197,22 @@ class SampleGridHook:
                             f"{ctx.num_classes - 1})")
 
     def __call__(self, ctx: Any) -> Path | None:
+        """Write this step's grid(s); returns the path of the last one written (None on other ranks)."""
         if ctx.rank != 0:
             return None
-        model = ctx.ema if ctx.ema is not None else ctx.model
         self.load(ctx.device)
         self._vae.to(ctx.device)
         labels = list(self.class_labels) if self.class_labels else default_grid_labels(ctx.num_classes)
         # A model trained without class dropout has no null class: show it unguided.
         cfg_scale = self.cfg_scale if float(ctx.model_config.get("class_dropout_prob", 0.1)) > 0 else 1.0
-        images = sample_grid(model, vae=self._vae, scaling_factor=float(ctx.latent["scaling_factor"]),
-                             shift_factor=ctx.latent.get("shift_factor"), class_labels=labels, seed=self.seed,
-                             steps=self.steps, sampler=self.sampler, cfg_scale=cfg_scale,
-                             cfg_channels=self.cfg_channels, precision=self.precision)
-        return save_grid(images, Path(ctx.run_dir) / "samples" / f"step-{ctx.step:07d}.png", labels=labels)
+        texts = label_texts(labels, getattr(ctx, "class_names", None))
+        path = None
+        for w in {"ema": ["ema"], "raw": ["raw"], "both": ["ema", "raw"]}[self.weights]:
+            model = ctx.ema if w == "ema" and ctx.ema is not None else ctx.model
+            images = sample_grid(model, vae=self._vae, scaling_factor=float(ctx.latent["scaling_factor"]),
+                                 shift_factor=ctx.latent.get("shift_factor"), class_labels=labels, seed=self.seed,
+                                 steps=self.steps, sampler=self.sampler, cfg_scale=cfg_scale,
+                                 cfg_channels=self.cfg_channels, precision=self.precision)
+            name = f"step-{ctx.step:07d}{'-raw' if w == 'raw' else ''}.png"
+            path = save_grid(images, Path(ctx.run_dir) / "samples" / name, labels=texts)
+        return path

@@ -18,6 +18,8 @@ from typing import Any
 from dit_pipeline.common.errors import ConfigError, UserError, collect
 from dit_pipeline.common.precision import PRECISIONS_AUTO as PRECISIONS
 
+SAMPLE_WEIGHTS = ("ema", "raw", "both")  # which weights the sample grids show
+
 ATTENTION_BACKENDS = ("auto", "cudnn", "flash", "efficient", "math")  # train.speed applies them
 OBJECTIVES = ("ddpm", "flow")
 
@@ -92,6 +94,7 @@ class TrainConfig:
     vae_config: str | None = None               # diffusers config folder for a single-file --vae
     sample_classes: list[int] | None = None     # default: 8 classes spread over the label range
     sample_steps: int = 50                      # DDIM steps (flow: Euler steps)
+    sample_weights: str = "ema"                 # ema | raw | both: which weights the grids show
     sample_cfg_scale: float = 4.0               # classifier-free guidance (1 = none)
     # FID during training (evaluate.hook.FidHook): every N steps all ranks sample with the EMA weights as
     # dit-sample does, rank 0 logs fid, sfid, inception_score, precision, recall to metrics.jsonl
@@ -126,6 +129,8 @@ class TrainConfig:
         _non_negative(p, self, "warmup_steps", "seed", "weight_decay")
         if self.num_workers is not None:
             _non_negative(p, self, "num_workers")
+        if self.sample_weights not in SAMPLE_WEIGHTS:
+            p.append(f"--sample-weights must be one of {', '.join(SAMPLE_WEIGHTS)}, got {self.sample_weights!r}")
         if not self.lr > 0:
             p.append(f"--lr must be > 0, got {self.lr}")
         for name in ("adam_beta1", "adam_beta2"):

@@ -36,6 +36,7 @@ class HookContext:
     latent: dict[str, Any]             # {"scaling_factor", "shift_factor", "vae"} of the shard set
     num_classes: int
     config: dict[str, Any]             # the resolved TrainConfig as a dict
+    class_names: list[str] | None = None  # the manifest's (sorted class-folder names), None when unknown
     metrics: Any = None                # train.metrics.MetricsLog: write({"step": ..., name: value}) (rank 0 writes)
 
 
@@ -84,7 +85,7 @@ def build_hooks(cfg: Any) -> list[PeriodicHook]:
         grid = SampleGridHook(every=cfg.sample_every, vae=vae, vae_config=vae_config,
                               class_labels=cfg.sample_classes, seed=cfg.seed, steps=cfg.sample_steps,
                               sampler="euler" if cfg.objective == "flow" else "ddim",
-                              cfg_scale=cfg.sample_cfg_scale)
+                              cfg_scale=cfg.sample_cfg_scale, weights=cfg.sample_weights)
         if dist.is_main():
             grid.load()
         hooks.append(grid)

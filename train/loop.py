@@ -369,4 +369,5 @@ class Trainer(CheckpointMixin):
                            model_config=self.p.model.config,
                            latent={"scaling_factor": m.scaling_factor, "shift_factor": m.shift_factor,
                                    "vae": m.extraction.get("vae")},
-                           num_classes=m.num_classes, config=self.cfg.to_dict(), metrics=self.metrics)
+                           num_classes=m.num_classes, config=self.cfg.to_dict(), metrics=self.metrics,
+                           class_names=list(m.class_names) if m.class_names else None)

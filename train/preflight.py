@@ -28,6 +28,7 @@ from dit_pipeline.train.speed import compile_enabled
 GiB = float(2**30)
 DEFAULT_MAX_STEPS = 400_000   # neither --max-steps nor --epochs: the DiT paper's length for its comparisons
 DEFAULT_NUM_WORKERS = 4
+EMA_SHORT_RUN = 10            # EMA grids of a run shorter than this many EMA horizons show early weights
 
 
 @dataclass
@@ -210,6 +211,20 @@ def host_memory_available() -> float | None:
     return None
 
 
+def grids_line(prep: Preflight) -> list[str]:
+    """The plan's line on the sample grids (none without --sample-every), with a note for short EMA runs."""
+    cfg = prep.cfg
+    if not cfg.sample_every:
+        return []
+    line = f"  grids       every {cfg.sample_every} steps, {cfg.sample_weights} weights"
+    horizon = 1.0 / max(1.0 - cfg.ema_decay, 1e-12)
+    if cfg.sample_weights == "ema" and prep.total_steps and prep.total_steps < EMA_SHORT_RUN * horizon:
+        line += (f"; the EMA (decay {cfg.ema_decay:g}) averages over ~{horizon:,.0f} steps and this run has "
+                 f"{prep.total_steps:,}, so its grids show barely trained weights: --sample-weights both adds "
+                 "grids of the raw weights")
+    return [line]
+
+
 def integrity_line(prep: Preflight) -> str:
     """The plan's line on the shards' sha256 check (train.preflight.sha256_mode)."""
     held = f"{prep.sha256_bytes / GiB:.2f} GiB of whole shards per node"
@@ -276,6 +291,7 @@ def format_plan(prep: Preflight, start_line: str | None = None, *, dry_run: bool
         f"  host memory (estimate, per node) {local} rank(s) x {prep.layout.workers} worker(s) x shuffle buffers = "
         f"{host / GiB:.2f} GiB{f' of {avail:.1f} GiB available' if avail is not None else ''}",
         integrity_line(prep),
+        *grids_line(prep),
         start_line or f"  run dir     {cfg.run_dir}: {'would start' if dry_run else 'starts'} from scratch",
     ]
     return "\n".join(lines)

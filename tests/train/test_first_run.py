@@ -89,3 +89,14 @@ def test_allowed_changes_are_logged_and_kept(shard_dir, two_steps, tmp_path):
         (0, {}), (2, {"max_steps": [2, 3], "lr": [0.001, 0.0005]})]
     assert history[1]["config"] == json.loads((run / "config.json").read_text())
     assert history[1]["config"]["lr"] == 0.0005 and history[0]["config"]["lr"] == 0.001
+
+
+def test_plan_says_the_ema_grids_of_a_short_run_show_early_weights(shard_dir, tmp_path, tiny_vae_dir):
+    args = tiny_args(shard_dir, tmp_path / "run", **{"dry-run": None, "sample-every": 2, "vae": tiny_vae_dir})
+    r = _invoke(args)
+    assert r.exit_code == 0, r.output
+    assert ("grids       every 2 steps, ema weights; the EMA (decay 0.9999) averages over ~10,000 steps and this "
+            "run has 8, so its grids show barely trained weights: --sample-weights both adds grids of the raw "
+            "weights") in r.output
+    r = _invoke([*args, "--sample-weights", "both"])
+    assert r.exit_code == 0 and "grids       every 2 steps, both weights\n" in r.output

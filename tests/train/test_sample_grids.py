@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import json
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -150,3 +151,21 @@ def test_grid_vae_defaults_to_the_one_the_manifest_records(tmp_path, tiny_vae_di
     (folder / "manifest.json").write_text(json.dumps(manifest))
     [hook] = build_hooks(TrainConfig(shards=str(folder), run_dir=str(tmp_path / "run"), max_steps=1, sample_every=1))
     assert hook.vae == str(tiny_vae_dir) and hook.vae_config is None
+
+
+def test_hook_labels_tiles_with_class_names_and_can_draw_the_raw_weights(tmp_path, monkeypatch):
+    import dit_pipeline.sample.grid as grid
+
+    drawn, saved = [], []
+    monkeypatch.setattr(grid, "sample_grid", lambda model, **kw: drawn.append(model) or np.zeros((2, 8, 8, 3), np.uint8))
+    monkeypatch.setattr(grid, "save_grid", lambda images, path, labels: saved.append((Path(path).name, labels)))
+    hook = SampleGridHook(every=1, vae="v", class_labels=[1, 0], weights="both")
+    hook._vae = torch.nn.Identity()
+    raw, ema = torch.nn.Linear(1, 1), torch.nn.Linear(1, 1)
+    ctx = HookContext(step=3, epoch=0, rank=0, world_size=1, run_dir=tmp_path, device=torch.device("cpu"),
+                      model=raw, ema=ema, model_config={"class_dropout_prob": 0.1},
+                      latent={"scaling_factor": 0.5}, num_classes=2, config={}, class_names=["cat", "dog"])
+    hook(ctx)
+    assert drawn == [ema, raw]
+    assert saved == [("step-0000003.png", ["1 dog", "0 cat"]), ("step-0000003-raw.png", ["1 dog", "0 cat"])]
+    assert grid.label_texts([1, 0], None) == ["1", "0"]
