@@ -37,7 +37,7 @@ from dit_pipeline.common.vae import DEFAULT_VAE, load_vae, recorded_vae
 from dit_pipeline.sample import plan
 from dit_pipeline.sample.config import DDPM_SAMPLERS, FLOW_SAMPLERS, SampleConfig
 from dit_pipeline.sample.generate import generate_images, guided_model_fn, make_diffusion
-from dit_pipeline.sample.grid import png_bytes, save_grid
+from dit_pipeline.sample.grid import label_texts, png_bytes, save_grid
 from dit_pipeline.sample.load import LoadedModel, latent_scale, load_model, resolve_ckpt, resolve_objective
 from dit_pipeline.sample.npz import RUN_FILE, PartStore, assemble_npz, parts_dir_for
 
@@ -173,7 +173,7 @@ def _record(cfg: SampleConfig, loaded: LoadedModel, vae_id: dict[str, Any], scal
                 "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}
     return {"fingerprint": json.loads(json.dumps(fingerprint)), "numerics": numerics, "config": cfg.to_dict(),
             "checkpoint": {"path": str(cfg.ckpt), "source": loaded.info["source"], "step": loaded.info.get("step")},
-            "vae": vae_id, "labels": labels.tolist()}
+            "vae": vae_id, "labels": labels.tolist(), "class_names": (loaded.latent or {}).get("class_names")}
 
 
 def _sde_settings(cfg: SampleConfig) -> dict[str, Any]:
@@ -300,7 +300,8 @@ def _finish(cfg: SampleConfig, store: PartStore, labels: np.ndarray, record: dic
         k = min(cfg.total, cfg.grid_max)
         pairs = list(store.iter_images(range(k)))
         with _writing(grid_path, store):
-            save_grid(np.stack([p[0] for p in pairs]), grid_path, labels=[p[1] for p in pairs], ncol=cfg.grid_cols)
+            save_grid(np.stack([p[0] for p in pairs]), grid_path, ncol=cfg.grid_cols,
+                      labels=label_texts([p[1] for p in pairs], record.get("class_names")))
         log.info("wrote %s (%d samples)", grid_path, k)
     for path in _record_paths(cfg):
         with _writing(path, store):

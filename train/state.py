@@ -68,7 +68,7 @@ class CheckpointMixin:
                      "bad_shard_names": list(s.bad_shard_names)},
             "rng": rng_state(), "model_config": p.model.config, "objective": self.cfg.objective,
             "latent": {"scaling_factor": m.scaling_factor, "shift_factor": m.shift_factor,
-                       "vae": m.extraction.get("vae")},
+                       "vae": m.extraction.get("vae"), "class_names": list(m.class_names or [])},
             "config": self.cfg.to_dict(), "manifest_fingerprint": self.source.fingerprint,
         }
 
