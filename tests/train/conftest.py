@@ -3,6 +3,9 @@ arguments of a tiny DiT run (depth 2, hidden 32, 4x8x8 latents)."""
 from __future__ import annotations
 
 import pytest
+from click.testing import CliRunner
+
+from dit_pipeline.cli import train_main
 
 from tests.train.helpers import make_shard_set
 
@@ -30,3 +33,16 @@ def tiny_args(shards, run_dir, **overrides) -> list[str]:
             continue
         args += [f"--{k}"] if v is None or v is True else [f"--{k}", str(v)]
     return args
+
+
+def invoke_train(args, env=None):
+    """dit-train in process (click's runner)."""
+    return CliRunner().invoke(train_main, [str(a) for a in args], env=env)
+
+
+def two_step_run(shard_dir, tmp_path_factory, name: str):
+    """A finished 2-step run folder (in process, no loader workers) to resume from or inspect."""
+    run_dir = tmp_path_factory.mktemp(name) / "run"
+    r = invoke_train(tiny_args(shard_dir, run_dir, **{"max-steps": 2, "num-workers": 0, "quiet": None}))
+    assert r.exit_code == 0, r.output
+    return run_dir

@@ -5,24 +5,15 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from click.testing import CliRunner
 
-from dit_pipeline.cli import train_main
-from tests.train.conftest import tiny_args
+from tests.train.conftest import invoke_train as _invoke, tiny_args, two_step_run
 from tests.train.helpers import make_shard_set
-
-
-def _invoke(args, env=None):
-    return CliRunner().invoke(train_main, [str(a) for a in args], env=env)
 
 
 @pytest.fixture(scope="module")
 def trained(shard_dir, tmp_path_factory):
     """A 2-step run (in-process) to resume from."""
-    run_dir = tmp_path_factory.mktemp("cli") / "run"
-    r = _invoke(tiny_args(shard_dir, run_dir, **{"max-steps": 2, "num-workers": 0, "quiet": None}))
-    assert r.exit_code == 0, r.output
-    return run_dir
+    return two_step_run(shard_dir, tmp_path_factory, "cli")
 
 
 def test_indivisible_batch_fails_before_any_work(shard_dir, tmp_path):

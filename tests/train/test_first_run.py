@@ -7,18 +7,16 @@ import json
 import shutil
 
 import pytest
-from click.testing import CliRunner
 
-from dit_pipeline.cli import train_main
 from dit_pipeline.train.checkpoint import CheckpointManager
 from dit_pipeline.train.config import TrainConfig
 from dit_pipeline.train.preflight import format_plan, prepare, resolve_defaults
-from tests.train.conftest import tiny_args
+from tests.train.conftest import invoke_train as _invoke, tiny_args, two_step_run
 
 
 def test_default_length_is_the_papers_and_said_in_the_plan(shard_dir, tmp_path):
-    r = CliRunner().invoke(train_main, [str(a) for a in tiny_args(
-        shard_dir, tmp_path / "run", **{"max-steps": False, "num-workers": False, "dry-run": None})])
+    r = _invoke(tiny_args(shard_dir, tmp_path / "run",
+                **{"max-steps": False, "num-workers": False, "dry-run": None}))
     assert r.exit_code == 0, r.output
     assert "length      max_steps 400000 -> 400,000 steps" in r.output
     assert ("(--max-steps and --epochs not given: the DiT paper's 400K steps; stop earlier with SIGTERM/SIGUSR1 "
@@ -42,16 +40,9 @@ def test_fewer_workers_with_fewer_shards_per_rank(shard_dir, tmp_path):
     assert one.num_workers == 1 and "1 loader worker(s) per rank instead of 4" in notes["readers"]
 
 
-def _invoke(args):
-    return CliRunner().invoke(train_main, [str(a) for a in args])
-
-
 @pytest.fixture(scope="module")
 def two_steps(shard_dir, tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("first-run") / "run"
-    r = _invoke(tiny_args(shard_dir, run_dir, **{"max-steps": 2, "num-workers": 0, "quiet": None}))
-    assert r.exit_code == 0, r.output
-    return run_dir
+    return two_step_run(shard_dir, tmp_path_factory, "first-run")
 
 
 def test_dry_run_runs_the_resume_checks_of_the_real_run(shard_dir, two_steps):
