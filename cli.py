@@ -523,8 +523,10 @@ def _train_options(f: Callable) -> Callable:
         o("--tensorboard/--no-tensorboard", default=None,
           help=f"TensorBoard events when installed [{T('tensorboard')}]."),
         o("--quiet/--no-quiet", default=None, help="No progress bar or info messages on the console."),
-        o("--dry-run/--no-dry-run", default=None,
-          help="Validate everything and print the plan (batch split, steps per epoch, readers, memory)."),
+        o("--dry-run/--no-dry-run", default=None, envvar="DIT_DRY_RUN",
+          help="Run every check the real run runs (shards, model vs latents, batch split, readers, run folder, "
+          "resume point) and print its plan, without training. DIT_DRY_RUN=1 in front of a pasted command "
+          "does the same."),
         o("--sample-every", type=int, help="Every N steps rank 0 writes RUN/samples/step-NNNNNNN.png, a grid of "
           "the EMA model's samples (DDIM; Euler ODE for --objective flow) of fixed classes and seeds, labelled "
           "with the class names [off]."),

@@ -4,6 +4,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 import torch
 
 from dit_pipeline import dit
@@ -38,17 +39,6 @@ def test_python_api_snippet_runs(tmp_path, monkeypatch):
     assert scope["info"]["model_config"]["num_classes"] == 1000
 
 
-# Appended to each Quickstart command so it runs in seconds on a CPU; the README's own flags stay as written
-# (click takes the last value of a repeated option).
-QUICKSTART_OVERRIDES = {
-    "dit-extract": ["--image-size", "32", "--batch-size", "4", "--num-workers", "0"],
-    "dit-shards": [],
-    "dit-train": ["--depth", "2", "--hidden-size", "32", "--num-heads", "2", "--global-batch-size", "8",
-                  "--micro-batch-size", "4", "--max-steps", "2", "--num-workers", "0", "--log-every", "1"],
-    "dit-sample": ["--steps", "2", "--sampler", "ddim", "--class-labels", "0,1,2,0"],  # 3 classes here
-}
-
-
 def _commands(block: str) -> list[list[str]]:
     import shlex
 
@@ -56,20 +46,161 @@ def _commands(block: str) -> list[list[str]]:
     return [shlex.split(line, comments=True) for line in joined.splitlines() if line.strip()]
 
 
-def test_quickstart_commands_run_as_written(tmp_path, tiny_vae_dir):
-    """The Quickstart block, run in a folder where imagenet/train is a tiny image tree and the hub VAE id is
-    swapped for the tiny local VAE (no downloads here)."""
+# Training DiT-XL/2 for 400K steps is no CPU test: the README's dit-train commands run exactly as pasted with
+# DIT_DRY_RUN=1 in front (every check the real run makes: shards, model vs latents, batch split, readers, run
+# folder, resume point; then its plan). The same command with these sizes appended then trains the checkpoint
+# that the pasted dit-sample line reads (click takes the last value of a repeated option).
+TINY_TRAIN = ["--depth", "2", "--hidden-size", "32", "--num-heads", "2", "--global-batch-size", "8",
+              "--micro-batch-size", "4", "--max-steps", "2", "--num-workers", "0", "--log-every", "1"]
+
+
+def test_quickstart_commands_run_as_pasted(tmp_path, tiny_vae_dir):
+    """The Quickstart block as a user pastes it, in a folder where imagenet/train is a small image tree
+    (3 classes, 258 images: one global batch of 256) and the hub VAE id is the tiny local VAE (no downloads
+    here). Substituted besides: dit-sample's checkpoint (the tiny run's) and class ids (3 classes here)."""
     from tests._util import make_image_tree, run_cli
 
-    make_image_tree(tmp_path / "imagenet" / "train", counts=(3, 2, 3))
+    make_image_tree(tmp_path / "imagenet" / "train", counts=(86, 86, 86), size=(24, 20))
     commands = _commands(_block_after("## Quickstart", "bash"))
     assert [c[0] for c in commands] == ["dit-extract", "dit-shards", "dit-train", "dit-sample"]
     for argv in commands:
         argv = [str(tiny_vae_dir) if a == "stabilityai/sd-vae-ft-ema" else a for a in argv]
+        if argv[0] == "dit-train":
+            res = run_cli(argv[0], argv[1:], cwd=tmp_path, env={"DIT_DRY_RUN": "1"}, timeout=600)
+            assert res.returncode == 0, f"{argv}\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}"
+            assert "dit-train plan (dry run: nothing was started)" in res.stdout
+            assert "length      max_steps 400000 -> 400,000 steps" in res.stdout
+            assert "global 256 = 1 rank(s) x micro-batch 64 x 4 accumulation step(s)" in res.stdout
+            assert not (tmp_path / "runs").exists()
+            argv = [*argv, *TINY_TRAIN]
         if argv[0] == "dit-sample":  # the README's checkpoint name is the paper's step count
             ckpts = sorted((tmp_path / "runs/xl2/checkpoints").glob("step-*[0-9].pt"))
             argv = [str(ckpts[-1]) if a.endswith("step-0400000.pt") else a for a in argv]
-        res = run_cli(argv[0], [*argv[1:], *QUICKSTART_OVERRIDES[argv[0]]], cwd=tmp_path, timeout=600)
+            argv = ["0,1,2,0,1,2,0,1" if a.startswith("207,360") else a for a in argv]
+        res = run_cli(argv[0], argv[1:], cwd=tmp_path, timeout=900)
         assert res.returncode == 0, f"{argv}\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}"
     assert (tmp_path / "shards/manifest.json").is_file()
     assert (tmp_path / "samples/grid.png").is_file()
+
+
+def test_eight_gpu_training_commands_pass_every_check(tmp_path, monkeypatch):
+    """Both 8-GPU dit-train lines of "ImageNet on 8 GPUs" exactly as pasted (shards/in1k-256 is a synthetic
+    256px shard set here), under DIT_DRY_RUN=1: the torchrun line as rank 0 of its 8 ranks sees it, the
+    --nproc-per-node line as its launcher plans it. They plan the same run."""
+    from tests._util import run_cli
+    from tests.train.helpers import make_shard_set
+
+    make_shard_set(tmp_path / "shards" / "in1k-256", samples=[64] * 16, latent_shape=(4, 32, 32),
+                   dtype="float16")
+    monkeypatch.chdir(tmp_path)
+    block = _block_after("**Training DiT-XL/2 as in the paper**", "bash")
+    lines = [c for c in _commands(block) if "dit-train" in " ".join(c)]
+    assert len(lines) == 2
+    plans = []
+    for argv in lines:
+        env = {"DIT_DRY_RUN": "1"}
+        if argv[0] == "torchrun":  # torchrun --nproc-per-node 8 $(which dit-train) ARGS: rank 0 of 8
+            at = next(i for i, a in enumerate(argv) if a.endswith("dit-train)"))
+            argv = ["dit-train", *argv[at + 1:]]
+            env.update(WORLD_SIZE="8", RANK="0", LOCAL_RANK="0", LOCAL_WORLD_SIZE="8")
+        res = run_cli(argv[0], argv[1:], cwd=tmp_path, env=env, timeout=600)
+        assert res.returncode == 0, f"{argv}\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}"
+        assert "global 256 = 8 rank(s) x micro-batch 32 x 1 accumulation step(s)" in res.stdout
+        assert "length      max_steps 7000000 -> 7,000,000 steps" in res.stdout
+        plans.append(res.stdout)
+    # the other single-node training lines (the objectives), in-process with the same environment variable
+    from click.testing import CliRunner
+
+    from dit_pipeline.cli import train_main
+    others = [args for name, args in _readme_invocations()
+              if name == "dit-train" and "--objective" in args and "/shared/" not in " ".join(args)]
+    assert len(others) == 2
+    for args in others:
+        r = CliRunner().invoke(train_main, args, env={"DIT_DRY_RUN": "1"}, catch_exceptions=False)
+        assert r.exit_code == 0 and "dit-train plan (dry run: nothing was started)" in r.output, r.output
+        assert "  objective   flow (linear interpolant, velocity prediction; training times " in r.output, r.output
+    assert not (tmp_path / "runs").exists()
+
+
+def test_which_checks_catch_what(tmp_path):
+    """The README's "Which checks catch what": a flipped byte inside a latent (values stay finite) passes
+    `verify --quick`, the trainer's start-up check and its sample checks; the full verify and the trainer's
+    sha256 check catch it. A truncated shard is caught by --quick and the start-up check."""
+    import shutil
+
+    from dit_pipeline.shards import ShardError, iter_shard, quick_check, read_manifest, verify_shards
+    from tests.shards.test_sha256_check import flip_payload_byte
+    from tests.train.helpers import make_shard_set
+
+    section = README[README.index("## Which checks catch what"):README.index("## Shard format")]
+    assert "only the sha256 checks catch it" in section
+    flipped, cut = tmp_path / "flipped", tmp_path / "cut"
+    make_shard_set(flipped, samples=[4, 4])
+    shutil.copytree(flipped, cut)
+    flip_payload_byte(flipped / "shard-000001.tar")
+    m = read_manifest(flipped)
+    assert verify_shards(flipped, quick=True, progress=False).ok
+    assert quick_check(flipped, m) == []
+    assert len(list(iter_shard(str(flipped / "shard-000001.tar"), m, raw=True))) == 4  # sample checks pass
+    full = verify_shards(flipped, progress=False)
+    assert not full.ok and full.problems == [("shard-000001.tar", full.problems[0][1])]
+    assert full.problems[0][1].startswith("sha256 mismatch")
+    for mode in ("whole", "stream"):
+        with pytest.raises(ShardError, match="sha256 mismatch"):
+            list(iter_shard(str(flipped / "shard-000001.tar"), m, raw=True, sha256=mode))
+
+    data = (cut / "shard-000000.tar").read_bytes()
+    (cut / "shard-000000.tar").write_bytes(data[:len(data) - 1024])
+    assert not verify_shards(cut, quick=True, progress=False).ok
+    assert quick_check(cut, read_manifest(cut))[0].startswith("shard-000000.tar: ")
+
+
+def _readme_invocations() -> list[tuple[str, list[str]]]:
+    """Every dit-* command in the README's bash blocks as (command, its arguments): direct, after
+    `torchrun ... $(which dit-X)` or after `srun`."""
+    import shlex
+
+    out = []
+    for m in re.finditer(r"```bash\n(.*?)```", README, re.S):
+        for line in m.group(1).replace("\\\n", " ").splitlines():
+            try:
+                words = shlex.split(line, comments=True)
+            except ValueError:  # a quoted shell fragment (the trap line): no dit command to parse
+                continue
+            for i, w in enumerate(words):
+                name = w[:-1] if i and words[i - 1] == "$(which" and w.endswith(")") else w
+                if re.fullmatch(r"dit-(extract|train|shards|sample|eval)", name):
+                    rest = words[i + 1:]
+                    out.append((name, rest[:-1] if rest[-1:] == ["&"] else rest))  # `cmd &`: shell syntax
+                    break
+    return out
+
+
+def test_every_readme_command_parses(tmp_path, monkeypatch):
+    """Each dit-* command line in the README, as written, is accepted by its command's parser: no unknown or
+    misspelt flag, no missing required option, no invalid choice (folders it names are created here, since
+    the parser checks that they exist)."""
+    import click
+
+    from dit_pipeline import cli
+
+    commands = {"dit-extract": cli.extract_main, "dit-train": cli.train_main, "dit-shards": cli.shards_main,
+                "dit-sample": cli.sample_main, "dit-eval": cli.eval_main}
+    found = _readme_invocations()
+    assert len(found) >= 20 and {name for name, _ in found} == set(commands)
+    monkeypatch.chdir(tmp_path)
+    for name, args in found:
+        for a in args:
+            if a.startswith("shards/") or a.startswith("/shared/shards/"):
+                (tmp_path / a.lstrip("/")).mkdir(parents=True, exist_ok=True)
+        args = [a[1:] if a.startswith("/shared/") else a for a in args]
+        cmd = commands[name]
+        try:
+            if isinstance(cmd, click.Group):
+                sub = args[0] if args[0] in cmd.commands else getattr(cmd, "default_command", None)
+                rest = args[1:] if args[0] in cmd.commands else args
+                cmd.commands[sub].make_context(f"{name} {sub}", list(rest))
+            else:
+                cmd.make_context(name, list(args))
+        except click.ClickException as e:
+            pytest.fail(f"README: `{name} {' '.join(args)}` does not parse: {e.format_message()}")

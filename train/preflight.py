@@ -225,6 +225,20 @@ def grids_line(prep: Preflight) -> list[str]:
     return [line]
 
 
+def objective_line(cfg: TrainConfig) -> str:
+    """The plan's line on what the model learns: DiT's diffusion loss or the flow objective, and the block
+    options beyond DiT's."""
+    if cfg.objective == "flow":
+        times = ("uniform" if cfg.t_sampling == "uniform"
+                 else f"{cfg.t_sampling} (mean {cfg.t_mean:g}, scale {cfg.t_scale:g})")
+        what = f"flow (linear interpolant, velocity prediction; training times {times})"
+    else:
+        what = "ddpm (DiT: noise prediction + learned variance, 1000-step linear schedule)"
+    extras = [name for name in ("qk_norm", "rms_norm", "swiglu", "rope") if getattr(cfg, name)]
+    blocks = ", ".join(e.replace("_", "-") for e in extras) if extras else "as in DiT"
+    return f"  objective   {what}; blocks {blocks}"
+
+
 def integrity_line(prep: Preflight) -> str:
     """The plan's line on the shards' sha256 check (train.preflight.sha256_mode)."""
     held = f"{prep.sha256_bytes / GiB:.2f} GiB of whole shards per node"
@@ -269,6 +283,7 @@ def format_plan(prep: Preflight, start_line: str | None = None, *, dry_run: bool
         f"{f', shift {m.shift_factor:g}' if m.shift_factor else ''}, {m.num_classes} classes",
         f"  model       {mc['model'] or 'custom'} (depth {mc['depth']}, hidden {mc['hidden_size']}, heads "
         f"{mc['num_heads']}, patch {mc['patch_size']}): {total / 1e6:.2f}M parameters, input {mc['input_size']}",
+        objective_line(cfg),
         f"  precision   {precision}, tf32 {'on' if cfg.tf32 else 'off'}, grad checkpointing "
         f"{'on' if cfg.grad_checkpointing else 'off'}, compile {'on (per block)' if compiled else 'off'}, "
         f"attention {cfg.attention if device.type == 'cuda' else 'default (CPU)'}",

@@ -97,3 +97,17 @@ def test_two_ranks_train_a_flow_model_with_grids(shard_dir, tiny_vae_dir, tmp_pa
     assert prints[0] == prints[1] and sorted(prints[0]) == [2]
     assert (run_dir / "samples" / "step-0000002.png").is_file()
     assert load_checkpoint(CheckpointManager(run_dir / "checkpoints").latest())["objective"] == "flow"
+
+
+def test_plan_says_what_the_model_learns():
+    from dit_pipeline.train.config import TrainConfig
+    from dit_pipeline.train.preflight import objective_line
+
+    assert objective_line(TrainConfig(shards="s", run_dir="r")) == (
+        "  objective   ddpm (DiT: noise prediction + learned variance, 1000-step linear schedule); blocks as in DiT")
+    cfg = TrainConfig(shards="s", run_dir="r", objective="flow", t_sampling="logit-normal", t_mean=-0.5,
+                      qk_norm=True, swiglu=True)
+    assert objective_line(cfg) == ("  objective   flow (linear interpolant, velocity prediction; training times "
+                                   "logit-normal (mean -0.5, scale 1)); blocks qk-norm, swiglu")
+    assert objective_line(TrainConfig(shards="s", run_dir="r", objective="flow")).startswith(
+        "  objective   flow (linear interpolant, velocity prediction; training times uniform); blocks as in DiT")
