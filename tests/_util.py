@@ -106,3 +106,35 @@ def run_torchrun(cmd: str, args: Sequence[str], nproc: int = 2, *, env: dict | N
                  timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run(torchrun_cmd(cmd, args, nproc), capture_output=True, text=True,
                           env=cli_env(env), timeout=timeout)
+
+
+def srun_task_env(rank: int, ntasks: int, port: int, job_id: str = "777") -> dict[str, str]:
+    """The environment `srun --ntasks N` gives task `rank` on this one host (no torchrun variables)."""
+    return {"SLURM_JOB_ID": job_id, "SLURM_STEP_ID": "0", "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank),
+            "SLURM_NODEID": "0", "SLURM_NTASKS": str(ntasks), "SLURM_STEP_NUM_TASKS": str(ntasks),
+            "SLURM_NNODES": "1", "SLURM_STEP_NUM_NODES": "1", "SLURM_STEP_NODELIST": "localhost",
+            "SLURM_JOB_NODELIST": "localhost", "SLURM_STEP_TASKS_PER_NODE": str(ntasks),
+            "SLURM_TASKS_PER_NODE": str(ntasks), "SLURM_LAUNCH_NODE_IPADDR": "127.0.0.1",
+            "MASTER_PORT": str(port)}  # a free port: the job-id port could be taken on a shared test machine
+
+
+def run_srun(cmd: str, args: Sequence[str], ntasks: int = 2, *, env: dict | None = None,
+             timeout: float = 300) -> list[subprocess.CompletedProcess]:
+    """Run a console script as `srun --ntasks ntasks` would on one host: `ntasks` processes started at once,
+    each with its task's SLURM_* environment; returns each task's completed process (rank order)."""
+    port = free_port()
+    argv = [str(BIN / cmd), *map(str, args)]
+    procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=cli_env({**srun_task_env(r, ntasks, port), **(env or {})}))
+             for r in range(ntasks)]
+    done = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=timeout)
+            done.append(subprocess.CompletedProcess(argv, p.returncode, out, err))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return done

@@ -8,7 +8,7 @@ import pytest
 
 pytestmark = pytest.mark.determinism
 from dit_pipeline.shards import read_manifest, sample_key, shard_name, verify_shards
-from tests._util import run_cli, run_torchrun
+from tests._util import run_cli, run_srun, run_torchrun
 from tests.extract.conftest import cli_args, extract, read_samples, shard_hashes
 
 
@@ -35,6 +35,20 @@ def test_two_ranks_write_the_same_shards_each_image_once(odd_tree, tiny_vae_dir,
     # shard i is written by rank i % 2, and by no one else
     for i in range(4):
         assert f"finished {shard_name(i)}" in logs[i % 2] and f"finished {shard_name(i)}" not in logs[1 - i % 2]
+
+
+def test_srun_tasks_extract_as_one_job(odd_tree, tiny_vae_dir, odd_baseline, tmp_path):
+    """`srun --ntasks 2 dit-extract` without torchrun: the two tasks form one 2-rank job (SLURM_PROCID /
+    SLURM_NTASKS), whose shard set is the single-process one, not two rank-0 runs into one folder."""
+    base_out, _, hashes = odd_baseline
+    out = tmp_path / "out"
+    runs = run_srun("dit-extract", cli_args(odd_tree, tiny_vae_dir, out))
+    assert [r.returncode for r in runs] == [0, 0], [r.stderr[-2000:] for r in runs]
+    _same_shard_set(out, base_out, hashes)
+    logs = {r: (out / "logs" / f"rank{r}.log").read_text() for r in (0, 1)}
+    for i in range(4):
+        assert f"finished {shard_name(i)}" in logs[i % 2] and f"finished {shard_name(i)}" not in logs[1 - i % 2]
+    assert "launcher: srun, 2 rank(s), 2 on this node, rendezvous localhost:" in logs[0]
 
 
 @pytest.mark.parametrize("fault, kept, temp_left", [

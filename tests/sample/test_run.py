@@ -13,7 +13,7 @@ from PIL import Image
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.sample import SampleConfig, run_sampling
 from dit_pipeline.sample.grid import grid_size
-from tests._util import run_cli, run_torchrun
+from tests._util import run_cli, run_srun, run_torchrun
 from tests.sample.conftest import our_checkpoint, random_dit
 
 STEPS = 4
@@ -90,6 +90,18 @@ def test_two_rank_gloo_run_gives_identical_arrays(reference_run, ckpts, tiny_vae
     images, labels = load(out)
     assert np.array_equal(images, reference_run[0]) and np.array_equal(labels, reference_run[1])
     assert not (tmp_path / ".ddp.npz.parts").exists()
+
+
+@pytest.mark.determinism
+def test_srun_tasks_sample_as_one_job(reference_run, ckpts, tiny_vae_dir, tmp_path):
+    """`srun --ntasks 2 dit-sample` without torchrun splits the samples as one 2-rank job: the arrays are the
+    single-process run's."""
+    out = tmp_path / "srun.npz"
+    runs = run_srun("dit-sample", cli_args(base_args(ckpts["ours"], tiny_vae_dir, num_samples=6, seed=3,
+                                                     batch_size=3, npz=str(out))))
+    assert [r.returncode for r in runs] == [0, 0], [r.stderr[-2000:] for r in runs]
+    images, labels = load(out)
+    assert np.array_equal(images, reference_run[0]) and np.array_equal(labels, reference_run[1])
 
 
 @pytest.mark.determinism

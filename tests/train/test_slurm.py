@@ -7,16 +7,8 @@ import subprocess
 
 from dit_pipeline.train.checkpoint import CheckpointManager, load_checkpoint
 from dit_pipeline.train.metrics import read_metrics
-from tests._util import BIN, cli_env, free_port
+from tests._util import BIN, cli_env, free_port, srun_task_env
 from tests.train.conftest import tiny_args
-
-
-def srun_task_env(rank: int, port: int) -> dict[str, str]:
-    return {"SLURM_JOB_ID": "777", "SLURM_STEP_ID": "0", "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank),
-            "SLURM_NODEID": "0", "SLURM_NTASKS": "2", "SLURM_STEP_NUM_TASKS": "2", "SLURM_NNODES": "1",
-            "SLURM_STEP_NUM_NODES": "1", "SLURM_STEP_NODELIST": "localhost", "SLURM_JOB_NODELIST": "localhost",
-            "SLURM_STEP_TASKS_PER_NODE": "2", "SLURM_TASKS_PER_NODE": "2", "SLURM_LAUNCH_NODE_IPADDR": "127.0.0.1",
-            "MASTER_PORT": str(port)}  # a free port: the job-id port could be taken on a shared test machine
 
 
 def test_srun_tasks_train_as_one_job(shard_dir, tmp_path):
@@ -24,7 +16,7 @@ def test_srun_tasks_train_as_one_job(shard_dir, tmp_path):
     args = tiny_args(shard_dir, run_dir, **{"max-steps": 4, "num-workers": 1, "micro-batch-size": 2})
     port = free_port()
     procs = [subprocess.Popen([str(BIN / "dit-train"), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env=cli_env(srun_task_env(r, port))) for r in (0, 1)]
+                              text=True, env=cli_env(srun_task_env(r, 2, port))) for r in (0, 1)]
     outs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outs]
     ck = load_checkpoint(CheckpointManager(run_dir / "checkpoints").latest())
