@@ -77,6 +77,7 @@ def make_images(root: Path, per_class: int, size: int, seed: int = 0) -> int:
 
 
 def make_vae(folder: Path) -> None:
+    import safetensors.torch  # noqa: F401  (diffusers 0.29 uses it without importing it)
     import torch
     from diffusers import AutoencoderKL
 

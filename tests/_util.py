@@ -25,6 +25,7 @@ TINY_VAE_CONFIG = dict(
 
 def make_tiny_vae(folder: Path, seed: int = 0, **overrides) -> Path:
     """Build the tiny random VAE and save it with save_pretrained (so the real loading path runs)."""
+    import safetensors.torch  # noqa: F401  (diffusers 0.29 uses it without importing it: common/vae.py)
     import torch
     from diffusers import AutoencoderKL
 
