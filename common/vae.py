@@ -152,7 +152,17 @@ def load_vae(spec: str = DEFAULT_VAE, *, config: str | Path | None = None, revis
     spec: hub id, local diffusers folder (a pipeline folder with a `vae/` subfolder works too) or single file.
     config: for single files, a folder holding the diffusers config (default: the SD-VAE config above).
     Returns (vae in eval mode on `device`, identity dict for manifests).
+
+    Draws no global random numbers: diffusers builds the model (randomly initialised, at some versions) before
+    it loads the weights, and a VAE loaded during training (the sample-grid hook) must not move the trainer's
+    random state.
     """
+    with torch.random.fork_rng(devices=[]):
+        return _load_vae(spec, config=config, revision=revision, device=device, dtype=dtype)
+
+
+def _load_vae(spec: str, *, config: str | Path | None, revision: str | None, device: torch.device | str,
+              dtype: torch.dtype):
     from diffusers import AutoencoderKL
 
     kind = classify_vae_spec(spec)

@@ -38,3 +38,24 @@ def tiny_vae_dir(tmp_path_factory):
 def image_tree(tmp_path):
     """Three class folders (3, 2 and 4 JPEGs of 48x40)."""
     return make_image_tree(tmp_path / "images", counts=(3, 2, 4))
+
+
+@pytest.fixture
+def project_log():
+    """The messages the project logger (`dit_pipeline`) emits during the test, at INFO and above. A handler on
+    that logger itself: after an in-process command's setup_logging it no longer propagates to the root
+    logger, where pytest's caplog listens (and only some pytest versions also listen on named loggers)."""
+    import logging
+
+    logger = logging.getLogger("dit_pipeline")
+    messages: list[str] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: messages.append(record.getMessage())
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield messages
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)

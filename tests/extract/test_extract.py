@@ -66,7 +66,7 @@ def test_odd_tree_end_to_end(odd_tree, tiny_vae_dir, tmp_path):
         np.testing.assert_allclose(s.mean, mean, rtol=0, atol=2e-5)
         np.testing.assert_allclose(s.std, std, rtol=0, atol=2e-5)
     assert samples[sample_key(3)].meta["orig_mode"] == "CMYK"
-    assert samples[sample_key(8)].meta["orig_mode"] == "I;16"
+    assert samples[sample_key(8)].meta["orig_mode"] in ("I;16", "I")  # a 16-bit PNG: "I" before Pillow 10.1
 
 
 def test_empty_shard_when_every_image_of_it_is_unusable(odd_tree, tiny_vae_dir, tmp_path):

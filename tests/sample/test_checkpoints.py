@@ -109,9 +109,7 @@ def test_latent_scale_prefers_the_checkpoint(caplog):
     assert "decoding with the checkpoint's values" in caplog.text
 
 
-def test_ckpt_accepts_a_run_folder(tmp_path, caplog):
-    import logging
-
+def test_ckpt_accepts_a_run_folder(tmp_path, project_log):
     from dit_pipeline.sample.load import resolve_ckpt
 
     run = tmp_path / "run"
@@ -123,7 +121,6 @@ def test_ckpt_accepts_a_run_folder(tmp_path, caplog):
     for name in ("step-0000200.pt", "step-0001000.pt", "step-0001000-ema.pt", "step-0000900.pt"):
         (run / "checkpoints" / name).write_bytes(b"")
     newest = run / "checkpoints" / "step-0001000.pt"
-    with caplog.at_level(logging.INFO, logger="dit_pipeline"):
-        assert resolve_ckpt(run) == newest and resolve_ckpt(run / "checkpoints") == newest
-    assert f"--ckpt {run} is a run folder: using its newest checkpoint {newest}" in caplog.text
+    assert resolve_ckpt(run) == newest and resolve_ckpt(run / "checkpoints") == newest
+    assert project_log[0] == f"--ckpt {run} is a run folder: using its newest checkpoint {newest}"
     assert resolve_ckpt(newest) == newest
