@@ -69,10 +69,8 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
     """Evaluate (see the module docstring); the result dict (on every rank)."""
     cfg.validate()
     dist.init()
-    try:
+    with dist.leaving_group():
         return _run(cfg)
-    finally:
-        dist.destroy()
 
 
 def _run(cfg: EvalConfig) -> dict[str, Any]:

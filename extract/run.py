@@ -291,7 +291,5 @@ def main(cfg: ExtractConfig) -> ExtractSummary:
     from diffusers.utils import logging as diffusers_logging
 
     diffusers_logging.set_verbosity_error()
-    try:
+    with dist.leaving_group():
         return run_extract(cfg)
-    finally:
-        dist.destroy()

@@ -63,10 +63,8 @@ def run_sampling(cfg: SampleConfig) -> SampleResult:
     if cfg.npz:
         check_writable_dir(Path(cfg.npz).expanduser().parent, f"--npz {cfg.npz}")
     dist.init()
-    try:
+    with dist.leaving_group():
         return _run(cfg)
-    finally:
-        dist.destroy()
 
 
 def _run(cfg: SampleConfig) -> SampleResult:

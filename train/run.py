@@ -134,19 +134,19 @@ def _run(cfg: TrainConfig, hooks: Sequence[PeriodicHook], world_size: int | None
         return None
     dist.init()
     held: list[RunLock] = []
-    try:
-        # One live run per run folder (two jobs given the same --run-dir; see common/runlock.py): rank 0 holds
-        # the lease, and its refusal reaches every rank before any of them writes.
-        def take() -> str | None:
-            held.append(RunLock(Path(cfg.run_dir).expanduser(), "dit-train").acquire())
-            return held[0].warning
+    with dist.leaving_group():
+        try:
+            # One live run per run folder (two jobs given the same --run-dir; see common/runlock.py): rank 0
+            # holds the lease, and its refusal reaches every rank before any of them writes.
+            def take() -> str | None:
+                held.append(RunLock(Path(cfg.run_dir).expanduser(), "dit-train").acquire())
+                return held[0].warning
 
-        warning = dist.on_rank0(take)
-        return _train(prep, hooks, stop, start, warning)
-    finally:
-        for lock in held:
-            lock.release()
-        dist.destroy()
+            warning = dist.on_rank0(take)
+            return _train(prep, hooks, stop, start, warning)
+        finally:
+            for lock in held:
+                lock.release()
 
 
 def _train(prep: Preflight, hooks: Sequence[PeriodicHook], stop: StopRequest, start: StartPoint,

@@ -43,7 +43,7 @@ def test_two_rank_gloo(tmp_path):
         dist.barrier()
         with open(sys.argv[1] + f".{r}", "w") as f:
             json.dump(out, f)
-        dist.destroy()
+        dist.destroy(in_step=True)
     """))
     res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
                           "--master-addr=127.0.0.1", f"--master-port={free_port()}", str(script),
