@@ -18,6 +18,29 @@ def pytest_addoption(parser):
                      help="run the full randomized fault-injection sweep (make test-reliability)")
 
 
+def pytest_sessionfinish(session):
+    """Under pytest-xdist each worker hands its reliability tallies to the controller (pytest_testnodedown)."""
+    if hasattr(session.config, "workeroutput"):
+        from tests.reliability.harness import COUNTS
+
+        session.config.workeroutput["reliability_counts"] = dict(COUNTS)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    from tests.reliability.harness import COUNTS
+
+    COUNTS.update(getattr(node, "workeroutput", {}).get("reliability_counts", {}))
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    from tests.reliability.harness import COUNTS
+
+    if COUNTS:
+        terminalreporter.write_line(f"reliability: {COUNTS['faults']} faults injected, {COUNTS['inputs']} bad "
+                                    "inputs tried")
+
+
 def pytest_collection_modifyitems(config, items):
     if config.getoption("--run-reliability"):
         return

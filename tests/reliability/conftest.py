@@ -13,18 +13,12 @@ import numpy as np
 import pytest
 
 from tests.extract.conftest import extract, make_odd_tree, shard_hashes
-from tests.reliability.harness import COUNTS, run
+from tests.reliability.harness import run
 from tests.train.conftest import tiny_args
 from tests.train.helpers import make_shard_set
 
 TRAIN_STEPS = 8
 SAMPLES = 6
-
-
-def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    if COUNTS:
-        terminalreporter.write_line(f"reliability: {COUNTS['faults']} faults injected, {COUNTS['inputs']} bad "
-                                    "inputs tried")
 
 
 @pytest.fixture(scope="session")
