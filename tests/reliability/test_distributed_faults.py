@@ -10,7 +10,6 @@ would fail the test instead of hanging it.
 from __future__ import annotations
 
 import re
-import signal
 from pathlib import Path
 
 import pytest
@@ -33,8 +32,10 @@ def assert_named(r, dead: int, survivor: int) -> None:
     root = r.err[r.err.index("Root Cause"):]
     assert re.search(rf"rank\s+: {dead} \(local_rank: {dead}\)", root), root
     assert f"[rank{survivor}]: Traceback" not in r.err, r.err[-4000:]
+    # ... or torchrun stopped the survivor first (torch 2.6's torchrun says so only in its own log line; later
+    # ones also list the survivor's exit code -15 under Failures)
     assert (f"[rank {survivor}] error: rank {survivor}: " in r.err and "another rank died" in r.err
-            or f"exitcode  : -{int(signal.SIGTERM)}" in r.err), r.err[-4000:]   # or stopped by torchrun first
+            or "closing signal SIGTERM" in r.err), r.err[-4000:]
 
 
 @pytest.fixture(scope="module")
