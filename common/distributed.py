@@ -205,22 +205,20 @@ def destroy(*, in_step: bool = False) -> None:
     """Leave the process group (a no-op without one).
 
     in_step: every rank calls this at the same point of a normal finish, so first wait until all have
-    arrived (a gloo barrier) and only then tear the group down: with torch 2.6, a rank whose gloo group was
-    destroyed while a peer had already left hung in destroy_process_group in about 1 of 3 two-rank runs
-    (found by `make test-min-deps`; none in 22 runs with the barrier). Not on error paths, where a peer may
-    never arrive.
+    arrived (a gloo barrier: the default group, or the gloo group beside NCCL) and only then tear the group
+    down. With torch 2.6, a rank whose gloo group was destroyed after a peer had left hung in
+    destroy_process_group in 3 of 6 two-rank runs (found by `make test-min-deps`; none in 34 runs with the
+    barrier). Not on error paths, where a peer may never arrive.
     """
     global _CPU_GROUP
     if not is_initialized():
         _CPU_GROUP = None
         return
-    if in_step and _dist.get_world_size() > 1:
-        group = _CPU_GROUP if _CPU_GROUP is not None else (None if _dist.get_backend() == "gloo" else False)
-        if group is not False:
-            try:
-                _dist.monitored_barrier(group=group)  # the group's timeout bounds it; it names a missing rank
-            except RuntimeError:
-                pass  # a peer is gone: leave anyway, as on an error path
+    if in_step and _dist.get_world_size() > 1 and (_CPU_GROUP is not None or _dist.get_backend() == "gloo"):
+        try:
+            _dist.monitored_barrier(group=_CPU_GROUP)  # bounded by the group's timeout; names a missing rank
+        except RuntimeError:
+            pass  # a peer is gone: leave anyway, as on an error path
     _CPU_GROUP = None
     _dist.destroy_process_group()
 

@@ -116,7 +116,6 @@ def to_diffusers_state_dict(state_dict: dict[str, torch.Tensor],
 
 def build_diffusers_transformer(state_dict: dict[str, torch.Tensor], model_config: dict[str, Any]):
     """A DiTTransformer2DModel holding these DiT weights (strict load), in eval mode."""
-    import safetensors.torch  # noqa: F401  (diffusers 0.29 uses it without importing it: common/vae.py)
     from diffusers import DiTTransformer2DModel
 
     model = DiTTransformer2DModel(**transformer_config(model_config))
@@ -179,7 +178,6 @@ def export_safetensors(state_dict: dict[str, torch.Tensor], info: dict[str, Any]
 def export_diffusers(state_dict: dict[str, torch.Tensor], info: dict[str, Any], output: Path, *,
                      vae: str, vae_config: str | None = None, overwrite: bool = False) -> Path:
     """A DiTPipeline folder (transformer, vae, scheduler), written to a temp folder and renamed into place."""
-    import safetensors.torch  # noqa: F401  (diffusers 0.29 uses it without importing it: common/vae.py)
     from diffusers import DDIMScheduler, DiTPipeline
 
     check_diffusers_representable(info)

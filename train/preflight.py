@@ -19,6 +19,7 @@ import torch
 from dit_pipeline.common import distributed as dist
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.io import check_writable_dir
+from dit_pipeline.dit.blocks import BLOCK_OPTIONS
 from dit_pipeline.train import memory
 from dit_pipeline.train.config import BatchPlan, TrainConfig, batch_plan
 from dit_pipeline.train.data import ShardSource, open_shards
@@ -104,7 +105,7 @@ def model_kwargs(cfg: TrainConfig, source: ShardSource) -> dict[str, Any]:
     for k in ("depth", "hidden_size", "num_heads", "patch_size"):
         if getattr(cfg, k) is not None:
             kw[k] = getattr(cfg, k)
-    for k in ("qk_norm", "rms_norm", "swiglu", "rope"):  # passed only when on: off builds today's DiT
+    for k in BLOCK_OPTIONS:  # passed only when on: off builds today's DiT
         if getattr(cfg, k):
             kw[k] = True
     if cfg.objective == "flow":
@@ -234,7 +235,7 @@ def objective_line(cfg: TrainConfig) -> str:
         what = f"flow (linear interpolant, velocity prediction; training times {times})"
     else:
         what = "ddpm (DiT: noise prediction + learned variance, 1000-step linear schedule)"
-    extras = [name for name in ("qk_norm", "rms_norm", "swiglu", "rope") if getattr(cfg, name)]
+    extras = [name for name in BLOCK_OPTIONS if getattr(cfg, name)]
     blocks = ", ".join(e.replace("_", "-") for e in extras) if extras else "as in DiT"
     return f"  objective   {what}; blocks {blocks}"
 

@@ -2,6 +2,8 @@
 arguments of a tiny DiT run (depth 2, hidden 32, 4x8x8 latents)."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from click.testing import CliRunner
 
@@ -33,6 +35,21 @@ def tiny_args(shards, run_dir, **overrides) -> list[str]:
             continue
         args += [f"--{k}"] if v is None or v is True else [f"--{k}", str(v)]
     return args
+
+
+# The same tiny model as a TrainConfig mapping, for in-process `train.run` (no loader workers, quiet).
+TINY_CONFIG = {"model": "DiT-S/2", "depth": 2, "hidden_size": 32, "num_heads": 2, "num_workers": 0, "quiet": True,
+               "log_every": 1, "lr": 1e-3}
+
+
+def run_tiny(shards, run_dir, **overrides) -> dict:
+    """Train the tiny model in process to the end (`train.run` returns "done"); its newest checkpoint."""
+    from dit_pipeline.train import merge_config, run
+    from dit_pipeline.train.checkpoint import CheckpointManager, load_checkpoint
+
+    cfg = merge_config({}, {"shards": str(shards), "run_dir": str(run_dir), **TINY_CONFIG, **overrides})
+    assert run(cfg) == "done"
+    return load_checkpoint(CheckpointManager(Path(run_dir) / "checkpoints").latest())
 
 
 def invoke_train(args, env=None):

@@ -10,27 +10,21 @@ import torch
 
 from dit_pipeline import dit
 from dit_pipeline.common.errors import ConfigError, UserError
-from dit_pipeline.train import merge_config, run
+from dit_pipeline.train import merge_config
 from dit_pipeline.train.checkpoint import CheckpointManager, load_checkpoint
 from dit_pipeline.train.metrics import read_metrics
 from tests._util import run_cli
-from tests.train.conftest import tiny_args
+from tests.train.conftest import run_tiny, tiny_args
 from tests.train.helpers import class_mean, make_shard_set
 
-TINY = {"model": "DiT-S/2", "depth": 2, "hidden_size": 32, "num_heads": 2, "num_workers": 0, "quiet": True,
-        "log_every": 1, "lr": 1e-3}
 OPTIONS = {"qk_norm": True, "rms_norm": True, "swiglu": True, "rope": True}
 
-
-def _run(shards, run_dir, **kw):
-    assert run(merge_config({}, {"shards": str(shards), "run_dir": str(run_dir), **TINY, **kw})) == "done"
-    return load_checkpoint(CheckpointManager(run_dir / "checkpoints").latest())
 
 
 def test_flow_learns_a_two_class_dataset(tmp_path):
     shards = tmp_path / "shards"
     make_shard_set(shards, samples=[32] * 4, scaling_factor=1.0, pattern="constant")  # classes at +1 / -1
-    ck = _run(shards, tmp_path / "run", hidden_size=64, num_heads=4, max_steps=200, global_batch_size=16,
+    ck = run_tiny(shards, tmp_path / "run", hidden_size=64, num_heads=4, max_steps=200, global_batch_size=16,
               lr=3e-3, ema_decay=0.9, log_every=10, ckpt_every=1000, shuffle_buffer=64, objective="flow",
               t_sampling="logit-normal")
     losses = [r["loss"] for r in read_metrics(tmp_path / "run")]
@@ -51,8 +45,8 @@ def test_flow_learns_a_two_class_dataset(tmp_path):
 def test_flow_with_options_accumulation_matches_one_big_batch_and_is_recorded(shard_dir, tmp_path):
     kw = dict(max_steps=3, global_batch_size=8, objective="flow", t_sampling="logit-normal", t_mean=-0.3,
               t_scale=0.8, **OPTIONS)
-    a = _run(shard_dir, tmp_path / "a", micro_batch_size=4, **kw)
-    b = _run(shard_dir, tmp_path / "b", micro_batch_size=8, **kw)
+    a = run_tiny(shard_dir, tmp_path / "a", micro_batch_size=4, **kw)
+    b = run_tiny(shard_dir, tmp_path / "b", micro_batch_size=8, **kw)
     for x, y in zip(read_metrics(tmp_path / "a"), read_metrics(tmp_path / "b")):
         assert x["loss"] == pytest.approx(y["loss"], rel=1e-5) and x["vb"] == 0.0
     for k in a["model"]:
@@ -67,13 +61,13 @@ def test_flow_with_options_accumulation_matches_one_big_batch_and_is_recorded(sh
 
 
 def test_ddpm_default_checkpoint_records_ddpm_and_resume_refuses_another_objective(shard_dir, tmp_path):
-    ck = _run(shard_dir, tmp_path / "r", max_steps=1, global_batch_size=8)
+    ck = run_tiny(shard_dir, tmp_path / "r", max_steps=1, global_batch_size=8)
     assert ck["objective"] == "ddpm" and ck["model_config"]["learn_sigma"] is True
     assert not {"qk_norm", "rms_norm", "swiglu", "rope"} & set(ck["model_config"])
     with pytest.raises(UserError, match="was trained with --objective ddpm, this run asks for --objective flow"):
-        _run(shard_dir, tmp_path / "r", max_steps=2, global_batch_size=8, objective="flow")
+        run_tiny(shard_dir, tmp_path / "r", max_steps=2, global_batch_size=8, objective="flow")
     with pytest.raises(UserError, match=r"is for a different model .*rope: checkpoint None, this run True"):
-        _run(shard_dir, tmp_path / "r", max_steps=2, global_batch_size=8, rope=True)  # no parameters to differ
+        run_tiny(shard_dir, tmp_path / "r", max_steps=2, global_batch_size=8, rope=True)  # no parameters to differ
 
 
 def test_objective_settings_are_validated():

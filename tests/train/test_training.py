@@ -14,20 +14,15 @@ from dit_pipeline.train import merge_config, run
 from dit_pipeline.train.checkpoint import CheckpointManager, load_checkpoint
 from dit_pipeline.train.loop import TrainingDiverged
 from dit_pipeline.train.metrics import read_metrics
-
-TINY = {"model": "DiT-S/2", "depth": 2, "hidden_size": 32, "num_heads": 2, "num_workers": 0, "quiet": True,
-        "log_every": 1, "lr": 1e-3}
+from tests.train.conftest import TINY_CONFIG, run_tiny
 
 
-def _run(shards, run_dir, **kw):
-    assert run(merge_config({}, {"shards": str(shards), "run_dir": str(run_dir), **TINY, **kw})) == "done"
-    return load_checkpoint(CheckpointManager(run_dir / "checkpoints").latest())
 
 
 def test_learns_a_two_class_dataset(tmp_path):
     shards = tmp_path / "shards"
     make_shard_set(shards, samples=[32] * 4, scaling_factor=1.0, pattern="constant")  # classes at +1 / -1
-    ck = _run(shards, tmp_path / "run", hidden_size=64, num_heads=4, max_steps=300, global_batch_size=16,
+    ck = run_tiny(shards, tmp_path / "run", hidden_size=64, num_heads=4, max_steps=300, global_batch_size=16,
               lr=3e-3, ema_decay=0.95, log_every=10, ckpt_every=1000, shuffle_buffer=64)
     losses = [r["loss"] for r in read_metrics(tmp_path / "run")]
     assert len(losses) == 30 and sum(losses[-5:]) / 5 < 0.2 * losses[0]
@@ -51,8 +46,8 @@ def test_learns_a_two_class_dataset(tmp_path):
 
 
 def test_gradient_accumulation_matches_one_big_batch(shard_dir, tmp_path):
-    a = _run(shard_dir, tmp_path / "a", max_steps=3, global_batch_size=8, micro_batch_size=4)
-    b = _run(shard_dir, tmp_path / "b", max_steps=3, global_batch_size=8, micro_batch_size=8)
+    a = run_tiny(shard_dir, tmp_path / "a", max_steps=3, global_batch_size=8, micro_batch_size=4)
+    b = run_tiny(shard_dir, tmp_path / "b", max_steps=3, global_batch_size=8, micro_batch_size=8)
     ra, rb = read_metrics(tmp_path / "a"), read_metrics(tmp_path / "b")
     assert a["data"]["accum"] == 2 and b["data"]["accum"] == 1
     for x, y in zip(ra, rb):
@@ -63,8 +58,8 @@ def test_gradient_accumulation_matches_one_big_batch(shard_dir, tmp_path):
 
 
 def test_grad_checkpointing_changes_nothing(shard_dir, tmp_path):
-    a = _run(shard_dir, tmp_path / "a", max_steps=2, global_batch_size=8)
-    b = _run(shard_dir, tmp_path / "b", max_steps=2, global_batch_size=8, grad_checkpointing=True)
+    a = run_tiny(shard_dir, tmp_path / "a", max_steps=2, global_batch_size=8)
+    b = run_tiny(shard_dir, tmp_path / "b", max_steps=2, global_batch_size=8, grad_checkpointing=True)
     assert [r["loss"] for r in read_metrics(tmp_path / "a")] == [r["loss"] for r in read_metrics(tmp_path / "b")]
     for k in a["model"]:
         torch.testing.assert_close(a["model"][k], b["model"][k], rtol=0, atol=1e-7)
@@ -72,7 +67,7 @@ def test_grad_checkpointing_changes_nothing(shard_dir, tmp_path):
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_autocast_precisions(shard_dir, tmp_path, precision):
-    ck = _run(shard_dir, tmp_path / "run", max_steps=2, global_batch_size=8, precision=precision)
+    ck = run_tiny(shard_dir, tmp_path / "run", max_steps=2, global_batch_size=8, precision=precision)
     assert ck["config"]["precision"] == precision
     assert (ck["scaler"] is not None) == (precision == "fp16")
     if precision == "fp16":
@@ -86,7 +81,7 @@ def test_injected_nan_stops_before_the_update(shard_dir, tmp_path, monkeypatch):
     monkeypatch.setattr(faults, "_counts", faults.Counter())
     run_dir = tmp_path / "run"
     with pytest.raises(TrainingDiverged) as e:
-        run(merge_config({}, {"shards": str(shard_dir), "run_dir": str(run_dir), **TINY, "max_steps": 6,
+        run(merge_config({}, {"shards": str(shard_dir), "run_dir": str(run_dir), **TINY_CONFIG, "max_steps": 6,
                               "global_batch_size": 8, "ckpt_every": 2}))
     assert "step 3: non-finite loss or gradient on rank(s) [0]" in str(e.value)
     assert "The last checkpoint (step-0000002.pt) is intact" in str(e.value)
@@ -109,9 +104,9 @@ def test_unreadable_shard_mid_run_fails_fast_or_is_skipped_and_counted(shard_dir
     data[at:at + 6] = b"\xff" * 6  # same size: passes the start-up check, fails when read
     path.write_bytes(bytes(data))
     with pytest.raises(UserError) as e:
-        _run(shards, tmp_path / "a", max_steps=6, global_batch_size=8)
+        run_tiny(shards, tmp_path / "a", max_steps=6, global_batch_size=8)
     assert "shard-000002.tar" in str(e.value) and "--skip-bad-shards" in str(e.value)
-    _run(shards, tmp_path / "b", max_steps=6, global_batch_size=8, skip_bad_shards=True)
+    run_tiny(shards, tmp_path / "b", max_steps=6, global_batch_size=8, skip_bad_shards=True)
     recs = read_metrics(tmp_path / "b")
     assert recs[-1]["step"] == 6 and recs[-1]["bad_shards"] >= 1
     log = (tmp_path / "b" / "log.txt").read_text()
@@ -127,7 +122,7 @@ def test_warmup_clipping_and_periodic_hooks(shard_dir, tmp_path):
         def __call__(self, ctx):
             calls.append((ctx.step, ctx.rank, ctx.ema is not None, ctx.model.training, ctx.latent["scaling_factor"]))
 
-    cfg = merge_config({}, {"shards": str(shard_dir), "run_dir": str(tmp_path / "run"), **TINY, "max_steps": 4,
+    cfg = merge_config({}, {"shards": str(shard_dir), "run_dir": str(tmp_path / "run"), **TINY_CONFIG, "max_steps": 4,
                             "global_batch_size": 8, "warmup_steps": 4, "grad_clip": 1e-3})
     assert run(cfg, hooks=[Probe()]) == "done"
     recs = read_metrics(tmp_path / "run")
@@ -139,7 +134,7 @@ def test_warmup_clipping_and_periodic_hooks(shard_dir, tmp_path):
 def test_fp16_overflow_is_skipped_by_the_scaler_and_counted(shard_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("DIT_FAULT", "train.nan@2")
     monkeypatch.setattr(faults, "_counts", faults.Counter())
-    ck = _run(shard_dir, tmp_path / "run", max_steps=3, global_batch_size=8, precision="fp16")
+    ck = run_tiny(shard_dir, tmp_path / "run", max_steps=3, global_batch_size=8, precision="fp16")
     recs = read_metrics(tmp_path / "run")
     assert [r["fp16_skipped"] for r in recs] == [0, 1, 1]
     assert ck["scaler"]["scale"] == 2.0 ** 15  # halved once from the initial 2**16
