@@ -37,10 +37,13 @@ test-reliability: $(STAMP)
 # The declared version floors, proven: a separate venv with every dependency of pyproject.toml (and the test and
 # plot extras) pinned at exactly its `>=` minimum (tests/min_deps.py), then the suite. Torch's PyPI wheel is the
 # CUDA build (5.5 GB installed; the venv took 6 minutes to build on 2 cores), see README "Version floors".
+# MIN_PYTHON picks the venv's interpreter (e.g. python3.10, the requires-python floor); the host PYTHON only
+# reads pyproject.toml (tomllib, Python >= 3.11).
 MIN_VENV ?= .venv-min
+MIN_PYTHON ?= $(PYTHON)
 test-min-deps:
 	rm -rf $(MIN_VENV)
-	$(PYTHON) -m venv $(MIN_VENV)
+	$(MIN_PYTHON) -m venv $(MIN_VENV)
 	$(MIN_VENV)/bin/python -m pip install -q --upgrade pip
 	$(PYTHON) tests/min_deps.py pyproject.toml test plot > $(MIN_VENV)/min-requirements.txt
 	$(MIN_VENV)/bin/python -m pip install -q -r $(MIN_VENV)/min-requirements.txt
