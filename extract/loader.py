@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from dit_pipeline.common.workers import worker_context
 from dit_pipeline.extract.images import MAX_PIXELS, SkippedImage, load_and_crop
 
 
@@ -115,6 +116,6 @@ def make_loader(dataset: CropDataset, chunks: Sequence[tuple[int, range]], *, sa
     """A DataLoader yielding one `Batch` per (shard, chunk) in `chunks`, in that order."""
     kwargs = {}
     if num_workers > 0:
-        kwargs = {"prefetch_factor": 4, "persistent_workers": False}
+        kwargs = {"prefetch_factor": 4, "persistent_workers": False, "multiprocessing_context": worker_context()}
     return DataLoader(dataset, batch_sampler=ShardBatches(chunks), num_workers=num_workers,
                       collate_fn=_Collate(samples_per_shard), pin_memory=pin_memory, **kwargs)

@@ -33,6 +33,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from dit_pipeline.common.errors import UserError
+from dit_pipeline.common.workers import worker_context
 from dit_pipeline.shards import (LatentSample, Manifest, ShardError, ShardRecord, iter_shard, quick_check,
                                  read_manifest)
 from dit_pipeline.train.latents import LatentSpec, Pending, Scratch, build_latents, epoch_seed, pending
@@ -371,7 +372,7 @@ def make_loader(stream: EpochStream, *, num_workers: int, prefetch_factor: int, 
     stream.pool = pool = BatchPool(num_workers, slots, (stream.plan.micro_batch, *stream.spec.shape))
     loader = DataLoader(stream, batch_size=None, collate_fn=_as_is, num_workers=num_workers,
                         prefetch_factor=prefetch_factor, pin_memory=pin_memory, persistent_workers=False,
-                        in_order=True, worker_init_fn=ignore_in_worker,
+                        in_order=True, worker_init_fn=ignore_in_worker, multiprocessing_context=worker_context(),
                         generator=torch.Generator().manual_seed(loader_seed(stream.seed, stream.plan.epoch,
                                                                             stream.rank)))
     with workers_start_blocked():  # the workers are forked here
