@@ -4,12 +4,15 @@ Identical by design: the same batches (fixed by shard and batch size) and the sa
 whatever OMP_NUM_THREADS the processes started with (make test-determinism varies it)."""
 from __future__ import annotations
 
+import signal
+
 import pytest
 
 pytestmark = pytest.mark.determinism
 from dit_pipeline.shards import read_manifest, sample_key, shard_name, verify_shards
 from tests._util import run_cli, run_srun, run_torchrun
 from tests.extract.conftest import cli_args, extract, read_samples, shard_hashes
+from tests.train.signal_rounds import signal_group_at
 
 
 def _same_shard_set(out, baseline_out, baseline_hashes):
@@ -80,4 +83,23 @@ def test_a_dead_rank_then_a_rerun_on_one_process(odd_tree, tiny_vae_dir, odd_bas
     assert (out / shard_name(1)).exists() and not (out / "manifest.json").exists()
     summary = extract(odd_tree, tiny_vae_dir, out)                                # world size 2 -> 1
     assert summary.shards_kept >= 1
+    _same_shard_set(out, base_out, hashes)
+
+
+@pytest.mark.parametrize("sig, rc", [(signal.SIGTERM, -signal.SIGTERM), (signal.SIGINT, 130)])
+def test_signal_to_the_group_ends_it_and_a_rerun_gives_the_uninterrupted_result(odd_tree, tiny_vae_dir, odd_baseline,
+                                                                                tmp_path, sig, rc):
+    """scancel / preemption (SIGTERM) or Ctrl-C (SIGINT) to the whole process group, loader workers
+    included, in the middle of shard 1: the command ends (SIGTERM's default action; "interrupted", exit
+    130, for Ctrl-C) leaving no process and no traceback, and the rerun completes the uninterrupted set."""
+    base_out, _, hashes = odd_baseline
+    out = tmp_path / "out"
+    args = cli_args(odd_tree, tiny_vae_dir, out, num_workers=2)
+    r = signal_group_at("dit-extract", args, "extract.sample_written@6", sig)
+    assert r.returncode == rc, r.stderr[-3000:]
+    assert r.survivors == [] and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert ("interrupted" in r.stderr) == (sig == signal.SIGINT)
+    assert not (out / "manifest.json").exists() and (out / shard_name(0)).is_file()
+    rerun = run_cli("dit-extract", args)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
     _same_shard_set(out, base_out, hashes)

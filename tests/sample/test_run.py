@@ -4,6 +4,7 @@ format; grid and PNG outputs; refusals that lose nothing."""
 from __future__ import annotations
 
 import json
+import signal
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from dit_pipeline.sample import SampleConfig, run_sampling
 from dit_pipeline.sample.grid import grid_size
 from tests._util import run_cli, run_srun, run_torchrun
 from tests.sample.conftest import our_checkpoint, random_dit
+from tests.train.signal_rounds import signal_group_at
 
 STEPS = 4
 
@@ -122,6 +124,25 @@ def test_killed_run_resumes_keeping_finished_batches(reference_run, ckpts, tiny_
     images, labels = load(out)
     assert np.array_equal(images, reference_run[0]) and np.array_equal(labels, reference_run[1])
     assert not parts.exists() and json.loads((tmp_path / "resume.npz.json").read_text())["labels"] == labels.tolist()
+
+
+@pytest.mark.parametrize("sig, rc", [(signal.SIGTERM, -signal.SIGTERM), (signal.SIGINT, 130)])
+def test_signal_to_the_group_ends_it_and_the_rerun_resumes(reference_run, ckpts, tiny_vae_dir, tmp_path, sig, rc):
+    """scancel / preemption (SIGTERM) or Ctrl-C (SIGINT) to the process group after the first batch: the
+    command ends at once (exit 130 saying "interrupted" for Ctrl-C) with no traceback and no process left; the
+    rerun keeps the finished batch and gives the uninterrupted arrays."""
+    out = tmp_path / "s.npz"
+    args = cli_args(base_args(ckpts["ours"], tiny_vae_dir, num_samples=6, seed=3, batch_size=3, npz=str(out)))
+    r = signal_group_at("dit-sample", args, "sample.part_written@1", sig)
+    assert r.returncode == rc, r.stderr[-3000:]
+    assert r.survivors == [] and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert ("interrupted" in r.stderr) == (sig == signal.SIGINT)
+    assert [p.name for p in (tmp_path / ".s.npz.parts").glob("part-*.npz")] == ["part-000000000.npz"]
+    resumed = run_cli("dit-sample", [a for a in args if a != "--quiet"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "sampling 3 of 6 images (3 already done)" in resumed.stderr
+    images, labels = load(out)
+    assert np.array_equal(images, reference_run[0]) and np.array_equal(labels, reference_run[1])
 
 
 def test_finished_run_is_not_redone_and_foreign_npz_is_protected(ckpts, tiny_vae_dir, tmp_path):

@@ -1,6 +1,6 @@
 """One round of "signal the whole process group of a real dit-train" (what scancel, preemption and Ctrl-C
 in a terminal do), shared by the fast tests (tests/train/test_signals.py) and the randomized sweep
-(tests/reliability/test_group_signals.py)."""
+(tests/reliability/test_group_signals.py); `signal_group_at` does it for any command at a fault point."""
 from __future__ import annotations
 
 import dataclasses
@@ -59,6 +59,37 @@ def finish(proc: subprocess.Popen, run_dir: Path, signalled_at: float) -> Round:
     latest = CheckpointManager(run_dir / "checkpoints").latest() if (run_dir / "checkpoints").is_dir() else None
     step = int(latest.name.split("-")[1].split(".")[0]) if latest else None
     return Round(proc.returncode, err, max(steps, default=0), step, survivors, seconds)
+
+
+@dataclasses.dataclass
+class Signalled:
+    returncode: int
+    stdout: str
+    stderr: str
+    survivors: list[int]
+
+
+def signal_group_at(cmd: str, args: list[str], fault: str, sig: signal.Signals, *,
+                    env: dict | None = None) -> Signalled:
+    """Run console script `cmd` in its own process group, freeze its main process at fault point `fault`
+    (DIT_FAULT's stop action; its loader workers keep running), send `sig` to the whole group, let it go on,
+    and wait for it: the group's processes still alive a minute later are the survivors."""
+    proc = subprocess.Popen([str(BIN / cmd), *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=cli_env({**(env or {}), "DIT_FAULT": f"{fault}:stop"}),
+                            start_new_session=True)
+    try:
+        wait_stopped(proc.pid)
+    except (TimeoutError, OSError):
+        proc.kill()
+        out, err = proc.communicate()
+        raise AssertionError(f"{cmd} never reached {fault}: {err[-3000:]}") from None
+    os.killpg(proc.pid, sig)
+    os.killpg(proc.pid, signal.SIGCONT)
+    out, err = proc.communicate(timeout=HANG_GUARD_S)
+    deadline = time.monotonic() + 60
+    while (survivors := group_members(proc.pid)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return Signalled(proc.returncode, out, err, survivors)
 
 
 def signal_group_after(proc: subprocess.Popen, delay_s: float, sig: signal.Signals = signal.SIGTERM) -> float:
