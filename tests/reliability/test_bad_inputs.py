@@ -92,14 +92,22 @@ def test_hostile_shard_is_reported_and_never_followed(hostile_set, tmp_path):
 
 
 @SWEEP
+@pytest.mark.parametrize("verify", [True, False], ids=["verify-shards", "no-verify-shards"])
 @pytest.mark.parametrize("hostile_set", sorted(TRAIN_ON_SHARDS), indirect=True)
-def test_trainer_refuses_a_hostile_shard_naming_it(hostile_set, tmp_path):
+def test_trainer_refuses_a_hostile_shard_naming_it(hostile_set, tmp_path, verify):
+    """With the trainer's sha256 check (the default) a shard whose record was left untouched (a copy of another
+    shard) is refused by its hash before any sample is used; the other cases have refreshed records, so the
+    hash matches and the reader's own checks must find the problem, as they must for every case without it."""
     folder, marker, problem = hostile_set
+    if verify and problem == "outside":  # copy_of_another_shard: same size, another file's bytes
+        problem = "sha256 mismatch"
     run_dir = tmp_path / "run"
     r = run("dit-train", train_args(folder, run_dir, **{"global-batch-size": 4, "micro-batch-size": 4,
-                                                         "num-workers": 0, "max-steps": 2, "shuffle-buffer": 16}))
+                                                         "num-workers": 0, "max-steps": 2, "shuffle-buffer": 16,
+                                                         "verify-shards" if verify else "no-verify-shards": None}))
     assert_clean_error(r, corpus.S1, "--skip-bad-shards")
     assert problem in r.err and not marker.exists(), r.err[-3000:]
+    assert ("none of its samples were used" in r.err) == (problem == "sha256 mismatch"), r.err[-3000:]
     assert not list(run_dir.glob("checkpoints/*.pt"))                  # stopped before its first save
 
 
