@@ -30,7 +30,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
 # The whole fault-injection suite: the representative subset that `make test` runs plus the sweep marked
-# `reliability` (docs/RELIABILITY.md); 25 minutes on the 2-core machine (2026-12-03: 172 tests).
+# `reliability` (docs/RELIABILITY.md); 23 minutes on the 2-core machine (2026-12-03: 177 tests).
 test-reliability: $(STAMP)
 	$(PY) -m pytest -q --run-reliability tests/reliability $(PYTEST_ARGS)
 
