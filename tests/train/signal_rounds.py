@@ -43,6 +43,14 @@ def group_members(pgid: int) -> list[int]:
     return out
 
 
+def survivors_of(pgid: int) -> list[int]:
+    """The processes of group `pgid` still alive a minute after its leader ended (given that long to go)."""
+    deadline = time.monotonic() + 60
+    while (survivors := group_members(pgid)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return survivors
+
+
 def start(shard_dir: Path, run_dir: Path, *, env: dict | None = None, **overrides) -> subprocess.Popen:
     opts = {"max-steps": 400, "num-workers": 2, "ckpt-every": 3, **overrides}
     return subprocess.Popen([str(BIN / "dit-train"), *tiny_args(shard_dir, run_dir, **opts)], stdout=subprocess.PIPE,
@@ -52,9 +60,7 @@ def start(shard_dir: Path, run_dir: Path, *, env: dict | None = None, **override
 def finish(proc: subprocess.Popen, run_dir: Path, signalled_at: float) -> Round:
     _, err = proc.communicate(timeout=HANG_GUARD_S)
     seconds = time.monotonic() - signalled_at
-    deadline = time.monotonic() + 60
-    while (survivors := group_members(proc.pid)) and time.monotonic() < deadline:
-        time.sleep(0.2)
+    survivors = survivors_of(proc.pid)
     steps = [r["step"] for r in read_metrics(run_dir) if "loss" in r]
     latest = CheckpointManager(run_dir / "checkpoints").latest() if (run_dir / "checkpoints").is_dir() else None
     step = int(latest.name.split("-")[1].split(".")[0]) if latest else None
@@ -86,10 +92,7 @@ def signal_group_at(cmd: str, args: list[str], fault: str, sig: signal.Signals, 
     os.killpg(proc.pid, sig)
     os.killpg(proc.pid, signal.SIGCONT)
     out, err = proc.communicate(timeout=HANG_GUARD_S)
-    deadline = time.monotonic() + 60
-    while (survivors := group_members(proc.pid)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return Signalled(proc.returncode, out, err, survivors)
+    return Signalled(proc.returncode, out, err, survivors_of(proc.pid))
 
 
 def signal_group_after(proc: subprocess.Popen, delay_s: float, sig: signal.Signals = signal.SIGTERM) -> float:
