@@ -36,7 +36,8 @@ test-reliability: $(STAMP)
 
 # The declared version floors, proven: a separate venv with every dependency of pyproject.toml (and the test and
 # plot extras) pinned at exactly its `>=` minimum (tests/min_deps.py), then the suite. Torch's PyPI wheel is the
-# CUDA build (5.5 GB installed; the venv took 6 minutes to build on 2 cores), see README "Version floors".
+# CUDA build (5.5 GB installed; the venv took 5.5 minutes to build on 2 cores, 2.3-3 with a filled pip cache),
+# see README "Version floors".
 # MIN_PYTHON picks the venv's interpreter (e.g. python3.10, the requires-python floor); the host PYTHON only
 # reads pyproject.toml (tomllib, Python >= 3.11).
 MIN_VENV ?= .venv-min

@@ -22,7 +22,8 @@ from dit_pipeline.common.io import sha256_file
 # diffusers' save_pretrained/from_pretrained call `safetensors.torch.save_file`/`load_file` after a bare
 # `import safetensors`: the submodule must have been imported by someone. diffusers 0.29 with a current
 # huggingface_hub imports it nowhere (AttributeError: module 'safetensors' has no attribute 'torch'; found by
-# `make test-min-deps`), so it is imported here, and every module that lets diffusers read or write weights imports this one.
+# `make test-min-deps`), so it is imported here, and every module that lets diffusers read or write weights
+# imports this one.
 DEFAULT_VAE = "stabilityai/sd-vae-ft-ema"
 SINGLE_FILE_SUFFIXES = (".safetensors", ".ckpt", ".pt", ".pth", ".bin")
 _WEIGHT_NAMES = ("diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.bin",

@@ -5,7 +5,8 @@ Python 3.14 made `forkserver` the default start method on Linux (it was `fork`; 
 trainer's loader relies on fork: its workers inherit the signal mask that keeps a group SIGTERM from killing
 one while it starts (`train.signals.workers_start_blocked`), and they start in milliseconds instead of importing
 torch again. Forking after CUDA is initialised is safe here: the workers never touch CUDA (they read shards or
-decode images into CPU memory; pinning happens in the main process).
+decode images into CPU memory; pinning happens in the main process). `dit-shards verify` keeps its own,
+stricter choice (shards/verify.py: a pool that may be created inside a GPU job spawns once CUDA is up).
 """
 from __future__ import annotations
 
