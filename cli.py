@@ -29,7 +29,8 @@ from dit_pipeline.extract.config import (CPU_DEFAULT_BATCH, DTYPES, GPU_DEFAULT_
                                           ExtractConfig)
 from dit_pipeline.sample.config import (CFG_CHANNELS, DIFFUSION_FORMS, EXPORT_TARGETS, OBJECTIVES, SAMPLERS, WEIGHTS,
                                          ExportConfig, SampleConfig)
-from dit_pipeline.train.config import ATTENTION_BACKENDS, SAMPLE_WEIGHTS, TrainConfig
+from dit_pipeline.train.config import GROUPS as TRAIN_GROUPS
+from dit_pipeline.train.config import TrainConfig
 
 
 class DashCommand(click.Command):
@@ -445,122 +446,79 @@ def _int_or_auto(ctx: click.Context, param: click.Parameter, value: str | None) 
         raise click.BadParameter(f"{value!r} is neither a whole number nor 'auto'") from None
 
 
-def _train_options(f: Callable) -> Callable:
-    """Options mapped 1:1 onto TrainConfig fields. Defaults live in TrainConfig (shown in brackets): an option
-    only overrides the config file when it is given on the command line."""
-    o = click.option
-    T = functools.partial(shown, TrainConfig)  # noqa: N806 (the default of a TrainConfig field, as shown)
-    for decorator in reversed([
-        o("--shards", help="Shard folder (with manifest.json), or a URL list 'a::b' / brace pattern "
-          "(s3://bucket/shard-{000000..000127}.tar, pipe:CMD) together with --manifest."),
-        o("--manifest", help="manifest.json of the shard set, when --shards is a URL list or pattern."),
-        o("--run-dir", help="Run folder: checkpoints/, metrics.jsonl, log.txt, logs/, config.json."),
-        o("--model", help=f"DiT preset, e.g. DiT-XL/2, DiT-B/4 [{T('model')}]."),
-        o("--image-size", type=int, help="Cross-check against the shard set's image size."),
-        o("--depth", type=int, help="Override the preset's depth (small experiments)."),
-        o("--hidden-size", type=int, help="Override the preset's hidden size."),
-        o("--num-heads", type=int, help="Override the preset's attention heads."),
-        o("--patch-size", type=int, help="Override the preset's patch size."),
-        o("--class-dropout-prob", type=float,
-          help=f"Label dropout for classifier-free guidance [{T('class_dropout_prob')}]."),
-        o("--qk-norm/--no-qk-norm", default=None, help="RMSNorm on attention queries and keys [off]."),
-        o("--rms-norm/--no-rms-norm", default=None, help="RMSNorm instead of LayerNorm in the blocks [off]."),
-        o("--swiglu/--no-swiglu", default=None, help="SwiGLU MLP (2/3 width, about equal parameters) [off]."),
-        o("--rope/--no-rope", default=None, help="2-D rotary position embedding on queries and keys [off]."),
-        o("--objective", type=click.Choice(("ddpm", "flow")), help="ddpm: DiT's diffusion; flow: SiT's linear "
-          f"interpolant with velocity prediction, t in [0, 1] (README 'Choosing an objective') [{T('objective')}]."),
-        o("--t-sampling", type=click.Choice(("uniform", "logit-normal")),
-          help=f"Flow training times: uniform or sigmoid(t-mean + t-scale * N(0, 1)) [{T('t_sampling')}]."),
-        o("--t-mean", type=float, help=f"Logit-normal location (SiT time: data at t = 1) [{T('t_mean')}]."),
-        o("--t-scale", type=float, help=f"Logit-normal scale [{T('t_scale')}]."),
-        o("--max-steps", type=int, help="Stop after this many optimizer steps [400000, the DiT paper's length "
-          "for its model comparisons, when --epochs is not given either; said in the plan]."),
-        o("--epochs", type=int, help="Stop after this many epochs (with --max-steps: whichever comes first)."),
-        o("--global-batch-size", type=int,
-          help=f"Images per optimizer step over all GPUs [{T('global_batch_size')}]."),
-        o("--micro-batch-size", callback=_int_or_auto, help="Images per GPU per forward pass; accumulation "
-          "steps = global / (world size x micro); 'auto' = the largest that fits the GPU memory estimate "
-          "[global / world size]."),
-        o("--lr", type=float, help=f"AdamW learning rate, constant [{T('lr')}]."),
-        o("--weight-decay", type=float, help=f"AdamW weight decay [{T('weight_decay')}]."),
-        o("--adam-beta1", type=float, help=f"[{T('adam_beta1')}]"),
-        o("--adam-beta2", type=float, help=f"[{T('adam_beta2')}]"),
-        o("--adam-eps", type=float, help=f"[{T('adam_eps')}]"),
-        o("--warmup-steps", type=int, help="Linear learning-rate warmup [0: off]."),
-        o("--grad-clip", type=float, help="Clip the gradient norm to this value [off]."),
-        o("--ema-decay", type=float, help=f"EMA decay per optimizer step [{T('ema_decay')}]."),
-        o("--seed", type=int, help=f"Global seed: model init, data order, noise [{T('seed')}]."),
-        o("--precision", type=click.Choice(PRECISIONS_AUTO),
-          help="Autocast dtype; fp16 uses a GradScaler [auto: bf16 on GPU, fp32 on CPU]."),
-        o("--tf32/--no-tf32", default=None, help=f"TF32 matmuls for fp32 work [{T('tf32')}]."),
-        o("--grad-checkpointing/--no-grad-checkpointing", default=None,
-          help="Recompute DiT blocks in the backward pass (less memory, ~30% more compute) "
-          f"[{T('grad_checkpointing')}]."),
-        o("--compile/--no-compile", default=None, help="torch.compile each DiT block in place (state_dict "
-          "names unchanged); eager with a warning where compile cannot run [on for CUDA, off on CPU]."),
-        o("--attention", type=click.Choice(ATTENTION_BACKENDS), help="SDPA attention backend on CUDA; auto "
-          f"times each at start-up and keeps the fastest [{T('attention')}]."),
-        o("--ddp-bucket-mb", type=int, help=f"DDP gradient bucket size in MB [{T('ddp_bucket_mb')}]."),
-        o("--num-workers", type=int, help="Loader processes per GPU [4; fewer when the shard set has fewer "
-          "shards per rank, said in the plan]."),
-        o("--shuffle-buffer", type=int,
-          help=f"Samples in each loader worker's shuffle buffer [{T('shuffle_buffer')}]."),
-        o("--shards-in-flight", type=int, help="Shards each loader worker reads at once, taking samples from "
-          f"them in a random order (shards are written in class order) [{T('shards_in_flight')}]."),
-        o("--prefetch-factor", type=int, help=f"Batches each loader worker prepares ahead [{T('prefetch_factor')}]."),
-        o("--verify-shards/--no-verify-shards", default=None, help="Check each shard's sha256 against the "
-          "manifest while training: before its samples are used when the shards read at once fit in a quarter "
-          "of the host memory, else as it streams (the plan says which) [on]."),
-        o("--skip-bad-shards/--no-skip-bad-shards", default=None,
-          help="Skip (and count) a shard that turns out unreadable instead of stopping [stop]."),
-        o("--log-every", type=int, help=f"Steps per metrics line [{T('log_every')}]."),
-        o("--ckpt-every", type=int, help=f"Steps between checkpoints [{T('ckpt_every')}]."),
-        o("--keep-last", type=int, help=f"Checkpoints kept [{T('keep_last')}]."),
-        o("--keep-every", type=int, help="Also keep every checkpoint whose step is a multiple of this [off]."),
-        o("--resume", help="'auto' (newest checkpoint in the run folder), 'none', or a checkpoint path "
-          f"[{T('resume')}]."),
-        o("--peak-tflops", type=float, help="Peak TFLOP/s per GPU for the MFU estimate [from the GPU model]."),
-        o("--tensorboard/--no-tensorboard", default=None,
-          help=f"TensorBoard events when installed [{T('tensorboard')}]."),
-        o("--quiet/--no-quiet", default=None, help="No progress bar or info messages on the console."),
-        o("--dry-run/--no-dry-run", default=None, envvar="DIT_DRY_RUN",
-          help="Run every check the real run runs (shards, model vs latents, batch split, readers, run folder, "
-          "resume point) and print its plan, without training. DIT_DRY_RUN=1 in front of a pasted command "
-          "does the same."),
-        o("--sample-every", type=int, help="Every N steps rank 0 writes RUN/samples/step-NNNNNNN.png, a grid of "
-          "the EMA model's samples (DDIM; Euler ODE for --objective flow) of fixed classes and seeds, labelled "
-          "with the class names [off]."),
-        o("--sample-weights", type=click.Choice(SAMPLE_WEIGHTS), help="Weights the grids show: ema, raw "
-          "(step-NNNNNNN-raw.png) or both; an EMA of decay 0.9999 averages ~10,000 steps, so in a short run "
-          f"its grids show barely trained weights [{T('sample_weights')}]."),
-        o("--vae", help="VAE that decodes the sample grids: hub id, local diffusers folder or single "
-          ".safetensors/.ckpt file [the one the manifest records, i.e. the shards were extracted with]."),
-        o("--vae-config", help="Diffusers config folder for a single-file --vae [the SD-VAE config]."),
-        o("--sample-classes", help="Classes of the sample grids, comma-separated, e.g. 207,360,387 "
-          "[8 spread over the label range]."),
-        o("--sample-steps", type=int, help=f"DDIM (flow: Euler) steps of the sample grids [{T('sample_steps')}]."),
-        o("--sample-cfg-scale", type=float,
-          help=f"Guidance scale of the sample grids (1 = none) [{T('sample_cfg_scale')}]."),
-        o("--fid-every", type=int, help="Every N steps all ranks sample with the EMA weights (as dit-sample) and "
-          "log fid, sfid, inception_score, precision, recall to metrics.jsonl (needs --vae, --fid-ref) [off]."),
-        o("--fid-ref", help="FID reference: the ADM reference batch (VIRTUAL_imagenet256_labeled.npz), an .npz or "
-          "folder of images, or a statistics file."),
-        o("--fid-num-samples", type=int, help=f"Samples per FID evaluation [{T('fid_num_samples')}]."),
-        o("--fid-steps", type=int, help=f"DDPM steps of the FID samples [{T('fid_steps')}]."),
-        o("--fid-cfg-scale", type=float, help=f"Guidance scale of the FID samples [{T('fid_cfg_scale')}]."),
-        o("--fid-batch-size", type=int, help=f"FID samples per GPU and batch [{T('fid_batch_size')}]."),
-        o("--inception", help="Inception weights file weights-inception-2015-12-05-6726825d.pth [torch hub "
-          "cache, fetched once]."),
-        o("--fid-input-size", type=int, hidden=True),
-        o("--fid-random-inception", type=int, hidden=True),
-    ]):
-        f = decorator(f)
-    return f
+class GroupedOption(click.Option):
+    """An option listed under a section (`group`) of --help."""
+
+    def __init__(self, *args: Any, group: str = "Other options", **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.group = group
 
 
-@click.command("dit-train", cls=DashCommand, context_settings=CONTEXT)
+class GroupedCommand(DashCommand):
+    """A command whose --help lists its options in sections, in the order `groups` names them."""
+
+    groups: tuple[str, ...] = ()
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        sections: dict[str, list[tuple[str, str]]] = {}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is not None:
+                sections.setdefault(getattr(param, "group", COMMAND_GROUP), []).append(record)
+        order = [*self.groups, *sorted(set(sections) - set(self.groups) - {COMMAND_GROUP}), COMMAND_GROUP]
+        for name in order:
+            if name in sections:
+                with formatter.section(name):
+                    formatter.write_dl(sections[name])
+
+
+COMMAND_GROUP = "Command"
+
+
+def config_options(config: type, *, skip: tuple[str, ...] = ()) -> Callable[[Callable], Callable]:
+    """Options mapped 1:1 onto the fields of a config dataclass, from each field's `setting` (type from the
+    annotation, choices, help, group; the default shown in brackets). Every option defaults to None, so it
+    only overrides a config file when it is given; the defaults themselves live in the dataclass."""
+    import dataclasses
+    import typing
+
+    from dit_pipeline.common.settings import flag_name, setting_help, shown_default
+
+    hints = typing.get_type_hints(config)
+    options = []
+    for f in dataclasses.fields(config):
+        h = setting_help(f)
+        if h is None or not h.cli or f.name in skip:
+            continue
+        kind = hints[f.name]
+        args = [n for n in typing.get_args(kind) if n is not type(None)] or [kind]
+        name, kw = flag_name(f.name), {}
+        if bool in args:
+            decls = [f"{name}/--no-{name[2:]}"]
+        elif str in args and int in args:  # an integer or a word ("auto")
+            decls, kw = [name], {"callback": _int_or_auto}
+        else:
+            decls = [name]
+            kw = {"type": click.Choice(h.choices) if h.choices else args[0] if args[0] in (int, float) else str}
+        shown = shown_default(f)
+        text = h.text + (f" [{shown}]." if shown else ".")
+        options.append(GroupedOption([*decls, f.name], default=None, help=text, hidden=h.hidden, envvar=h.envvar,
+                                     group=h.group, **kw))
+
+    def decorate(fn: Callable) -> Callable:
+        fn.__click_params__ = [*getattr(fn, "__click_params__", []), *reversed(options)]  # type: ignore[attr-defined]
+        return fn
+
+    return decorate
+
+
+class TrainCommand(GroupedCommand):
+    groups = TRAIN_GROUPS
+
+
+@click.command("dit-train", cls=TrainCommand, context_settings=CONTEXT)
 @version_option
-@_train_options
+@config_options(TrainConfig)
 @click.option("--config", "config_file", default=None,
               help="YAML or JSON file of settings (keys as the flags, dashes or underscores); flags override it.")
 @click.option("--nproc-per-node", type=click.IntRange(min=1), default=None,

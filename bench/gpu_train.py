@@ -22,11 +22,10 @@ from dit_pipeline.train import memory
 from dit_pipeline.train.checkpoint import CheckpointManager
 from dit_pipeline.train.config import merge_config
 from dit_pipeline.train.data import Batch
-from dit_pipeline.train.loop import Trainer
+from dit_pipeline.train.loop import RunOutput, Trainer
 from dit_pipeline.train.metrics import MetricsLog, peak_tflops
 from dit_pipeline.train.preflight import prepare
 from dit_pipeline.train.run import build_model
-from dit_pipeline.train.state import TrainState
 from dit_pipeline.train.speed import available_attention, choose_attention, ema_update
 
 
@@ -74,9 +73,8 @@ def _trainer(s: dict, shards: Path, device: torch.device, work: Path, *, batch: 
     if compile_ and s["compile_backend"] != "inductor":  # smoke: exercise the path without a C++ compiler
         for block in [*parts.model.blocks, parts.model.final_layer]:
             block.compile(backend=s["compile_backend"])
-    return Trainer(cfg, batch=prep.batch, layout=prep.layout, source=prep.source, parts=parts, device=device,
-                   state=TrainState(), total_steps=None, ckpts=CheckpointManager(run_dir / "checkpoints"),
-                   metrics=MetricsLog(run_dir, 0, main=True, tensorboard=False), run_dir=run_dir)
+    return Trainer(prep, parts, RunOutput(run_dir, CheckpointManager(run_dir / "checkpoints"),
+                                          MetricsLog(run_dir, 0, main=True, tensorboard=False)))
 
 
 def _items(s: dict, batch: int, micro: int, device: torch.device) -> list[Batch]:

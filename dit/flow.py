@@ -118,15 +118,15 @@ class FlowMatching:
     def training_losses(self, model: Model, x_start: torch.Tensor, t: torch.Tensor,
                         model_kwargs: dict[str, Any] | None = None,
                         noise: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-        """Per-sample {"loss", "mse", "vb"} (loss = mse = mean squared velocity error, vb = 0), so the
-        trainer logs both objectives the same way. x_start is the data x_1, t [N] float times."""
+        """Per-sample {"loss", "mse"} (loss = mse = mean squared velocity error; there is no variational-bound
+        term, so none is reported or logged). x_start is the data x_1, t [N] float times."""
         if noise is None:
             noise = torch.randn_like(x_start)
         x_t = interpolate(x_start, noise, t)
         out = model(x_t, t, **(model_kwargs or {}))
         v = velocity_of(out, x_start.shape[1]).float()
         mse = ((v - target_velocity(x_start, noise).float()) ** 2).mean(dim=list(range(1, x_start.dim())))
-        return {"loss": mse, "mse": mse, "vb": torch.zeros_like(mse)}
+        return {"loss": mse, "mse": mse}
 
     @torch.no_grad()
     def sample_loop(self, model: Model, noise: torch.Tensor, *, sampler: str = "euler", steps: int = 50,

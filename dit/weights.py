@@ -52,7 +52,7 @@ def load_dit_weights(path: str | Path, prefer: str = "ema") -> tuple[dict[str, t
     if path.suffix.lower() == ".safetensors":
         state_dict, info = _read_safetensors(path)
     else:
-        state_dict, info = _unpack(_torch_load(path), path, prefer)
+        state_dict, info = _unpack(read_torch_file(path), path, prefer)
     where = str(path)
     if info["source"] == "official" and (sidecar := read_sidecar(path)) is not None:
         info.update(source="dit-pipeline", weights="ema", model_config=sidecar["model_config"],
@@ -137,11 +137,16 @@ def check_archive(path: str | Path) -> None:
                            "incomplete copy); nothing was loaded")
 
 
-def _torch_load(path: Path) -> Any:
+def read_torch_file(path: str | Path, *, mmap: bool = False) -> Any:
+    """The one safe read of a torch file (weights, reference and dit-pipeline checkpoints): the archive's
+    CRC-32s first (`check_archive`), then `torch.load(weights_only=True)` to the CPU, allowing no class beyond
+    tensors, containers and argparse.Namespace. `mmap`: map the file instead of reading it (the ranks of a node
+    then share one copy in the page cache). WeightsError saying what is wrong; nothing is ever unpickled."""
+    path = Path(path)
     check_archive(path)
     try:
         with torch.serialization.safe_globals([argparse.Namespace]):
-            return torch.load(path, map_location="cpu", weights_only=True)
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
         detail = _unpickler_detail(str(e))
         found = re.search(r"GLOBAL ([\w.]+)", detail)
@@ -152,9 +157,9 @@ def _torch_load(path: Path) -> Any:
             "and argparse.Namespace are accepted, since unpickling anything else could run arbitrary "
             "code. If you trust the file, re-save only its state_dict "
             "(torch.save(ckpt['ema'], 'weights.pt')).") from None
-    except (RuntimeError, EOFError, OSError, ValueError) as e:
+    except Exception as e:  # truncated, torn or foreign archives fail in many ways: all the same to the user
         raise WeightsError(f"cannot read {path}: not a complete torch checkpoint (corrupt or truncated?): "
-                           f"{_unpickler_detail(str(e))}") from None
+                           f"{type(e).__name__}: {_unpickler_detail(str(e))}") from None
 
 
 def _unpickler_detail(message: str) -> str:

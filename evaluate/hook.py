@@ -22,6 +22,7 @@ import torch
 
 from dit_pipeline.common import distributed as dist
 from dit_pipeline.common.errors import UserError
+from dit_pipeline.common.hooks import HookContext
 from dit_pipeline.common.log import get_logger
 from dit_pipeline.common.vae import load_vae
 from dit_pipeline.evaluate.features import gather_rows, local_features, source_features
@@ -47,9 +48,10 @@ class FidHook:
     inception: str | None = None
     input_size: int = INPUT_SIZE  # test knob (299 for real numbers)
     random_inception: int | None = None  # test knob
+    sampler: str = "ddpm"  # sample.config.FID_SAMPLER of the run's objective (flow: "euler")
     _state: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
 
-    def setup(self, ctx: Any) -> None:
+    def setup(self, ctx: HookContext) -> None:
         """Every rank: VAE, Inception, a sampling copy of the model; the reference's features (all ranks
         extract them, cached beside REF). UserError for a bad REF, VAE or too few samples."""
         if self.num_samples <= NEIGHBOURHOOD_K:
@@ -69,7 +71,7 @@ class FidHook:
         sampler_model = copy.deepcopy(ctx.model).eval().requires_grad_(False)
         self._state = {"vae": vae, "inception": inception, "ref": Side(ref, feats), "model": sampler_model}
 
-    def _sync_ema(self, ctx: Any) -> torch.nn.Module:
+    def _sync_ema(self, ctx: HookContext) -> torch.nn.Module:
         """The EMA weights (rank 0's; the raw model's when there is no EMA) in every rank's sampling copy."""
         model = self._state["model"]
         source = (ctx.ema if ctx.ema is not None else ctx.model).state_dict() if ctx.rank == 0 else {}
@@ -80,14 +82,14 @@ class FidHook:
                 dist.broadcast_tensor_(dst)
         return model
 
-    def __call__(self, ctx: Any) -> dict[str, Any] | None:
+    def __call__(self, ctx: HookContext) -> dict[str, Any] | None:
         if not self._state:
             self.setup(ctx)
         start = time.perf_counter()
         model = self._sync_ema(ctx)
         cfg_scale = self.cfg_scale if float(ctx.model_config.get("class_dropout_prob", 0.1)) > 0 else 1.0
         # a flow model (dit-train --objective flow) samples with the Euler ODE, a ddpm model with DDPM
-        sampler = "euler" if ctx.config.get("objective") == "flow" else "ddpm"
+        sampler = self.sampler
         diffusion = make_diffusion(sampler, self.steps, learn_sigma=bool(model.learn_sigma))
         model_fn = guided_model_fn(model, cfg_scale=cfg_scale, cfg_channels="3")
         labels = plan.class_labels(num_samples=self.num_samples, seed=self.seed, num_classes=ctx.num_classes)

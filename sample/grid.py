@@ -20,9 +20,11 @@ from torch import nn
 from dit_pipeline import dit
 from dit_pipeline.common.determinism import DEFAULT_CPU_THREADS, pinned_threads
 from dit_pipeline.common.errors import UserError
+from dit_pipeline.common.hooks import HookContext
 from dit_pipeline.common.io import atomic_write_bytes
 from dit_pipeline.common.precision import AUTOCAST_DTYPES
 from dit_pipeline.common.vae import load_vae
+from dit_pipeline.sample.config import SAMPLERS
 from dit_pipeline.sample.generate import generate_images, make_diffusion
 
 GRID_PADDING = 2
@@ -115,8 +117,8 @@ def sample_grid(model: nn.Module, *, vae: nn.Module, scaling_factor: float, shif
     batch_size: images per batch (default: all in one). Bit-identical to `dit-sample` with the same batch
     size and `--cpu-threads` on the same machine; another batch size changes the last float bits.
     """
-    if sampler not in ("ddpm", "ddim") + dit.FLOW_SAMPLERS:
-        raise ValueError(f"sampler must be one of ddpm, ddim, {', '.join(dit.FLOW_SAMPLERS)}, got {sampler!r}")
+    if sampler not in SAMPLERS:
+        raise ValueError(f"sampler must be one of {', '.join(SAMPLERS)}, got {sampler!r}")
     labels = [int(c) for c in class_labels]
     diffusion = make_diffusion(sampler, steps, learn_sigma=bool(model.learn_sigma))
     was_training = model.training
@@ -180,7 +182,7 @@ class SampleGridHook:
             self._vae, self._identity = load_vae(self.vae, config=self.vae_config, device=device)
         return self._identity
 
-    def setup(self, ctx: Any) -> None:
+    def setup(self, ctx: HookContext) -> None:
         """Before training (rank 0): the VAE on the training device, its latent channels and the classes
         checked against the model; UserError naming the mismatch."""
         if ctx.rank != 0:
@@ -196,7 +198,7 @@ class SampleGridHook:
             raise UserError(f"--sample-classes {bad}: the model has {ctx.num_classes} classes (ids 0.."
                             f"{ctx.num_classes - 1})")
 
-    def __call__(self, ctx: Any) -> Path | None:
+    def __call__(self, ctx: HookContext) -> Path | None:
         """Write this step's grid(s); returns the path of the last one written (None on other ranks)."""
         if ctx.rank != 0:
             return None

@@ -1,32 +1,33 @@
-"""Training checkpoints: the format of docs/ARCHITECTURE.md, crash-safe writing, retention and safe reading.
+"""The training checkpoint as one object: format name and version, the crash-safe write, retention and the
+safe read (docs/ARCHITECTURE.md, "Checkpoints").
 
-`RUN/checkpoints/step-0001000.pt` holds model, EMA, optimizer, scaler, step, epoch, data position, RNG states,
-model_config, latent scaling, the TrainConfig as JSON-compatible dict and the manifest fingerprint; it loads
-with `torch.load(weights_only=True)`. Beside it `step-0001000-ema.pt` is a bare EMA state_dict in the official
-DiT release format, and `step-0001000-ema.json` its sidecar (dit.make_sidecar: model_config, latent scale,
-step), which `dit.load_dit_weights` reads so that models of any size load from the bare file. The EMA file
-and its sidecar are written first and the full checkpoint last, each to a temp name, fsynced and renamed
-(common.io), so the newest full checkpoint is always complete; a SIGKILL mid-save leaves only a temp file,
-removed on the next start. Retention keeps the last K plus every `keep_every` steps (with their EMA files).
+What a checkpoint holds is composed by the run's named parts (train.parts: each owns its keys, their
+state_dict / load_state_dict and the rule for resuming from them); this module turns them into files.
+`RUN/checkpoints/step-0001000.pt` loads with `torch.load(weights_only=True)`. Beside it `step-0001000-ema.pt`
+is a bare EMA state_dict in the official DiT release format, and `step-0001000-ema.json` its sidecar
+(dit.make_sidecar: model_config, latent scale, step, objective), which `dit.load_dit_weights` reads so that
+models of any size load from the bare file. The EMA file and its sidecar are written first and the full
+checkpoint last, each to a temp name, fsynced and renamed (common.io), so the newest full checkpoint is
+always complete; a SIGKILL mid-save leaves only a temp file, removed on the next start. Retention keeps the
+last K plus every `keep_every` steps (with their EMA files). Reading goes through `dit.weights.read_torch_file`,
+the one safe read that `dit-sample` uses too.
 """
 from __future__ import annotations
 
 import contextlib
-import random
 import re
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Sequence
 
-import numpy as np
 import torch
 
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.faults import fault_point
 from dit_pipeline.common.io import atomic_write, atomic_write_json, remove_stale_temps
 from dit_pipeline.dit.formats import CHECKPOINT_FORMAT as FORMAT
-from dit_pipeline.dit.formats import CHECKPOINT_KEYS
 from dit_pipeline.dit.formats import CHECKPOINT_VERSION as VERSION
-from dit_pipeline.dit.weights import WeightsError, check_archive, check_state_dict, make_sidecar, sidecar_path
+from dit_pipeline.dit.weights import WeightsError, make_sidecar, read_torch_file, sidecar_path
+from dit_pipeline.train.parts import REQUIRED_KEYS, Part, compose
 
 FAULT_MID_SAVE = "train.ckpt_mid_save"
 _NAME_RE = re.compile(r"^step-(\d{7,})\.pt$")
@@ -104,6 +105,10 @@ class CheckpointManager:
         """Remove temp files of saves that were killed; returns them."""
         return remove_stale_temps(self.folder)
 
+    def save_parts(self, parts: Sequence[Part]) -> Path:
+        """`save` of the checkpoint the run's parts compose (train.parts), under this format's name and version."""
+        return self.save({"format": FORMAT, "version": VERSION, **compose(parts)})
+
     def save(self, state: dict[str, Any]) -> Path:
         """Write the EMA-only file, then the full checkpoint, then prune old ones; returns the path."""
         step = int(state["step"])
@@ -153,95 +158,27 @@ class CheckpointManager:
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Read one of our checkpoints safely (weights_only) and check its format; UserError naming the file."""
+    """Read one of our checkpoints safely (`dit.weights.read_torch_file`: CRC-32s, then weights_only, mapped
+    into memory) and check its format, version and required keys; UserError naming the file."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"checkpoint {path} does not exist; pass an existing file to --resume, or "
                         "--resume auto to use the newest one in the run folder")
     try:
-        check_archive(path)  # torch.load does not check the archive's CRCs: a flipped bit would load silently
         # mmap: the ranks of a node share one copy of the file in the page cache instead of each holding
         # the whole checkpoint (11 GB for DiT-XL/2 with AdamW) in its own memory.
-        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as e:  # corrupt zip, truncated file, refused pickle: all the same to the user
-        lines = [line.strip() for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
-        # a refused pickle: the line naming the refused global, not torch's generic weights_only preamble
-        first = next((line for line in lines if "GLOBAL" in line), lines[0]).removeprefix("WeightsUnpickler error: ")
-        raise UserError(f"checkpoint {path} is corrupt or not a dit-pipeline checkpoint ({type(e).__name__}: "
-                        f"{first}). Nothing was loaded. Delete or move it to resume from the previous "
-                        "checkpoint, or pass another one with --resume PATH.") from None
+        ckpt = read_torch_file(path, mmap=True)
+    except WeightsError as e:  # corrupt zip, truncated file, refused pickle: all the same to the user
+        raise UserError(f"checkpoint {path} is corrupt or not a dit-pipeline checkpoint ({e}). Nothing was "
+                        "loaded. Delete or move it to resume from the previous checkpoint, or pass another one "
+                        "with --resume PATH.") from None
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise UserError(f"checkpoint {path} is not a dit-pipeline training checkpoint (no format "
                         f"{FORMAT!r}); to start from other weights use a new --run-dir")
     if ckpt.get("version") != VERSION:
         raise UserError(f"checkpoint {path} has format version {ckpt.get('version')!r}; this code reads "
                         f"version {VERSION}")
-    missing = [k for k in CHECKPOINT_KEYS if k not in ckpt]
+    missing = [k for k in REQUIRED_KEYS if k not in ckpt]
     if missing:
         raise UserError(f"checkpoint {path} lacks {missing}; it is incomplete. Nothing was loaded.")
     return ckpt
-
-
-def check_resumable(ckpt: dict[str, Any], path: Path, *, model: torch.nn.Module, fingerprint: str,
-                    global_batch: int, objective: str = "ddpm") -> None:
-    """Refuse a checkpoint of another objective, model, shard set or global batch, or with tensors or an
-    optimizer that do not fit `model` (UserError; nothing is loaded before this passes)."""
-    saved_objective = ckpt.get("objective", "ddpm")  # checkpoints before the key existed are ddpm
-    if saved_objective != objective:
-        raise UserError(f"checkpoint {path} was trained with --objective {saved_objective}, this run asks for "
-                        f"--objective {objective}; resume with the same objective or use a new --run-dir")
-    want, have = model.config, ckpt["model_config"]
-    keys = [k for k in dict.fromkeys([*want, *have]) if k != "model"]  # block options appear only when on
-    diff = [f"{k}: checkpoint {have.get(k)!r}, this run {want.get(k)!r}" for k in keys if have.get(k) != want.get(k)]
-    if diff:
-        raise UserError(f"checkpoint {path} is for a different model ({have.get('model') or 'custom'}): "
-                        + "; ".join(diff) + ". Use the same --model and overrides, or a new --run-dir.")
-    if ckpt["manifest_fingerprint"] != fingerprint:
-        raise UserError(f"checkpoint {path} was trained on a different shard set (manifest fingerprint "
-                        f"{str(ckpt['manifest_fingerprint'])[:12]}..., these shards {fingerprint[:12]}...). "
-                        "Pass the same --shards, or a new --run-dir.")
-    saved_batch = ckpt["config"].get("global_batch_size")
-    if saved_batch != global_batch:
-        raise UserError(f"checkpoint {path} was trained with --global-batch-size {saved_batch}, this run asks for "
-                        f"{global_batch}; a resumed run must keep the global batch (start a new "
-                        "--run-dir to change it)")
-    try:
-        check_state_dict(ckpt["model"], want, where=f"{path} [model]")
-        check_state_dict(ckpt["ema"], want, where=f"{path} [ema]")
-    except WeightsError as e:
-        raise UserError(f"{e}. Nothing was loaded.") from None
-    groups = ckpt["opt"].get("param_groups", [])
-    n_params = sum(1 for q in model.parameters() if q.requires_grad)
-    if len(groups) != 1 or len(groups[0].get("params", [])) != n_params:
-        raise UserError(f"checkpoint {path}: optimizer state does not match this model ({n_params} trainable "
-                        "tensors). Nothing was loaded.")
-
-
-# ----------------------------------------------------------------------------------------------------------
-# RNG states (the training randomness itself is derived from integers; these are kept for completeness
-# so any code that uses the global generators also continues where it stopped).
-
-def rng_state() -> dict[str, Any]:
-    np_state = np.random.get_state()
-    py_state = random.getstate()
-    state: dict[str, Any] = {
-        "torch": torch.get_rng_state(),
-        "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
-                  "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
-        "python": {"version": int(py_state[0]), "state": [int(x) for x in py_state[1]],
-                   "gauss": py_state[2]},
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    np_s = state["numpy"]
-    np.random.set_state(("MT19937", np_s["keys"].numpy().astype(np.uint32), np_s["pos"], np_s["has_gauss"],
-                         np_s["cached_gaussian"]))
-    py = state["python"]
-    random.setstate((py["version"], tuple(py["state"]), py["gauss"]))
-    if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all(state["cuda"])

@@ -8,111 +8,124 @@ class dropout 0.1, seed 0.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from dit_pipeline.common.errors import ConfigError, UserError, collect
 from dit_pipeline.common.precision import PRECISIONS_AUTO as PRECISIONS
-
-SAMPLE_WEIGHTS = ("ema", "raw", "both")  # which weights the sample grids show
+from dit_pipeline.common.settings import choice, flag_name, non_negative, positive, setting
+from dit_pipeline.dit.formats import OBJECTIVES
+from dit_pipeline.evaluate.config import FidSettings
+from dit_pipeline.sample.config import GRIDS, GridSettings, parse_classes  # noqa: F401 (parse_classes: re-export)
 
 ATTENTION_BACKENDS = ("auto", "cudnn", "flash", "efficient", "math")  # train.speed applies them
-OBJECTIVES = ("ddpm", "flow")
+T_SAMPLINGS = ("uniform", "logit-normal")  # flow training times (dit.flow.FlowMatching)
+DEFAULT_MAX_STEPS = 400_000   # neither --max-steps nor --epochs: the DiT paper's length for its comparisons
+DEFAULT_NUM_WORKERS = 4       # loader processes per rank, unless the shard set has fewer shards per rank
+
+DATA, MODEL, OBJECTIVE = "Data", "Model", "Objective"
+LENGTH, OPTIM, SPEED, CKPT = "Length and batch", "Optimisation", "Speed and memory", "Checkpoints and logging"
+GROUPS = (DATA, MODEL, OBJECTIVE, LENGTH, OPTIM, SPEED, CKPT, GRIDS)  # the order of dit-train --help
 
 
 @dataclass(kw_only=True)
-class TrainConfig:
-    # data
-    shards: str                                 # shard folder, or URL list / brace pattern (+ manifest)
-    run_dir: str
-    manifest: str | None = None                 # manifest.json path/folder when `shards` is a URL pattern
-    image_size: int | None = None               # optional cross-check against the manifest
-    num_workers: int | None = None              # loader processes per rank (0 = in the main process); None:
-                                                # 4, fewer when the shard set has fewer shards per rank
-    shuffle_buffer: int = 1000                  # samples held by each reader's in-memory shuffle buffer
-    shards_in_flight: int = 16                  # shards each reader reads at once (mixes classes)
-    prefetch_factor: int = 2
-    skip_bad_shards: bool = False
-    verify_shards: bool = True                  # check each shard's sha256 against the manifest while training
-    # model
-    model: str = "DiT-XL/2"
-    depth: int | None = None
-    hidden_size: int | None = None
-    num_heads: int | None = None
-    patch_size: int | None = None
-    class_dropout_prob: float = 0.1
-    qk_norm: bool = False                       # optional block features (dit/blocks.py), off = DiT
-    rms_norm: bool = False
-    swiglu: bool = False
-    rope: bool = False
-    # objective: ddpm (DiT) or flow (SiT's linear interpolant, velocity prediction; dit/flow.py)
-    objective: str = "ddpm"
-    t_sampling: str = "uniform"                 # flow training times: uniform | logit-normal
-    t_mean: float = 0.0                         # logit-normal location and scale
-    t_scale: float = 1.0
-    # length and batch
-    max_steps: int | None = None
-    epochs: int | None = None
-    global_batch_size: int = 256
-    micro_batch_size: int | str | None = None   # per rank and forward pass; default: no accumulation;
-                                                # "auto": the largest that fits the GPU (train.memory)
-    # optimisation
-    lr: float = 1e-4
-    weight_decay: float = 0.0
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_eps: float = 1e-8
-    warmup_steps: int = 0
-    grad_clip: float | None = None
-    ema_decay: float = 0.9999
-    seed: int = 0
-    # speed
-    precision: str = "auto"                     # bf16 on GPU, fp32 on CPU
-    tf32: bool = True
-    grad_checkpointing: bool = False
-    compile: bool | None = None                 # regional (per-block) torch.compile; None: on for CUDA
-    attention: str = "auto"                     # SDPA backend on CUDA: auto (fastest, timed) | cudnn | ...
-    ddp_bucket_mb: int = 25                     # DDP gradient bucket size (torch's default)
-    # bookkeeping
-    log_every: int = 100
-    ckpt_every: int = 5000
-    keep_last: int = 3
-    keep_every: int | None = None
-    resume: str = "auto"                        # auto | none | path to a checkpoint
-    peak_tflops: float | None = None            # MFU denominator override (per GPU, dense bf16/fp16)
-    tensorboard: bool = True                    # write events when tensorboard is installed
-    quiet: bool = False
-    dry_run: bool = False
-    # sample grids (sample.grid.SampleGridHook, built by the CLI): every N steps rank 0 writes
-    # RUN/samples/step-NNNNNNN.png of the EMA model's DDIM (flow: Euler ODE) samples of fixed classes and seeds
-    sample_every: int | None = None
-    vae: str | None = None                      # decodes the grids: hub id, diffusers folder or single file
-    vae_config: str | None = None               # diffusers config folder for a single-file --vae
-    sample_classes: list[int] | None = None     # default: 8 classes spread over the label range
-    sample_steps: int = 50                      # DDIM steps (flow: Euler steps)
-    sample_weights: str = "ema"                 # ema | raw | both: which weights the grids show
-    sample_cfg_scale: float = 4.0               # classifier-free guidance (1 = none)
-    # FID during training (evaluate.hook.FidHook): every N steps all ranks sample with the EMA weights as
-    # dit-sample does, rank 0 logs fid, sfid, inception_score, precision, recall to metrics.jsonl
-    fid_every: int | None = None
-    fid_ref: str | None = None                  # reference: ADM reference batch, npz/folder of images, stats
-    fid_num_samples: int = 5000
-    fid_steps: int = 250                        # DDPM steps, as for the paper's FID
-    fid_cfg_scale: float = 1.5
-    fid_batch_size: int = 32                    # samples per process and batch
-    inception: str | None = None                # Inception weights file [torch hub cache]
-    fid_input_size: int = 299                   # test knob (hidden): Inception input resolution
-    fid_random_inception: int | None = None     # test knob (hidden): random Inception weights of this seed
-    extra: dict[str, Any] = field(default_factory=dict)  # settings owned by other hooks
+class TrainConfig(FidSettings, GridSettings):
+    """Every setting of a training run. The sample-grid and FID settings belong to their hooks' own types
+    (sample.config.GridSettings, evaluate.config.FidSettings), inherited here so that the stored config stays
+    one flat JSON object."""
 
-    def __post_init__(self) -> None:
-        if isinstance(self.sample_classes, str):  # "0,207,360" from the flag (a config file may give a list)
-            with contextlib.suppress(ValueError):
-                self.sample_classes = parse_classes(self.sample_classes)
+    # data
+    shards: str = setting(help="Shard folder (with manifest.json), or a URL list 'a::b' / brace pattern "
+                          "(s3://bucket/shard-{000000..000127}.tar, pipe:CMD) together with --manifest", group=DATA)
+    run_dir: str = setting(help="Run folder: checkpoints/, metrics.jsonl, log.txt, logs/, config.json", group=DATA)
+    manifest: str | None = setting(None, "manifest.json of the shard set, when --shards is a URL list or pattern",
+                                   group=DATA)
+    image_size: int | None = setting(None, "Cross-check against the shard set's image size", group=DATA)
+    num_workers: int | None = setting(
+        None, "Loader processes per GPU (0 = in the main process)", group=DATA,
+        shown=f"{DEFAULT_NUM_WORKERS}; fewer when the shard set has fewer shards per rank, said in the plan")
+    shuffle_buffer: int = setting(1000, "Samples in each loader worker's shuffle buffer", group=DATA)
+    shards_in_flight: int = setting(16, "Shards each loader worker reads at once, taking samples from them in a "
+                                    "random order (shards are written in class order)", group=DATA)
+    prefetch_factor: int = setting(2, "Batches each loader worker prepares ahead", group=DATA)
+    skip_bad_shards: bool = setting(False, "Skip (and count) a shard that turns out unreadable instead of "
+                                    "stopping", group=DATA, shown="stop")
+    verify_shards: bool = setting(
+        True, "Check each shard's sha256 against the manifest while training: before its samples are used when "
+        "the shards read at once fit in a quarter of the host memory, else as it streams (the plan says which)",
+        group=DATA)
+    # model
+    model: str = setting("DiT-XL/2", "DiT preset, e.g. DiT-XL/2, DiT-B/4", group=MODEL)
+    depth: int | None = setting(None, "Override the preset's depth (small experiments)", group=MODEL)
+    hidden_size: int | None = setting(None, "Override the preset's hidden size", group=MODEL)
+    num_heads: int | None = setting(None, "Override the preset's attention heads", group=MODEL)
+    patch_size: int | None = setting(None, "Override the preset's patch size", group=MODEL)
+    class_dropout_prob: float = setting(0.1, "Label dropout for classifier-free guidance", group=MODEL)
+    qk_norm: bool = setting(False, "RMSNorm on attention queries and keys", group=MODEL)  # dit/blocks.py; off = DiT
+    rms_norm: bool = setting(False, "RMSNorm instead of LayerNorm in the blocks", group=MODEL)
+    swiglu: bool = setting(False, "SwiGLU MLP (2/3 width, about equal parameters)", group=MODEL)
+    rope: bool = setting(False, "2-D rotary position embedding on queries and keys", group=MODEL)
+    # objective: ddpm (DiT) or flow (SiT's linear interpolant, velocity prediction; dit/flow.py)
+    objective: str = setting("ddpm", "ddpm: DiT's diffusion; flow: SiT's linear interpolant with velocity "
+                             "prediction, t in [0, 1] (README 'Choosing an objective')", group=OBJECTIVE,
+                             choices=OBJECTIVES)
+    t_sampling: str = setting("uniform", "Flow training times: uniform or sigmoid(t-mean + t-scale * N(0, 1))",
+                              group=OBJECTIVE, choices=T_SAMPLINGS)
+    t_mean: float = setting(0.0, "Logit-normal location (SiT time: data at t = 1)", group=OBJECTIVE)
+    t_scale: float = setting(1.0, "Logit-normal scale", group=OBJECTIVE)
+    # length and batch
+    max_steps: int | None = setting(
+        None, "Stop after this many optimizer steps", group=LENGTH,
+        shown=f"{DEFAULT_MAX_STEPS}, the DiT paper's length for its model comparisons, when --epochs is not given "
+        "either; said in the plan")
+    epochs: int | None = setting(None, "Stop after this many epochs (with --max-steps: whichever comes first)",
+                                 group=LENGTH)
+    global_batch_size: int = setting(256, "Images per optimizer step over all GPUs", group=LENGTH)
+    micro_batch_size: int | str | None = setting(
+        None, "Images per GPU per forward pass; accumulation steps = global / (world size x micro); 'auto' = "
+        "the largest that fits the GPU memory estimate (train.memory)", group=LENGTH, shown="global / world size")
+    # optimisation
+    lr: float = setting(1e-4, "AdamW learning rate, constant", group=OPTIM)
+    weight_decay: float = setting(0.0, "AdamW weight decay", group=OPTIM)
+    adam_beta1: float = setting(0.9, "AdamW beta1", group=OPTIM)
+    adam_beta2: float = setting(0.999, "AdamW beta2", group=OPTIM)
+    adam_eps: float = setting(1e-8, "AdamW epsilon", group=OPTIM)
+    warmup_steps: int = setting(0, "Linear learning-rate warmup", group=OPTIM, shown="0: off")
+    grad_clip: float | None = setting(None, "Clip the gradient norm to this value", group=OPTIM, shown="off")
+    ema_decay: float = setting(0.9999, "EMA decay per optimizer step", group=OPTIM)
+    seed: int = setting(0, "Global seed: model init, data order, noise", group=OPTIM)
+    # speed
+    precision: str = setting("auto", "Autocast dtype; fp16 uses a GradScaler", group=SPEED, choices=PRECISIONS,
+                             shown="auto: bf16 on GPU, fp32 on CPU")
+    tf32: bool = setting(True, "TF32 matmuls for fp32 work", group=SPEED)
+    grad_checkpointing: bool = setting(False, "Recompute DiT blocks in the backward pass (less memory, ~30% more "
+                                       "compute)", group=SPEED)
+    compile: bool | None = setting(None, "torch.compile each DiT block in place (state_dict names unchanged); "
+                                   "eager with a warning where compile cannot run", group=SPEED,
+                                   shown="on for CUDA, off on CPU")
+    attention: str = setting("auto", "SDPA attention backend on CUDA; auto times each at start-up and keeps the "
+                             "fastest", group=SPEED, choices=ATTENTION_BACKENDS)
+    ddp_bucket_mb: int = setting(25, "DDP gradient bucket size in MB (torch's default)", group=SPEED)
+    # bookkeeping
+    log_every: int = setting(100, "Steps per metrics line", group=CKPT)
+    ckpt_every: int = setting(5000, "Steps between checkpoints", group=CKPT)
+    keep_last: int = setting(3, "Checkpoints kept", group=CKPT)
+    keep_every: int | None = setting(None, "Also keep every checkpoint whose step is a multiple of this",
+                                     group=CKPT, shown="off")
+    resume: str = setting("auto", "'auto' (newest checkpoint in the run folder), 'none', or a checkpoint path",
+                          group=CKPT)
+    peak_tflops: float | None = setting(None, "Peak TFLOP/s per GPU for the MFU estimate (dense bf16/fp16)",
+                                        group=CKPT, shown="from the GPU model")
+    tensorboard: bool = setting(True, "TensorBoard events when installed", group=CKPT)
+    quiet: bool = setting(False, "No progress bar or info messages on the console", group=CKPT)
+    dry_run: bool = setting(False, "Run every check the real run runs (shards, model vs latents, batch split, "
+                            "readers, run folder, resume point) and print its plan, without training. DIT_DRY_RUN=1 "
+                            "in front of a pasted command does the same", group=CKPT, envvar="DIT_DRY_RUN")
+    extra: dict[str, Any] = setting(default_factory=dict, help="settings owned by other hooks", group=CKPT,
+                                    cli=False)
 
     def validate(self) -> None:
         """Raise ConfigError listing every invalid setting (nothing about world size: see batch_plan)."""
@@ -122,20 +135,18 @@ class TrainConfig:
         if not str(self.run_dir or "").strip():
             p.append("--run-dir is required: the folder for checkpoints, logs and metrics")
         if self.micro_batch_size != "auto":
-            _positive(p, self, "micro_batch_size")
-        _positive(p, self, "global_batch_size", "image_size", "ddp_bucket_mb", "depth", "hidden_size",
-                  "num_heads", "patch_size", "max_steps", "epochs", "log_every", "ckpt_every", "keep_last",
-                  "keep_every", "shuffle_buffer", "shards_in_flight", "prefetch_factor")
-        _non_negative(p, self, "warmup_steps", "seed", "weight_decay")
+            p += positive(self, "micro_batch_size")
+        p += positive(self, "global_batch_size", "image_size", "ddp_bucket_mb", "depth", "hidden_size",
+                      "num_heads", "patch_size", "max_steps", "epochs", "log_every", "ckpt_every", "keep_last",
+                      "keep_every", "shuffle_buffer", "shards_in_flight", "prefetch_factor")
+        p += non_negative(self, "warmup_steps", "seed", "weight_decay")
         if self.num_workers is not None:
-            _non_negative(p, self, "num_workers")
-        if self.sample_weights not in SAMPLE_WEIGHTS:
-            p.append(f"--sample-weights must be one of {', '.join(SAMPLE_WEIGHTS)}, got {self.sample_weights!r}")
+            p += non_negative(self, "num_workers")
         if not self.lr > 0:
             p.append(f"--lr must be > 0, got {self.lr}")
         for name in ("adam_beta1", "adam_beta2"):
             if not 0.0 <= getattr(self, name) < 1.0:
-                p.append(f"--{_flag(name)} must be in [0, 1), got {getattr(self, name)}")
+                p.append(f"{flag_name(name)} must be in [0, 1), got {getattr(self, name)}")
         if not self.adam_eps > 0:
             p.append(f"--adam-eps must be > 0, got {self.adam_eps}")
         if not 0.0 <= self.ema_decay <= 1.0:
@@ -147,10 +158,7 @@ class TrainConfig:
             p.append(f"--grad-clip must be > 0 (omit it to disable clipping), got {self.grad_clip}")
         if self.peak_tflops is not None and not self.peak_tflops > 0:
             p.append(f"--peak-tflops must be > 0, got {self.peak_tflops}")
-        if self.attention not in ATTENTION_BACKENDS:
-            p.append(f"--attention must be one of {', '.join(ATTENTION_BACKENDS)}, got {self.attention!r}")
-        if self.precision not in PRECISIONS:
-            p.append(f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        p += choice(self, "attention", ATTENTION_BACKENDS) + choice(self, "precision", PRECISIONS)
         if not str(self.resume or "").strip():
             p.append("--resume must be 'auto', 'none' or a checkpoint path")
         try:
@@ -158,37 +166,14 @@ class TrainConfig:
             canonical_model_name(self.model)
         except ValueError as e:
             p.append(f"--model: {e}")
-        p += self._sample_grid_problems()
-        p += self._fid_problems()
+        p += self.grid_problems(fid_on=self.fid_every is not None)
+        p += self.fid_problems()
         collect(p, "training configuration")
 
-    def _fid_problems(self) -> list[str]:
-        p: list[str] = []
-        if self.fid_every is None:
-            if self.fid_ref:
-                p.append("--fid-ref only serves FID during training: add --fid-every N (or drop it)")
-            return p
-        _positive(p, self, "fid_every", "fid_num_samples", "fid_steps", "fid_batch_size")
-        if not str(self.fid_ref or "").strip():
-            p.append("--fid-every needs --fid-ref, the reference (e.g. VIRTUAL_imagenet256_labeled.npz)")
-        if not str(self.vae or "").strip():
-            p.append("--fid-every needs --vae, the VAE that decodes the samples (the one the shards were "
-                     "extracted with)")
-        if isinstance(self.fid_num_samples, int) and 0 < self.fid_num_samples < 4:
-            p.append(f"--fid-num-samples must be >= 4 (precision/recall use 3 nearest neighbours), got "
-                     f"{self.fid_num_samples}")
-        if not (isinstance(self.fid_cfg_scale, (int, float)) and self.fid_cfg_scale >= 1.0):
-            p.append(f"--fid-cfg-scale must be >= 1 (1 = no guidance), got {self.fid_cfg_scale!r}")
-        return p
-
     def _objective_problems(self) -> list[str]:
-        from dit_pipeline.dit.flow import T_SAMPLINGS
-
-        p: list[str] = []
-        if self.objective not in OBJECTIVES:
-            p.append(f"--objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
+        p = choice(self, "objective", OBJECTIVES)
         if self.t_sampling not in T_SAMPLINGS:
-            p.append(f"--t-sampling must be one of {', '.join(T_SAMPLINGS)}, got {self.t_sampling!r}")
+            p += choice(self, "t_sampling", T_SAMPLINGS)
         elif self.objective == "ddpm" and (self.t_sampling, self.t_mean, self.t_scale) != ("uniform", 0.0, 1.0):
             p.append("--t-sampling, --t-mean and --t-scale choose flow training times: add --objective flow "
                      "(ddpm draws its 1000 discrete steps uniformly)")
@@ -196,7 +181,7 @@ class TrainConfig:
             p.append(f"--t-scale must be > 0, got {self.t_scale}")
         return p
 
-    def make_objective(self):
+    def make_objective(self) -> Any:
         """The dit/ object that draws training times and computes the loss (GaussianDiffusion or FlowMatching)."""
         from dit_pipeline import dit
 
@@ -204,65 +189,8 @@ class TrainConfig:
             return dit.create_flow(self.t_sampling, self.t_mean, self.t_scale)
         return dit.create_diffusion("")
 
-    def _sample_grid_problems(self) -> list[str]:
-        from dit_pipeline.dit.respace import TRAIN_TIMESTEPS, ddim_stride, nearest_ddim_steps
-
-        p: list[str] = []
-        if self.sample_every is None:
-            grid_only = ("sample_classes",) if self.fid_every is not None else ("vae", "vae_config", "sample_classes")
-            given = [f"--{_flag(n)}" for n in grid_only if getattr(self, n)]
-            if given:
-                p.append(f"{', '.join(given)} only serve the sample grids: add --sample-every N (or drop them)")
-            return p
-        _positive(p, self, "sample_every")
-        if self.sample_classes is not None:
-            try:
-                parse_classes(self.sample_classes)
-            except ValueError as e:
-                p.append(f"--sample-classes: {e}")
-        steps = self.sample_steps
-        if isinstance(steps, bool) or not isinstance(steps, int) or not (1 <= steps <= TRAIN_TIMESTEPS
-                                                                         and ddim_stride(steps)):
-            near = nearest_ddim_steps(steps) if isinstance(steps, int) else [25, 50, 100, 250]
-            p.append(f"--sample-steps {steps!r} is not a DDIM step count (DDIM takes every k-th of the 1000 "
-                     f"steps); nearest valid counts: {', '.join(map(str, near))}")
-        if not (isinstance(self.sample_cfg_scale, (int, float)) and self.sample_cfg_scale >= 1.0):
-            p.append(f"--sample-cfg-scale must be >= 1 (1 = no guidance), got {self.sample_cfg_scale!r}")
-        return p
-
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-def _flag(name: str) -> str:
-    return name.replace("_", "-")
-
-
-def parse_classes(value: Any) -> list[int]:
-    """Class ids from "0,1,2" (a flag) or a list (a config file); ValueError saying what is wrong."""
-    items = [v.strip() for v in value.split(",")] if isinstance(value, str) else value
-    if not isinstance(items, (list, tuple)) or not items:
-        raise ValueError(f"give comma-separated class ids such as 0,207,360, got {value!r}")
-    out = []
-    for v in items:
-        if isinstance(v, bool) or not ((isinstance(v, int) and v >= 0) or (isinstance(v, str) and v.isdigit())):
-            raise ValueError(f"{v!r} is not a class id (a non-negative integer); give e.g. 0,207,360")
-        out.append(int(v))
-    return out
-
-
-def _positive(problems: list[str], cfg: TrainConfig, *names: str) -> None:
-    for name in names:
-        v = getattr(cfg, name)
-        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
-            problems.append(f"--{_flag(name)} must be a positive integer, got {v!r}")
-
-
-def _non_negative(problems: list[str], cfg: TrainConfig, *names: str) -> None:
-    for name in names:
-        v = getattr(cfg, name)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-            problems.append(f"--{_flag(name)} must be >= 0, got {v!r}")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -349,6 +277,6 @@ def merge_config(file_values: dict[str, Any], flag_values: dict[str, Any]) -> Tr
     merged = {**file_values, **flag_values}
     missing = [n for n in ("shards", "run_dir") if merged.get(n) in (None, "")]
     if missing:
-        raise ConfigError([f"--{_flag(n)} is required (as a flag or in --config)" for n in missing],
+        raise ConfigError([f"{flag_name(n)} is required (as a flag or in --config)" for n in missing],
                           "training configuration")
     return TrainConfig(**merged)

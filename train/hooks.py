@@ -15,38 +15,19 @@ training with and without them, and a resumed run, stay identical.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING
 
-import torch
+from dit_pipeline.common.hooks import HookContext, PeriodicHook
+from dit_pipeline.sample.config import FID_SAMPLER, GRID_SAMPLER
 
+if TYPE_CHECKING:
+    from dit_pipeline.train.config import TrainConfig
 
-@dataclass
-class HookContext:
-    step: int                          # optimizer steps done
-    epoch: int
-    rank: int
-    world_size: int
-    run_dir: Path
-    device: torch.device
-    model: torch.nn.Module             # the raw DiT (no DDP/compile wrapper), in train mode
-    ema: torch.nn.Module | None        # fp32 EMA DiT on rank 0, None elsewhere
-    model_config: dict[str, Any]       # DiT.config
-    latent: dict[str, Any]             # {"scaling_factor", "shift_factor", "vae"} of the shard set
-    num_classes: int
-    config: dict[str, Any]             # the resolved TrainConfig as a dict
-    class_names: list[str] | None = None  # the manifest's (sorted class-folder names), None when unknown
-    metrics: Any = None                # train.metrics.MetricsLog: write({"step": ..., name: value}) (rank 0 writes)
+__all__ = ["HookContext", "PeriodicHook", "build_hooks"]
 
 
-class PeriodicHook(Protocol):
-    every: int
-
-    def __call__(self, ctx: HookContext) -> None: ...
-
-
-def _recorded_vae(cfg: Any) -> tuple[str, str | None]:
+def _recorded_vae(cfg: "TrainConfig") -> tuple[str, str | None]:
     """The VAE the shard set was extracted with (its manifest's record), for --sample-every without --vae."""
     from dit_pipeline.common.errors import UserError
     from dit_pipeline.common.vae import recorded_vae
@@ -62,7 +43,7 @@ def _recorded_vae(cfg: Any) -> tuple[str, str | None]:
     return found
 
 
-def build_hooks(cfg: Any) -> list[PeriodicHook]:
+def build_hooks(cfg: "TrainConfig") -> list[PeriodicHook]:
     """The hooks `cfg` asks for: a SampleGridHook with --sample-every, an evaluate.hook.FidHook with
     --fid-every; none without them.
 
@@ -84,7 +65,7 @@ def build_hooks(cfg: Any) -> list[PeriodicHook]:
 
         grid = SampleGridHook(every=cfg.sample_every, vae=vae, vae_config=vae_config,
                               class_labels=cfg.sample_classes, seed=cfg.seed, steps=cfg.sample_steps,
-                              sampler="euler" if cfg.objective == "flow" else "ddim",
+                              sampler=GRID_SAMPLER[cfg.objective],
                               cfg_scale=cfg.sample_cfg_scale, weights=cfg.sample_weights)
         if dist.is_main():
             grid.load()
@@ -95,5 +76,6 @@ def build_hooks(cfg: Any) -> list[PeriodicHook]:
         hooks.append(FidHook(every=cfg.fid_every, ref=cfg.fid_ref, vae=vae, vae_config=vae_config,
                              num_samples=cfg.fid_num_samples, steps=cfg.fid_steps, cfg_scale=cfg.fid_cfg_scale,
                              batch_size=cfg.fid_batch_size, seed=cfg.seed, inception=cfg.inception,
-                             input_size=cfg.fid_input_size, random_inception=cfg.fid_random_inception))
+                             input_size=cfg.fid_input_size, random_inception=cfg.fid_random_inception,
+                             sampler=FID_SAMPLER[cfg.objective]))
     return hooks

@@ -35,13 +35,14 @@ from dit_pipeline.common.faults import fault_point, fault_requested
 from dit_pipeline.common.log import get_logger, progress_enabled
 from dit_pipeline.common.seeding import STREAM_DROPOUT, STREAM_TIMESTEP, generator
 from dit_pipeline.train.checkpoint import CheckpointManager
-from dit_pipeline.train.config import BatchPlan, TrainConfig
-from dit_pipeline.train.data import Batch, EpochStream, ReaderEvent, ShardSource, make_loader
+from dit_pipeline.train.data import Batch, EpochStream, ReaderEvent, make_loader
 from dit_pipeline.train.hooks import HookContext, PeriodicHook
-from dit_pipeline.train.metrics import Meter, MetricsLog, mfu
-from dit_pipeline.train.partition import DataLayout, EpochPlan, plan_epoch
+from dit_pipeline.train.metrics import LOSS_TERMS, Meter, MetricsLog, StepReport, interval_record, mfu
+from dit_pipeline.train.partition import EpochPlan, plan_epoch
+from dit_pipeline.train.parts import Part, ProgressPart, ShardSetPart, build_parts, load_all
+from dit_pipeline.train.preflight import Preflight
 from dit_pipeline.train.speed import ema_update
-from dit_pipeline.train.state import CheckpointMixin, TrainState, comm_guard
+from dit_pipeline.train.state import TrainState, comm_guard, weights_fingerprint
 
 MAX_CONSECUTIVE_OVERFLOWS = 25  # fp16: the loss scale has shrunk by 2**25: the run diverged
 
@@ -61,32 +62,49 @@ class TrainModel:
     scaler: torch.amp.GradScaler
     ddp: torch.nn.Module | None          # DistributedDataParallel wrapper when world size > 1
     forward: Callable[..., torch.Tensor]  # what runs the forward (ddp/model, maybe compiled)
-    diffusion: Any
+    diffusion: Any                       # dit.GaussianDiffusion or dit.FlowMatching (the TrainConfig's objective)
     amp_dtype: torch.dtype | None
     flops_per_image: float
     peak_tflops: float | None
+    device: torch.device
 
 
-class Trainer(CheckpointMixin):
-    """One training run on this rank: `fit(stop)` loops over epochs and steps; `state_dict()` /
-    `load_state_dict()` / `checkpoint()` (train.state) are its checkpoint."""
+@dataclass
+class RunOutput:
+    """Where a run writes: its folder, its checkpoints and its metrics."""
 
-    def __init__(self, cfg: TrainConfig, *, batch: BatchPlan, layout: DataLayout, source: ShardSource,
-                 parts: TrainModel, device: torch.device, state: TrainState, total_steps: int | None,
-                 ckpts: CheckpointManager, metrics: MetricsLog, run_dir: Path, hooks: Sequence[PeriodicHook] = (),
-                 sha256: str | None = None):
-        self.cfg, self.batch, self.layout, self.source, self.p = cfg, batch, layout, source, parts
-        self.sha256 = sha256  # how each shard is checked against the manifest (train.preflight.sha256_mode)
-        self.device, self.state, self.total_steps = device, state, total_steps
-        self.ckpts, self.metrics, self.run_dir = ckpts, metrics, run_dir
+    run_dir: Path
+    ckpts: CheckpointManager
+    metrics: MetricsLog
+
+
+class Trainer:
+    """One training run on this rank: `fit(stop)` loops over epochs and steps.
+
+    Its checkpoint is composed by its named parts (`self.parts`, train.parts: model, EMA, optimizer, scaler,
+    progress, RNG and what the run was trained on): `checkpoint()` writes one (a collective), `resume_from()`
+    continues from one after every part's check passed."""
+
+    def __init__(self, prep: Preflight, net: TrainModel, out: RunOutput, hooks: Sequence[PeriodicHook] = ()):
+        self.cfg, self.batch, self.layout, self.source = prep.cfg, prep.batch, prep.layout, prep.source
+        self.sha256 = prep.sha256  # how each shard is checked against the manifest (train.preflight.sha256_mode)
+        self.total_steps = prep.total_steps
+        self.p, self.device, self.out = net, net.device, out
+        self.metrics = out.metrics
         self.hooks = list(hooks)
         self.rank, self.world = dist.rank(), dist.world_size()
         self.log = get_logger()
-        self.params = [p for p in parts.model.parameters() if p.requires_grad]
-        self.ema_params = ([e for e, p in zip(parts.ema.parameters(), parts.model.parameters()) if p.requires_grad]
-                           if parts.ema is not None else [])
-        self.latent_shape = tuple(source.manifest.latent_shape)
-        self.last_saved = state.step
+        self.state = TrainState()
+        self.params = [p for p in net.model.parameters() if p.requires_grad]
+        self.ema_params = ([e for e, p in zip(net.ema.parameters(), net.model.parameters()) if p.requires_grad]
+                           if net.ema is not None else [])
+        self.latent_shape = tuple(self.source.manifest.latent_shape)
+        self.shard_set = ShardSetPart.of(self.source.manifest, self.source.fingerprint)
+        self.parts: list[Part] = build_parts(
+            objective=self.cfg.objective, config=self.cfg.to_dict(), shard_set=self.shard_set, model=net.model,
+            ema=net.ema, opt=net.opt, scaler=net.scaler,
+            progress=ProgressPart(self.state, self.layout, lambda epoch: self.plan(epoch).steps))
+        self.last_saved = self.state.step
         self._consecutive_overflows = 0
         self.meter = Meter()       # all-rank means of this log interval
         self.own = Meter()         # this rank's own values (RUN/logs/rank{r}.jsonl)
@@ -104,13 +122,6 @@ class Trainer(CheckpointMixin):
         sizes = [0 if rec.name in bad else rec.samples for rec in self.source.manifest.shards]
         return plan_epoch(sizes, seed=self.cfg.seed, epoch=epoch, world_size=self.world,
                           workers=self.layout.workers, micro_batch=self.batch.micro_batch, accum=self.batch.accum)
-
-    def data_position(self) -> tuple[int, int]:
-        """(epoch, step_in_epoch) to store; the end of an epoch is stored as the start of the next."""
-        s = self.state
-        if s.step_in_epoch >= self.plan(s.epoch).steps:
-            return s.epoch + 1, 0
-        return s.epoch, s.step_in_epoch
 
     def lr_at(self, step: int) -> float:
         if self.cfg.warmup_steps:
@@ -247,7 +258,7 @@ class Trainer(CheckpointMixin):
     def train_step(self, items: list[Batch], wait: float) -> None:
         p, micro, accum = self.p, self.batch.micro_batch, self.batch.accum
         t_all, noise_all, drop_all = self._step_randomness(micro * accum)
-        sums = torch.zeros(3, device=self.device, dtype=torch.float64)
+        report = StepReport()
         nan_fault = fault_requested("train.nan")
         for i, b in enumerate(items):
             sl = slice(i * micro, (i + 1) * micro)
@@ -255,18 +266,20 @@ class Trainer(CheckpointMixin):
             y = b.labels.to(self.device, non_blocking=True)
             kwargs = {"y": y, "force_drop_ids": None if drop_all is None else drop_all[sl]}
             sync = p.ddp is None or i == accum - 1
-            with contextlib.nullcontext() if sync else p.ddp.no_sync():
+            with contextlib.nullcontext() if sync else p.ddp.no_sync():  # type: ignore[union-attr]
                 terms = p.diffusion.training_losses(self._model_fn, x, t_all[sl], model_kwargs=kwargs,
                                                     noise=noise_all[sl])
                 if nan_fault and i == 0:  # injected by DIT_FAULT=train.nan (reliability tests)
                     terms["loss"] = terms["loss"] * float("nan")
                 with comm_guard("the gradient all-reduce", self.state.step + 1):
                     p.scaler.scale(terms["loss"].mean() / accum).backward()
-            sums += torch.stack([terms[k].detach().sum() for k in ("loss", "mse", "vb")]).double()
-        self._finish_step(sums, wait)
+            for name, value in terms.items():  # the objective's per-sample terms: loss, mse (, vb)
+                report.report(name, value)
+        report.report("wait", wait)
+        self._finish_step(report)
 
-    def _finish_step(self, sums: torch.Tensor, wait: float) -> None:
-        p, cfg, n_local = self.p, self.cfg, self.batch.per_rank
+    def _finish_step(self, report: StepReport) -> None:
+        p, cfg = self.p, self.cfg
         if p.scaler.is_enabled():
             p.scaler.unscale_(p.opt)
         if cfg.grad_clip is not None:
@@ -274,19 +287,14 @@ class Trainer(CheckpointMixin):
         else:
             grad_norm = torch.nn.utils.get_total_norm([q.grad for q in self.params if q.grad is not None],
                                                       foreach=True)
-        local = {"loss": sums[0], "mse": sums[1], "vb": sums[2], "wait": wait,
-                 "grad_norm": grad_norm.double() if self.rank == 0 else 0.0}  # identical on all ranks after DDP
+        report.report("grad_norm", grad_norm.double())  # identical on all ranks after DDP: rank 0's is logged
         with comm_guard("the loss all-reduce", self.state.step + 1):
-            # this rank's own sums ride along in its slots: one device -> host copy per step in all
-            total = dist.all_reduce_named(local, per_rank={"non_finite": (~torch.isfinite(sums[0])).double(),
-                                                           "own_loss": sums[0], "own_mse": sums[1],
-                                                           "own_vb": sums[2]}, device=self.device)
-        n_global = n_local * self.world
-        loss, mse, vb = (total[k] / n_global for k in ("loss", "mse", "vb"))
-        bad_ranks = total.ranks_with("non_finite")
-        norm = total["grad_norm"]
+            # this rank's own values ride along in its slots: one device -> host copy per step in all
+            values = report.reduce(samples=self.batch.per_rank, device=self.device,
+                                   flags={"non_finite": (~torch.isfinite(report.local("loss"))).double()})
+        loss, norm = values.values["loss"], values.values["grad_norm"]
         step = self.state.step + 1
-        skipped = self._check_finite(step, loss, norm, bad_ranks)
+        skipped = self._check_finite(step, loss, norm, values.ranks_with("non_finite"))
         if not skipped:
             for group in p.opt.param_groups:
                 group["lr"] = self.lr_at(self.state.step)
@@ -299,9 +307,8 @@ class Trainer(CheckpointMixin):
             p.scaler.update()
         p.opt.zero_grad(set_to_none=True)
         self.state.step = step
-        self.meter.step(loss=loss, mse=mse, vb=vb, grad_norm=norm, wait=total["wait"] / self.world)
-        self.own.step(**{k: total.per_rank[f"own_{k}"][self.rank] / n_local for k in ("loss", "mse", "vb")},
-                      wait=wait)
+        self.meter.step(**values.values)
+        self.own.step(**values.own)
 
     def _check_finite(self, step: int, loss: float, norm: float, bad_ranks: list[int]) -> bool:
         """True when fp16 overflow makes the scaler skip this step; raises when the run diverged."""
@@ -313,7 +320,7 @@ class Trainer(CheckpointMixin):
             self.state.overflow_steps += 1
             if self._consecutive_overflows <= MAX_CONSECUTIVE_OVERFLOWS:
                 return True  # GradScaler skips the update and lowers the scale, as designed
-        last = self.ckpts.latest()
+        last = self.out.ckpts.latest()
         where = f"on rank(s) {bad_ranks}" if bad_ranks else "in the gradients"
         raise TrainingDiverged(
             f"step {step}: non-finite loss or gradient {where} (loss {loss}, grad norm {norm}); stopped before "
@@ -343,20 +350,19 @@ class Trainer(CheckpointMixin):
         m, own, s = self.meter, self.own, self.state
         n, elapsed = max(1, m.steps), m.elapsed()
         images_per_s = n * self.batch.global_batch / elapsed
-        rec = {"step": s.step, "epoch": s.epoch, "loss": m.mean("loss"), "mse": m.mean("mse"),
-               "vb": m.mean("vb"), "grad_norm": m.mean("grad_norm"), "lr": self.lr_at(s.step - 1),
-               "images_per_s": images_per_s, "steps_per_s": n / elapsed, "data_wait": m.sum("wait") / elapsed,
+        rec = {"step": s.step, "epoch": s.epoch, **interval_record(m, elapsed), "lr": self.lr_at(s.step - 1),
+               "images_per_s": images_per_s, "steps_per_s": n / elapsed,
                "peak_mem_gb": (torch.cuda.max_memory_allocated(self.device) / 2**30
                                if self.device.type == "cuda" else None),
                "mfu": mfu(self.p.flops_per_image, images_per_s, self.world, self.p.peak_tflops),
                "fp16_skipped": s.overflow_steps, "bad_shards": s.bad_shards}
         self.metrics.write(rec)
-        self.metrics.write_rank({"step": s.step, "loss": own.mean("loss"), "mse": own.mean("mse"),
-                                 "vb": own.mean("vb"), "data_wait": own.sum("wait") / elapsed})
+        self.metrics.write_rank({"step": s.step, **interval_record(own, elapsed)})
         mem = f" mem {rec['peak_mem_gb']:.1f}G" if rec["peak_mem_gb"] is not None else ""
         util = f" mfu {rec['mfu']:.1%}" if rec["mfu"] is not None else ""
+        terms = " ".join(f"{k} {rec[k]:.4f}" for k in LOSS_TERMS[1:] if k in rec)
         self.log.info(f"step {s.step}{f'/{self.total_steps}' if self.total_steps else ''} epoch {s.epoch} "
-                      f"loss {rec['loss']:.4f} (mse {rec['mse']:.4f} vb {rec['vb']:.4f}) grad {rec['grad_norm']:.3g} "
+                      f"loss {rec['loss']:.4f}{f' ({terms})' if terms else ''} grad {rec['grad_norm']:.3g} "
                       f"lr {rec['lr']:.3g} {images_per_s:.1f} img/s data-wait {rec['data_wait']:.0%}{mem}{util}")
         bar.set_postfix(loss=f"{rec['loss']:.4f}", refresh=False)
         m.reset()
@@ -365,9 +371,35 @@ class Trainer(CheckpointMixin):
     def hook_context(self) -> HookContext:
         m = self.source.manifest
         return HookContext(step=self.state.step, epoch=self.state.epoch, rank=self.rank, world_size=self.world,
-                           run_dir=self.run_dir, device=self.device, model=self.p.model, ema=self.p.ema,
-                           model_config=self.p.model.config,
-                           latent={"scaling_factor": m.scaling_factor, "shift_factor": m.shift_factor,
-                                   "vae": m.extraction.get("vae")},
+                           run_dir=self.out.run_dir, device=self.device, model=self.p.model, ema=self.p.ema,
+                           model_config=self.p.model.config, latent=dict(self.shard_set.latent),
                            num_classes=m.num_classes, config=self.cfg.to_dict(), metrics=self.metrics,
                            class_names=list(m.class_names) if m.class_names else None)
+
+    # -- checkpoints ----------------------------------------------------------------------------------
+    def resume_from(self, ckpt: dict[str, Any], where: Path) -> None:
+        """Continue from `ckpt` (read from `where`): every part's check first, then every part loads."""
+        load_all(self.parts, ckpt, str(where))
+        s = self.state
+        self.log.info(f"resumed from {where} at step {s.step} (epoch {s.epoch}, step {s.step_in_epoch} in epoch)")
+        self.last_saved = s.step
+        self.meter.reset()  # the first log interval is timed from after the resume
+        self.own.reset()
+
+    def checkpoint(self) -> Path | None:
+        """Collective: all ranks compare weight fingerprints; rank 0 writes the checkpoint its parts compose."""
+        s = self.state
+        fp = weights_fingerprint(self.p.model)
+        self.metrics.write_rank({"step": s.step, "weights_fingerprint": fp})
+        with comm_guard("the weights check before a checkpoint", s.step):
+            every = dist.all_gather_object(fp)
+        if len(set(every)) > 1:
+            raise RuntimeError(f"step {s.step}: ranks hold different weights (fingerprints {every}); DDP "
+                               "replicas diverged, which is a bug or a hardware fault")
+        path = None
+        if dist.is_main():
+            t0 = time.perf_counter()
+            path = self.out.ckpts.save_parts(self.parts)
+            self.log.info(f"saved checkpoint {path} (+ EMA weights) in {time.perf_counter() - t0:.1f}s")
+        self.last_saved = s.step
+        return path

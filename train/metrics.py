@@ -12,6 +12,7 @@ import json
 import math
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,100 @@ def mfu(flops_per_image: float, images_per_s: float, world_size: int, peak: floa
     return flops_per_image * images_per_s / (peak * 1e12 * world_size)
 
 
+# ----------------------------------------------------------------------------------------------------------
+# What a training step reports (edm2's training_stats.report(name, value)): one list of metric names
+
+@dataclass(frozen=True)
+class Metric:
+    """A value each optimizer step reports, and how it is combined over the ranks and over a log interval.
+
+    over_ranks: "samples" (every rank reports per-sample values; the step's value is their mean over all samples
+    of all ranks), "ranks" (one value per rank; their mean), or "rank0" (a value every rank shares, e.g. the
+    gradient norm after DDP's all-reduce: rank 0's, so no rounding of a sum divided back).
+    interval: "mean" (per step, over the log interval) or "fraction" (seconds summed over the interval, divided
+    by its length). own: this rank's own value also goes to RUN/logs/rank{r}.jsonl. loss_term: a term of the
+    loss, shown in the log line beside it and plotted with it. record: the name in metrics.jsonl.
+    """
+
+    name: str
+    over_ranks: str
+    interval: str = "mean"
+    own: bool = False
+    loss_term: bool = False
+    record: str | None = None
+
+    @property
+    def key(self) -> str:
+        return self.record or self.name
+
+
+STEP_METRICS: tuple[Metric, ...] = (
+    Metric("loss", "samples", own=True),
+    Metric("mse", "samples", own=True, loss_term=True),
+    Metric("vb", "samples", own=True, loss_term=True),      # ddpm's variational bound (learned sigma)
+    Metric("grad_norm", "rank0"),
+    Metric("wait", "ranks", interval="fraction", own=True, record="data_wait"),  # waiting for the loader
+)
+METRICS: dict[str, Metric] = {m.name: m for m in STEP_METRICS}
+LOSS_TERMS: tuple[str, ...] = ("loss", *(m.name for m in STEP_METRICS if m.loss_term))
+
+
+class StepReport:
+    """The values of one optimizer step, reported where they arise (`report(name, value)`), then combined over
+    all ranks in one all-reduce of named scalars (`reduce`). Every rank must report the same names."""
+
+    def __init__(self) -> None:
+        self._local: dict[str, float | torch.Tensor] = {}
+
+    def report(self, name: str, value: float | torch.Tensor) -> None:
+        """Add `value` to `name` (a "samples" metric takes the per-sample tensor of a micro-batch; the others
+        one value per step)."""
+        metric = METRICS[name]  # KeyError: a metric must be listed in STEP_METRICS
+        if metric.over_ranks == "samples":
+            value = torch.as_tensor(value).detach().sum().double()
+        prev = self._local.get(name)
+        self._local[name] = value if prev is None else prev + value
+
+    def local(self, name: str) -> float | torch.Tensor:
+        return self._local[name]
+
+    def reduce(self, *, samples: int, flags: dict[str, Any] | None = None,
+               device: torch.device | None = None) -> "StepValues":
+        """All ranks' values: `samples` is this rank's sample count of the step (equal on every rank); `flags`
+        are per-rank values every rank learns (e.g. a non-finite loss)."""
+        from dit_pipeline.common import distributed as dist
+
+        world, rank = dist.world_size(), dist.rank()
+        sums = {name: (v if METRICS[name].over_ranks != "rank0" or rank == 0 else 0.0)
+                for name, v in self._local.items()}
+        own = {f"own_{n}": v for n, v in self._local.items() if METRICS[n].own}
+        total = dist.all_reduce_named(sums, per_rank={**(flags or {}), **own}, device=device)
+        divide = {"samples": samples * world, "ranks": world, "rank0": 1}
+        values = {n: total[n] / divide[METRICS[n].over_ranks] for n in self._local}
+        mine = {n: total.per_rank[f"own_{n}"][rank] / (samples if METRICS[n].over_ranks == "samples" else 1)
+                for n in self._local if METRICS[n].own}
+        return StepValues(values, mine, {f: total.per_rank[f] for f in (flags or {})})
+
+
+@dataclass
+class StepValues:
+    values: dict[str, float]            # the step's value of each reported metric (all ranks)
+    own: dict[str, float]               # this rank's own values of the `own` metrics
+    flags: dict[str, list[float]]       # per-rank flags, one value per rank
+
+    def ranks_with(self, flag: str) -> list[int]:
+        return [r for r, v in enumerate(self.flags[flag]) if v]
+
+
+def interval_record(meter: "Meter", elapsed: float) -> dict[str, float]:
+    """The metrics.jsonl values of the step metrics over one log interval (only those reported)."""
+    out = {}
+    for m in STEP_METRICS:
+        if m.name in meter:
+            out[m.key] = meter.sum(m.name) / elapsed if m.interval == "fraction" else meter.mean(m.name)
+    return out
+
+
 class Meter:
     """Running sums of named scalars over one log interval (edm2's training_stats, for one process).
 
@@ -71,6 +166,9 @@ class Meter:
 
     def sum(self, name: str) -> float:
         return self._sums[name]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._sums
 
     def mean(self, name: str) -> float:
         """Mean per step of `name` over this interval (0 steps count as 1)."""

@@ -21,14 +21,12 @@ from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.io import check_writable_dir
 from dit_pipeline.dit.blocks import BLOCK_OPTIONS
 from dit_pipeline.train import memory
-from dit_pipeline.train.config import BatchPlan, TrainConfig, batch_plan
+from dit_pipeline.train.config import DEFAULT_MAX_STEPS, DEFAULT_NUM_WORKERS, BatchPlan, TrainConfig, batch_plan
 from dit_pipeline.train.data import ShardSource, open_shards
 from dit_pipeline.train.partition import DataLayout, EpochPlan, plan_epoch, total_steps
 from dit_pipeline.train.speed import compile_enabled
 
 GiB = float(2**30)
-DEFAULT_MAX_STEPS = 400_000   # neither --max-steps nor --epochs: the DiT paper's length for its comparisons
-DEFAULT_NUM_WORKERS = 4
 EMA_SHORT_RUN = 10            # EMA grids of a run shorter than this many EMA horizons show early weights
 
 

@@ -2,7 +2,7 @@
 
 `check_resume` runs on every rank before any process group is joined: it refuses `--resume none` over an
 existing run, finds the checkpoint to resume from, loads it once and checks it against this run (model,
-objective, shard set, global batch: train.checkpoint.check_resumable) and lists the settings changed since
+objective, shard set, global batch, tensors, optimizer layout: the checks of train.parts) and lists the settings changed since
 it. A refused resume therefore stops before the run folder is touched (config.json stays byte-identical);
 allowed changes are logged old -> new and appended, with the full config, to RUN/config-history.jsonl.
 """
@@ -18,8 +18,9 @@ import torch
 
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.io import atomic_write_bytes
-from dit_pipeline.train.checkpoint import CheckpointManager, check_resumable, load_checkpoint
+from dit_pipeline.train.checkpoint import CheckpointManager, load_checkpoint
 from dit_pipeline.train.config import TrainConfig
+from dit_pipeline.train.parts import ShardSetPart, build_parts, check_all
 from dit_pipeline.train.preflight import Preflight, resolve_precision
 
 CONFIG_HISTORY = "config-history.jsonl"
@@ -74,12 +75,12 @@ def check_resume(prep: Preflight) -> StartPoint:
     if path is None:
         return StartPoint()
     ckpt = load_checkpoint(path)
-    with torch.device("meta"):
-        model = dit.create_model(**prep.model_kwargs)
-    check_resumable(ckpt, path, model=model, fingerprint=prep.source.fingerprint,
-                    global_batch=cfg.global_batch_size, objective=cfg.objective)
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     new = resolved_config(prep, resolve_precision(cfg.precision, device)).to_dict()
+    with torch.device("meta"):  # the shapes and settings the checkpoint must fit; no weights allocated
+        model = dit.create_model(**prep.model_kwargs)
+    check_all(build_parts(objective=cfg.objective, config=new, model=model,
+                          shard_set=ShardSetPart.of(prep.source.manifest, prep.source.fingerprint)), ckpt, str(path))
     return StartPoint(path, int(ckpt["step"]), config_changes(ckpt.get("config") or {}, new), ckpt)
 
 

@@ -10,6 +10,7 @@ removed at start).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -25,14 +26,14 @@ from dit_pipeline.common.runlock import RunLock
 from dit_pipeline.train.checkpoint import CheckpointManager
 from dit_pipeline.train.config import TrainConfig
 from dit_pipeline.train.hooks import PeriodicHook
-from dit_pipeline.train.loop import TrainModel, Trainer
+from dit_pipeline.train.loop import RunOutput, TrainModel, Trainer
 from dit_pipeline.train.metrics import MetricsLog, peak_tflops
 from dit_pipeline.train.preflight import Preflight, format_plan, prepare, resolve_precision
 from dit_pipeline.train.resume import (CONFIG_HISTORY, StartPoint, append_history, check_resume, format_changes,
                                        resolved_config, start_line)
 from dit_pipeline.train.signals import StopRequest
 from dit_pipeline.train.speed import choose_attention, compile_enabled, compile_problem, regional_compile
-from dit_pipeline.train.state import TrainState, comm_guard
+from dit_pipeline.train.state import comm_guard
 
 
 
@@ -63,9 +64,9 @@ def build_model(prep: Preflight, device: torch.device, precision: str) -> TrainM
                                       gradient_as_bucket_view=True, bucket_cap_mb=cfg.ddp_bucket_mb)
         forward = ddp
     return TrainModel(model=model, ema=ema, opt=opt, scaler=scaler, ddp=ddp, forward=forward,
-                 diffusion=cfg.make_objective(), amp_dtype=amp_dtype,
-                 flops_per_image=float(dit.train_flops_per_image(model.config)),
-                 peak_tflops=peak_tflops(device, cfg.peak_tflops))
+                      diffusion=cfg.make_objective(), amp_dtype=amp_dtype,
+                      flops_per_image=float(dit.train_flops_per_image(model.config)),
+                      peak_tflops=peak_tflops(device, cfg.peak_tflops), device=device)
 
 
 def _apply_speed_settings(cfg: TrainConfig, model: torch.nn.Module, device: torch.device, micro: int,
@@ -165,11 +166,9 @@ def _train(prep: Preflight, hooks: Sequence[PeriodicHook], stop: StopRequest, st
                     f"so that all {prep.world_size} rank(s) x {prep.layout.workers} reader(s) yield the same number "
                     "of batches (shards are read whole, and they are few or uneven for this many readers); use "
                     "fewer --num-workers or re-extract with a smaller --samples-per-shard")
-    parts = build_model(prep, device, precision)
+    net = build_model(prep, device, precision)
     metrics = MetricsLog(run_dir, dist.rank(), main=dist.is_main(), tensorboard=prep.cfg.tensorboard)
-    trainer = Trainer(resolved, batch=prep.batch, layout=prep.layout, source=prep.source, parts=parts,
-                      device=device, state=TrainState(), total_steps=prep.total_steps, ckpts=ckpts,
-                      metrics=metrics, run_dir=run_dir, hooks=hooks, sha256=prep.sha256)
+    trainer = Trainer(dataclasses.replace(prep, cfg=resolved), net, RunOutput(run_dir, ckpts, metrics), hooks)
     with comm_guard("agreeing on the checkpoint to resume from", 0):
         seen = dist.all_gather_object(str(start.path) if start.path else None)
     if len(set(seen)) > 1:  # every rank found its own (train.resume.check_resume): they must be the same
@@ -177,7 +176,7 @@ def _train(prep: Preflight, hooks: Sequence[PeriodicHook], stop: StopRequest, st
                         "--run-dir must be one shared folder on every node")
     ckpt, start.checkpoint = start.checkpoint, None  # the only reference: freed once loaded
     if start.path is not None and ckpt is not None:
-        trainer.load_state_dict(ckpt, start.path)
+        trainer.resume_from(ckpt, start.path)
     del ckpt
     state = trainer.state
     metrics.resume_at(state.step)

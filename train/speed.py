@@ -26,7 +26,6 @@ from typing import Any, Iterable
 import torch
 import torch.nn.functional as F
 
-ATTENTION_BACKENDS = ("auto", "cudnn", "flash", "efficient", "math")
 _FLAGS = {"cudnn": "enable_cudnn_sdp", "flash": "enable_flash_sdp", "efficient": "enable_mem_efficient_sdp",
           "math": "enable_math_sdp"}
 

@@ -48,7 +48,7 @@ def test_flow_with_options_accumulation_matches_one_big_batch_and_is_recorded(sh
     a = run_tiny(shard_dir, tmp_path / "a", micro_batch_size=4, **kw)
     b = run_tiny(shard_dir, tmp_path / "b", micro_batch_size=8, **kw)
     for x, y in zip(read_metrics(tmp_path / "a"), read_metrics(tmp_path / "b")):
-        assert x["loss"] == pytest.approx(y["loss"], rel=1e-5) and x["vb"] == 0.0
+        assert x["loss"] == pytest.approx(y["loss"], rel=1e-5) and "vb" not in x  # flow has no vb term
     for k in a["model"]:
         torch.testing.assert_close(a["model"][k], b["model"][k], rtol=1e-5, atol=1e-6)
     assert a["objective"] == "flow" and a["config"]["t_sampling"] == "logit-normal"

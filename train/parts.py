@@ -1,0 +1,367 @@
+"""The named stateful parts of a training run: each owns its checkpoint keys.
+
+A part knows three things about its keys (torchtitan's `checkpointer.build(states=...)`, edm2's
+`CheckpointIO(net=..., optimizer=..., ema=...)`):
+- `state_dict()`: its keys' values for a checkpoint (JSON-compatible values or tensors only, so the file loads
+  with `torch.load(weights_only=True)`);
+- `check(ckpt, where)`: whether a checkpoint can continue this run, a `UserError` naming the mismatch. Every
+  part's check runs before any part loads, so a refused checkpoint never half-loads;
+- `load_state_dict(ckpt)`: continue from the checkpoint.
+`required` names the keys a complete checkpoint holds for the part; the others may be absent in files written
+before the key existed. `train.checkpoint` composes the parts into one file (format name and version, atomic
+write, retention, safe read); `build_parts` is the one list of them, so a new checkpoint key is a new part
+here (or a key of an existing one) and nothing else.
+
+A part built for checking only (train.resume, before any GPU work) gets a meta-device model and no live
+optimizer: its check needs the run's shapes and settings, never live state.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Mapping, Protocol, Sequence
+
+import numpy as np
+import torch
+
+from dit_pipeline.common.errors import UserError
+from dit_pipeline.common.log import get_logger
+from dit_pipeline.dit.weights import WeightsError, check_state_dict
+from dit_pipeline.shards import Manifest
+from dit_pipeline.train.partition import DataLayout, map_position
+from dit_pipeline.train.state import TrainState
+
+Checkpoint = Mapping[str, Any]  # a loaded checkpoint: key -> value
+
+
+class Part(Protocol):
+    keys: ClassVar[tuple[str, ...]]        # the checkpoint keys this part writes
+    required: ClassVar[tuple[str, ...]]    # those a complete checkpoint must hold
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def check(self, ckpt: Checkpoint, where: str) -> None: ...
+
+    def load_state_dict(self, ckpt: Checkpoint) -> None: ...
+
+
+class _NoCheck:
+    """Mixin for parts whose every saved value can continue any run of this config."""
+
+    def check(self, ckpt: Checkpoint, where: str) -> None:
+        return None
+
+
+def _tensors_fit(state_dict: Any, model_config: dict[str, Any], where: str) -> None:
+    try:
+        check_state_dict(state_dict, model_config, where=where)
+    except WeightsError as e:
+        raise UserError(f"{e}. Nothing was loaded.") from None
+
+
+@dataclass
+class ObjectivePart(_NoCheck):
+    """`objective`: what the model learns (ddpm or flow); a checkpoint without the key is ddpm."""
+
+    objective: str
+    keys: ClassVar = ("objective",)
+    required: ClassVar = ()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"objective": self.objective}
+
+    def check(self, ckpt: Checkpoint, where: str) -> None:
+        saved = ckpt.get("objective", "ddpm")
+        if saved != self.objective:
+            raise UserError(f"checkpoint {where} was trained with --objective {saved}, this run asks for "
+                            f"--objective {self.objective}; resume with the same objective or use a new --run-dir")
+
+    def load_state_dict(self, ckpt: Checkpoint) -> None:
+        return None
+
+
+@dataclass
+class ModelPart:
+    """`model` (the raw DiT's state_dict, official names) and `model_config` (DiT.config)."""
+
+    model: torch.nn.Module
+    keys: ClassVar = ("model", "model_config")
+    required: ClassVar = ("model", "model_config")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"model": self.model.state_dict(), "model_config": self.model.config}
+
+    def check(self, ckpt: Checkpoint, where: str) -> None:
+        want, have = self.model.config, ckpt["model_config"]
+        keys = [k for k in dict.fromkeys([*want, *have]) if k != "model"]  # block options appear only when on
+        diff = [f"{k}: checkpoint {have.get(k)!r}, this run {want.get(k)!r}" for k in keys
+                if have.get(k) != want.get(k)]
+        if diff:
+            raise UserError(f"checkpoint {where} is for a different model ({have.get('model') or 'custom'}): "
+                            + "; ".join(diff) + ". Use the same --model and overrides, or a new --run-dir.")
+        _tensors_fit(ckpt["model"], want, f"{where} [model]")
+
+    def load_state_dict(self, ckpt: Checkpoint) -> None:
+        self.model.load_state_dict(ckpt["model"], strict=True)
+
+
+@dataclass
+class ShardSetPart(_NoCheck):
+    """`manifest_fingerprint` (the shard set trained on) and `latent` (its latent scale, VAE and class names,
+    which dit-sample decodes and labels with)."""
+
+    fingerprint: str
+    latent: dict[str, Any]
+    keys: ClassVar = ("manifest_fingerprint", "latent")
+    required: ClassVar = ("manifest_fingerprint",)
+
+    @classmethod
+    def of(cls, manifest: Manifest, fingerprint: str) -> "ShardSetPart":
+        return cls(fingerprint, {"scaling_factor": manifest.scaling_factor, "shift_factor": manifest.shift_factor,
+                                 "vae": manifest.extraction.get("vae"),
+                                 "class_names": list(manifest.class_names or [])})
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"manifest_fingerprint": self.fingerprint, "latent": self.latent}
+
+    def check(self, ckpt: Checkpoint, where: str) -> None:
+        if ckpt["manifest_fingerprint"] != self.fingerprint:
+            raise UserError(f"checkpoint {where} was trained on a different shard set (manifest fingerprint "
+                            f"{str(ckpt['manifest_fingerprint'])[:12]}..., these shards {self.fingerprint[:12]}...). "
+                            "Pass the same --shards, or a new --run-dir.")
+
+    def load_state_dict(self, ckpt: Checkpoint) -> None:
+        return None
+
+
+@dataclass
+class ConfigPart:
+    """`config`: the resolved TrainConfig as a JSON-compatible dict. A resumed run keeps the global batch
+    (the data position and the per-step randomness are counted in its steps)."""
+
+    config: dict[str, Any]
+    keys: ClassVar = ("config",)
+    required: ClassVar = ("config",)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"config": self.config}
+
+    def check(self, ckpt: Checkpoint, where: str) -> None:
+        saved, want = ckpt["config"].get("global_batch_size"), self.config["global_batch_size"]
+        if saved != want:
+            raise UserError(f"checkpoint {where} was trained with --global-batch-size {saved}, this run asks for "
+                            f"{want}; a resumed run must keep the global batch (start a new "
+                            "--run-dir to change it)")
+
+    def load_state_dict(self, ckpt: Checkpoint) -> None:
+        return None
+
+
+@dataclass
+class EmaPart:
+    """`ema`: the fp32 EMA weights (official names), held by rank 0 only (`ema` None elsewhere)."""
+
+    ema: torch.nn.Module | None
+    model_config: dict[str, Any]
+    keys: ClassVar = ("ema",)
+    required: ClassVar = ("ema",)
+
+    def state_dict(self) -> dict[str, Any]:
+        assert self.ema is not None, "the EMA lives on rank 0, which alone writes checkpoints"
+        return {"ema": self.ema.state_dict()}
+
+    def check(self, ckpt: Checkpoint, where: str) -> None:
+        _tensors_fit(ckpt["ema"], self.model_config, f"{where} [ema]")
+
+    def load_state_dict(self, ckpt: Checkpoint) -> None:
+        if self.ema is not None:
+            self.ema.load_state_dict(ckpt["ema"], strict=True)
+
+
+@dataclass
+class OptimizerPart:
+    """`opt`: AdamW's state_dict; one parameter group over the model's trainable tensors."""
+
+    opt: torch.optim.Optimizer | None
+    trainable: int                      # trainable tensors of the model
+    keys: ClassVar = ("opt",)
+    required: ClassVar = ("opt",)
+
+    def state_dict(self) -> dict[str, Any]:
+        assert self.opt is not None
+        return {"opt": self.opt.state_dict()}
+
+    def check(self, ckpt: Checkpoint, where: str) -> None:
+        groups = ckpt["opt"].get("param_groups", [])
+        if len(groups) != 1 or len(groups[0].get("params", [])) != self.trainable:
+            raise UserError(f"checkpoint {where}: optimizer state does not match this model ({self.trainable} "
+                            "trainable tensors). Nothing was loaded.")
+
+    def load_state_dict(self, ckpt: Checkpoint) -> None:
+        assert self.opt is not None
+        self.opt.load_state_dict(ckpt["opt"])
+
+
+@dataclass
+class ScalerPart(_NoCheck):
+    """`scaler`: fp16's GradScaler state (None when the run does not use one)."""
+
+    scaler: torch.amp.GradScaler | None
+    keys: ClassVar = ("scaler",)
+    required: ClassVar = ()
+
+    def state_dict(self) -> dict[str, Any]:
+        on = self.scaler is not None and self.scaler.is_enabled()
+        return {"scaler": self.scaler.state_dict() if on else None}  # type: ignore[union-attr]
+
+    def load_state_dict(self, ckpt: Checkpoint) -> None:
+        if self.scaler is not None and self.scaler.is_enabled() and ckpt.get("scaler") is not None:
+            self.scaler.load_state_dict(ckpt["scaler"])
+
+
+@dataclass
+class ProgressPart(_NoCheck):
+    """`step`, `epoch` and `data`: optimizer steps done and where the data stream continues.
+
+    The data position is (epoch, step in epoch) with the data layout it was made under; the end of an epoch
+    is stored as the start of the next. A resume under another layout maps the position
+    (`train.partition.map_position`) and says so. Skipped shards (--skip-bad-shards) are kept by name, since
+    every later epoch plan leaves them out.
+    """
+
+    state: TrainState
+    layout: DataLayout
+    steps_in: Callable[[int], int]      # epoch -> its optimizer steps (the epoch plan, bad shards left out)
+    keys: ClassVar = ("step", "epoch", "data")
+    required: ClassVar = ("step", "epoch", "data")
+
+    def position(self) -> tuple[int, int]:
+        """(epoch, step_in_epoch) to store."""
+        s = self.state
+        if s.step_in_epoch >= self.steps_in(s.epoch):
+            return s.epoch + 1, 0
+        return s.epoch, s.step_in_epoch
+
+    def state_dict(self) -> dict[str, Any]:
+        s = self.state
+        epoch, in_epoch = self.position()
+        return {"step": s.step, "epoch": epoch,
+                "data": {"epoch": epoch, "step_in_epoch": in_epoch, **self.layout.to_dict(),
+                         "overflow_steps": s.overflow_steps, "bad_shards": s.bad_shards,
+                         "bad_shard_names": list(s.bad_shard_names)}}
+
+    def load_state_dict(self, ckpt: Checkpoint) -> None:
+        data, s = ckpt["data"], self.state
+        # before the position is mapped: the epoch plans count the skipped shards as empty (a checkpoint
+        # written before the names were kept has none: its count stays as it was)
+        s.bad_shard_names = [str(n) for n in data.get("bad_shard_names", [])]
+        epoch, step_in_epoch, exact = self._map(data)
+        s.step, s.epoch, s.step_in_epoch, s.exact = int(ckpt["step"]), epoch, step_in_epoch, exact
+        s.overflow_steps = int(data.get("overflow_steps", 0))
+        s.bad_shards = max(len(s.bad_shard_names), int(data.get("bad_shards", 0)))
+
+    def _map(self, data: Mapping[str, Any]) -> tuple[int, int, bool]:
+        """(epoch, step in epoch, exact) where this run continues; warns when the data layout changed."""
+        # a field the checkpoint lacks counts as changed (-1): the position is mapped, never silently reused
+        saved = DataLayout(**{k: int(data.get(k, -1)) for k in DataLayout.__dataclass_fields__})
+        steps = self.steps_in(int(data["epoch"]))
+        pos = map_position(int(data["epoch"]), int(data["step_in_epoch"]), saved, self.layout, steps)
+        if not pos.exact:
+            changed = ", ".join(f"{k} {getattr(saved, k)} -> {getattr(self.layout, k)}"
+                                for k in DataLayout.__dataclass_fields__
+                                if getattr(saved, k) != getattr(self.layout, k))
+            get_logger().warning(
+                f"resuming with a different data layout ({changed}): the reading order of epoch {pos.epoch} "
+                f"changes, so training continues at step {pos.step_in_epoch} of {steps} of that epoch in the "
+                "new order; within this epoch some samples may be seen twice and others not at all. Later "
+                "epochs are complete. The run is no longer identical to an uninterrupted one.")
+        return pos.epoch, pos.step_in_epoch, pos.exact
+
+
+class RngPart(_NoCheck):
+    """`rng`: the global torch / numpy / Python (and CUDA) generator states. The training randomness itself
+    is derived from integers (common.seeding); these are kept so any code that draws from the global
+    generators also continues where it stopped."""
+
+    keys: ClassVar = ("rng",)
+    required: ClassVar = ()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rng": rng_state()}
+
+    def load_state_dict(self, ckpt: Checkpoint) -> None:
+        if ckpt.get("rng"):
+            set_rng_state(ckpt["rng"])
+
+
+# Every part type, in the order their checks run (the first mismatch is the one reported): what the run is
+# (objective, model, shard set, global batch) before the state that must fit it.
+PART_TYPES: tuple[type, ...] = (ObjectivePart, ModelPart, ShardSetPart, ConfigPart, EmaPart, OptimizerPart,
+                                ScalerPart, ProgressPart, RngPart)
+REQUIRED_KEYS: tuple[str, ...] = tuple(k for t in PART_TYPES for k in t.required)
+
+
+def build_parts(*, objective: str, config: dict[str, Any], shard_set: ShardSetPart,
+                model: torch.nn.Module, ema: torch.nn.Module | None = None,
+                opt: torch.optim.Optimizer | None = None, scaler: torch.amp.GradScaler | None = None,
+                progress: ProgressPart | None = None) -> list[Part]:
+    """The parts of one run, in PART_TYPES order. For checking only (no live optimizer yet), `model` may
+    live on the meta device and ema/opt/scaler/progress be None."""
+    trainable = sum(1 for q in model.parameters() if q.requires_grad)
+    parts: list[Part] = [ObjectivePart(objective), ModelPart(model), shard_set, ConfigPart(config),
+                         EmaPart(ema, model.config), OptimizerPart(opt, trainable), ScalerPart(scaler)]
+    if progress is not None:
+        parts += [progress, RngPart()]
+    return parts
+
+
+def compose(parts: Sequence[Part]) -> dict[str, Any]:
+    """The checkpoint content of `parts` (without format and version); each key written by one part."""
+    out: dict[str, Any] = {}
+    for part in parts:
+        values = part.state_dict()
+        assert set(values) == set(part.keys) and not set(values) & set(out), type(part).__name__
+        out.update(values)
+    return out
+
+
+def check_all(parts: Sequence[Part], ckpt: Checkpoint, where: str) -> None:
+    """Every part's resume rule, in order; the first mismatch raises (nothing is loaded before this passes)."""
+    for part in parts:
+        part.check(ckpt, where)
+
+
+def load_all(parts: Sequence[Part], ckpt: Checkpoint, where: str) -> None:
+    """Continue every part from `ckpt`, after all of their checks passed."""
+    check_all(parts, ckpt, where)
+    for part in parts:
+        part.load_state_dict(ckpt)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# RNG states as weights_only-loadable values (tensors, ints, floats, lists)
+
+def rng_state() -> dict[str, Any]:
+    np_state = np.random.get_state()
+    py_state = random.getstate()
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
+                  "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
+        "python": {"version": int(py_state[0]), "state": [int(x) for x in py_state[1]],
+                   "gauss": py_state[2]},
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: Mapping[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    np_s = state["numpy"]
+    np.random.set_state(("MT19937", np_s["keys"].numpy().astype(np.uint32), np_s["pos"], np_s["has_gauss"],
+                         np_s["cached_gaussian"]))
+    py = state["python"]
+    random.setstate((py["version"], tuple(py["state"]), py["gauss"]))
+    if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(state["cuda"])
