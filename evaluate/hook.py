@@ -24,6 +24,7 @@ from dit_pipeline.common import distributed as dist
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.hooks import HookContext
 from dit_pipeline.common.log import get_logger
+from dit_pipeline.common.settings import positive, setting
 from dit_pipeline.common.vae import load_vae
 from dit_pipeline.evaluate.features import gather_rows, local_features, source_features
 from dit_pipeline.evaluate.inception import INPUT_SIZE, load_inception
@@ -31,7 +32,58 @@ from dit_pipeline.evaluate.inputs import Source, open_source
 from dit_pipeline.evaluate.metrics import NEIGHBOURHOOD_K
 from dit_pipeline.evaluate.run import Side, compute_metrics
 from dit_pipeline.sample import plan
+from dit_pipeline.sample.config import FID_SAMPLER
 from dit_pipeline.sample.generate import generate_images, guided_model_fn, make_diffusion
+from dit_pipeline.sample.grid import GRIDS, DecodeSettings
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The hook's settings: dit-train's TrainConfig inherits them (so they are stored flat in its config, and its
+# options come from them); `FidHook.from_settings` reads them. A new FID setting is a field here and its use in
+# the hook.
+
+@dataclass(kw_only=True)
+class FidSettings(DecodeSettings):
+    """Every `fid_every` steps all ranks sample with the EMA weights as dit-sample does and rank 0 logs FID,
+    sFID, Inception Score, precision and recall against `fid_ref`."""
+
+    fid_every: int | None = setting(
+        None, "Every N steps all ranks sample with the EMA weights (as dit-sample) and log fid, sfid, "
+        "inception_score, precision, recall to metrics.jsonl (needs --vae, --fid-ref)", group=GRIDS, shown="off")
+    fid_ref: str | None = setting(
+        None, "FID reference: the ADM reference batch (VIRTUAL_imagenet256_labeled.npz), an .npz or folder of "
+        "images, or a statistics file", group=GRIDS)
+    fid_num_samples: int = setting(5000, "Samples per FID evaluation", group=GRIDS)
+    fid_steps: int = setting(250, "DDPM steps of the FID samples", group=GRIDS)
+    fid_cfg_scale: float = setting(1.5, "Guidance scale of the FID samples", group=GRIDS)
+    fid_batch_size: int = setting(32, "FID samples per GPU and batch", group=GRIDS)
+    inception: str | None = setting(
+        None, "Inception weights file weights-inception-2015-12-05-6726825d.pth", group=GRIDS,
+        shown="torch hub cache, fetched once")
+    fid_input_size: int = setting(INPUT_SIZE, "Inception input resolution (a test knob; 299 for real numbers)",
+                                  group=GRIDS, hidden=True)
+    fid_random_inception: int | None = setting(
+        None, "Random Inception weights of this seed instead of the file (a test knob: FID without weights)",
+        group=GRIDS, hidden=True)
+
+    def fid_problems(self) -> list[str]:
+        p: list[str] = []
+        if self.fid_every is None:
+            if self.fid_ref:
+                p.append("--fid-ref only serves FID during training: add --fid-every N (or drop it)")
+            return p
+        p += positive(self, "fid_every", "fid_num_samples", "fid_steps", "fid_batch_size")
+        if not str(self.fid_ref or "").strip():
+            p.append("--fid-every needs --fid-ref, the reference (e.g. VIRTUAL_imagenet256_labeled.npz)")
+        if not str(self.vae or "").strip():
+            p.append("--fid-every needs --vae, the VAE that decodes the samples (the one the shards were "
+                     "extracted with)")
+        if isinstance(self.fid_num_samples, int) and 0 < self.fid_num_samples < 4:
+            p.append(f"--fid-num-samples must be >= 4 (precision/recall use 3 nearest neighbours), got "
+                     f"{self.fid_num_samples}")
+        if not (isinstance(self.fid_cfg_scale, (int, float)) and self.fid_cfg_scale >= 1.0):
+            p.append(f"--fid-cfg-scale must be >= 1 (1 = no guidance), got {self.fid_cfg_scale!r}")
+        return p
 
 
 @dataclass
@@ -50,6 +102,16 @@ class FidHook:
     random_inception: int | None = None  # test knob
     sampler: str = "ddpm"  # sample.config.FID_SAMPLER of the run's objective (flow: "euler")
     _state: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
+
+    @classmethod
+    def from_settings(cls, s: FidSettings, *, vae: str, vae_config: str | None, seed: int,
+                      objective: str) -> "FidHook":
+        """The hook a TrainConfig's FID settings ask for (`vae`: the --vae or the manifest's VAE)."""
+        assert s.fid_every is not None and s.fid_ref is not None
+        return cls(every=s.fid_every, ref=s.fid_ref, vae=vae, vae_config=vae_config, num_samples=s.fid_num_samples,
+                   steps=s.fid_steps, cfg_scale=s.fid_cfg_scale, batch_size=s.fid_batch_size, seed=seed,
+                   inception=s.inception, input_size=s.fid_input_size, random_inception=s.fid_random_inception,
+                   sampler=FID_SAMPLER[objective])
 
     def setup(self, ctx: HookContext) -> None:
         """Every rank: VAE, Inception, a sampling copy of the model; the reference's features (all ranks

@@ -13,7 +13,6 @@ from typing import Any
 from dit_pipeline.common.determinism import DEFAULT_CPU_THREADS
 from dit_pipeline.common.errors import collect
 from dit_pipeline.common.precision import PRECISIONS
-from dit_pipeline.common.settings import choice, flag_name, positive, setting
 from dit_pipeline.dit.flow import FLOW_SAMPLERS  # ODE Euler / Heun, SDE Euler-Maruyama
 from dit_pipeline.dit.formats import OBJECTIVES
 # the DDIM stride search lives in dit.respace; ddim_stride and valid_ddim_steps stay importable from here
@@ -25,7 +24,6 @@ SAMPLERS = DDPM_SAMPLERS + FLOW_SAMPLERS
 # ODE); FID samples as the papers' tables do (DDPM; flow: the Euler ODE, as the grids).
 GRID_SAMPLER = {"ddpm": "ddim", "flow": "euler"}
 FID_SAMPLER = {"ddpm": "ddpm", "flow": "euler"}
-SAMPLE_WEIGHTS = ("ema", "raw", "both")  # which weights the trainer's grids show
 DIFFUSION_FORMS = ("sigma", "SBDM", "constant", "linear", "decreasing", "increasing-decreasing")
 CFG_CHANNELS = ("3", "all")
 WEIGHTS = ("ema", "model")
@@ -183,86 +181,3 @@ class ExportConfig:
             p.append(f"--to diffusers writes a folder, but {self.output!r} is a file")
         collect(p, "export configuration")
         return self
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Settings of the trainer's periodic sample grids (sample.grid.SampleGridHook); dit-train's TrainConfig
-# inherits them, so they are stored flat in its config.
-
-GRIDS = "Sample grids and FID during training"
-
-
-@dataclass(kw_only=True)
-class DecodeSettings:
-    """The VAE that decodes the trainer's samples (grids and FID)."""
-
-    vae: str | None = setting(None, "VAE that decodes the sample grids and FID samples: hub id, local diffusers "
-                              "folder or single .safetensors/.ckpt file", group=GRIDS,
-                              shown="the one the manifest records, i.e. the shards were extracted with")
-    vae_config: str | None = setting(None, "Diffusers config folder for a single-file --vae", group=GRIDS,
-                                     shown="the SD-VAE config")
-
-
-@dataclass(kw_only=True)
-class GridSettings(DecodeSettings):
-    """Every `sample_every` steps rank 0 writes RUN/samples/step-NNNNNNN.png of the EMA model's samples of
-    fixed classes and seeds (sample.grid.SampleGridHook)."""
-
-    sample_every: int | None = setting(
-        None, "Every N steps rank 0 writes RUN/samples/step-NNNNNNN.png, a grid of the EMA model's samples (DDIM; "
-        "Euler ODE for --objective flow) of fixed classes and seeds, labelled with the class names", group=GRIDS,
-        shown="off")
-    sample_classes: list[int] | None = setting(
-        None, "Classes of the sample grids, comma-separated, e.g. 207,360,387", group=GRIDS,
-        shown="8 spread over the label range")
-    sample_steps: int = setting(50, "DDIM (flow: Euler) steps of the sample grids", group=GRIDS)
-    sample_weights: str = setting(
-        "ema", "Weights the grids show: ema, raw (step-NNNNNNN-raw.png) or both; an EMA of decay 0.9999 averages "
-        "~10,000 steps, so in a short run its grids show barely trained weights", group=GRIDS,
-        choices=SAMPLE_WEIGHTS)
-    sample_cfg_scale: float = setting(4.0, "Guidance scale of the sample grids (1 = none)", group=GRIDS)
-
-    def __post_init__(self) -> None:
-        if isinstance(self.sample_classes, str):  # "0,207,360" from the flag (a config file may give a list)
-            try:
-                self.sample_classes = parse_classes(self.sample_classes)
-            except ValueError:
-                pass  # grid_problems reports it
-
-    def grid_problems(self, fid_on: bool) -> list[str]:
-        """Every problem of the grid settings (`fid_on`: --fid-every is set, so --vae serves FID too)."""
-        p = choice(self, "sample_weights", SAMPLE_WEIGHTS)
-        if self.sample_every is None:
-            grid_only = ("sample_classes",) if fid_on else ("vae", "vae_config", "sample_classes")
-            given = [flag_name(n) for n in grid_only if getattr(self, n)]
-            if given:
-                p.append(f"{', '.join(given)} only serve the sample grids: add --sample-every N (or drop them)")
-            return p
-        p += positive(self, "sample_every")
-        if self.sample_classes is not None:
-            try:
-                parse_classes(self.sample_classes)
-            except ValueError as e:
-                p.append(f"--sample-classes: {e}")
-        steps = self.sample_steps
-        if isinstance(steps, bool) or not isinstance(steps, int) or not (1 <= steps <= TRAIN_TIMESTEPS
-                                                                         and ddim_stride(steps)):
-            near = nearest_ddim_steps(steps) if isinstance(steps, int) else [25, 50, 100, 250]
-            p.append(f"--sample-steps {steps!r} is not a DDIM step count (DDIM takes every k-th of the 1000 "
-                     f"steps); nearest valid counts: {', '.join(map(str, near))}")
-        if not (isinstance(self.sample_cfg_scale, (int, float)) and self.sample_cfg_scale >= 1.0):
-            p.append(f"--sample-cfg-scale must be >= 1 (1 = no guidance), got {self.sample_cfg_scale!r}")
-        return p
-
-
-def parse_classes(value: Any) -> list[int]:
-    """Class ids from "0,1,2" (a flag) or a list (a config file); ValueError saying what is wrong."""
-    items = [v.strip() for v in value.split(",")] if isinstance(value, str) else value
-    if not isinstance(items, (list, tuple)) or not items:
-        raise ValueError(f"give comma-separated class ids such as 0,207,360, got {value!r}")
-    out = []
-    for v in items:
-        if isinstance(v, bool) or not ((isinstance(v, int) and v >= 0) or (isinstance(v, str) and v.isdigit())):
-            raise ValueError(f"{v!r} is not a class id (a non-negative integer); give e.g. 0,207,360")
-        out.append(int(v))
-    return out

@@ -18,8 +18,8 @@ from dit_pipeline.common.errors import ConfigError, UserError, collect
 from dit_pipeline.common.precision import PRECISIONS_AUTO as PRECISIONS
 from dit_pipeline.common.settings import choice, flag_name, non_negative, positive, setting
 from dit_pipeline.dit.formats import OBJECTIVES
-from dit_pipeline.evaluate.config import FidSettings
-from dit_pipeline.sample.config import GRIDS, GridSettings, parse_classes  # noqa: F401 (parse_classes: re-export)
+from dit_pipeline.evaluate.hook import FidSettings
+from dit_pipeline.sample.grid import GRIDS, GridSettings
 
 ATTENTION_BACKENDS = ("auto", "cudnn", "flash", "efficient", "math")  # train.speed applies them
 T_SAMPLINGS = ("uniform", "logit-normal")  # flow training times (dit.flow.FlowMatching)

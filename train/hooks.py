@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dit_pipeline.common.hooks import HookContext, PeriodicHook
-from dit_pipeline.sample.config import FID_SAMPLER, GRID_SAMPLER
 
 if TYPE_CHECKING:
     from dit_pipeline.train.config import TrainConfig
@@ -63,19 +62,14 @@ def build_hooks(cfg: "TrainConfig") -> list[PeriodicHook]:
     if cfg.sample_every is not None:
         from dit_pipeline.sample.grid import SampleGridHook
 
-        grid = SampleGridHook(every=cfg.sample_every, vae=vae, vae_config=vae_config,
-                              class_labels=cfg.sample_classes, seed=cfg.seed, steps=cfg.sample_steps,
-                              sampler=GRID_SAMPLER[cfg.objective],
-                              cfg_scale=cfg.sample_cfg_scale, weights=cfg.sample_weights)
+        grid = SampleGridHook.from_settings(cfg, vae=vae, vae_config=vae_config, seed=cfg.seed,
+                                            objective=cfg.objective)
         if dist.is_main():
             grid.load()
         hooks.append(grid)
     if cfg.fid_every is not None:
         from dit_pipeline.evaluate.hook import FidHook
 
-        hooks.append(FidHook(every=cfg.fid_every, ref=cfg.fid_ref, vae=vae, vae_config=vae_config,
-                             num_samples=cfg.fid_num_samples, steps=cfg.fid_steps, cfg_scale=cfg.fid_cfg_scale,
-                             batch_size=cfg.fid_batch_size, seed=cfg.seed, inception=cfg.inception,
-                             input_size=cfg.fid_input_size, random_inception=cfg.fid_random_inception,
-                             sampler=FID_SAMPLER[cfg.objective]))
+        hooks.append(FidHook.from_settings(cfg, vae=vae, vae_config=vae_config, seed=cfg.seed,
+                                           objective=cfg.objective))
     return hooks
