@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 XDIST := -n $(TEST_WORKERS) --dist loadfile
 
-.PHONY: test test-reliability test-min-deps test-determinism demo install bench clean gpu-wheels
+.PHONY: test typecheck test-reliability test-min-deps test-determinism demo install bench clean gpu-wheels
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -26,8 +26,14 @@ $(STAMP): $(PY) pyproject.toml
 
 install: $(STAMP)
 
-test: $(STAMP)
+test: typecheck
 	$(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
+
+# The type gate: mypy over dit/, train/ and shards/ (pyproject.toml [tool.mypy]). The package `dit_pipeline` is
+# the repository root under another name, so mypy reads it through a link of that name inside the venv.
+typecheck: $(STAMP)
+	@mkdir -p $(VENV)/typecheck && ln -sfn "$(CURDIR)" $(VENV)/typecheck/dit_pipeline
+	cd $(VENV)/typecheck && $(abspath $(PY)) -m mypy --config-file "$(CURDIR)/pyproject.toml"
 
 # The whole fault-injection suite: the representative subset that `make test` runs plus the sweep marked
 # `reliability` (docs/RELIABILITY.md); 23 minutes on the 2-core machine (2026-12-03: 177 tests).

@@ -15,12 +15,12 @@ except ModuleNotFoundError:  # Python 3.10
     sys.exit("error: make test-min-deps needs Python >= 3.11 for the host interpreter (tomllib); "
              "set PYTHON=python3.11")
 
-_REQ = re.compile(r"^\s*([A-Za-z0-9_.\-\[\]]+)\s*>=\s*([0-9][^,;\s]*)\s*$")
+_REQ = re.compile(r"^\s*([A-Za-z0-9_.\-\[\]]+)\s*(>=|==)\s*([0-9][^,;\s]*)\s*$")
 
 
 def pins(pyproject: str, extras: list[str]) -> list[str]:
-    """`name==floor` for every dependency (and named extra); a dependency without a plain `>=` floor is an
-    error, since its minimum could not be proven."""
+    """`name==floor` for every dependency (and named extra); a dependency without a plain `>=` floor (or an
+    exact `==` pin) is an error, since its minimum could not be proven."""
     with open(pyproject, "rb") as f:
         project = tomllib.load(f)["project"]
     reqs = list(project["dependencies"])
@@ -31,7 +31,7 @@ def pins(pyproject: str, extras: list[str]) -> list[str]:
         m = _REQ.match(req)
         if m is None:
             raise SystemExit(f"error: {req!r} has no single '>=' floor to pin")
-        out.append(f"{m.group(1)}=={m.group(2)}")
+        out.append(f"{m.group(1)}=={m.group(3)}")  # a pin (the type checker's) is its own floor
     return out
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import re
 from pathlib import Path
-from typing import IO, Any, Sequence
+from typing import IO, Any, Sequence, cast
 
 import torch
 
@@ -73,7 +73,7 @@ def _save(obj: Any, path: Path, *, fault: bool = False) -> None:
     with atomic_write(path, "wb") as f:
         writer = _FaultWriter(f, armed=fault)
         try:
-            torch.save(obj, writer)
+            torch.save(obj, cast(IO[bytes], writer))  # it writes and flushes, which is all torch.save uses
         except Exception as e:
             if writer.error is not None:
                 raise writer.error from e

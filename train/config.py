@@ -231,7 +231,7 @@ def batch_plan(global_batch: int, micro_batch: int | None, world_size: int) -> B
     micro = per_rank if micro_batch is None else micro_batch
     if micro > per_rank or per_rank % micro:
         divs = _divisors(per_rank)
-        shown = divs if len(divs) <= 12 else divs[:6] + ["..."] + divs[-5:]
+        shown = [str(d) for d in divs] if len(divs) <= 12 else [*map(str, divs[:6]), "...", *map(str, divs[-5:])]
         why = ("is larger than" if micro > per_rank else "does not divide")
         raise ConfigError([f"--micro-batch-size {micro} {why} the per-rank batch {per_rank} "
                            f"(= global batch {global_batch} / {world_size} ranks); valid micro-batch sizes: "

@@ -90,10 +90,12 @@ def pending(sample: LatentSample, spec: LatentSpec, base: int) -> Pending:
     sd = mix_seed(base, index)
     v = sample_view(sd, spec.views)
     if spec.store == "posterior":
+        assert sample.mean is not None and sample.std is not None  # the reader checked the fields
         mean = sample.mean[v]
         arrays = np.empty((2, *mean.shape), dtype=mean.dtype)
         arrays[0], arrays[1] = mean, sample.std[v]
     else:
+        assert sample.latent is not None
         arrays = np.array(sample.latent[v:v + 1])
     return Pending(arrays, sample.label, index, sd)
 

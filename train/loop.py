@@ -24,9 +24,10 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from dit_pipeline.common import distributed as dist
@@ -34,6 +35,7 @@ from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.faults import fault_point, fault_requested
 from dit_pipeline.common.log import get_logger, progress_enabled
 from dit_pipeline.common.seeding import STREAM_DROPOUT, STREAM_TIMESTEP, generator
+from dit_pipeline.dit.models import DiT
 from dit_pipeline.train.checkpoint import CheckpointManager
 from dit_pipeline.train.data import Batch, EpochStream, ReaderEvent, make_loader
 from dit_pipeline.train.hooks import HookContext, PeriodicHook
@@ -56,11 +58,11 @@ class TrainModel:
     """The model being trained and everything wrapped around it: EMA, optimizer, scaler, DDP, the compiled
     forward, the diffusion (built by `train.run.build_model`)."""
 
-    model: torch.nn.Module               # raw DiT, fp32 master weights
-    ema: torch.nn.Module | None          # fp32 EMA copy (rank 0 only)
+    model: DiT                           # raw DiT, fp32 master weights
+    ema: DiT | None                      # fp32 EMA copy (rank 0 only)
     opt: torch.optim.Optimizer
     scaler: torch.amp.GradScaler
-    ddp: torch.nn.Module | None          # DistributedDataParallel wrapper when world size > 1
+    ddp: DistributedDataParallel | None  # the DDP wrapper when world size > 1
     forward: Callable[..., torch.Tensor]  # what runs the forward (ddp/model, maybe compiled)
     diffusion: Any                       # dit.GaussianDiffusion or dit.FlowMatching (the TrainConfig's objective)
     amp_dtype: torch.dtype | None
@@ -178,7 +180,7 @@ class Trainer:
                              shards_in_flight=self.cfg.shards_in_flight, start_batch=s.step_in_epoch * self.batch.accum,
                              skip_bad_shards=self.cfg.skip_bad_shards, sha256=self.sha256,
                              exclude=frozenset(self.source.index_of(n) for n in s.bad_shard_names))
-        loader = make_loader(stream, num_workers=self.cfg.num_workers, prefetch_factor=self.cfg.prefetch_factor,
+        loader = make_loader(stream, num_workers=self.cfg.num_workers or 0, prefetch_factor=self.cfg.prefetch_factor,
                              pin_memory=self.device.type == "cuda")
         try:
             while s.step_in_epoch < plan.steps:
@@ -192,7 +194,7 @@ class Trainer:
                     return "stopped"
                 if verdict == "exhausted":
                     break
-                self.train_step(items, wait)
+                self.train_step(cast("list[Batch]", items), wait)  # "go": every item is a batch
                 s.step_in_epoch += 1
                 self.after_step(plan, bar)
         finally:
@@ -266,7 +268,7 @@ class Trainer:
             y = b.labels.to(self.device, non_blocking=True)
             kwargs = {"y": y, "force_drop_ids": None if drop_all is None else drop_all[sl]}
             sync = p.ddp is None or i == accum - 1
-            with contextlib.nullcontext() if sync else p.ddp.no_sync():  # type: ignore[union-attr]
+            with contextlib.nullcontext() if sync or p.ddp is None else p.ddp.no_sync():
                 terms = p.diffusion.training_losses(self._model_fn, x, t_all[sl], model_kwargs=kwargs,
                                                     noise=noise_all[sl])
                 if nan_fault and i == 0:  # injected by DIT_FAULT=train.nan (reliability tests)
@@ -290,8 +292,9 @@ class Trainer:
         report.report("grad_norm", grad_norm.double())  # identical on all ranks after DDP: rank 0's is logged
         with comm_guard("the loss all-reduce", self.state.step + 1):
             # this rank's own values ride along in its slots: one device -> host copy per step in all
+            non_finite = ~torch.isfinite(torch.as_tensor(report.local("loss")))
             values = report.reduce(samples=self.batch.per_rank, device=self.device,
-                                   flags={"non_finite": (~torch.isfinite(report.local("loss"))).double()})
+                                   flags={"non_finite": non_finite.double()})
         loss, norm = values.values["loss"], values.values["grad_norm"]
         step = self.state.step + 1
         skipped = self._check_finite(step, loss, norm, values.ranks_with("non_finite"))

@@ -26,6 +26,7 @@ import torch
 
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.log import get_logger
+from dit_pipeline.dit.models import DiT
 from dit_pipeline.dit.weights import WeightsError, check_state_dict
 from dit_pipeline.shards import Manifest
 from dit_pipeline.train.partition import DataLayout, map_position
@@ -64,8 +65,8 @@ class ObjectivePart(_NoCheck):
     """`objective`: what the model learns (ddpm or flow); a checkpoint without the key is ddpm."""
 
     objective: str
-    keys: ClassVar = ("objective",)
-    required: ClassVar = ()
+    keys: ClassVar[tuple[str, ...]] = ("objective",)
+    required: ClassVar[tuple[str, ...]] = ()
 
     def state_dict(self) -> dict[str, Any]:
         return {"objective": self.objective}
@@ -84,9 +85,9 @@ class ObjectivePart(_NoCheck):
 class ModelPart:
     """`model` (the raw DiT's state_dict, official names) and `model_config` (DiT.config)."""
 
-    model: torch.nn.Module
-    keys: ClassVar = ("model", "model_config")
-    required: ClassVar = ("model", "model_config")
+    model: DiT
+    keys: ClassVar[tuple[str, ...]] = ("model", "model_config")
+    required: ClassVar[tuple[str, ...]] = ("model", "model_config")
 
     def state_dict(self) -> dict[str, Any]:
         return {"model": self.model.state_dict(), "model_config": self.model.config}
@@ -112,8 +113,8 @@ class ShardSetPart(_NoCheck):
 
     fingerprint: str
     latent: dict[str, Any]
-    keys: ClassVar = ("manifest_fingerprint", "latent")
-    required: ClassVar = ("manifest_fingerprint",)
+    keys: ClassVar[tuple[str, ...]] = ("manifest_fingerprint", "latent")
+    required: ClassVar[tuple[str, ...]] = ("manifest_fingerprint",)
 
     @classmethod
     def of(cls, manifest: Manifest, fingerprint: str) -> "ShardSetPart":
@@ -140,8 +141,8 @@ class ConfigPart:
     (the data position and the per-step randomness are counted in its steps)."""
 
     config: dict[str, Any]
-    keys: ClassVar = ("config",)
-    required: ClassVar = ("config",)
+    keys: ClassVar[tuple[str, ...]] = ("config",)
+    required: ClassVar[tuple[str, ...]] = ("config",)
 
     def state_dict(self) -> dict[str, Any]:
         return {"config": self.config}
@@ -161,10 +162,10 @@ class ConfigPart:
 class EmaPart:
     """`ema`: the fp32 EMA weights (official names), held by rank 0 only (`ema` None elsewhere)."""
 
-    ema: torch.nn.Module | None
+    ema: DiT | None
     model_config: dict[str, Any]
-    keys: ClassVar = ("ema",)
-    required: ClassVar = ("ema",)
+    keys: ClassVar[tuple[str, ...]] = ("ema",)
+    required: ClassVar[tuple[str, ...]] = ("ema",)
 
     def state_dict(self) -> dict[str, Any]:
         assert self.ema is not None, "the EMA lives on rank 0, which alone writes checkpoints"
@@ -184,8 +185,8 @@ class OptimizerPart:
 
     opt: torch.optim.Optimizer | None
     trainable: int                      # trainable tensors of the model
-    keys: ClassVar = ("opt",)
-    required: ClassVar = ("opt",)
+    keys: ClassVar[tuple[str, ...]] = ("opt",)
+    required: ClassVar[tuple[str, ...]] = ("opt",)
 
     def state_dict(self) -> dict[str, Any]:
         assert self.opt is not None
@@ -207,8 +208,8 @@ class ScalerPart(_NoCheck):
     """`scaler`: fp16's GradScaler state (None when the run does not use one)."""
 
     scaler: torch.amp.GradScaler | None
-    keys: ClassVar = ("scaler",)
-    required: ClassVar = ()
+    keys: ClassVar[tuple[str, ...]] = ("scaler",)
+    required: ClassVar[tuple[str, ...]] = ()
 
     def state_dict(self) -> dict[str, Any]:
         on = self.scaler is not None and self.scaler.is_enabled()
@@ -232,8 +233,8 @@ class ProgressPart(_NoCheck):
     state: TrainState
     layout: DataLayout
     steps_in: Callable[[int], int]      # epoch -> its optimizer steps (the epoch plan, bad shards left out)
-    keys: ClassVar = ("step", "epoch", "data")
-    required: ClassVar = ("step", "epoch", "data")
+    keys: ClassVar[tuple[str, ...]] = ("step", "epoch", "data")
+    required: ClassVar[tuple[str, ...]] = ("step", "epoch", "data")
 
     def position(self) -> tuple[int, int]:
         """(epoch, step_in_epoch) to store."""
@@ -283,8 +284,8 @@ class RngPart(_NoCheck):
     is derived from integers (common.seeding); these are kept so any code that draws from the global
     generators also continues where it stopped."""
 
-    keys: ClassVar = ("rng",)
-    required: ClassVar = ()
+    keys: ClassVar[tuple[str, ...]] = ("rng",)
+    required: ClassVar[tuple[str, ...]] = ()
 
     def state_dict(self) -> dict[str, Any]:
         return {"rng": rng_state()}
@@ -296,13 +297,13 @@ class RngPart(_NoCheck):
 
 # Every part type, in the order their checks run (the first mismatch is the one reported): what the run is
 # (objective, model, shard set, global batch) before the state that must fit it.
-PART_TYPES: tuple[type, ...] = (ObjectivePart, ModelPart, ShardSetPart, ConfigPart, EmaPart, OptimizerPart,
+PART_TYPES: tuple[type[Part], ...] = (ObjectivePart, ModelPart, ShardSetPart, ConfigPart, EmaPart, OptimizerPart,
                                 ScalerPart, ProgressPart, RngPart)
 REQUIRED_KEYS: tuple[str, ...] = tuple(k for t in PART_TYPES for k in t.required)
 
 
 def build_parts(*, objective: str, config: dict[str, Any], shard_set: ShardSetPart,
-                model: torch.nn.Module, ema: torch.nn.Module | None = None,
+                model: DiT, ema: DiT | None = None,
                 opt: torch.optim.Optimizer | None = None, scaler: torch.amp.GradScaler | None = None,
                 progress: ProgressPart | None = None) -> list[Part]:
     """The parts of one run, in PART_TYPES order. For checking only (no live optimizer yet), `model` may
@@ -342,7 +343,7 @@ def load_all(parts: Sequence[Part], ckpt: Checkpoint, where: str) -> None:
 # RNG states as weights_only-loadable values (tensors, ints, floats, lists)
 
 def rng_state() -> dict[str, Any]:
-    np_state = np.random.get_state()
+    np_state: tuple[Any, ...] = np.random.get_state(legacy=True)  # type: ignore[assignment]  # the tuple form
     py_state = random.getstate()
     state: dict[str, Any] = {
         "torch": torch.get_rng_state(),
@@ -356,7 +357,7 @@ def rng_state() -> dict[str, Any]:
     return state
 
 
-def set_rng_state(state: Mapping[str, Any]) -> None:
+def set_rng_state(state: Any) -> None:
     torch.set_rng_state(state["torch"])
     np_s = state["numpy"]
     np.random.set_state(("MT19937", np_s["keys"].numpy().astype(np.uint32), np_s["pos"], np_s["has_gauss"],

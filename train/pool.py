@@ -28,7 +28,7 @@ def shared_empty(shape: Sequence[int], dtype: torch.dtype = torch.float32) -> to
     workers: the DataLoader then hands it to the main process without copying it."""
     t = torch.empty(0, dtype=dtype)
     storage = torch.UntypedStorage._new_shared(math.prod(shape) * t.element_size())
-    return t.set_(storage, 0, tuple(shape))
+    return t.set_(storage, 0, tuple(shape))  # type: ignore[call-overload]  # (storage, offset, size) exists
 
 
 class PooledBatch(NamedTuple):

@@ -41,7 +41,7 @@ class Preflight:
     model_kwargs: dict[str, Any]      # create_model(**model_kwargs)
     layout: DataLayout
     plan0: EpochPlan
-    total_steps: int | None
+    total_steps: int                  # optimizer steps of the whole run (--max-steps, --epochs or the default)
     notes: dict[str, str] = dataclasses.field(default_factory=dict)  # plan line -> a default chosen for the user
     sha256: str | None = None         # shards.iter_shard's check of each shard: whole | stream | None
     sha256_bytes: int = 0             # whole shards held at once per node by the "whole" check
@@ -125,14 +125,14 @@ def prepare(cfg: TrainConfig, world_size: int | None = None) -> Preflight:
     source = open_shards(cfg.shards, cfg.manifest)
     cfg, notes = resolve_defaults(cfg, len(source.sizes), world)
     kw = model_kwargs(cfg, source)
-    micro = cfg.micro_batch_size
-    if micro == "auto":
-        micro = resolve_auto_micro_batch(cfg, kw, world)
+    micro = resolve_auto_micro_batch(cfg, kw, world) if cfg.micro_batch_size == "auto" else cfg.micro_batch_size
+    assert not isinstance(micro, str)  # validate() accepts a positive integer or "auto"
     batch = batch_plan(cfg.global_batch_size, micro, world)
     n = source.manifest.num_classes
     if cfg.sample_every and cfg.sample_classes and max(cfg.sample_classes) >= n:
         raise UserError(f"--sample-classes {','.join(map(str, cfg.sample_classes))}: the shard set has {n} classes, "
                         f"ids 0..{n - 1}")
+    assert cfg.num_workers is not None  # resolve_defaults chose it
     layout = DataLayout(seed=cfg.seed, world_size=world, workers=max(1, cfg.num_workers),
                         micro_batch=batch.micro_batch, accum=batch.accum, shuffle_buffer=cfg.shuffle_buffer,
                         shards_in_flight=cfg.shards_in_flight)
@@ -148,6 +148,7 @@ def prepare(cfg: TrainConfig, world_size: int | None = None) -> Preflight:
         by_epochs = total_steps(source.sizes, cfg.epochs, seed=cfg.seed, world_size=world, workers=layout.workers,
                                 micro_batch=batch.micro_batch, accum=batch.accum)
         total = by_epochs if total is None else min(total, by_epochs)
+    assert total is not None  # resolve_defaults gives every run a length
     mode, held = sha256_mode(cfg, source, plan0, world)
     return Preflight(cfg, world, batch, source, kw, layout, plan0, total, notes, mode, held)
 

@@ -23,6 +23,7 @@ from dit_pipeline.common.io import atomic_write_json
 from dit_pipeline.common.log import get_logger, setup_logging
 from dit_pipeline.common.precision import AUTOCAST_DTYPES, set_tf32
 from dit_pipeline.common.runlock import RunLock
+from dit_pipeline.dit.models import DiT
 from dit_pipeline.train.checkpoint import CheckpointManager
 from dit_pipeline.train.config import TrainConfig
 from dit_pipeline.train.hooks import PeriodicHook
@@ -69,7 +70,7 @@ def build_model(prep: Preflight, device: torch.device, precision: str) -> TrainM
                       peak_tflops=peak_tflops(device, cfg.peak_tflops), device=device)
 
 
-def _apply_speed_settings(cfg: TrainConfig, model: torch.nn.Module, device: torch.device, micro: int,
+def _apply_speed_settings(cfg: TrainConfig, model: DiT, device: torch.device, micro: int,
                           amp_dtype: torch.dtype | None) -> None:
     """Per-block compile (on by default on CUDA, state_dict names unchanged) and the SDPA backend; logged."""
     log = get_logger()

@@ -119,7 +119,7 @@ def choose_attention(requested: str, device: torch.device, *, batch: int, heads:
             times[name] = _time_backend(name, q, reps)
         except RuntimeError:  # not supported for this shape/dtype/GPU
             continue
-    best = min(times, key=times.get) if times else "math"
+    best = min(times, key=lambda name: times[name]) if times else "math"
     set_attention(best)
     return best, times
 
