@@ -1,7 +1,8 @@
 """What `dit-eval` reads: an ADM `.npz` of images, a folder of images, a features file, or a statistics file.
 
 - ADM `.npz` (what `dit-sample --npz` writes and the ADM reference batches are): `arr_0` uint8 [N, H, W, 3]. It
-  is streamed member by member (a 50K x 256px file is 9.8 GB), batches read by seeking in the zip member.
+  is streamed (a 50K x 256px file is 9.8 GB), each byte read once (`NpzReader`): a stored member at its offset
+  in the raw file, a compressed one (`np.savez_compressed`) decompressed once from front to back.
   Precomputed `mu`, `sigma` (pool) and `mu_s`, `sigma_s` (spatial) in the same file are used for FID and sFID,
   as the ADM evaluator does; that is how `VIRTUAL_imagenet256_labeled.npz` carries statistics of the whole
   ImageNet training set next to 10,000 images (used for precision and recall).
@@ -13,12 +14,14 @@ Every problem is a `UserError` naming the file and what to do.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import struct
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, Iterator
 
 import numpy as np
 
@@ -57,18 +60,105 @@ class Source:
         return h.hexdigest()
 
     def read(self, start: int, stop: int) -> np.ndarray:
-        """Images [start, stop) as uint8 [n, H, W, 3]."""
+        """Images [start, stop) as uint8 [n, H, W, 3] (one read; for many batches use `reader()`)."""
+        with self.reader() as r:
+            return r.read(start, stop)
+
+    @contextlib.contextmanager
+    def reader(self) -> Iterator["NpzReader | _FolderReader"]:
+        """A reader whose `read(start, stop)` returns images [start, stop) as uint8 [n, H, W, 3]; reads in
+        increasing order (what every rank's batches are) read each byte of an `.npz` once."""
         if self.kind == "folder":
-            return np.stack([_read_image(f, self.image_hw) for f in self.files[start:stop]])
-        h, w = self.image_hw
-        row = h * w * 3
-        with zipfile.ZipFile(self.path) as zf, zf.open("arr_0.npy") as f:
-            f.seek(self._data_offset + start * row)
-            data = f.read((stop - start) * row)
-        if len(data) != (stop - start) * row:
-            raise UserError(f"{self.path}: arr_0 ends early (images {start}..{stop - 1} missing); the file is "
-                            "truncated, write it again")
-        return np.frombuffer(data, np.uint8).reshape(stop - start, h, w, 3)
+            yield _FolderReader(self)
+            return
+        r = NpzReader(self.path, self.image_hw, self._data_offset)
+        try:
+            yield r
+        finally:
+            r.close()
+
+
+class _FolderReader:
+    def __init__(self, source: Source):
+        self.source = source
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        return np.stack([_read_image(f, self.source.image_hw) for f in self.source.files[start:stop]])
+
+
+_LOCAL_HEADER = struct.Struct("<4s22xHH")  # zip local file header: signature, ..., name length, extra length
+_SKIP_CHUNK = 1 << 24
+
+
+class NpzReader:
+    """The pixels of an ADM `.npz`'s `arr_0`, read batch by batch, each byte of the file once.
+
+    Reopening the zip member per batch and seeking is quadratic: before Python 3.12 a forward seek in a
+    member reads and discards everything before the target, and in a compressed member it does on every
+    version (a 50K x 256 px npz would be read about 390 times over in batches of 64). So a stored member (what
+    `np.savez` and `dit-sample` write) is read at its offset in the raw file, and a compressed one is kept
+    open and decompressed once, front to back; a read before the current position (no caller does that)
+    starts the member again.
+    """
+
+    def __init__(self, path: Path, image_hw: tuple[int, int], data_offset: int):
+        self.path, self._hw, self._row = path, tuple(image_hw), image_hw[0] * image_hw[1] * 3
+        self._zf = zipfile.ZipFile(path)
+        self._raw: BinaryIO | None = None
+        self._member: BinaryIO | None = None
+        try:
+            info = self._zf.getinfo("arr_0.npy")
+            self._available = info.file_size - data_offset  # pixel bytes the member holds
+            self._data_offset, self._info = data_offset, info
+            if info.compress_type == zipfile.ZIP_STORED and not info.flag_bits & 0x1:  # stored, not encrypted
+                self._raw = open(path, "rb")
+                self._raw.seek(info.header_offset)
+                sig, name_len, extra_len = _LOCAL_HEADER.unpack(self._raw.read(_LOCAL_HEADER.size))
+                if sig != b"PK\x03\x04":
+                    raise zipfile.BadZipFile("arr_0.npy: bad local file header")
+                # the local header's name and extra lengths may differ from the central directory's
+                self._start = info.header_offset + _LOCAL_HEADER.size + name_len + extra_len + data_offset
+            else:
+                self._pos = 0  # offset in the decompressed .npy
+        except Exception:
+            self.close()
+            raise
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        n = (stop - start) * self._row
+        if stop * self._row > self._available:
+            raise self._ends_early(start, stop)
+        if self._raw is not None:
+            self._raw.seek(self._start + start * self._row)
+            data = self._raw.read(n)
+        else:
+            data = self._read_member(self._data_offset + start * self._row, n)
+        if len(data) != n:
+            raise self._ends_early(start, stop)
+        return np.frombuffer(data, np.uint8).reshape(stop - start, *self._hw, 3)
+
+    def _ends_early(self, start: int, stop: int) -> UserError:
+        return UserError(f"{self.path}: arr_0 ends early (images {start}..{stop - 1} missing); the file is "
+                         "truncated, write it again")
+
+    def _read_member(self, offset: int, n: int) -> bytes:
+        if self._member is None or offset < self._pos:
+            if self._member is not None:
+                self._member.close()
+            self._member, self._pos = self._zf.open(self._info), 0
+        while self._pos < offset:  # skip (decompress and drop) what this process does not need
+            got = len(self._member.read(min(_SKIP_CHUNK, offset - self._pos)))
+            if not got:
+                break
+            self._pos += got
+        data = self._member.read(n) if self._pos == offset else b""
+        self._pos += len(data)
+        return data
+
+    def close(self) -> None:
+        for f in (self._member, self._raw, self._zf):
+            if f is not None:
+                f.close()
 
 
 def _read_image(path: Path, hw: tuple[int, int] | None) -> np.ndarray:
