@@ -2,8 +2,9 @@
 
 Every `every` steps all ranks sample `num_samples` images with the EMA weights (rank 0 holds the EMA; it is
 broadcast into a sampling copy on every rank) with exactly `dit-sample`'s deterministic sampler: DDPM with
-`steps` respaced steps, guidance `cfg_scale` on the first 3 latent channels, classes drawn by
-(seed, index) as `dit-sample --num-samples N --seed S` draws them, noise of sample i from (seed, i). Each rank
+`steps` respaced steps, guidance `cfg_scale` on the first 3 latent channels, classes chosen by
+(seed, index) as `dit-sample --num-samples N --seed S --labels L` chooses them (`labels`: uniform draws or
+equal counts per class, sample/plan.py), noise of sample i from (seed, i). Each rank
 extracts the Inception features of its images; rank 0 gathers them, computes FID, sFID, Inception Score and
 precision/recall against REF (whose features or precomputed statistics are loaded once, in `setup`) and
 writes them with the seconds the evaluation took to metrics.jsonl and TensorBoard.
@@ -44,6 +45,7 @@ class FidHook:
     cfg_scale: float = 1.5
     batch_size: int = 32
     seed: int = 0
+    labels: str = "uniform"  # sample.plan.LABEL_SAMPLINGS: uniform draws or equal counts per class
     inception: str | None = None
     input_size: int = INPUT_SIZE  # test knob (299 for real numbers)
     random_inception: int | None = None  # test knob
@@ -90,7 +92,8 @@ class FidHook:
         sampler = "euler" if ctx.config.get("objective") == "flow" else "ddpm"
         diffusion = make_diffusion(sampler, self.steps, learn_sigma=bool(model.learn_sigma))
         model_fn = guided_model_fn(model, cfg_scale=cfg_scale, cfg_channels="3")
-        labels = plan.class_labels(num_samples=self.num_samples, seed=self.seed, num_classes=ctx.num_classes)
+        labels = plan.class_labels(num_samples=self.num_samples, seed=self.seed, num_classes=ctx.num_classes,
+                                   sampling=self.labels)
         ws = ctx.world_size
         batches = plan.rank_batches(range(self.num_samples), self.batch_size, ctx.rank, ws)
 
@@ -110,7 +113,7 @@ class FidHook:
             return None
         samples = Side(Source(ctx.run_dir, "features", count=self.num_samples), gathered)
         numbers = compute_metrics(samples, self._state["ref"], device=ctx.device)
-        record = {"step": ctx.step, **numbers, "fid_num_samples": self.num_samples,
+        record = {"step": ctx.step, **numbers, "fid_num_samples": self.num_samples, "fid_labels": self.labels,
                   "fid_seconds": time.perf_counter() - start}
         if getattr(ctx, "metrics", None) is not None:
             ctx.metrics.write(record)

@@ -44,6 +44,8 @@ class Source:
     image_hw: tuple[int, int] | None = None
     files: list[Path] = field(default_factory=list)  # folder images, in order
     stats: dict[str, Statistics] = field(default_factory=dict)  # precomputed: "pool", "spatial"
+    label_sampling: str | None = None              # npz: "uniform", "equal" or "given", from dit-sample's record
+    class_counts: dict[str, int] | None = None     # npz with arr_1: classes present, min and max samples per class
     _data_offset: int = 0
 
     def describe(self) -> str:
@@ -216,6 +218,7 @@ def open_source(path: str | Path, what: str) -> Source:
             if "format" in names and str(z["format"]) == FEATURES_FORMAT:
                 return Source(p, "features", count=int(z["pool"].shape[0]))
             stats = _statistics(p, z)
+            labels = _optional(z, "arr_1") if "arr_0" in names else None
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
         raise UserError(f"{what} {p} is not a readable .npz ({str(e)[:200]})") from None
     if "arr_0" not in names:
@@ -223,7 +226,42 @@ def open_source(path: str | Path, what: str) -> Source:
             raise UserError(f"{what} {p} has neither images (arr_0) nor statistics (mu, sigma): found "
                             f"{sorted(names) or 'nothing'}")
         return Source(p, "statistics", stats=stats)
-    return _open_npz(p, what, stats)
+    src = _open_npz(p, what, stats)
+    src.label_sampling, src.class_counts = _label_sampling(p, src.count), _class_counts(labels, src.count)
+    return src
+
+
+def _optional(z: Any, name: str) -> np.ndarray | None:
+    """A member that only adds information (an unreadable one, e.g. of objects, is left out, not an error)."""
+    try:
+        return z[name] if name in z.files else None
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError):
+        return None
+
+
+def _class_counts(labels: np.ndarray | None, count: int) -> dict[str, int] | None:
+    """How balanced the classes in arr_1 (the labels dit-sample and guided-diffusion write) are."""
+    if labels is None or labels.shape != (count,) or not np.issubdtype(labels.dtype, np.integer):
+        return None
+    per_class = np.unique(labels, return_counts=True)[1]
+    return {"classes": len(per_class), "min_per_class": int(per_class.min()), "max_per_class": int(per_class.max())}
+
+
+def _label_sampling(p: Path, count: int) -> str | None:
+    """How dit-sample chose the classes, from its record beside the npz (`NAME.npz.json`) when that record is of
+    an npz of this many samples; None without one. Records from before --labels are "uniform" or "given"."""
+    from dit_pipeline.sample.run import RECORD_FORMAT
+
+    try:
+        record = json.loads(Path(str(p) + ".json").read_text())
+    except (OSError, ValueError):
+        return None
+    fingerprint = record.get("fingerprint") if isinstance(record, dict) else None
+    if not isinstance(fingerprint, dict) or fingerprint.get("format") != RECORD_FORMAT \
+            or fingerprint.get("num_samples") != count:
+        return None
+    given = (record.get("config") or {}).get("class_labels")
+    return record.get("label_sampling") or ("given" if given else "uniform")
 
 
 def _open_npz(p: Path, what: str, stats: dict[str, Statistics]) -> Source:

@@ -104,6 +104,7 @@ class TrainConfig:
     fid_steps: int = 250                        # DDPM steps, as for the paper's FID
     fid_cfg_scale: float = 1.5
     fid_batch_size: int = 32                    # samples per process and batch
+    fid_labels: str = "uniform"                 # classes: uniform draws | equal counts (dit-sample --labels)
     inception: str | None = None                # Inception weights file [torch hub cache]
     fid_input_size: int = 299                   # test knob (hidden): Inception input resolution
     fid_random_inception: int | None = None     # test knob (hidden): random Inception weights of this seed
@@ -179,6 +180,9 @@ class TrainConfig:
                      f"{self.fid_num_samples}")
         if not (isinstance(self.fid_cfg_scale, (int, float)) and self.fid_cfg_scale >= 1.0):
             p.append(f"--fid-cfg-scale must be >= 1 (1 = no guidance), got {self.fid_cfg_scale!r}")
+        from dit_pipeline.sample.plan import LABEL_SAMPLINGS
+        if self.fid_labels not in LABEL_SAMPLINGS:
+            p.append(f"--fid-labels must be one of {LABEL_SAMPLINGS}, got {self.fid_labels!r}")
         return p
 
     def _objective_problems(self) -> list[str]:

@@ -95,5 +95,6 @@ def build_hooks(cfg: Any) -> list[PeriodicHook]:
         hooks.append(FidHook(every=cfg.fid_every, ref=cfg.fid_ref, vae=vae, vae_config=vae_config,
                              num_samples=cfg.fid_num_samples, steps=cfg.fid_steps, cfg_scale=cfg.fid_cfg_scale,
                              batch_size=cfg.fid_batch_size, seed=cfg.seed, inception=cfg.inception,
-                             input_size=cfg.fid_input_size, random_inception=cfg.fid_random_inception))
+                             input_size=cfg.fid_input_size, random_inception=cfg.fid_random_inception,
+                             labels=cfg.fid_labels))
     return hooks

@@ -109,3 +109,28 @@ def test_a_member_shorter_than_its_header_says_is_named(tmp_path):
         with pytest.raises(UserError, match=r"short.npz: arr_0 ends early \(images 3..5 missing\); the file is "
                                             r"truncated, write it again"):
             r.read(3, 6)
+
+
+def test_label_sampling_comes_from_the_dit_sample_record_of_this_npz(tmp_path):
+    """dit-eval reports how the classes were chosen from the record dit-sample writes beside the npz, only when
+    that record is of an npz of as many samples; records from before --labels mean uniform or given classes."""
+    import json
+
+    np.savez(tmp_path / "s.npz", arr_0=np.zeros((5, 4, 4, 3), np.uint8), arr_1=np.array([0, 1, 1, 2, 2]))
+
+    def record(**kw):
+        fp = {"format": "dit-pipeline.samples", "num_samples": 5}
+        (tmp_path / "s.npz.json").write_text(json.dumps({"fingerprint": fp, "config": {"class_labels": None}, **kw}))
+        return open_source(tmp_path / "s.npz", "SAMPLES")
+
+    assert open_source(tmp_path / "s.npz", "SAMPLES").label_sampling is None  # no record
+    assert record(label_sampling="equal").label_sampling == "equal"
+    assert record().label_sampling == "uniform"
+    assert record(config={"class_labels": [1, 2]}).label_sampling == "given"
+    (tmp_path / "s.npz.json").write_text(json.dumps({"fingerprint": {"format": "dit-pipeline.samples",
+                                                                     "num_samples": 6}, "label_sampling": "equal"}))
+    src = open_source(tmp_path / "s.npz", "SAMPLES")
+    assert src.label_sampling is None  # a record of another npz
+    assert src.class_counts == {"classes": 3, "min_per_class": 1, "max_per_class": 2}
+    np.savez(tmp_path / "o.npz", arr_0=np.zeros((5, 4, 4, 3), np.uint8), arr_1=np.array(["a"] * 5, dtype=object))
+    assert open_source(tmp_path / "o.npz", "SAMPLES").class_counts is None  # unreadable labels only add nothing
