@@ -320,6 +320,6 @@ def check_comparable(samples: Source, ref: Source) -> None:
             raise UserError(f"{w} {s.path} has {s.count} images: precision and recall (k = {k} nearest "
                             f"neighbours) need at least {k + 1} on each side")
     if samples.image_hw and ref.image_hw and samples.image_hw != ref.image_hw:
-        raise UserError(f"SAMPLES are {samples.image_hw[0]}x{samples.image_hw[1]} but REF {ref.path} is "
-                        f"{ref.image_hw[0]}x{ref.image_hw[1]}: compare against the reference batch of the "
+        raise UserError(f"SAMPLES {samples.path} are {samples.image_hw[0]}x{samples.image_hw[1]} but REF {ref.path} "
+                        f"is {ref.image_hw[0]}x{ref.image_hw[1]}: compare against the reference batch of the "
                         "samples' resolution (e.g. VIRTUAL_imagenet256_labeled.npz for 256x256)")
