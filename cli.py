@@ -29,6 +29,7 @@ from dit_pipeline.extract.config import (CPU_DEFAULT_BATCH, DTYPES, GPU_DEFAULT_
                                           ExtractConfig)
 from dit_pipeline.sample.config import (CFG_CHANNELS, DIFFUSION_FORMS, EXPORT_TARGETS, OBJECTIVES, SAMPLERS, WEIGHTS,
                                          ExportConfig, SampleConfig)
+from dit_pipeline.sample.plan import LABEL_SAMPLINGS
 from dit_pipeline.train.config import GROUPS as TRAIN_GROUPS
 from dit_pipeline.train.config import TrainConfig
 
@@ -218,8 +219,12 @@ def sample_main() -> None:
               help="Guide the first 3 latent channels (the reference, for its published FIDs) or all.")
 @click.option("--class-labels", callback=_parse_class_labels, default=None,
               help="Comma-separated class ids (one sample each; repeated cyclically with --num-samples).")
-@click.option("--num-samples", type=int, default=None, help="Number of samples; classes drawn uniformly "
+@click.option("--num-samples", type=int, default=None, help="Number of samples; classes chosen by --labels "
               "unless --class-labels is given.")
+@click.option("--labels", type=click.Choice(LABEL_SAMPLINGS), default=default(SampleConfig, "labels"),
+              show_default=True, help="Classes of --num-samples: 'uniform' draws each (DiT's FID sampler), "
+              "'equal' gives every class N / C samples, counts differing by at most 1 (50 per class for 50,000 of "
+              "ImageNet, as newer papers evaluate).")
 @click.option("--seed", type=int, default=default(SampleConfig, "seed"), show_default=True)
 @click.option("--batch-size", type=int, default=default(SampleConfig, "batch_size"), show_default=True,
               help="Images per process and batch.")

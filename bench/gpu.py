@@ -14,6 +14,9 @@ row) the moment it is measured, so a run killed at its time limit keeps everythi
             cuDNN determinism
   sample    DDPM-250 with CFG 4 at batch 256 in bf16 with per-block compile: images/s (projected from timed
             denoising steps) and hours for FID-50K
+  fid       the README's FID-50K recipe as it runs (bench/gpu_fid.py): dit-sample's defaults (fp32 + TF32,
+            eager, batch 32, cfg 1.5, one-image VAE decodes) and dit-eval's Inception pass (batch 64) over
+            50,000 samples and the 10,000-image reference batch; projected hours on 1 and 8 GPUs
   loader    the training loader's latents/s with 16 workers on a synthetic shard set
 
     bash bench/gpu.sh                        # on the GPU machine (<= 8 minutes)
@@ -58,6 +61,7 @@ from _checkout import use_checkout  # noqa: E402
 use_checkout()
 
 from dit_pipeline.train.metrics import peak_tflops  # noqa: E402
+from gpu_fid import fid_section  # noqa: E402
 from gpu_sections import extract_section, loader_section, sample_section, write_shards  # noqa: E402
 from gpu_train import train_section  # noqa: E402
 
@@ -104,11 +108,13 @@ def sizes(smoke: bool) -> dict[str, Any]:
         return {"model": "DiT-S/2", "overrides": {"depth": 2, "hidden_size": 64, "num_heads": 2}, "latent": 8,
                 "batch": 4, "steps": 2, "warmup": 1, "compile_backend": "eager", "vae": "tiny", "image": 32,
                 "enc_batch": 4, "enc_batches": 2, "baseline_images": 2, "sample_batch": 2, "sample_steps": 2,
-                "loader_shards": 4, "loader_per_shard": 16, "loader_workers": 2, "loader_batch": 8, "loader_latent": 8}
+                "loader_shards": 4, "loader_per_shard": 16, "loader_workers": 2, "loader_batch": 8, "loader_latent": 8,
+                "fid_batch": 2, "fid_steps": 2, "inception_batch": 4, "inception_batches": 2, "inception_size": 75}
     return {"model": "DiT-XL/2", "overrides": {}, "latent": 32, "batch": 256, "steps": 8, "warmup": 2,
             "compile_backend": "inductor", "vae": "sd", "image": 256, "enc_batch": 64, "enc_batches": 12,
             "baseline_images": 48, "sample_batch": 256, "sample_steps": 6, "loader_shards": 64,
-            "loader_per_shard": 256, "loader_workers": 16, "loader_batch": 256, "loader_latent": 32}
+            "loader_per_shard": 256, "loader_workers": 16, "loader_batch": 256, "loader_latent": 32,
+            "fid_batch": None, "fid_steps": 10, "inception_batch": None, "inception_batches": 8, "inception_size": 299}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="bench-gpu-out", help="folder for results.jsonl")
     p.add_argument("--smoke", action="store_true", help="tiny sizes, runs on a CPU")
     p.add_argument("--budget-s", type=float, default=450.0, help="stop starting sections after this long")
-    p.add_argument("--only", nargs="+", choices=["train", "extract", "sample", "loader"], default=None)
+    p.add_argument("--only", nargs="+", choices=["train", "extract", "sample", "fid", "loader"], default=None)
     a = p.parse_args(argv)
     t_start = time.monotonic()
     res = Results(Path(a.out), t_start + a.budget_s)
@@ -128,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
             device=torch.cuda.get_device_name(0) if device.type == "cuda" else f"{platform.machine()} CPU",
             cuda=torch.version.cuda, peak_tflops=peak_tflops(device), smoke=a.smoke)
     work = Path(tempfile.mkdtemp(prefix="bench-gpu-"))
-    want = set(a.only or ["train", "extract", "sample", "loader"])
+    want = set(a.only or ["train", "extract", "sample", "fid", "loader"])
     try:
         shards = work / "shards"
         write_shards(shards, shards=1, per_shard=2 * s["batch"], latent=s["latent"])
@@ -138,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
             res.section("extract", lambda: extract_section(res, s, device), 60)
         if "sample" in want:
             res.section("sample", lambda: sample_section(res, s, device), 40)
+        if "fid" in want:
+            res.section("fid", lambda: fid_section(res, s, device), 60)
         if "loader" in want:
             res.section("loader", lambda: loader_section(res, s, work / "loader"), 30)
     finally:

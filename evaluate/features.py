@@ -110,9 +110,10 @@ def source_features(source: Source, model: torch.nn.Module, ident: dict[str, Any
 
     if source.kind == "features":
         return read_features_file(source.path)[0] if dist.is_main() else None
-    digest = dist.on_rank0(source.content_hash)
-    cache = cache_path(source, digest, ident)
-    hit = dist.on_rank0(lambda: use_cache and cache.is_file())
+    # the content hash keys the cache (one more pass over the file); without the cache nothing needs it
+    digest = dist.on_rank0(source.content_hash) if use_cache else None
+    cache = cache_path(source, digest, ident) if use_cache else None
+    hit = dist.on_rank0(lambda: cache is not None and cache.is_file())
     if hit:
         if dist.is_main():
             log.info("%s: cached features %s", source.path, cache)
@@ -122,10 +123,11 @@ def source_features(source: Source, model: torch.nn.Module, ident: dict[str, Any
     ws = dist.world_size()
     rows = [sum(len(b) for b in rank_batches(range(source.count), batch_size, r, ws)) for r in range(ws)]
     with tqdm(total=source.count, unit="img", desc=f"Inception {source.path.name}", dynamic_ncols=True,
-              disable=quiet or not dist.is_main()) as bar:
+              disable=quiet or not dist.is_main()) as bar, source.reader() as reader:
         def advance(n: int) -> None:
             bar.update(min(n * ws, bar.total - bar.n))  # ranks run in lockstep: rank 0 stands for all
-        idx, arrays = local_features(model, ((b, source.read(b[0], b[-1] + 1)) for b in batches), device, advance)
+        # one reader for all batches, read in increasing order: each byte of an npz is read once
+        idx, arrays = local_features(model, ((b, reader.read(b[0], b[-1] + 1)) for b in batches), device, advance)
     result = gather_rows(idx, arrays, source.count, rows)
     if dist.is_main() and use_cache:
         meta = {"source": str(source.path), "kind": source.kind, "sha256": digest, "count": source.count,

@@ -2,8 +2,9 @@
 
 Every `every` steps all ranks sample `num_samples` images with the EMA weights (rank 0 holds the EMA; it is
 broadcast into a sampling copy on every rank) with exactly `dit-sample`'s deterministic sampler: DDPM with
-`steps` respaced steps, guidance `cfg_scale` on the first 3 latent channels, classes drawn by
-(seed, index) as `dit-sample --num-samples N --seed S` draws them, noise of sample i from (seed, i). Each rank
+`steps` respaced steps, guidance `cfg_scale` on the first 3 latent channels, classes chosen by
+(seed, index) as `dit-sample --num-samples N --seed S --labels L` chooses them (`labels`: uniform draws or
+equal counts per class, sample/plan.py), noise of sample i from (seed, i). Each rank
 extracts the Inception features of its images; rank 0 gathers them, computes FID, sFID, Inception Score and
 precision/recall against REF (whose features or precomputed statistics are loaded once, in `setup`) and
 writes them with the seconds the evaluation took to metrics.jsonl and TensorBoard.
@@ -24,7 +25,7 @@ from dit_pipeline.common import distributed as dist
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.hooks import HookContext
 from dit_pipeline.common.log import get_logger
-from dit_pipeline.common.settings import positive, setting
+from dit_pipeline.common.settings import choice, positive, setting
 from dit_pipeline.common.vae import load_vae
 from dit_pipeline.evaluate.features import gather_rows, local_features, source_features
 from dit_pipeline.evaluate.inception import INPUT_SIZE, load_inception
@@ -57,6 +58,8 @@ class FidSettings(DecodeSettings):
     fid_steps: int = setting(250, "DDPM steps of the FID samples", group=GRIDS)
     fid_cfg_scale: float = setting(1.5, "Guidance scale of the FID samples", group=GRIDS)
     fid_batch_size: int = setting(32, "FID samples per GPU and batch", group=GRIDS)
+    fid_labels: str = setting("uniform", "Classes of the FID samples: uniform draws or equal counts per class, as "
+                              "dit-sample --labels", group=GRIDS, choices=plan.LABEL_SAMPLINGS)
     inception: str | None = setting(
         None, "Inception weights file weights-inception-2015-12-05-6726825d.pth", group=GRIDS,
         shown="torch hub cache, fetched once")
@@ -83,7 +86,7 @@ class FidSettings(DecodeSettings):
                      f"{self.fid_num_samples}")
         if not (isinstance(self.fid_cfg_scale, (int, float)) and self.fid_cfg_scale >= 1.0):
             p.append(f"--fid-cfg-scale must be >= 1 (1 = no guidance), got {self.fid_cfg_scale!r}")
-        return p
+        return p + choice(self, "fid_labels", plan.LABEL_SAMPLINGS)
 
 
 @dataclass
@@ -97,6 +100,7 @@ class FidHook:
     cfg_scale: float = 1.5
     batch_size: int = 32
     seed: int = 0
+    labels: str = "uniform"  # sample.plan.LABEL_SAMPLINGS: uniform draws or equal counts per class
     inception: str | None = None
     input_size: int = INPUT_SIZE  # test knob (299 for real numbers)
     random_inception: int | None = None  # test knob
@@ -111,7 +115,7 @@ class FidHook:
         return cls(every=s.fid_every, ref=s.fid_ref, vae=vae, vae_config=vae_config, num_samples=s.fid_num_samples,
                    steps=s.fid_steps, cfg_scale=s.fid_cfg_scale, batch_size=s.fid_batch_size, seed=seed,
                    inception=s.inception, input_size=s.fid_input_size, random_inception=s.fid_random_inception,
-                   sampler=FID_SAMPLER[objective])
+                   sampler=FID_SAMPLER[objective], labels=s.fid_labels)
 
     def setup(self, ctx: HookContext) -> None:
         """Every rank: VAE, Inception, a sampling copy of the model; the reference's features (all ranks
@@ -154,7 +158,8 @@ class FidHook:
         sampler = self.sampler
         diffusion = make_diffusion(sampler, self.steps, learn_sigma=bool(model.learn_sigma))
         model_fn = guided_model_fn(model, cfg_scale=cfg_scale, cfg_channels="3")
-        labels = plan.class_labels(num_samples=self.num_samples, seed=self.seed, num_classes=ctx.num_classes)
+        labels = plan.class_labels(num_samples=self.num_samples, seed=self.seed, num_classes=ctx.num_classes,
+                                   sampling=self.labels)
         ws = ctx.world_size
         batches = plan.rank_batches(range(self.num_samples), self.batch_size, ctx.rank, ws)
 
@@ -174,7 +179,7 @@ class FidHook:
             return None
         samples = Side(Source(ctx.run_dir, "features", count=self.num_samples), gathered)
         numbers = compute_metrics(samples, self._state["ref"], device=ctx.device)
-        record = {"step": ctx.step, **numbers, "fid_num_samples": self.num_samples,
+        record = {"step": ctx.step, **numbers, "fid_num_samples": self.num_samples, "fid_labels": self.labels,
                   "fid_seconds": time.perf_counter() - start}
         if getattr(ctx, "metrics", None) is not None:
             ctx.metrics.write(record)

@@ -1,7 +1,8 @@
 """What `dit-eval` reads: an ADM `.npz` of images, a folder of images, a features file, or a statistics file.
 
 - ADM `.npz` (what `dit-sample --npz` writes and the ADM reference batches are): `arr_0` uint8 [N, H, W, 3]. It
-  is streamed member by member (a 50K x 256px file is 9.8 GB), batches read by seeking in the zip member.
+  is streamed (a 50K x 256px file is 9.8 GB), each byte read once (`NpzReader`): a stored member at its offset
+  in the raw file, a compressed one (`np.savez_compressed`) decompressed once from front to back.
   Precomputed `mu`, `sigma` (pool) and `mu_s`, `sigma_s` (spatial) in the same file are used for FID and sFID,
   as the ADM evaluator does; that is how `VIRTUAL_imagenet256_labeled.npz` carries statistics of the whole
   ImageNet training set next to 10,000 images (used for precision and recall).
@@ -13,12 +14,14 @@ Every problem is a `UserError` naming the file and what to do.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import struct
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, Iterator
 
 import numpy as np
 
@@ -41,6 +44,8 @@ class Source:
     image_hw: tuple[int, int] | None = None
     files: list[Path] = field(default_factory=list)  # folder images, in order
     stats: dict[str, Statistics] = field(default_factory=dict)  # precomputed: "pool", "spatial"
+    label_sampling: str | None = None              # npz: "uniform", "equal" or "given", from dit-sample's record
+    class_counts: dict[str, int] | None = None     # npz with arr_1: classes present, min and max samples per class
     _data_offset: int = 0
 
     def describe(self) -> str:
@@ -57,18 +62,105 @@ class Source:
         return h.hexdigest()
 
     def read(self, start: int, stop: int) -> np.ndarray:
-        """Images [start, stop) as uint8 [n, H, W, 3]."""
+        """Images [start, stop) as uint8 [n, H, W, 3] (one read; for many batches use `reader()`)."""
+        with self.reader() as r:
+            return r.read(start, stop)
+
+    @contextlib.contextmanager
+    def reader(self) -> Iterator["NpzReader | _FolderReader"]:
+        """A reader whose `read(start, stop)` returns images [start, stop) as uint8 [n, H, W, 3]; reads in
+        increasing order (what every rank's batches are) read each byte of an `.npz` once."""
         if self.kind == "folder":
-            return np.stack([_read_image(f, self.image_hw) for f in self.files[start:stop]])
-        h, w = self.image_hw
-        row = h * w * 3
-        with zipfile.ZipFile(self.path) as zf, zf.open("arr_0.npy") as f:
-            f.seek(self._data_offset + start * row)
-            data = f.read((stop - start) * row)
-        if len(data) != (stop - start) * row:
-            raise UserError(f"{self.path}: arr_0 ends early (images {start}..{stop - 1} missing); the file is "
-                            "truncated, write it again")
-        return np.frombuffer(data, np.uint8).reshape(stop - start, h, w, 3)
+            yield _FolderReader(self)
+            return
+        r = NpzReader(self.path, self.image_hw, self._data_offset)
+        try:
+            yield r
+        finally:
+            r.close()
+
+
+class _FolderReader:
+    def __init__(self, source: Source):
+        self.source = source
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        return np.stack([_read_image(f, self.source.image_hw) for f in self.source.files[start:stop]])
+
+
+_LOCAL_HEADER = struct.Struct("<4s22xHH")  # zip local file header: signature, ..., name length, extra length
+_SKIP_CHUNK = 1 << 24
+
+
+class NpzReader:
+    """The pixels of an ADM `.npz`'s `arr_0`, read batch by batch, each byte of the file once.
+
+    Reopening the zip member per batch and seeking is quadratic: before Python 3.12 a forward seek in a
+    member reads and discards everything before the target, and in a compressed member it does on every
+    version (a 50K x 256 px npz would be read about 390 times over in batches of 64). So a stored member (what
+    `np.savez` and `dit-sample` write) is read at its offset in the raw file, and a compressed one is kept
+    open and decompressed once, front to back; a read before the current position (no caller does that)
+    starts the member again.
+    """
+
+    def __init__(self, path: Path, image_hw: tuple[int, int], data_offset: int):
+        self.path, self._hw, self._row = path, tuple(image_hw), image_hw[0] * image_hw[1] * 3
+        self._zf = zipfile.ZipFile(path)
+        self._raw: BinaryIO | None = None
+        self._member: BinaryIO | None = None
+        try:
+            info = self._zf.getinfo("arr_0.npy")
+            self._available = info.file_size - data_offset  # pixel bytes the member holds
+            self._data_offset, self._info = data_offset, info
+            if info.compress_type == zipfile.ZIP_STORED and not info.flag_bits & 0x1:  # stored, not encrypted
+                self._raw = open(path, "rb")
+                self._raw.seek(info.header_offset)
+                sig, name_len, extra_len = _LOCAL_HEADER.unpack(self._raw.read(_LOCAL_HEADER.size))
+                if sig != b"PK\x03\x04":
+                    raise zipfile.BadZipFile("arr_0.npy: bad local file header")
+                # the local header's name and extra lengths may differ from the central directory's
+                self._start = info.header_offset + _LOCAL_HEADER.size + name_len + extra_len + data_offset
+            else:
+                self._pos = 0  # offset in the decompressed .npy
+        except Exception:
+            self.close()
+            raise
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        n = (stop - start) * self._row
+        if stop * self._row > self._available:
+            raise self._ends_early(start, stop)
+        if self._raw is not None:
+            self._raw.seek(self._start + start * self._row)
+            data = self._raw.read(n)
+        else:
+            data = self._read_member(self._data_offset + start * self._row, n)
+        if len(data) != n:
+            raise self._ends_early(start, stop)
+        return np.frombuffer(data, np.uint8).reshape(stop - start, *self._hw, 3)
+
+    def _ends_early(self, start: int, stop: int) -> UserError:
+        return UserError(f"{self.path}: arr_0 ends early (images {start}..{stop - 1} missing); the file is "
+                         "truncated, write it again")
+
+    def _read_member(self, offset: int, n: int) -> bytes:
+        if self._member is None or offset < self._pos:
+            if self._member is not None:
+                self._member.close()
+            self._member, self._pos = self._zf.open(self._info), 0
+        while self._pos < offset:  # skip (decompress and drop) what this process does not need
+            got = len(self._member.read(min(_SKIP_CHUNK, offset - self._pos)))
+            if not got:
+                break
+            self._pos += got
+        data = self._member.read(n) if self._pos == offset else b""
+        self._pos += len(data)
+        return data
+
+    def close(self) -> None:
+        for f in (self._member, self._raw, self._zf):
+            if f is not None:
+                f.close()
 
 
 def _read_image(path: Path, hw: tuple[int, int] | None) -> np.ndarray:
@@ -126,6 +218,7 @@ def open_source(path: str | Path, what: str) -> Source:
             if "format" in names and str(z["format"]) == FEATURES_FORMAT:
                 return Source(p, "features", count=int(z["pool"].shape[0]))
             stats = _statistics(p, z)
+            labels = _optional(z, "arr_1") if "arr_0" in names else None
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
         raise UserError(f"{what} {p} is not a readable .npz ({str(e)[:200]})") from None
     if "arr_0" not in names:
@@ -133,7 +226,42 @@ def open_source(path: str | Path, what: str) -> Source:
             raise UserError(f"{what} {p} has neither images (arr_0) nor statistics (mu, sigma): found "
                             f"{sorted(names) or 'nothing'}")
         return Source(p, "statistics", stats=stats)
-    return _open_npz(p, what, stats)
+    src = _open_npz(p, what, stats)
+    src.label_sampling, src.class_counts = _label_sampling(p, src.count), _class_counts(labels, src.count)
+    return src
+
+
+def _optional(z: Any, name: str) -> np.ndarray | None:
+    """A member that only adds information (an unreadable one, e.g. of objects, is left out, not an error)."""
+    try:
+        return z[name] if name in z.files else None
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError):
+        return None
+
+
+def _class_counts(labels: np.ndarray | None, count: int) -> dict[str, int] | None:
+    """How balanced the classes in arr_1 (the labels dit-sample and guided-diffusion write) are."""
+    if labels is None or labels.shape != (count,) or not np.issubdtype(labels.dtype, np.integer):
+        return None
+    per_class = np.unique(labels, return_counts=True)[1]
+    return {"classes": len(per_class), "min_per_class": int(per_class.min()), "max_per_class": int(per_class.max())}
+
+
+def _label_sampling(p: Path, count: int) -> str | None:
+    """How dit-sample chose the classes, from its record beside the npz (`NAME.npz.json`) when that record is of
+    an npz of this many samples; None without one. Records from before --labels are "uniform" or "given"."""
+    from dit_pipeline.sample.run import RECORD_FORMAT
+
+    try:
+        record = json.loads(Path(str(p) + ".json").read_text())
+    except (OSError, ValueError):
+        return None
+    fingerprint = record.get("fingerprint") if isinstance(record, dict) else None
+    if not isinstance(fingerprint, dict) or fingerprint.get("format") != RECORD_FORMAT \
+            or fingerprint.get("num_samples") != count:
+        return None
+    given = (record.get("config") or {}).get("class_labels")
+    return record.get("label_sampling") or ("given" if given else "uniform")
 
 
 def _open_npz(p: Path, what: str, stats: dict[str, Statistics]) -> Source:
@@ -192,6 +320,6 @@ def check_comparable(samples: Source, ref: Source) -> None:
             raise UserError(f"{w} {s.path} has {s.count} images: precision and recall (k = {k} nearest "
                             f"neighbours) need at least {k + 1} on each side")
     if samples.image_hw and ref.image_hw and samples.image_hw != ref.image_hw:
-        raise UserError(f"SAMPLES are {samples.image_hw[0]}x{samples.image_hw[1]} but REF {ref.path} is "
-                        f"{ref.image_hw[0]}x{ref.image_hw[1]}: compare against the reference batch of the "
+        raise UserError(f"SAMPLES {samples.path} are {samples.image_hw[0]}x{samples.image_hw[1]} but REF {ref.path} "
+                        f"is {ref.image_hw[0]}x{ref.image_hw[1]}: compare against the reference batch of the "
                         "samples' resolution (e.g. VIRTUAL_imagenet256_labeled.npz for 256x256)")

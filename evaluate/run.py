@@ -102,7 +102,8 @@ def _run(cfg: EvalConfig) -> dict[str, Any]:
             raise UserError(f"cannot compute the metrics of {samples.path} against {ref.path}: {e}") from None
         result = {"format": RESULT_FORMAT, "version": 1, **numbers,
                   "reference_statistics": "precomputed" if "pool" in ref.stats else "computed from its images",
-                  "samples": {"path": str(samples.path), "kind": samples.kind, "count": samples.count},
+                  "samples": {"path": str(samples.path), "kind": samples.kind, "count": samples.count,
+                              "label_sampling": samples.label_sampling, "class_counts": samples.class_counts},
                   "ref": {"path": str(ref.path), "kind": ref.kind, "count": ref.count},
                   "extractor": ident, "seconds": round(time.perf_counter() - start, 3), "config": cfg.to_dict()}
         try:

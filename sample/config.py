@@ -17,6 +17,7 @@ from dit_pipeline.dit.flow import FLOW_SAMPLERS  # ODE Euler / Heun, SDE Euler-M
 from dit_pipeline.dit.formats import OBJECTIVES
 # the DDIM stride search lives in dit.respace; ddim_stride and valid_ddim_steps stay importable from here
 from dit_pipeline.dit.respace import TRAIN_TIMESTEPS, ddim_stride, nearest_ddim_steps, valid_ddim_steps  # noqa: F401
+from dit_pipeline.sample.plan import LABEL_SAMPLINGS
 
 DDPM_SAMPLERS = ("ddpm", "ddim")
 SAMPLERS = DDPM_SAMPLERS + FLOW_SAMPLERS
@@ -54,6 +55,7 @@ class SampleConfig:
     cfg_channels: str = "3"  # "3": guide the first 3 latent channels as the reference does; "all"
     class_labels: list[int] | None = None
     num_samples: int | None = None
+    labels: str = "uniform"  # classes of --num-samples without --class-labels: "uniform" draws or "equal" counts
     seed: int = 0
     batch_size: int = 32  # per process
     cpu_threads: int = DEFAULT_CPU_THREADS  # intra-op threads of the sampling compute on CPU
@@ -92,6 +94,11 @@ class SampleConfig:
             bad = [c for c in self.class_labels if int(c) < 0]
             if bad:
                 p.append(f"--class-labels must be class ids >= 0, got {bad}")
+        if self.labels not in LABEL_SAMPLINGS:
+            p.append(f"--labels must be one of {LABEL_SAMPLINGS}, got {self.labels!r}")
+        elif self.labels != "uniform" and self.class_labels is not None:
+            p.append(f"--labels {self.labels} chooses the classes of --num-samples; it cannot be combined with "
+                     "--class-labels (drop one)")
         if self.num_samples is not None and self.num_samples < 1:
             p.append(f"--num-samples must be >= 1, got {self.num_samples}")
         if self.npz is None and self.out is None:

@@ -8,10 +8,12 @@ settings that determine the pixels, so parts from a different configuration are 
 Once every index is present, `assemble_npz` streams the parts into one `.npz` in index order:
 `arr_0` uint8 [N, H, W, 3] (what guided-diffusion's `evaluations/evaluator.py` reads) and `arr_1` int64 [N]
 class labels (as guided-diffusion's own sampling script writes them). It is written through a zip stream,
-one part in memory at a time, so a 50K x 256px run (9.8 GB) does not need 9.8 GB of RAM.
+one part in memory at a time, so a 50K x 256px run (9.8 GB) does not need 9.8 GB of RAM. Each part is read
+whole, front to back, once (no seeking inside a zip member, which before Python 3.12 re-reads from the start).
 """
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import shutil
@@ -169,11 +171,12 @@ def assemble_npz(store: PartStore, path: str | Path, labels: np.ndarray) -> tupl
     `labels` are the run's expected class labels; a part whose labels disagree is reported, not used.
     """
     n = store.total
-    first, _ = next(store.iter_images([0]))
-    h, w, c = first.shape
+    items = store.iter_images(range(n))  # one pass: every part is read once, in index order
+    first = next(items)
+    h, w, c = first[0].shape
 
     def images() -> Iterator[np.ndarray]:
-        for i, (img, label) in enumerate(store.iter_images(range(n))):
+        for i, (img, label) in enumerate(itertools.chain([first], items)):
             if img.shape != (h, w, c):
                 raise UserError(f"{store.folder}: sample {i} has shape {img.shape}, expected {(h, w, c)}; "
                                 "delete the parts folder and rerun")

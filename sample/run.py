@@ -131,7 +131,13 @@ def _labels(cfg: SampleConfig, loaded: LoadedModel) -> np.ndarray:
     if bad:
         raise UserError(f"--class-labels {bad} out of range: the model has {num_classes} classes "
                         f"(0..{num_classes - 1})")
-    return plan.class_labels(num_samples=cfg.total, seed=cfg.seed, num_classes=num_classes, given=cfg.class_labels)
+    return plan.class_labels(num_samples=cfg.total, seed=cfg.seed, num_classes=num_classes, given=cfg.class_labels,
+                             sampling=cfg.labels)
+
+
+def label_sampling(cfg: SampleConfig) -> str:
+    """How the run's classes were chosen: "given" (--class-labels), "uniform" or "equal" (--labels)."""
+    return "given" if cfg.class_labels else cfg.labels
 
 
 def _check_compatible(cfg: SampleConfig, loaded: LoadedModel, vae_id: dict[str, Any]) -> None:
@@ -163,7 +169,7 @@ def _record(cfg: SampleConfig, loaded: LoadedModel, vae_id: dict[str, Any], scal
         "model_config": loaded.config, "vae": vae_key, "scaling_factor": scale, "shift_factor": shift,
         "objective": loaded.info["objective"], "sampler": cfg.sampler, "steps": cfg.steps,
         **_sde_settings(cfg), "cfg_scale": cfg.cfg_scale, "cfg_channels": cfg.cfg_channels,
-        "seed": cfg.seed, "num_samples": cfg.total, "image_size": image_size,
+        "seed": cfg.seed, "num_samples": cfg.total, "image_size": image_size, **_label_settings(cfg),
         "labels_sha256": hashlib.sha256(np.ascontiguousarray(labels, dtype="<i8").tobytes()).hexdigest(),
         "precision": cfg.precision, "tf32": cfg.tf32, "compile": cfg.compile,
     }
@@ -171,7 +177,14 @@ def _record(cfg: SampleConfig, loaded: LoadedModel, vae_id: dict[str, Any], scal
                 "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}
     return {"fingerprint": json.loads(json.dumps(fingerprint)), "numerics": numerics, "config": cfg.to_dict(),
             "checkpoint": {"path": str(cfg.ckpt), "source": loaded.info["source"], "step": loaded.info.get("step")},
-            "vae": vae_id, "labels": labels.tolist(), "class_names": (loaded.latent or {}).get("class_names")}
+            "vae": vae_id, "label_sampling": label_sampling(cfg), "labels": labels.tolist(),
+            "class_names": (loaded.latent or {}).get("class_names")}
+
+
+def _label_settings(cfg: SampleConfig) -> dict[str, Any]:
+    """Equal-label sampling in the fingerprint; nothing for uniform or given classes, so the fingerprints of
+    earlier runs (and their finished parts) stay valid (labels_sha256 pins the classes either way)."""
+    return {"label_sampling": "equal"} if label_sampling(cfg) == "equal" else {}
 
 
 def _sde_settings(cfg: SampleConfig) -> dict[str, Any]:

@@ -8,7 +8,23 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def _bench_module(name: str):
+    """A bench/ script's module, loaded from its file (bench/ is not put on sys.path: its train.py, sample.py...
+    would shadow other modules)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+project_fid50k = _bench_module("gpu_fid").project_fid50k
 
 
 def test_gpu_bench_smoke_writes_every_row(tmp_path):
@@ -32,3 +48,26 @@ def test_gpu_bench_smoke_writes_every_row(tmp_path):
     assert sample["batch"] == 2 and sample["fid50k_hours"] > 0
     table = next(row for row in rows if row["name"] == "memory-table row (eager)")
     assert table["key"] == ["DiT-S/2", 8, "bf16", False, False] and set(table["peaks_gib"]) == {"1", "2", "4"}
+    # the FID-50K recipe's cost: its three measured parts, then the projection, recomputed here from them
+    fid = {row["name"]: row for row in rows if row["section"] == "fid"}
+    sampling = fid["dit-sample as the recipe runs it: DDPM cfg 1.5 fp32+TF32 eager (latents)"]
+    decode = fid["SD-VAE decode one image at a time (dit-sample)"]
+    inception = fid["Inception features, batch 4 (dit-eval)"]
+    assert sampling["batch"] == decode["batch"] == 2 and sampling["timed_steps"] == 2
+    for gpus in (1, 8):
+        got = fid[f"FID-50K recipe projected, {gpus} GPU(s) (no file I/O)"]
+        want = project_fid50k(step_s=sampling["step_ms"] / 1e3, decode_s=1 / decode["img_s"],
+                              inception_img_s=inception["img_s"], batch=2, inception_batch=4, gpus=gpus)
+        assert {k: got[k] for k in want} == pytest.approx(want, rel=1e-9) and got["total_h"] > 0
+
+
+def test_fid50k_projection_splits_the_work_as_the_tools_do():
+    """Hand-computed: 50,000 samples in batches of 32 are 1563 chunks, 196 on the busiest of 8 ranks, each
+    250 steps of 0.1 s plus 32 decodes of 0.01 s; Inception at 1000 images/s in batches of 64: ceil(782 / 8) =
+    98 batches of samples and ceil(157 / 8) = 20 of the reference on the busiest rank."""
+    got = project_fid50k(step_s=0.1, decode_s=0.01, inception_img_s=1000.0, batch=32, inception_batch=64, gpus=8)
+    assert got["dit_sample_h"] == pytest.approx(196 * 25.32 / 3600, rel=1e-12)
+    assert got["dit_eval_h"] == pytest.approx(118 * 0.064 / 3600, rel=1e-12)
+    assert got["total_h"] == pytest.approx((196 * 25.32 + 118 * 0.064) / 3600, rel=1e-12) and got["gpus"] == 8
+    one = project_fid50k(step_s=0.1, decode_s=0.01, inception_img_s=1000.0, batch=32, inception_batch=64, gpus=1)
+    assert one["dit_sample_h"] == pytest.approx(1563 * 25.32 / 3600) and one["dit_eval_h"] == pytest.approx(939 * 0.064 / 3600)

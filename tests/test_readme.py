@@ -204,3 +204,45 @@ def test_every_readme_command_parses(tmp_path, monkeypatch):
                 cmd.make_context(name, list(args))
         except click.ClickException as e:
             pytest.fail(f"README: `{name} {' '.join(args)}` does not parse: {e.format_message()}")
+
+
+@pytest.mark.timeout(1200)
+def test_fid_recipe_runs_as_pasted(tmp_path, tiny_vae_dir):
+    """The "full recipe" block's two torchrun lines, in a folder holding DiT-XL-2-256x256.pt (here a small bare
+    DiT-S/8 state_dict under that name) and VIRTUAL_imagenet256_labeled.npz (here 8 random 64 px images), on
+    2 gloo ranks instead of 8. Substituted: the hub VAE id (the tiny local VAE), 50000 -> 8 samples and
+    250 -> 2 steps; appended: the hidden random-Inception knobs (the real weights cannot be fetched here).
+    The npz and the eval JSON land where the comments say."""
+    import json
+    import subprocess
+
+    import numpy as np
+
+    from tests._util import cli_env, torchrun_cmd
+
+    model = dit.create_model("DiT-S/8", input_size=8, num_classes=1000)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name != "pos_embed":
+                p.normal_(0, 0.02, generator=torch.Generator().manual_seed(0))
+    torch.save(model.state_dict(), tmp_path / "DiT-XL-2-256x256.pt")
+    ref = np.random.default_rng(0).integers(0, 256, (8, 64, 64, 3), dtype=np.uint8)
+    np.savez(tmp_path / "VIRTUAL_imagenet256_labeled.npz", arr_0=ref)
+    section = README[README.index("The full recipe for the paper's DiT-XL/2 256x256 table"):]
+    block = _block_after("The full recipe for the paper's DiT-XL/2 256x256 table", "bash")
+    commands = [c for c in _commands(block) if c]  # the comment lines split to nothing
+    assert section.index("```bash") < section.index("**Classes.**")
+    assert [c[:3] for c in commands] == [["torchrun", "--nproc-per-node", "8"]] * 2
+    subs = {"stabilityai/sd-vae-ft-ema": str(tiny_vae_dir), "50000": "8", "250": "2"}
+    for argv, extra in zip(commands, ([], ["--random-inception", "0", "--input-size", "75", "--batch-size", "4"])):
+        at = next(i for i, a in enumerate(argv) if a.startswith("$(which"))
+        name = argv[at + 1].rstrip(")")
+        args = [subs.get(a, a) for a in argv[at + 2:]] + extra
+        res = subprocess.run(torchrun_cmd(name, args, nproc=2), capture_output=True, text=True, env=cli_env(None),
+                             cwd=tmp_path, timeout=900)
+        assert res.returncode == 0, f"{name} {args}\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}"
+    with np.load(tmp_path / "samples/dit-xl2-256-cfg1.5.npz") as z:
+        assert z["arr_0"].shape == (8, 64, 64, 3) and z["arr_1"].shape == (8,)
+    result = json.loads((tmp_path / "samples/dit-xl2-256-cfg1.5.npz.eval.json").read_text())
+    assert all(np.isfinite(result[k]) for k in ("fid", "sfid", "inception_score", "precision", "recall"))
+    assert result["samples"]["label_sampling"] == "uniform" and result["samples"]["count"] == 8

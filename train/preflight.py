@@ -107,7 +107,9 @@ def model_kwargs(cfg: TrainConfig, source: ShardSource) -> dict[str, Any]:
         if getattr(cfg, k):
             kw[k] = True
     if cfg.objective == "flow":
-        kw["learn_sigma"] = False  # a velocity has C channels (SiT's training setting)
+        # a velocity has C channels; SiT's train.py keeps DiT's 2C (learn_sigma=True) and drops the second half
+        # in its forward, which thus gets no gradient: the same training, only the checkpoint's shape differs
+        kw["learn_sigma"] = False
     try:
         with torch.device("meta"):
             create_model(**kw)

@@ -8,6 +8,7 @@ allowed changes are logged old -> new and appended, with the full config, to RUN
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 from dataclasses import dataclass, field
@@ -45,8 +46,11 @@ def resolved_config(prep: Preflight, precision: str) -> TrainConfig:
 
 
 def config_changes(old: dict[str, Any], new: dict[str, Any]) -> dict[str, list]:
-    """Settings that differ between a checkpoint's config and this run's (name -> [old, new])."""
-    return {k: [old.get(k), v] for k, v in new.items() if k not in _NOT_RUN_SETTINGS and old.get(k) != v}
+    """Settings that differ between a checkpoint's config and this run's (name -> [old, new]). A setting the
+    checkpoint's config lacks (added since it was written) counts as its default, which that run had."""
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig) if f.default is not dataclasses.MISSING}
+    was = {k: old.get(k, defaults.get(k)) for k in new}
+    return {k: [was[k], v] for k, v in new.items() if k not in _NOT_RUN_SETTINGS and was[k] != v}
 
 
 def format_changes(changes: dict[str, list]) -> str:

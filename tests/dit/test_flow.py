@@ -62,6 +62,39 @@ def test_training_loss_equals_hand_computed_mse():
     assert set(terms) == {"loss", "mse"}  # no variational bound: nothing to report or log
 
 
+def test_a_learn_sigma_dit_trains_as_a_c_channel_one():
+    """SiT's train.py builds DiT's 2C-channel output layer (learn_sigma=True) and uses the first C channels: the
+    other half gets exactly zero gradient, and with the shared weights equal the loss and every other
+    gradient are those of our C-channel model (README, "Choosing an objective")."""
+    kw = dict(input_size=4, num_classes=5, depth=1, hidden_size=32, num_heads=2)
+    wide, narrow = (dit.create_model("DiT-S/2", learn_sigma=ls, **kw) for ls in (True, False))
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in wide.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+        c, p2 = 4, 4  # latent channels; patch 2 x 2 positions per token
+        rows = torch.tensor([pos * 2 * c + ch for pos in range(p2) for ch in range(c)])  # out (a*p+b)*Cout + c
+        for name, v in narrow.state_dict().items():
+            w = wide.state_dict()[name]
+            v.copy_(w[rows] if name.startswith("final_layer.linear") else w)
+    x1, x0 = torch.randn(3, 4, 4, 4, generator=g), torch.randn(3, 4, 4, 4, generator=g)
+    t, y = torch.tensor([0.2, 0.5, 0.9]), torch.tensor([0, 3, 4])
+    fm = dit.create_flow()
+    losses = [fm.training_losses(m, x1, t, model_kwargs={"y": y}, noise=x0)["loss"] for m in (wide, narrow)]
+    for m, loss in zip((wide, narrow), losses):
+        loss.sum().backward()
+    torch.testing.assert_close(losses[0], losses[1], rtol=1e-5, atol=1e-7)
+    unused = torch.ones(p2 * 2 * c, dtype=torch.bool)
+    unused[rows] = False
+    assert wide.final_layer.linear.weight.grad[unused].abs().max() == 0
+    assert wide.final_layer.linear.bias.grad[unused].abs().max() == 0
+    for (name, a), b in zip(wide.named_parameters(), narrow.parameters()):
+        if a.grad is None:
+            continue
+        ga = a.grad[rows] if name.startswith("final_layer.linear") else a.grad
+        torch.testing.assert_close(ga, b.grad, rtol=1e-4, atol=1e-7, msg=name)
+
+
 def test_exact_field_attains_the_irreducible_loss():
     """E||v_exact - v||^2 = Var(v) - Cov(v, x_t)^2 / Var(x_t) per coordinate (law of total variance)."""
     fm = dit.create_flow()

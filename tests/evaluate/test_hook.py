@@ -62,8 +62,57 @@ def test_plot_draws_fid_beside_the_loss(runs):
     ({"fid-every": 2, "vae": "V"}, "--fid-every needs --fid-ref"),
     ({"fid-ref": "R"}, "--fid-ref only serves FID during training"),
     ({"fid-every": 2, "fid-ref": "R", "vae": "V", "fid-num-samples": 3}, "--fid-num-samples must be >= 4"),
+    ({"fid-every": 2, "fid-ref": "R", "vae": "V", "fid-labels": "balanced"},
+     "Invalid value for '--fid-labels': 'balanced' is not one of 'uniform', 'equal'."),
 ])
 def test_fid_options_are_checked_before_any_work(tmp_path, opts, message):
     r = run_cli("dit-train", tiny_args(tmp_path / "shards", tmp_path / "run", **opts), timeout=300)
     assert r.returncode == 2 and message in r.stderr, r.stderr
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("labels", ["uniform", "equal"])
+def test_fid_samples_take_the_classes_dit_sample_gives_them(tmp_path, tiny_vae_dir, monkeypatch, labels):
+    """The hook, on one process with a tiny DiT, samples exactly `dit-sample --labels L`'s classes (equal: 2
+    of each of the 10 classes among 20 samples) and records the choice in its metrics row."""
+    from types import SimpleNamespace
+
+    from dit_pipeline.evaluate import hook as hook_module
+    from dit_pipeline.evaluate.hook import FidHook
+    from dit_pipeline.sample import plan
+    from tests.sample.conftest import random_dit
+
+    np.savez(tmp_path / "ref.npz", arr_0=np.random.default_rng(0).integers(0, 256, (6, 32, 32, 3), dtype=np.uint8))
+    seen: dict[int, int] = {}
+    real = hook_module.generate_images
+
+    def recording(*args, indices, labels, **kw):
+        seen.update(zip(indices, labels))
+        return real(*args, indices=indices, labels=labels, **kw)
+
+    monkeypatch.setattr(hook_module, "generate_images", recording)
+    model = random_dit(1)
+    ctx = SimpleNamespace(model=model, ema=None, rank=0, world_size=1, model_config=dict(model.config),
+                          config={"objective": "ddpm"}, num_classes=10, latent={"scaling_factor": 0.5},
+                          device="cpu", step=2, run_dir=tmp_path, metrics=None)
+    hook = FidHook(every=2, ref=str(tmp_path / "ref.npz"), vae=str(tiny_vae_dir), num_samples=20, steps=2,
+                   batch_size=8, seed=3, labels=labels, input_size=75, random_inception=0)
+    record = hook(ctx)
+    want = plan.class_labels(num_samples=20, seed=3, num_classes=10, sampling=labels)
+    assert [seen[i] for i in range(20)] == want.tolist()
+    if labels == "equal":
+        assert np.bincount(want, minlength=10).tolist() == [2] * 10
+    assert record["fid_labels"] == labels and record["fid_num_samples"] == 20 and np.isfinite(record["fid"])
+
+
+def test_fid_labels_reach_the_hook_and_are_checked():
+    from dit_pipeline.common.errors import ConfigError
+    from dit_pipeline.train.config import TrainConfig
+    from dit_pipeline.train.hooks import build_hooks
+
+    cfg = TrainConfig(shards="s", run_dir="r", fid_every=2, fid_ref="R", vae="V", fid_labels="equal")
+    (hook,) = build_hooks(cfg)
+    assert hook.labels == "equal"
+    assert TrainConfig(shards="s", run_dir="r").fid_labels == "uniform"
+    with pytest.raises(ConfigError, match=r"--fid-labels must be one of uniform, equal, got 'balanced'"):
+        TrainConfig(shards="s", run_dir="r", fid_every=2, fid_ref="R", vae="V", fid_labels="balanced").validate()

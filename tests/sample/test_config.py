@@ -34,6 +34,13 @@ def test_bad_labels_and_counts():
         SampleConfig(ckpt="x", num_samples=0, out="o").validate()
     with pytest.raises(ConfigError, match="--class-labels is empty"):
         SampleConfig(ckpt="x", class_labels=[], out="o").validate()
+    with pytest.raises(ConfigError, match=r"--labels must be one of \('uniform', 'equal'\), got 'balanced'"):
+        SampleConfig(ckpt="x", num_samples=4, labels="balanced", out="o").validate()
+    with pytest.raises(ConfigError, match=r"--labels equal chooses the classes of --num-samples; it cannot be "
+                                          r"combined with --class-labels \(drop one\)"):
+        SampleConfig(ckpt="x", num_samples=4, class_labels=[1], labels="equal", out="o").validate()
+    assert SampleConfig(ckpt="x", num_samples=4, out="o").labels == "uniform"
+    SampleConfig(ckpt="x", num_samples=4, labels="equal", out="o").validate()
 
 
 def test_ddim_step_counts_follow_integer_strides():

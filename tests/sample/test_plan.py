@@ -76,3 +76,49 @@ def test_rank_batches_with_holes_after_resume():
         plan.rank_batches(remaining, 0, 0, 1)
     with pytest.raises(ValueError):
         plan.rank_batches(remaining, 2, 2, 2)
+
+
+@pytest.mark.parametrize("num_classes", [1, 3, 10, 1000])
+def test_equal_labels_balance_every_prefix_and_are_pure_functions_of_the_index(num_classes):
+    """Equal-label sampling: any first N samples hold every class floor(N/C) or ceil(N/C) times (counts differ
+    by at most 1), a sample's class is `equal_label(seed, index, C)` whatever N, and 50,000 samples of 1000
+    classes are exactly 50 per class (RAE's FID setting)."""
+    total = 3 * num_classes + 7
+    labels = plan.class_labels(num_samples=total, seed=5, num_classes=num_classes, sampling="equal")
+    assert labels.dtype == np.int64 and labels.shape == (total,)
+    for n in sorted({0, 1, 2, num_classes - 1, num_classes, num_classes + 1, 2 * num_classes + 3, total}):
+        counts = np.bincount(labels[:n], minlength=num_classes)
+        assert counts.max() - counts.min() <= 1 and counts.sum() == n, (n, counts)
+        assert np.array_equal(plan.class_labels(num_samples=n, seed=5, num_classes=num_classes, sampling="equal"),
+                              labels[:n])
+    picks = sorted({0, num_classes - 1, num_classes, total - 1})
+    assert [plan.equal_label(5, i, num_classes) for i in picks] == labels[picks].tolist()
+    if num_classes > 2:  # seeded: another seed orders the classes differently; whole blocks hold each once
+        other = plan.class_labels(num_samples=total, seed=6, num_classes=num_classes, sampling="equal")
+        assert not np.array_equal(other, labels)
+        assert np.bincount(other[:3 * num_classes], minlength=num_classes).tolist() == [3] * num_classes
+    if num_classes == 1000:
+        fifty_k = plan.class_labels(num_samples=50_000, seed=0, num_classes=1000, sampling="equal")
+        assert np.bincount(fifty_k, minlength=1000).tolist() == [50] * 1000
+
+
+@pytest.mark.parametrize("n,batch,world", list(itertools.product([1, 9, 10, 11, 57], [1, 4, 32], [1, 2, 3, 8])))
+def test_equal_labels_of_each_rank_do_not_depend_on_world_or_batch_size(n, batch, world):
+    """What each rank samples, (index, class) of its batches, assembled over the ranks, is the one-process
+    labelling for every world size and batch size (10 classes)."""
+    labels = plan.class_labels(num_samples=n, seed=2, num_classes=10, sampling="equal")
+    got = {i: int(labels[i]) for r in range(world) for b in plan.rank_batches(range(n), batch, r, world) for i in b}
+    assert [got[i] for i in range(n)] == [plan.equal_label(2, i, 10) for i in range(n)]
+    counts = np.bincount(list(got.values()), minlength=10)
+    assert counts.max() - counts.min() <= 1
+
+
+def test_equal_labels_use_their_own_seed_stream_and_uniform_stays_as_it_was():
+    # the permutation of block k is seeded apart from sample k's uniform draw and its noise
+    assert derive_seed(1, STREAM_SAMPLING, 5, plan.EQUAL_SUBSTREAM) not in (
+        derive_seed(1, STREAM_SAMPLING, 5, plan.LABEL_SUBSTREAM), plan.noise_seed(1, 5))
+    assert np.array_equal(plan.class_labels(num_samples=50, seed=1, num_classes=10),
+                          plan.class_labels(num_samples=50, seed=1, num_classes=10, sampling="uniform"))
+    assert plan.class_labels(num_samples=3, seed=0, num_classes=10, given=[4], sampling="equal").tolist() == [4] * 3
+    with pytest.raises(ValueError, match="label sampling must be one of \\('uniform', 'equal'\\), got 'balanced'"):
+        plan.class_labels(num_samples=3, seed=0, num_classes=10, sampling="balanced")

@@ -95,6 +95,37 @@ def test_two_rank_gloo_run_gives_identical_arrays(reference_run, ckpts, tiny_vae
 
 
 @pytest.mark.determinism
+def test_equal_labels_two_rank_gloo_run_and_the_records(ckpts, tiny_vae_dir, tmp_path):
+    """--labels equal: 13 samples of 10 classes (1 or 2 each) on 2 gloo ranks are the one-process run's arrays
+    and classes; the choice is in the npz's record (and its fingerprint) and in dit-eval's JSON, with the
+    class counts; a uniform run's fingerprint is as before (no new key), so its earlier parts stay valid."""
+    from dit_pipeline.evaluate import EvalConfig, run_eval
+    from dit_pipeline.sample import plan
+
+    args = base_args(ckpts["ours"], tiny_vae_dir, num_samples=13, seed=3, batch_size=3, labels="equal")
+    one, ddp = tmp_path / "one.npz", tmp_path / "ddp.npz"
+    run_sampling(SampleConfig(**args, npz=str(one)))
+    res = run_torchrun("dit-sample", cli_args({**args, "npz": str(ddp)}), nproc=2)
+    assert res.returncode == 0, res.stderr[-3000:]
+    (images, labels), (ddp_images, ddp_labels) = load(one), load(ddp)
+    assert np.array_equal(ddp_images, images) and np.array_equal(ddp_labels, labels)
+    assert labels.tolist() == plan.class_labels(num_samples=13, seed=3, num_classes=10, sampling="equal").tolist()
+    assert sorted(np.bincount(labels, minlength=10).tolist()) == [1] * 7 + [2] * 3
+    record = json.loads((tmp_path / "ddp.npz.json").read_text())
+    assert record["label_sampling"] == "equal" and record["fingerprint"]["label_sampling"] == "equal"
+    assert record["config"]["labels"] == "equal"
+    result = run_eval(EvalConfig(samples=str(ddp), ref=str(one), random_inception=0, input_size=75, batch_size=4,
+                                 quiet=True, device="cpu", cache=False))
+    written = json.loads((tmp_path / "ddp.npz.eval.json").read_text())
+    assert written["samples"]["label_sampling"] == result["samples"]["label_sampling"] == "equal"
+    assert written["samples"]["class_counts"] == {"classes": 10, "min_per_class": 1, "max_per_class": 2}
+    uniform = tmp_path / "uniform.npz"
+    run_sampling(SampleConfig(**{**args, "labels": "uniform", "num_samples": 4}, npz=str(uniform)))
+    record = json.loads((tmp_path / "uniform.npz.json").read_text())
+    assert record["label_sampling"] == "uniform" and "label_sampling" not in record["fingerprint"]
+
+
+@pytest.mark.determinism
 def test_srun_tasks_sample_as_one_job(reference_run, ckpts, tiny_vae_dir, tmp_path):
     """`srun --ntasks 2 dit-sample` without torchrun splits the samples as one 2-rank job: the arrays are the
     single-process run's."""

@@ -32,9 +32,12 @@ def help_text() -> str:
     return r.output
 
 
+ADDED_SINCE = {"fid_labels"}  # settings added compatibly since (a stored config without them has their default)
+
+
 def test_the_stored_config_keeps_its_flat_keys():
     cfg = TrainConfig(shards="s", run_dir="r", sample_every=5, fid_every=7)
-    assert set(cfg.to_dict()) == V1_CONFIG_KEYS
+    assert set(cfg.to_dict()) == V1_CONFIG_KEYS | ADDED_SINCE
     assert TrainConfig(**cfg.to_dict()) == cfg          # a stored config loads back unchanged
     assert isinstance(cfg, GridSettings) and isinstance(cfg, FidSettings)
 
@@ -82,3 +85,13 @@ def test_hooks_are_built_from_their_settings():
     ddpm = dataclasses.replace(cfg, objective="ddpm")
     assert SampleGridHook.from_settings(ddpm, vae="v", vae_config=None, seed=0, objective="ddpm").sampler == "ddim"
     assert FidHook.from_settings(ddpm, vae="v", vae_config=None, seed=0, objective="ddpm").sampler == "ddpm"
+
+
+def test_a_setting_added_since_a_checkpoint_counts_as_its_default():
+    from dit_pipeline.train.resume import config_changes
+
+    old = TrainConfig(shards="s", run_dir="r").to_dict()
+    del old["fid_labels"]                      # written before the setting existed
+    assert config_changes(old, TrainConfig(shards="s", run_dir="r").to_dict()) == {}
+    new = TrainConfig(shards="s", run_dir="r", fid_labels="equal", lr=2e-4).to_dict()
+    assert config_changes(old, new) == {"fid_labels": ["uniform", "equal"], "lr": [1e-4, 2e-4]}
