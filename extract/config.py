@@ -46,6 +46,7 @@ class ExtractConfig:
     samples_per_shard: int | None = None   # None: shards of about plan.TARGET_SHARD_BYTES
     limit: int | None = None               # only the first N images of the sorted list
     seed: int = 0                          # posterior-sample noise for --store sample
+    pixels: bool = False                   # also store each crop as the VAE saw it (shards' pixels field, REPA)
     cpu_threads: int = DEFAULT_CPU_THREADS  # intra-op threads of the encoder on CPU (common/determinism.py)
     strict: bool = False                   # an unusable image is an error instead of a skip
     overwrite: bool = False                # replace a shard set made with another config
