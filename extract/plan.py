@@ -15,9 +15,9 @@ import math
 TARGET_SHARD_BYTES = 256 * 1024 * 1024
 _TAR_BLOCK = 512
 _NPY_HEADER = 128
-# Stored pixels (--pixels) per pixel of the crop, for sizing shards only: bench/pixels.py measured
-# about 1.7 bytes per pixel for the stored encoding on photographs (BENCHMARKS.md, "Pixels").
-PIXEL_BYTES_PER_PIXEL = 1.7
+# Stored pixels (--pixels) per pixel of the crop, for sizing shards only: bench/pixels.py measured about
+# 1.4 bytes per pixel for lossless WebP on photographs, 1.7 on synthetic images (BENCHMARKS.md, "Pixels").
+PIXEL_BYTES_PER_PIXEL = 1.5
 
 
 def num_shards(num_items: int, samples_per_shard: int) -> int:

@@ -112,11 +112,9 @@ def extraction_record(cfg: ExtractConfig, images: ImageList, vae_identity: dict,
 def _add_pixels_record(record: dict[str, Any]) -> None:
     """--pixels in the extraction record: the encoding (a folder of the other setting is refused on resume),
     the format version of a set with pixels, and the codec library that decides the pixels' bytes."""
-    from PIL import features
-
     record["pixels"] = shard_pixels.ENCODING
     record["format_version"] = FORMAT_VERSION_PIXELS
-    record["versions"]["zlib"] = features.version("zlib")
+    record["versions"]["libwebp"] = shard_pixels.codec_version()
 
 
 def _latent_shape(cfg: ExtractConfig, vae_identity: dict) -> list[int]:
@@ -169,6 +167,8 @@ class ExtractJob:
 
 def _setup(cfg: ExtractConfig) -> ExtractJob:
     """Everything checked before a byte is written: images, VAE, sizes, the output folder."""
+    if cfg.pixels and shard_pixels.codec_problem():
+        raise UserError(f"--pixels: {shard_pixels.codec_problem()}")
     images = scan_images(cfg)
     device = dist.device()
     precision = resolve_precision(cfg.precision, device)

@@ -14,7 +14,7 @@ import re
 from dit_pipeline.common.errors import UserError
 
 FORMAT_VERSION = 1
-# A set with the optional pixels field (`<key>.pixels.png`, shards/pixels.py) is version 2: a reader that
+# A set with the optional pixels field (`<key>.pixels.webp`, shards/pixels.py) is version 2: a reader that
 # predates the field refuses the set by its version instead of calling every pixels member damaged. Sets
 # without pixels stay version 1, byte for byte what they were.
 FORMAT_VERSION_PIXELS = 2
@@ -29,7 +29,7 @@ STORAGE_DTYPES = {"float16": "<f2", "float32": "<f4", "bfloat16": "<u2"}
 STORES = {"posterior": ("mean.npy", "std.npy"), "sample": ("latent.npy",)}
 ARRAY_FIELDS = ("mean.npy", "std.npy", "latent.npy")
 # The optional field; a sample has it exactly when the manifest records pixels (format version 2).
-PIXELS_FIELD = "pixels.png"
+PIXELS_FIELD = "pixels.webp"
 # Every member of a sample, in the order the writer emits them (sorted by field name).
 FIELD_ORDER = ("cls", "json", "latent.npy", "mean.npy", PIXELS_FIELD, "std.npy")
 REQUIRED_COMMON = ("cls", "json")
@@ -43,7 +43,7 @@ MAX_JSON_BYTES = 1 << 20
 _SHARD_RE = re.compile(r"shard-([0-9]{%d,})\.tar" % SHARD_DIGITS)
 _MEMBER_RE = re.compile(r"([0-9]{%d,18})\.([a-z0-9.]+)" % KEY_DIGITS)
 # The names a valid shard consists of (digits, one dot-separated known field): matched first, in one step.
-_VALID_RE = re.compile(r"([0-9]{%d})\.(cls|json|mean\.npy|std\.npy|latent\.npy|pixels\.png)" % KEY_DIGITS)
+_VALID_RE = re.compile(r"([0-9]{%d})\.(cls|json|mean\.npy|std\.npy|latent\.npy|pixels\.webp)" % KEY_DIGITS)
 
 
 class ShardError(UserError):

@@ -39,7 +39,7 @@ def _pixels_line(d: dict[str, Any]) -> str:
         return "  pixels:   none (extracted without --pixels)"
     per = px["bytes"] / d["samples"] if d["samples"] else 0
     w, h = px["size"]
-    return (f"  pixels:   {px['member']} ({px['encoding'].upper()}, {px['mode']} {w}x{h}, the crop of view 0), "
+    return (f"  pixels:   {px['member']} ({px['encoding']}, {px['mode']} {w}x{h}, the crop of view 0), "
             f"{human_bytes(px['bytes'])} ({human_bytes(per)}/sample)")
 
 

@@ -16,8 +16,8 @@ view of each array, so it selects the view first and widens only that (a quarter
 posterior shards with two views).
 
 Pixels (format version 2, shards/pixels.py): a set extracted with `--pixels` holds each sample's crop as a
-`pixels.png` member. Its presence is always checked against the manifest; its bytes are only taken when the
-caller asks (`pixels="bytes"`: the PNG bytes, header checked against the manifest's size and mode;
+`pixels.webp` member. Its presence is always checked against the manifest; its bytes are only taken when the
+caller asks (`pixels="bytes"`: the WebP bytes, header checked against the manifest's size and mode;
 `pixels="decoded"`: uint8 [H, W, 3]), and skipped otherwise. Decoding belongs to the consumer that needs the
 array: loader workers call `shards.decode_pixels`.
 """
@@ -37,7 +37,7 @@ from dit_pipeline.shards.format import (ARRAY_FIELDS, MAX_JSON_BYTES, PIXELS_FIE
                                         STORES, ShardError, key_index, split_member)
 from dit_pipeline.shards.manifest import Manifest, ShardRecord
 from dit_pipeline.shards.npy import all_finite, decode_raw, widen
-from dit_pipeline.shards.pixels import decode_pixels, png_header_problem
+from dit_pipeline.shards.pixels import decode_pixels, header_problem
 from dit_pipeline.shards.tario import TarProblem, TarReader
 
 _DTYPE_OF_STORAGE = {v: k for k, v in STORAGE_DTYPES.items()}
@@ -51,7 +51,7 @@ class LatentSample:
     """One decoded sample; arrays are [V, C, h, w] (None when not stored): writable float32 by default,
     the stored arrays with `iter_shard(..., raw=True)` (read-only, storage dtype: <f2, <f4, or <u2 holding
     bfloat16 bits; `shards.npy.widen` converts them exactly). `pixels`: only with `iter_shard(...,
-    pixels=...)`: the PNG bytes, or the crop as uint8 [H, W, 3] (view 0; `shards.view_pixels` gives view 1)."""
+    pixels=...)`: the WebP bytes, or the crop as uint8 [H, W, 3] (view 0; `shards.view_pixels` gives view 1)."""
 
     key: str
     label: int
@@ -215,7 +215,7 @@ def _pixels_setup(url: str, expect: Expect | None, mode: str | None) -> Callable
 
 
 def pixels_value(fields: dict[str, Any], expect: Expect | None, mode: str | None) -> bytes | np.ndarray | None:
-    """A sample's pixels as `iter_shard(pixels=mode)` yields them: None, the PNG bytes (header checked
+    """A sample's pixels as `iter_shard(pixels=mode)` yields them: None, the WebP bytes (header checked
     against the manifest: size, 8-bit RGB) or the decoded crop; ValueError naming the problem."""
     if mode is None:
         return None
@@ -226,7 +226,7 @@ def pixels_value(fields: dict[str, Any], expect: Expect | None, mode: str | None
     try:
         if mode == "decoded":
             return decode_pixels(data, size)
-        problem = png_header_problem(data, size)
+        problem = header_problem(data, size)
         if problem:
             raise ValueError(problem)
     except ValueError as e:
@@ -269,7 +269,7 @@ def iter_shard(url: str, manifest: Manifest | None = None, *, with_meta: bool = 
     checks it before the first sample is yielded; "stream" hashes the bytes as they are parsed and checks
     once the shard ends (its samples were yielded by then: the error says how many); None: no hash.
     pixels (a set with pixels): None skips their bytes (their presence is still checked); "bytes" yields the
-    PNG bytes (header checked: size, 8-bit RGB); "decoded" the crop, uint8 [H, W, 3] (shards.decode_pixels).
+    WebP bytes (header checked: complete, size, RGB); "decoded" the crop, uint8 [H, W, 3] (shards.decode_pixels).
     """
     url = str(url)
     expect = Expect.from_manifest(manifest) if manifest is not None else None

@@ -25,7 +25,7 @@ from dit_pipeline.common.io import TMP_PREFIX, HashingWriter, fsync_dir
 from dit_pipeline.shards.format import STORAGE_DTYPES, ShardError, file_mode, key_index
 from dit_pipeline.shards.manifest import ShardRecord
 from dit_pipeline.shards.npy import all_finite, encode_array, decode_raw
-from dit_pipeline.shards.pixels import PIXELS_FIELD, encode_pixels, png_size
+from dit_pipeline.shards.pixels import PIXELS_FIELD, encode_pixels, pixels_size
 from dit_pipeline.shards.tario import end_of_archive, member_bytes
 
 
@@ -79,7 +79,7 @@ class ShardWriter:
               std: np.ndarray | None = None, latent: np.ndarray | None = None,
               pixels: np.ndarray | bytes | None = None) -> None:
         """Append one sample: either `mean` and `std` (the posterior) or `latent`, float [V, C, h, w]; and,
-        for a writer made with `pixels=True`, the crop: uint8 [H, W, 3] or its PNG bytes (`encode_pixels`).
+        for a writer made with `pixels=True`, the crop: uint8 [H, W, 3] or its WebP bytes (`encode_pixels`).
 
         Keys must increase within a shard. Values that are not finite in the stored dtype (NaN, Inf, or a
         float16 overflow) are refused with a ShardError rather than written."""
@@ -119,7 +119,7 @@ class ShardWriter:
         self.pixel_bytes += len(members.get(PIXELS_FIELD, b""))
 
     def _pixels_member(self, key: str, pixels: np.ndarray | bytes | None) -> bytes:
-        """The PNG bytes of a sample's pixels, checked: given exactly when the writer stores pixels, 8-bit RGB,
+        """The WebP bytes of a sample's pixels, checked: given exactly when the writer stores pixels, 8-bit RGB,
         one size for the whole shard."""
         if not self.pixels:
             raise ValueError(f"{self.path.name}: pixels given for key {key}, but the writer was made without "
@@ -128,7 +128,7 @@ class ShardWriter:
             raise ValueError(f"{self.path.name}: key {key} has no pixels; a writer made with pixels=True stores "
                              "them for every sample")
         data = bytes(pixels) if isinstance(pixels, (bytes, bytearray, memoryview)) else encode_pixels(pixels)
-        size = png_size(data)  # ValueError unless an 8-bit RGB PNG
+        size = pixels_size(data)  # ValueError unless a complete RGB lossless WebP
         if self._pixel_size not in (None, size):
             raise ValueError(f"{self.path.name}: pixels of key {key} are {size[0]}x{size[1]}, earlier samples "
                              f"{self._pixel_size[0]}x{self._pixel_size[1]}")
