@@ -149,3 +149,11 @@ def test_two_ranks_with_pixels_write_the_single_process_shards(odd_tree, tiny_va
     assert shard_hashes(out) == hashes
     a, b = read_manifest(out), read_manifest(base_out)
     assert a.fingerprint() == b.fingerprint() and a.pixels == b.pixels and verify_shards(out, progress=False).ok
+
+
+def test_another_libwebp_resumes_with_a_warning_only():
+    from dit_pipeline.extract.state import record_differences
+
+    old = {"pixels": "webp-lossless", "format_version": 2, "versions": {"torch": "2.14", "libwebp": "1.6.0"}}
+    new = {**old, "versions": {"torch": "2.14", "libwebp": "1.5.0"}}
+    assert record_differences(old, new) == ([], ["versions.libwebp: '1.6.0' in the folder, '1.5.0' now"])
