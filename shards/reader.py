@@ -196,12 +196,12 @@ def check_sample(key: str, fields: dict[str, Any], expect: Expect | None, *, par
     return label, arrays, _meta(fields["json"]) if parse_meta else None
 
 
+_PIXELS_SUFFIX = "." + PIXELS_FIELD
+
+
 def _not_pixels(name: str) -> bool:
     """TarReader's `want` of a reader that does not need the pixels: their bytes are skipped, not copied."""
     return not name.endswith(_PIXELS_SUFFIX)
-
-
-_PIXELS_SUFFIX = "." + PIXELS_FIELD
 
 
 def _pixels_setup(url: str, expect: Expect | None, mode: str | None) -> Callable[[str], bool] | None:

@@ -157,3 +157,15 @@ def test_another_libwebp_resumes_with_a_warning_only():
     old = {"pixels": "webp-lossless", "format_version": 2, "versions": {"torch": "2.14", "libwebp": "1.6.0"}}
     new = {**old, "versions": {"torch": "2.14", "libwebp": "1.5.0"}}
     assert record_differences(old, new) == ([], ["versions.libwebp: '1.6.0' in the folder, '1.5.0' now"])
+
+
+def test_a_pillow_without_webp_is_refused_before_anything_is_written(odd_tree, tiny_vae_dir, tmp_path, monkeypatch):
+    from PIL import features as pil_features
+
+    real = pil_features.check
+    monkeypatch.setattr(pil_features, "check", lambda name: False if name == "webp" else real(name))
+    with pytest.raises(UserError) as e:
+        extract(odd_tree, tiny_vae_dir, tmp_path / "out", pixels=True)
+    assert str(e.value) == ("--pixels: this Pillow was built without WebP support, which the pixels field needs "
+                            "(lossless WebP); install a Pillow wheel from PyPI (they include libwebp)")
+    assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []

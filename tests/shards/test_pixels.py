@@ -195,3 +195,12 @@ def test_info_shows_the_pixels(pix, tmp_path):
     edit_manifest(pix, pixels=None)
     with pytest.raises(Exception, match="pixels must be an object, got NoneType"):
         read_manifest(pix)
+
+
+def test_stats_of_a_set_with_pixels_are_those_of_its_latents(pix, tmp_path):
+    from dit_pipeline.shards.stats import compute_stats
+
+    make_set(tmp_path / "plain")
+    with_pixels, plain = compute_stats(pix, max_samples=6), compute_stats(tmp_path / "plain", max_samples=6)
+    with_pixels.pop("folder", None), plain.pop("folder", None)
+    assert with_pixels == plain
