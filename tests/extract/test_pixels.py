@@ -169,3 +169,15 @@ def test_a_pillow_without_webp_is_refused_before_anything_is_written(odd_tree, t
     assert str(e.value) == ("--pixels: this Pillow was built without WebP support, which the pixels field needs "
                             "(lossless WebP); install a Pillow wheel from PyPI (they include libwebp)")
     assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []
+
+
+def test_the_vae_input_formula_is_x_over_127_5_minus_1_for_every_byte():
+    """to_model_input (ToTensor then Normalize(0.5, 0.5): x / 255, - 0.5, / 0.5 in float32) equals
+    x / 127.5 - 1 in float32 bit for bit for all 256 byte values, as docs/FORMAT.md states."""
+    from dit_pipeline.extract.encode import to_model_input
+
+    values = torch.arange(256, dtype=torch.uint8).repeat_interleave(3).view(1, 16, 16, 3)
+    x = to_model_input(values, views=1)
+    expect = values.permute(0, 3, 1, 2).float() / 127.5 - 1
+    assert torch.equal(x.view(torch.int32), expect.contiguous(memory_format=torch.channels_last).view(torch.int32))
+    assert float(x.min()) == -1.0 and float(x.max()) == 1.0
