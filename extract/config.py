@@ -16,6 +16,7 @@ from dit_pipeline.common.determinism import DEFAULT_CPU_THREADS
 from dit_pipeline.common.errors import collect
 from dit_pipeline.common.vae import DEFAULT_VAE
 from dit_pipeline.common.precision import PRECISIONS_AUTO as PRECISIONS
+from dit_pipeline.shards.pixels import MAX_SIDE as PIXELS_MAX_SIDE
 
 STORES = ("posterior", "sample")
 DTYPES = ("float16", "float32", "bfloat16")
@@ -76,6 +77,9 @@ class ExtractConfig:
             p.append(f"--seed must be >= 0, got {self.seed}")
         if self.cpu_threads < 1:
             p.append(f"--cpu-threads must be >= 1, got {self.cpu_threads}")
+        if self.pixels and isinstance(self.image_size, int) and self.image_size > PIXELS_MAX_SIDE:
+            p.append(f"--pixels stores lossless WebP, whose sides are at most {PIXELS_MAX_SIDE} pixels; "
+                     f"--image-size is {self.image_size}")
         collect(p, "dit-extract options")
         return self
 

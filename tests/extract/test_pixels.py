@@ -181,3 +181,14 @@ def test_the_vae_input_formula_is_x_over_127_5_minus_1_for_every_byte():
     expect = values.permute(0, 3, 1, 2).float() / 127.5 - 1
     assert torch.equal(x.view(torch.int32), expect.contiguous(memory_format=torch.channels_last).view(torch.int32))
     assert float(x.min()) == -1.0 and float(x.max()) == 1.0
+
+
+def test_pixels_with_an_image_size_webp_cannot_hold_is_a_config_error():
+    from dit_pipeline.common.errors import ConfigError
+    from dit_pipeline.extract import ExtractConfig
+
+    with pytest.raises(ConfigError) as e:
+        ExtractConfig(data_path="d", out="o", pixels=True, image_size=16384).validate()
+    assert ("--pixels stores lossless WebP, whose sides are at most 16383 pixels; --image-size is 16384"
+            in str(e.value))
+    ExtractConfig(data_path="d", out="o", image_size=16384).validate()      # without --pixels: fine
