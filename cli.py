@@ -305,6 +305,9 @@ def sample_export_cmd(debug: bool, **options: Any) -> None:
               help="posterior: mean + std (sample fresh noise every epoch); sample: one fixed posterior sample.")
 @click.option("--dtype", type=click.Choice(DTYPES), default=default(ExtractConfig, "dtype"), show_default=True,
               help="Storage dtype of the latents in the shards.")
+@click.option("--pixels/--no-pixels", default=default(ExtractConfig, "pixels"), show_default=True,
+              help="Also store each crop exactly as the VAE encoded it (8-bit RGB, lossless; view 1 is its mirror), "
+              "for a teacher that sees the pixels (REPA). Format version 2; see docs/FORMAT.md.")
 @click.option("--precision", type=click.Choice(PRECISIONS_AUTO), default=default(ExtractConfig, "precision"),
               show_default=True, help="Encoder autocast (auto: fp16 on GPU, fp32 on CPU; see BENCHMARKS.md).")
 @click.option("--batch-size", type=int, default=None,

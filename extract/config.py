@@ -16,6 +16,7 @@ from dit_pipeline.common.determinism import DEFAULT_CPU_THREADS
 from dit_pipeline.common.errors import collect
 from dit_pipeline.common.vae import DEFAULT_VAE
 from dit_pipeline.common.precision import PRECISIONS_AUTO as PRECISIONS
+from dit_pipeline.shards.pixels import MAX_SIDE as PIXELS_MAX_SIDE
 
 STORES = ("posterior", "sample")
 DTYPES = ("float16", "float32", "bfloat16")
@@ -46,6 +47,7 @@ class ExtractConfig:
     samples_per_shard: int | None = None   # None: shards of about plan.TARGET_SHARD_BYTES
     limit: int | None = None               # only the first N images of the sorted list
     seed: int = 0                          # posterior-sample noise for --store sample
+    pixels: bool = False                   # also store each crop as the VAE saw it (shards' pixels field, REPA)
     cpu_threads: int = DEFAULT_CPU_THREADS  # intra-op threads of the encoder on CPU (common/determinism.py)
     strict: bool = False                   # an unusable image is an error instead of a skip
     overwrite: bool = False                # replace a shard set made with another config
@@ -75,6 +77,9 @@ class ExtractConfig:
             p.append(f"--seed must be >= 0, got {self.seed}")
         if self.cpu_threads < 1:
             p.append(f"--cpu-threads must be >= 1, got {self.cpu_threads}")
+        if self.pixels and isinstance(self.image_size, int) and self.image_size > PIXELS_MAX_SIDE:
+            p.append(f"--pixels stores lossless WebP, whose sides are at most {PIXELS_MAX_SIDE} pixels; "
+                     f"--image-size is {self.image_size}")
         collect(p, "dit-extract options")
         return self
 

@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from dit_pipeline.common.workers import worker_context
 from dit_pipeline.extract.images import MAX_PIXELS, SkippedImage, load_and_crop
+from dit_pipeline.shards.pixels import encode_pixels
 
 
 def printable_path(rel: str) -> str:
@@ -33,6 +34,7 @@ class Decoded:
     pixels: np.ndarray | None          # uint8 [size, size, 3]
     meta: dict | None
     reason: str | None = None
+    encoded: bytes | None = None       # with --pixels: `pixels` as the shard stores them (shards.encode_pixels)
 
 
 @dataclass
@@ -45,6 +47,7 @@ class Batch:
     pixels: torch.Tensor | None                        # uint8 [len(kept), size, size, 3]
     meta: list[dict]                                   # per kept index
     skipped: list[tuple[int, str]] = field(default_factory=list)   # (index, reason)
+    encoded: list[bytes] | None = None                 # with --pixels: per kept index, its stored pixels
 
     def pin_memory(self) -> "Batch":  # called by the DataLoader's pin-memory thread
         if self.pixels is not None:
@@ -55,7 +58,8 @@ class Batch:
 class CropDataset(Dataset):
     """Global index -> `Decoded` (decode, convert to RGB, ADM center crop)."""
 
-    def __init__(self, root: str | Path, paths: Sequence[str], image_size: int, max_pixels: int = MAX_PIXELS):
+    def __init__(self, root: str | Path, paths: Sequence[str], image_size: int, max_pixels: int = MAX_PIXELS,
+                 pixels: bool = False):
         self.root = str(root)
         # One byte buffer + offsets instead of a list of 1.28M str objects: forked workers share it without
         # copy-on-write page faults from reference counting, and it pickles compactly for spawned ones.
@@ -64,6 +68,7 @@ class CropDataset(Dataset):
         self._offsets = np.cumsum([0] + [len(e) for e in encoded], dtype=np.int64)
         self.image_size = image_size
         self.max_pixels = max_pixels
+        self.pixels = pixels
 
     def __len__(self) -> int:
         return len(self._offsets) - 1
@@ -80,7 +85,9 @@ class CropDataset(Dataset):
             return Decoded(index, None, None, e.reason)
         meta = {"path": printable_path(rel), "orig_size": [info.width, info.height], "orig_mode": info.mode,
                 "orig_format": info.format}
-        return Decoded(index, pixels, meta)
+        # Encoded here, in the worker, from the very array the encoder gets: the shard's pixels are the
+        # VAE's input, and the encode cost runs in parallel with decoding instead of in the writer.
+        return Decoded(index, pixels, meta, encoded=encode_pixels(pixels) if self.pixels else None)
 
 
 class ShardBatches:
@@ -108,7 +115,8 @@ class _Collate:
         pixels = torch.from_numpy(np.stack([d.pixels for d in kept])) if kept else None
         return Batch(shard=items[0].index // self.samples_per_shard, indices=[d.index for d in items],
                      kept=[d.index for d in kept], pixels=pixels, meta=[d.meta for d in kept],
-                     skipped=[(d.index, d.reason) for d in items if d.pixels is None])
+                     skipped=[(d.index, d.reason) for d in items if d.pixels is None],
+                     encoded=[d.encoded for d in kept] if kept and kept[0].encoded is not None else None)
 
 
 def make_loader(dataset: CropDataset, chunks: Sequence[tuple[int, range]], *, samples_per_shard: int,

@@ -48,8 +48,10 @@ class LoopStats:
 class ShardSink:
     """Writes encoded batches into their shards, opening and finishing shards as the keys move on."""
 
-    def __init__(self, out: Path, images: ImageList, *, dtype: str, store: str, strict: bool, bar: tqdm):
+    def __init__(self, out: Path, images: ImageList, *, dtype: str, store: str, strict: bool, bar: tqdm,
+                 pixels: bool = False):
         self.out, self.images, self.dtype, self.store, self.strict, self.bar = out, images, dtype, store, strict, bar
+        self.pixels = pixels
         self.stats = LoopStats()
         self._writer: ShardWriter | None = None
         self._shard = -1
@@ -73,7 +75,7 @@ class ShardSink:
         if batch.shard != self._shard:
             self.finish()
             with self._disk_errors(batch.shard):
-                self._writer = ShardWriter(self.out / shard_name(batch.shard), dtype=self.dtype)
+                self._writer = ShardWriter(self.out / shard_name(batch.shard), dtype=self.dtype, pixels=self.pixels)
             self._shard = batch.shard
             self._skipped = []
         mean, std = pending.arrays()
@@ -81,6 +83,8 @@ class ShardSink:
             for row, index in enumerate(batch.kept):
                 arrays = ({"mean": mean[row], "std": std[row]} if self.store == "posterior"
                           else {"latent": mean[row]})
+                if self.pixels:
+                    arrays["pixels"] = batch.encoded[row]
                 self._writer.write(sample_key(index), label=self.images.labels[index], meta=batch.meta[row],
                                    **arrays)
                 fault_point("extract.sample_written")
@@ -96,9 +100,10 @@ class ShardSink:
             return
         with self._disk_errors(self._shard):
             record = self._writer.close()
+            pixel_bytes = self._writer.pixel_bytes if self.pixels else None
             self._writer = None
             fault_point("extract.shard_renamed")
-            state = ShardState(record=record, skipped=self._skipped)
+            state = ShardState(record=record, skipped=self._skipped, pixel_bytes=pixel_bytes)
             save_shard_state(self.out, self._shard, state)
         self.stats.states[self._shard] = state
         log.info("finished %s: %d samples, %d skipped, %d bytes", record.name, record.samples,

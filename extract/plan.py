@@ -15,6 +15,9 @@ import math
 TARGET_SHARD_BYTES = 256 * 1024 * 1024
 _TAR_BLOCK = 512
 _NPY_HEADER = 128
+# Stored pixels (--pixels) per pixel of the crop, for sizing shards only: bench/pixels.py measured about
+# 1.4 bytes per pixel for lossless WebP on photographs, 1.7 on synthetic images (BENCHMARKS.md, "Pixels").
+PIXEL_BYTES_PER_PIXEL = 1.5
 
 
 def num_shards(num_items: int, samples_per_shard: int) -> int:
@@ -51,6 +54,13 @@ def bytes_per_sample(views: int, arrays: int, latent_shape: tuple[int, int, int]
     payload = views * math.prod(latent_shape) * itemsize + _NPY_HEADER
     padded = _TAR_BLOCK * math.ceil(payload / _TAR_BLOCK)
     return arrays * (_TAR_BLOCK + padded) + 2 * (2 * _TAR_BLOCK)
+
+
+def pixel_bytes_estimate(image_size: int) -> int:
+    """Approximate tar bytes of one sample's pixels member at `image_size` (an estimate: the real size
+    depends on the image content)."""
+    payload = math.ceil(PIXEL_BYTES_PER_PIXEL * image_size * image_size)
+    return _TAR_BLOCK + _TAR_BLOCK * math.ceil(payload / _TAR_BLOCK)
 
 
 def default_samples_per_shard(per_sample_bytes: int, target_bytes: int = TARGET_SHARD_BYTES) -> int:

@@ -36,8 +36,9 @@ from dit_pipeline.extract.images import MAX_PIXELS
 from dit_pipeline.extract.loader import CropDataset, make_loader
 from dit_pipeline.extract.pipeline import LoopStats, ShardSink, disk_errors, encode_and_write
 from dit_pipeline.extract.state import LOG_DIR, STATE_DIR, ShardState, finished_shard, prepare_output, start_output
-from dit_pipeline.shards import FORMAT_VERSION, MANIFEST_NAME, Manifest, verify_shards, write_manifest
+from dit_pipeline.shards import FORMAT_VERSION, FORMAT_VERSION_PIXELS, MANIFEST_NAME, Manifest, verify_shards, write_manifest
 from dit_pipeline.shards.info import human_bytes
+from dit_pipeline.shards import pixels as shard_pixels
 
 log = get_logger()
 _ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4}
@@ -87,7 +88,7 @@ def extraction_record(cfg: ExtractConfig, images: ImageList, vae_identity: dict,
     """The full extraction config stored in the manifest and in OUT/.extract/config.json."""
     import diffusers
 
-    return {
+    record = {
         "data_path": str(images.root), "listing_sha256": images.fingerprint(), "num_images": len(images),
         "num_classes": len(images.class_names),
         "image_size": cfg.image_size, "views": cfg.views, "flip": cfg.flip, "store": cfg.store,
@@ -103,6 +104,17 @@ def extraction_record(cfg: ExtractConfig, images: ImageList, vae_identity: dict,
         "device": f"cuda ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "cpu",
         "versions": {"torch": torch.__version__, "diffusers": diffusers.__version__, "pillow": PIL.__version__},
     }
+    if cfg.pixels:  # only then: the record of an extraction without pixels stays what it was
+        _add_pixels_record(record)
+    return record
+
+
+def _add_pixels_record(record: dict[str, Any]) -> None:
+    """--pixels in the extraction record: the encoding (a folder of the other setting is refused on resume),
+    the format version of a set with pixels, and the codec library that decides the pixels' bytes."""
+    record["pixels"] = shard_pixels.ENCODING
+    record["format_version"] = FORMAT_VERSION_PIXELS
+    record["versions"]["libwebp"] = shard_pixels.codec_version()
 
 
 def _latent_shape(cfg: ExtractConfig, vae_identity: dict) -> list[int]:
@@ -117,6 +129,8 @@ def _samples_per_shard(cfg: ExtractConfig, latent_shape: list[int]) -> int:
         return cfg.samples_per_shard
     arrays = 2 if cfg.store == "posterior" else 1
     per_sample = plan.bytes_per_sample(cfg.views, arrays, tuple(latent_shape), _ITEMSIZE[cfg.dtype])
+    if cfg.pixels:
+        per_sample += plan.pixel_bytes_estimate(cfg.image_size)
     return plan.default_samples_per_shard(per_sample)
 
 
@@ -153,6 +167,8 @@ class ExtractJob:
 
 def _setup(cfg: ExtractConfig) -> ExtractJob:
     """Everything checked before a byte is written: images, VAE, sizes, the output folder."""
+    if cfg.pixels and shard_pixels.codec_problem():
+        raise UserError(f"--pixels: {shard_pixels.codec_problem()}")
     images = scan_images(cfg)
     device = dist.device()
     precision = resolve_precision(cfg.precision, device)
@@ -179,7 +195,7 @@ def _encode(run: ExtractJob, todo: list[int]):
     log.info("rank %d: %d shard(s) to write (%d images), batch %d, %d decode worker(s), %s on %s",
              dist.rank(), len(todo), sum(len(c) for _, c in chunks), run.batch_size, workers, run.precision,
              run.device)
-    dataset = CropDataset(run.images.root, run.images.paths, cfg.image_size)
+    dataset = CropDataset(run.images.root, run.images.paths, cfg.image_size, pixels=cfg.pixels)
     loader = make_loader(dataset, chunks, samples_per_shard=run.samples_per_shard, num_workers=workers,
                          pin_memory=run.device.type == "cuda")
     encoder = LatentEncoder(run.vae, device=run.device, precision=run.precision, views=cfg.views,
@@ -193,7 +209,8 @@ def _encode(run: ExtractJob, todo: list[int]):
     # Pinned threads (common/determinism.py): the shard bytes must not depend on OMP_NUM_THREADS or on the
     # one thread per process that torchrun sets when it starts several ranks.
     with redirect, bar, pinned_threads(run.device, cfg.cpu_threads):
-        sink = ShardSink(run.out, run.images, dtype=cfg.dtype, store=cfg.store, strict=cfg.strict, bar=bar)
+        sink = ShardSink(run.out, run.images, dtype=cfg.dtype, store=cfg.store, strict=cfg.strict, bar=bar,
+                         pixels=cfg.pixels)
         try:
             stats = encode_and_write(loader, encoder, sink)
         except torch.OutOfMemoryError as e:
@@ -205,8 +222,13 @@ def _encode(run: ExtractJob, todo: list[int]):
 
 def _write_manifest(run: ExtractJob, states: dict[int, ShardState]) -> None:
     cfg, shards = run.cfg, [states[i] for i in sorted(states)]
+    pixels = None
+    if cfg.pixels:
+        assert all(s.pixel_bytes is not None for s in shards), "a pixels folder holds only shards with pixels"
+        pixels = shard_pixels.pixels_entry(cfg.image_size, sum(s.pixel_bytes for s in shards))
     manifest = Manifest(
-        format_version=FORMAT_VERSION, tool_version=tool_version(), extraction=run.record,
+        format_version=FORMAT_VERSION_PIXELS if cfg.pixels else FORMAT_VERSION, tool_version=tool_version(),
+        extraction=run.record, pixels=pixels,
         scaling_factor=float(run.vae_identity["scaling_factor"]), shift_factor=run.vae_identity["shift_factor"],
         image_size=cfg.image_size, views=cfg.views, store=cfg.store, dtype=cfg.dtype,
         latent_shape=list(run.latent_shape), class_names=list(run.images.class_names),

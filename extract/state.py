@@ -38,13 +38,18 @@ log = logging.getLogger("dit_pipeline")
 class ShardState:
     record: ShardRecord
     skipped: list[dict[str, Any]] = field(default_factory=list)   # {"key", "path", "reason"}
+    pixel_bytes: int | None = None     # --pixels: the bytes of the shard's pixels members (None: no pixels)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"record": self.record.to_dict(), "skipped": list(self.skipped)}
+        d = {"record": self.record.to_dict(), "skipped": list(self.skipped)}
+        if self.pixel_bytes is not None:
+            d["pixel_bytes"] = self.pixel_bytes
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ShardState":
-        return cls(record=ShardRecord.from_dict(d["record"]), skipped=list(d["skipped"]))
+        return cls(record=ShardRecord.from_dict(d["record"]), skipped=list(d["skipped"]),
+                   pixel_bytes=d.get("pixel_bytes"))
 
 
 def state_path(out: str | Path, shard: int) -> Path:

@@ -1,4 +1,4 @@
-"""Names, limits and the error type of the latent shard format (docs/FORMAT.md, format version 1).
+"""Names, limits and the error type of the latent shard format (docs/FORMAT.md, format versions 1 and 2).
 
 A shard set is a folder of WebDataset tar shards `shard-000000.tar, ...` plus `manifest.json`. Inside a
 shard every sample is a run of members `<key>.<field>`, where the key is the zero-padded global image index
@@ -14,6 +14,11 @@ import re
 from dit_pipeline.common.errors import UserError
 
 FORMAT_VERSION = 1
+# A set with the optional pixels field (`<key>.pixels.webp`, shards/pixels.py) is version 2: a reader that
+# predates the field refuses the set by its version instead of calling every pixels member damaged. Sets
+# without pixels stay version 1, byte for byte what they were.
+FORMAT_VERSION_PIXELS = 2
+FORMAT_VERSIONS = (FORMAT_VERSION, FORMAT_VERSION_PIXELS)
 MANIFEST_NAME = "manifest.json"
 KEY_DIGITS = 9
 SHARD_DIGITS = 6
@@ -23,8 +28,10 @@ SHARD_DIGITS = 6
 STORAGE_DTYPES = {"float16": "<f2", "float32": "<f4", "bfloat16": "<u2"}
 STORES = {"posterior": ("mean.npy", "std.npy"), "sample": ("latent.npy",)}
 ARRAY_FIELDS = ("mean.npy", "std.npy", "latent.npy")
+# The optional field; a sample has it exactly when the manifest records pixels (format version 2).
+PIXELS_FIELD = "pixels.webp"
 # Every member of a sample, in the order the writer emits them (sorted by field name).
-FIELD_ORDER = ("cls", "json", "latent.npy", "mean.npy", "std.npy")
+FIELD_ORDER = ("cls", "json", "latent.npy", "mean.npy", PIXELS_FIELD, "std.npy")
 REQUIRED_COMMON = ("cls", "json")
 # Suffixes whose usual decoders unpickle: such a member is reported, never decoded.
 PICKLE_SUFFIXES = ("pyd", "pickle", "pkl", "pth", "pt", "ckpt", "joblib")
@@ -36,7 +43,7 @@ MAX_JSON_BYTES = 1 << 20
 _SHARD_RE = re.compile(r"shard-([0-9]{%d,})\.tar" % SHARD_DIGITS)
 _MEMBER_RE = re.compile(r"([0-9]{%d,18})\.([a-z0-9.]+)" % KEY_DIGITS)
 # The names a valid shard consists of (digits, one dot-separated known field): matched first, in one step.
-_VALID_RE = re.compile(r"([0-9]{%d})\.(cls|json|mean\.npy|std\.npy|latent\.npy)" % KEY_DIGITS)
+_VALID_RE = re.compile(r"([0-9]{%d})\.(cls|json|mean\.npy|std\.npy|latent\.npy|pixels\.webp)" % KEY_DIGITS)
 
 
 class ShardError(UserError):

@@ -29,7 +29,18 @@ def info_dict(folder: str | Path) -> dict[str, Any]:
         "image_size": m.image_size, "scaling_factor": m.scaling_factor, "shift_factor": m.shift_factor,
         "vae": m.extraction.get("vae"), "extraction": m.extraction,
         "skipped": len(m.skipped), "skipped_by_reason": dict(sorted(reasons.items())),
+        "pixels": m.pixels,
     }
+
+
+def _pixels_line(d: dict[str, Any]) -> str:
+    px = d["pixels"]
+    if px is None:
+        return "  pixels:   none (extracted without --pixels)"
+    per = px["bytes"] / d["samples"] if d["samples"] else 0
+    w, h = px["size"]
+    return (f"  pixels:   {px['member']} ({px['encoding']}, {px['mode']} {w}x{h}, the crop of view 0), "
+            f"{human_bytes(px['bytes'])} ({human_bytes(per)}/sample)")
 
 
 def format_info(d: dict[str, Any]) -> str:
@@ -45,6 +56,7 @@ def format_info(d: dict[str, Any]) -> str:
         f"  latents:  {d['store']} ({'mean.npy + std.npy' if d['store'] == 'posterior' else 'latent.npy'}), "
         f"{d['dtype']}, [{d['views']}, {', '.join(map(str, d['latent_shape']))}] per sample "
         f"({d['views']} view{'s' if d['views'] != 1 else ''}), from {d['image_size']}px images",
+        _pixels_line(d),
         f"  scale:    scaling_factor {d['scaling_factor']:g}"
         + (f", shift_factor {d['shift_factor']:g}" if d["shift_factor"] is not None else ", no shift_factor"),
         f"  vae:      {vae_text}",

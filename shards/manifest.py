@@ -18,7 +18,9 @@ from typing import Any, TypeVar
 
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.io import atomic_write_json
-from dit_pipeline.shards.format import FORMAT_VERSION, MANIFEST_NAME, STORAGE_DTYPES, STORES, file_mode, key_index, shard_index
+from dit_pipeline.shards.format import (FORMAT_VERSION, FORMAT_VERSION_PIXELS, FORMAT_VERSIONS, MANIFEST_NAME,
+                                        STORAGE_DTYPES, STORES, file_mode, key_index, shard_index)
+from dit_pipeline.shards.pixels import pixels_entry_problems
 
 
 Z = TypeVar("Z")
@@ -112,12 +114,20 @@ class Manifest:
     samples_per_shard: int
     shards: list[ShardRecord] = field(default_factory=list)
     skipped: list[dict[str, Any]] = field(default_factory=list)
+    # Format version 2 only (shards/pixels.py: pixels_entry); None, and absent from the JSON, in version 1.
+    pixels: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d["shards"] = [s.to_dict() for s in self.shards]
         d["latent_shape"] = list(self.latent_shape)
+        if self.pixels is None:  # a set without pixels: the version 1 manifest, byte for byte
+            del d["pixels"]
         return d
+
+    @property
+    def has_pixels(self) -> bool:
+        return self.pixels is not None
 
     @classmethod
     def from_dict(cls, d: Any) -> "Manifest":
@@ -125,7 +135,8 @@ class Manifest:
         problems = manifest_problems(d)
         if problems:
             raise ValueError("; ".join(problems))
-        kw = {f.name: d[f.name] for f in fields(cls)}
+        kw = {f.name: d[f.name] for f in fields(cls) if f.name != "pixels"}
+        kw["pixels"] = d.get("pixels")
         kw["shards"] = [ShardRecord.from_dict(s) for s in d["shards"]]
         kw["latent_shape"] = list(d["latent_shape"])
         kw["scaling_factor"] = float(d["scaling_factor"])
@@ -166,9 +177,10 @@ def manifest_problems(d: Any) -> list[str]:
     if not isinstance(d, dict):
         return ["the top level is not a JSON object"]
     missing = [k for k in _FIELD_TYPES if k not in d]
-    if "format_version" in d and d["format_version"] != FORMAT_VERSION:
-        return [f"unsupported format_version {d['format_version']!r} (this tool reads version {FORMAT_VERSION}); "
-                "use the dit-pipeline version that wrote it, or re-extract"]
+    version = d.get("format_version")
+    if "format_version" in d and (version not in FORMAT_VERSIONS or isinstance(version, bool)):
+        return [f"unsupported format_version {version!r} (this tool reads versions "
+                f"{' and '.join(map(str, FORMAT_VERSIONS))}); use the dit-pipeline version that wrote it, or re-extract"]
     if missing:
         return [f"missing field(s): {', '.join(missing)}"]
     out = [f"{k} must be {' or '.join(t.__name__ for t in ts)}, got {type(d[k]).__name__}"
@@ -204,7 +216,18 @@ def manifest_problems(d: Any) -> list[str]:
     for s in d["skipped"]:
         if not isinstance(s, dict) or not {"key", "path", "reason"} <= set(s):
             out.append(f"skipped entry {s!r} lacks key/path/reason")
+    out.extend(_pixels_problems(d))
     return out
+
+
+def _pixels_problems(d: dict[str, Any]) -> list[str]:
+    """The pixels field is there exactly in version 2 (FORMAT_VERSION_PIXELS), and valid."""
+    if d["format_version"] == FORMAT_VERSION:
+        return ["pixels is a format version 2 field, but format_version is 1"] if "pixels" in d else []
+    if "pixels" not in d:
+        return [f"format_version {FORMAT_VERSION_PIXELS} is the version of a set with pixels, but the manifest "
+                "has no pixels field"]
+    return pixels_entry_problems(d["pixels"], d["image_size"])
 
 
 def write_manifest(folder: str | Path, manifest: Manifest) -> Path:

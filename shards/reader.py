@@ -14,6 +14,12 @@ are parsed once per distinct header, finiteness is tested on the stored bits, an
 of the member bytes until the float32 conversion. `raw=True` skips that conversion: the trainer uses one
 view of each array, so it selects the view first and widens only that (a quarter of the data for
 posterior shards with two views).
+
+Pixels (format version 2, shards/pixels.py): a set extracted with `--pixels` holds each sample's crop as a
+`pixels.webp` member. Its presence is always checked against the manifest; its bytes are only taken when the
+caller asks (`pixels="bytes"`: the WebP bytes, header checked against the manifest's size and mode;
+`pixels="decoded"`: uint8 [H, W, 3]), and skipped otherwise. Decoding belongs to the consumer that needs the
+array: loader workers call `shards.decode_pixels`.
 """
 from __future__ import annotations
 
@@ -27,21 +33,25 @@ from urllib.parse import urlparse
 
 import numpy as np
 
-from dit_pipeline.shards.format import (ARRAY_FIELDS, MAX_JSON_BYTES, REQUIRED_COMMON, STORAGE_DTYPES, STORES, ShardError,
-                           key_index, split_member)
+from dit_pipeline.shards.format import (ARRAY_FIELDS, MAX_JSON_BYTES, PIXELS_FIELD, REQUIRED_COMMON, STORAGE_DTYPES,
+                                        STORES, ShardError, key_index, split_member)
 from dit_pipeline.shards.manifest import Manifest, ShardRecord
 from dit_pipeline.shards.npy import all_finite, decode_raw, widen
+from dit_pipeline.shards.pixels import decode_pixels, header_problem
 from dit_pipeline.shards.tario import TarProblem, TarReader
 
 _DTYPE_OF_STORAGE = {v: k for k, v in STORAGE_DTYPES.items()}
-_FIELD_SETS = {store: frozenset((*REQUIRED_COMMON, *arrays)) for store, arrays in STORES.items()}
+_FIELD_SETS = {(store, px): frozenset((*REQUIRED_COMMON, *arrays, *((PIXELS_FIELD,) if px else ())))
+               for store, arrays in STORES.items() for px in (False, True)}
+PIXELS_MODES = ("bytes", "decoded")
 
 
 @dataclass
 class LatentSample:
     """One decoded sample; arrays are [V, C, h, w] (None when not stored): writable float32 by default,
     the stored arrays with `iter_shard(..., raw=True)` (read-only, storage dtype: <f2, <f4, or <u2 holding
-    bfloat16 bits; `shards.npy.widen` converts them exactly)."""
+    bfloat16 bits; `shards.npy.widen` converts them exactly). `pixels`: only with `iter_shard(...,
+    pixels=...)`: the WebP bytes, or the crop as uint8 [H, W, 3] (view 0; `shards.view_pixels` gives view 1)."""
 
     key: str
     label: int
@@ -49,6 +59,7 @@ class LatentSample:
     std: np.ndarray | None
     latent: np.ndarray | None
     meta: dict | None
+    pixels: bytes | np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -60,11 +71,14 @@ class Expect:
     storage: str
     shape: tuple[int, ...]
     num_classes: int
+    pixels: bool = False                # every sample has a pixels member
+    image_size: int | None = None
 
     @classmethod
     def from_manifest(cls, m: Manifest) -> "Expect":
         return cls(store=m.store, dtype=m.dtype, storage=STORAGE_DTYPES[m.dtype],
-                   shape=(m.views, *m.latent_shape), num_classes=m.num_classes)
+                   shape=(m.views, *m.latent_shape), num_classes=m.num_classes, pixels=m.has_pixels,
+                   image_size=m.image_size)
 
 
 def open_url(url: str) -> IO[bytes]:
@@ -135,8 +149,9 @@ def _array(field: str, data: bytes, expect: Expect | None) -> np.ndarray:
     return raw
 
 
-def field_problem(fields: dict[str, Any], store: str) -> str | None:
-    """What is wrong with the set of fields of a sample (missing or foreign ones), or None."""
+def field_problem(fields: dict[str, Any], store: str, pixels: bool = False) -> str | None:
+    """What is wrong with the set of fields of a sample (missing or foreign ones), or None. `pixels`: the
+    manifest records pixels, so every sample has a pixels member (and no sample has one otherwise)."""
     wanted = STORES[store]
     missing = [f for f in (*REQUIRED_COMMON, *wanted) if f not in fields]
     if missing:
@@ -144,6 +159,10 @@ def field_problem(fields: dict[str, Any], store: str) -> str | None:
     extra = [f for f in ARRAY_FIELDS if f in fields and f not in wanted]
     if extra:
         return f"unexpected field(s) {', '.join(extra)} for store {store!r}"
+    if pixels and PIXELS_FIELD not in fields:
+        return f"missing field {PIXELS_FIELD} (the manifest records pixels)"
+    if not pixels and PIXELS_FIELD in fields:
+        return f"unexpected field {PIXELS_FIELD} (the manifest records no pixels)"
     return None
 
 
@@ -164,9 +183,10 @@ def check_sample(key: str, fields: dict[str, Any], expect: Expect | None, *, par
     """Validate one sample's members: (label, stored arrays by field, meta or None); ValueError naming
     the problem. Finiteness is left to the caller (`shards.npy.all_finite` on the stored bits)."""
     store = expect.store if expect is not None else ("sample" if "latent.npy" in fields else "posterior")
+    pixels = expect.pixels if expect is not None else PIXELS_FIELD in fields
     wanted = STORES[store]
-    if fields.keys() != _FIELD_SETS[store]:
-        raise ValueError(field_problem(fields, store))
+    if fields.keys() != _FIELD_SETS[store, pixels]:
+        raise ValueError(field_problem(fields, store, pixels))
     label = parse_label(fields["cls"])
     if expect is not None and label >= expect.num_classes:
         raise ValueError(f"label {label} out of range [0, {expect.num_classes})")
@@ -174,6 +194,44 @@ def check_sample(key: str, fields: dict[str, Any], expect: Expect | None, *, par
     if expect is None and len({a.shape for a in arrays.values()}) != 1:
         raise ValueError(f"array shapes differ: {[list(a.shape) for a in arrays.values()]}")
     return label, arrays, _meta(fields["json"]) if parse_meta else None
+
+
+_PIXELS_SUFFIX = "." + PIXELS_FIELD
+
+
+def _not_pixels(name: str) -> bool:
+    """TarReader's `want` of a reader that does not need the pixels: their bytes are skipped, not copied."""
+    return not name.endswith(_PIXELS_SUFFIX)
+
+
+def _pixels_setup(url: str, expect: Expect | None, mode: str | None) -> Callable[[str], bool] | None:
+    """The member filter of iter_shard for pixels `mode`; ShardError when pixels are asked of a set without."""
+    if mode is not None and mode not in PIXELS_MODES:
+        raise ValueError(f"pixels must be one of {PIXELS_MODES} or None, got {mode!r}")
+    if mode is not None and expect is not None and not expect.pixels:
+        raise ShardError(url, None, "pixels were asked for, but the manifest records none (the set was extracted "
+                         "without --pixels)")
+    return _not_pixels if mode is None and expect is not None and expect.pixels else None
+
+
+def pixels_value(fields: dict[str, Any], expect: Expect | None, mode: str | None) -> bytes | np.ndarray | None:
+    """A sample's pixels as `iter_shard(pixels=mode)` yields them: None, the WebP bytes (header checked
+    against the manifest: size, 8-bit RGB) or the decoded crop; ValueError naming the problem."""
+    if mode is None:
+        return None
+    data = fields.get(PIXELS_FIELD)
+    if data is None:
+        raise ValueError(f"no {PIXELS_FIELD} member")
+    size = expect.image_size if expect is not None else None
+    try:
+        if mode == "decoded":
+            return decode_pixels(data, size)
+        problem = header_problem(data, size)
+        if problem:
+            raise ValueError(problem)
+    except ValueError as e:
+        raise ValueError(f"{PIXELS_FIELD}: {e}") from None
+    return bytes(data)
 
 
 SHA256_MODES = ("whole", "stream")
@@ -200,7 +258,8 @@ def _read_whole(url: str, stream: IO[bytes], record: ShardRecord) -> IO[bytes]:
 
 
 def iter_shard(url: str, manifest: Manifest | None = None, *, with_meta: bool = False, raw: bool = False,
-               record: ShardRecord | None = None, sha256: str | None = None) -> Iterator[LatentSample]:
+               record: ShardRecord | None = None, sha256: str | None = None,
+               pixels: str | None = None) -> Iterator[LatentSample]:
     """Stream the samples of one shard (see the module docstring); ShardError on any problem.
 
     raw: yield the stored arrays (read-only views, storage dtype) instead of float32 copies; the checks are
@@ -209,6 +268,8 @@ def iter_shard(url: str, manifest: Manifest | None = None, *, with_meta: bool = 
     sha256: check the shard's bytes against the record's sha256: "whole" reads the shard into memory and
     checks it before the first sample is yielded; "stream" hashes the bytes as they are parsed and checks
     once the shard ends (its samples were yielded by then: the error says how many); None: no hash.
+    pixels (a set with pixels): None skips their bytes (their presence is still checked); "bytes" yields the
+    WebP bytes (header checked: complete, size, RGB); "decoded" the crop, uint8 [H, W, 3] (shards.decode_pixels).
     """
     url = str(url)
     expect = Expect.from_manifest(manifest) if manifest is not None else None
@@ -218,6 +279,7 @@ def iter_shard(url: str, manifest: Manifest | None = None, *, with_meta: bool = 
         raise ValueError(f"sha256 must be one of {SHA256_MODES} or None, got {sha256!r}")
     if record is None:
         sha256 = None
+    want = _pixels_setup(url, expect, pixels)
     # Keys the manifest records for this shard: a shard copied over another one has the same size (so the
     # start-up check passes) but not these keys.
     lo, hi = (int(record.first_key), int(record.last_key)) if record and record.samples else (1, 0)
@@ -231,7 +293,7 @@ def iter_shard(url: str, manifest: Manifest | None = None, *, with_meta: bool = 
         if sha256 == "whole":
             stream = _read_whole(url, stream, record)
         reader = TarReader(stream, hasher=hasher)
-        for key, fields in iter_members(reader, url):
+        for key, fields in iter_members(reader, url, want):
             count += 1
             if record is not None and not lo <= int(key) <= hi:
                 raise ShardError(url, key, f"key {key} is outside the keys the manifest records for "
@@ -239,6 +301,7 @@ def iter_shard(url: str, manifest: Manifest | None = None, *, with_meta: bool = 
                                  "samples (another shard copied over it?)")
             try:
                 label, arrays, meta = check_sample(key, fields, expect, parse_meta=with_meta)
+                px = pixels_value(fields, expect, pixels)
             except ValueError as e:
                 raise ShardError(url, key, str(e)) from None
             if expect is not None:
@@ -247,7 +310,7 @@ def iter_shard(url: str, manifest: Manifest | None = None, *, with_meta: bool = 
                         raise ShardError(url, key, f"{f} holds NaN or Inf")
             out = arrays if raw else {f: widen(a, _DTYPE_OF_STORAGE[a.dtype.str]) for f, a in arrays.items()}
             yield LatentSample(key=key, label=label, mean=out.get("mean.npy"), std=out.get("std.npy"),
-                               latent=out.get("latent.npy"), meta=meta)
+                               latent=out.get("latent.npy"), meta=meta, pixels=px)
         if record is not None and count != record.samples:
             raise ShardError(url, None, f"holds {count} samples, the manifest records {record.samples} for "
                              f"{record.name}")

@@ -73,7 +73,7 @@ def _shard_pass(path: Path, m: Manifest, expect: Expect, quota: int, stride: int
             state["key"], state["ordinal"] = key, state["ordinal"] + 1
         if name.endswith(".cls"):
             return True
-        if name.endswith(".json"):
+        if name.endswith((".json", ".pixels.webp")):
             return False
         o = state["ordinal"]
         return o % stride == 0 and o // stride < quota

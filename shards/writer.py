@@ -25,6 +25,7 @@ from dit_pipeline.common.io import TMP_PREFIX, HashingWriter, fsync_dir
 from dit_pipeline.shards.format import STORAGE_DTYPES, ShardError, file_mode, key_index
 from dit_pipeline.shards.manifest import ShardRecord
 from dit_pipeline.shards.npy import all_finite, encode_array, decode_raw
+from dit_pipeline.shards.pixels import PIXELS_FIELD, encode_pixels, pixels_size
 from dit_pipeline.shards.tario import end_of_archive, member_bytes
 
 
@@ -41,13 +42,18 @@ class ShardWriter:
     """Write one shard; use as a context manager (an exception inside the block aborts the shard).
 
     dtype: how arrays are stored: "float16" (default), "float32" or "bfloat16" (raw 16 bits as uint16).
+    pixels: every sample carries its pixels (`write(..., pixels=...)`, format version 2); `pixel_bytes` adds
+    up the bytes of those members, for the manifest's pixels entry.
     """
 
-    def __init__(self, path: str | os.PathLike, *, dtype: str = "float16"):
+    def __init__(self, path: str | os.PathLike, *, dtype: str = "float16", pixels: bool = False):
         if dtype not in STORAGE_DTYPES:
             raise ValueError(f"dtype must be one of {sorted(STORAGE_DTYPES)}, got {dtype!r}")
         self.path = Path(path)
         self.dtype = dtype
+        self.pixels = bool(pixels)
+        self.pixel_bytes = 0
+        self._pixel_size: tuple[int, int] | None = None
         self.record: ShardRecord | None = None
         self._samples = 0
         self._first: str | None = None
@@ -70,8 +76,10 @@ class ShardWriter:
             self.close()
 
     def write(self, key: str, *, label: int, meta: dict, mean: np.ndarray | None = None,
-              std: np.ndarray | None = None, latent: np.ndarray | None = None) -> None:
-        """Append one sample: either `mean` and `std` (the posterior) or `latent`, float [V, C, h, w].
+              std: np.ndarray | None = None, latent: np.ndarray | None = None,
+              pixels: np.ndarray | bytes | None = None) -> None:
+        """Append one sample: either `mean` and `std` (the posterior) or `latent`, float [V, C, h, w]; and,
+        for a writer made with `pixels=True`, the crop: uint8 [H, W, 3] or its WebP bytes (`encode_pixels`).
 
         Keys must increase within a shard. Values that are not finite in the stored dtype (NaN, Inf, or a
         float16 overflow) are refused with a ShardError rather than written."""
@@ -94,6 +102,8 @@ class ShardWriter:
                 raise ShardError(str(self.path), key, f"{field} holds NaN or Inf (or overflows {self.dtype}); "
                                  "refusing to store it")
             members[field] = data
+        if self.pixels or pixels is not None:
+            members[PIXELS_FIELD] = self._pixels_member(key, pixels)
         # Fields in sorted order (cls, json, latent.npy | mean.npy, std.npy): fixed bytes, and the key's
         # members stay contiguous, which is what WebDataset's grouping needs.
         blob = memoryview(b"".join(member_bytes(f"{key}.{f}", members[f]) for f in sorted(members)))
@@ -106,6 +116,24 @@ class ShardWriter:
         self._samples += 1
         self._first = self._first or key
         self._last = key
+        self.pixel_bytes += len(members.get(PIXELS_FIELD, b""))
+
+    def _pixels_member(self, key: str, pixels: np.ndarray | bytes | None) -> bytes:
+        """The WebP bytes of a sample's pixels, checked: given exactly when the writer stores pixels, 8-bit RGB,
+        one size for the whole shard."""
+        if not self.pixels:
+            raise ValueError(f"{self.path.name}: pixels given for key {key}, but the writer was made without "
+                             "pixels=True")
+        if pixels is None:
+            raise ValueError(f"{self.path.name}: key {key} has no pixels; a writer made with pixels=True stores "
+                             "them for every sample")
+        data = bytes(pixels) if isinstance(pixels, (bytes, bytearray, memoryview)) else encode_pixels(pixels)
+        size = pixels_size(data)  # ValueError unless a complete RGB lossless WebP
+        if self._pixel_size not in (None, size):
+            raise ValueError(f"{self.path.name}: pixels of key {key} are {size[0]}x{size[1]}, earlier samples "
+                             f"{self._pixel_size[0]}x{self._pixel_size[1]}")
+        self._pixel_size = size
+        return data
 
     def _arrays(self, mean, std, latent) -> dict[str, np.ndarray]:
         if latent is not None and (mean is not None or std is not None):

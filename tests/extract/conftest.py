@@ -142,3 +142,23 @@ def odd_baseline(odd_tree, tiny_vae_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("baseline") / "out"
     summary = extract(odd_tree, tiny_vae_dir, out)
     return out, summary, shard_hashes(out)
+
+
+@pytest.fixture(scope="session")
+def pixels_baseline(odd_tree, tiny_vae_dir, tmp_path_factory):
+    """One uninterrupted single-process run with --pixels over the odd tree: (out folder, the encoder's inputs
+    as (indices, x) per batch, shard hashes)."""
+    from dit_pipeline.extract.encode import LatentEncoder
+
+    out = tmp_path_factory.mktemp("pixels") / "out"
+    seen = []
+    real = LatentEncoder._outputs
+
+    def spy(self, x, indices, precision):
+        seen.append((list(indices), x.detach().clone()))
+        return real(self, x, indices, precision)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(LatentEncoder, "_outputs", spy)
+        extract(odd_tree, tiny_vae_dir, out, pixels=True)
+    return out, seen, shard_hashes(out)

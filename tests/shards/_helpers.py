@@ -10,7 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from dit_pipeline.shards import FORMAT_VERSION, Manifest, ShardWriter, sample_key, shard_name, write_manifest
+from dit_pipeline.shards import FORMAT_VERSION, FORMAT_VERSION_PIXELS, Manifest, ShardWriter, sample_key, shard_name, write_manifest
+from dit_pipeline.shards.pixels import pixels_entry
 
 LATENT = (4, 4, 4)  # [C, h, w]: tiny
 CLASSES = ["cat", "dog", "eel"]
@@ -26,20 +27,31 @@ def arrays_for(index: int, views: int = 2, store: str = "posterior") -> dict[str
     return {"mean": mean, "std": std}
 
 
+def crop_for(index: int, size: int = 32) -> np.ndarray:
+    """Deterministic uint8 [size, size, 3] pixels of one sample, not symmetric (so a flip shows)."""
+    rng = np.random.default_rng(1000 + index)
+    ramp = np.arange(size, dtype=np.int64)[None, :, None] * 5
+    return ((rng.integers(0, 60, (size, size, 3)) + ramp + index) % 256).astype(np.uint8)
+
+
 def make_set(folder: Path, *, n: int = 12, sps: int = 4, skipped: tuple[int, ...] = (5,), dtype: str = "float16",
-             store: str = "posterior", views: int = 2, shift: float | None = None, scale: float = 0.5) -> Manifest:
-    """A shard set of global indices 0..n-1 (minus `skipped`), `sps` per shard, labels index % 3."""
+             store: str = "posterior", views: int = 2, shift: float | None = None, scale: float = 0.5,
+             pixels: bool = False) -> Manifest:
+    """A shard set of global indices 0..n-1 (minus `skipped`), `sps` per shard, labels index % 3; with
+    `pixels`, every sample also has `crop_for(index)` (format version 2)."""
     folder.mkdir(parents=True, exist_ok=True)
-    records = []
+    records, pixel_bytes = [], 0
     for s in range((n + sps - 1) // sps):
-        with ShardWriter(folder / shard_name(s), dtype=dtype) as w:
+        with ShardWriter(folder / shard_name(s), dtype=dtype, pixels=pixels) as w:
             for g in range(s * sps, min(n, (s + 1) * sps)):
                 if g not in skipped:
                     w.write(sample_key(g), label=g % 3, meta={"path": f"{CLASSES[g % 3]}/img{g}.JPEG",
                                                                "class": CLASSES[g % 3], "size": [48, 40]},
-                            **arrays_for(g, views, store))
+                            **arrays_for(g, views, store), **({"pixels": crop_for(g)} if pixels else {}))
         records.append(w.record)
-    m = Manifest(format_version=FORMAT_VERSION, tool_version="test", extraction={"vae": {"source": "tiny"}},
+        pixel_bytes += w.pixel_bytes
+    m = Manifest(format_version=FORMAT_VERSION_PIXELS if pixels else FORMAT_VERSION, tool_version="test",
+                 extraction={"vae": {"source": "tiny"}}, pixels=pixels_entry(32, pixel_bytes) if pixels else None,
                  scaling_factor=scale, shift_factor=shift, image_size=32, views=views, store=store, dtype=dtype,
                  latent_shape=list(LATENT), class_names=list(CLASSES), num_classes=3,
                  total_samples=n - len(skipped), samples_per_shard=sps, shards=records,

@@ -99,8 +99,9 @@ def test_cli_info_and_stats(tmp_path):
     assert lines[1].startswith("  samples:  11 in 3 shards of up to 4, ")
     assert lines[3] == ("  latents:  posterior (mean.npy + std.npy), float16, [2, 4, 4, 4] per sample (2 views), "
                         "from 32px images")
-    assert lines[4] == "  scale:    scaling_factor 0.5, no shift_factor"
-    assert lines[6] == "  skipped:  1 inputs (cannot decode: 1)"
+    assert lines[4] == "  pixels:   none (extracted without --pixels)"
+    assert lines[5] == "  scale:    scaling_factor 0.5, no shift_factor"
+    assert lines[7] == "  skipped:  1 inputs (cannot decode: 1)"
     d = json.loads(run_cli("dit-shards", ["info", folder, "--json"]).stdout)
     assert (d["samples"], d["shards"], d["classes"], d["skipped"]) == (11, 3, 3, 1)
     st = run_cli("dit-shards", ["stats", folder, "--max_samples", "5", "--json"])  # underscore alias

@@ -1,0 +1,161 @@
+"""The optional `pixels.webp` field: the exact 8-bit RGB crop the VAE encoded, stored losslessly (docs/FORMAT.md).
+
+REPA-style training (Yu et al. 2024, arXiv:2410.06940) aligns the model's hidden states with a frozen vision
+teacher that sees the training image; the teacher's input must be the very crop the latents were made from.
+A shard set extracted with `dit-extract --pixels` stores it once per sample (view 0, the crop as encoded; view
+1 of a flipped set is its left-right mirror: `view_pixels`) as lossless WebP (the simple `VP8L` file: RIFF
+header, one lossless bitstream, no alpha, no metadata), the encoding bench/pixels.py picked over PNG, raw
+NPY and PPM (BENCHMARKS.md, "Pixels": smaller than PNG, and faster to encode and to decode).
+
+Cheap checks belong to the reader's hot path (`header_problem`: the RIFF size against the member's size,
+which catches a truncated member, and the lossless header's width, height and alpha flag, from the first 25
+bytes); decoding belongs to the consumer that needs the array (`decode_pixels`, called by loader workers,
+and by `dit-shards verify` for every member). A declared size other than the manifest's is refused before
+any pixel is decoded, so a hostile member cannot make a reader allocate more than one crop.
+"""
+from __future__ import annotations
+
+import io
+import struct
+from typing import Any
+
+import numpy as np
+
+from dit_pipeline.shards.format import PIXELS_FIELD
+
+ENCODING = "webp-lossless"
+MODE = "RGB"
+# libwebp's lossless effort settings (0 = fastest): bench/pixels.py measured methods 0-6 and qualities 0-100
+# side by side (BENCHMARKS.md, "Pixels"); more effort bought a few percent of size for many times the time.
+WEBP_METHOD = 0
+WEBP_QUALITY = 50
+MAX_SIDE = 16383  # the largest width or height a WebP file can declare
+_HEADER = struct.Struct("<4sI4s4sIB")  # "RIFF", size, "WEBP", "VP8L", chunk size, signature 0x2f
+_HEADER_BYTES = _HEADER.size + 4       # + 32 bits: width - 1 (14), height - 1 (14), alpha used (1), version (3)
+
+
+def codec_problem() -> str | None:
+    """Why this Pillow cannot write or read the pixels (built without WebP), or None."""
+    from PIL import features
+
+    if not features.check("webp"):
+        return ("this Pillow was built without WebP support, which the pixels field needs (lossless WebP); "
+                "install a Pillow wheel from PyPI (they include libwebp)")
+    return None
+
+
+def codec_version() -> str | None:
+    """The libwebp version that decides the pixels' bytes (recorded with the extraction)."""
+    from PIL import features
+
+    return features.version("webp")
+
+
+def encode_pixels(pixels: np.ndarray) -> bytes:
+    """uint8 [H, W, 3] -> lossless WebP bytes. The same array gives the same bytes (fixed settings, no
+    metadata, one library build: the libwebp version is recorded with the extraction)."""
+    from PIL import Image
+
+    a = np.asarray(pixels)
+    if a.dtype != np.uint8 or a.ndim != 3 or a.shape[2] != 3 or 0 in a.shape or max(a.shape[:2]) > MAX_SIDE:
+        raise ValueError(f"pixels must be a uint8 array [H, W, 3] with sides up to {MAX_SIDE}, got {a.dtype} "
+                         f"{list(a.shape)}")
+    buf = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(a), MODE).save(buf, "WEBP", lossless=True, exact=True,
+                                                        method=WEBP_METHOD, quality=WEBP_QUALITY)
+    return buf.getvalue()
+
+
+def pixels_size(data: bytes) -> tuple[int, int]:
+    """(width, height) from a lossless WebP header; ValueError if the member is not a complete simple
+    lossless WebP file without alpha (the only kind the format stores)."""
+    head = bytes(data[:_HEADER_BYTES])
+    if len(head) < _HEADER_BYTES:
+        raise ValueError(f"not a lossless WebP file ({len(data)} bytes)")
+    riff, size, webp, chunk, chunk_size, signature = _HEADER.unpack_from(head)
+    if riff != b"RIFF" or webp != b"WEBP":
+        raise ValueError(f"not a WebP file (starts {head[:4]!r}...{head[8:12]!r})")
+    if chunk != b"VP8L" or signature != 0x2F:
+        raise ValueError(f"not a simple lossless WebP file (first chunk {chunk!r}; the format stores VP8L)")
+    if size + 8 != len(data) or chunk_size + (chunk_size & 1) + 20 != len(data):
+        raise ValueError(f"WebP file is {len(data)} bytes, its header declares {size + 8} (truncated or spliced)")
+    bits = int.from_bytes(head[21:25], "little")
+    w, h, alpha, version = (bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1, (bits >> 28) & 1, bits >> 29
+    if alpha or version:
+        raise ValueError(f"WebP declares alpha {alpha}, version {version} (the format stores RGB: alpha 0, version 0)")
+    return w, h
+
+
+def header_problem(data: bytes, image_size: int | None) -> str | None:
+    """What is wrong with a pixels member's header (None when it is a complete RGB lossless WebP of
+    image_size x image_size); reads the first 25 bytes and the member's length only."""
+    try:
+        w, h = pixels_size(data)
+    except ValueError as e:
+        return str(e)
+    if image_size is not None and (w, h) != (image_size, image_size):
+        return f"WebP is {w}x{h}, the manifest says {image_size}x{image_size}"
+    return None
+
+
+def decode_pixels(data: bytes, image_size: int | None) -> np.ndarray:
+    """A pixels member -> uint8 [H, W, 3] (writable, C-contiguous), the crop exactly as the VAE encoded it;
+    ValueError naming the problem (not lossless WebP, wrong size or mode, corrupt data). With image_size
+    None any size is accepted."""
+    from PIL import Image, ImageFile
+
+    problem = header_problem(data, image_size) or codec_problem()
+    if problem:
+        raise ValueError(problem)
+    try:
+        with Image.open(io.BytesIO(bytes(data)), formats=["WEBP"]) as im:
+            if ImageFile.LOAD_TRUNCATED_IMAGES:  # a process-wide Pillow switch that would hide damage
+                raise ValueError("PIL.ImageFile.LOAD_TRUNCATED_IMAGES is set; refusing to decode (damaged "
+                                 "pixels would pass as valid)")
+            im.load()
+            if im.mode != MODE:
+                raise ValueError(f"WebP decodes to mode {im.mode}, not {MODE}")
+            out = np.array(im, dtype=np.uint8)
+    except ValueError:
+        raise
+    except Exception as e:  # Pillow raises OSError, SyntaxError, ... for damaged data
+        raise ValueError(f"WebP data does not decode ({type(e).__name__}: {e})") from None
+    if out.shape != (*pixels_size(data)[::-1], 3):
+        raise ValueError(f"WebP decodes to shape {list(out.shape)}")
+    return out
+
+
+def view_pixels(pixels: np.ndarray, view: int) -> np.ndarray:
+    """The pixels of latent view `view`: view 0 is the stored crop, view 1 its left-right mirror (what
+    dit-extract encodes as the second view of a flipped set). A view of `pixels`, not a copy."""
+    if view == 0:
+        return pixels
+    if view == 1:
+        return pixels[:, ::-1]
+    raise ValueError(f"view must be 0 or 1, got {view}")
+
+
+def pixels_entry(image_size: int, total_bytes: int) -> dict[str, Any]:
+    """The manifest's `pixels` object of a set whose pixels members add up to `total_bytes` bytes."""
+    return {"member": PIXELS_FIELD, "encoding": ENCODING, "mode": MODE, "size": [image_size, image_size],
+            "bytes": int(total_bytes)}
+
+
+def pixels_entry_problems(entry: Any, image_size: Any) -> list[str]:
+    """Every problem with a manifest's `pixels` object (empty when valid)."""
+    if not isinstance(entry, dict):
+        return [f"pixels must be an object, got {type(entry).__name__}"]
+    want = ("member", "encoding", "mode", "size", "bytes")
+    missing = [k for k in want if k not in entry]
+    if missing:
+        return [f"pixels lacks {', '.join(missing)}"]
+    out = []
+    for k, v in (("member", PIXELS_FIELD), ("encoding", ENCODING), ("mode", MODE)):
+        if entry[k] != v:
+            out.append(f"pixels.{k} must be {v!r}, got {entry[k]!r}")
+    if entry["size"] != [image_size, image_size]:
+        out.append(f"pixels.size must be [image_size, image_size] = {[image_size, image_size]}, got {entry['size']!r}")
+    v = entry["bytes"]
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+        out.append(f"pixels.bytes must be a non-negative integer, got {v!r}")
+    return out
