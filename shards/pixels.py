@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import io
 import struct
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
-from dit_pipeline.shards.format import PIXELS_FIELD
+from dit_pipeline.shards.format import PIXELS_FIELD, ShardError
 
 ENCODING = "webp-lossless"
 MODE = "RGB"
@@ -159,3 +159,45 @@ def pixels_entry_problems(entry: Any, image_size: Any) -> list[str]:
     if not isinstance(v, int) or isinstance(v, bool) or v < 0:
         out.append(f"pixels.bytes must be a non-negative integer, got {v!r}")
     return out
+
+
+# ----------------------------------------------------------------------------------------------------------
+# What a reader takes of the pixels (shards.iter_shard's `pixels` mode)
+
+PIXELS_MODES = ("bytes", "decoded")
+_PIXELS_SUFFIX = "." + PIXELS_FIELD
+
+
+def _not_pixels(name: str) -> bool:
+    """TarReader's `want` of a reader that does not need the pixels: their bytes are skipped, not copied."""
+    return not name.endswith(_PIXELS_SUFFIX)
+
+
+def pixels_filter(url: str, has_pixels: bool | None, mode: str | None) -> Callable[[str], bool] | None:
+    """The member filter of iter_shard for pixels `mode` (`has_pixels`: what the manifest records, None without
+    a manifest); ShardError when pixels are asked of a set without."""
+    if mode is not None and mode not in PIXELS_MODES:
+        raise ValueError(f"pixels must be one of {PIXELS_MODES} or None, got {mode!r}")
+    if mode is not None and has_pixels is False:
+        raise ShardError(url, None, "pixels were asked for, but the manifest records none (the set was extracted "
+                         "without --pixels)")
+    return _not_pixels if mode is None and has_pixels else None
+
+
+def pixels_value(fields: dict[str, Any], image_size: int | None, mode: str | None) -> bytes | np.ndarray | None:
+    """A sample's pixels as `iter_shard(pixels=mode)` yields them: None, the WebP bytes (header checked
+    against the manifest: size, 8-bit RGB) or the decoded crop; ValueError naming the problem."""
+    if mode is None:
+        return None
+    data = fields.get(PIXELS_FIELD)
+    if data is None:
+        raise ValueError(f"no {PIXELS_FIELD} member")
+    try:
+        if mode == "decoded":
+            return decode_pixels(data, image_size)
+        problem = header_problem(data, image_size)
+        if problem:
+            raise ValueError(problem)
+    except ValueError as e:
+        raise ValueError(f"{PIXELS_FIELD}: {e}") from None
+    return bytes(data)

@@ -8,7 +8,8 @@ manifest, every sample is also checked against it (fields, dtype, shape, finiten
 the url names a shard of the manifest, its keys and count against that shard's record (a shard copied over
 another has the same size but not its keys); any problem raises `ShardError(url, key, problem)`.
 
-Hot path (the trainer's data loader runs it for every sample): the expected layout is derived from the
+Hot path (the trainer's data loader runs it for every sample; `iter_shard` is a short pipeline of named stages, one
+generator each, see `shard_stages`): the expected layout is derived from the
 manifest once per shard, tar headers that repeat a validated layout are checked in one step, NPY headers
 are parsed once per distinct header, finiteness is tested on the stored bits, and arrays are numpy views
 of the member bytes until the float32 conversion. `raw=True` skips that conversion: the trainer uses one
@@ -28,7 +29,7 @@ import io
 import json
 import shlex
 from dataclasses import dataclass
-from typing import IO, Any, Callable, Iterator
+from typing import IO, Any, Callable, Iterator, NamedTuple
 from urllib.parse import urlparse
 
 import numpy as np
@@ -37,13 +38,12 @@ from dit_pipeline.shards.format import (ARRAY_FIELDS, MAX_JSON_BYTES, PIXELS_FIE
                                         STORES, ShardError, key_index, split_member)
 from dit_pipeline.shards.manifest import Manifest, ShardRecord
 from dit_pipeline.shards.npy import all_finite, decode_raw, widen
-from dit_pipeline.shards.pixels import decode_pixels, header_problem
+from dit_pipeline.shards.pixels import pixels_filter, pixels_value
 from dit_pipeline.shards.tario import TarProblem, TarReader
 
 _DTYPE_OF_STORAGE = {v: k for k, v in STORAGE_DTYPES.items()}
 _FIELD_SETS = {(store, px): frozenset((*REQUIRED_COMMON, *arrays, *((PIXELS_FIELD,) if px else ())))
                for store, arrays in STORES.items() for px in (False, True)}
-PIXELS_MODES = ("bytes", "decoded")
 
 
 @dataclass
@@ -196,44 +196,6 @@ def check_sample(key: str, fields: dict[str, Any], expect: Expect | None, *, par
     return label, arrays, _meta(fields["json"]) if parse_meta else None
 
 
-_PIXELS_SUFFIX = "." + PIXELS_FIELD
-
-
-def _not_pixels(name: str) -> bool:
-    """TarReader's `want` of a reader that does not need the pixels: their bytes are skipped, not copied."""
-    return not name.endswith(_PIXELS_SUFFIX)
-
-
-def _pixels_setup(url: str, expect: Expect | None, mode: str | None) -> Callable[[str], bool] | None:
-    """The member filter of iter_shard for pixels `mode`; ShardError when pixels are asked of a set without."""
-    if mode is not None and mode not in PIXELS_MODES:
-        raise ValueError(f"pixels must be one of {PIXELS_MODES} or None, got {mode!r}")
-    if mode is not None and expect is not None and not expect.pixels:
-        raise ShardError(url, None, "pixels were asked for, but the manifest records none (the set was extracted "
-                         "without --pixels)")
-    return _not_pixels if mode is None and expect is not None and expect.pixels else None
-
-
-def pixels_value(fields: dict[str, Any], expect: Expect | None, mode: str | None) -> bytes | np.ndarray | None:
-    """A sample's pixels as `iter_shard(pixels=mode)` yields them: None, the WebP bytes (header checked
-    against the manifest: size, 8-bit RGB) or the decoded crop; ValueError naming the problem."""
-    if mode is None:
-        return None
-    data = fields.get(PIXELS_FIELD)
-    if data is None:
-        raise ValueError(f"no {PIXELS_FIELD} member")
-    size = expect.image_size if expect is not None else None
-    try:
-        if mode == "decoded":
-            return decode_pixels(data, size)
-        problem = header_problem(data, size)
-        if problem:
-            raise ValueError(problem)
-    except ValueError as e:
-        raise ValueError(f"{PIXELS_FIELD}: {e}") from None
-    return bytes(data)
-
-
 SHA256_MODES = ("whole", "stream")
 
 
@@ -257,11 +219,16 @@ def _read_whole(url: str, stream: IO[bytes], record: ShardRecord) -> IO[bytes]:
     return io.BytesIO(data)
 
 
+Stage = Callable[[Iterator[Any]], Iterator[Any]]  # iterator -> iterator (webdataset's pipeline style)
+
+
 def iter_shard(url: str, manifest: Manifest | None = None, *, with_meta: bool = False, raw: bool = False,
                record: ShardRecord | None = None, sha256: str | None = None,
                pixels: str | None = None) -> Iterator[LatentSample]:
     """Stream the samples of one shard (see the module docstring); ShardError on any problem.
 
+    A pipeline of named stages over the tar's samples (`shard_stages` lists them): the record's key range,
+    the sample checks, finiteness, the samples as yielded, then the record's count and the streamed hash.
     raw: yield the stored arrays (read-only views, storage dtype) instead of float32 copies; the checks are
     the same (with a manifest: fields, dtype, shape, label range, and finite values on the stored bits).
     record: the shard's manifest record (default: the one the url's file name names).
@@ -279,11 +246,7 @@ def iter_shard(url: str, manifest: Manifest | None = None, *, with_meta: bool = 
         raise ValueError(f"sha256 must be one of {SHA256_MODES} or None, got {sha256!r}")
     if record is None:
         sha256 = None
-    want = _pixels_setup(url, expect, pixels)
-    # Keys the manifest records for this shard: a shard copied over another one has the same size (so the
-    # start-up check passes) but not these keys.
-    lo, hi = (int(record.first_key), int(record.last_key)) if record and record.samples else (1, 0)
-    count = 0
+    want = pixels_filter(url, expect.pixels if expect is not None else None, pixels)
     try:
         stream = open_url(url)
     except (OSError, ValueError) as e:
@@ -291,34 +254,14 @@ def iter_shard(url: str, manifest: Manifest | None = None, *, with_meta: bool = 
     hasher = hashlib.sha256() if sha256 == "stream" else None
     try:
         if sha256 == "whole":
+            assert record is not None
             stream = _read_whole(url, stream, record)
         reader = TarReader(stream, hasher=hasher)
-        for key, fields in iter_members(reader, url, want):
-            count += 1
-            if record is not None and not lo <= int(key) <= hi:
-                raise ShardError(url, key, f"key {key} is outside the keys the manifest records for "
-                                 f"{record.name} ({record.first_key}..{record.last_key}): the file holds other "
-                                 "samples (another shard copied over it?)")
-            try:
-                label, arrays, meta = check_sample(key, fields, expect, parse_meta=with_meta)
-                px = pixels_value(fields, expect, pixels)
-            except ValueError as e:
-                raise ShardError(url, key, str(e)) from None
-            if expect is not None:
-                for f, a in arrays.items():
-                    if not all_finite(a):  # widening is exact, so this also holds for the float32 values
-                        raise ShardError(url, key, f"{f} holds NaN or Inf")
-            out = arrays if raw else {f: widen(a, _DTYPE_OF_STORAGE[a.dtype.str]) for f, a in arrays.items()}
-            yield LatentSample(key=key, label=label, mean=out.get("mean.npy"), std=out.get("std.npy"),
-                               latent=out.get("latent.npy"), meta=meta, pixels=px)
-        if record is not None and count != record.samples:
-            raise ShardError(url, None, f"holds {count} samples, the manifest records {record.samples} for "
-                             f"{record.name}")
-        if hasher is not None:
-            reader.drain()
-            if hasher.hexdigest() != record.sha256:
-                raise ShardError(url, None, _sha256_problem(record, hasher.hexdigest(), f"all {count} of its "
-                                 "samples were already read (a check as the shard streams comes at its end)"))
+        samples: Iterator[Any] = iter_members(reader, url, want)
+        for stage in shard_stages(url, expect, record, reader, hasher, with_meta=with_meta, raw=raw,
+                                  pixels=pixels):
+            samples = stage(samples)
+        yield from samples
     except ShardError as e:
         # A pipe: command that failed usually shows up as a short archive first; name the real cause.
         failure = _close(stream)
@@ -331,6 +274,95 @@ def iter_shard(url: str, manifest: Manifest | None = None, *, with_meta: bool = 
     failure = _close(stream)
     if failure:
         raise ShardError(url, None, f"read failed: {failure}")
+
+
+def shard_stages(url: str, expect: Expect | None, record: ShardRecord | None, reader: TarReader,
+                 hasher: Any, *, with_meta: bool, raw: bool, pixels: str | None) -> list[Stage]:
+    """iter_shard's stages over (key, fields) pairs, in order; each mode adds or drops a stage."""
+    stages: list[Stage | None] = [
+        (lambda items: in_record_keys(items, url, record)) if record is not None else None,
+        lambda items: checked_samples(items, url, expect, with_meta=with_meta, pixels=pixels),
+        (lambda items: finite_samples(items, url)) if expect is not None else None,
+        lambda items: latent_samples(items, raw=raw),
+        (lambda items: counted(items, url, record)) if record is not None else None,
+        (lambda items: hash_checked(items, url, record, reader, hasher)) if hasher is not None else None,
+    ]
+    return [s for s in stages if s is not None]
+
+
+class Checked(NamedTuple):
+    """A sample whose members passed the checks (arrays still as stored)."""
+
+    key: str
+    label: int
+    arrays: dict[str, np.ndarray]
+    meta: dict | None
+    pixels: bytes | np.ndarray | None
+
+
+def in_record_keys(items: Iterator[tuple[str, dict]], url: str, record: ShardRecord) -> Iterator[tuple[str, dict]]:
+    """Stage: every key within the keys the manifest records for this shard (a shard copied over another one
+    has the same size, so the start-up check passes, but not these keys)."""
+    lo, hi = (int(record.first_key), int(record.last_key)) if record.samples else (1, 0)  # 0 samples: no key
+    for key, fields in items:
+        if not lo <= int(key) <= hi:
+            raise ShardError(url, key, f"key {key} is outside the keys the manifest records for "
+                             f"{record.name} ({record.first_key}..{record.last_key}): the file holds other "
+                             "samples (another shard copied over it?)")
+        yield key, fields
+
+
+def checked_samples(items: Iterator[tuple[str, dict]], url: str, expect: Expect | None, *, with_meta: bool,
+                    pixels: str | None) -> Iterator[Checked]:
+    """Stage: each sample's members checked (fields, label, dtype, shape; its pixels as asked)."""
+    for key, fields in items:
+        try:
+            label, arrays, meta = check_sample(key, fields, expect, parse_meta=with_meta)
+            px = pixels_value(fields, expect.image_size if expect is not None else None, pixels)
+        except ValueError as e:
+            raise ShardError(url, key, str(e)) from None
+        yield Checked(key, label, arrays, meta, px)
+
+
+def finite_samples(items: Iterator[Checked], url: str) -> Iterator[Checked]:
+    """Stage: no NaN or Inf in any stored array (widening is exact, so this holds for the float32 values too)."""
+    for item in items:
+        for f, a in item.arrays.items():
+            if not all_finite(a):
+                raise ShardError(url, item.key, f"{f} holds NaN or Inf")
+        yield item
+
+
+def latent_samples(items: Iterator[Checked], *, raw: bool) -> Iterator[LatentSample]:
+    """Stage: the samples as yielded, with float32 arrays (raw: the stored ones)."""
+    for key, label, arrays, meta, px in items:
+        out = arrays if raw else {f: widen(a, _DTYPE_OF_STORAGE[a.dtype.str]) for f, a in arrays.items()}
+        yield LatentSample(key=key, label=label, mean=out.get("mean.npy"), std=out.get("std.npy"),
+                           latent=out.get("latent.npy"), meta=meta, pixels=px)
+
+
+def counted(items: Iterator[LatentSample], url: str, record: ShardRecord) -> Iterator[LatentSample]:
+    """Stage: at the shard's end, as many samples as the manifest records for it."""
+    count = 0
+    for item in items:
+        count += 1
+        yield item
+    if count != record.samples:
+        raise ShardError(url, None, f"holds {count} samples, the manifest records {record.samples} for "
+                         f"{record.name}")
+
+
+def hash_checked(items: Iterator[LatentSample], url: str, record: ShardRecord, reader: TarReader,
+                 hasher: Any) -> Iterator[LatentSample]:
+    """Stage: at the shard's end, the sha256 of all its bytes (hashed as they streamed) against the record."""
+    count = 0
+    for item in items:
+        count += 1
+        yield item
+    reader.drain()
+    if hasher.hexdigest() != record.sha256:
+        raise ShardError(url, None, _sha256_problem(record, hasher.hexdigest(), f"all {count} of its "
+                         "samples were already read (a check as the shard streams comes at its end)"))
 
 
 def _record_of(url: str, manifest: Manifest) -> ShardRecord | None:

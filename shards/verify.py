@@ -23,7 +23,8 @@ from dit_pipeline.common.errors import UserError
 from dit_pipeline.shards.format import MANIFEST_NAME, ShardError, key_index, sample_key, shard_index
 from dit_pipeline.shards.manifest import Manifest, ShardRecord, read_manifest
 from dit_pipeline.shards.npy import all_finite
-from dit_pipeline.shards.reader import Expect, check_sample, field_problem, iter_members, pixels_value
+from dit_pipeline.shards.pixels import pixels_value
+from dit_pipeline.shards.reader import Expect, check_sample, field_problem, iter_members
 from dit_pipeline.shards.tario import TarReader
 
 IGNORED = (MANIFEST_NAME, "logs")  # plus every name starting with "."
@@ -105,7 +106,7 @@ def _walk(path: Path, rec: ShardRecord, expect: Expect, sps: int, quick: bool) -
                             if not all_finite(raw):
                                 raise ValueError(f"{f} holds NaN or Inf")
                         # decodable, 8-bit RGB, image_size x image_size (shards/pixels.py)
-                        pixels_value(fields, expect, "decoded" if expect.pixels else None)
+                        pixels_value(fields, expect.image_size, "decoded" if expect.pixels else None)
                 except ValueError as e:
                     problems.append(f"sample {key}: {e}")
             read_to_end = True
