@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, NamedTuple, TypeVar
+from typing import Any, Callable, Iterator, NamedTuple, TypeVar
 
 import numpy as np
 import torch
@@ -323,38 +323,70 @@ class EpochStream(IterableDataset):
                      torch.from_numpy(keys), skipped)
 
     def reader(self, worker: int) -> Iterator[Batch | ReaderEvent]:
-        """Batches of logical worker `worker` with rank batch index >= start_batch, exactly its quota:
-        read + interleave + view (`_samples`) -> shuffle -> micro-batches -> resume skip -> batch."""
+        """Batches of logical worker `worker` with rank batch index >= start_batch, exactly its quota: a chain
+        of stages, read + interleave + view (`_samples`) -> shuffle -> micro-batches -> resume skip -> batches
+        and exhaustion events, with an unreadable shard turned into error events for the rest of the quota."""
         plan = self.plan
         slot = plan.slot(self.rank, worker)
-        first = plan.quota(worker, upto=self.start_batch)
+        first, quota = plan.quota(worker, upto=self.start_batch), plan.quota(worker)
         scratch = Scratch()
-        stream = shuffle_buffer(self._samples(slot), self.buffer, shuffle_seed(self.seed, plan.epoch, slot))
-        skipped: list[SkippedShard] = []  # met since the last batch yielded (or replayed before the resume point)
-        message = None
-        quota, at = plan.quota(worker), 0  # at: the batch being formed
-        try:
-            for b, (chunk, events) in enumerate(micro_batches(stream, plan.micro_batch, quota)):
-                at = b + 1
-                skipped += events
-                if chunk is None:  # out of samples: one event per missing batch keeps the order fixed
-                    message = message or (f"rank {self.rank} reader {worker} ran out of samples in epoch "
-                                          f"{plan.epoch} ({len(skipped)} shard(s) skipped as unreadable)")
-                    if b >= first:
-                        yield ReaderEvent("exhausted", message, skipped)
-                        skipped = []
-                    continue
-                if b < first:
-                    continue  # consumed before the resume point: replayed, never batched (no noise drawn)
-                yield self._batch(chunk, skipped, scratch, worker)
-                skipped = []
-        except ShardError as e:
-            # One event per remaining batch: the item count stays fixed (the trainer takes a step's
-            # micro-batches before it looks at them; an in-process reader that ended early stopped that).
-            start = max(at, first)
-            for _ in range(start, max(quota, start + 1)):
-                yield ReaderEvent("error", str(e), skipped)
-                skipped = []
+        exhausted = (f"rank {self.rank} reader {worker} ran out of samples in epoch {plan.epoch} "
+                     "({} shard(s) skipped as unreadable)")
+        stages: list[Callable[[Iterator[Any]], Iterator[Any]]] = [
+            lambda items: shuffle_buffer(items, self.buffer, shuffle_seed(self.seed, plan.epoch, slot)),
+            lambda items: micro_batches(items, plan.micro_batch, quota),
+            lambda groups: resume_skip(groups, first),
+            lambda groups: batches_and_events(groups, lambda chunk, events: self._batch(chunk, events, scratch,
+                                                                                        worker), exhausted),
+        ]
+        stream: Iterator[Any] = self._samples(slot)
+        for stage in stages:
+            stream = stage(stream)
+        return errors_as_events(stream, quota - first)
+
+
+def resume_skip(groups: Iterator[tuple[list[T] | None, list[SkippedShard]]], first: int
+                ) -> Iterator[tuple[list[T] | None, list[SkippedShard]]]:
+    """Stage: the groups from index `first` on. Earlier ones were consumed before the resume point: replayed
+    (so the reading state is where it was), never batched, no noise drawn; their events ride on with the next."""
+    carried: list[SkippedShard] = []
+    for b, (chunk, events) in enumerate(groups):
+        if b < first:
+            carried += events
+            continue
+        yield chunk, carried + events
+        carried = []
+
+
+def batches_and_events(groups: Iterator[tuple[list[T] | None, list[SkippedShard]]],
+                       batch: Callable[[list[T], list], Any], exhausted: str) -> Iterator[Any]:
+    """Stage: a batch of each full group; for each missing one (the items ran out) a ReaderEvent
+    "exhausted", so the number of items stays fixed. `exhausted`: its message, formatted with the number of
+    shards skipped by then."""
+    skipped = 0
+    message = None
+    for chunk, events in groups:
+        skipped += len(events)
+        if chunk is None:
+            message = message or exhausted.format(skipped)
+            yield ReaderEvent("exhausted", message, events)
+        else:
+            yield batch(chunk, events)
+
+
+def errors_as_events(items: Iterator[Any], count: int) -> Iterator[Any]:
+    """Stage: `items`, until a ShardError (an unreadable shard without --skip-bad-shards); then one
+    ReaderEvent "error" for each of the `count` items still due (at least one), so the item count stays fixed:
+    the trainer takes a step's micro-batches before it looks at them. (No SkippedShard events can be pending
+    then: with --skip-bad-shards a bad shard is an event, never an error.)"""
+    done = 0
+    try:
+        for item in items:
+            done += 1
+            yield item
+    except ShardError as e:
+        for _ in range(max(count - done, 1)):
+            yield ReaderEvent("error", str(e), [])
 
 
 def make_loader(stream: EpochStream, *, num_workers: int, prefetch_factor: int, pin_memory: bool
