@@ -36,7 +36,7 @@ from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.workers import worker_context
 from dit_pipeline.shards import (LatentSample, Manifest, ShardError, ShardRecord, iter_shard, quick_check,
                                  read_manifest)
-from dit_pipeline.train.latents import LatentSpec, Pending, Scratch, build_latents, epoch_seed, pending
+from dit_pipeline.train.latents import LatentSpec, Pending, Scratch, build_latents, build_pixels, epoch_seed, pending
 from dit_pipeline.train.partition import EpochPlan, interleave_seed, loader_seed, shuffle_seed
 from dit_pipeline.train.pool import BatchPool, PooledBatch, shared_empty
 from dit_pipeline.train.signals import ignore_in_worker, workers_start_blocked
@@ -142,13 +142,13 @@ class SkippedShard(NamedTuple):
 
 
 def read_shard(url: str, manifest: Manifest, skip_bad: bool, *, record: ShardRecord | None = None,
-               sha256: str | None = None) -> Iterator[LatentSample | SkippedShard]:
+               sha256: str | None = None, pixels: bool = False) -> Iterator[LatentSample | SkippedShard]:
     """Stage 1: one shard's samples (raw, stored dtype); on a ShardError a SkippedShard when `skip_bad`.
 
     sha256 ("whole" | "stream" | None): shards.iter_shard's check of the shard's bytes against `record` (its
     manifest record): "whole" before any sample is yielded, "stream" at the shard's end (a mismatch is a
     ShardError like any other, naming the shard)."""
-    samples = iter_shard(url, manifest, raw=True, record=record, sha256=sha256)
+    samples = iter_shard(url, manifest, raw=True, record=record, sha256=sha256, pixels="bytes" if pixels else None)
     try:
         yield from samples
     except ShardError as e:
@@ -247,15 +247,17 @@ class Batch(NamedTuple):
     labels: torch.Tensor       # [B] int64
     keys: torch.Tensor         # [B] int64 global sample indices
     skipped: list              # [SkippedShard(url, problem)] left out (--skip-bad-shards) since the last batch
+    pixels: torch.Tensor | None = None  # [B, H, W, 3] uint8, each in its latent's view (when asked for)
 
     def __reduce__(self):
         # Sent from a loader worker: labels and keys travel by value (a few KB); as tensors each would cost
         # a shared-memory file and a file descriptor passed through a socket, per batch.
-        return (_rebuild_batch, (self.latents, self.labels.numpy(), self.keys.numpy(), self.skipped))
+        return (_rebuild_batch, (self.latents, self.labels.numpy(), self.keys.numpy(), self.skipped, self.pixels))
 
 
-def _rebuild_batch(latents: torch.Tensor, labels: np.ndarray, keys: np.ndarray, skipped: list) -> Batch:
-    return Batch(latents, torch.from_numpy(labels), torch.from_numpy(keys), skipped)
+def _rebuild_batch(latents: torch.Tensor, labels: np.ndarray, keys: np.ndarray, skipped: list,
+                   pixels: torch.Tensor | None = None) -> Batch:
+    return Batch(latents, torch.from_numpy(labels), torch.from_numpy(keys), skipped, pixels)
 
 
 class ReaderEvent(NamedTuple):
@@ -273,13 +275,14 @@ class EpochStream(IterableDataset):
 
     def __init__(self, source: ShardSource, plan: EpochPlan, rank: int, *, seed: int, buffer: int,
                  shards_in_flight: int = 16, start_batch: int = 0, skip_bad_shards: bool = False,
-                 sha256: str | None = None, exclude: frozenset[int] = frozenset()):
+                 sha256: str | None = None, exclude: frozenset[int] = frozenset(), pixels: bool = False):
         self.source, self.plan, self.rank = source, plan, rank
         self.seed, self.buffer, self.start_batch = seed, buffer, start_batch
         self.shards_in_flight = shards_in_flight
         self.skip_bad_shards = skip_bad_shards
         self.exclude = exclude  # shards skipped as bad in an earlier epoch (--skip-bad-shards): never opened
         self.sha256 = sha256  # each shard's check against the manifest: whole | stream | None (train.preflight)
+        self.pixels = pixels  # also each sample's crop, in its latent's view (Batch.pixels; sets with pixels)
         self.spec = LatentSpec.from_manifest(source.manifest)
         self.pool: BatchPool | None = None  # set by make_loader before its workers start
 
@@ -303,7 +306,7 @@ class EpochStream(IterableDataset):
         """
         spec, base, src = self.spec, epoch_seed(self.seed, self.plan.epoch), self.source
         shards = (read_shard(src.urls[i], src.manifest, self.skip_bad_shards, record=src.manifest.shards[i],
-                             sha256=self.sha256) for i in self.plan.slot_shards[slot]
+                             sha256=self.sha256, pixels=self.pixels) for i in self.plan.slot_shards[slot]
                   if i not in self.exclude)
         for item in interleave(shards, self.shards_in_flight, interleave_seed(self.seed, self.plan.epoch, slot)):
             yield item if isinstance(item, SkippedShard) else pending(item, spec, base)  # stage 3: the view
@@ -315,12 +318,17 @@ class EpochStream(IterableDataset):
         labels = np.array([it.label for it in items], dtype=np.int64)
         keys = np.array([it.key for it in items], dtype=np.int64)
         in_worker = get_worker_info() is not None
+        pixels = None
+        if self.pixels:  # decoded here, in the loader worker; [B, H, W, 3] uint8
+            size = self.source.manifest.image_size
+            pixels = build_pixels(items, size, shared_empty((len(items), size, size, 3), torch.uint8)
+                                  if in_worker else None)
         if in_worker and self.pool is not None and (slot := self.pool.acquire(worker)) is not None:
             build_latents(items, self.spec, self.pool.data[slot], scratch)
-            return PooledBatch(slot, labels, keys, skipped)
+            return PooledBatch(slot, labels, keys, skipped, pixels)
         out = shared_empty((len(items), *self.spec.shape)) if in_worker else None
         return Batch(build_latents(items, self.spec, out, scratch), torch.from_numpy(labels),
-                     torch.from_numpy(keys), skipped)
+                     torch.from_numpy(keys), skipped, pixels)
 
     def reader(self, worker: int) -> Iterator[Batch | ReaderEvent]:
         """Batches of logical worker `worker` with rank batch index >= start_batch, exactly its quota: a chain
@@ -427,8 +435,9 @@ def _from_pool(items: Iterator[Any], pool: BatchPool, pin_memory: bool) -> Itera
         for item in items:
             if isinstance(item, PooledBatch):
                 latents = pool.take(item.slot)
+                pixels = item.pixels.pin_memory() if pin_memory and item.pixels is not None else item.pixels
                 item = Batch(latents.pin_memory() if pin_memory else latents, torch.from_numpy(item.labels),
-                             torch.from_numpy(item.keys), item.skipped)
+                             torch.from_numpy(item.keys), item.skipped, pixels)
             yield item
     finally:
         shutdown = getattr(items, "_shutdown_workers", None)

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from dit_pipeline.common.seeding import STREAM_SAMPLE, derive_seed
-from dit_pipeline.shards import LatentSample, Manifest, key_index, scale_latents
+from dit_pipeline.shards import LatentSample, Manifest, decode_pixels, key_index, scale_latents, view_pixels
 
 
 @dataclass(frozen=True)
@@ -81,6 +81,8 @@ class Pending(NamedTuple):
     label: int
     key: int                   # global sample index
     seed: int                  # sample_seed: the posterior noise
+    view: int = 0              # the stored view the latent comes from (1: the mirror of a flipped set)
+    pixels: bytes | None = None  # the encoded crop (sets with pixels, when the trainer needs them)
 
 
 def pending(sample: LatentSample, spec: LatentSpec, base: int) -> Pending:
@@ -97,7 +99,19 @@ def pending(sample: LatentSample, spec: LatentSpec, base: int) -> Pending:
     else:
         assert sample.latent is not None
         arrays = np.array(sample.latent[v:v + 1])
-    return Pending(arrays, sample.label, index, sd)
+    return Pending(arrays, sample.label, index, sd, v, None if sample.pixels is None else bytes(sample.pixels))
+
+
+def build_pixels(items: Sequence[Pending], image_size: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """[B, H, W, 3] uint8: each item's crop in the orientation of its latent's view (view 1 of a flipped set is
+    the stored crop mirrored left-right, shards.view_pixels), so a teacher sees exactly the image the latent
+    was encoded from. `out`: where to write (e.g. shared memory)."""
+    out = out if out is not None else torch.empty((len(items), image_size, image_size, 3), dtype=torch.uint8)
+    rows = out.numpy()
+    for it, row in zip(items, rows):
+        assert it.pixels is not None, "the reader was asked for the pixels"
+        row[...] = view_pixels(decode_pixels(it.pixels, image_size), it.view)
+    return out
 
 
 def _stored_tensor(stored: np.ndarray) -> torch.Tensor:

@@ -38,6 +38,7 @@ class PooledBatch(NamedTuple):
     labels: np.ndarray         # [B] int64
     keys: np.ndarray           # [B] int64
     skipped: list
+    pixels: torch.Tensor | None = None  # [B, H, W, 3] uint8 in shared memory (the trainer asked for pixels)
 
 
 def _release(busy: torch.Tensor, slot: int) -> None:
