@@ -136,7 +136,7 @@ class HashingWriter:
         self._h = hashlib.sha256()
         self.bytes = 0
 
-    def write(self, data: bytes) -> int:
+    def write(self, data: bytes | memoryview) -> int:
         n = self._f.write(data)
         self._h.update(data)
         self.bytes += len(data)

@@ -34,9 +34,10 @@ def scale_latents(z: Z, scaling_factor: float, shift_factor: float | None) -> Z:
     a numpy array gives a new array (float32 factors).
     """
     if hasattr(z, "mul_"):  # torch.Tensor (shards/ itself does not import torch)
+        t: Any = z
         if shift_factor:
-            z.sub_(shift_factor)
-        return z.mul_(scaling_factor)
+            t.sub_(shift_factor)
+        return t.mul_(scaling_factor)
     import numpy as np
 
     if shift_factor:

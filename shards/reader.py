@@ -29,7 +29,7 @@ import io
 import json
 import shlex
 from dataclasses import dataclass
-from typing import IO, Any, Callable, Iterator, NamedTuple
+from typing import IO, Any, Callable, Generator, Iterator, NamedTuple
 from urllib.parse import urlparse
 
 import numpy as np
@@ -224,7 +224,7 @@ Stage = Callable[[Iterator[Any]], Iterator[Any]]  # iterator -> iterator (webdat
 
 def iter_shard(url: str, manifest: Manifest | None = None, *, with_meta: bool = False, raw: bool = False,
                record: ShardRecord | None = None, sha256: str | None = None,
-               pixels: str | None = None) -> Iterator[LatentSample]:
+               pixels: str | None = None) -> Generator[LatentSample, None, None]:
     """Stream the samples of one shard (see the module docstring); ShardError on any problem.
 
     A pipeline of named stages over the tar's samples (`shard_stages` lists them): the record's key range,
@@ -279,15 +279,18 @@ def iter_shard(url: str, manifest: Manifest | None = None, *, with_meta: bool = 
 def shard_stages(url: str, expect: Expect | None, record: ShardRecord | None, reader: TarReader,
                  hasher: Any, *, with_meta: bool, raw: bool, pixels: str | None) -> list[Stage]:
     """iter_shard's stages over (key, fields) pairs, in order; each mode adds or drops a stage."""
-    stages: list[Stage | None] = [
-        (lambda items: in_record_keys(items, url, record)) if record is not None else None,
-        lambda items: checked_samples(items, url, expect, with_meta=with_meta, pixels=pixels),
-        (lambda items: finite_samples(items, url)) if expect is not None else None,
-        lambda items: latent_samples(items, raw=raw),
-        (lambda items: counted(items, url, record)) if record is not None else None,
-        (lambda items: hash_checked(items, url, record, reader, hasher)) if hasher is not None else None,
-    ]
-    return [s for s in stages if s is not None]
+    stages: list[Stage] = []
+    if record is not None:
+        stages.append(lambda items: in_record_keys(items, url, record))
+    stages.append(lambda items: checked_samples(items, url, expect, with_meta=with_meta, pixels=pixels))
+    if expect is not None:
+        stages.append(lambda items: finite_samples(items, url))
+    stages.append(lambda items: latent_samples(items, raw=raw))
+    if record is not None:
+        stages.append(lambda items: counted(items, url, record))
+        if hasher is not None:  # (a hash needs the record)
+            stages.append(lambda items: hash_checked(items, url, record, reader, hasher))
+    return stages
 
 
 class Checked(NamedTuple):
@@ -303,7 +306,8 @@ class Checked(NamedTuple):
 def in_record_keys(items: Iterator[tuple[str, dict]], url: str, record: ShardRecord) -> Iterator[tuple[str, dict]]:
     """Stage: every key within the keys the manifest records for this shard (a shard copied over another one
     has the same size, so the start-up check passes, but not these keys)."""
-    lo, hi = (int(record.first_key), int(record.last_key)) if record.samples else (1, 0)  # 0 samples: no key
+    # the manifest records both keys of a shard with samples; with 0 samples no key is in range
+    lo, hi = (int(record.first_key), int(record.last_key)) if record.first_key and record.last_key else (1, 0)
     for key, fields in items:
         if not lo <= int(key) <= hi:
             raise ShardError(url, key, f"key {key} is outside the keys the manifest records for "

@@ -65,17 +65,17 @@ def _shard_pass(path: Path, m: Manifest, expect: Expect, quota: int, stride: int
     """One pass over a shard: every label into `counts`, every stride-th sample (up to quota) into
     `moments`. Returns the number of samples whose latents were used."""
     rng = numpy_rng(seed, STREAM_STATS, shard_index(path.name) or 0)
-    state = {"key": None, "ordinal": -1}
+    current: list[Any] = [None, -1]  # the key of the member being read, and that sample's ordinal
 
     def want(name: str) -> bool:  # decide per member: the label always, arrays only for picked samples
         key = name.split(".", 1)[0]
-        if key != state["key"]:
-            state["key"], state["ordinal"] = key, state["ordinal"] + 1
+        if key != current[0]:
+            current[0], current[1] = key, current[1] + 1
         if name.endswith(".cls"):
             return True
         if name.endswith((".json", ".pixels.webp")):
             return False
-        o = state["ordinal"]
+        o = int(current[1])
         return o % stride == 0 and o // stride < quota
 
     used = 0
@@ -83,7 +83,7 @@ def _shard_pass(path: Path, m: Manifest, expect: Expect, quota: int, stride: int
         for key, fields in iter_members(TarReader(f, seekable=True, chunk=1 << 16), str(path), want):
             try:
                 if fields.get("mean.npy", fields.get("latent.npy")) is None:
-                    label = parse_label(fields["cls"])
+                    label = parse_label(fields["cls"] or b"")
                     if label >= expect.num_classes:
                         raise ValueError(f"label {label} out of range [0, {expect.num_classes})")
                 else:

@@ -83,6 +83,7 @@ def _walk(path: Path, rec: ShardRecord, expect: Expect, sps: int, quick: bool) -
     problems: list[str] = []
     keys: list[int] = []
     index = shard_index(rec.name)
+    assert index is not None, rec.name  # the manifest's names are checked when it is read
     lo, hi = index * sps, (index + 1) * sps
     hasher = None if quick else hashlib.sha256()
     read_to_end = False
@@ -102,9 +103,9 @@ def _walk(path: Path, rec: ShardRecord, expect: Expect, sps: int, quick: bool) -
                         if problem:
                             raise ValueError(problem)
                     else:
-                        for f, raw in check_sample(key, fields, expect, parse_meta=True)[1].items():
+                        for name, raw in check_sample(key, fields, expect, parse_meta=True)[1].items():
                             if not all_finite(raw):
-                                raise ValueError(f"{f} holds NaN or Inf")
+                                raise ValueError(f"{name} holds NaN or Inf")
                         # decodable, 8-bit RGB, image_size x image_size (shards/pixels.py)
                         pixels_value(fields, expect.image_size, "decoded" if expect.pixels else None)
                 except ValueError as e:

@@ -16,7 +16,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
@@ -63,7 +63,7 @@ class ShardWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{self.path.name}.", dir=self.path.parent)
         self._tmp = Path(tmp)
-        self._file = os.fdopen(fd, "wb")
+        self._file: IO[bytes] | None = os.fdopen(fd, "wb")
         self._out = HashingWriter(self._file)
 
     def __enter__(self) -> "ShardWriter":
