@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-PREFLIGHT = ("numpy", "torch", "diffusers", "webdataset", "safetensors", "click", "yaml", "tqdm", "PIL")
+PREFLIGHT = ("numpy", "torch", "diffusers", "webdataset", "safetensors", "click", "yaml", "tqdm", "PIL", "timm")
 
 
 def preflight() -> None:

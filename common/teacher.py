@@ -122,11 +122,11 @@ def load_teacher(spec: str = DEFAULT_TEACHER, *, grid: int, device: torch.device
     device = torch.device(device)
     arch_key, state_dict, identity = _read_weights(spec)
     arch = TEACHERS[arch_key]
-    with torch.random.fork_rng(devices=[]):
-        model = _build(arch, grid, device=torch.device("meta"))
+    with torch.random.fork_rng(devices=[]):  # timm initialises the model randomly before the weights arrive
+        model = _build(arch, grid)
         sd = _to_timm_layout(state_dict, identity["layout"], model, grid)
         _check_keys(sd, model, f"--teacher {spec}", arch)
-        model.load_state_dict(sd, strict=True, assign=True)
+        model.load_state_dict(sd, strict=True)
     model = model.to(device).eval().requires_grad_(False)
     if autocast_dtype == "auto":
         autocast_dtype = torch.bfloat16 if device.type == "cuda" else None
@@ -135,13 +135,13 @@ def load_teacher(spec: str = DEFAULT_TEACHER, *, grid: int, device: torch.device
     return Teacher(model, grid=grid, identity=identity, autocast_dtype=autocast_dtype)
 
 
-def _build(arch: TeacherArch, grid: int, device: torch.device) -> torch.nn.Module:
+def _build(arch: TeacherArch, grid: int) -> torch.nn.Module:
+    """The timm model on the CPU (older timm cannot build it on the meta device), head removed."""
     import timm
 
     patch = arch.overrides.get("patch_size", 14)
-    with device:
-        return timm.create_model(arch.timm_name, pretrained=False, num_classes=0, img_size=patch * grid,
-                                 **arch.overrides)
+    return timm.create_model(arch.timm_name, pretrained=False, num_classes=0, img_size=patch * grid,
+                             **arch.overrides)
 
 
 def _read_weights(spec: str) -> tuple[str, dict[str, torch.Tensor], dict[str, Any]]:
