@@ -135,6 +135,19 @@ def load_teacher(spec: str = DEFAULT_TEACHER, *, grid: int, device: torch.device
     return Teacher(model, grid=grid, identity=identity, autocast_dtype=autocast_dtype)
 
 
+def build_teacher(arch: TeacherArch | str = DEFAULT_TEACHER, *, grid: int, device: torch.device | str = "cpu",
+                  autocast_dtype: torch.dtype | None | str = "auto") -> Teacher:
+    """A teacher of the architecture with random weights (the real cost, for benchmarks; cf. build_sd_vae)."""
+    arch = TEACHERS[arch] if isinstance(arch, str) else arch
+    device = torch.device(device)
+    with torch.random.fork_rng(devices=[]):
+        model = _build(arch, grid).to(device).eval().requires_grad_(False)
+    if autocast_dtype == "auto":
+        autocast_dtype = torch.bfloat16 if device.type == "cuda" else None
+    identity = {"name": arch.label, "kind": "random", "arch": arch.timm_name, "grid": grid}
+    return Teacher(model, grid=grid, identity=identity, autocast_dtype=autocast_dtype)
+
+
 def _build(arch: TeacherArch, grid: int) -> torch.nn.Module:
     """The timm model on the CPU (older timm cannot build it on the meta device), head removed."""
     import timm

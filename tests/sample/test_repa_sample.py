@@ -17,6 +17,8 @@ from dit_pipeline import dit
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.vae import load_vae
 from dit_pipeline.sample import SampleConfig, run_sampling
+from dit_pipeline.sample.config import ExportConfig
+from dit_pipeline.sample.export import export
 from dit_pipeline.sample.generate import (decode_latents, guided_model_fn, make_diffusion, noise_level_fn,
                                           sample_latents)
 from dit_pipeline.sample.load import load_model, resolve_flow_convention
@@ -184,6 +186,15 @@ def test_dit_sample_with_the_readme_repa_flags(repa_files, tiny_vae_dir, tmp_pat
     vae, _ = load_vae(str(tiny_vae_dir))
     want = decode_latents(vae, latents, scaling_factor=0.5).numpy().astype(int)
     assert np.abs(got - want).max() <= 1 and (got == want).mean() > 0.99
+
+
+def test_safetensors_export_keeps_repas_time(repa_files, tmp_path):
+    out = export(ExportConfig(to="safetensors", output=str(tmp_path / "repa.safetensors"), ckpt=str(repa_files["release"])))
+    sd, info = dit.load_dit_weights(out)
+    assert (info["objective"], info["flow_convention"], info["flow_convention_from"]) == ("flow", "repa", "recorded")
+    assert not any(k.startswith("projectors.") for k in sd)
+    plain = export(ExportConfig(to="safetensors", output=str(tmp_path / "sit.safetensors"), ckpt=str(repa_files["ours"])))
+    assert dit.load_dit_weights(plain)[1]["flow_convention"] == "sit"
 
 
 def test_guidance_interval_is_validated():
