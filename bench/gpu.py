@@ -15,6 +15,8 @@ row) the moment it is measured, so a run killed at its time limit keeps everythi
   sample    DDPM-250 with CFG 4 at batch 256 in bf16 with per-block compile: images/s (projected from timed
             denoising steps) and hours for FID-50K
   loader    the training loader's latents/s with 16 workers on a synthetic shard set
+  repa      REPA's cost (bench/repa.py): the DINOv2 ViT-B/14 teacher forward, the plain flow step and the step
+            with teacher + projector + loss at the training size; images/s, MFU, peak memory, their ratio
 
     bash bench/gpu.sh                        # on the GPU machine (<= 8 minutes)
     python bench/gpu.py --smoke --out DIR    # tiny sizes on a CPU (the test suite runs this)
@@ -60,6 +62,7 @@ use_checkout()
 from dit_pipeline.train.metrics import peak_tflops  # noqa: E402
 from gpu_sections import extract_section, loader_section, sample_section, write_shards  # noqa: E402
 from gpu_train import train_section  # noqa: E402
+from repa import repa_section  # noqa: E402
 
 
 class Results:
@@ -116,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="bench-gpu-out", help="folder for results.jsonl")
     p.add_argument("--smoke", action="store_true", help="tiny sizes, runs on a CPU")
     p.add_argument("--budget-s", type=float, default=450.0, help="stop starting sections after this long")
-    p.add_argument("--only", nargs="+", choices=["train", "extract", "sample", "loader"], default=None)
+    p.add_argument("--only", nargs="+", choices=["train", "extract", "sample", "loader", "repa"], default=None)
     a = p.parse_args(argv)
     t_start = time.monotonic()
     res = Results(Path(a.out), t_start + a.budget_s)
@@ -128,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
             device=torch.cuda.get_device_name(0) if device.type == "cuda" else f"{platform.machine()} CPU",
             cuda=torch.version.cuda, peak_tflops=peak_tflops(device), smoke=a.smoke)
     work = Path(tempfile.mkdtemp(prefix="bench-gpu-"))
-    want = set(a.only or ["train", "extract", "sample", "loader"])
+    want = set(a.only or ["train", "extract", "sample", "loader", "repa"])
     try:
         shards = work / "shards"
         write_shards(shards, shards=1, per_shard=2 * s["batch"], latent=s["latent"])
@@ -140,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
             res.section("sample", lambda: sample_section(res, s, device), 40)
         if "loader" in want:
             res.section("loader", lambda: loader_section(res, s, work / "loader"), 30)
+        if "repa" in want:
+            res.section("repa", lambda: repa_section(res, s, device), 90)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     res.add("env", "done", wall_s=time.monotonic() - t_start,

@@ -81,6 +81,14 @@ class Teacher:
     def device(self) -> torch.device:
         return self.mean.device
 
+    def forward_macs(self) -> int:
+        """Multiply-accumulates of the network's forward for one image (as dit.forward_macs counts: the patch
+        embedding and per block qkv, the two attention matmuls, the output projection and the MLP)."""
+        d, tokens = self.dim, self.num_prefix_tokens + self.num_tokens
+        hidden = int(self.model.blocks[0].mlp.fc1.out_features)
+        block = tokens * d * 3 * d + 2 * tokens * tokens * d + tokens * d * d + 2 * tokens * d * hidden
+        return self.num_tokens * d * 3 * self.patch_size ** 2 + len(self.model.blocks) * block
+
     def check_tokens(self, tokens: int, what: str = "the DiT") -> None:
         """UserError unless the teacher yields `tokens` tokens per image (one per DiT token)."""
         if tokens != self.num_tokens:

@@ -84,6 +84,12 @@ class REPAModel(nn.Module):
         return out, [projector(hidden) for projector in self.projectors]
 
 
+def projector_macs(config: dict[str, Any], hidden_size: int, tokens: int) -> int:
+    """Multiply-accumulates of the projectors' forward for one image (REPAModel.config; tokens = T)."""
+    width = int(config["projector_dim"])
+    return sum(tokens * (hidden_size * width + width * width + width * int(z)) for z in config["z_dims"])
+
+
 def repa_layout(model: REPAModel) -> dict[str, torch.Tensor]:
     """The state_dict in REPA's layout: the DiT's official names plus `projectors.<i>.<j>.(weight|bias)`."""
     out = dict(model.dit.state_dict())
