@@ -9,7 +9,7 @@ The teacher is the real DINOv2 ViT-B/14 architecture with random weights (its co
 the DiT a preset at --image-size (latents image-size / 8). FLOPs count 2 x the analytic MACs: 3 x forward for
 the DiT and the projector (forward + backward), 1 x forward for the teacher.
 
-    python bench/repa.py --model DiT-S/2 --batch 4 --repeat 3              # CPU
+    python bench/repa.py --model DiT-S/2 --batch 4 --repeat 3 --threads 1  # CPU
     python bench/repa.py --model DiT-XL/2 --batch 256 --compile            # one GPU (bench/gpu.py runs it too)
 """
 from __future__ import annotations
@@ -117,7 +117,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--iters", type=int, default=2)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--device", default=None)
+    p.add_argument("--threads", type=int, default=None, help="CPU intra-op threads (default: torch's)")
     a = p.parse_args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads)
     device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     steps, flops = build_steps(a.model, a.image_size, a.batch, device, teacher=a.teacher,
                                compile_backend="inductor" if a.compile else None)

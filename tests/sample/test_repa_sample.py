@@ -93,6 +93,17 @@ def test_repa_files_load_without_projectors_in_repas_time(repa_files):
         dit.load_dit_weights(repa_files["cosine"])
 
 
+def test_repas_layernorm_qk_norm_is_refused(repa_files, tmp_path):
+    sd = torch.load(repa_files["release"], weights_only=True)
+    for b in range(12):  # REPA's --qk-norm: timm's LayerNorm (weight and bias) on q and k
+        for name in ("q_norm", "k_norm"):
+            sd[f"blocks.{b}.attn.{name}.weight"], sd[f"blocks.{b}.attn.{name}.bias"] = torch.ones(64), torch.zeros(64)
+    torch.save(sd, tmp_path / "qk.pt")
+    with pytest.raises(dit.WeightsError, match=r"qk.pt: REPA's --qk-norm \(a LayerNorm with bias per head\) is not "
+                                               r"this project's qk_norm \(RMSNorm\)"):
+        dit.load_dit_weights(tmp_path / "qk.pt")
+
+
 # ---- REPA's sampler, written out ----------------------------------------------------------------------------
 
 def repa_sampler(model, noise, y, gens, *, steps, cfg, low, high, sde=True):
