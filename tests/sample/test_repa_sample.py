@@ -16,13 +16,14 @@ import torch
 from dit_pipeline import dit
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.vae import load_vae
-from dit_pipeline.sample import SampleConfig, run_sampling
+from dit_pipeline.sample import SampleConfig
 from dit_pipeline.sample.config import ExportConfig
 from dit_pipeline.sample.export import export
 from dit_pipeline.sample.generate import (decode_latents, guided_model_fn, make_diffusion, noise_level_fn,
                                           sample_latents)
 from dit_pipeline.sample.load import load_model, resolve_flow_convention
 from dit_pipeline.sample.plan import noise_generators
+from tests._util import REPO, run_cli
 from tests.sample.conftest import our_checkpoint, random_dit
 
 NAME, LATENT_SIZE = "DiT-S/4", 8  # a preset (bare files carry no head count), 2x2 tokens
@@ -176,18 +177,33 @@ def test_guidance_interval_skips_the_unconditional_pass(repa_files, monkeypatch)
     assert sizes == [2] * 4 + [4] * 8
 
 
+def readme_repa_command() -> list[str]:
+    """The dit-sample arguments of the README's REPA block (after `$(which dit-sample)`)."""
+    import re
+    import shlex
+
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("## Representation alignment (REPA)"):]
+    block = re.search(r"```bash\n(.*?)```", section, re.S).group(1).replace("\\\n", " ")
+    words = shlex.split(block)
+    return words[words.index("$(which") + 2:] if "$(which" in words else words[words.index("dit-sample") + 1:]
+
+
 def test_dit_sample_with_the_readme_repa_flags(repa_files, tiny_vae_dir, tmp_path):
-    """The README's REPA command (small): records REPA's time and the interval; the pixels are the decoded
-    latents of REPA's sampler written out above."""
-    cfg = SampleConfig(ckpt=str(repa_files["release"]), vae=str(tiny_vae_dir), sampler="euler-maruyama", steps=8,
-                       cfg_scale=1.8, cfg_channels="all", guidance_interval=[0.0, 0.7], num_samples=3, seed=5,
-                       npz=str(tmp_path / "r.npz"), quiet=True, batch_size=3)
-    run_sampling(cfg)
-    record = json.loads((tmp_path / "r.npz.json").read_text())
-    fp = record["fingerprint"]
+    """The README's REPA command as pasted, with a tiny file, VAE and sample count: it records REPA's time and
+    the interval, and its pixels are the decoded latents of REPA's sampler written out above."""
+    args = readme_repa_command()
+    assert args[args.index("--steps") + 1] == "250" and args[args.index("--guidance-interval") + 1:][:2] == ["0", "0.7"]
+    swap = {"--ckpt": repa_files["release"], "--vae": tiny_vae_dir, "--steps": 8, "--num-samples": 3,
+            "--npz": tmp_path / "r.npz"}
+    for flag, value in swap.items():
+        args[args.index(flag) + 1] = str(value)
+    res = run_cli("dit-sample", [*args, "--seed", "5", "--batch-size", "3", "--quiet"])
+    assert res.returncode == 0, res.stderr[-2000:]
+    fp = json.loads((tmp_path / "r.npz.json").read_text())["fingerprint"]
     assert (fp["flow_convention"], fp["guidance_interval"], fp["sde_steps"]) == ("repa", [0.0, 0.7], "sit-num-steps")
-    assert (fp["diffusion_form"], fp["diffusion_norm"], fp["last_step_size"], fp["cfg_channels"]) == \
-        ("sigma", 1.0, 0.04, "all")
+    assert (fp["diffusion_form"], fp["diffusion_norm"], fp["last_step_size"], fp["cfg_channels"], fp["cfg_scale"]) \
+        == ("sigma", 1.0, 0.04, "all", 1.8)
     loaded = load_model(repa_files["release"])
     with np.load(tmp_path / "r.npz") as z:
         got, y = z["arr_0"].astype(int), torch.as_tensor(z["arr_1"])  # the classes the run drew
