@@ -199,8 +199,13 @@ def _torch_hub_file(name: str) -> Path:
         raise UserError(f"--teacher {name}: {file} is missing (torch.hub's cache) and {why}. Download {url} "
                         f"there where there is a network, or pass the file itself (--teacher /path/"
                         f"{arch.meta_file}) or timm's copy ({arch.hf_id})")
-    file.parent.mkdir(parents=True, exist_ok=True)
-    torch.hub.download_url_to_file(url, str(file), progress=False)  # to a temporary name, then moved
+    try:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        torch.hub.download_url_to_file(url, str(file), progress=False)  # to a temporary name, then moved
+    except (OSError, ValueError) as e:  # URLError and HTTPError are OSErrors
+        raise UserError(f"--teacher {name}: {file} is missing (torch.hub's cache) and downloading {url} failed "
+                        f"({type(e).__name__}: {e}); put the file there or pass it (--teacher /path/"
+                        f"{arch.meta_file})") from None
     return file
 
 

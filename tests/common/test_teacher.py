@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import pickle
+from pathlib import Path
 
 import pytest
 import torch
@@ -227,9 +228,26 @@ def test_torch_hub_cache_and_offline_errors(files, tmp_path, monkeypatch):
         "https://dl.fbaipublicfiles.com is unreachable: no route. Download "
         "https://dl.fbaipublicfiles.com/dinov2/dinov2_vitb14/tiny_pretrain.pth there where there is a network, or "
         "pass the file itself (--teacher /path/tiny_pretrain.pth) or timm's copy (timm/tiny-dinov2)")
-    (hub / "checkpoints").mkdir(parents=True)
-    (hub / "checkpoints" / "tiny_pretrain.pth").write_bytes(files[0, "meta"].read_bytes())
+    import urllib.error
+
+    monkeypatch.setattr(T, "_unreachable", lambda url: None)
+    fetched = []
+
+    def refuse(url, dst, progress=True):
+        fetched.append(url)
+        raise urllib.error.URLError("403 Forbidden")
+
+    monkeypatch.setattr(torch.hub, "download_url_to_file", refuse)
+    with pytest.raises(UserError, match=r"downloading https://dl.fbaipublicfiles.com/dinov2/dinov2_vitb14/"
+                                        r"tiny_pretrain.pth failed \(URLError: <urlopen error 403 Forbidden>\)"):
+        T.load_teacher("tiny", grid=GRID)
+    monkeypatch.setattr(torch.hub, "download_url_to_file",
+                        lambda url, dst, progress=True: (fetched.append(url), Path(dst).write_bytes(
+                            files[0, "meta"].read_bytes())))
+    teacher = T.load_teacher("tiny", grid=GRID)  # fetched into the cache, then read from it
+    assert (hub / "checkpoints" / "tiny_pretrain.pth").is_file() and len(fetched) == 2
     teacher = T.load_teacher("tiny", grid=GRID)
+    assert len(fetched) == 2
     assert teacher.identity["kind"] == "torch-hub" and teacher.identity["layout"] == "meta"
     assert torch.equal(teacher(images()), T.load_teacher(str(files[0, "meta"]), grid=GRID)(images()))
 
