@@ -169,7 +169,8 @@ def _record(cfg: SampleConfig, loaded: LoadedModel, vae_id: dict[str, Any], scal
         "checkpoint_sha256": sha256_file(Path(cfg.ckpt).expanduser()), "weights": loaded.info["weights"],
         "model_config": loaded.config, "vae": vae_key, "scaling_factor": scale, "shift_factor": shift,
         "objective": loaded.info["objective"], "sampler": cfg.sampler, "steps": cfg.steps,
-        **_sde_settings(cfg), **_optional_settings(cfg, loaded), "cfg_scale": cfg.cfg_scale, "cfg_channels": cfg.cfg_channels,
+        **_sde_settings(cfg), **_optional_settings(cfg, loaded), "cfg_scale": cfg.cfg_scale,
+        "cfg_channels": cfg.cfg_channels,
         "seed": cfg.seed, "num_samples": cfg.total, "image_size": image_size,
         "labels_sha256": hashlib.sha256(np.ascontiguousarray(labels, dtype="<i8").tobytes()).hexdigest(),
         "precision": cfg.precision, "tf32": cfg.tf32, "compile": cfg.compile,
@@ -190,9 +191,9 @@ def _sde_settings(cfg: SampleConfig) -> dict[str, Any]:
 
 
 def _optional_settings(cfg: SampleConfig, loaded: LoadedModel) -> dict[str, Any]:
-    """Fingerprint keys added after the first release, present only when they matter, so the records of runs
-    without them stay what they were: the SDE's step count (SiT's num_steps since it was not: records made
-    before count one step more and must not resume), the guidance interval, REPA's time convention."""
+    """Fingerprint keys added later, present only where they apply, so the fingerprints of other runs are
+    unchanged: `sde_steps` (the SDE counts SiT's num_steps; runs recorded before took one step more and must
+    neither resume nor count as complete), the guidance interval, REPA's time convention."""
     out: dict[str, Any] = {"sde_steps": "sit-num-steps"} if cfg.sampler == "euler-maruyama" else {}
     if cfg.guidance_interval is not None:
         out["guidance_interval"] = [float(v) for v in cfg.guidance_interval]
