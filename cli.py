@@ -27,8 +27,8 @@ from dit_pipeline.common.precision import PRECISIONS, PRECISIONS_AUTO
 from dit_pipeline.evaluate.config import EvalConfig
 from dit_pipeline.extract.config import (CPU_DEFAULT_BATCH, DTYPES, GPU_DEFAULT_BATCH, MAX_AUTO_WORKERS, STORES,
                                           ExtractConfig)
-from dit_pipeline.sample.config import (CFG_CHANNELS, DIFFUSION_FORMS, EXPORT_TARGETS, OBJECTIVES, SAMPLERS, WEIGHTS,
-                                         ExportConfig, SampleConfig)
+from dit_pipeline.sample.config import (CFG_CHANNELS, DIFFUSION_FORMS, EXPORT_TARGETS, FLOW_CONVENTIONS, OBJECTIVES,
+                                         SAMPLERS, WEIGHTS, ExportConfig, SampleConfig)
 from dit_pipeline.sample.plan import LABEL_SAMPLINGS
 from dit_pipeline.train.config import GROUPS as TRAIN_GROUPS
 from dit_pipeline.train.config import TrainConfig
@@ -203,9 +203,16 @@ def sample_main() -> None:
 @_weights_options
 @click.option("--sampler", type=click.Choice(SAMPLERS), default=default(SampleConfig, "sampler"), show_default=True)
 @click.option("--steps", type=int, default=default(SampleConfig, "steps"), show_default=True,
-              help="Sampling steps (ddpm/ddim: respaced; flow samplers: integration intervals).")
+              help="Sampling steps: ddpm/ddim respaced steps; euler/heun integration intervals; euler-maruyama "
+              "SiT's and REPA's num_steps (the points of SiT's time grid: steps - 1 SDE steps and the noise-free "
+              "last step, so 250 is their 250-step setting). Network evaluations = steps (heun: 2 per step).")
 @click.option("--objective", type=click.Choice(OBJECTIVES), default=None,
-              help="ddpm or flow, for a file that does not record it [recorded; else flow for SiT-* files, ddpm].")
+              help="ddpm or flow, for a file that does not record it [recorded; else flow for SiT-* files and REPA's "
+              "files, ddpm].")
+@click.option("--flow-convention", type=click.Choice(FLOW_CONVENTIONS), default=None,
+              help="The flow network's time: sit (t = 0 noise, predicts data - noise: SiT and our models) or repa "
+              "(t = 1 noise, predicts noise - data: REPA's checkpoints, sampled at 1 - t with the sign flipped) "
+              "[recorded; else repa for files with REPA's projector keys or training args, else sit].")
 @click.option("--diffusion-form", type=click.Choice(DIFFUSION_FORMS), default=default(SampleConfig, "diffusion_form"),
               show_default=True, help="euler-maruyama: SiT's diffusion coefficient D(t).")
 @click.option("--diffusion-norm", type=float, default=default(SampleConfig, "diffusion_norm"), show_default=True,
@@ -217,6 +224,11 @@ def sample_main() -> None:
 @click.option("--cfg-channels", type=click.Choice(CFG_CHANNELS), default=default(SampleConfig, "cfg_channels"),
               show_default=True,
               help="Guide the first 3 latent channels (the reference, for its published FIDs) or all.")
+@click.option("--guidance-interval", type=float, nargs=2, default=None, metavar="LOW HIGH",
+              callback=lambda ctx, param, v: None if v is None else list(v),
+              help="Guide only where the noise level is in [LOW, HIGH] (ends included), elsewhere run the "
+              "conditional model alone. Noise level, 1 = pure noise: flow models 1 - t (SiT's t), which is "
+              "REPA's t (REPA's --guidance_high 0.7 is 0 0.7); ddpm/ddim the timestep index / 1000.")
 @click.option("--class-labels", callback=_parse_class_labels, default=None,
               help="Comma-separated class ids (one sample each; repeated cyclically with --num-samples).")
 @click.option("--num-samples", type=int, default=None, help="Number of samples; classes chosen by --labels "

@@ -18,6 +18,8 @@ row) the moment it is measured, so a run killed at its time limit keeps everythi
             eager, batch 32, cfg 1.5, one-image VAE decodes) and dit-eval's Inception pass (batch 64) over
             50,000 samples and the 10,000-image reference batch; projected hours on 1 and 8 GPUs
   loader    the training loader's latents/s with 16 workers on a synthetic shard set
+  repa      REPA's cost (bench/repa.py): the DINOv2 ViT-B/14 teacher forward, the plain flow step and the step
+            with teacher + projector + loss at the training size; images/s, MFU, peak memory, their ratio
 
     bash bench/gpu.sh                        # on the GPU machine (<= 8 minutes)
     python bench/gpu.py --smoke --out DIR    # tiny sizes on a CPU (the test suite runs this)
@@ -36,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-PREFLIGHT = ("numpy", "torch", "diffusers", "webdataset", "safetensors", "click", "yaml", "tqdm", "PIL")
+PREFLIGHT = ("numpy", "torch", "diffusers", "webdataset", "safetensors", "click", "yaml", "tqdm", "PIL", "timm")
 
 
 def preflight() -> None:
@@ -64,6 +66,7 @@ from dit_pipeline.train.metrics import peak_tflops  # noqa: E402
 from gpu_fid import fid_section  # noqa: E402
 from gpu_sections import extract_section, loader_section, sample_section, write_shards  # noqa: E402
 from gpu_train import train_section  # noqa: E402
+from repa import repa_section  # noqa: E402
 
 
 class Results:
@@ -122,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="bench-gpu-out", help="folder for results.jsonl")
     p.add_argument("--smoke", action="store_true", help="tiny sizes, runs on a CPU")
     p.add_argument("--budget-s", type=float, default=450.0, help="stop starting sections after this long")
-    p.add_argument("--only", nargs="+", choices=["train", "extract", "sample", "fid", "loader"], default=None)
+    p.add_argument("--only", nargs="+", choices=["train", "extract", "sample", "fid", "loader", "repa"], default=None)
     a = p.parse_args(argv)
     t_start = time.monotonic()
     res = Results(Path(a.out), t_start + a.budget_s)
@@ -134,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
             device=torch.cuda.get_device_name(0) if device.type == "cuda" else f"{platform.machine()} CPU",
             cuda=torch.version.cuda, peak_tflops=peak_tflops(device), smoke=a.smoke)
     work = Path(tempfile.mkdtemp(prefix="bench-gpu-"))
-    want = set(a.only or ["train", "extract", "sample", "fid", "loader"])
+    want = set(a.only or ["train", "extract", "sample", "fid", "loader", "repa"])
     try:
         shards = work / "shards"
         write_shards(shards, shards=1, per_shard=2 * s["batch"], latent=s["latent"])
@@ -148,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
             res.section("fid", lambda: fid_section(res, s, device), 60)
         if "loader" in want:
             res.section("loader", lambda: loader_section(res, s, work / "loader"), 30)
+        if "repa" in want:
+            res.section("repa", lambda: repa_section(res, s, device), 90)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     res.add("env", "done", wall_s=time.monotonic() - t_start,

@@ -8,6 +8,7 @@ The calling conventions follow the DiT reference scripts, so they port with an i
     state_dict, info = dit.load_dit_weights("DiT-XL-2-256x256.pt")
 """
 from .diffusion import GaussianDiffusion, create_diffusion, linear_betas
+from . import repa
 from .flow import FLOW_SAMPLERS, FlowMatching, create_flow
 from .flops import forward_macs, train_flops_per_image
 from .models import (MODEL_PRESETS, DiT, DiT_models, canonical_model_name, create_model,
@@ -21,5 +22,5 @@ __all__ = [
     "FLOW_SAMPLERS", "FlowMatching", "canonical_model_name", "check_state_dict", "create_diffusion",
     "create_flow", "create_model", "forward_macs",
     "infer_model_config", "linear_betas", "load_dit_weights", "make_sidecar", "model_from_config", "pos_embed_2d",
-    "read_sidecar", "sidecar_path", "space_timesteps", "timestep_embedding", "train_flops_per_image",
+    "read_sidecar", "repa", "sidecar_path", "space_timesteps", "timestep_embedding", "train_flops_per_image",
 ]

@@ -14,16 +14,22 @@ Convention (SiT's "Linear" path, so that the official SiT checkpoints run unchan
 Training times: "uniform" U(0, 1) (SiT), or "logit-normal" t = sigmoid(mean + scale * n), n ~ N(0, 1)
 (Esser et al. 2024, SD3). SD3 draws its noise level sigma = 1 - t, so SD3's location m is mean = -m here.
 
-Samplers (`steps` = number of integration intervals on a uniform grid):
-- "euler", "heun": the probability-flow ODE from 0 to 1 (1 and 2 velocity evaluations per interval;
-  Heun is the explicit trapezoid rule, its corrector evaluating the field at the interval's end, t = 1
-  included: a velocity field is finite on all of [0, 1]).
+Samplers:
+- "euler", "heun": the probability-flow ODE from 0 to 1 in `steps` intervals of a uniform grid (1 and 2
+  velocity evaluations per interval; Heun is the explicit trapezoid rule, its corrector evaluating the field
+  at the interval's end, t = 1 included: a velocity field is finite on all of [0, 1]).
 - "euler-maruyama": the SDE dx = [v + D(t) s(x, t)] dt + sqrt(2 D(t)) dW with the score recovered from the
-  velocity, s = (t v - x) / (1 - t), on SiT's grid: from t0 to 1 - last_step_size in `steps` intervals,
-  then one noise-free "Mean" step of size last_step_size. D(t) is one of SiT's diffusion forms (norm w):
-  constant w; SBDM w (1 - t) / t (t0 = sample_eps so that it is finite); sigma w (1 - t); linear w (1 - t);
-  decreasing 0.25 (w cos(pi t) + 1)^2; increasing-decreasing w sin(pi t)^2.
+  velocity, s = (t v - x) / (1 - t), on SiT's grid: `steps` is SiT's `num_steps`, the number of grid points
+  from t0 to 1 - last_step_size, so steps - 1 Euler-Maruyama steps, then one noise-free "Mean" step of size
+  last_step_size: `steps` velocity evaluations in all, as SiT's (and REPA's) 250-step setting. D(t) is one of
+  SiT's diffusion forms (norm w): constant w; SBDM w (1 - t) / t (t0 = sample_eps so that it is finite);
+  sigma w (1 - t); linear w (1 - t); decreasing 0.25 (w cos(pi t) + 1)^2; increasing-decreasing w sin(pi t)^2.
 All noise comes from the generators given (one per sample: each sample's draws come from its own only).
+
+Networks trained in REPA's convention (x_t = (1 - t) x_data + t eps, t = 1 noise, predicting eps - x_data;
+Yu et al. 2024, the released REPA checkpoints) sample with `convention="repa"`: the field calls the network at
+1 - t and negates its output, so every sampler above runs unchanged in SiT's time. With D = sigma (norm 1),
+last_step_size 0.04 and `steps` 250 the SDE is then exactly REPA's Euler-Maruyama sampler (time reversed).
 """
 from __future__ import annotations
 
@@ -39,6 +45,7 @@ T_SAMPLINGS = ("uniform", "logit-normal")
 ODE_SAMPLERS = ("euler", "heun")
 SDE_SAMPLERS = ("euler-maruyama",)
 FLOW_SAMPLERS = ODE_SAMPLERS + SDE_SAMPLERS
+FLOW_CONVENTIONS = ("sit", "repa")  # the network's time direction and sign (module docstring)
 DIFFUSION_FORMS = ("sigma", "SBDM", "constant", "linear", "decreasing", "increasing-decreasing")
 SAMPLE_EPS = 1e-3       # SiT's default start of the SDE grid (used by the SBDM form only)
 LAST_STEP_SIZE = 0.04   # SiT's default size of the final noise-free SDE step
@@ -132,9 +139,11 @@ class FlowMatching:
     def sample_loop(self, model: Model, noise: torch.Tensor, *, sampler: str = "euler", steps: int = 50,
                     model_kwargs: dict[str, Any] | None = None, generator: Generators = None,
                     diffusion_form: str = "sigma", diffusion_norm: float = 1.0,
-                    last_step_size: float = LAST_STEP_SIZE, sample_eps: float = SAMPLE_EPS) -> torch.Tensor:
-        """Integrate from noise (t = 0) to data (t = 1) -> float32 samples shaped like `noise`."""
-        field = velocity_field(model, noise.shape[1], model_kwargs)
+                    last_step_size: float = LAST_STEP_SIZE, sample_eps: float = SAMPLE_EPS,
+                    convention: str = "sit") -> torch.Tensor:
+        """Integrate from noise (t = 0) to data (t = 1) -> float32 samples shaped like `noise`; `convention`
+        is the network's ("sit", or "repa": called at 1 - t, output negated)."""
+        field = velocity_field(model, noise.shape[1], model_kwargs, convention=convention)
         if sampler in ODE_SAMPLERS:
             return ode_solve(field, noise, steps=steps, method=sampler)
         if sampler in SDE_SAMPLERS:
@@ -152,12 +161,19 @@ def velocity_of(out: torch.Tensor, channels: int) -> torch.Tensor:
     raise ValueError(f"model output has {out.shape[1]} channels; expected {channels} or {2 * channels}")
 
 
-def velocity_field(model: Model, channels: int,
-                   model_kwargs: dict[str, Any] | None) -> Callable[[torch.Tensor, float], torch.Tensor]:
-    """(x [N, C, ...], t float) -> float32 v(x, t), calling model(x, t [N], **model_kwargs)."""
+def velocity_field(model: Model, channels: int, model_kwargs: dict[str, Any] | None,
+                   convention: str = "sit") -> Callable[[torch.Tensor, float], torch.Tensor]:
+    """(x [N, C, ...], t float) -> float32 v(x, t) in SiT's convention, calling model(x, t [N], **model_kwargs);
+    a "repa" network is called at 1 - t (computed in float64 before the float32 cast) and its output negated."""
+    if convention not in FLOW_CONVENTIONS:
+        raise ValueError(f"unknown flow convention {convention!r}; choose one of: {', '.join(FLOW_CONVENTIONS)}")
+    reverse = convention == "repa"
+
     def field(x: torch.Tensor, t: float) -> torch.Tensor:
-        tt = torch.full((x.shape[0],), float(t), device=x.device, dtype=torch.float32)
-        return velocity_of(model(x, tt, **(model_kwargs or {})), channels).float()
+        tt = torch.full((x.shape[0],), 1.0 - float(t) if reverse else float(t), device=x.device,
+                        dtype=torch.float32)
+        v = velocity_of(model(x, tt, **(model_kwargs or {})), channels).float()
+        return -v if reverse else v
     return field
 
 
@@ -189,9 +205,12 @@ def ode_solve(field: Callable[[torch.Tensor, float], torch.Tensor], x: torch.Ten
 def sde_solve(field: Callable[[torch.Tensor, float], torch.Tensor], x: torch.Tensor, *, steps: int,
               generator: Generators = None, form: str = "sigma", norm: float = 1.0,
               last_step_size: float = LAST_STEP_SIZE, sample_eps: float = SAMPLE_EPS) -> torch.Tensor:
-    """Euler-Maruyama for dx = [v + D s] dt + sqrt(2 D) dW on SiT's grid, then the "Mean" last step."""
+    """Euler-Maruyama for dx = [v + D s] dt + sqrt(2 D) dW on SiT's grid of `steps` points (steps - 1 steps),
+    then the "Mean" last step: `steps` field evaluations (steps - 1 when last_step_size is 0), as SiT's."""
     if not 0 <= last_step_size < 1:
         raise ValueError(f"last_step_size must be in [0, 1), got {last_step_size}")
+    if steps < 2:
+        raise ValueError(f"the SDE needs steps >= 2 (SiT's num_steps: points of its time grid), got {steps}")
     t0 = sample_eps if form == "SBDM" else 0.0
     t1 = 1.0 - last_step_size
     x = x.float()
@@ -202,7 +221,7 @@ def sde_solve(field: Callable[[torch.Tensor, float], torch.Tensor], x: torch.Ten
         v = field(x, t)
         return v + d * score_from_velocity(v, x, tt), d
 
-    ts = time_grid(t0, t1, steps)
+    ts = time_grid(t0, t1, steps - 1)
     for a, b in zip(ts[:-1], ts[1:]):
         h = b - a
         dw = _randn(x.shape, x.device, generator) * math.sqrt(h)

@@ -301,22 +301,32 @@ class DiT(nn.Module):
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor,
                 force_drop_ids: torch.Tensor | None = None,
-                generator: torch.Generator | None = None) -> torch.Tensor:
+                generator: torch.Generator | None = None,
+                return_hidden: int | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """x [N, C, S, S] latents, t [N] timesteps (0..999), y [N] labels (num_classes = null).
 
         Class dropout: in train mode each label becomes null with probability class_dropout_prob,
         drawn from `generator` (or the global RNG). `force_drop_ids` [N] (1 = drop) overrides the draw
         in any mode, so a trainer can make dropout a function of its own seeds.
+        `return_hidden=k` (1..depth) also returns the token hidden state after block k, [N, T, D], from the
+        same pass: (out, hidden). REPA's `encoder_depth` is this k (REPA aligns it with a teacher).
         """
         self._check_inputs(x, t, y)
+        if return_hidden is not None and (isinstance(return_hidden, bool) or not isinstance(return_hidden, int)
+                                          or not 1 <= return_hidden <= self.depth):
+            raise ValueError(f"return_hidden must be a block count in 1..{self.depth}, got {return_hidden!r}")
         h = self.x_embedder(x) + self.pos_embed  # [N, T, D]
         c = self.t_embedder(t) + self.y_embedder(y, force_drop_ids, generator)  # [N, D]
-        for block in self.blocks:
+        hidden = None
+        for i, block in enumerate(self.blocks):
             if block.grad_checkpointing and torch.is_grad_enabled():
                 h = checkpoint(block, h, c, use_reentrant=False)
             else:
                 h = block(h, c)
-        return self.unpatchify(self.final_layer(h, c))  # [N, Cout, S, S]
+            if i + 1 == return_hidden:
+                hidden = h  # [N, T, D]
+        out = self.unpatchify(self.final_layer(h, c))  # [N, Cout, S, S]
+        return out if return_hidden is None else (out, hidden)
 
     def forward_with_cfg(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor,
                          cfg_scale: float | torch.Tensor,

@@ -2,7 +2,9 @@
 
 Accepted: the official release files (a bare state_dict, e.g. DiT-XL-2-256x256.pt), checkpoints of the
 reference training script ({"model", "ema", "opt", "args"} with a pickled argparse.Namespace), this
-project's checkpoints (docs/ARCHITECTURE.md: format "dit-pipeline.checkpoint"), and .safetensors files.
+project's checkpoints (docs/ARCHITECTURE.md: format "dit-pipeline.checkpoint"), and .safetensors files; REPA's
+release file (a bare SiT state_dict with its projector heads, `projectors.<i>.*`) and REPA train.py checkpoints
+load too: the projector keys are dropped and info["flow_convention"] says the network runs REPA's time.
 A bare state_dict may have a JSON sidecar beside it (`step-0001000-ema.pt` -> `step-0001000-ema.json`, written
 by the trainer): its model_config (the head count is invisible in tensor shapes), latent scale and step are
 used, and checked against the tensors.
@@ -27,6 +29,7 @@ import torch
 from .blocks import BLOCK_OPTIONS
 from .formats import CHECKPOINT_FORMAT, CHECKPOINT_VERSION, SIDECAR_FORMAT, SIDECAR_VERSION
 from .models import MODEL_PRESETS, DiT, canonical_model_name, model_from_config, pos_embed_2d
+from .repa import PROJECTOR_KEY
 
 _PREFIXES = ("module.", "_orig_mod.")
 
@@ -58,13 +61,52 @@ def load_dit_weights(path: str | Path, prefer: str = "ema") -> tuple[dict[str, t
         info.update(source="dit-pipeline", weights="ema", model_config=sidecar["model_config"],
                     latent=sidecar.get("latent"), step=sidecar.get("step"), sidecar=str(sidecar_path(path)),
                     objective=sidecar.get("objective", "ddpm"))  # sidecars before the key: ddpm
+        if sidecar.get("flow_convention") in ("sit", "repa"):
+            info["flow_convention"] = sidecar["flow_convention"]
         where = f"{path} with its sidecar {sidecar_path(path).name}"
     state_dict = _strip_prefixes(state_dict, path)
+    state_dict = _read_repa_format(state_dict, info, where)
     info["path"] = str(path)
     info["model_config"] = infer_model_config(state_dict, info.get("model_config"), info.get("args"),
                                               where=where)
     info["preset"] = info["model_config"]["model"]
     return state_dict, info
+
+
+def _read_repa_format(state_dict: dict[str, torch.Tensor], info: dict[str, Any],
+                      where: str) -> dict[str, torch.Tensor]:
+    """Drop REPA's projector keys (`projectors.<i>.*`: training-only heads) and say how the file's flow time
+    runs: info["flow_convention"] ("sit" | "repa") and info["flow_convention_from"] (why). A file that records its
+    objective (ours) is SiT's convention unless it records "repa"; a file that does not is REPA's when it has
+    projector keys or REPA's training args (proj_coeff / enc_type), since REPA trains x_t = (1 - t) x + t eps."""
+    projectors = {k: v for k, v in state_dict.items() if k.startswith("projectors.")}
+    args = info.get("args") or {}
+    repa_args = sorted(k for k in ("proj_coeff", "enc_type", "encoder_depth") if k in args)
+    if projectors or repa_args:
+        last = {}
+        for key, value in projectors.items():
+            if (m := PROJECTOR_KEY.match(key)) and m.group(3) == "weight":
+                i, j = int(m.group(1)), int(m.group(2))
+                if j >= last.get(i, (-1, 0))[0]:
+                    last[i] = (j, int(value.shape[0]))
+        info["repa"] = {"projectors": len(last), "z_dims": [last[i][1] for i in sorted(last)],
+                        **{k: args[k] for k in ("enc_type", "encoder_depth", "proj_coeff") if k in args}}
+        if "blocks.0.attn.q_norm.bias" in state_dict:
+            raise WeightsError(f"{where}: REPA's --qk-norm (a LayerNorm with bias per head) is not this project's "
+                               "qk_norm (RMSNorm); such a checkpoint cannot be loaded")
+        if str(args.get("path_type", "linear")) != "linear" or str(args.get("prediction", "v")) != "v":
+            raise WeightsError(f"{where}: REPA trained with path_type={args.get('path_type')!r}, prediction="
+                               f"{args.get('prediction')!r}; only its linear path with velocity prediction is "
+                               "supported")
+    if info.get("objective") is not None and info["source"] in ("dit-pipeline", "safetensors"):
+        info.setdefault("flow_convention", "sit")
+        info["flow_convention_from"] = "recorded"
+    elif projectors or repa_args:
+        info.update(objective="flow", flow_convention="repa",
+                    flow_convention_from="REPA's projector keys" if projectors else f"REPA's training args {repa_args}")
+    else:
+        info.update(flow_convention="sit", flow_convention_from="default")
+    return {k: v for k, v in state_dict.items() if not k.startswith("projectors.")}
 
 
 def build_model_from_weights(state_dict: dict[str, torch.Tensor], info: dict[str, Any],
@@ -185,6 +227,8 @@ def _read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, An
     info: dict[str, Any] = {"source": "safetensors", "weights": "state_dict"}
     if metadata.get("objective") in ("ddpm", "flow"):
         info["objective"] = metadata["objective"]
+        if metadata.get("flow_convention") in ("sit", "repa"):
+            info["flow_convention"] = metadata["flow_convention"]
     elif metadata.get("format") == "dit-pipeline.weights":
         info["objective"] = "ddpm"  # our exports before the key existed
     if "model_config" in metadata:
@@ -217,7 +261,7 @@ def _unpack(obj: Any, path: Path, prefer: str) -> tuple[dict[str, torch.Tensor],
                            f"state_dicts; found keys {sorted(map(str, obj))[:12]}")
     info: dict[str, Any] = {"source": "dit-pipeline" if own else "reference-train", "weights": chosen}
     if own:
-        for key in ("model_config", "latent", "step", "config", "objective"):
+        for key in ("model_config", "latent", "step", "config", "objective", "flow_convention"):
             if key in obj:
                 info[key] = obj[key]
         info.setdefault("objective", "ddpm")  # our checkpoints before the key existed

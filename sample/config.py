@@ -25,6 +25,7 @@ SAMPLERS = DDPM_SAMPLERS + FLOW_SAMPLERS
 # ODE); FID samples as the papers' tables do (DDPM; flow: the Euler ODE, as the grids).
 GRID_SAMPLER = {"ddpm": "ddim", "flow": "euler"}
 FID_SAMPLER = {"ddpm": "ddpm", "flow": "euler"}
+FLOW_CONVENTIONS = ("sit", "repa")  # dit.flow: SiT's time (t = 0 noise) or REPA's (t = 1 noise, sign flipped)
 DIFFUSION_FORMS = ("sigma", "SBDM", "constant", "linear", "decreasing", "increasing-decreasing")
 CFG_CHANNELS = ("3", "all")
 WEIGHTS = ("ema", "model")
@@ -48,11 +49,15 @@ class SampleConfig:
     sampler: str = "ddpm"  # ddpm models: ddpm, ddim; flow models: euler, heun, euler-maruyama
     steps: int = 250
     objective: str | None = None  # ddpm | flow; None: what the checkpoint records (SiT-* files: flow)
+    flow_convention: str | None = None  # sit | repa; None: recorded, else repa for REPA's files, else sit
     diffusion_form: str = "sigma"  # euler-maruyama: SiT's diffusion coefficient D(t) and its norm
     diffusion_norm: float = 1.0
     last_step_size: float = 0.04  # euler-maruyama: SiT's final noise-free step
     cfg_scale: float = 4.0
     cfg_channels: str = "3"  # "3": guide the first 3 latent channels as the reference does; "all"
+    # [low, high]: guide only where the noise level (1 = noise: flow 1 - t in SiT's time, i.e. REPA's t; DDPM
+    # timestep index / 1000) is in [low, high], both ends included; elsewhere the conditional model alone
+    guidance_interval: list[float] | None = None
     class_labels: list[int] | None = None
     num_samples: int | None = None
     labels: str = "uniform"  # classes of --num-samples without --class-labels: "uniform" draws or "equal" counts
@@ -141,6 +146,15 @@ class SampleConfig:
                      f"{TRAIN_TIMESTEPS} steps); nearest valid counts: {near}")
         if not self.cfg_scale >= 1.0:
             p.append(f"--cfg-scale must be >= 1 (1 = no guidance), got {self.cfg_scale}")
+        p += self._check_interval()
+        if self.sampler == "euler-maruyama" and self.steps < 2:
+            p.append(f"--steps {self.steps}: the SDE counts the points of SiT's time grid (its num_steps: steps - 1 "
+                     "Euler-Maruyama steps and the last step); pass --steps >= 2")
+        if self.flow_convention is not None and self.flow_convention not in FLOW_CONVENTIONS:
+            p.append(f"--flow-convention must be one of {FLOW_CONVENTIONS}, got {self.flow_convention!r}")
+        elif self.flow_convention is not None and self.sampler in DDPM_SAMPLERS:
+            p.append(f"--flow-convention applies to flow models (samplers {', '.join(FLOW_SAMPLERS)}), not to "
+                     f"--sampler {self.sampler}")
         if self.objective is not None and self.objective not in OBJECTIVES:
             p.append(f"--objective must be one of {OBJECTIVES}, got {self.objective!r}")
         elif self.objective is not None and self.sampler in SAMPLERS and \
@@ -152,6 +166,17 @@ class SampleConfig:
         if not 0.0 <= self.last_step_size < 1.0:
             p.append(f"--last-step-size must be in [0, 1), got {self.last_step_size}")
         return p
+
+    def _check_interval(self) -> list[str]:
+        if self.guidance_interval is None:
+            return []
+        iv = list(self.guidance_interval)
+        if len(iv) != 2 or not all(isinstance(v, (int, float)) and 0.0 <= v <= 1.0 for v in iv) or iv[0] > iv[1]:
+            return [f"--guidance-interval takes LOW HIGH with 0 <= LOW <= HIGH <= 1 (noise levels), got {iv}"]
+        if not self.cfg_scale > 1.0:
+            return [f"--guidance-interval {iv[0]} {iv[1]} limits classifier-free guidance, but --cfg-scale is "
+                    f"{self.cfg_scale} (no guidance); pass --cfg-scale > 1 or drop --guidance-interval"]
+        return []
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -163,6 +163,8 @@ def export_safetensors(state_dict: dict[str, torch.Tensor], info: dict[str, Any]
     if info.get("step") is not None:
         metadata["step"] = str(info["step"])
     metadata["objective"] = str(info.get("objective") or "ddpm")
+    if metadata["objective"] == "flow" and info.get("flow_convention") == "repa":
+        metadata["flow_convention"] = "repa"  # REPA's time (dit.flow): lost, the file would sample wrongly
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = output.parent / f"{TMP_PREFIX}{output.name}.{os.getpid()}"
     try:

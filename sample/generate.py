@@ -36,29 +36,52 @@ def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.Abst
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
+def noise_level_fn(objective: str, flow_convention: str = "sit") -> Callable[[float], float]:
+    """The network's time input -> its noise level in [0, 1] (1 = pure noise), the scale of --guidance-interval:
+    DDPM timestep index / 1000; SiT-convention flow 1 - t; REPA-convention flow t itself."""
+    if objective == "ddpm":
+        return lambda t: t / 1000.0
+    return (lambda t: t) if flow_convention == "repa" else (lambda t: 1.0 - t)
+
+
 def guided_model_fn(model: nn.Module, *, cfg_scale: float, cfg_channels: str | int = "3",
-                    autocast_dtype: torch.dtype | None = None, compile: bool = False) -> Callable[..., torch.Tensor]:
+                    autocast_dtype: torch.dtype | None = None, compile: bool = False,
+                    guidance_interval: Sequence[float] | None = None,
+                    noise_level: Callable[[float], float] | None = None) -> Callable[..., torch.Tensor]:
     """model_fn(x [B, C, S, S], t [B], y [B]) -> float32 [B, Cout, S, S] for the diffusion loops.
 
     With cfg_scale > 1 each call runs the network on [x; x] with labels [y; null] and returns the guided
     conditional half; cfg_scale == 1 is the plain conditional model, as in the reference.
+    guidance_interval (low, high) with noise_level (noise_level_fn): guided only where low <= noise_level(t) <=
+    high (Kynkaanniemi et al. 2024; REPA's guidance_low/high), elsewhere one pass of the conditional model alone.
     compile: torch.compile the network call (static shapes: the one shorter last batch recompiles once).
     """
     guide = guide_channels_arg(cfg_channels)
     null_class = int(model.num_classes)
+    if guidance_interval is not None and noise_level is None:
+        raise ValueError("guidance_interval needs noise_level (the network's time -> noise level)")
     # forward_with_cfg calls self.forward directly, so the bound method itself is what gets compiled.
-    net = model.forward_with_cfg if cfg_scale > 1.0 else model
+    guided = model.forward_with_cfg if cfg_scale > 1.0 else None
+    plain = model if cfg_scale <= 1.0 or guidance_interval is not None else None
     if compile:
-        net = torch.compile(net, dynamic=False)
+        guided, plain = (torch.compile(f, dynamic=False) if f is not None else None for f in (guided, plain))
+
+    def use_guidance(t: torch.Tensor) -> bool:
+        if guided is None:
+            return False
+        if guidance_interval is None:
+            return True
+        level = noise_level(float(t[0]))
+        return guidance_interval[0] <= level <= guidance_interval[1]
 
     def model_fn(x: torch.Tensor, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         with autocast(x.device, autocast_dtype):
-            if cfg_scale > 1.0:
+            if use_guidance(t):
                 y_null = torch.full_like(y, null_class)
-                out = net(torch.cat([x, x]), torch.cat([t, t]), torch.cat([y, y_null]), cfg_scale,
-                          guide_channels=guide)[: x.shape[0]]
+                out = guided(torch.cat([x, x]), torch.cat([t, t]), torch.cat([y, y_null]), cfg_scale,
+                             guide_channels=guide)[: x.shape[0]]
             else:
-                out = net(x, t, y)
+                out = plain(x, t, y)
         return out.float()  # the diffusion math stays in float32 whatever the model ran in
 
     return model_fn
@@ -80,18 +103,19 @@ class FlowLoop:
     diffusion_form: str = "sigma"
     diffusion_norm: float = 1.0
     last_step_size: float = dit.flow.LAST_STEP_SIZE
+    convention: str = "sit"  # the network's time convention (dit.flow; "repa" for REPA's checkpoints)
 
     def __call__(self, fn: Callable, noise: torch.Tensor, labels: torch.Tensor,
                  generators: Sequence[torch.Generator]) -> torch.Tensor:
         return dit.create_flow().sample_loop(fn, noise, sampler=self.sampler, steps=self.steps,
                                              model_kwargs={"y": labels}, generator=list(generators),
                                              diffusion_form=self.diffusion_form, diffusion_norm=self.diffusion_norm,
-                                             last_step_size=self.last_step_size)
+                                             last_step_size=self.last_step_size, convention=self.convention)
 
 
 def make_diffusion(sampler: str, steps: int, learn_sigma: bool = True, **flow_options):
     """The respaced DiT diffusion for a sampler: "ddpm" -> "N" sections, "ddim" -> "ddimN"; a FlowLoop for the
-    flow samplers (euler, heun, euler-maruyama; `flow_options` are FlowLoop's SDE settings)."""
+    flow samplers (euler, heun, euler-maruyama; `flow_options` are FlowLoop's SDE settings and convention)."""
     if sampler in dit.FLOW_SAMPLERS:
         return FlowLoop(sampler, steps, **flow_options)
     return dit.create_diffusion(timestep_respacing=respacing(sampler, steps), learn_sigma=learn_sigma)

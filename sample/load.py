@@ -129,6 +129,17 @@ def resolve_objective(info: dict[str, Any], ckpt: str | Path, given: str | None)
     return "flow" if Path(ckpt).name.lower().startswith("sit-") else "ddpm"
 
 
+def resolve_flow_convention(info: dict[str, Any], ckpt: str | Path, given: str | None) -> str:
+    """The flow model's time convention ("sit" or "repa", dit.flow): what our files record (SiT's unless they
+    say "repa"); for other files --flow-convention, else "repa" when dit.load_dit_weights found REPA's projector
+    keys or training args, else "sit". UserError when --flow-convention contradicts a record."""
+    found, why = info.get("flow_convention", "sit"), info.get("flow_convention_from", "default")
+    if why == "recorded" and given is not None and given != found:
+        raise UserError(f"--flow-convention {given}, but {ckpt} records a flow model in {found}'s time; "
+                        "drop --flow-convention")
+    return given if given is not None else found
+
+
 def latent_scale(latent: dict[str, Any] | None, vae_identity: dict[str, Any],
                  log: logging.Logger | None = None) -> tuple[float, float | None]:
     """(scaling_factor, shift_factor) that decode this model's latents.

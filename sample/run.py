@@ -36,9 +36,10 @@ from dit_pipeline.common.precision import AUTOCAST_DTYPES, set_tf32
 from dit_pipeline.common.vae import DEFAULT_VAE, load_vae, recorded_vae
 from dit_pipeline.sample import plan
 from dit_pipeline.sample.config import DDPM_SAMPLERS, FLOW_SAMPLERS, SampleConfig
-from dit_pipeline.sample.generate import generate_images, guided_model_fn, make_diffusion
+from dit_pipeline.sample.generate import generate_images, guided_model_fn, make_diffusion, noise_level_fn
 from dit_pipeline.sample.grid import label_texts, png_bytes, save_grid
-from dit_pipeline.sample.load import LoadedModel, latent_scale, load_model, resolve_ckpt, resolve_objective
+from dit_pipeline.sample.load import (LoadedModel, latent_scale, load_model, resolve_ckpt, resolve_flow_convention,
+                                      resolve_objective)
 from dit_pipeline.sample.npz import RUN_FILE, PartStore, assemble_npz, parts_dir_for
 
 RECORD_FORMAT = "dit-pipeline.samples"
@@ -84,6 +85,11 @@ def _run(cfg: SampleConfig) -> SampleResult:
     labels = _labels(cfg, loaded)
     loaded.info["objective"] = resolve_objective(loaded.info, cfg.ckpt, cfg.objective)
     _check_compatible(cfg, loaded, vae_id)
+    if loaded.info["objective"] == "flow":
+        loaded.info["flow_convention"] = resolve_flow_convention(loaded.info, cfg.ckpt, cfg.flow_convention)
+        if loaded.info["flow_convention"] == "repa":
+            log.info("flow model in REPA's time (t = 1 noise; %s): called at 1 - t, its output negated",
+                     loaded.info.get("flow_convention_from") if cfg.flow_convention is None else "--flow-convention")
     image_size = int(loaded.config["input_size"]) * int(vae_id["downsample_factor"])
     if cfg.out:
         log = setup_logging(Path(cfg.out) / "logs", quiet=cfg.quiet)
@@ -96,9 +102,10 @@ def _run(cfg: SampleConfig) -> SampleResult:
                             Path(cfg.npz) if cfg.npz else None, _grid_path(cfg))
     done = set(state)
     remaining = [i for i in range(cfg.total) if i not in done]
-    log.info("sampling %d of %d images (%d already done) at %dx%d on %d process(es), %s %d steps, cfg %s",
+    log.info("sampling %d of %d images (%d already done) at %dx%d on %d process(es), %s %d steps, cfg %s%s",
              len(remaining), cfg.total, len(done), image_size, image_size, dist.world_size(), cfg.sampler,
-             cfg.steps, cfg.cfg_scale)
+             cfg.steps, cfg.cfg_scale, "" if cfg.guidance_interval is None else
+             f" where the noise level is in [{cfg.guidance_interval[0]}, {cfg.guidance_interval[1]}]")
     sampling_start = time.perf_counter()
     with pinned_threads(device, cfg.cpu_threads):  # the pixels must not depend on OMP_NUM_THREADS or torchrun
         produced = _sample_batches(cfg, loaded, vae, store, labels, remaining, scale, shift)
@@ -168,7 +175,8 @@ def _record(cfg: SampleConfig, loaded: LoadedModel, vae_id: dict[str, Any], scal
         "checkpoint_sha256": sha256_file(Path(cfg.ckpt).expanduser()), "weights": loaded.info["weights"],
         "model_config": loaded.config, "vae": vae_key, "scaling_factor": scale, "shift_factor": shift,
         "objective": loaded.info["objective"], "sampler": cfg.sampler, "steps": cfg.steps,
-        **_sde_settings(cfg), "cfg_scale": cfg.cfg_scale, "cfg_channels": cfg.cfg_channels,
+        **_sde_settings(cfg), **_optional_settings(cfg, loaded), "cfg_scale": cfg.cfg_scale,
+        "cfg_channels": cfg.cfg_channels,
         "seed": cfg.seed, "num_samples": cfg.total, "image_size": image_size, **_label_settings(cfg),
         "labels_sha256": hashlib.sha256(np.ascontiguousarray(labels, dtype="<i8").tobytes()).hexdigest(),
         "precision": cfg.precision, "tf32": cfg.tf32, "compile": cfg.compile,
@@ -193,6 +201,18 @@ def _sde_settings(cfg: SampleConfig) -> dict[str, Any]:
         return {}
     return {"diffusion_form": cfg.diffusion_form, "diffusion_norm": cfg.diffusion_norm,
             "last_step_size": cfg.last_step_size}
+
+
+def _optional_settings(cfg: SampleConfig, loaded: LoadedModel) -> dict[str, Any]:
+    """Fingerprint keys added later, present only where they apply, so the fingerprints of other runs are
+    unchanged: `sde_steps` (the SDE counts SiT's num_steps; runs recorded before took one step more and must
+    neither resume nor count as complete), the guidance interval, REPA's time convention."""
+    out: dict[str, Any] = {"sde_steps": "sit-num-steps"} if cfg.sampler == "euler-maruyama" else {}
+    if cfg.guidance_interval is not None:
+        out["guidance_interval"] = [float(v) for v in cfg.guidance_interval]
+    if loaded.info.get("flow_convention") == "repa" and loaded.info["objective"] == "flow":
+        out["flow_convention"] = "repa"
+    return out
 
 
 def _record_paths(cfg: SampleConfig) -> list[Path]:
@@ -249,10 +269,14 @@ def _sample_batches(cfg: SampleConfig, loaded: LoadedModel, vae, store: PartStor
     from tqdm.auto import tqdm
 
     model = loaded.model
+    convention = loaded.info.get("flow_convention", "sit")
+    flow = {"convention": convention} if cfg.sampler in FLOW_SAMPLERS else {}
     diffusion = make_diffusion(cfg.sampler, cfg.steps, learn_sigma=bool(loaded.config["learn_sigma"]),
-                               **_sde_settings(cfg))
+                               **_sde_settings(cfg), **flow)
     model_fn = guided_model_fn(model, cfg_scale=cfg.cfg_scale, cfg_channels=cfg.cfg_channels,
-                               autocast_dtype=AUTOCAST_DTYPES[cfg.precision], compile=cfg.compile)
+                               autocast_dtype=AUTOCAST_DTYPES[cfg.precision], compile=cfg.compile,
+                               guidance_interval=cfg.guidance_interval,
+                               noise_level=noise_level_fn(loaded.info["objective"], convention))
     batches = plan.rank_batches(remaining, cfg.batch_size, dist.rank(), dist.world_size())
     ws = dist.world_size()
     produced = 0

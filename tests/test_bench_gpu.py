@@ -39,13 +39,17 @@ def test_gpu_bench_smoke_writes_every_row(tmp_path):
     want = {("train", "fast-DiT-style fp16 eager"), ("train", "ours bf16 eager, attention auto"),
             ("train", "ours bf16 per-block compile, attention auto"), ("train", "memory-table row (eager)"),
             ("extract", "baseline fp32 batch 1, one view"), ("extract", "ours fp32 eager 2 view(s)"),
-            ("extract", "ours fp32 compiled 2 view(s)")}
+            ("extract", "ours fp32 compiled 2 view(s)"), ("repa", "teacher forward (tiny, no grad)"),
+            ("repa", "plain flow step (no REPA)"), ("repa", "REPA step (teacher + projector + loss)")}
     assert want <= set(names), sorted(set(names))
     rates = [row.get("img_s") or row.get("encodes_s") or row.get("latents_s") for row in rows
-             if row["section"] in ("train", "extract", "sample", "loader") and "row" not in row["name"]]
-    assert len(rates) >= 10 and all(isinstance(v, float) and math.isfinite(v) and v > 0 for v in rates), rates
+             if row["section"] in ("train", "extract", "sample", "loader", "repa") and "row" not in row["name"]
+             and "/" not in row["name"]]
+    assert len(rates) >= 13 and all(isinstance(v, float) and math.isfinite(v) and v > 0 for v in rates), rates
     sample = next(row for row in rows if row["section"] == "sample")
     assert sample["batch"] == 2 and sample["fid50k_hours"] > 0
+    ratio = next(row for row in rows if row["name"] == "REPA step / plain step")
+    assert ratio["time_ratio"] > 0 and ratio["flops_ratio"] > 1
     table = next(row for row in rows if row["name"] == "memory-table row (eager)")
     assert table["key"] == ["DiT-S/2", 8, "bf16", False, False] and set(table["peaks_gib"]) == {"1", "2", "4"}
     # the FID-50K recipe's cost: its three measured parts, then the projection, recomputed here from them

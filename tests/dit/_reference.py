@@ -74,8 +74,10 @@ def _silu(x):
     return x / (1 + torch.exp(-x))
 
 
-def ref_forward(model: dit.DiT, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """The DiT forward of docs/REFERENCE.md in float64 with the model's weights (labels used as given)."""
+def ref_forward(model: dit.DiT, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor,
+                hidden_after: int | None = None):
+    """The DiT forward of docs/REFERENCE.md in float64 with the model's weights (labels used as given);
+    with `hidden_after=k` also the tokens after block k: (out, hidden [N, T, D])."""
     sd = {k: v.double() for k, v in model.state_dict().items()}
     cfg = model.config
     n, p, d, heads = x.shape[0], cfg["patch_size"], cfg["hidden_size"], cfg["num_heads"]
@@ -108,6 +110,8 @@ def ref_forward(model: dit.DiT, x: torch.Tensor, t: torch.Tensor, y: torch.Tenso
         h = h + g1 * _linear(sd, pre + "attn.proj", torch.cat(heads_out, dim=-1))
         m = _layer_norm(h) * (1 + sc2) + sh2
         h = h + g2 * _linear(sd, pre + "mlp.fc2", _gelu_tanh(_linear(sd, pre + "mlp.fc1", m)))
+        if b + 1 == hidden_after:
+            hidden = h.clone()
     mod = _linear(sd, "final_layer.adaLN_modulation.1", _silu(c))
     shift, scale = mod[:, None, :d], mod[:, None, d:]
     out_tok = _linear(sd, "final_layer.linear", _layer_norm(h) * (1 + scale) + shift)
@@ -119,4 +123,4 @@ def ref_forward(model: dit.DiT, x: torch.Tensor, t: torch.Tensor, y: torch.Tenso
                 for b_ in range(p):
                     for ch in range(cout):
                         out[:, ch, i * p + a_, j * p + b_] = out_tok[:, i * g + j, (a_ * p + b_) * cout + ch]
-    return out
+    return out if hidden_after is None else (out, hidden)

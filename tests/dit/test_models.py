@@ -200,6 +200,47 @@ def test_compiles_fullgraph_forward_and_backward():
     assert model.blocks[0].attn.qkv.weight.grad is not None
 
 
+def test_return_hidden_is_the_tokens_after_block_k_and_changes_nothing_else():
+    model = tiny_model(depth=3).eval()
+    x = torch.randn(2, 4, 8, 8, generator=torch.Generator().manual_seed(5))
+    t, y = torch.tensor([3, 871]), torch.tensor([1, 5])
+    plain = model(x, t, y)
+    for k in (1, 2, 3):
+        out, hidden = model(x, t, y, return_hidden=k)
+        assert torch.equal(out, plain)  # the same computation, bit for bit
+        want_out, want_hidden = ref_forward(model, x, t, y, hidden_after=k)
+        assert hidden.shape == (2, 16, 32)
+        assert (hidden.double() - want_hidden).abs().max() / want_hidden.abs().max() < 1e-5
+        assert (out.double() - want_out).abs().max() / want_out.abs().max() < 1e-5
+    for bad in (0, 4, -1, 1.0, True):
+        with pytest.raises(ValueError, match=r"return_hidden must be a block count in 1..3"):
+            model(x, t, y, return_hidden=bad)
+
+
+def test_return_hidden_under_grad_checkpointing_and_regional_compile():
+    torch.manual_seed(0)
+    model = tiny_model(depth=3)
+    x, t, y = torch.randn(2, 4, 8, 8), torch.tensor([1, 2]), torch.tensor([0, 1])
+
+    def grads():
+        model.zero_grad()
+        out, hidden = model(x, t, y, force_drop_ids=torch.zeros(2), return_hidden=2)
+        (out.square().sum() + hidden.sin().sum()).backward()  # gradients reach the blocks through both
+        return hidden.detach(), [p.grad.clone() for p in model.parameters() if p.requires_grad]
+
+    hidden, plain = grads()
+    model.set_grad_checkpointing(True)
+    h2, ckpt = grads()
+    assert torch.equal(h2, hidden)
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(plain, ckpt))
+    model.set_grad_checkpointing(False)
+    for block in [*model.blocks, model.final_layer]:  # the trainer's per-block compile, in place
+        block.compile(backend="aot_eager")
+    h3, compiled = grads()
+    assert torch.allclose(h3, hidden, atol=1e-6)
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(plain, compiled))
+
+
 def test_bf16_autocast_is_finite_and_close():
     model = calm_model()
     x, t, y = torch.randn(4, 4, 8, 8), torch.tensor([0, 10, 500, 999]), torch.tensor([0, 1, 2, 5])
