@@ -69,6 +69,7 @@ class Teacher:
     def __init__(self, model: torch.nn.Module, *, grid: int, identity: dict[str, Any],
                  autocast_dtype: torch.dtype | None):
         self.model, self.grid, self.identity, self.autocast_dtype = model, grid, identity, autocast_dtype
+        self.autocast_auto = False  # load_teacher / build_teacher with "auto": to() follows the device
         self.patch_size = int(model.patch_embed.patch_size[0])
         self.image_size = self.patch_size * grid
         self.num_tokens, self.dim = grid * grid, int(model.embed_dim)
@@ -80,6 +81,15 @@ class Teacher:
     @property
     def device(self) -> torch.device:
         return self.mean.device
+
+    def to(self, device: torch.device | str) -> "Teacher":
+        """The teacher on `device` (in place); its autocast follows the device when it was "auto" (bf16 on CUDA)."""
+        device = torch.device(device)
+        self.model.to(device)
+        self.mean, self.std = self.mean.to(device), self.std.to(device)
+        if self.autocast_auto:
+            self.autocast_dtype = torch.bfloat16 if device.type == "cuda" else None
+        return self
 
     def forward_macs(self) -> int:
         """Multiply-accumulates of the network's forward for one image (as dit.forward_macs counts: the patch
@@ -129,18 +139,21 @@ def load_teacher(spec: str = DEFAULT_TEACHER, *, grid: int, device: torch.device
         raise ValueError(f"grid must be a positive integer (the DiT's token grid side), got {grid!r}")
     device = torch.device(device)
     arch_key, state_dict, identity = _read_weights(spec)
-    arch = TEACHERS[arch_key]
+    arch = TEACHERS[arch_key] if arch_key in TEACHERS else _described_arch(Path(spec).expanduser())
     with torch.random.fork_rng(devices=[]):  # timm initialises the model randomly before the weights arrive
         model = _build(arch, grid)
         sd = _to_timm_layout(state_dict, identity["layout"], model, grid)
         _check_keys(sd, model, f"--teacher {spec}", arch)
         model.load_state_dict(sd, strict=True)
     model = model.to(device).eval().requires_grad_(False)
-    if autocast_dtype == "auto":
+    auto = autocast_dtype == "auto"
+    if auto:
         autocast_dtype = torch.bfloat16 if device.type == "cuda" else None
     identity.update(name=arch_key, arch=arch.timm_name, registers=arch.registers, grid=grid,
                     image_size=int(model.patch_embed.patch_size[0]) * grid, features=int(model.embed_dim))
-    return Teacher(model, grid=grid, identity=identity, autocast_dtype=autocast_dtype)
+    teacher = Teacher(model, grid=grid, identity=identity, autocast_dtype=autocast_dtype)  # type: ignore[arg-type]
+    teacher.autocast_auto = auto
+    return teacher
 
 
 def build_teacher(arch: TeacherArch | str = DEFAULT_TEACHER, *, grid: int, device: torch.device | str = "cpu",
@@ -175,8 +188,9 @@ def _read_weights(spec: str) -> tuple[str, dict[str, torch.Tensor], dict[str, An
                           "weights_sha256": sha256_file(file)}
     if path.is_file():
         sd = _load_file(path, f"--teacher {spec}")
-        return _arch_of(sd, spec), sd, {"spec": spec, "kind": "file", "layout": _layout(sd),
-                                        "weights_sha256": sha256_file(path)}
+        described = _described_arch(path)
+        key = f"{described.label} ({path.name})" if described is not None else _arch_of(sd, spec)
+        return key, sd, {"spec": spec, "kind": "file", "layout": _layout(sd), "weights_sha256": sha256_file(path)}
     if path.exists() or spec.startswith((".", "/", "~")) or spec.count("/") != 1 or spec.endswith((".pth", ".pt")):
         raise UserError(f"--teacher {spec!r}: no such file ({path.absolute()}), and not one of "
                         f"{', '.join(TEACHERS)} (torch.hub names) or a Hugging Face id such as "
@@ -185,6 +199,42 @@ def _read_weights(spec: str) -> tuple[str, dict[str, torch.Tensor], dict[str, An
     sd = _load_file(file, f"--teacher {spec}")
     return _arch_of(sd, spec), sd, {"spec": spec, "kind": "hub", "layout": _layout(sd), "commit": commit,
                                     "weights_sha256": sha256_file(file)}
+
+
+ARCH_METADATA = "dit_pipeline.teacher_arch"  # safetensors metadata: a TeacherArch of the file's own size
+
+
+def save_teacher(path: str | Path, state_dict: dict[str, torch.Tensor], arch: TeacherArch) -> Path:
+    """Write timm-layout weights of a DINOv2-family ViT of any size as .safetensors that `--teacher PATH` loads:
+    the architecture (timm model and its size overrides) travels in the file's metadata, since a head count is
+    not visible in tensor shapes. The tests' tiny random teachers are such files."""
+    import json
+
+    from safetensors.torch import save_file
+
+    meta = {ARCH_METADATA: json.dumps({"timm_name": arch.timm_name, "meta_file": arch.meta_file,
+                                       "hf_id": arch.hf_id, "registers": arch.registers, "label": arch.label,
+                                       "overrides": arch.overrides}, sort_keys=True)}
+    path = Path(path)
+    save_file({k: v.contiguous() for k, v in state_dict.items()}, str(path), metadata=meta)
+    return path
+
+
+def _described_arch(path: Path) -> TeacherArch | None:
+    """The TeacherArch a .safetensors file describes in its metadata (save_teacher), else None."""
+    import json
+
+    if path.suffix.lower() != ".safetensors":
+        return None
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            text = (f.metadata() or {}).get(ARCH_METADATA)
+        return TeacherArch(**json.loads(text)) if text else None
+    except Exception as e:  # noqa: BLE001 - a damaged header or foreign metadata
+        raise UserError(f"--teacher {path}: its architecture metadata ({ARCH_METADATA}) is unreadable "
+                        f"({type(e).__name__}: {e})") from None
 
 
 def _torch_hub_file(name: str) -> Path:

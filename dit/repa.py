@@ -128,7 +128,7 @@ def training_losses(objective: Any, model: Callable[..., tuple[torch.Tensor, lis
                     x_start: torch.Tensor, t: torch.Tensor, targets: Sequence[torch.Tensor],
                     model_kwargs: dict[str, Any] | None = None, noise: torch.Tensor | None = None,
                     proj_coeff: float = PROJ_COEFF) -> dict[str, torch.Tensor]:
-    """The objective's per-sample losses with REPA's term added: {"loss", "mse", "vb", "proj"}, each [N];
+    """The objective's per-sample terms with REPA's added: {"loss", "mse" (, "vb"), "proj"}, each [N];
     loss = the objective's loss + proj_coeff * proj (so the batch mean is REPA's total).
 
     `objective`: dit.FlowMatching or dit.GaussianDiffusion (its training_losses calls the model once);

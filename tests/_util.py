@@ -139,3 +139,27 @@ def run_srun(cmd: str, args: Sequence[str], ntasks: int = 2, *, env: dict | None
                 p.kill()
                 p.wait()
     return done
+
+
+TINY_TEACHER = {"embed_dim": 32, "depth": 2, "num_heads": 2}  # a DINOv2-architecture ViT of width 32
+
+
+def make_tiny_teacher(path: Path, seed: int = 0) -> Path:
+    """A tiny random DINOv2-architecture teacher (ViT, patch 14, width 32, 2 blocks) as a .safetensors file that
+    `dit-train --repa PATH` loads (common.teacher.save_teacher: the architecture travels in its metadata)."""
+    import timm
+    import torch
+
+    from dit_pipeline.common.teacher import TeacherArch, save_teacher
+
+    arch = TeacherArch("vit_base_patch14_dinov2", "tiny_pretrain.pth", "none/tiny-dinov2", label="tiny DINOv2",
+                       overrides=TINY_TEACHER)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = timm.create_model(arch.timm_name, pretrained=False, num_classes=0, img_size=14 * 4, **TINY_TEACHER)
+        sd = {k: v.clone() for k, v in model.state_dict().items()}
+        g = torch.Generator().manual_seed(seed + 1)
+        for k in sd:  # layer scales of order 1 (timm starts them at 1e-5), so every block counts
+            if k.endswith("gamma"):
+                sd[k] = torch.randn(sd[k].shape, generator=g) * 0.5
+    return save_teacher(path, sd, arch)

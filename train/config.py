@@ -20,6 +20,7 @@ from dit_pipeline.common.settings import choice, flag_name, non_negative, positi
 from dit_pipeline.dit.formats import OBJECTIVES
 from dit_pipeline.evaluate.hook import FidSettings
 from dit_pipeline.sample.grid import GRIDS, GridSettings
+from dit_pipeline.train.repa import REPA, RepaSettings
 
 ATTENTION_BACKENDS = ("auto", "cudnn", "flash", "efficient", "math")  # train.speed applies them
 T_SAMPLINGS = ("uniform", "logit-normal")  # flow training times (dit.flow.FlowMatching)
@@ -28,14 +29,14 @@ DEFAULT_NUM_WORKERS = 4       # loader processes per rank, unless the shard set 
 
 DATA, MODEL, OBJECTIVE = "Data", "Model", "Objective"
 LENGTH, OPTIM, SPEED, CKPT = "Length and batch", "Optimisation", "Speed and memory", "Checkpoints and logging"
-GROUPS = (DATA, MODEL, OBJECTIVE, LENGTH, OPTIM, SPEED, CKPT, GRIDS)  # the order of dit-train --help
+GROUPS = (DATA, MODEL, OBJECTIVE, REPA, LENGTH, OPTIM, SPEED, CKPT, GRIDS)  # the order of dit-train --help
 
 
 @dataclass(kw_only=True)
-class TrainConfig(FidSettings, GridSettings):
-    """Every setting of a training run. The sample-grid and FID settings belong to their hooks' own types
-    (sample.config.GridSettings, evaluate.config.FidSettings), inherited here so that the stored config stays
-    one flat JSON object."""
+class TrainConfig(RepaSettings, FidSettings, GridSettings):
+    """Every setting of a training run. The sample-grid, FID and alignment settings belong to their own types
+    (sample.grid.GridSettings, evaluate.hook.FidSettings, train.repa.RepaSettings), inherited here so that the
+    stored config stays one flat JSON object."""
 
     # data
     shards: str = setting(help="Shard folder (with manifest.json), or a URL list 'a::b' / brace pattern "
@@ -166,6 +167,7 @@ class TrainConfig(FidSettings, GridSettings):
             canonical_model_name(self.model)
         except ValueError as e:
             p.append(f"--model: {e}")
+        p += self.repa_problems()
         p += self.grid_problems(fid_on=self.fid_every is not None)
         p += self.fid_problems()
         collect(p, "training configuration")

@@ -35,7 +35,10 @@ from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.faults import fault_point, fault_requested
 from dit_pipeline.common.log import get_logger, progress_enabled
 from dit_pipeline.common.seeding import STREAM_DROPOUT, STREAM_TIMESTEP, generator
+from dit_pipeline.common.teacher import Teacher
+from dit_pipeline.dit import repa
 from dit_pipeline.dit.models import DiT
+from dit_pipeline.dit.repa import REPAModel
 from dit_pipeline.train.checkpoint import CheckpointManager
 from dit_pipeline.train.data import Batch, EpochStream, ReaderEvent, make_loader
 from dit_pipeline.train.hooks import HookContext, PeriodicHook
@@ -43,6 +46,7 @@ from dit_pipeline.train.metrics import LOSS_TERMS, Meter, MetricsLog, StepReport
 from dit_pipeline.train.partition import EpochPlan, plan_epoch
 from dit_pipeline.train.parts import Part, ProgressPart, ShardSetPart, build_parts, load_all
 from dit_pipeline.train.preflight import Preflight
+from dit_pipeline.train.repa import TeacherClock
 from dit_pipeline.train.speed import ema_update
 from dit_pipeline.train.state import TrainState, comm_guard, weights_fingerprint
 
@@ -66,9 +70,16 @@ class TrainModel:
     forward: Callable[..., torch.Tensor]  # what runs the forward (ddp/model, maybe compiled)
     diffusion: Any                       # dit.GaussianDiffusion or dit.FlowMatching (the TrainConfig's objective)
     amp_dtype: torch.dtype | None
-    flops_per_image: float
+    flops_per_image: float               # model FLOPs of a training step per image (with --repa: + projector, teacher)
     peak_tflops: float | None
     device: torch.device
+    head: REPAModel | None = None        # --repa: the DiT and its projector as one module (what DDP wraps)
+    teacher: Teacher | None = None       # --repa: the frozen teacher, on `device`
+
+    @property
+    def trained(self) -> torch.nn.Module:
+        """The module whose parameters the optimizer updates: the DiT, or the DiT and its projector."""
+        return self.head if self.head is not None else self.model
 
 
 @dataclass
@@ -97,17 +108,19 @@ class Trainer:
         self.rank, self.world = dist.rank(), dist.world_size()
         self.log = get_logger()
         self.state = TrainState()
-        self.params = [p for p in net.model.parameters() if p.requires_grad]
+        self.params = [p for p in net.trained.parameters() if p.requires_grad]  # the optimizer's, in its order
         self.ema_params = ([e for e, p in zip(net.ema.parameters(), net.model.parameters()) if p.requires_grad]
                            if net.ema is not None else [])
         self.latent_shape = tuple(self.source.manifest.latent_shape)
         self.shard_set = ShardSetPart.of(self.source.manifest, self.source.fingerprint)
         self.parts: list[Part] = build_parts(
             objective=self.cfg.objective, config=self.cfg.to_dict(), shard_set=self.shard_set, model=net.model,
-            ema=net.ema, opt=net.opt, scaler=net.scaler,
+            ema=net.ema, head=net.head, teacher=net.teacher.identity if net.teacher is not None else None,
+            opt=net.opt, scaler=net.scaler,
             progress=ProgressPart(self.state, self.layout, lambda epoch: self.plan(epoch).steps))
         self.last_saved = self.state.step
         self._consecutive_overflows = 0
+        self.teacher_clock = TeacherClock(self.device)
         self.meter = Meter()       # all-rank means of this log interval
         self.own = Meter()         # this rank's own values (RUN/logs/rank{r}.jsonl)
 
@@ -179,7 +192,8 @@ class Trainer:
         stream = EpochStream(self.source, plan, self.rank, seed=self.cfg.seed, buffer=self.cfg.shuffle_buffer,
                              shards_in_flight=self.cfg.shards_in_flight, start_batch=s.step_in_epoch * self.batch.accum,
                              skip_bad_shards=self.cfg.skip_bad_shards, sha256=self.sha256,
-                             exclude=frozenset(self.source.index_of(n) for n in s.bad_shard_names))
+                             exclude=frozenset(self.source.index_of(n) for n in s.bad_shard_names),
+                             pixels=self.p.teacher is not None)
         loader = make_loader(stream, num_workers=self.cfg.num_workers or 0, prefetch_factor=self.cfg.prefetch_factor,
                              pin_memory=self.device.type == "cuda")
         try:
@@ -241,7 +255,7 @@ class Trainer:
         self.state.bad_shards = len(self.state.bad_shard_names)
 
     # -- one optimizer step ---------------------------------------------------------------------------
-    def _model_fn(self, x: torch.Tensor, t: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+    def _model_fn(self, x: torch.Tensor, t: torch.Tensor, **kwargs: Any) -> Any:  # out, or (out, zs) with --repa
         with torch.autocast(self.device.type, dtype=self.p.amp_dtype or torch.float32,
                             enabled=self.p.amp_dtype is not None):
             return self.p.forward(x, t, **kwargs)
@@ -269,8 +283,16 @@ class Trainer:
             kwargs = {"y": y, "force_drop_ids": None if drop_all is None else drop_all[sl]}
             sync = p.ddp is None or i == accum - 1
             with contextlib.nullcontext() if sync or p.ddp is None else p.ddp.no_sync():
-                terms = p.diffusion.training_losses(self._model_fn, x, t_all[sl], model_kwargs=kwargs,
-                                                    noise=noise_all[sl])
+                if p.teacher is None:
+                    terms = p.diffusion.training_losses(self._model_fn, x, t_all[sl], model_kwargs=kwargs,
+                                                        noise=noise_all[sl])
+                else:  # REPA: the teacher's features of these very pixels, then the loss with the alignment term
+                    assert b.pixels is not None
+                    with self.teacher_clock:
+                        features = p.teacher(b.pixels)
+                    terms = repa.training_losses(p.diffusion, self._model_fn, x, t_all[sl], [features],
+                                                 model_kwargs=kwargs, noise=noise_all[sl],
+                                                 proj_coeff=self.cfg.repa_coeff)
                 if nan_fault and i == 0:  # injected by DIT_FAULT=train.nan (reliability tests)
                     terms["loss"] = terms["loss"] * float("nan")
                 with comm_guard("the gradient all-reduce", self.state.step + 1):
@@ -278,6 +300,8 @@ class Trainer:
             for name, value in terms.items():  # the objective's per-sample terms: loss, mse (, vb)
                 report.report(name, value)
         report.report("wait", wait)
+        if p.teacher is not None:
+            report.report("teacher", self.teacher_clock.take())
         self._finish_step(report)
 
     def _finish_step(self, report: StepReport) -> None:
@@ -363,6 +387,7 @@ class Trainer:
         self.metrics.write_rank({"step": s.step, **interval_record(own, elapsed)})
         mem = f" mem {rec['peak_mem_gb']:.1f}G" if rec["peak_mem_gb"] is not None else ""
         util = f" mfu {rec['mfu']:.1%}" if rec["mfu"] is not None else ""
+        util += f" teacher {rec['teacher_time']:.0%}" if "teacher_time" in rec else ""
         terms = " ".join(f"{k} {rec[k]:.4f}" for k in LOSS_TERMS[1:] if k in rec)
         self.log.info(f"step {s.step}{f'/{self.total_steps}' if self.total_steps else ''} epoch {s.epoch} "
                       f"loss {rec['loss']:.4f}{f' ({terms})' if terms else ''} grad {rec['grad_norm']:.3g} "
@@ -392,7 +417,7 @@ class Trainer:
     def checkpoint(self) -> Path | None:
         """Collective: all ranks compare weight fingerprints; rank 0 writes the checkpoint its parts compose."""
         s = self.state
-        fp = weights_fingerprint(self.p.model)
+        fp = weights_fingerprint(self.p.trained)
         self.metrics.write_rank({"step": s.step, "weights_fingerprint": fp})
         with comm_guard("the weights check before a checkpoint", s.step):
             every = dist.all_gather_object(fp)

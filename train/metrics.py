@@ -77,8 +77,10 @@ STEP_METRICS: tuple[Metric, ...] = (
     Metric("loss", "samples", own=True),
     Metric("mse", "samples", own=True, loss_term=True),
     Metric("vb", "samples", own=True, loss_term=True),      # ddpm's variational bound (learned sigma)
+    Metric("proj", "samples", own=True, loss_term=True),    # --repa: the alignment term (-cosine similarity)
     Metric("grad_norm", "rank0"),
     Metric("wait", "ranks", interval="fraction", own=True, record="data_wait"),  # waiting for the loader
+    Metric("teacher", "ranks", interval="fraction", own=True, record="teacher_time"),  # --repa: its forward
 )
 METRICS: dict[str, Metric] = {m.name: m for m in STEP_METRICS}
 LOSS_TERMS: tuple[str, ...] = ("loss", *(m.name for m in STEP_METRICS if m.loss_term))

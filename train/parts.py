@@ -27,6 +27,7 @@ import torch
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.log import get_logger
 from dit_pipeline.dit.models import DiT
+from dit_pipeline.dit.repa import REPAModel
 from dit_pipeline.dit.weights import WeightsError, check_state_dict
 from dit_pipeline.shards import Manifest
 from dit_pipeline.train.partition import DataLayout, map_position
@@ -180,8 +181,50 @@ class EmaPart:
 
 
 @dataclass
+class ProjectorPart:
+    """`projector` (runs with --repa): the alignment projectors' state_dict, the aligned block and the teacher.
+    Absent from checkpoints of runs without alignment; a checkpoint and a run must agree on having it."""
+
+    head: REPAModel | None              # None: this run trains without --repa
+    teacher: dict[str, Any] | None = None  # the teacher's identity (common.teacher), recorded
+    keys: ClassVar[tuple[str, ...]] = ("projector",)
+    required: ClassVar[tuple[str, ...]] = ()
+
+    def state_dict(self) -> dict[str, Any]:
+        if self.head is None:
+            return {}
+        return {"projector": {"state_dict": self.head.projectors.state_dict(), **self.head.config,
+                              "teacher": self.teacher}}
+
+    def check(self, ckpt: Checkpoint, where: str) -> None:
+        saved = ckpt.get("projector")
+        if self.head is None:
+            if saved is not None:
+                raise UserError(f"checkpoint {where} was trained with --repa (its projector is in the file); pass "
+                                "--repa again to continue it, or use a new --run-dir")
+            return
+        if saved is None:
+            raise UserError(f"checkpoint {where} was trained without --repa; continue it without --repa, or use a "
+                            "new --run-dir to train with alignment")
+        want = self.head.config
+        diff = [f"{k}: checkpoint {saved.get(k)!r}, this run {v!r}" for k, v in want.items() if saved.get(k) != v]
+        if diff:
+            raise UserError(f"checkpoint {where} aligns differently ({'; '.join(diff)}); use the same --repa-depth "
+                            "and teacher, or a new --run-dir")
+        mine = self.head.projectors.state_dict()
+        theirs = saved["state_dict"]
+        if set(theirs) != set(mine) or any(theirs[k].shape != v.shape for k, v in mine.items()):
+            raise UserError(f"checkpoint {where}: its projector's tensors do not fit this run's. Nothing was loaded.")
+
+    def load_state_dict(self, ckpt: Checkpoint) -> None:
+        if self.head is not None:
+            self.head.projectors.load_state_dict(ckpt["projector"]["state_dict"], strict=True)
+
+
+@dataclass
 class OptimizerPart:
-    """`opt`: AdamW's state_dict; one parameter group over the model's trainable tensors."""
+    """`opt`: AdamW's state_dict; one parameter group over the trainable tensors (the DiT's, then the
+    projector's with --repa)."""
 
     opt: torch.optim.Optimizer | None
     trainable: int                      # trainable tensors of the model
@@ -297,20 +340,22 @@ class RngPart(_NoCheck):
 
 # Every part type, in the order their checks run (the first mismatch is the one reported): what the run is
 # (objective, model, shard set, global batch) before the state that must fit it.
-PART_TYPES: tuple[type[Part], ...] = (ObjectivePart, ModelPart, ShardSetPart, ConfigPart, EmaPart, OptimizerPart,
-                                ScalerPart, ProgressPart, RngPart)
+PART_TYPES: tuple[type[Part], ...] = (ObjectivePart, ModelPart, ShardSetPart, ConfigPart, EmaPart, ProjectorPart,
+                                      OptimizerPart, ScalerPart, ProgressPart, RngPart)
 REQUIRED_KEYS: tuple[str, ...] = tuple(k for t in PART_TYPES for k in t.required)
 
 
 def build_parts(*, objective: str, config: dict[str, Any], shard_set: ShardSetPart,
-                model: DiT, ema: DiT | None = None,
+                model: DiT, ema: DiT | None = None, head: REPAModel | None = None,
+                teacher: dict[str, Any] | None = None,
                 opt: torch.optim.Optimizer | None = None, scaler: torch.amp.GradScaler | None = None,
                 progress: ProgressPart | None = None) -> list[Part]:
-    """The parts of one run, in PART_TYPES order. For checking only (no live optimizer yet), `model` may
-    live on the meta device and ema/opt/scaler/progress be None."""
-    trainable = sum(1 for q in model.parameters() if q.requires_grad)
+    """The parts of one run, in PART_TYPES order. For checking only (no live optimizer yet), `model` (and the
+    alignment `head` around it) may live on the meta device and ema/opt/scaler/progress be None."""
+    trainable = sum(1 for q in (head if head is not None else model).parameters() if q.requires_grad)
     parts: list[Part] = [ObjectivePart(objective), ModelPart(model), shard_set, ConfigPart(config),
-                         EmaPart(ema, model.config), OptimizerPart(opt, trainable), ScalerPart(scaler)]
+                         EmaPart(ema, model.config), ProjectorPart(head, teacher), OptimizerPart(opt, trainable),
+                         ScalerPart(scaler)]
     if progress is not None:
         parts += [progress, RngPart()]
     return parts
@@ -320,8 +365,8 @@ def compose(parts: Sequence[Part]) -> dict[str, Any]:
     """The checkpoint content of `parts` (without format and version); each key written by one part."""
     out: dict[str, Any] = {}
     for part in parts:
-        values = part.state_dict()
-        assert set(values) == set(part.keys) and not set(values) & set(out), type(part).__name__
+        values = part.state_dict()  # every key of the part, or none of an optional part that is off
+        assert set(values) <= set(part.keys) and not set(values) & set(out), type(part).__name__
         out.update(values)
     return out
 

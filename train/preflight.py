@@ -19,11 +19,13 @@ import torch
 from dit_pipeline.common import distributed as dist
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.io import check_writable_dir
+from dit_pipeline.common.teacher import Teacher
 from dit_pipeline.dit.blocks import BLOCK_OPTIONS
 from dit_pipeline.train import memory
 from dit_pipeline.train.config import DEFAULT_MAX_STEPS, DEFAULT_NUM_WORKERS, BatchPlan, TrainConfig, batch_plan
 from dit_pipeline.train.data import ShardSource, open_shards
 from dit_pipeline.train.partition import DataLayout, EpochPlan, plan_epoch, total_steps
+from dit_pipeline.train.repa import check_repa, repa_line
 from dit_pipeline.train.speed import compile_enabled
 
 GiB = float(2**30)
@@ -45,6 +47,7 @@ class Preflight:
     notes: dict[str, str] = dataclasses.field(default_factory=dict)  # plan line -> a default chosen for the user
     sha256: str | None = None         # shards.iter_shard's check of each shard: whole | stream | None
     sha256_bytes: int = 0             # whole shards held at once per node by the "whole" check
+    teacher: Teacher | None = None    # --repa: the teacher, loaded on the CPU (train.repa.check_repa)
 
 
 def resolve_defaults(cfg: TrainConfig, num_shards: int, world: int) -> tuple[TrainConfig, dict[str, str]]:
@@ -152,7 +155,10 @@ def prepare(cfg: TrainConfig, world_size: int | None = None) -> Preflight:
         total = by_epochs if total is None else min(total, by_epochs)
     assert total is not None  # resolve_defaults gives every run a length
     mode, held = sha256_mode(cfg, source, plan0, world)
-    return Preflight(cfg, world, batch, source, kw, layout, plan0, total, notes, mode, held)
+    _, _, mc = param_counts(kw)
+    teacher = check_repa(cfg, has_pixels=source.manifest.has_pixels, where=str(source.folder or cfg.manifest),
+                         depth=mc["depth"], grid=mc["input_size"] // mc["patch_size"])
+    return Preflight(cfg, world, batch, source, kw, layout, plan0, total, notes, mode, held, teacher)
 
 
 def resolve_auto_micro_batch(cfg: TrainConfig, kw: dict[str, Any], world: int) -> int | None:
@@ -308,7 +314,15 @@ def format_plan(prep: Preflight, start_line: str | None = None, *, dry_run: bool
         f"  host memory (estimate, per node) {local} rank(s) x {prep.layout.workers} worker(s) x shuffle buffers = "
         f"{host / GiB:.2f} GiB{f' of {avail:.1f} GiB available' if avail is not None else ''}",
         integrity_line(prep),
+        *repa_line(cfg, prep.teacher, mc["depth"], dit_train_flops(mc)),
         *grids_line(prep),
         start_line or f"  run dir     {cfg.run_dir}: {'would start' if dry_run else 'starts'} from scratch",
     ]
     return "\n".join(lines)
+
+
+def dit_train_flops(mc: dict[str, Any]) -> float:
+    """Model FLOPs of one training step per image (dit.train_flops_per_image)."""
+    from dit_pipeline import dit
+
+    return float(dit.train_flops_per_image(mc))

@@ -83,7 +83,9 @@ def check_resume(prep: Preflight) -> StartPoint:
     new = resolved_config(prep, resolve_precision(cfg.precision, device)).to_dict()
     with torch.device("meta"):  # the shapes and settings the checkpoint must fit; no weights allocated
         model = dit.create_model(**prep.model_kwargs)
-    check_all(build_parts(objective=cfg.objective, config=new, model=model,
+        head = (dit.repa.REPAModel(model, encoder_depth=cfg.repa_depth, z_dims=(prep.teacher.dim,))
+                if prep.teacher is not None else None)
+    check_all(build_parts(objective=cfg.objective, config=new, model=model, head=head,
                           shard_set=ShardSetPart.of(prep.source.manifest, prep.source.fingerprint)), ckpt, str(path))
     return StartPoint(path, int(ckpt["step"]), config_changes(ckpt.get("config") or {}, new), ckpt)
 

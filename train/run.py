@@ -46,28 +46,36 @@ def build_model(prep: Preflight, device: torch.device, precision: str) -> TrainM
     cfg = prep.cfg
     torch.manual_seed(cfg.seed)
     model = dit.create_model(**prep.model_kwargs).to(device)
+    head, teacher = None, prep.teacher
+    if teacher is not None:  # --repa: the projector beside the DiT (seeded after it), the teacher on this device
+        head = dit.repa.REPAModel(model, encoder_depth=cfg.repa_depth, z_dims=(teacher.dim,)).to(device)
+        teacher.to(device)
     if cfg.grad_checkpointing:
         model.set_grad_checkpointing(True)
     model.train()
     ema = copy.deepcopy(model).requires_grad_(False).eval() if dist.is_main() else None
-    params = [p for p in model.parameters() if p.requires_grad]
+    trained = head if head is not None else model
+    params = [p for p in trained.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
                             weight_decay=cfg.weight_decay, fused=device.type == "cuda")
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
     amp_dtype = AUTOCAST_DTYPES[precision]
     _apply_speed_settings(cfg, model, device, prep.batch.micro_batch, amp_dtype)
     ddp = None
-    forward: Any = model
+    forward: Any = trained
     if prep.world_size > 1:
         from torch.nn.parallel import DistributedDataParallel
 
-        ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+        ddp = DistributedDataParallel(trained, device_ids=[device.index] if device.type == "cuda" else None,
                                       gradient_as_bucket_view=True, bucket_cap_mb=cfg.ddp_bucket_mb)
         forward = ddp
+    flops = float(dit.train_flops_per_image(model.config))
+    if head is not None and teacher is not None:  # the projector trained, the teacher's forward
+        tokens = model.grid_size ** 2
+        flops += 6.0 * dit.repa.projector_macs(head.config, model.hidden_size, tokens) + 2.0 * teacher.forward_macs()
     return TrainModel(model=model, ema=ema, opt=opt, scaler=scaler, ddp=ddp, forward=forward,
-                      diffusion=cfg.make_objective(), amp_dtype=amp_dtype,
-                      flops_per_image=float(dit.train_flops_per_image(model.config)),
-                      peak_tflops=peak_tflops(device, cfg.peak_tflops), device=device)
+                      diffusion=cfg.make_objective(), amp_dtype=amp_dtype, flops_per_image=flops,
+                      peak_tflops=peak_tflops(device, cfg.peak_tflops), device=device, head=head, teacher=teacher)
 
 
 def _apply_speed_settings(cfg: TrainConfig, model: DiT, device: torch.device, micro: int,

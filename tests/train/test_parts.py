@@ -18,6 +18,7 @@ from dit_pipeline.train.state import TrainState
 # The keys of a version-1 checkpoint (docs/ARCHITECTURE.md), as the trainer wrote them before the parts existed.
 V1_KEYS = {"format", "version", "model", "ema", "opt", "scaler", "step", "epoch", "data", "rng", "model_config",
            "objective", "latent", "config", "manifest_fingerprint"}
+ADDED_KEYS = {"projector"}  # optional keys added since (runs with --repa); absent otherwise
 V1_REQUIRED = {"model", "ema", "opt", "step", "epoch", "data", "model_config", "config", "manifest_fingerprint"}
 LAYOUT = DataLayout(seed=0, world_size=1, workers=2, micro_batch=4, accum=1, shuffle_buffer=10, shards_in_flight=2)
 
@@ -47,7 +48,7 @@ def test_each_key_has_one_owner_and_the_file_keeps_format_version_1(tmp_path):
     model, ema, opt, state, parts = _run()
     owners = [k for t in PART_TYPES for k in t.keys]
     assert len(owners) == len(set(owners))                            # one part per key
-    assert set(owners) | {"format", "version"} == V1_KEYS
+    assert set(owners) | {"format", "version"} == V1_KEYS | ADDED_KEYS
     assert set(REQUIRED_KEYS) == V1_REQUIRED
     state.step, state.step_in_epoch = 3, 3
     path = CheckpointManager(tmp_path).save_parts(parts)

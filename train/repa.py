@@ -1,0 +1,114 @@
+"""Representation alignment in the trainer (REPA, Yu et al. 2024, arXiv:2410.06940): its settings, the teacher
+checked before any GPU work, the alignment head built around the DiT, the teacher's clock and the plan line.
+
+The pieces themselves live below: the projector, `REPAModel` and the loss in dit/repa.py (pure math), the
+frozen DINOv2 teacher in common/teacher.py, the pixels in the shards (`dit-extract --pixels`, shards/pixels.py)
+and in the loader (`Batch.pixels`, in the orientation of each latent's view). Each micro-batch's pixels go
+through the teacher on the training device (bf16 autocast on CUDA, no gradients), the DiT's tokens after block
+`repa_depth` through the projector, and the loss becomes denoising + `repa_coeff` x (-cosine similarity).
+REPA is defined for flow matching (SiT); with `--objective ddpm` the same term is added to DiT's loss (the
+projector sees the same hidden state; nothing else changes). The projector is a checkpoint part of its own
+(train.parts.ProjectorPart); the EMA file stays the bare DiT, which dit-sample loads as any other.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from dit_pipeline.common.errors import UserError
+from dit_pipeline.common.settings import positive, setting
+from dit_pipeline.common.teacher import DEFAULT_TEACHER, Teacher, load_teacher
+
+REPA = "Representation alignment (REPA)"  # the --help section
+
+
+@dataclass(kw_only=True)
+class RepaSettings:
+    """The alignment settings; dit-train's TrainConfig inherits them."""
+
+    repa: str | None = setting(
+        None, "Align the DiT's hidden state with a frozen teacher that sees the training pixels (REPA): "
+        f"{DEFAULT_TEACHER} or dinov2_vitb14_reg (Meta's file in torch.hub's cache), a local weights file, or a "
+        "Hugging Face id such as timm/vit_base_patch14_dinov2.lvd142m; needs shards extracted with --pixels",
+        group=REPA, shown="off")
+    repa_depth: int = setting(8, "The block whose output tokens are aligned (1..depth; 8 in REPA's runs)", group=REPA)
+    repa_coeff: float = setting(0.5, "Weight of the alignment term: loss = denoising + coeff x alignment",
+                                group=REPA)
+
+    def repa_problems(self) -> list[str]:
+        if self.repa is None:
+            return []
+        p = positive(self, "repa_depth")
+        if not str(self.repa).strip():
+            p.append(f"--repa needs a teacher, e.g. --repa {DEFAULT_TEACHER}")
+        if not (isinstance(self.repa_coeff, (int, float)) and self.repa_coeff > 0):
+            p.append(f"--repa-coeff must be > 0, got {self.repa_coeff!r}")
+        return p
+
+
+def check_repa(settings: RepaSettings, *, has_pixels: bool, where: str, depth: int, grid: int) -> Teacher | None:
+    """Before any GPU work: the shard set has pixels, the aligned block exists, and the teacher loads (on the
+    CPU: a missing or foreign file fails here, also in a dry run) and gives one token per DiT token."""
+    if settings.repa is None:
+        return None
+    if not has_pixels:
+        raise UserError(f"--repa needs the training pixels, but the shard set in {where} was extracted without "
+                        "them; extract again with dit-extract --pixels (the latents are the same)")
+    if settings.repa_depth > depth:
+        raise UserError(f"--repa-depth {settings.repa_depth}: the model has {depth} blocks; choose 1..{depth}")
+    teacher = load_teacher(settings.repa, grid=grid, device="cpu")
+    teacher.check_tokens(grid * grid)
+    return teacher
+
+
+def repa_line(settings: RepaSettings, teacher: Teacher | None, depth: int, step_flops: float) -> list[str]:
+    """The plan's line on the alignment (none without --repa): the teacher, the block, the weight and the
+    teacher's cost next to a training step's."""
+    if teacher is None:
+        return []
+    ident = teacher.identity
+    weights = ident.get("weights_sha256")
+    fwd = 2.0 * teacher.forward_macs()
+    return [f"  repa        teacher {ident.get('name')} ({teacher.image_size} px, {teacher.num_tokens} tokens of "
+            f"{teacher.dim}{f', weights sha256 {weights[:12]}' if weights else ''}), frozen; aligned after block "
+            f"{settings.repa_depth} of {depth}, coefficient {settings.repa_coeff:g}; teacher forward "
+            f"{fwd / 1e9:.2f} GFLOP per image = {fwd / max(step_flops, 1.0):.1%} of a training step's FLOPs"]
+
+
+class TeacherClock:
+    """The seconds the teacher takes, for the `teacher_time` metric. On CUDA the teacher runs asynchronously,
+    so its time is read from CUDA events once they have completed (at the latest one step later), never by
+    waiting for the GPU; on the CPU it is the wall time of the call."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self._pending: list[tuple[Any, Any]] = []
+        self._t0 = 0.0
+        self._done = 0.0
+
+    def __enter__(self) -> "TeacherClock":
+        if self.cuda:
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
+            self._pending.append((start, torch.cuda.Event(enable_timing=True)))
+        else:
+            self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.cuda:
+            self._pending[-1][1].record()
+        else:
+            self._done += time.perf_counter() - self._t0
+
+    def take(self) -> float:
+        """The seconds measured since the last call (on CUDA: of the calls whose events have completed)."""
+        if self.cuda:
+            done = [e.query() for _, e in self._pending]
+            self._done += sum(s.elapsed_time(e) for (s, e), d in zip(self._pending, done) if d) / 1e3
+            self._pending = [pair for pair, d in zip(self._pending, done) if not d]
+        out, self._done = self._done, 0.0
+        return out
