@@ -317,6 +317,12 @@ def sample_export_cmd(debug: bool, **options: Any) -> None:
 @click.option("--cpu-threads", type=int, default=default(ExtractConfig, "cpu_threads"), show_default=True,
               help="Encoder threads per process on CPU (fixed so the bytes do not depend on the launch).")
 @click.option("--strict", is_flag=True, default=False, help="Fail on an unusable image instead of skipping it.")
+@click.option("--keep-empty-classes", is_flag=True, default=False,
+              help="Keep a class folder without images as a label with no samples (refused by default, as "
+              "torchvision's ImageFolder refuses it).")
+@click.option("--allow-split-names", is_flag=True, default=False,
+              help="Accept class folders named like dataset splits (train, val, test, ...); refused by default, "
+              "since --data-path should be the folder of one split.")
 @click.option("--overwrite", is_flag=True, default=False,
               help="Replace a shard set in --out made with a different configuration (same config: resumes).")
 @click.option("--quiet", is_flag=True, default=False, help="No progress bar or info messages on the console.")

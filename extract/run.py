@@ -72,7 +72,8 @@ def tool_version() -> str:
 
 def scan_images(cfg: ExtractConfig) -> ImageList:
     """The image list (after --limit), identical on every rank or a UserError."""
-    images = scan_image_folder(cfg.data_path).head(cfg.limit)
+    images = scan_image_folder(cfg.data_path, allow_split_names=cfg.allow_split_names,
+                               keep_empty_classes=cfg.keep_empty_classes).head(cfg.limit)
     with dist.peer_guard("comparing the image lists of the ranks", _RANK_LOGS):
         prints = dist.all_gather_object((len(images), images.fingerprint()))
     if len(set(prints)) > 1:
@@ -261,8 +262,9 @@ def run_extract(cfg: ExtractConfig) -> ExtractSummary:
     t0 = time.monotonic()
     run = _setup(cfg)
     setup_logging(run.out / LOG_DIR, quiet=cfg.quiet)
-    log.info("dit-extract %s: %d images in %d classes from %s -> %s (%s)", tool_version(), len(run.images),
-             len(run.images.class_names), run.images.root, run.out, run.status)
+    names = run.images.class_names
+    log.info("dit-extract %s: %d images in %d classes (first %r, last %r) from %s -> %s (%s)", tool_version(),
+             len(run.images), len(names), names[0], names[-1], run.images.root, run.out, run.status)
     log.info("%s", dist.launch_info().describe())
     dist.on_rank0(lambda: _start_output(run), _RANK_LOGS)  # also the barrier before any rank looks at the folder
     total_shards = plan.num_shards(len(run.images), run.samples_per_shard)
