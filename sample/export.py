@@ -39,7 +39,8 @@ from dit_pipeline.common.vae import DEFAULT_VAE, load_vae, recorded_vae
 from dit_pipeline.dit.blocks import BLOCK_OPTIONS
 from dit_pipeline.dit.respace import TRAIN_TIMESTEPS
 from dit_pipeline.sample.config import ExportConfig
-from dit_pipeline.sample.load import SAFETENSORS_LATENT_KEY, latent_scale, load_weights, resolve_objective
+from dit_pipeline.sample.load import (SAFETENSORS_LATENT_KEY, latent_scale, load_weights, manifest_folder,
+                                      resolve_objective)
 
 WEIGHTS_FORMAT = "dit-pipeline.weights"
 DIT_LN_EPS = 1e-6
@@ -226,7 +227,7 @@ def export(cfg: ExportConfig) -> Path:
         return export_safetensors(state_dict, info, output, overwrite=cfg.overwrite)
     vae, vae_config = cfg.vae, cfg.vae_config
     if not vae:
-        found = recorded_vae((info.get("latent") or {}).get("vae"), f"--ckpt {cfg.ckpt}")
+        found = recorded_vae((info.get("latent") or {}).get("vae"), f"--ckpt {cfg.ckpt}", base=manifest_folder(info))
         vae, vae_config = found if found else (DEFAULT_VAE, None)
         vae_config = cfg.vae_config or vae_config
     return export_diffusers(state_dict, info, output, vae=vae, vae_config=vae_config,

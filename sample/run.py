@@ -38,7 +38,8 @@ from dit_pipeline.sample import plan
 from dit_pipeline.sample.config import DDPM_SAMPLERS, FLOW_SAMPLERS, SampleConfig
 from dit_pipeline.sample.generate import generate_images, guided_model_fn, make_diffusion
 from dit_pipeline.sample.grid import label_texts, png_bytes, save_grid
-from dit_pipeline.sample.load import LoadedModel, latent_scale, load_model, resolve_ckpt, resolve_objective
+from dit_pipeline.sample.load import (LoadedModel, latent_scale, load_model, manifest_folder, resolve_ckpt,
+                                      resolve_objective)
 from dit_pipeline.sample.npz import RUN_FILE, PartStore, assemble_npz, parts_dir_for
 
 RECORD_FORMAT = "dit-pipeline.samples"
@@ -119,9 +120,11 @@ def _with_vae(cfg: SampleConfig, loaded: LoadedModel, log: Any) -> SampleConfig:
     extracted with) when there is a record, else the SD-VAE the official checkpoints use."""
     if cfg.vae:
         return cfg
-    found = recorded_vae((loaded.latent or {}).get("vae"), f"--ckpt {cfg.ckpt}")
+    recorded = (loaded.latent or {}).get("vae") or {}
+    found = recorded_vae(recorded, f"--ckpt {cfg.ckpt}", base=manifest_folder(loaded.info))
     vae, vae_config = found if found else (DEFAULT_VAE, cfg.vae_config)
-    log.info("--vae not given: using %s (%s)", vae, "recorded in the checkpoint" if found else "the default")
+    typed = f", given as {recorded['source_given']}" if found and recorded.get("source_given") else ""
+    log.info("--vae not given: using %s (%s)", vae, f"recorded in the checkpoint{typed}" if found else "the default")
     return dataclasses.replace(cfg, vae=vae, vae_config=cfg.vae_config or vae_config)
 
 
