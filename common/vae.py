@@ -72,6 +72,10 @@ def classify_vae_spec(spec: str) -> str:
         return "file"
     looks_local = (spec.lower().endswith(SINGLE_FILE_SUFFIXES) or spec.startswith((".", "/", "~"))
                    or spec.count("/") != 1)
+    if spec in ("ema", "mse"):  # the reference DiT scripts' --vae choices (e.g. from a --config file)
+        raise UserError(f"--vae {spec!r}: the reference DiT scripts' short name; pass the hub id "
+                        f"stabilityai/sd-vae-ft-{spec} (or a local copy of it: a diffusers folder or a single "
+                        ".safetensors file)")
     if looks_local:
         raise UserError(f"--vae {spec!r}: no such file or folder ({p.absolute()}), and not a hub id (owner/name, "
                         f"e.g. {DEFAULT_VAE}). Pass a local diffusers folder (with config.json), a single "
