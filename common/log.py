@@ -58,6 +58,15 @@ def setup_logging(log_dir: str | Path | None = None, *, quiet: bool = False,
     return logger
 
 
+def stderr_is_terminal() -> bool:
+    """Whether stderr (where tqdm draws) is a terminal."""
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):  # replaced or closed
+        return False
+
+
 def progress_enabled(quiet: bool = False) -> bool:
-    """tqdm bars only on rank 0 and only when not quiet."""
-    return dist.is_main() and not quiet
+    """tqdm bars only on rank 0, only when not quiet, and only on a terminal: a bar redraws itself with carriage
+    returns, which a log file or a pipe (a batch job's output) keeps as noise, about 70 bytes per update."""
+    return dist.is_main() and not quiet and stderr_is_terminal()
