@@ -244,7 +244,8 @@ def sample_main() -> None:
 
 @sample_main.command("run")
 @_weights_options
-@click.option("--sampler", type=click.Choice(SAMPLERS), default=default(SampleConfig, "sampler"), show_default=True)
+@click.option("--sampler", type=click.Choice(SAMPLERS), default=None,
+              help="[from the model's objective: ddpm for ddpm models, euler-maruyama (SiT's SDE) for flow models]")
 @click.option("--steps", type=int, default=default(SampleConfig, "steps"), show_default=True,
               help="Sampling steps (ddpm/ddim: respaced; flow samplers: integration intervals).")
 @click.option("--objective", type=click.Choice(OBJECTIVES), default=None,

@@ -35,7 +35,7 @@ from dit_pipeline.common.log import progress_enabled, setup_logging
 from dit_pipeline.common.precision import AUTOCAST_DTYPES, set_tf32
 from dit_pipeline.common.vae import DEFAULT_VAE, load_vae, recorded_vae
 from dit_pipeline.sample import plan
-from dit_pipeline.sample.config import DDPM_SAMPLERS, FLOW_SAMPLERS, SampleConfig
+from dit_pipeline.sample.config import DDPM_SAMPLERS, DEFAULT_SAMPLERS, FLOW_SAMPLERS, SampleConfig
 from dit_pipeline.sample.generate import generate_images, guided_model_fn, make_diffusion
 from dit_pipeline.sample.grid import label_texts, png_bytes, save_grid
 from dit_pipeline.sample.load import (LoadedModel, latent_scale, load_model, manifest_folder, resolve_ckpt,
@@ -84,10 +84,13 @@ def _run(cfg: SampleConfig) -> SampleResult:
     scale, shift = latent_scale(loaded.latent, vae_id, log)
     labels = _labels(cfg, loaded)
     loaded.info["objective"] = resolve_objective(loaded.info, cfg.ckpt, cfg.objective)
+    cfg, sampler_note = _with_sampler(cfg, loaded.info["objective"])
     _check_compatible(cfg, loaded, vae_id)
     image_size = int(loaded.config["input_size"]) * int(vae_id["downsample_factor"])
     if cfg.out:
         log = setup_logging(Path(cfg.out) / "logs", quiet=cfg.quiet)
+    if sampler_note:
+        log.info("%s", sampler_note)
     record = _record(cfg, loaded, vae_id, scale, shift, labels, image_size, device) if dist.is_main() else {}
     store = PartStore(parts_dir_for(cfg.npz, cfg.out), record.get("fingerprint", {}), cfg.total)
     state = dist.on_rank0(lambda: _prepare(cfg, store, record, log))
@@ -126,6 +129,16 @@ def _with_vae(cfg: SampleConfig, loaded: LoadedModel, log: Any) -> SampleConfig:
     typed = f", given as {recorded['source_given']}" if found and recorded.get("source_given") else ""
     log.info("--vae not given: using %s (%s)", vae, f"recorded in the checkpoint{typed}" if found else "the default")
     return dataclasses.replace(cfg, vae=vae, vae_config=cfg.vae_config or vae_config)
+
+
+def _with_sampler(cfg: SampleConfig, objective: str) -> tuple[SampleConfig, str | None]:
+    """`cfg` with --sampler filled in when not given, the default for the model's objective (a flow checkpoint
+    samples with SiT's SDE without being told) and recorded as if given; and the line that says so."""
+    if cfg.sampler is not None:
+        return cfg, None
+    sampler = DEFAULT_SAMPLERS[objective]
+    return (dataclasses.replace(cfg, sampler=sampler),
+            f"--sampler not given: {sampler}, the default for {objective} models ({cfg.steps} steps)")
 
 
 def _labels(cfg: SampleConfig, loaded: LoadedModel) -> np.ndarray:
