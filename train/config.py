@@ -187,6 +187,11 @@ class TrainConfig:
         p: list[str] = []
         if self.objective not in OBJECTIVES:
             p.append(f"--objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
+        elif is_sit_name(self.model) and self.objective != "flow":
+            dit_name = "DiT-" + str(self.model).strip()[4:]
+            p.append(f"--model {self.model} names SiT, a flow model (dit-sample samples SiT- files as flow), which "
+                     f"--objective {self.objective} contradicts: drop --objective (a SiT- name implies flow) or use "
+                     f"--model {dit_name} for DiT's {self.objective} objective")
         if self.t_sampling not in T_SAMPLINGS:
             p.append(f"--t-sampling must be one of {', '.join(T_SAMPLINGS)}, got {self.t_sampling!r}")
         elif self.objective == "ddpm" and (self.t_sampling, self.t_mean, self.t_scale) != ("uniform", 0.0, 1.0):
@@ -344,9 +349,17 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     return out
 
 
+def is_sit_name(model: Any) -> bool:
+    """A SiT preset name (SiT-XL/2, ...): DiT's network trained with SiT's flow objective (Ma et al. 2024)."""
+    return str(model or "").strip().lower().startswith("sit-")
+
+
 def merge_config(file_values: dict[str, Any], flag_values: dict[str, Any]) -> TrainConfig:
-    """TrainConfig from defaults, then the config file, then explicitly given flags."""
+    """TrainConfig from defaults, then the config file, then explicitly given flags. A SiT model name without
+    an objective implies `--objective flow` (the plan says so); with `--objective ddpm` it is refused."""
     merged = {**file_values, **flag_values}
+    if is_sit_name(merged.get("model")) and merged.get("objective") is None:
+        merged["objective"] = "flow"
     missing = [n for n in ("shards", "run_dir") if merged.get(n) in (None, "")]
     if missing:
         raise ConfigError([f"--{_flag(n)} is required (as a flag or in --config)" for n in missing],
