@@ -26,7 +26,7 @@ from dit_pipeline.common.log import get_logger
 from dit_pipeline.common.vae import load_vae
 from dit_pipeline.evaluate.features import gather_rows, local_features, source_features
 from dit_pipeline.evaluate.inception import INPUT_SIZE, load_inception
-from dit_pipeline.evaluate.inputs import Source, open_source
+from dit_pipeline.evaluate.inputs import Source, check_resolution, open_source
 from dit_pipeline.evaluate.metrics import NEIGHBOURHOOD_K
 from dit_pipeline.evaluate.run import Side, compute_metrics
 from dit_pipeline.sample import plan
@@ -60,6 +60,8 @@ class FidHook:
         if int(ident["latent_channels"]) != int(ctx.model_config["in_channels"]):
             raise UserError(f"--vae {self.vae!r} has {ident['latent_channels']} latent channels but the model "
                             f"trains on {ctx.model_config['in_channels']}")
+        size = int(ctx.model_config["input_size"]) * int(ident["downsample_factor"])
+        check_resolution((size, size), ref, "--fid-ref: the FID samples (the model's latents decoded by --vae)")
         inception, inc_id = load_inception(self.inception, device=ctx.device, random_seed=self.random_inception,
                                            input_size=self.input_size)
         feats = None
