@@ -58,6 +58,19 @@ def setup_logging(log_dir: str | Path | None = None, *, quiet: bool = False,
     return logger
 
 
+def log_to_files(message: str, level: int = logging.ERROR, under: str | Path | None = None) -> None:
+    """`message` into this process's log files only (rank log, RUN/log.txt; with `under`, only those inside that
+    folder), for an error that the command line prints once on the console."""
+    logger = get_logger()
+    record = logger.makeRecord(logger.name, level, __file__, 0, "%s", (message,), None)
+    inside = Path(under).expanduser().resolve() if under is not None else None
+    for h in logger.handlers:
+        if not isinstance(h, logging.FileHandler) or level < h.level:
+            continue
+        if inside is None or inside in Path(h.baseFilename).resolve().parents:
+            h.handle(record)
+
+
 def stderr_is_terminal() -> bool:
     """Whether stderr (where tqdm draws) is a terminal."""
     try:
