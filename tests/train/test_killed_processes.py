@@ -64,10 +64,12 @@ def test_a_rank_killed_by_sigkill_is_named_by_the_launcher(shard_dir, tmp_path):
         wait_stopped(ranks[1])
         os.kill(ranks[1], signal.SIGKILL)
         _, err = proc.communicate(timeout=HANG_GUARD_S)
-    finally:
+    finally:  # whatever failed: no process left (torchrun starts each rank in a session of its own)
         for pid in ranks.values():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
     line = f"rank 1 (local rank 1, pid {ranks[1]}) {OOM} or a smaller --shuffle-buffer; {RESUMES}"
     assert proc.returncode == 1, err[-3000:]
     assert err.rstrip().splitlines()[-1] == f"error: {line}"
