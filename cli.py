@@ -669,8 +669,11 @@ def train_main(ctx: click.Context, config_file: str | None, nproc_per_node: int 
               help="Keep features beside each input (keyed by its content hash and the extractor).")
 @click.option("--device", default=None, help="Device (default: this rank's GPU, else the CPU).")
 @click.option("--quiet", is_flag=True, default=False)
-@click.option("--input-size", type=int, default=default(EvalConfig, "input_size"), hidden=True)
-@click.option("--random-inception", type=int, default=None, hidden=True)
+@click.option("--input-size", type=int, default=default(EvalConfig, "input_size"), show_default=True,
+              help="Inception input resolution; other than 299 only for a trial with --random-inception.")
+@click.option("--random-inception", type=int, default=None, metavar="SEED",
+              help="Random Inception weights from SEED instead of the weights file: the whole evaluation runs "
+              "offline, but its numbers mean nothing (a smoke test).")
 @debug_option
 @handle_errors
 def eval_main(json_path: str | None, debug: bool, **options: Any) -> None:
