@@ -1,9 +1,10 @@
 """A lease on a run folder: one live run writes it at a time, and a dead run never blocks its own resume.
 
 dit-train leases its run folder (`RUN/run.lock`), dit-extract its output folder (`OUT/.extract.lock`, hidden
-so that `dit-shards verify` and the output check ignore it). The holder creates the lock file with `O_CREAT | O_EXCL` (atomic on local file systems and on NFSv3+; no
-reliance on flock/fcntl locks, which many shared file systems do not honour) and writes its host, pid,
-process start time and a heartbeat into it; a daemon thread renews the heartbeat every `lease_s / 6`.
+so that `dit-shards verify` and the output check ignore it). The holder creates the lock file with
+`O_CREAT | O_EXCL` (atomic on local file systems and on NFSv3+; no reliance on flock/fcntl locks, which many
+shared file systems do not honour) and writes its host, pid, process start time and a heartbeat into it; a
+daemon thread renews the heartbeat every `lease_s / 6`.
 Another run finding the file is refused with an error naming that holder, unless the lease has lapsed:
 - the holder is on this host and its process (pid + start time) no longer exists (kill -9): taken over at
   once, with a warning;
