@@ -94,7 +94,7 @@ def rank_death(rank: int, failure: Any) -> str:
             signame = signal.Signals(-failure.exitcode).name
             return f"{who} was killed by {signame}: {likely_cause(signame)}; {RESUMES}"
         return f"{who} was killed by signal {-failure.exitcode}; {RESUMES}"
-    return f"{who} exited with code {failure.exitcode} (its error is in RUN/logs/rank{rank}.log); {RESUMES}"
+    return f"{who} exited with code {failure.exitcode}: its error is above and in RUN/logs/rank{rank}.log"
 
 
 def root_failure(failures: dict[int, Any]) -> tuple[int, Any]:

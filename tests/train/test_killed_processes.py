@@ -80,3 +80,32 @@ def test_a_rank_killed_by_sigkill_is_named_by_the_launcher(shard_dir, tmp_path):
     log = (run_dir / "log.txt").read_text().rstrip().splitlines()
     assert log[-1].endswith(f" ERROR {line}")
     assert any("[rank 0] ERROR rank 0: the " in x and "most likely because another rank died" in x for x in log)
+
+
+def test_the_lines_for_other_failures():
+    """Units of train/failures.py: torch's other worker messages, a rank that exits with an error code, and the
+    rank to name when several failed (the killed one, not those that lost it)."""
+    from types import SimpleNamespace
+
+    from dit_pipeline.train.failures import likely_cause, rank_death, root_failure, worker_death
+
+    assert worker_death(ValueError("DataLoader worker (pid 1) is killed by signal: Killed.")) is None
+    assert worker_death(RuntimeError("a gloo error")) is None
+    assert worker_death(RuntimeError("DataLoader worker (pid 7) is killed by signal: Bus error. It is possible ...")) \
+        == (f"loader worker (pid 7) was killed by SIGBUS: most likely out of shared memory (/dev/shm, where loader "
+            f"workers pass batches): raise its size; {RESUMES}")
+    assert worker_death(RuntimeError("DataLoader worker (pid(s) 8, 9) exited unexpectedly")) == (
+        "loader workers (pids 8, 9) exited unexpectedly: if `dmesg` shows the out-of-memory killer, use fewer "
+        f"--num-workers or a smaller --shuffle-buffer; {RESUMES}")
+    cfg = SimpleNamespace(num_workers=8, shuffle_buffer=5000)
+    assert worker_death(RuntimeError("DataLoader worker (pid 3) exited unexpectedly with exit code 1. Details are "
+                                     "lost due to multiprocessing."), cfg) == (
+        "loader worker (pid 3) exited unexpectedly with exit code 1: if `dmesg` shows the out-of-memory killer, use "
+        f"fewer --num-workers (now 8) or a smaller --shuffle-buffer (now 5000); {RESUMES}")
+    assert likely_cause("SIGTERM") == "sent by another process or the scheduler"
+    failed = {0: SimpleNamespace(local_rank=0, pid=10, exitcode=1, timestamp=100),
+              1: SimpleNamespace(local_rank=1, pid=11, exitcode=-9, timestamp=101)}
+    assert root_failure(failed) == (1, failed[1])  # killed, though torchrun saw rank 0 fail first
+    assert rank_death(0, failed[0]) == "rank 0 (local rank 0, pid 10) exited with code 1: its error is above and in " \
+                                       "RUN/logs/rank0.log"
+    assert root_failure({0: failed[0]}) == (0, failed[0])
