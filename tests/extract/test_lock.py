@@ -13,7 +13,7 @@ import subprocess
 import time
 
 from dit_pipeline.common.runlock import EXTRACT_LOCK_NAME
-from tests._util import BIN, cli_env, run_cli, torchrun_cmd
+from tests._util import BIN, cli_env, rank_pids, run_cli, torchrun_cmd
 from tests.extract.conftest import cli_args
 from tests.extract.test_processes import _same_shard_set
 from tests.train.signal_rounds import HANG_GUARD_S, wait_stopped
@@ -73,18 +73,6 @@ def test_a_killed_extraction_never_blocks_its_rerun(odd_tree, tiny_vae_dir, odd_
     assert sorted(p.name for p in out.glob(f"{EXTRACT_LOCK_NAME}*")) == []
 
 
-def _rank_pids(launcher_pid: int) -> dict[int, int]:
-    """{rank: pid} of the processes torchrun started (their RANK variable)."""
-    from dit_pipeline.train.launch import _children
-
-    ranks = {}
-    for pid in _children(launcher_pid):
-        env = dict(e.split(b"=", 1) for e in open(f"/proc/{pid}/environ", "rb").read().split(b"\0") if b"=" in e)
-        if b"RANK" in env:
-            ranks[int(env[b"RANK"])] = pid
-    return ranks
-
-
 def test_two_ranks_hold_one_lease_and_every_rank_learns_the_refusal(odd_tree, tiny_vae_dir, tmp_path):
     out = tmp_path / "out"
     args = cli_args(odd_tree, tiny_vae_dir, out)
@@ -93,7 +81,7 @@ def test_two_ranks_hold_one_lease_and_every_rank_learns_the_refusal(odd_tree, ti
     ranks: dict[int, int] = {}
     try:
         end = time.monotonic() + HANG_GUARD_S
-        while len(ranks := _rank_pids(first.pid)) < 2 and time.monotonic() < end:
+        while len(ranks := rank_pids(first.pid)) < 2 and time.monotonic() < end:
             time.sleep(0.1)
         wait_stopped(ranks[0])
         holder = json.loads((out / EXTRACT_LOCK_NAME).read_text())

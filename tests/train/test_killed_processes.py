@@ -13,8 +13,7 @@ import time
 from dit_pipeline.train.checkpoint import CheckpointManager
 from dit_pipeline.train.launch import _children
 from dit_pipeline.train.metrics import read_metrics
-from tests._util import BIN, cli_env, run_cli
-from tests.extract.test_lock import _rank_pids
+from tests._util import BIN, cli_env, rank_pids, run_cli
 from tests.train.conftest import tiny_args
 from tests.train.signal_rounds import HANG_GUARD_S, survivors_of, wait_stopped
 
@@ -60,7 +59,7 @@ def test_a_rank_killed_by_sigkill_is_named_by_the_launcher(shard_dir, tmp_path):
         end = time.monotonic() + HANG_GUARD_S  # a hang guard only
         while len(ranks) < 2 and proc.poll() is None and time.monotonic() < end:
             time.sleep(0.1)
-            ranks = {r: pid for launcher in _children(proc.pid) for r, pid in _rank_pids(launcher).items()}
+            ranks = {r: pid for launcher in _children(proc.pid) for r, pid in rank_pids(launcher).items()}
         wait_stopped(ranks[1])
         os.kill(ranks[1], signal.SIGKILL)
         _, err = proc.communicate(timeout=HANG_GUARD_S)
