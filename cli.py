@@ -35,9 +35,11 @@ from dit_pipeline.train.config import TrainConfig
 
 
 class DashCommand(click.Command):
-    """A click command whose `--some-flag` options also accept `--some_flag` (hidden alias)."""
+    """A click command whose `--some-flag` options also accept `--some_flag` (hidden alias), and that answers
+    the flags and values of the reference DiT scripts (`HABITS`) with what to do instead."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        _check_habits(self, ctx, args)
         return super().parse_args(ctx, _dash_args(self, args))
 
 
@@ -46,6 +48,49 @@ class DashGroup(click.Group):
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         return super().parse_args(ctx, _dash_args(self, args))
+
+
+_EXTRACT_FIRST = ("dit-train reads latent shards, not images: encode the images once with `dit-extract --data-path "
+                  "IMAGES --out SHARDS`, then pass --shards SHARDS")
+_FROM_MANIFEST = ("the number of classes comes from the shard set's manifest (dit-extract counts the class folders); "
+                  "drop it")
+_FROM_WEIGHTS = "the number of classes comes from the weights (the label table's size); drop it"
+# Flags of the reference DiT scripts (train.py, sample.py, sample_ddp.py) that a command here does not take,
+# per command name, with what to do instead (checked before click's "No such option ... Did you mean").
+HABITS: dict[str, dict[str, str]] = {
+    "dit-train": {"--data-path": _EXTRACT_FIRST, "--num-classes": _FROM_MANIFEST,
+                  "--results-dir": "the run folder is --run-dir", "--global-seed": "the seed is --seed",
+                  "--feature-path": "fast-DiT's features are shards here: pass --shards (made by dit-extract)"},
+    "run": {"--num-classes": _FROM_WEIGHTS, "--num-sampling-steps": "the number of steps is --steps",
+            "--global-seed": "the seed is --seed", "--per-proc-batch-size": "the batch per process is --batch-size",
+            "--num-fid-samples": "the number of samples is --num-samples (with --npz FILE)",
+            "--sample-dir": "pass --npz FILE for the evaluator's .npz, --out DIR for a grid"},
+    "export": {"--num-classes": _FROM_WEIGHTS},
+}
+# The reference scripts' short --vae values, and the hub ids they stand for.
+VAE_SHORT_NAMES = {"ema": "stabilityai/sd-vae-ft-ema", "mse": "stabilityai/sd-vae-ft-mse"}
+
+
+def _check_habits(cmd: click.Command, ctx: click.Context, args: list[str]) -> None:
+    """A UsageError (exit 2) saying what to do for a reference-DiT flag this command lacks, or for
+    `--vae ema|mse` (unless a local file or folder has that name)."""
+    known = {opt for p in cmd.params for opt in getattr(p, "opts", []) + getattr(p, "secondary_opts", [])}
+    habits = HABITS.get(cmd.name or "", {})
+    for i, a in enumerate(args):
+        if a == "--":
+            return
+        if not a.startswith("--"):
+            continue
+        name, eq, value = a.partition("=")
+        dashed = name.replace("_", "-")
+        if name not in known and dashed not in known and dashed in habits:
+            raise click.UsageError(f"No such option '{name}'. {habits[dashed]}.", ctx=ctx)
+        if dashed == "--vae" and "--vae" in known:
+            value = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+            if value in VAE_SHORT_NAMES and not os.path.exists(value):
+                raise click.UsageError(f"--vae {value}: the reference DiT scripts' short name; pass the hub id "
+                                       f"--vae {VAE_SHORT_NAMES[value]} (or a local copy of it: a diffusers folder "
+                                       "or a single .safetensors file).", ctx=ctx)
 
 
 def _dash_args(cmd: click.Command, args: list[str]) -> list[str]:
@@ -201,7 +246,8 @@ def sample_main() -> None:
 
 @sample_main.command("run")
 @_weights_options
-@click.option("--sampler", type=click.Choice(SAMPLERS), default=default(SampleConfig, "sampler"), show_default=True)
+@click.option("--sampler", type=click.Choice(SAMPLERS), default=None,
+              help="[from the model's objective: ddpm for ddpm models, euler-maruyama (SiT's SDE) for flow models]")
 @click.option("--steps", type=int, default=default(SampleConfig, "steps"), show_default=True,
               help="Sampling steps: ddpm/ddim respaced steps; euler/heun integration intervals; euler-maruyama "
               "SiT's and REPA's num_steps (the points of SiT's time grid: steps - 1 SDE steps and the noise-free "
@@ -338,6 +384,12 @@ def sample_export_cmd(debug: bool, **options: Any) -> None:
 @click.option("--cpu-threads", type=int, default=default(ExtractConfig, "cpu_threads"), show_default=True,
               help="Encoder threads per process on CPU (fixed so the bytes do not depend on the launch).")
 @click.option("--strict", is_flag=True, default=False, help="Fail on an unusable image instead of skipping it.")
+@click.option("--keep-empty-classes", is_flag=True, default=False,
+              help="Keep a class folder without images as a label with no samples (refused by default, as "
+              "torchvision's ImageFolder refuses it).")
+@click.option("--allow-split-names", is_flag=True, default=False,
+              help="Accept class folders named like dataset splits (train, val, test, ...); refused by default, "
+              "since --data-path should be the folder of one split.")
 @click.option("--overwrite", is_flag=True, default=False,
               help="Replace a shard set in --out made with a different configuration (same config: resumes).")
 @click.option("--quiet", is_flag=True, default=False, help="No progress bar or info messages on the console.")
@@ -582,6 +634,7 @@ def train_main(ctx: click.Context, config_file: str | None, nproc_per_node: int 
 # ---------------------------------------------------------------------------------------------------------
 
 @click.command("dit-eval", cls=DashCommand, context_settings={"help_option_names": ["-h", "--help"]})
+@version_option
 @click.argument("samples")
 @click.option("--ref", required=True, help="Reference: the ADM reference batch (e.g. VIRTUAL_imagenet256_labeled.npz;"
               " its precomputed statistics are used), an .npz of images, a folder of images or a statistics file.")
@@ -594,8 +647,11 @@ def train_main(ctx: click.Context, config_file: str | None, nproc_per_node: int 
               help="Keep features beside each input (keyed by its content hash and the extractor).")
 @click.option("--device", default=None, help="Device (default: this rank's GPU, else the CPU).")
 @click.option("--quiet", is_flag=True, default=False)
-@click.option("--input-size", type=int, default=default(EvalConfig, "input_size"), hidden=True)
-@click.option("--random-inception", type=int, default=None, hidden=True)
+@click.option("--input-size", type=int, default=default(EvalConfig, "input_size"), show_default=True,
+              help="Inception input resolution; other than 299 only for a trial with --random-inception.")
+@click.option("--random-inception", type=int, default=None, metavar="SEED",
+              help="Random Inception weights from SEED instead of the weights file: the whole evaluation runs "
+              "offline, but its numbers mean nothing (a smoke test).")
 @debug_option
 @handle_errors
 def eval_main(json_path: str | None, debug: bool, **options: Any) -> None:

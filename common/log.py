@@ -58,6 +58,28 @@ def setup_logging(log_dir: str | Path | None = None, *, quiet: bool = False,
     return logger
 
 
+def log_to_files(message: str, level: int = logging.ERROR, under: str | Path | None = None) -> None:
+    """`message` into this process's log files only (rank log, RUN/log.txt; with `under`, only those inside that
+    folder), for an error that the command line prints once on the console."""
+    logger = get_logger()
+    record = logger.makeRecord(logger.name, level, __file__, 0, "%s", (message,), None)
+    inside = Path(under).expanduser().resolve() if under is not None else None
+    for h in logger.handlers:
+        if not isinstance(h, logging.FileHandler) or level < h.level:
+            continue
+        if inside is None or inside in Path(h.baseFilename).resolve().parents:
+            h.handle(record)
+
+
+def stderr_is_terminal() -> bool:
+    """Whether stderr (where tqdm draws) is a terminal."""
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):  # replaced or closed
+        return False
+
+
 def progress_enabled(quiet: bool = False) -> bool:
-    """tqdm bars only on rank 0 and only when not quiet."""
-    return dist.is_main() and not quiet
+    """tqdm bars only on rank 0, only when not quiet, and only on a terminal: a bar redraws itself with carriage
+    returns, which a log file or a pipe (a batch job's output) keeps as noise, about 70 bytes per update."""
+    return dist.is_main() and not quiet and stderr_is_terminal()

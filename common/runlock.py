@@ -1,8 +1,10 @@
 """A lease on a run folder: one live run writes it at a time, and a dead run never blocks its own resume.
 
-The holder creates `RUN/run.lock` with `O_CREAT | O_EXCL` (atomic on local file systems and on NFSv3+; no
-reliance on flock/fcntl locks, which many shared file systems do not honour) and writes its host, pid,
-process start time and a heartbeat into it; a daemon thread renews the heartbeat every `lease_s / 6`.
+dit-train leases its run folder (`RUN/run.lock`), dit-extract its output folder (`OUT/.extract.lock`, hidden
+so that `dit-shards verify` and the output check ignore it). The holder creates the lock file with
+`O_CREAT | O_EXCL` (atomic on local file systems and on NFSv3+; no reliance on flock/fcntl locks, which many
+shared file systems do not honour) and writes its host, pid, process start time and a heartbeat into it; a
+daemon thread renews the heartbeat every `lease_s / 6`.
 Another run finding the file is refused with an error naming that holder, unless the lease has lapsed:
 - the holder is on this host and its process (pid + start time) no longer exists (kill -9): taken over at
   once, with a warning;
@@ -25,6 +27,7 @@ from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.io import atomic_write_bytes
 
 LOCK_NAME = "run.lock"
+EXTRACT_LOCK_NAME = ".extract.lock"
 DEFAULT_LEASE_S = 120.0
 
 
@@ -50,11 +53,16 @@ def lease_seconds() -> float:
 
 
 class RunLock:
-    """`with RunLock(run_dir, "dit-train"):` holds the run folder's lease (see the module docstring)."""
+    """`with RunLock(run_dir, "dit-train"):` holds the run folder's lease (see the module docstring).
 
-    def __init__(self, run_dir: str | os.PathLike, what: str, lease_s: float | None = None):
-        self.path = Path(run_dir) / LOCK_NAME
+    name: the lock file's name in the folder; flag: the option that names the folder (for the refusal)."""
+
+    def __init__(self, run_dir: str | os.PathLike, what: str, lease_s: float | None = None, *,
+                 name: str = LOCK_NAME, flag: str = "--run-dir"):
+        self.path = Path(run_dir) / name
         self.what = what
+        self.flag = flag
+        self.noun = "run folder" if flag == "--run-dir" else "output folder"
         self.lease_s = lease_seconds() if lease_s is None else lease_s
         self.warning: str | None = None  # set when a lapsed lease was taken over
         self._record = {"what": what, "host": socket.gethostname(), "pid": os.getpid(),
@@ -98,7 +106,7 @@ class RunLock:
             self._thread = threading.Thread(target=self._heartbeat, name="run-lock-heartbeat", daemon=True)
             self._thread.start()
             return self
-        raise RunFolderBusy(f"{self.path.parent}: could not take the run folder's lock {self.path} (contended)")
+        raise RunFolderBusy(f"{self.path.parent}: could not take the {self.noun}'s lock {self.path} (contended)")
 
     def _take_over_or_refuse(self) -> None:
         try:
@@ -111,10 +119,10 @@ class RunLock:
             h = holder or {}
             raise RunFolderBusy(
                 f"{self.path.parent} is in use by another live run ({h.get('what', '?')} on host {h.get('host')}, "
-                f"pid {h.get('pid')}, started {h.get('started')}); stop it first or use another --run-dir "
-                f"(a run that died releases its lock {LOCK_NAME} at once on the same host, else after "
+                f"pid {h.get('pid')}, started {h.get('started')}); stop it first or use another {self.flag} "
+                f"(a run that died releases its lock {self.path.name} at once on the same host, else after "
                 f"{float(h.get('lease_s', self.lease_s)):.0f} s without a heartbeat)")
-        aside = self.path.with_name(f"{LOCK_NAME}.stale-{self._record['token']}")
+        aside = self.path.with_name(f"{self.path.name}.stale-{self._record['token']}")
         try:
             os.rename(self.path, aside)
         except FileNotFoundError:
@@ -130,7 +138,7 @@ class RunLock:
             return
         aside.unlink(missing_ok=True)
         h = holder or {}
-        self.warning = (f"took over the run folder's lock from an earlier run that is not running any more ({why}: "
+        self.warning = (f"took over the {self.noun}'s lock from an earlier run that is not running any more ({why}: "
                         f"{h.get('what', '?')} on host {h.get('host')}, pid {h.get('pid')}, started {h.get('started')})")
 
     def _heartbeat(self) -> None:

@@ -72,6 +72,10 @@ def classify_vae_spec(spec: str) -> str:
         return "file"
     looks_local = (spec.lower().endswith(SINGLE_FILE_SUFFIXES) or spec.startswith((".", "/", "~"))
                    or spec.count("/") != 1)
+    if spec in ("ema", "mse"):  # the reference DiT scripts' --vae choices (e.g. from a --config file)
+        raise UserError(f"--vae {spec!r}: the reference DiT scripts' short name; pass the hub id "
+                        f"stabilityai/sd-vae-ft-{spec} (or a local copy of it: a diffusers folder or a single "
+                        ".safetensors file)")
     if looks_local:
         raise UserError(f"--vae {spec!r}: no such file or folder ({p.absolute()}), and not a hub id (owner/name, "
                         f"e.g. {DEFAULT_VAE}). Pass a local diffusers folder (with config.json), a single "
@@ -120,10 +124,15 @@ def _load_hub_vae(spec: str, revision: str | None):
                         f"fill the cache where there is a network (huggingface-cli download {spec})") from None
 
 
-def recorded_vae(identity: dict[str, Any] | None, where: str) -> tuple[str, str | None] | None:
+def recorded_vae(identity: dict[str, Any] | None, where: str, base: str | Path | None = None
+                 ) -> tuple[str, str | None] | None:
     """(--vae, --vae-config) of the VAE an identity record (a manifest's or checkpoint's) names, or None when
     there is no record. A local folder or file is used only while it still exists (UserError naming it
-    otherwise); a hub id is used as recorded (it fails at once when neither cached nor reachable)."""
+    otherwise); a hub id is used as recorded (it fails at once when neither cached nor reachable).
+
+    Records store local paths absolute (`source`; `source_given` is the path as typed). Records written before
+    that may hold a relative path, typed in a working directory nobody recorded: it is looked for relative to
+    `base` (the manifest's folder, where the shards were written) first, then to the current directory."""
     if not identity or not identity.get("source"):
         return None
     source, kind = str(identity["source"]), identity.get("kind")
@@ -131,11 +140,30 @@ def recorded_vae(identity: dict[str, Any] | None, where: str) -> tuple[str, str 
     config = None if config in (None, "builtin:sd-vae") else str(config)
     if kind == "hub":
         return source, None
-    path = Path(source).expanduser()
-    if (kind == "folder" and path.is_dir()) or (kind == "file" and path.is_file()):
-        return source, config
+    exists = Path.is_dir if kind == "folder" else Path.is_file
+    tried = _candidates(source, base)
+    for path in tried:
+        if exists(path):
+            return str(path), (str(_candidates(config, base, exists=Path.exists)[0]) if config else None)
+    where_tried = " or ".join(str(p.absolute()) for p in tried)
     raise UserError(f"{where} records the VAE {source!r}, a local {kind} that does not exist here "
-                    f"({path.absolute()}); pass --vae (the VAE the shards were extracted with)")
+                    f"({where_tried}); pass --vae (the VAE the shards were extracted with)")
+
+
+def _candidates(path: str, base: str | Path | None, exists=None) -> list[Path]:
+    """Where a recorded local path may be: itself when absolute, else under `base`, then under the current
+    directory (with `exists`, the first that exists comes first)."""
+    p = Path(path).expanduser()
+    found = [p] if p.is_absolute() else [*([Path(base) / p] if base is not None else []), Path.cwd() / p]
+    if exists is not None:
+        found.sort(key=lambda c: not exists(c))
+    return found
+
+
+def local_source(spec: str | Path) -> str:
+    """The absolute form of a local --vae / --vae-config path, as records store it (so that sampling or
+    drawing grids from another folder finds the same files)."""
+    return str(Path(spec).expanduser().resolve())
 
 
 def _folder_weights_hash(folder: Path) -> str | None:
@@ -167,7 +195,9 @@ def _load_vae(spec: str, *, config: str | Path | None, revision: str | None, dev
     from diffusers import AutoencoderKL
 
     kind = classify_vae_spec(spec)
-    identity: dict[str, Any] = {"source": spec, "kind": kind}
+    identity: dict[str, Any] = {"source": spec if kind == "hub" else local_source(spec), "kind": kind}
+    if identity["source"] != spec:
+        identity["source_given"] = spec  # as typed, for display
     try:
         if kind == "folder":
             folder = Path(spec).expanduser()
@@ -183,7 +213,7 @@ def _load_vae(spec: str, *, config: str | Path | None, revision: str | None, dev
             vae = AutoencoderKL.from_single_file(str(Path(spec).expanduser()), config=str(cfg_dir),
                                                  torch_dtype=torch.float32, local_files_only=True)
             identity["weights_sha256"] = sha256_file(Path(spec).expanduser())
-            identity["config"] = str(config) if config is not None else "builtin:sd-vae"
+            identity["config"] = local_source(config) if config is not None else "builtin:sd-vae"
         else:
             vae = _load_hub_vae(spec, revision)
             identity["revision"] = revision or "main"

@@ -23,6 +23,7 @@ import torch
 
 from dit_pipeline.common import distributed as dist
 from dit_pipeline.common.io import atomic_write
+from dit_pipeline.common.log import progress_enabled
 from dit_pipeline.evaluate.inception import LOGITS_DIM, POOL_DIM, SPATIAL_DIM
 from dit_pipeline.evaluate.inputs import FEATURES_FORMAT, Source, read_features_file
 from dit_pipeline.sample.plan import rank_batches
@@ -123,7 +124,7 @@ def source_features(source: Source, model: torch.nn.Module, ident: dict[str, Any
     ws = dist.world_size()
     rows = [sum(len(b) for b in rank_batches(range(source.count), batch_size, r, ws)) for r in range(ws)]
     with tqdm(total=source.count, unit="img", desc=f"Inception {source.path.name}", dynamic_ncols=True,
-              disable=quiet or not dist.is_main()) as bar, source.reader() as reader:
+              disable=not progress_enabled(quiet)) as bar, source.reader() as reader:
         def advance(n: int) -> None:
             bar.update(min(n * ws, bar.total - bar.n))  # ranks run in lockstep: rank 0 stands for all
         # one reader for all batches, read in increasing order: each byte of an npz is read once

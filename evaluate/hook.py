@@ -29,7 +29,7 @@ from dit_pipeline.common.settings import choice, positive, setting
 from dit_pipeline.common.vae import load_vae
 from dit_pipeline.evaluate.features import gather_rows, local_features, source_features
 from dit_pipeline.evaluate.inception import INPUT_SIZE, load_inception
-from dit_pipeline.evaluate.inputs import Source, open_source
+from dit_pipeline.evaluate.inputs import Source, check_resolution, open_source
 from dit_pipeline.evaluate.metrics import NEIGHBOURHOOD_K
 from dit_pipeline.evaluate.run import Side, compute_metrics
 from dit_pipeline.sample import plan
@@ -63,11 +63,12 @@ class FidSettings(DecodeSettings):
     inception: str | None = setting(
         None, "Inception weights file weights-inception-2015-12-05-6726825d.pth", group=GRIDS,
         shown="torch hub cache, fetched once")
-    fid_input_size: int = setting(INPUT_SIZE, "Inception input resolution (a test knob; 299 for real numbers)",
-                                  group=GRIDS, hidden=True)
+    fid_input_size: int = setting(INPUT_SIZE, "Inception input resolution (299 for real numbers; smaller only for "
+                                  "trying FID without weights, with --fid-random-inception)", group=GRIDS)
     fid_random_inception: int | None = setting(
-        None, "Random Inception weights of this seed instead of the file (a test knob: FID without weights)",
-        group=GRIDS, hidden=True)
+        None, "Random Inception weights of this seed instead of the weights file: trying FID offline or in a smoke "
+        "test (README 'Trying FID without the Inception weights'); the numbers are not FID", group=GRIDS,
+        shown="off")
 
     def fid_problems(self) -> list[str]:
         p: list[str] = []
@@ -128,6 +129,8 @@ class FidHook:
         if int(ident["latent_channels"]) != int(ctx.model_config["in_channels"]):
             raise UserError(f"--vae {self.vae!r} has {ident['latent_channels']} latent channels but the model "
                             f"trains on {ctx.model_config['in_channels']}")
+        size = int(ctx.model_config["input_size"]) * int(ident["downsample_factor"])
+        check_resolution((size, size), ref, "--fid-ref: the FID samples (the model's latents decoded by --vae)")
         inception, inc_id = load_inception(self.inception, device=ctx.device, random_seed=self.random_inception,
                                            input_size=self.input_size)
         feats = None

@@ -319,7 +319,13 @@ def check_comparable(samples: Source, ref: Source) -> None:
             w, s = small[0]
             raise UserError(f"{w} {s.path} has {s.count} images: precision and recall (k = {k} nearest "
                             f"neighbours) need at least {k + 1} on each side")
-    if samples.image_hw and ref.image_hw and samples.image_hw != ref.image_hw:
-        raise UserError(f"SAMPLES {samples.path} are {samples.image_hw[0]}x{samples.image_hw[1]} but REF {ref.path} "
-                        f"is {ref.image_hw[0]}x{ref.image_hw[1]}: compare against the reference batch of the "
+    check_resolution(samples.image_hw, ref, f"SAMPLES {samples.path}")
+
+
+def check_resolution(samples_hw: tuple[int, int] | None, ref: Source, what: str = "SAMPLES") -> None:
+    """UserError when the samples (`what`) and REF have different resolutions (dit-eval, and FID during
+    training before it starts); nothing to check against a statistics file."""
+    if samples_hw and ref.image_hw and tuple(samples_hw) != tuple(ref.image_hw):
+        raise UserError(f"{what} are {samples_hw[0]}x{samples_hw[1]} but REF {ref.path} is "
+                        f"{ref.image_hw[0]}x{ref.image_hw[1]}: compare against the reference batch of the "
                         "samples' resolution (e.g. VIRTUAL_imagenet256_labeled.npz for 256x256)")

@@ -50,6 +50,8 @@ class ExtractConfig:
     pixels: bool = False                   # also store each crop as the VAE saw it (shards' pixels field, REPA)
     cpu_threads: int = DEFAULT_CPU_THREADS  # intra-op threads of the encoder on CPU (common/determinism.py)
     strict: bool = False                   # an unusable image is an error instead of a skip
+    keep_empty_classes: bool = False       # a class folder without images keeps its label (else refused)
+    allow_split_names: bool = False        # class folders named train/val/... are accepted (else refused)
     overwrite: bool = False                # replace a shard set made with another config
     quiet: bool = False
 

@@ -4,11 +4,15 @@ Follows torchvision's `ImageFolder` convention, which is what the published DiT 
 (docs/REFERENCE.md): a label is the index of the class folder in sorted folder-name order (ImageNet's
 `n01440764` is 0 ... `n15075141` is 999), files are found recursively inside each class folder (following
 symlinks) in sorted walk order, and an image is a file whose extension, case-insensitively, is one of
-ImageFolder's. Empty class folders keep their index.
+ImageFolder's. A class folder without images is refused, as ImageFolder refuses it, unless the caller keeps
+it (`keep_empty_classes`: its label index stays taken, as with ImageFolder's `allow_empty=True`).
 
 Deliberate differences from ImageFolder (RELIABILITY.md): hidden entries (names starting with ".") are
 ignored, so a stray `.ipynb_checkpoints/` cannot become class 0 and shift every label, and macOS `._x.JPEG`
-resource forks are not mistaken for images; symlink loops are not followed twice.
+resource forks are not mistaken for images; symlink loops are not followed twice; a root whose class
+folders are named like dataset splits (`train/`, `val/`: the layout many guides use one level up) is refused
+unless the caller allows it (`allow_split_names`), since its "classes" would be the splits and the
+validation images would be trained on.
 
 The order of `ImageList.paths` defines the global sample index (the shard key), so it must be identical on
 every rank and in every run; `fingerprint()` lets ranks and resumed runs check that it is.
@@ -24,6 +28,10 @@ from dit_pipeline.common.errors import UserError
 
 # torchvision.datasets.folder.IMG_EXTENSIONS, so our image set equals ImageFolder's.
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+# Folder names that dataset layouts use for splits (ImageNet's train/ and val/, Kaggle's test/, ...), compared
+# case-insensitively.
+SPLIT_NAMES = frozenset({"train", "training", "val", "valid", "validation", "test", "testing", "eval",
+                         "evaluation", "dev", "holdout"})
 
 
 @dataclass(frozen=True)
@@ -121,10 +129,48 @@ def _walk_class(class_dir: Path, flag: str) -> list[str]:
     return [os.path.join(d, f) for d, files in found for f in files]
 
 
-def scan_image_folder(root: str | Path, flag: str = "--data-path") -> ImageList:
-    """All images of an ImageFolder-style tree with their labels; UserError for anything unusable."""
+def split_like(classes: list[str] | tuple[str, ...]) -> list[str]:
+    """The class folders that look like dataset splits: all of them when every one is named like a split, or
+    the split-named ones when there are at least two (train + val); none otherwise (one class called `test`
+    among real class names is left alone)."""
+    named = [c for c in classes if c.lower() in SPLIT_NAMES]
+    return named if len(named) == len(classes) or len(named) >= 2 else []
+
+
+def _check_split_names(root: Path, classes: list[str], flag: str) -> None:
+    splits = split_like(classes)
+    if not splits:
+        return
+    inner = root / splits[0]
+    raise UserError(f"{flag} {root}: its class folders look like dataset splits ({', '.join(splits)}), not "
+                    f"classes: every image would be labelled with its split's name, and the images of every split "
+                    f"would be trained on. Pass the folder of one split, whose sub-folders are the classes (e.g. "
+                    f"{flag} {inner}), or add --allow-split-names if these really are class names.")
+
+
+def _check_empty_classes(root: Path, classes: list[str], labels: list[int], flag: str) -> None:
+    used = set(labels)
+    empty = [name for label, name in enumerate(classes) if label not in used]
+    if not empty:
+        return
+    shown = ", ".join(empty[:5]) + (f" and {len(empty) - 5} more" if len(empty) > 5 else "")
+    raise UserError(f"{flag} {root}: {len(empty)} of {len(classes)} class folder(s) hold no image files ({shown}); "
+                    "torchvision's ImageFolder refuses this too. Remove them or add their images, or pass "
+                    "--keep-empty-classes to keep their labels (each keeps its index in sorted order, so the other "
+                    "labels stay those of ImageFolder(allow_empty=True)).")
+
+
+def scan_image_folder(root: str | Path, flag: str = "--data-path", *, allow_split_names: bool = False,
+                      keep_empty_classes: bool = False) -> ImageList:
+    """All images of an ImageFolder-style tree with their labels; UserError for anything unusable.
+
+    allow_split_names: accept class folders named like splits (train, val, ...; see `split_like`).
+    keep_empty_classes: a class folder without images keeps its label instead of being refused.
+    """
     root = Path(root).expanduser()
     classes = find_classes(root, flag)
+    if not allow_split_names:
+        _check_split_names(root, classes, flag)
     paths: list[str] = []
     labels: list[int] = []
     base = str(root)
@@ -135,4 +181,6 @@ def scan_image_folder(root: str | Path, flag: str = "--data-path") -> ImageList:
     if not paths:
         raise UserError(f"{flag} {root}: found {len(classes)} class folder(s) but no image files in them "
                         f"(looked for {', '.join(IMAGE_EXTENSIONS)}, any case).")
+    if not keep_empty_classes:
+        _check_empty_classes(root, classes, labels, flag)
     return ImageList(root.resolve(), tuple(classes), tuple(paths), tuple(labels))

@@ -27,6 +27,7 @@ from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.faults import fault_point
 from dit_pipeline.common.io import check_writable_dir
 from dit_pipeline.common.log import get_logger, progress_enabled, setup_logging
+from dit_pipeline.common.runlock import EXTRACT_LOCK_NAME, RunLock
 from dit_pipeline.common.vae import load_vae
 from dit_pipeline.extract import plan
 from dit_pipeline.extract.config import ExtractConfig, resolve_batch_size, resolve_num_workers, resolve_precision
@@ -73,7 +74,8 @@ def tool_version() -> str:
 
 def scan_images(cfg: ExtractConfig) -> ImageList:
     """The image list (after --limit), identical on every rank or a UserError."""
-    images = scan_image_folder(cfg.data_path).head(cfg.limit)
+    images = scan_image_folder(cfg.data_path, allow_split_names=cfg.allow_split_names,
+                               keep_empty_classes=cfg.keep_empty_classes).head(cfg.limit)
     with dist.peer_guard("comparing the image lists of the ranks", _RANK_LOGS):
         prints = dist.all_gather_object((len(images), images.fingerprint()))
     if len(set(prints)) > 1:
@@ -163,10 +165,21 @@ class ExtractJob:
     record: dict[str, Any]
     out: Path
     status: str
+    lock_warning: str | None = None  # a dead run's lease on --out was taken over
 
 
-def _setup(cfg: ExtractConfig) -> ExtractJob:
-    """Everything checked before a byte is written: images, VAE, sizes, the output folder."""
+def _claim_output(out: Path, record: dict[str, Any], cfg: ExtractConfig, held: list[RunLock]
+                  ) -> tuple[str | None, str]:
+    """Rank 0: the lease on --out (one live extraction per folder: a second one would delete the first's live
+    temp files as left by an interrupted run; common/runlock.py), then the folder check. Returns (the
+    takeover warning, the folder's status)."""
+    held.append(RunLock(out, "dit-extract", name=EXTRACT_LOCK_NAME, flag="--out").acquire())
+    return held[-1].warning, prepare_output(out, record, overwrite=cfg.overwrite)
+
+
+def _setup(cfg: ExtractConfig, held: list[RunLock]) -> ExtractJob:
+    """Everything checked before a byte is written: images, VAE, sizes, the output folder (leased by rank 0
+    into `held`; every rank learns a refusal)."""
     if cfg.pixels and shard_pixels.codec_problem():
         raise UserError(f"--pixels: {shard_pixels.codec_problem()}")
     images = scan_images(cfg)
@@ -179,9 +192,9 @@ def _setup(cfg: ExtractConfig) -> ExtractJob:
     record = extraction_record(cfg, images, vae_identity, precision=precision, batch_size=batch_size,
                                samples_per_shard=samples_per_shard, device=device)
     out = Path(cfg.out).expanduser()
-    status = dist.on_rank0(lambda: prepare_output(out, record, overwrite=cfg.overwrite), _RANK_LOGS)
+    warning, status = dist.on_rank0(lambda: _claim_output(out, record, cfg, held), _RANK_LOGS)
     return ExtractJob(cfg, images, device, precision, batch_size, vae, vae_identity, latent_shape, samples_per_shard,
-                record, out, status)
+                record, out, status, warning)
 
 
 def _encode(run: ExtractJob, todo: list[int]):
@@ -280,11 +293,23 @@ def run_extract(cfg: ExtractConfig) -> ExtractSummary:
     # collective timeout is long; a rank that dies is handled by torchrun, which stops the others.
     dist.init(timeout_s=float(os.environ.get("DIT_DIST_TIMEOUT", EXTRACT_DIST_TIMEOUT_S)))
     setup_logging(None, quiet=cfg.quiet)
+    held: list[RunLock] = []
+    try:
+        return _extract(cfg, held)
+    finally:
+        for lock in held:
+            lock.release()
+
+
+def _extract(cfg: ExtractConfig, held: list[RunLock]) -> ExtractSummary:
     t0 = time.monotonic()
-    run = _setup(cfg)
+    run = _setup(cfg, held)
     setup_logging(run.out / LOG_DIR, quiet=cfg.quiet)
-    log.info("dit-extract %s: %d images in %d classes from %s -> %s (%s)", tool_version(), len(run.images),
-             len(run.images.class_names), run.images.root, run.out, run.status)
+    if run.lock_warning:
+        log.warning("--out %s: %s", run.out, run.lock_warning)
+    names = run.images.class_names
+    log.info("dit-extract %s: %d images in %d classes (first %r, last %r) from %s -> %s (%s)", tool_version(),
+             len(run.images), len(names), names[0], names[-1], run.images.root, run.out, run.status)
     log.info("%s", dist.launch_info().describe())
     dist.on_rank0(lambda: _start_output(run), _RANK_LOGS)  # also the barrier before any rank looks at the folder
     total_shards = plan.num_shards(len(run.images), run.samples_per_shard)

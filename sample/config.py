@@ -26,6 +26,10 @@ SAMPLERS = DDPM_SAMPLERS + FLOW_SAMPLERS
 GRID_SAMPLER = {"ddpm": "ddim", "flow": "euler"}
 FID_SAMPLER = {"ddpm": "ddpm", "flow": "euler"}
 FLOW_CONVENTIONS = ("sit", "repa")  # dit.flow: SiT's time (t = 0 noise) or REPA's (t = 1 noise, sign flipped)
+# The sampler when --sampler is not given, by the model's objective: the reference DiT's DDPM, and SiT's SDE
+# (Euler-Maruyama with SiT's sample_ddp.py defaults: diffusion form sigma, norm 1, last step 0.04), each the
+# sampler of its paper's FID-50K at the default 250 steps.
+DEFAULT_SAMPLERS = {"ddpm": "ddpm", "flow": "euler-maruyama"}
 DIFFUSION_FORMS = ("sigma", "SBDM", "constant", "linear", "decreasing", "increasing-decreasing")
 CFG_CHANNELS = ("3", "all")
 WEIGHTS = ("ema", "model")
@@ -46,7 +50,8 @@ class SampleConfig:
     vae_config: str | None = None  # diffusers config folder for a single-file VAE
     weights: str = "ema"  # which weights of a training checkpoint: "ema" or "model"
     model: str | None = None  # expected preset, checked against the weights
-    sampler: str = "ddpm"  # ddpm models: ddpm, ddim; flow models: euler, heun, euler-maruyama
+    sampler: str | None = None  # ddpm models: ddpm, ddim; flow models: euler, heun, euler-maruyama;
+    # None: DEFAULT_SAMPLERS of the model's objective (sample.run resolves it once the checkpoint is read)
     steps: int = 250
     objective: str | None = None  # ddpm | flow; None: what the checkpoint records (SiT-* files: flow)
     flow_convention: str | None = None  # sit | repa; None: recorded, else repa for REPA's files, else sit
@@ -136,7 +141,7 @@ class SampleConfig:
 
     def _check_sampler(self) -> list[str]:
         p = []
-        if self.sampler not in SAMPLERS:
+        if self.sampler is not None and self.sampler not in SAMPLERS:
             p.append(f"--sampler must be one of {SAMPLERS}, got {self.sampler!r}")
         if not 1 <= self.steps <= TRAIN_TIMESTEPS:
             p.append(f"--steps must be in 1..{TRAIN_TIMESTEPS}, got {self.steps}")

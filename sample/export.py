@@ -39,7 +39,8 @@ from dit_pipeline.common.vae import DEFAULT_VAE, load_vae, recorded_vae
 from dit_pipeline.dit.blocks import BLOCK_OPTIONS
 from dit_pipeline.dit.respace import TRAIN_TIMESTEPS
 from dit_pipeline.sample.config import ExportConfig
-from dit_pipeline.sample.load import SAFETENSORS_LATENT_KEY, latent_scale, load_weights, resolve_objective
+from dit_pipeline.sample.load import (SAFETENSORS_LATENT_KEY, latent_scale, load_weights, manifest_folder,
+                                      resolve_objective)
 
 WEIGHTS_FORMAT = "dit-pipeline.weights"
 DIT_LN_EPS = 1e-6
@@ -192,7 +193,14 @@ def export_diffusers(state_dict: dict[str, torch.Tensor], info: dict[str, Any], 
     if int(info["model_config"]["num_classes"]) != 1000:
         log.warning("DiTPipeline uses class id 1000 as the null class; this model has %d classes, so guidance "
                     "with guidance_scale > 1 needs a custom loop", info["model_config"]["num_classes"])
-    pipe = DiTPipeline(transformer=transformer, vae=vae_model, scheduler=DDIMScheduler(**scheduler_config()))
+    id2label = pipeline_labels(info)
+    pipe = DiTPipeline(transformer=transformer, vae=vae_model, scheduler=DDIMScheduler(**scheduler_config()),
+                       id2label=id2label)
+    if id2label:
+        # in model_index.json, whence DiTPipeline.from_pretrained passes it back (as the hub's DiT pipelines do)
+        pipe.register_to_config(id2label=id2label)
+    else:
+        log.info("the checkpoint records no class names: the pipeline's labels stay empty (pass class ids)")
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{output.name}.", dir=output.parent))
     try:
@@ -201,6 +209,15 @@ def export_diffusers(state_dict: dict[str, torch.Tensor], info: dict[str, Any], 
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return output
+
+
+def pipeline_labels(info: dict[str, Any]) -> dict[str, str]:
+    """DiTPipeline's `id2label` ({"0": name, ...}) from the class names the checkpoint records (the manifest's
+    class folders); empty when it records none (official release files)."""
+    names = (info.get("latent") or {}).get("class_names") or []
+    if len(names) != int(info["model_config"]["num_classes"]):
+        return {}
+    return {str(i): str(name) for i, name in enumerate(names)}
 
 
 def check_diffusers_representable(info: dict[str, Any]) -> None:
@@ -228,7 +245,7 @@ def export(cfg: ExportConfig) -> Path:
         return export_safetensors(state_dict, info, output, overwrite=cfg.overwrite)
     vae, vae_config = cfg.vae, cfg.vae_config
     if not vae:
-        found = recorded_vae((info.get("latent") or {}).get("vae"), f"--ckpt {cfg.ckpt}")
+        found = recorded_vae((info.get("latent") or {}).get("vae"), f"--ckpt {cfg.ckpt}", base=manifest_folder(info))
         vae, vae_config = found if found else (DEFAULT_VAE, None)
         vae_config = cfg.vae_config or vae_config
     return export_diffusers(state_dict, info, output, vae=vae, vae_config=vae_config,

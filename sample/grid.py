@@ -61,23 +61,28 @@ def label_texts(labels: Sequence[int], names: Sequence[str] | None) -> list[str]
 
 def _draw_labels(grid: np.ndarray, labels: Sequence[int | str], tile_hw: tuple[int, int], cols: int,
                  padding: int) -> np.ndarray:
-    from PIL import Image, ImageDraw, ImageFont
+    from PIL import Image, ImageDraw
+
+    from dit_pipeline.sample.fonts import label_runs
 
     img = Image.fromarray(grid)
     draw = ImageDraw.Draw(img)
     h, w = tile_hw
     size = max(8, h // 16)
-    try:
-        font = ImageFont.load_default(size=size)
-    except (TypeError, OSError, ImportError):  # Pillow without FreeType: the fixed bitmap font
-        font = ImageFont.load_default()
     for k, label in enumerate(labels):
         x = padding + (k % cols) * (w + padding)
         y = padding + (k // cols) * (h + padding)
         text = label if isinstance(label, str) else str(int(label))
-        left, top, right, bottom = draw.textbbox((x + 1, y), text, font=font)
+        # runs of one font each (sample/fonts.py: a font that has the glyphs, so no name is drawn as boxes)
+        placed, left = [], x + 1
+        for font, piece in label_runs(text, size):
+            placed.append((left, font, piece))
+            left += draw.textlength(piece, font=font)
+        boxes = [draw.textbbox((px, y), piece, font=font) for px, font, piece in placed]
+        right, bottom = max(b[2] for b in boxes), max(b[3] for b in boxes)
         draw.rectangle((x, y, min(right + 1, x + w - 1), min(bottom + 1, y + h - 1)), fill=(0, 0, 0))
-        draw.text((x + 1, y), text, fill=(255, 255, 255), font=font)
+        for px, font, piece in placed:
+            draw.text((px, y), piece, fill=(255, 255, 255), font=font)
     return np.array(img)  # a writable copy (PIL's buffer is read-only)
 
 

@@ -53,6 +53,16 @@ def _safetensors_latent(path: Path) -> dict[str, Any] | None:
     return json.loads(raw) if raw else None
 
 
+def manifest_folder(info: dict[str, Any]) -> Path | None:
+    """The folder of the shard set a checkpoint was trained on (its training config's --manifest or --shards),
+    where an old manifest's relative VAE path is looked for first (common.vae.recorded_vae); None if unknown."""
+    config = info.get("config") or {}
+    if config.get("manifest"):
+        return Path(str(config["manifest"])).expanduser().parent
+    shards = Path(str(config.get("shards") or "")).expanduser()
+    return shards if config.get("shards") and shards.is_dir() else None
+
+
 _CKPT_RE = re.compile(r"^step-(\d{7,})\.pt$")  # train.checkpoint's names (sample/ does not import train/)
 
 

@@ -35,10 +35,11 @@ from dit_pipeline.common.log import progress_enabled, setup_logging
 from dit_pipeline.common.precision import AUTOCAST_DTYPES, set_tf32
 from dit_pipeline.common.vae import DEFAULT_VAE, load_vae, recorded_vae
 from dit_pipeline.sample import plan
-from dit_pipeline.sample.config import DDPM_SAMPLERS, FLOW_SAMPLERS, SampleConfig
+from dit_pipeline.sample.config import DDPM_SAMPLERS, DEFAULT_SAMPLERS, FLOW_SAMPLERS, SampleConfig
 from dit_pipeline.sample.generate import generate_images, guided_model_fn, make_diffusion, noise_level_fn
 from dit_pipeline.sample.grid import label_texts, png_bytes, save_grid
-from dit_pipeline.sample.load import (LoadedModel, latent_scale, load_model, resolve_ckpt, resolve_flow_convention,
+from dit_pipeline.sample.load import (LoadedModel, latent_scale, load_model, manifest_folder, resolve_ckpt,
+                                      resolve_flow_convention,
                                       resolve_objective)
 from dit_pipeline.sample.npz import RUN_FILE, PartStore, assemble_npz, parts_dir_for
 
@@ -84,6 +85,7 @@ def _run(cfg: SampleConfig) -> SampleResult:
     scale, shift = latent_scale(loaded.latent, vae_id, log)
     labels = _labels(cfg, loaded)
     loaded.info["objective"] = resolve_objective(loaded.info, cfg.ckpt, cfg.objective)
+    cfg, sampler_note = _with_sampler(cfg, loaded.info["objective"])
     _check_compatible(cfg, loaded, vae_id)
     if loaded.info["objective"] == "flow":
         loaded.info["flow_convention"] = resolve_flow_convention(loaded.info, cfg.ckpt, cfg.flow_convention)
@@ -93,6 +95,8 @@ def _run(cfg: SampleConfig) -> SampleResult:
     image_size = int(loaded.config["input_size"]) * int(vae_id["downsample_factor"])
     if cfg.out:
         log = setup_logging(Path(cfg.out) / "logs", quiet=cfg.quiet)
+    if sampler_note:
+        log.info("%s", sampler_note)
     record = _record(cfg, loaded, vae_id, scale, shift, labels, image_size, device) if dist.is_main() else {}
     store = PartStore(parts_dir_for(cfg.npz, cfg.out), record.get("fingerprint", {}), cfg.total)
     state = dist.on_rank0(lambda: _prepare(cfg, store, record, log))
@@ -126,10 +130,22 @@ def _with_vae(cfg: SampleConfig, loaded: LoadedModel, log: Any) -> SampleConfig:
     extracted with) when there is a record, else the SD-VAE the official checkpoints use."""
     if cfg.vae:
         return cfg
-    found = recorded_vae((loaded.latent or {}).get("vae"), f"--ckpt {cfg.ckpt}")
+    recorded = (loaded.latent or {}).get("vae") or {}
+    found = recorded_vae(recorded, f"--ckpt {cfg.ckpt}", base=manifest_folder(loaded.info))
     vae, vae_config = found if found else (DEFAULT_VAE, cfg.vae_config)
-    log.info("--vae not given: using %s (%s)", vae, "recorded in the checkpoint" if found else "the default")
+    typed = f", given as {recorded['source_given']}" if found and recorded.get("source_given") else ""
+    log.info("--vae not given: using %s (%s)", vae, f"recorded in the checkpoint{typed}" if found else "the default")
     return dataclasses.replace(cfg, vae=vae, vae_config=cfg.vae_config or vae_config)
+
+
+def _with_sampler(cfg: SampleConfig, objective: str) -> tuple[SampleConfig, str | None]:
+    """`cfg` with --sampler filled in when not given, the default for the model's objective (a flow checkpoint
+    samples with SiT's SDE without being told) and recorded as if given; and the line that says so."""
+    if cfg.sampler is not None:
+        return cfg, None
+    sampler = DEFAULT_SAMPLERS[objective]
+    return (dataclasses.replace(cfg, sampler=sampler),
+            f"--sampler not given: {sampler}, the default for {objective} models ({cfg.steps} steps)")
 
 
 def _labels(cfg: SampleConfig, loaded: LoadedModel) -> np.ndarray:

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from dit_pipeline.common.errors import UserError
+from dit_pipeline.common.log import stderr_is_terminal
 from dit_pipeline.shards.format import MANIFEST_NAME, ShardError, key_index, sample_key, shard_index
 from dit_pipeline.shards.manifest import Manifest, ShardRecord, read_manifest
 from dit_pipeline.shards.npy import all_finite
@@ -256,7 +257,7 @@ def verify_shards(folder: str | Path, *, quick: bool = False, jobs: int = 1, pro
         return report
     expect = Expect.from_manifest(manifest)
     args = [(str(folder), rec, expect, manifest.samples_per_shard, quick) for rec in manifest.shards]
-    results = _run(args, jobs, progress, manifest.total_bytes)
+    results = _run(args, jobs, progress and stderr_is_terminal(), manifest.total_bytes)  # no redraws in a log
     results.sort(key=lambda r: r.name)
     for r in results:
         report.problems.extend((r.name, p) for p in r.problems)

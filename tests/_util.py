@@ -103,6 +103,22 @@ def torchrun_cmd(cmd: str, args: Sequence[str], nproc: int = 2, *, nnodes: int =
     return [*launch, str(BIN / cmd), *map(str, args)]
 
 
+def rank_pids(launcher_pid: int) -> dict[int, int]:
+    """{rank: pid} of the processes a torchrun process started (by their RANK variable; Linux /proc)."""
+    from dit_pipeline.train.launch import _children
+
+    ranks = {}
+    for pid in _children(launcher_pid):
+        try:
+            raw = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            continue
+        env = dict(e.split(b"=", 1) for e in raw.split(b"\0") if b"=" in e)
+        if b"RANK" in env:
+            ranks[int(env[b"RANK"])] = pid
+    return ranks
+
+
 def run_torchrun(cmd: str, args: Sequence[str], nproc: int = 2, *, env: dict | None = None,
                  timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run(torchrun_cmd(cmd, args, nproc), capture_output=True, text=True,

@@ -23,7 +23,7 @@ def test_dash_h_is_help(cmd):
     assert "-h, --help" in res.stdout
 
 
-@pytest.mark.parametrize("name", ["dit-extract", "dit-train", "dit-shards", "dit-sample"])
+@pytest.mark.parametrize("name", ["dit-extract", "dit-train", "dit-shards", "dit-sample", "dit-eval"])
 def test_version(name):
     from importlib.metadata import version
 

@@ -6,9 +6,11 @@ local ranks that run this same function under torchrun.
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Sequence
 
 from dit_pipeline.train.config import TrainConfig
+from dit_pipeline.train.failures import failures_logged
 from dit_pipeline.train.hooks import build_hooks
 from dit_pipeline.train.launch import launch, under_launcher
 from dit_pipeline.train.preflight import prepare
@@ -25,11 +27,12 @@ def main(cfg: TrainConfig, *, nproc_per_node: int | None = None, argv: Sequence[
     # work. The launcher loads it for that check only; its ranks build their own hooks.
     hooks = build_hooks(cfg)
     if nproc_per_node is None or under_launcher():
-        run(cfg, hooks=hooks)
+        with failures_logged(cfg):  # a killed loader worker: one line, in the run's logs too (train/failures.py)
+            run(cfg, hooks=hooks)
         return 0
     if cfg.dry_run:
         run(cfg, world_size=nproc_per_node)
         return 0
     prepare(cfg, world_size=nproc_per_node)  # every check before any rank starts
     del hooks
-    return launch(nproc_per_node, list(argv))
+    return launch(nproc_per_node, list(argv), log_file=Path(cfg.run_dir).expanduser() / "log.txt")

@@ -17,13 +17,13 @@ from typing import Any
 from dit_pipeline.common.errors import ConfigError, UserError, collect
 from dit_pipeline.common.precision import PRECISIONS_AUTO as PRECISIONS
 from dit_pipeline.common.settings import choice, flag_name, non_negative, positive, setting
+from dit_pipeline.dit.flow import T_SAMPLINGS
 from dit_pipeline.dit.formats import OBJECTIVES
 from dit_pipeline.evaluate.hook import FidSettings
 from dit_pipeline.sample.grid import GRIDS, GridSettings
 from dit_pipeline.train.repa import REPA, RepaSettings
 
 ATTENTION_BACKENDS = ("auto", "cudnn", "flash", "efficient", "math")  # train.speed applies them
-T_SAMPLINGS = ("uniform", "logit-normal")  # flow training times (dit.flow.FlowMatching)
 DEFAULT_MAX_STEPS = 400_000   # neither --max-steps nor --epochs: the DiT paper's length for its comparisons
 DEFAULT_NUM_WORKERS = 4       # loader processes per rank, unless the shard set has fewer shards per rank
 
@@ -174,6 +174,11 @@ class TrainConfig(RepaSettings, FidSettings, GridSettings):
 
     def _objective_problems(self) -> list[str]:
         p = choice(self, "objective", OBJECTIVES)
+        if not p and is_sit_name(self.model) and self.objective != "flow":
+            dit_name = "DiT-" + str(self.model).strip()[4:]
+            p.append(f"--model {self.model} names SiT, a flow model (dit-sample samples SiT- files as flow), which "
+                     f"--objective {self.objective} contradicts: drop --objective (a SiT- name implies flow) or use "
+                     f"--model {dit_name} for DiT's {self.objective} objective")
         if self.t_sampling not in T_SAMPLINGS:
             p += choice(self, "t_sampling", T_SAMPLINGS)
         elif self.objective == "ddpm" and (self.t_sampling, self.t_mean, self.t_scale) != ("uniform", 0.0, 1.0):
@@ -274,9 +279,17 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     return out
 
 
+def is_sit_name(model: Any) -> bool:
+    """A SiT preset name (SiT-XL/2, ...): DiT's network trained with SiT's flow objective (Ma et al. 2024)."""
+    return str(model or "").strip().lower().startswith("sit-")
+
+
 def merge_config(file_values: dict[str, Any], flag_values: dict[str, Any]) -> TrainConfig:
-    """TrainConfig from defaults, then the config file, then explicitly given flags."""
+    """TrainConfig from defaults, then the config file, then explicitly given flags. A SiT model name without
+    an objective implies `--objective flow` (the plan says so); with `--objective ddpm` it is refused."""
     merged = {**file_values, **flag_values}
+    if is_sit_name(merged.get("model")) and merged.get("objective") is None:
+        merged["objective"] = "flow"
     missing = [n for n in ("shards", "run_dir") if merged.get(n) in (None, "")]
     if missing:
         raise ConfigError([f"{flag_name(n)} is required (as a flag or in --config)" for n in missing],

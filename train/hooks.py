@@ -35,7 +35,9 @@ def _recorded_vae(cfg: "TrainConfig") -> tuple[str, str | None]:
     where = cfg.manifest or cfg.shards
     if cfg.manifest is None and not Path(cfg.shards).expanduser().is_dir():
         raise UserError("--sample-every needs --vae here: the manifest is not known yet (pass --manifest or --vae)")
-    found = recorded_vae(read_manifest(Path(where).expanduser()).extraction.get("vae"), f"the manifest of {where}")
+    path = Path(where).expanduser()
+    found = recorded_vae(read_manifest(path).extraction.get("vae"), f"the manifest of {where}",
+                         base=path if path.is_dir() else path.parent)
     if found is None:
         raise UserError(f"--sample-every needs --vae: the manifest of {where} records no VAE; pass the VAE the "
                         "shards were extracted with (a hub id, a local diffusers folder or a .safetensors file)")

@@ -7,7 +7,8 @@ under a launcher from torchrun's environment (LOCAL_RANK), so they never launch 
 
 This process stays as the parent of torchrun and forwards SIGTERM/SIGUSR1 to the ranks themselves: each
 rank finishes its step, they write a checkpoint and exit 0, and torchrun then exits 0 too. (Signalling
-torchrun directly also makes the ranks checkpoint, but torchrun itself then exits 1.)
+torchrun directly also makes the ranks checkpoint, but torchrun itself then exits 1.) torchrun runs through
+train/torchrun.py, which names a failed rank and its signal in one line, also in RUN/log.txt.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from typing import Sequence
 from dit_pipeline.train.signals import STOP_SIGNALS
 
 LAUNCHER_FLAGS = ("--nproc-per-node", "--nproc_per_node")
+LOG_ENV = "DIT_LAUNCH_LOG"  # the run's log, where train/torchrun.py appends the line naming a failed rank
 
 
 def under_launcher() -> bool:
@@ -65,7 +67,8 @@ def launch_command(nproc: int, args: Sequence[str], *, script_name: str = "dit-t
                    argv0: str | None = None) -> list[str]:
     """argv that runs `script_name args` (launcher flag removed) as `nproc` local ranks under torchrun."""
     script = _script(argv0 if argv0 is not None else sys.argv[0], script_name)
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+    # torchrun itself, its failure said in one line (train/torchrun.py)
+    return [sys.executable, "-m", "dit_pipeline.train.torchrun", "--standalone", f"--nproc-per-node={nproc}",
             script, *strip_launcher_flag(args)]
 
 
@@ -85,13 +88,14 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def launch(nproc: int, args: Sequence[str]) -> int:
+def launch(nproc: int, args: Sequence[str], log_file: str | os.PathLike | None = None) -> int:
     """Run torchrun with `nproc` ranks of the same command, forwarding stop signals to the ranks; returns
-    torchrun's exit code."""
+    torchrun's exit code. log_file: where the line naming a failed rank is appended (RUN/log.txt)."""
     cmd = launch_command(nproc, args)
     sys.stdout.flush()
     sys.stderr.flush()
-    proc = subprocess.Popen(cmd)
+    env = {**os.environ, **({LOG_ENV: str(log_file)} if log_file is not None else {})}
+    proc = subprocess.Popen(cmd, env=env)
 
     def forward(signum: int, frame: object) -> None:
         ranks = _children(proc.pid)

@@ -22,7 +22,7 @@ from dit_pipeline.common.io import check_writable_dir
 from dit_pipeline.common.teacher import Teacher
 from dit_pipeline.dit.blocks import BLOCK_OPTIONS
 from dit_pipeline.train import memory
-from dit_pipeline.train.config import DEFAULT_MAX_STEPS, DEFAULT_NUM_WORKERS, BatchPlan, TrainConfig, batch_plan
+from dit_pipeline.train.config import DEFAULT_MAX_STEPS, DEFAULT_NUM_WORKERS, BatchPlan, TrainConfig, batch_plan, is_sit_name
 from dit_pipeline.train.data import ShardSource, open_shards
 from dit_pipeline.train.partition import DataLayout, EpochPlan, plan_epoch, total_steps
 from dit_pipeline.train.repa import check_repa, repa_line
@@ -239,7 +239,8 @@ def objective_line(cfg: TrainConfig) -> str:
     if cfg.objective == "flow":
         times = ("uniform" if cfg.t_sampling == "uniform"
                  else f"{cfg.t_sampling} (mean {cfg.t_mean:g}, scale {cfg.t_scale:g})")
-        what = f"flow (linear interpolant, velocity prediction; training times {times})"
+        implied = f"as --model {cfg.model} implies; " if is_sit_name(cfg.model) else ""
+        what = f"flow ({implied}linear interpolant, velocity prediction; training times {times})"
     else:
         what = "ddpm (DiT: noise prediction + learned variance, 1000-step linear schedule)"
     extras = [name for name in BLOCK_OPTIONS if getattr(cfg, name)]

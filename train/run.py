@@ -194,7 +194,7 @@ def _train(prep: Preflight, hooks: Sequence[PeriodicHook], stop: StopRequest, st
         return "done"
     stop.lost = lambda: (f"the {trainer.state.step - trainer.last_saved} step(s) since the last checkpoint (step "
                          f"{trainer.last_saved}) are lost; rerun the same command to resume from it")
-    t0 = time.perf_counter()
+    t0, first_step = time.perf_counter(), state.step
     try:
         outcome = trainer.fit(stop)
     finally:
@@ -204,6 +204,32 @@ def _train(prep: Preflight, hooks: Sequence[PeriodicHook], stop: StopRequest, st
     why = f" on {stop.received.name}" if outcome == "stopped" and stop.received else ""
     # the epoch of the last step, as the step lines count it (at an epoch's end state.epoch is the next one)
     last_epoch = state.epoch - 1 if state.step_in_epoch == 0 and state.epoch > 0 else state.epoch
+    wall = time.perf_counter() - t0
     log.info(f"{'stopped' + why if outcome == 'stopped' else 'finished'} at step {state.step} (epoch {last_epoch}) "
-             f"after {time.perf_counter() - t0:.1f}s; newest checkpoint {ckpts.latest()}")
+             f"after {wall:.1f}s{_final_numbers(run_dir, state.step - first_step, prep.batch.global_batch, wall)}; "
+             f"newest checkpoint {ckpts.latest()}")
     return outcome
+
+
+def _final_numbers(run_dir: Path, steps: int, global_batch: int, wall: float) -> str:
+    """': loss L (step S), N images/s' for the closing line: the last logged loss (all-rank mean, from the tail of
+    RUN/metrics.jsonl, complete after the final barrier) and this invocation's images per second, checkpoints and
+    hooks included."""
+    import json
+
+    loss = ""
+    try:
+        with open(run_dir / "metrics.jsonl", "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - 65536))
+            for line in reversed(f.read().decode("utf-8", "replace").splitlines()):
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(rec, dict) and isinstance(rec.get("loss"), (int, float)):
+                    loss = f"final loss {rec['loss']:.4f} (step {rec.get('step')}), "
+                    break
+    except OSError:
+        pass
+    return f": {loss}{steps * global_batch / max(wall, 1e-9):.1f} images/s"

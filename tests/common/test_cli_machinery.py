@@ -39,3 +39,55 @@ def test_config_error_lists_all_problems_exit_2():
     res = CliRunner().invoke(demo_cmd, ["--data-path", "x", "--fail", "config"])
     assert res.exit_code == 2
     assert "--batch-size must be > 0" in res.output and "--lr must be > 0" in res.output
+
+
+def _cli(main, args):
+    return CliRunner().invoke(main, args)
+
+
+def test_reference_dit_habits_say_what_to_do_instead(tmp_path, monkeypatch):
+    """The flags and values of the reference DiT scripts: not click's "Did you mean --depth?"."""
+    from dit_pipeline.cli import eval_main, extract_main, sample_main, train_main
+
+    for flag in ("--data-path", "--data_path"):
+        r = _cli(train_main, [flag, "imagenet/train", "--run-dir", "r"])
+        assert r.exit_code == 2 and "Did you mean" not in r.output
+        assert (f"Error: No such option '{flag}'. dit-train reads latent shards, not images: encode the images once "
+                "with `dit-extract --data-path IMAGES --out SHARDS`, then pass --shards SHARDS.") in r.output
+    r = _cli(train_main, ["--shards", "s", "--num-classes", "1000"])
+    assert r.exit_code == 2 and ("No such option '--num-classes'. the number of classes comes from the shard set's "
+                                 "manifest (dit-extract counts the class folders); drop it.") in r.output
+    r = _cli(sample_main, ["--ckpt", "c.pt", "--num-sampling-steps", "250"])
+    assert r.exit_code == 2 and "No such option '--num-sampling-steps'. the number of steps is --steps." in r.output
+    r = _cli(sample_main, ["export", "--to", "diffusers", "o", "--ckpt", "c", "--num-classes", "10"])
+    assert r.exit_code == 2 and "No such option '--num-classes'. the number of classes comes from the weights" in r.output
+    monkeypatch.chdir(tmp_path)
+    for main, args in ((train_main, ["--shards", "s", "--run-dir", "r"]), (extract_main, ["--data-path", "d", "--out", "o"]),
+                       (sample_main, ["--ckpt", "c.pt", "--out", "o"])):
+        for vae in (["--vae", "mse"], ["--vae=ema"], ["--vae", "ema"]):
+            r = _cli(main, [*args, *vae])
+            short = vae[-1].split("=")[-1]
+            assert r.exit_code == 2, r.output
+            assert (f"--vae {short}: the reference DiT scripts' short name; pass the hub id --vae "
+                    f"stabilityai/sd-vae-ft-{short} (or a local copy of it: a diffusers folder or a single "
+                    ".safetensors file).") in r.output
+    r = _cli(eval_main, ["s.npz", "--ref", "r.npz", "--num-classes", "3"])  # no habit table: click's own words
+    assert r.exit_code == 2 and "No such option '--num-classes'. Did you mean" in r.output
+
+
+def test_a_local_folder_named_like_a_short_vae_name_is_a_path(tmp_path, monkeypatch):
+    from dit_pipeline.cli import _check_habits, extract_main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ema").mkdir()
+    _check_habits(extract_main, click.Context(extract_main), ["--vae", "ema"])  # no error: it is a local folder
+
+
+def test_a_short_vae_name_from_a_config_file_is_answered_too():
+    import pytest
+
+    from dit_pipeline.common.vae import classify_vae_spec
+
+    with pytest.raises(UserError, match=r"^--vae 'mse': the reference DiT scripts' short name; pass the hub id "
+                                        r"stabilityai/sd-vae-ft-mse \(or a local copy"):
+        classify_vae_spec("mse")

@@ -19,7 +19,8 @@ FID = {"fid-every": 2, "fid-num-samples": 4, "fid-steps": 3, "fid-cfg-scale": 1.
 def runs(tmp_path_factory, tiny_vae_dir):
     root = tmp_path_factory.mktemp("fid-runs")
     make_shard_set(root / "shards", samples=[16, 16], latent_shape=(4, 8, 8))
-    np.savez(root / "ref.npz", arr_0=np.random.default_rng(0).integers(0, 256, (6, 32, 32, 3), dtype=np.uint8))
+    # 8x8 latents through the tiny VAE (8x downsampling) are 64x64 images
+    np.savez(root / "ref.npz", arr_0=np.random.default_rng(0).integers(0, 256, (6, 64, 64, 3), dtype=np.uint8))
     out = {}
     for name, extra in (("plain", {}), ("fid", {**FID, "fid-ref": root / "ref.npz", "vae": tiny_vae_dir})):
         r = run_cli("dit-train", tiny_args(root / "shards", root / name, **{"max-steps": 4, "num-workers": 1,
@@ -116,3 +117,20 @@ def test_fid_labels_reach_the_hook_and_are_checked():
     assert TrainConfig(shards="s", run_dir="r").fid_labels == "uniform"
     with pytest.raises(ConfigError, match=r"--fid-labels must be one of uniform, equal, got 'balanced'"):
         TrainConfig(shards="s", run_dir="r", fid_every=2, fid_ref="R", vae="V", fid_labels="balanced").validate()
+
+
+@pytest.mark.timeout(600)
+def test_a_reference_of_another_resolution_is_refused_before_the_first_step(tmp_path, tiny_vae_dir):
+    """dit-eval refuses samples and a reference of different resolutions; FID during training says so before it
+    trains (8x8 latents decoded by the tiny VAE are 64x64 images, the reference is 32x32)."""
+    make_shard_set(tmp_path / "shards", samples=[8, 8], latent_shape=(4, 8, 8))
+    np.savez(tmp_path / "ref32.npz", arr_0=np.zeros((6, 32, 32, 3), np.uint8))
+    r = run_cli("dit-train", tiny_args(tmp_path / "shards", tmp_path / "run", **{
+        **FID, "fid-ref": tmp_path / "ref32.npz", "vae": tiny_vae_dir, "max-steps": 4, "num-workers": 0}), timeout=300)
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert r.stderr.rstrip().splitlines()[-1] == (
+        f"error: --fid-ref: the FID samples (the model's latents decoded by --vae) are 64x64 but REF "
+        f"{tmp_path / 'ref32.npz'} is 32x32: compare against the reference batch of the samples' resolution (e.g. "
+        "VIRTUAL_imagenet256_labeled.npz for 256x256)")
+    assert not [row for row in read_metrics(tmp_path / "run") if "loss" in row]  # no step ran
+    assert not list(tmp_path.glob(".ref32.npz.*.features.npz"))  # no Inception work either

@@ -143,3 +143,26 @@ def test_cli_bad_input_exits_1_with_one_line(tmp_path):
     assert res.stderr.strip().splitlines() == [
         f"error: SAMPLES {tmp_path / 'bad.npz'}: arr_0 has shape [4, 8, 8]; the ADM format is uint8 [N, H, W, 3] "
         "(NHWC, RGB, N >= 1)"]
+
+
+def test_the_readme_trial_without_weights_runs_offline(tmp_path):
+    """README "Trying FID without the Inception weights": its command, as written, in a folder holding
+    samples/trial.npz; the numbers are finite but mean nothing (random weights)."""
+    import re
+    import shlex
+
+    from tests._util import REPO
+
+    readme = (REPO / "README.md").read_text()
+    block = re.search(r"\*\*Trying FID without the Inception weights\*\*.*?```bash\n(.*?)```", readme, re.S).group(1)
+    [words] = [shlex.split(line) for line in block.strip().splitlines()]
+    assert words[0] == "dit-eval"
+    (tmp_path / "samples").mkdir()
+    np.savez(tmp_path / "samples" / "trial.npz", arr_0=_images(3, 8))
+    res = run_cli("dit-eval", words[1:], timeout=300, cwd=tmp_path, env={"TORCH_HOME": str(tmp_path / "no-hub")})
+    assert res.returncode == 0, res.stderr[-3000:]
+    lines = res.stdout.splitlines()
+    assert [x.split(":")[0] for x in lines[:5]] == ["Inception Score", "FID", "sFID", "Precision", "Recall"]
+    assert abs(float(lines[1].split(": ")[1])) < 1e-3  # the samples against themselves
+    assert lines[5] == "wrote samples/trial.npz.eval.json"
+    assert not (tmp_path / "no-hub").exists()  # no weights file looked up or fetched

@@ -100,8 +100,9 @@ def odd_tree(tmp_path_factory) -> Path:
     return make_odd_tree(tmp_path_factory.mktemp("odd") / "images")
 
 
-# The settings every end-to-end test uses (tiny VAE: 32 px crops -> [4, 4, 4] latents).
-BASE = dict(image_size=32, batch_size=3, samples_per_shard=4, num_workers=0, quiet=True)
+# The settings every end-to-end test uses (tiny VAE: 32 px crops -> [4, 4, 4] latents). The odd tree has an
+# empty class folder (c_empty), refused by default: its tests keep its label, as ImageFolder(allow_empty=True).
+BASE = dict(image_size=32, batch_size=3, samples_per_shard=4, num_workers=0, quiet=True, keep_empty_classes=True)
 
 
 def cli_args(data: Path, vae: Path, out: Path, **overrides) -> list[str]:

@@ -80,6 +80,7 @@ def test_underscore_flags_and_summary(tmp_path, tiny_vae_dir):
     m = read_manifest(out)
     assert m.total_samples == 4 and m.views == 1 and len(m.shards) == 1
     assert "done: 4 images encoded" in r.output and "0 skipped" in r.output
+    assert f": 4 images in 2 classes (first 'class0', last 'class1') from {data} -> {out} (new)\n" in r.output
     size = human_bytes(m.shards[0].bytes)  # a small set in KiB, not "0.000 GiB"
     assert size.endswith(" KiB") and f"4 samples, 0 skipped, {size}\n" in r.output
     assert f"manifest: {out / 'manifest.json'} (quick verify passed)" in r.output
@@ -94,3 +95,31 @@ def test_quiet_prints_nothing_but_still_logs(tmp_path, odd_tree, tiny_vae_dir):
     assert r.exit_code == 0 and r.output == ""
     log = (out / "logs" / "rank0.log").read_text()
     assert "finished shard-000000.tar: 4 samples" in log and "done: 4 images encoded" in log
+
+
+def test_split_folders_and_empty_classes_are_refused_before_anything_is_written(tmp_path, tiny_vae_dir):
+    """The layout many guides use (ROOT/train/<class>, ROOT/val/<class>) given as --data-path; an empty class."""
+    root = tmp_path / "data"
+    for split in ("train", "val"):
+        for c in range(2):
+            (root / split / f"n0{c}").mkdir(parents=True)
+            draw_image(c, 0).save(root / split / f"n0{c}" / "0.JPEG")
+    out = tmp_path / "out"
+    base = dict(keep_empty_classes=False, quiet=False)
+    r = _invoke(cli_args(root, tiny_vae_dir, out, **base))
+    assert r.exit_code == 1 and not out.exists()
+    assert r.output.startswith(f"error: --data-path {root}: its class folders look like dataset splits (train, val), "
+                               "not classes:")
+    assert f"(e.g. --data-path {root / 'train'}), or add --allow-split-names" in r.output
+    r = _invoke(cli_args(root, tiny_vae_dir, out, allow_split_names=True, **base))
+    assert r.exit_code == 0, r.output
+    assert "4 images in 2 classes (first 'train', last 'val')" in r.output
+    (root / "train" / "n02").mkdir()
+    r = _invoke(cli_args(root / "train", tiny_vae_dir, tmp_path / "out2", **base))
+    assert r.exit_code == 1 and not (tmp_path / "out2").exists()
+    assert r.output.startswith(f"error: --data-path {root / 'train'}: 1 of 3 class folder(s) hold no image files "
+                               "(n02); torchvision's ImageFolder refuses this too.")
+    r = _invoke(cli_args(root / "train", tiny_vae_dir, tmp_path / "out2", keep_empty_classes=True, quiet=False))
+    assert r.exit_code == 0, r.output
+    m = read_manifest(tmp_path / "out2")
+    assert m.class_names == ["n00", "n01", "n02"] and m.num_classes == 3 and m.total_samples == 2

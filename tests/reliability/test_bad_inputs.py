@@ -54,7 +54,7 @@ def test_every_odd_image_is_converted_or_skipped_with_its_reason(tiny_vae_dir, t
     for path, why in expected.items():
         if why is not None:
             assert why in skipped[path], (path, skipped[path])
-    assert m.class_names == ["a_plain", "b_odd", "c_empty", "d_bad", "e_more"]   # empty class keeps its label
+    assert m.class_names == ["a_plain", "b_odd", "c_empty", "d_bad", "e_more"]   # kept: --keep-empty-classes
     assert {stored[p].meta["orig_mode"] for p in ("b_odd/cmyk.JPEG", "e_more/gray_alpha.png", "e_more/bilevel.png",
                                                   "e_more/int32.tiff")} == {"CMYK", "LA", "1", "I"}
 

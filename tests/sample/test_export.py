@@ -95,6 +95,26 @@ def test_diffusers_pipeline_folder_loads_and_samples_like_our_ddim(ckpt_1000, ti
     assert ours_img.std() > 5
 
 
+def test_diffusers_pipeline_knows_the_class_names(tmp_path, tiny_vae_dir):
+    """`pipe.labels` maps each class name (the manifest's class folders, recorded in the checkpoint) to its id;
+    DiTPipeline splits a name at commas into synonyms, as for the hub's ImageNet pipelines."""
+    from diffusers import DiTPipeline
+
+    names = [f"n{k:08d}" for k in range(1000)]
+    names[207], names[999] = "golden retriever, Ñandú", "鳥"
+    ckpt = tmp_path / "named.pt"
+    torch.save(our_checkpoint(random_dit(31, num_classes=1000), random_dit(32, num_classes=1000),
+                              latent={**LATENT_025, "class_names": names}), ckpt)
+    out = tmp_path / "pipe"
+    res = run_cli("dit-sample", ["export", "--to", "diffusers", out, "--ckpt", ckpt, "--vae", tiny_vae_dir])
+    assert res.returncode == 0, res.stderr[-3000:]
+    pipe = DiTPipeline.from_pretrained(out)
+    assert len(pipe.labels) == 1001
+    assert pipe.labels["golden retriever"] == 207 and pipe.labels["Ñandú"] == 207 and pipe.labels["鳥"] == 999
+    assert pipe.get_label_ids(["n00000003", "鳥"]) == [3, 999]
+    assert json.loads((out / "model_index.json").read_text(encoding="utf-8"))["id2label"]["207"] == names[207]
+
+
 def test_safetensors_export_round_trips(ckpts, tiny_vae_dir, tmp_path):
     st = tmp_path / "w.safetensors"
     res = run_cli("dit-sample", ["export", "--to", "safetensors", st, "--ckpt", ckpts["ours"]])

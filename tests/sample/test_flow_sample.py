@@ -107,12 +107,33 @@ def test_sampler_must_fit_the_objective(sit_files, tiny_vae_dir, tmp_path, ckpts
     base = dict(vae=str(tiny_vae_dir), steps=2, quiet=True, class_labels=[1], npz=str(tmp_path / "x.npz"))
     with pytest.raises(UserError, match=r"--sampler ddpm: .*flow.pt is a flow model; pass --sampler euler or heun "
                                         r"or euler-maruyama"):
-        run_sampling(SampleConfig(ckpt=str(sit_files["ours"]), **base))
+        run_sampling(SampleConfig(ckpt=str(sit_files["ours"]), sampler="ddpm", **base))
     with pytest.raises(UserError, match=r"--sampler heun: .*ours.pt is a ddpm model; pass --sampler ddpm or ddim"):
         run_sampling(SampleConfig(ckpt=str(ckpts["ours"]), sampler="heun", **base))
     with pytest.raises(UserError, match=r"--objective ddpm, but .*flow.pt records a flow model; drop --objective"):
         run_sampling(SampleConfig(ckpt=str(sit_files["ours"]), sampler="ddim", objective="ddpm", **base))
     assert not (tmp_path / "x.npz").exists()
+
+
+def test_without_sampler_a_flow_checkpoint_samples_with_sits_sde(sit_files, ckpts, tiny_vae_dir, tmp_path):
+    """--sampler defaults from the objective the checkpoint records (flow: SiT's Euler-Maruyama SDE, ddpm: DDPM),
+    as if given: the same record and pixels as the explicit flag, said in the log."""
+    from dit_pipeline.sample.config import DEFAULT_SAMPLERS
+
+    assert DEFAULT_SAMPLERS == {"ddpm": "ddpm", "flow": "euler-maruyama"}
+    for name, sampler in (("ours", "euler-maruyama"), ("release", "euler-maruyama")):
+        files = {"ours": sit_files["ours"], "release": sit_files["release"]}
+        base = dict(ckpt=str(files[name]), vae=str(tiny_vae_dir), steps=3, class_labels=[1, 2], quiet=True)
+        run_sampling(SampleConfig(**base, out=str(tmp_path / f"{name}-default")))
+        run_sampling(SampleConfig(**base, sampler=sampler, out=str(tmp_path / f"{name}-given")))
+        records = [json.loads((tmp_path / f"{name}-{k}" / "samples.json").read_text()) for k in ("default", "given")]
+        assert records[0]["fingerprint"] == records[1]["fingerprint"]
+        assert records[0]["fingerprint"]["sampler"] == sampler and records[0]["config"]["sampler"] == sampler
+        log = (tmp_path / f"{name}-default" / "logs" / "rank0.log").read_text()
+        assert f"--sampler not given: {sampler}, the default for flow models (3 steps)" in log
+    run_sampling(SampleConfig(ckpt=str(ckpts["ours"]), vae=str(tiny_vae_dir), steps=3, class_labels=[1], quiet=True,
+                              out=str(tmp_path / "ddpm")))
+    assert json.loads((tmp_path / "ddpm" / "samples.json").read_text())["fingerprint"]["sampler"] == "ddpm"
 
 
 def test_export_of_a_flow_model(sit_files, tiny_vae_dir, tmp_path):

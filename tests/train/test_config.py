@@ -95,5 +95,5 @@ def test_launcher_command_strips_its_flag():
     args = ["--shards", "s", "--nproc-per-node", "8", "--nproc_per_node=2", "--run-dir", "r"]
     assert strip_launcher_flag(args) == ["--shards", "s", "--run-dir", "r"]
     cmd = launch_command(4, args)
-    assert cmd[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4"]
+    assert cmd[1:5] == ["-m", "dit_pipeline.train.torchrun", "--standalone", "--nproc-per-node=4"]
     assert cmd[5].endswith("dit-train") and cmd[6:] == ["--shards", "s", "--run-dir", "r"]

@@ -91,3 +91,24 @@ def test_plan_says_the_ema_grids_of_a_short_run_show_early_weights(shard_dir, tm
             "weights") in r.output
     r = _invoke([*args, "--sample-weights", "both"])
     assert r.exit_code == 0 and "grids       every 2 steps, both weights\n" in r.output
+
+
+def test_the_closing_line_gives_the_final_loss_and_the_speed(shard_dir, tmp_path):
+    """The training summary ends with the last logged loss (all ranks' mean, as metrics.jsonl has it) and the
+    images per second of the whole invocation."""
+    import re
+
+    from dit_pipeline.train.metrics import read_metrics
+
+    run = tmp_path / "run"
+    r = _invoke(tiny_args(shard_dir, run, **{"max-steps": 4, "num-workers": 0, "log-every": 3, "quiet": None}))
+    assert r.exit_code == 0, r.output
+    last = [row for row in read_metrics(run) if "loss" in row][-1]
+    assert last["step"] == 4  # the final step is always logged
+    closing = (run / "log.txt").read_text().rstrip().splitlines()[-1]
+    m = re.search(r" INFO finished at step 4 \(epoch 0\) after ([\d.]+)s: final loss (\S+) \(step 4\), ([\d.]+) "
+                  r"images/s; newest checkpoint (\S+)$", closing)
+    assert m, closing
+    assert m.group(2) == f"{last['loss']:.4f}" and m.group(4) == str(run / "checkpoints" / "step-0000004.pt")
+    # 4 steps of 8 images in the wall time shown (rounded to 0.1 s)
+    assert abs(4 * 8 / float(m.group(3)) - float(m.group(1))) <= 0.06

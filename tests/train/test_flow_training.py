@@ -105,3 +105,23 @@ def test_plan_says_what_the_model_learns():
                                    "logit-normal (mean -0.5, scale 1)); blocks qk-norm, swiglu")
     assert objective_line(TrainConfig(shards="s", run_dir="r", objective="flow")).startswith(
         "  objective   flow (linear interpolant, velocity prediction; training times uniform); blocks as in DiT")
+
+
+def test_a_sit_model_name_trains_the_flow_objective_and_the_plan_says_so(shard_dir, tmp_path):
+    """`--model SiT-S/2` is DiT-S/2 trained as SiT trains it (flow), as dit-sample reads SiT- names; an explicit
+    `--objective ddpm` contradicts the name and is refused."""
+    base = {"shards": "s", "run_dir": "r", "max_steps": 1}
+    cfg = merge_config({}, {**base, "model": "SiT-S/2"})
+    assert cfg.objective == "flow"
+    assert merge_config({"model": "sit-xl/2"}, base).objective == "flow"   # from a config file, any spelling
+    assert merge_config({}, {**base, "model": "DiT-S/2"}).objective == "ddpm"
+    with pytest.raises(ConfigError) as e:
+        merge_config({}, {**base, "model": "SiT-S/2", "objective": "ddpm"}).validate()
+    assert ("--model SiT-S/2 names SiT, a flow model (dit-sample samples SiT- files as flow), which --objective ddpm "
+            "contradicts: drop --objective (a SiT- name implies flow) or use --model DiT-S/2 for DiT's ddpm "
+            "objective") in str(e.value)
+    ck = run_tiny(shard_dir, tmp_path / "run", model="SiT-S/2", max_steps=1, global_batch_size=8)
+    assert ck["objective"] == "flow" and ck["config"]["objective"] == "flow"
+    assert ck["model_config"]["learn_sigma"] is False
+    assert ("objective   flow (as --model SiT-S/2 implies; linear interpolant, velocity prediction; training times "
+            "uniform); blocks as in DiT") in (tmp_path / "run" / "log.txt").read_text()
