@@ -266,6 +266,7 @@ class GaussianDiffusion:
                                                     progress, generator, device=device,
                                                     denoised_fn=denoised_fn):
             pass
+        assert final is not None  # the loop yields once per step, and there is at least one
         return final["sample"]
 
     def ddim_sample_loop(self, model: Model, shape: Sequence[int], noise: torch.Tensor | None = None,
@@ -280,6 +281,7 @@ class GaussianDiffusion:
                                                     progress, generator, device=device,
                                                     denoised_fn=denoised_fn, ddim_eta=eta):
             pass
+        assert final is not None  # the loop yields once per step, and there is at least one
         return final["sample"]
 
     def p_sample_loop_progressive(self, model: Model, shape: Sequence[int],

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Iterable
+from typing import Any, Iterable, cast, overload
 
 import numpy as np
 import torch
@@ -111,7 +111,7 @@ class TimestepEmbedder(nn.Module):
 
     def forward(self, t: torch.Tensor) -> torch.Tensor:
         # Cast to the weights' dtype so a model converted with .to(bfloat16) runs without autocast.
-        return self.mlp(timestep_embedding(t).to(self.mlp[0].weight.dtype))
+        return self.mlp(timestep_embedding(t).to(cast(nn.Linear, self.mlp[0]).weight.dtype))
 
 
 class LabelEmbedder(nn.Module):
@@ -259,23 +259,26 @@ class DiT(nn.Module):
     def initialize_weights(self) -> None:
         """The published initialisation; adaLN and output layers are zero, so the output is zero."""
         for module in self.modules():
-            if isinstance(module, nn.Linear):
+            if isinstance(module, nn.Linear) and module.bias is not None:  # (every Linear here has a bias)
                 nn.init.xavier_uniform_(module.weight)
                 nn.init.zeros_(module.bias)
         table = torch.from_numpy(pos_embed_2d(self.hidden_size, self.grid_size)).float()
         self.pos_embed.copy_(table.unsqueeze(0))
         proj = self.x_embedder.proj
         nn.init.xavier_uniform_(proj.weight.view(proj.weight.shape[0], -1))  # as a [D, C*p*p] matrix
-        nn.init.zeros_(proj.bias)
+        nn.init.zeros_(cast(torch.Tensor, proj.bias))
         nn.init.normal_(self.y_embedder.embedding_table.weight, std=0.02)
-        nn.init.normal_(self.t_embedder.mlp[0].weight, std=0.02)
-        nn.init.normal_(self.t_embedder.mlp[2].weight, std=0.02)
-        for block in self.blocks:
-            nn.init.zeros_(block.adaLN_modulation[-1].weight)
-            nn.init.zeros_(block.adaLN_modulation[-1].bias)
-        for layer in (self.final_layer.adaLN_modulation[-1], self.final_layer.linear):
+        nn.init.normal_(cast(nn.Linear, self.t_embedder.mlp[0]).weight, std=0.02)
+        nn.init.normal_(cast(nn.Linear, self.t_embedder.mlp[2]).weight, std=0.02)
+        zeroed = [cast(nn.Linear, b.adaLN_modulation[-1]) for b in self.dit_blocks]
+        for layer in (*zeroed, cast(nn.Linear, self.final_layer.adaLN_modulation[-1]), self.final_layer.linear):
             nn.init.zeros_(layer.weight)
             nn.init.zeros_(layer.bias)
+
+    @property
+    def dit_blocks(self) -> list[DiTBlock]:
+        """The blocks, typed (self.blocks is the nn.ModuleList that names them blocks.i in the state_dict)."""
+        return cast("list[DiTBlock]", list(self.blocks))
 
     def set_grad_checkpointing(self, enable: bool | int | Iterable[int] = True) -> None:
         """Recompute blocks in the backward pass: True = all, False/0 = none, an int n = the first n
@@ -290,7 +293,7 @@ class DiT(nn.Module):
             chosen = {int(i) for i in enable}
             if not chosen <= set(range(self.depth)):
                 raise ValueError(f"block indices must be in 0..{self.depth - 1}, got {sorted(chosen)}")
-        for i, block in enumerate(self.blocks):
+        for i, block in enumerate(self.dit_blocks):
             block.grad_checkpointing = i in chosen
 
     def unpatchify(self, x: torch.Tensor) -> torch.Tensor:
@@ -298,6 +301,15 @@ class DiT(nn.Module):
         n, p, g, c = x.shape[0], self.patch_size, self.grid_size, self.out_channels
         x = x.reshape(n, g, g, p, p, c)
         return torch.einsum("nhwpqc->nchpwq", x).reshape(n, c, g * p, g * p)
+
+    @overload
+    def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor, force_drop_ids: torch.Tensor | None = None,
+                generator: torch.Generator | None = None, return_hidden: None = None) -> torch.Tensor: ...
+
+    @overload
+    def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor, force_drop_ids: torch.Tensor | None = None,
+                generator: torch.Generator | None = None, *,
+                return_hidden: int) -> tuple[torch.Tensor, torch.Tensor]: ...
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor,
                 force_drop_ids: torch.Tensor | None = None,
@@ -326,7 +338,10 @@ class DiT(nn.Module):
             if i + 1 == return_hidden:
                 hidden = h  # [N, T, D]
         out = self.unpatchify(self.final_layer(h, c))  # [N, Cout, S, S]
-        return out if return_hidden is None else (out, hidden)
+        if return_hidden is None:
+            return out
+        assert hidden is not None  # return_hidden is a block index, checked above
+        return out, hidden
 
     def forward_with_cfg(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor,
                          cfg_scale: float | torch.Tensor,

@@ -23,7 +23,7 @@ Wrapping (DDP, autocast, compile) is applied from outside, as for the DiT itself
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 import torch
 import torch.nn.functional as F
@@ -44,13 +44,14 @@ class Projector(nn.Sequential):
     def __init__(self, hidden_size: int, z_dim: int = TEACHER_DIM, projector_dim: int = PROJECTOR_DIM):
         super().__init__(nn.Linear(hidden_size, projector_dim), nn.SiLU(), nn.Linear(projector_dim, projector_dim),
                          nn.SiLU(), nn.Linear(projector_dim, z_dim))
+        self.z_dim, self.projector_dim = int(z_dim), int(projector_dim)
         self.reset_parameters()
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
         """REPA's init: xavier-uniform weights and zero biases (its SiT's init applied to every Linear)."""
         for layer in self:
-            if isinstance(layer, nn.Linear):
+            if isinstance(layer, nn.Linear) and layer.bias is not None:
                 nn.init.xavier_uniform_(layer.weight)
                 nn.init.zeros_(layer.bias)
 
@@ -74,8 +75,9 @@ class REPAModel(nn.Module):
     @property
     def config(self) -> dict[str, Any]:
         """JSON-able description of the alignment head (the DiT's own is `self.dit.config`)."""
-        return {"encoder_depth": self.encoder_depth, "z_dims": [p[-1].out_features for p in self.projectors],
-                "projector_dim": self.projectors[0][0].out_features}
+        projectors = cast("list[Projector]", list(self.projectors))
+        return {"encoder_depth": self.encoder_depth, "z_dims": [p.z_dim for p in projectors],
+                "projector_dim": projectors[0].projector_dim}
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor,
                 force_drop_ids: torch.Tensor | None = None,

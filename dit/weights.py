@@ -83,7 +83,7 @@ def _read_repa_format(state_dict: dict[str, torch.Tensor], info: dict[str, Any],
     args = info.get("args") or {}
     repa_args = sorted(k for k in ("proj_coeff", "enc_type", "encoder_depth") if k in args)
     if projectors or repa_args:
-        last = {}
+        last: dict[int, tuple[int, int]] = {}
         for key, value in projectors.items():
             if (m := PROJECTOR_KEY.match(key)) and m.group(3) == "weight":
                 i, j = int(m.group(1)), int(m.group(2))
