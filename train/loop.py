@@ -109,8 +109,10 @@ class Trainer:
         self.log = get_logger()
         self.state = TrainState()
         self.params = [p for p in net.trained.parameters() if p.requires_grad]  # the optimizer's, in its order
-        self.ema_params = ([e for e, p in zip(net.ema.parameters(), net.model.parameters()) if p.requires_grad]
-                           if net.ema is not None else [])
+        # the EMA follows the DiT (not a projector): pairs of (EMA tensor, the DiT tensor it averages)
+        pairs = [(e, p) for e, p in zip(net.ema.parameters(), net.model.parameters()) if p.requires_grad] \
+            if net.ema is not None else []
+        self.ema_params, self.ema_sources = [e for e, _ in pairs], [p for _, p in pairs]
         self.latent_shape = tuple(self.source.manifest.latent_shape)
         self.shard_set = ShardSetPart.of(self.source.manifest, self.source.fingerprint)
         self.parts: list[Part] = build_parts(
@@ -358,7 +360,7 @@ class Trainer:
     def _update_ema(self) -> None:
         if self.p.ema is None:
             return
-        ema_update(self.ema_params, self.params, self.cfg.ema_decay)
+        ema_update(self.ema_params, self.ema_sources, self.cfg.ema_decay)
 
     # -- after a step ---------------------------------------------------------------------------------
     def after_step(self, plan: EpochPlan, bar: tqdm) -> None:
