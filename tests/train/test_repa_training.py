@@ -109,6 +109,11 @@ def test_a_checkpoint_and_a_run_agree_on_repa(repa_data, straight, tmp_path):
     assert r.exit_code == 1 and f"checkpoint {ck} was trained with --repa (its projector is in the file)" in r.output
     r = invoke_train(_args(shards, tmp_path / "b", teacher, **{"resume": ck, "max-steps": 7, "repa-depth": 2}))
     assert r.exit_code == 1 and "aligns differently (encoder_depth: checkpoint 1, this run 2)" in r.output
+    plain_run = tmp_path / "plain"  # a run without alignment, then resumed with it
+    r = invoke_train(_args(shards, plain_run, False, **{"repa-depth": False, "max-steps": 1, "num-workers": 0}))
+    assert r.exit_code == 0, r.output
+    r = invoke_train(_args(shards, plain_run, teacher, **{"max-steps": 2, "num-workers": 0}))
+    assert r.exit_code == 1 and "was trained without --repa; continue it without --repa" in r.output
 
 
 def test_the_ema_file_samples_with_the_guidance_interval_and_a_repa_format_file_loads(straight, tiny_vae_dir,
