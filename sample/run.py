@@ -86,6 +86,7 @@ def _run(cfg: SampleConfig) -> SampleResult:
     labels = _labels(cfg, loaded)
     loaded.info["objective"] = resolve_objective(loaded.info, cfg.ckpt, cfg.objective)
     cfg, sampler_note = _with_sampler(cfg, loaded.info["objective"])
+    cfg.validate()  # the sampler's own rules (e.g. --flow-convention only for flow samplers) once it is known
     _check_compatible(cfg, loaded, vae_id)
     if loaded.info["objective"] == "flow":
         loaded.info["flow_convention"] = resolve_flow_convention(loaded.info, cfg.ckpt, cfg.flow_convention)

@@ -83,7 +83,9 @@ def _tools(tmp_path: Path) -> dict[str, str]:
         (bin_dir / name).chmod(0o755)
     state = tmp_path / "state"
     state.mkdir()
-    return {"PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_STATE": str(state), "SLURM_JOB_ID": JOB_ID}
+    # COLUMNS as a terminal (or pytest-xdist) sets it: ps would cut its lines to 80 columns without -ww
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_STATE": str(state), "SLURM_JOB_ID": JOB_ID,
+            "COLUMNS": "80"}
 
 
 def _ready(state: Path, n: int, timeout: float = 60) -> set[int]:

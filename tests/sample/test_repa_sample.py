@@ -184,7 +184,7 @@ def readme_repa_command() -> list[str]:
 
     readme = (REPO / "README.md").read_text()
     section = readme[readme.index("## Representation alignment (REPA)"):]
-    block = re.search(r"```bash\n(.*?)```", section, re.S).group(1).replace("\\\n", " ")
+    block = next(b for b in re.findall(r"```bash\n(.*?)```", section, re.S) if "dit-sample" in b).replace("\\\n", " ")
     words = shlex.split(block)
     return words[words.index("$(which") + 2:] if "$(which" in words else words[words.index("dit-sample") + 1:]
 
@@ -233,7 +233,7 @@ def test_guidance_interval_is_validated():
                                         r"--cfg-scale is 1.0"):
         SampleConfig(**base, guidance_interval=[0.0, 0.7], cfg_scale=1.0).validate()
     with pytest.raises(Exception, match=r"--flow-convention applies to flow models"):
-        SampleConfig(**base, flow_convention="repa").validate()
+        SampleConfig(**base, sampler="ddpm", flow_convention="repa").validate()
     with pytest.raises(Exception, match=r"--steps 1: the SDE counts the points of SiT's time grid"):
         SampleConfig(**base, sampler="euler-maruyama", steps=1).validate()
 
