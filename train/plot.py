@@ -1,6 +1,7 @@
 """Loss curves from `RUN/metrics.jsonl` as a PNG (`dit-train --plot RUN`), with matplotlib (the `plot` extra).
 
-Top panel: loss, mse and vb against the optimizer step (log scale when the values span more than a decade);
+Top panel: the loss and the terms the run logged (train.metrics.LOSS_TERMS: mse, ddpm's vb, --repa's proj)
+against the optimizer step (log scale when the values span more than a decade);
 then FID against the step when the run logged it (`--fid-every`, evaluate/hook.py), with the best value;
 bottom panel: throughput (images/s) when the records have it.
 """
@@ -10,7 +11,7 @@ import math
 from pathlib import Path
 
 from dit_pipeline.common.errors import UserError
-from dit_pipeline.train.metrics import read_metrics
+from dit_pipeline.train.metrics import LOSS_TERMS, read_metrics
 
 
 def _series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
@@ -44,7 +45,7 @@ def plot_metrics(run_dir: str | Path, out: str | Path | None = None) -> Path:
     fig, axes = plt.subplots(rows, 1, figsize=(8, 4 if rows == 1 else 3 * rows), sharex=True, squeeze=False)
     ax = axes[0][0]
     lows, highs = [], []
-    for key in ("loss", "mse", "vb"):
+    for key in LOSS_TERMS:  # the loss and the terms the run logged (flow: no vb; --repa: proj)
         xs, ys = _series(records, key)
         if xs:
             ax.plot(xs, ys, label=key, linewidth=1.2 if key == "loss" else 0.8)

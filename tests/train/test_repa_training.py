@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from dit_pipeline.dit import make_sidecar
+from dit_pipeline.shards import verify_shards
 from dit_pipeline.train.checkpoint import CheckpointManager, load_checkpoint
 from dit_pipeline.train.metrics import read_metrics
 from tests._util import make_image_tree, make_tiny_teacher, run_cli, run_torchrun
@@ -26,6 +27,7 @@ def repa_data(tiny_vae_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("repa")
     images = make_image_tree(root / "images", counts=(6, 5, 5))
     extract(images, tiny_vae_dir, root / "shards", pixels=True, samples_per_shard=4)
+    assert verify_shards(root / "shards", progress=False).ok  # every pixels member decoded and checked
     extract(images, tiny_vae_dir, root / "plain", samples_per_shard=4)  # the same set without pixels
     return root / "shards", root / "plain", make_tiny_teacher(root / "teacher.safetensors")
 
