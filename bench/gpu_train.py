@@ -25,7 +25,7 @@ from dit_pipeline.train.data import Batch
 from dit_pipeline.train.loop import RunOutput, Trainer
 from dit_pipeline.train.metrics import MetricsLog, peak_tflops
 from dit_pipeline.train.preflight import prepare
-from dit_pipeline.train.run import build_model
+from dit_pipeline.train.net import build_model
 from dit_pipeline.train.speed import available_attention, choose_attention, ema_update
 
 

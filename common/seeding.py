@@ -7,6 +7,9 @@ platforms and numpy versions).
 """
 from __future__ import annotations
 
+import random
+from typing import Any
+
 import numpy as np
 import torch
 
@@ -36,3 +39,33 @@ def generator(*ints: int, device: str | torch.device = "cpu") -> torch.Generator
 
 def numpy_rng(*ints: int) -> np.random.Generator:
     return np.random.default_rng(derive_seed(*ints))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The global generators' states, as values a weights_only checkpoint holds (tensors, ints, floats, lists)
+
+def rng_state() -> dict[str, Any]:
+    """The torch, numpy, Python (and CUDA) global generator states."""
+    np_state: tuple[Any, ...] = np.random.get_state(legacy=True)  # type: ignore[assignment]  # the tuple form
+    py_state = random.getstate()
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
+                  "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
+        "python": {"version": int(py_state[0]), "state": [int(x) for x in py_state[1]],
+                   "gauss": py_state[2]},
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: Any) -> None:
+    torch.set_rng_state(state["torch"])
+    np_s = state["numpy"]
+    np.random.set_state(("MT19937", np_s["keys"].numpy().astype(np.uint32), np_s["pos"], np_s["has_gauss"],
+                         np_s["cached_gaussian"]))
+    py = state["python"]
+    random.setstate((py["version"], tuple(py["state"]), py["gauss"]))
+    if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(state["cuda"])

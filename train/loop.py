@@ -24,10 +24,9 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence, cast
+from typing import Any, Sequence, cast
 
 import torch
-from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from dit_pipeline.common import distributed as dist
@@ -35,14 +34,12 @@ from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.faults import fault_point, fault_requested
 from dit_pipeline.common.log import get_logger, progress_enabled
 from dit_pipeline.common.seeding import STREAM_DROPOUT, STREAM_TIMESTEP, generator
-from dit_pipeline.common.teacher import Teacher
 from dit_pipeline.dit import repa
-from dit_pipeline.dit.models import DiT
-from dit_pipeline.dit.repa import REPAModel
 from dit_pipeline.train.checkpoint import CheckpointManager
 from dit_pipeline.train.data import Batch, EpochStream, ReaderEvent, make_loader
 from dit_pipeline.train.hooks import HookContext, PeriodicHook
 from dit_pipeline.train.metrics import LOSS_TERMS, Meter, MetricsLog, StepReport, interval_record, mfu
+from dit_pipeline.train.net import TrainModel
 from dit_pipeline.train.partition import EpochPlan, plan_epoch
 from dit_pipeline.train.parts import Part, ProgressPart, ShardSetPart, build_parts, load_all
 from dit_pipeline.train.preflight import Preflight
@@ -55,31 +52,6 @@ MAX_CONSECUTIVE_OVERFLOWS = 25  # fp16: the loss scale has shrunk by 2**25: the 
 
 class TrainingDiverged(UserError):
     """Loss or gradient became NaN/Inf; raised on every rank before the optimizer update."""
-
-
-@dataclass
-class TrainModel:
-    """The model being trained and everything wrapped around it: EMA, optimizer, scaler, DDP, the compiled
-    forward, the diffusion (built by `train.run.build_model`)."""
-
-    model: DiT                           # raw DiT, fp32 master weights
-    ema: DiT | None                      # fp32 EMA copy (rank 0 only)
-    opt: torch.optim.Optimizer
-    scaler: torch.amp.GradScaler
-    ddp: DistributedDataParallel | None  # the DDP wrapper when world size > 1
-    forward: Callable[..., torch.Tensor]  # what runs the forward (ddp/model, maybe compiled)
-    diffusion: Any                       # dit.GaussianDiffusion or dit.FlowMatching (the TrainConfig's objective)
-    amp_dtype: torch.dtype | None
-    flops_per_image: float               # model FLOPs of a training step per image (with --repa: + projector, teacher)
-    peak_tflops: float | None
-    device: torch.device
-    head: REPAModel | None = None        # --repa: the DiT and its projector as one module (what DDP wraps)
-    teacher: Teacher | None = None       # --repa: the frozen teacher, on `device`
-
-    @property
-    def trained(self) -> torch.nn.Module:
-        """The module whose parameters the optimizer updates: the DiT, or the DiT and its projector."""
-        return self.head if self.head is not None else self.model
 
 
 @dataclass

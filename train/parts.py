@@ -17,15 +17,14 @@ optimizer: its check needs the run's shapes and settings, never live state.
 """
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Mapping, Protocol, Sequence
 
-import numpy as np
 import torch
 
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.log import get_logger
+from dit_pipeline.common.seeding import rng_state, set_rng_state
 from dit_pipeline.dit.models import DiT
 from dit_pipeline.dit.repa import REPAModel
 from dit_pipeline.dit.weights import WeightsError, check_state_dict
@@ -382,32 +381,3 @@ def load_all(parts: Sequence[Part], ckpt: Checkpoint, where: str) -> None:
     check_all(parts, ckpt, where)
     for part in parts:
         part.load_state_dict(ckpt)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# RNG states as weights_only-loadable values (tensors, ints, floats, lists)
-
-def rng_state() -> dict[str, Any]:
-    np_state: tuple[Any, ...] = np.random.get_state(legacy=True)  # type: ignore[assignment]  # the tuple form
-    py_state = random.getstate()
-    state: dict[str, Any] = {
-        "torch": torch.get_rng_state(),
-        "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
-                  "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
-        "python": {"version": int(py_state[0]), "state": [int(x) for x in py_state[1]],
-                   "gauss": py_state[2]},
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: Any) -> None:
-    torch.set_rng_state(state["torch"])
-    np_s = state["numpy"]
-    np.random.set_state(("MT19937", np_s["keys"].numpy().astype(np.uint32), np_s["pos"], np_s["has_gauss"],
-                         np_s["cached_gaussian"]))
-    py = state["python"]
-    random.setstate((py["version"], tuple(py["state"]), py["gauss"]))
-    if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all(state["cuda"])

@@ -9,93 +9,29 @@ removed at start).
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import time
 from pathlib import Path
-from typing import Any, Sequence
-
-import torch
+from typing import Sequence
 
 from dit_pipeline.common import distributed as dist
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.io import atomic_write_json
 from dit_pipeline.common.log import get_logger, setup_logging
-from dit_pipeline.common.precision import AUTOCAST_DTYPES, set_tf32
+from dit_pipeline.common.precision import set_tf32
 from dit_pipeline.common.runlock import RunLock
-from dit_pipeline.dit.models import DiT
 from dit_pipeline.train.checkpoint import CheckpointManager
 from dit_pipeline.train.config import TrainConfig
 from dit_pipeline.train.hooks import PeriodicHook
-from dit_pipeline.train.loop import RunOutput, TrainModel, Trainer
-from dit_pipeline.train.metrics import MetricsLog, peak_tflops
+from dit_pipeline.train.loop import RunOutput, Trainer
+from dit_pipeline.train.metrics import MetricsLog
+from dit_pipeline.train.net import build_model
 from dit_pipeline.train.preflight import Preflight, format_plan, prepare, resolve_precision
 from dit_pipeline.train.resume import (CONFIG_HISTORY, StartPoint, append_history, check_resume, format_changes,
                                        resolved_config, start_line)
 from dit_pipeline.train.signals import StopRequest
-from dit_pipeline.train.speed import choose_attention, compile_enabled, compile_problem, regional_compile
 from dit_pipeline.train.state import comm_guard
 
-
-
-def build_model(prep: Preflight, device: torch.device, precision: str) -> TrainModel:
-    """Model (seeded, identical on every rank), EMA copy on rank 0, AdamW, GradScaler, DDP, regional compile
-    and the attention backend (train.speed)."""
-    from dit_pipeline import dit
-
-    cfg = prep.cfg
-    torch.manual_seed(cfg.seed)
-    model = dit.create_model(**prep.model_kwargs).to(device)
-    head, teacher = None, prep.teacher
-    if teacher is not None:  # --repa: the projector beside the DiT (seeded after it), the teacher on this device
-        head = dit.repa.REPAModel(model, encoder_depth=cfg.repa_depth, z_dims=(teacher.dim,)).to(device)
-        teacher.to(device)
-    if cfg.grad_checkpointing:
-        model.set_grad_checkpointing(True)
-    model.train()
-    ema = copy.deepcopy(model).requires_grad_(False).eval() if dist.is_main() else None
-    trained = head if head is not None else model
-    params = [p for p in trained.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
-                            weight_decay=cfg.weight_decay, fused=device.type == "cuda")
-    scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
-    amp_dtype = AUTOCAST_DTYPES[precision]
-    _apply_speed_settings(cfg, model, device, prep.batch.micro_batch, amp_dtype)
-    ddp = None
-    forward: Any = trained
-    if prep.world_size > 1:
-        from torch.nn.parallel import DistributedDataParallel
-
-        ddp = DistributedDataParallel(trained, device_ids=[device.index] if device.type == "cuda" else None,
-                                      gradient_as_bucket_view=True, bucket_cap_mb=cfg.ddp_bucket_mb)
-        forward = ddp
-    flops = float(dit.train_flops_per_image(model.config))
-    if head is not None and teacher is not None:  # the projector trained, the teacher's forward
-        tokens = model.grid_size ** 2
-        flops += 6.0 * dit.repa.projector_macs(head.config, model.hidden_size, tokens) + 2.0 * teacher.forward_macs()
-    return TrainModel(model=model, ema=ema, opt=opt, scaler=scaler, ddp=ddp, forward=forward,
-                      diffusion=cfg.make_objective(), amp_dtype=amp_dtype, flops_per_image=flops,
-                      peak_tflops=peak_tflops(device, cfg.peak_tflops), device=device, head=head, teacher=teacher)
-
-
-def _apply_speed_settings(cfg: TrainConfig, model: DiT, device: torch.device, micro: int,
-                          amp_dtype: torch.dtype | None) -> None:
-    """Per-block compile (on by default on CUDA, state_dict names unchanged) and the SDPA backend; logged."""
-    log = get_logger()
-    if compile_enabled(cfg.compile, device):
-        problem = compile_problem()
-        if problem:
-            log.warning(f"compile off: {problem}; training runs eager (pass --no-compile to silence this)")
-        else:
-            n = regional_compile(model)
-            log.info(f"compile: {n} modules (each DiT block and the final layer) compiled in place; the first "
-                     "step includes compilation (--no-compile turns it off)")
-    mc = model.config
-    name, times = choose_attention(cfg.attention, device, batch=micro, heads=mc["num_heads"],
-                                   tokens=(mc["input_size"] // mc["patch_size"]) ** 2,
-                                   head_dim=mc["hidden_size"] // mc["num_heads"], dtype=amp_dtype)
-    probe = ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in times.items())
-    log.info(f"attention: {name}" + (f" (fastest forward+backward probe: {probe})" if probe else ""))
 
 
 # ----------------------------------------------------------------------------------------------------------

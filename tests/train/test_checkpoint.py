@@ -13,7 +13,7 @@ import torch
 from dit_pipeline.common import faults
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.train.checkpoint import FORMAT, VERSION, CheckpointManager, load_checkpoint
-from dit_pipeline.train.parts import rng_state, set_rng_state
+from dit_pipeline.common.seeding import rng_state, set_rng_state
 
 
 class Evil:

@@ -1,0 +1,110 @@
+"""The model being trained and everything wrapped around it (`TrainModel`), built by `build_model`: the DiT
+(seeded, identical on every rank), its EMA on rank 0, with --repa the projector beside it and the teacher,
+AdamW, the GradScaler, DDP, per-block compile and the attention backend (train.speed)."""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from dit_pipeline.common import distributed as dist
+from dit_pipeline.common.log import get_logger
+from dit_pipeline.common.precision import AUTOCAST_DTYPES
+from dit_pipeline.common.teacher import Teacher
+from dit_pipeline.dit.models import DiT
+from dit_pipeline.dit.repa import REPAModel
+from dit_pipeline.train.config import TrainConfig
+from dit_pipeline.train.metrics import peak_tflops
+from dit_pipeline.train.preflight import Preflight
+from dit_pipeline.train.speed import choose_attention, compile_enabled, compile_problem, regional_compile
+
+
+@dataclass
+class TrainModel:
+    """The model being trained and everything wrapped around it: EMA, optimizer, scaler, DDP, the compiled
+    forward, the diffusion (built by `train.run.build_model`)."""
+
+    model: DiT                           # raw DiT, fp32 master weights
+    ema: DiT | None                      # fp32 EMA copy (rank 0 only)
+    opt: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    ddp: DistributedDataParallel | None  # the DDP wrapper when world size > 1
+    forward: Callable[..., torch.Tensor]  # what runs the forward (ddp/model, maybe compiled)
+    diffusion: Any                       # dit.GaussianDiffusion or dit.FlowMatching (the TrainConfig's objective)
+    amp_dtype: torch.dtype | None
+    flops_per_image: float               # model FLOPs of a training step per image (with --repa: + projector, teacher)
+    peak_tflops: float | None
+    device: torch.device
+    head: REPAModel | None = None        # --repa: the DiT and its projector as one module (what DDP wraps)
+    teacher: Teacher | None = None       # --repa: the frozen teacher, on `device`
+
+    @property
+    def trained(self) -> torch.nn.Module:
+        """The module whose parameters the optimizer updates: the DiT, or the DiT and its projector."""
+        return self.head if self.head is not None else self.model
+
+
+
+def build_model(prep: Preflight, device: torch.device, precision: str) -> TrainModel:
+    """Model (seeded, identical on every rank), EMA copy on rank 0, AdamW, GradScaler, DDP, regional compile
+    and the attention backend (train.speed)."""
+    from dit_pipeline import dit
+
+    cfg = prep.cfg
+    torch.manual_seed(cfg.seed)
+    model = dit.create_model(**prep.model_kwargs).to(device)
+    head, teacher = None, prep.teacher
+    if teacher is not None:  # --repa: the projector beside the DiT (seeded after it), the teacher on this device
+        head = dit.repa.REPAModel(model, encoder_depth=cfg.repa_depth, z_dims=(teacher.dim,)).to(device)
+        teacher.to(device)
+    if cfg.grad_checkpointing:
+        model.set_grad_checkpointing(True)
+    model.train()
+    ema = copy.deepcopy(model).requires_grad_(False).eval() if dist.is_main() else None
+    trained = head if head is not None else model
+    params = [p for p in trained.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
+                            weight_decay=cfg.weight_decay, fused=device.type == "cuda")
+    scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+    amp_dtype = AUTOCAST_DTYPES[precision]
+    _apply_speed_settings(cfg, model, device, prep.batch.micro_batch, amp_dtype)
+    ddp = None
+    forward: Any = trained
+    if prep.world_size > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        ddp = DistributedDataParallel(trained, device_ids=[device.index] if device.type == "cuda" else None,
+                                      gradient_as_bucket_view=True, bucket_cap_mb=cfg.ddp_bucket_mb)
+        forward = ddp
+    flops = float(dit.train_flops_per_image(model.config))
+    if head is not None and teacher is not None:  # the projector trained, the teacher's forward
+        tokens = model.grid_size ** 2
+        flops += 6.0 * dit.repa.projector_macs(head.config, model.hidden_size, tokens) + 2.0 * teacher.forward_macs()
+    return TrainModel(model=model, ema=ema, opt=opt, scaler=scaler, ddp=ddp, forward=forward,
+                      diffusion=cfg.make_objective(), amp_dtype=amp_dtype, flops_per_image=flops,
+                      peak_tflops=peak_tflops(device, cfg.peak_tflops), device=device, head=head, teacher=teacher)
+
+
+def _apply_speed_settings(cfg: TrainConfig, model: DiT, device: torch.device, micro: int,
+                          amp_dtype: torch.dtype | None) -> None:
+    """Per-block compile (on by default on CUDA, state_dict names unchanged) and the SDPA backend; logged."""
+    log = get_logger()
+    if compile_enabled(cfg.compile, device):
+        problem = compile_problem()
+        if problem:
+            log.warning(f"compile off: {problem}; training runs eager (pass --no-compile to silence this)")
+        else:
+            n = regional_compile(model)
+            log.info(f"compile: {n} modules (each DiT block and the final layer) compiled in place; the first "
+                     "step includes compilation (--no-compile turns it off)")
+    mc = model.config
+    name, times = choose_attention(cfg.attention, device, batch=micro, heads=mc["num_heads"],
+                                   tokens=(mc["input_size"] // mc["patch_size"]) ** 2,
+                                   head_dim=mc["hidden_size"] // mc["num_heads"], dtype=amp_dtype)
+    probe = ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in times.items())
+    log.info(f"attention: {name}" + (f" (fastest forward+backward probe: {probe})" if probe else ""))
+
+
