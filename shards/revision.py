@@ -131,6 +131,7 @@ def format_revise(r: dict[str, Any]) -> str:
     if after.get("samples_used"):
         verdict = "near 1, as DiT assumes" if after["near_unit_std"] else "NOT near 1"
         spread = f"channel std {min(after['channel_std']):.4f}..{max(after['channel_std']):.4f}"
-        lines.append(f"  after: all channels mean {after['mean']:+.4f} std {after['std']:.4f} -> {verdict} ({spread}; "
+        mean = round(after["mean"], 4) + 0.0  # no "-0.0000" for a mean of -1e-9
+        lines.append(f"  after: all channels mean {mean:+.4f} std {after['std']:.4f} -> {verdict} ({spread}; "
                      f"{after['samples_used']} samples)")
     return "\n".join(lines)
