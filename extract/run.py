@@ -319,9 +319,9 @@ def _extract(cfg: ExtractConfig, held: list[RunLock]) -> ExtractSummary:
     log.info("dit-extract %s: %d images in %d classes (first %r, last %r) from %s -> %s (%s)", tool_version(),
              len(run.images), len(names), names[0], names[-1], run.images.root, run.out, run.status)
     log.info("%s", dist.launch_info().describe())
+    ident = run.vae_identity
     log.info("latents: %s, %d x %d x %d at %d px (%s, downsampling %d); normalization %s", run.cfg.store,
-             *run.latent_shape, run.cfg.image_size, run.vae_identity.get("class"), run.vae_identity["downsample_factor"],
-             run.norm.describe())
+             *run.latent_shape, run.cfg.image_size, ident.get("class"), ident["downsample_factor"], run.norm.describe())
     dist.on_rank0(lambda: _start_output(run), _RANK_LOGS)  # also the barrier before any rank looks at the folder
     total_shards = plan.num_shards(len(run.images), run.samples_per_shard)
     done, todo = _my_shards(run.out, total_shards)

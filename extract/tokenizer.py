@@ -63,8 +63,8 @@ def resolve_normalization(cfg: ExtractConfig, vae_identity: dict[str, Any], chan
 
 def earlier_revision(out: Path, record: dict[str, Any]) -> Manifest | None:
     """The manifest in OUT when `dit-shards stats --write` revised it and it was made by this very extraction
-    (no difference but in numerics): its normalization is kept when the manifest is written again (a rerun of the command
-    must not silently undo a revision). None otherwise."""
+    (no difference but in numerics): its normalization is kept when the manifest is written again (a rerun of
+    the command must not silently undo a revision). None otherwise."""
     path = out / MANIFEST_NAME
     if not path.is_file():
         return None

@@ -53,6 +53,13 @@ TINY_DC_CONFIG = dict(
 )
 
 
+def has_autoencoder_dc() -> bool:
+    """Whether the installed diffusers has AutoencoderDC (0.32 on; `make test-min-deps` runs 0.29)."""
+    import diffusers
+
+    return getattr(diffusers, "AutoencoderDC", None) is not None
+
+
 def make_tiny_dc(folder: Path, seed: int = 0, **overrides) -> Path:
     """A tiny random AutoencoderDC (32 latent channels at f32), saved with save_pretrained."""
     import safetensors.torch  # noqa: F401  (common/vae.py)

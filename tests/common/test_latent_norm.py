@@ -119,7 +119,8 @@ def test_statistics_files(tmp_path):
     assert error(js) == f"--latent-stats {js}: holds ['means']; expected mean and std (or scale and shift)"
     js.write_text(json.dumps({"mean": [[0, 1], [2, 3]], "std": [1, 1, 1, 1]}))
     assert error(js).startswith(f"--latent-stats {js}: mean must hold one value per latent channel")
-    assert error(tmp_path / "none.pt") == f"--latent-stats {tmp_path / 'none.pt'}: no such file ({tmp_path / 'none.pt'})"
+    none = tmp_path / "none.pt"
+    assert error(none) == f"--latent-stats {none}: no such file ({none})"
     evil = tmp_path / "evil.pt"
     torch.save({"mean": torch.zeros(3), "std": torch.ones(3), "obj": _Pickled()}, evil)
     assert error(evil).startswith(f"--latent-stats {evil}: cannot read it (UnpicklingError")  # never unpickled
