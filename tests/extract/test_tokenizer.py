@@ -69,6 +69,7 @@ def test_image_size_is_checked_against_the_real_factor(vaes, tree, tmp_path):
                                  quiet=True))
     assert msg == ("--image-size 72 is not a multiple of the VAE's downsampling factor 16 (AutoencoderKL, 32 latent "
                    "channels); use 64 or 80")
+    assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())  # nothing written
     if "dc" in vaes:
         msg = _refused(ExtractConfig(data_path=str(tree), out=str(tmp_path / "o"), vae=str(vaes["dc"]), image_size=48,
                                      store="sample", quiet=True))
