@@ -165,8 +165,8 @@ def decode_latents(vae: nn.Module, latents: torch.Tensor, *, scaling_factor: flo
 
     Inverts the latent normalization x = (z - shift) * scale (`norm`, or the scalar factors: diffusers'
     convention) and decodes z with the VAE (AutoencoderKL or AutoencoderDC: `decode(z).sample`). The VAE runs
-    in its own dtype (float32 as loaded) with autocast off, as the reference decodes. It decodes one image at a time:
-    convolution and GroupNorm kernels (oneDNN, cuDNN) pick their algorithm by batch size, so batched
+    in its own dtype (float32 as loaded) with autocast off, as the reference decodes. It decodes one image at a
+    time: convolution and GroupNorm kernels (oneDNN, cuDNN) pick their algorithm by batch size, so batched
     decoding would make the last bits, and now and then a pixel, depend on the batch size. At 250 steps
     decoding is well under 1% of a sample's cost.
     """

@@ -316,8 +316,7 @@ class SampleGridHook:
         for w in {"ema": ["ema"], "raw": ["raw"], "both": ["ema", "raw"]}[self.weights]:
             model = ctx.ema if w == "ema" and ctx.ema is not None else ctx.model
             images = sample_grid(model, vae=self._vae, norm=LatentNorm.from_record(ctx.latent), class_labels=labels,
-                                 seed=self.seed,
-                                 steps=self.steps, sampler=self.sampler, cfg_scale=cfg_scale,
+                                 seed=self.seed, steps=self.steps, sampler=self.sampler, cfg_scale=cfg_scale,
                                  cfg_channels=self.cfg_channels, precision=self.precision)
             name = f"step-{ctx.step:07d}{'-raw' if w == 'raw' else ''}.png"
             path = save_grid(images, Path(ctx.run_dir) / "samples" / name, labels=texts)

@@ -31,6 +31,7 @@ from dit_pipeline.common.determinism import deterministic_cuda, pinned_threads
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.faults import fault_point
 from dit_pipeline.common.io import atomic_write_bytes, atomic_write_json, check_writable_dir, sha256_file
+from dit_pipeline.common.latent_norm import LatentNorm
 from dit_pipeline.common.log import progress_enabled, setup_logging
 from dit_pipeline.common.precision import AUTOCAST_DTYPES, set_tf32
 from dit_pipeline.common.vae import DEFAULT_VAE, load_vae, recorded_vae
@@ -38,7 +39,6 @@ from dit_pipeline.sample import plan
 from dit_pipeline.sample.config import DDPM_SAMPLERS, DEFAULT_SAMPLERS, FLOW_SAMPLERS, SampleConfig
 from dit_pipeline.sample.generate import generate_images, guided_model_fn, make_diffusion, noise_level_fn
 from dit_pipeline.sample.grid import label_texts, png_bytes, save_grid
-from dit_pipeline.common.latent_norm import LatentNorm
 from dit_pipeline.sample.load import (LoadedModel, latent_norm, load_model, manifest_folder, resolve_ckpt,
                                       resolve_flow_convention, resolve_objective)
 from dit_pipeline.sample.npz import RUN_FILE, PartStore, assemble_npz, parts_dir_for

@@ -139,9 +139,10 @@ class ShardSetPart(_NoCheck):
             if theirs.key() != mine.key():
                 raise UserError(f"checkpoint {where} was trained on latents normalized as {theirs.describe()}; the "
                                 f"shards' manifest (revision {self.revision}) now normalizes them as "
-                                f"{mine.describe()}. Resume against the manifest it was trained on (a replaced "
-                                "one is kept beside it: --manifest SHARDS/manifest.json.revN), or use a new "
-                                "--run-dir.")
+                                f"{mine.describe()}. If the set was renormalized (dit-shards stats --write), resume "
+                                "against the manifest it was trained on, kept beside the new one (--manifest "
+                                "SHARDS/manifest.json.revN); otherwise pass the --shards it was trained on, or use a "
+                                "new --run-dir.")
         if ckpt["manifest_fingerprint"] != self.fingerprint:
             raise UserError(f"checkpoint {where} was trained on a different shard set (manifest fingerprint "
                             f"{str(ckpt['manifest_fingerprint'])[:12]}..., these shards {self.fingerprint[:12]}...). "

@@ -142,3 +142,19 @@ def test_other_encoders_and_old_diffusers_are_refused_with_reasons(tmp_path, mon
     assert str(e.value) == ("--vae 'mit-han-lab/dc-ae-f32c32-in-1.0-diffusers' is an AutoencoderDC (DC-AE), which "
                             f"diffusers provides from version 0.32 on; this environment has diffusers "
                             f"{diffusers.__version__}: pip install 'diffusers>=0.32'")
+
+
+def test_pixels_with_a_per_channel_set(vaes, tree, tmp_path):
+    """--pixels beside per-channel statistics: format version 3 with the pixels field, fully verified, and the
+    crops read back at the VAE's input size."""
+    from dit_pipeline.shards import iter_shard, verify_shards
+
+    out = tmp_path / "out"
+    run_extract(ExtractConfig(data_path=str(tree), out=str(out), vae=str(vaes["kl32"]), image_size=64, pixels=True,
+                              quiet=True))
+    m = read_manifest(out)
+    assert (m.format_version, m.has_pixels, m.norm.is_per_channel, m.latent_shape) == (3, True, True, [32, 4, 4])
+    assert m.extraction["format_version"] == 2  # shards with pixels members
+    assert verify_shards(out).ok
+    samples = list(iter_shard(str(out / m.shards[0].name), m, pixels="decoded"))
+    assert len(samples) == 4 and all(s.pixels.shape == (64, 64, 3) for s in samples)
