@@ -355,12 +355,17 @@ def sample_export_cmd(debug: bool, **options: Any) -> None:
 @click.option("--vae-config", default=None, help="For a single-file --vae: a folder with its diffusers "
               "config.json (default: the built-in SD-VAE config).")
 @click.option("--vae-revision", default=None, help="Hub revision (branch, tag or commit) for a hub id.")
+@click.option("--latent-stats", default=None, metavar="FILE",
+              help="Per-channel mean and std of the VAE's latents (LightningDiT's latents_stats.pt, or .json / "
+              ".safetensors with mean and std): model latents become (z - mean) / std per channel [default: the "
+              "VAE config's latents_mean/latents_std where it has them, else its scaling_factor/shift_factor].")
 @click.option("--image-size", type=int, default=default(ExtractConfig, "image_size"), show_default=True,
-              help="Crop size (a multiple of 8).")
+              help="Crop size (a multiple of the VAE's downsampling factor: 8 for the SD-VAE, 16 or 32 for others).")
 @click.option("--flip/--no-flip", default=default(ExtractConfig, "flip"), show_default=True,
               help="Also encode the horizontal mirror of every image (2 views).")
 @click.option("--store", type=click.Choice(STORES), default=default(ExtractConfig, "store"), show_default=True,
-              help="posterior: mean + std (sample fresh noise every epoch); sample: one fixed posterior sample.")
+              help="posterior: mean + std (sample fresh noise every epoch); sample: one fixed posterior sample "
+              "(the latent itself for an encoder without a posterior, e.g. DC-AE, which needs --store sample).")
 @click.option("--dtype", type=click.Choice(DTYPES), default=default(ExtractConfig, "dtype"), show_default=True,
               help="Storage dtype of the latents in the shards.")
 @click.option("--pixels/--no-pixels", default=default(ExtractConfig, "pixels"), show_default=True,
@@ -396,7 +401,7 @@ def sample_export_cmd(debug: bool, **options: Any) -> None:
 @debug_option
 @handle_errors
 def extract_main(debug: bool, **options: Any) -> None:
-    """Encode an ImageFolder tree with the SD VAE into WebDataset latent shards.
+    """Encode an ImageFolder tree with a VAE (the SD-VAE by default) into WebDataset latent shards.
 
     Runs as one process or under torchrun (any nodes x GPUs); rerunning the same command resumes.
 
@@ -416,6 +421,7 @@ def extract_main(debug: bool, **options: Any) -> None:
 # ---------------------------------------------------------------------------------------------------------
 
 _SHARD_DIR = click.Path(exists=True, file_okay=False, dir_okay=True)
+WRITE_MODES = ("per-channel", "scalar")  # dit-shards stats --write (shards.stats.computed_normalization)
 
 
 @click.group(cls=DashGroup, context_settings=CONTEXT, no_args_is_help=True)
@@ -486,21 +492,38 @@ def shards_info_cmd(folder: str, as_json: bool, debug: bool) -> None:
               help="Samples (spread over all shards) used for the latent statistics; labels of all are counted.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
               help="Seed of the posterior noise (store 'posterior').")
+@click.option("--write", type=click.Choice(WRITE_MODES), default=None,
+              help="Write the statistics as the manifest's next revision (the old one is kept as "
+              "manifest.json.revN): per-channel mean/std of the raw latents, or one scalar scaling_factor.")
+@click.option("--latent-stats", default=None, metavar="FILE",
+              help="Write FILE's per-channel mean and std (e.g. LightningDiT's latents_stats.pt) as the manifest's "
+              "next revision instead.")
 @click.option("--json", "as_json", is_flag=True, default=False, help="Print the statistics as JSON.")
 @debug_option
 @handle_errors
-def shards_stats_cmd(folder: str, max_samples: int, seed: int, as_json: bool, debug: bool) -> None:
-    """Per-channel mean/std of the scaled latents, whether their std is near 1 (the DiT assumption) with
-    the scaling factor that would make it 1, and the class histogram.
+def shards_stats_cmd(folder: str, max_samples: int, seed: int, write: str | None, latent_stats: str | None,
+                     as_json: bool, debug: bool) -> None:
+    """Per-channel mean/std of the model latents (as the manifest normalizes them) and of the raw ones,
+    whether their std is near 1 (the DiT assumption) with the scaling factor that would make it 1, and the
+    class histogram. --write or --latent-stats record a new normalization (a manifest revision).
 
     \b
-    Example:
+    Examples:
       dit-shards stats shards/in1k-256 --max-samples 20000
+      dit-shards stats shards/vavae-256 --write per-channel
+      dit-shards stats shards/vavae-256 --latent-stats latents_stats.pt
     """
     import json
 
+    from dit_pipeline.shards.revision import format_revise, revise
     from dit_pipeline.shards.stats import compute_stats, format_stats
 
+    if write and latent_stats:
+        raise click.UsageError("--write and --latent-stats both set the normalization; give one of them")
+    if write or latent_stats:
+        r = revise(folder, mode=write, stats_file=latent_stats, max_samples=max_samples, seed=seed)
+        click.echo(json.dumps(r, indent=2) if as_json else format_revise(r))
+        return
     s = compute_stats(folder, max_samples=max_samples, seed=seed)
     click.echo(json.dumps(s, indent=2) if as_json else format_stats(s))
 

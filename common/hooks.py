@@ -30,7 +30,7 @@ class HookContext:
     model: torch.nn.Module             # the raw DiT (no DDP/compile wrapper), in train mode
     ema: torch.nn.Module | None        # fp32 EMA DiT on rank 0, None elsewhere
     model_config: dict[str, Any]       # DiT.config
-    latent: dict[str, Any]             # {"scaling_factor", "shift_factor", "vae", "class_names"} of the shards
+    latent: dict[str, Any]             # {"scaling_factor", "shift_factor", ["normalization",] "vae", "class_names"}
     num_classes: int
     config: dict[str, Any]             # the resolved TrainConfig as a dict
     class_names: list[str] | None = None  # the manifest's (sorted class-folder names), None when unknown

@@ -1,9 +1,14 @@
-"""Loading the Stable Diffusion VAE (diffusers `AutoencoderKL`) from a hub id, a local diffusers folder or
-a single original-format weight file, with an identity record for manifests and checkpoints.
+"""Loading the VAE (diffusers `AutoencoderKL`, as the SD-VAE, SD3, FLUX and REPA-E's VAEs are published, or
+`AutoencoderDC`) from a hub id, a local diffusers folder or a single original-format weight file, with an
+identity record for manifests and checkpoints.
 
 Offline clusters are the common case, so a single `.safetensors`/`.ckpt` file loads with the SD-VAE config
 shipped here (docs/REFERENCE.md: the diffusers config of sd-vae-ft-ema/-mse) instead of fetching it from the Hub.
-The latent scale comes from the loaded config (`scaling_factor`, `shift_factor`), never from a literal.
+The latent scale comes from the loaded config (`scaling_factor`, `shift_factor`, and per-channel
+`latents_mean` / `latents_std` where the config has them: common/latent_norm.py), never from a literal; so do
+the geometry (`latent_channels`, the downsampling factor) and what `encode` returns: a posterior
+(`.latent_dist`, AutoencoderKL) or a deterministic latent (`.latent`, AutoencoderDC and any other class whose
+`encode` returns one; identity `encoder_output: "latent"`), read by `encode_latents`.
 """
 from __future__ import annotations
 
@@ -28,6 +33,10 @@ DEFAULT_VAE = "stabilityai/sd-vae-ft-ema"
 SINGLE_FILE_SUFFIXES = (".safetensors", ".ckpt", ".pt", ".pth", ".bin")
 _WEIGHT_NAMES = ("diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.bin",
                  "diffusion_pytorch_model.fp16.safetensors")
+# AutoencoderDC (DC-AE) came with diffusers 0.32; the project's floor stays 0.29 for everything else.
+DC_MIN_DIFFUSERS = "0.32"
+# The side of the blank image a VAE of another class encodes once at load time, to learn its geometry and output.
+_PROBE_SIZE = 128
 
 # The diffusers config of stabilityai/sd-vae-ft-ema and sd-vae-ft-mse (KL-f8, ~84M parameters).
 SD_VAE_CONFIG: dict[str, Any] = {
@@ -103,25 +112,53 @@ def _hub_unreachable(timeout: float = 3.0) -> str | None:
     return None
 
 
+def _hub_offline_reason() -> str | None:
+    offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+    return "HF_HUB_OFFLINE is set" if offline else _hub_unreachable()
+
+
+def _not_found(spec: str, why: str) -> UserError:
+    from huggingface_hub import constants
+
+    return UserError(f"--vae {spec!r}: no local file or folder of that name ({Path(spec).absolute()}), not in "
+                     f"the Hugging Face cache ({constants.HF_HUB_CACHE}), and the hub was not asked ({why}). "
+                     "Pass a local diffusers folder or a single .safetensors file (--vae /path/to/vae), or "
+                     f"fill the cache where there is a network (huggingface-cli download {spec})")
+
+
 def _load_hub_vae(spec: str, revision: str | None):
-    """AutoencoderKL of a hub id: from the hub, or from the local cache when the hub is off or unreachable;
-    UserError saying what was tried (local path, cache, hub) when neither has it."""
+    """The VAE of a hub id (its config's class): from the hub, or from the local cache when the hub is off or
+    unreachable; UserError saying what was tried (local path, cache, hub) when neither has it."""
     from diffusers import AutoencoderKL
 
     kw = dict(revision=revision, torch_dtype=torch.float32, low_cpu_mem_usage=False)
-    offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
-    why = "HF_HUB_OFFLINE is set" if offline else _hub_unreachable()
-    if why is None:
-        return AutoencoderKL.from_pretrained(spec, **kw)
+    why = _hub_offline_reason()
+    local = {} if why is None else {"local_files_only": True}
     try:
-        return AutoencoderKL.from_pretrained(spec, local_files_only=True, **kw)
+        config = AutoencoderKL.load_config(spec, revision=revision, **local)
+        return vae_class(config.get("_class_name"), spec).from_pretrained(spec, **kw, **local)
     except (OSError, ValueError):
-        from huggingface_hub import constants
+        if why is None:
+            raise
+        raise _not_found(spec, why) from None
 
-        raise UserError(f"--vae {spec!r}: no local file or folder of that name ({Path(spec).absolute()}), not in "
-                        f"the Hugging Face cache ({constants.HF_HUB_CACHE}), and the hub was not asked ({why}). "
-                        "Pass a local diffusers folder or a single .safetensors file (--vae /path/to/vae), or "
-                        f"fill the cache where there is a network (huggingface-cli download {spec})") from None
+
+def vae_class(name: str | None, spec: str) -> Any:
+    """The diffusers class a VAE config names (`_class_name`; none: AutoencoderKL). AutoencoderDC needs
+    diffusers >= 0.32: an older one is one UserError saying so."""
+    import diffusers
+
+    name = name or "AutoencoderKL"
+    cls = getattr(diffusers, name, None)
+    if cls is None and name == "AutoencoderDC":
+        raise UserError(f"--vae {spec!r} is an AutoencoderDC (DC-AE), which diffusers provides from version "
+                        f"{DC_MIN_DIFFUSERS} on; this environment has diffusers {diffusers.__version__}: "
+                        f"pip install 'diffusers>={DC_MIN_DIFFUSERS}'")
+    if cls is None or not all(hasattr(cls, m) for m in ("from_pretrained", "encode", "decode")):
+        raise UserError(f"--vae {spec!r}: its config names the class {name!r}, which diffusers "
+                        f"{diffusers.__version__} does not provide as an autoencoder (encode/decode); "
+                        "AutoencoderKL and AutoencoderDC are the usual ones")
+    return cls
 
 
 def recorded_vae(identity: dict[str, Any] | None, where: str, base: str | Path | None = None
@@ -176,7 +213,7 @@ def _folder_weights_hash(folder: Path) -> str | None:
 
 def load_vae(spec: str = DEFAULT_VAE, *, config: str | Path | None = None, revision: str | None = None,
              device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
-    """Load an AutoencoderKL and describe it.
+    """Load a VAE (the class its config names: AutoencoderKL, AutoencoderDC, ...) and describe it.
 
     spec: hub id, local diffusers folder (a pipeline folder with a `vae/` subfolder works too) or single file.
     config: for single files, a folder holding the diffusers config (default: the SD-VAE config above).
@@ -188,6 +225,87 @@ def load_vae(spec: str = DEFAULT_VAE, *, config: str | Path | None = None, revis
     """
     with torch.random.fork_rng(devices=[]):
         return _load_vae(spec, config=config, revision=revision, device=device, dtype=dtype)
+
+
+def _config_class(path: Path) -> str | None:
+    """The `_class_name` of a diffusers config.json (None when it has none or cannot be read: the loader then
+    says what is wrong)."""
+    try:
+        name = json.loads(path.read_text(encoding="utf-8")).get("_class_name")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return str(name) if name else None
+
+
+def _config_value(vae: Any, key: str) -> Any:
+    cfg = vae.config
+    return cfg.get(key) if hasattr(cfg, "get") else getattr(cfg, key, None)
+
+
+def _describe(vae: Any, spec: str) -> dict[str, Any]:
+    """The identity fields read from a loaded VAE: its latent scale and per-channel statistics, geometry and
+    class, and (for anything but an AutoencoderKL, whose posterior is known) what its encode returns. Keys
+    that an SD-VAE's identity never had appear only when they apply, so its identity stays what it was."""
+    scaling = _config_value(vae, "scaling_factor")
+    if scaling is None:
+        raise UserError(f"VAE {spec!r} has no scaling_factor in its config; cannot scale latents")
+    shift = _config_value(vae, "shift_factor")
+    out: dict[str, Any] = {"scaling_factor": float(scaling), "shift_factor": None if shift is None else float(shift)}
+    name = type(vae).__name__
+    if name == "AutoencoderKL":
+        channels, factor, output = int(vae.config.latent_channels), 2 ** (len(vae.config.block_out_channels) - 1), None
+    elif name == "AutoencoderDC":  # encode(x).latent, downsampling 2 ** (stages - 1) (diffusers' attribute)
+        channels, factor, output = int(vae.config.latent_channels), int(vae.spatial_compression_ratio), "latent"
+    else:
+        channels, factor, output = _probe(vae, spec)
+    out["latent_channels"], out["downsample_factor"], out["class"] = channels, factor, name
+    if output is not None:
+        out["encoder_output"] = output
+    mean, std = _config_value(vae, "latents_mean"), _config_value(vae, "latents_std")
+    if mean is not None and std is not None:
+        out["latents_mean"], out["latents_std"] = [float(v) for v in mean], [float(v) for v in std]
+    return out
+
+
+@torch.no_grad()
+def _probe(vae: Any, spec: str) -> tuple[int, int, str]:
+    """(latent channels, downsampling factor, "latent_dist" | "latent") of a VAE of another class, from one
+    encode of a blank image (its config's spatial_compression_ratio, where it has one, must agree)."""
+    x = torch.zeros(1, 3, _PROBE_SIZE, _PROBE_SIZE)
+    try:
+        out = vae.encode(x)
+    except Exception as e:  # the class's own failure, e.g. a video VAE that wants [B, C, T, H, W]
+        raise UserError(f"--vae {spec!r} ({type(vae).__name__}) cannot encode a [1, 3, {_PROBE_SIZE}, {_PROBE_SIZE}] "
+                        f"image batch ({type(e).__name__}: {e}); only image autoencoders are supported") from None
+    z, kind = _encoder_latent(out)
+    if z is None:
+        raise UserError(f"--vae {spec!r} ({type(vae).__name__}): its encode returns neither .latent_dist (a "
+                        "posterior) nor .latent; dit-extract cannot read its latents")
+    factor = _PROBE_SIZE // int(z.shape[-1])
+    stated = getattr(vae, "spatial_compression_ratio", None)
+    if z.dim() != 4 or z.shape[-1] * factor != _PROBE_SIZE or (stated is not None and int(stated) != factor):
+        raise UserError(f"--vae {spec!r} ({type(vae).__name__}) encodes a {_PROBE_SIZE} px image to shape "
+                        f"{list(z.shape)}, not a [1, C, h, w] latent of a power-of-two downsampling"
+                        + (f" (its config says {stated})" if stated is not None else ""))
+    return int(z.shape[1]), factor, kind
+
+
+def _encoder_latent(out: Any) -> tuple[Any, str | None]:
+    """(a tensor of the encoder output's shape, which output) of `vae.encode(x)`."""
+    dist = getattr(out, "latent_dist", None)
+    if dist is not None:
+        return dist.mean, "latent_dist"
+    latent = getattr(out, "latent", None)
+    return (latent, "latent") if latent is not None else (None, None)
+
+
+def encode_latents(vae: Any, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(mean, std) of the posterior the VAE encodes x to, or (latent, None) for an encoder without one."""
+    out = vae.encode(x)
+    dist = getattr(out, "latent_dist", None)
+    if dist is not None:
+        return dist.mean, dist.std
+    return out.latent, None
 
 
 def _load_vae(spec: str, *, config: str | Path | None, revision: str | None, device: torch.device | str,
@@ -204,12 +322,17 @@ def _load_vae(spec: str, *, config: str | Path | None, revision: str | None, dev
             if not (folder / "config.json").is_file() and (folder / "vae" / "config.json").is_file():
                 folder = folder / "vae"
             if not (folder / "config.json").is_file():
-                raise UserError(f"--vae {spec!r}: folder has no config.json (expected a diffusers AutoencoderKL "
+                raise UserError(f"--vae {spec!r}: folder has no config.json (expected a diffusers VAE "
                                 "folder, as written by save_pretrained)")
-            vae = AutoencoderKL.from_pretrained(str(folder), torch_dtype=torch.float32, low_cpu_mem_usage=False)
+            cls = vae_class(_config_class(folder / "config.json"), spec)
+            vae = cls.from_pretrained(str(folder), torch_dtype=torch.float32, low_cpu_mem_usage=False)
             identity["weights_sha256"] = _folder_weights_hash(folder)
         elif kind == "file":
             cfg_dir = Path(config) if config is not None else sd_vae_config_dir()
+            named = _config_class(cfg_dir / "config.json")
+            if named not in (None, "AutoencoderKL"):
+                raise UserError(f"--vae {spec!r}: a single weight file loads as an AutoencoderKL only, but "
+                                f"--vae-config names {named}; pass the VAE's diffusers folder instead")
             vae = AutoencoderKL.from_single_file(str(Path(spec).expanduser()), config=str(cfg_dir),
                                                  torch_dtype=torch.float32, local_files_only=True)
             identity["weights_sha256"] = sha256_file(Path(spec).expanduser())
@@ -237,15 +360,7 @@ def _load_vae(spec: str, *, config: str | Path | None, revision: str | None, dev
             hint = (" Loading a hub id needs the network (or a filled Hugging Face cache with HF_HUB_OFFLINE=1). "
                     "On an offline cluster pass a local diffusers folder or a single .safetensors file.")
         raise UserError(f"could not load the VAE from {spec!r}: {type(e).__name__}: {str(e).rstrip('.')}.{hint}") from e
-    scaling = vae.config.get("scaling_factor") if hasattr(vae.config, "get") else getattr(vae.config, "scaling_factor", None)
-    if scaling is None:
-        raise UserError(f"VAE {spec!r} has no scaling_factor in its config; cannot scale latents")
-    identity["scaling_factor"] = float(scaling)
-    shift = getattr(vae.config, "shift_factor", None)
-    identity["shift_factor"] = None if shift is None else float(shift)
-    identity["latent_channels"] = int(vae.config.latent_channels)
-    identity["downsample_factor"] = 2 ** (len(vae.config.block_out_channels) - 1)
-    identity["class"] = type(vae).__name__
+    identity.update(_describe(vae, spec))
     vae = vae.to(device).eval().requires_grad_(False)
     if dtype != torch.float32:  # diffusers warns on any dtype cast, so cast only when asked to
         vae = vae.to(dtype)

@@ -21,13 +21,14 @@ from torch.utils.checkpoint import checkpoint
 
 from .blocks import BLOCK_OPTIONS, SwiGLU, apply_rope, make_norm, rope_2d_tables, swiglu_hidden
 
-# name -> (depth, hidden_size, num_heads, patch_size)
+_SIZES = {"S": (12, 384, 6), "B": (12, 768, 12), "L": (24, 1024, 16), "XL": (28, 1152, 16)}
+# name -> (depth, hidden_size, num_heads, patch_size): the paper's twelve, then patch 1 for the latents of
+# f16 / f32 encoders (LightningDiT's XL/1 on VA-VAE's 32x16x16: 256 tokens, as DiT-XL/2 on SD-VAE's 4x32x32)
 MODEL_PRESETS: dict[str, tuple[int, int, int, int]] = {
     f"DiT-{size}/{patch}": (depth, hidden, heads, patch)
-    for size, (depth, hidden, heads) in {
-        "S": (12, 384, 6), "B": (12, 768, 12), "L": (24, 1024, 16), "XL": (28, 1152, 16),
-    }.items()
-    for patch in (2, 4, 8)
+    for patches in ((2, 4, 8), (1,))
+    for size, (depth, hidden, heads) in _SIZES.items()
+    for patch in patches
 }
 
 FREQUENCY_EMBEDDING_SIZE = 256  # sinusoidal features fed to the timestep MLP

@@ -24,6 +24,7 @@ import torch
 from dit_pipeline.common import distributed as dist
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.hooks import HookContext
+from dit_pipeline.common.latent_norm import LatentNorm
 from dit_pipeline.common.log import get_logger
 from dit_pipeline.common.settings import choice, positive, setting
 from dit_pipeline.common.vae import load_vae
@@ -166,12 +167,13 @@ class FidHook:
         ws = ctx.world_size
         batches = plan.rank_batches(range(self.num_samples), self.batch_size, ctx.rank, ws)
 
+        norm = LatentNorm.from_record(ctx.latent)  # the shards' normalization, inverted before decoding
+
         def images():
             for b in batches:
                 yield b, generate_images(model, self._state["vae"], diffusion, indices=b,
                                          labels=labels[b].tolist(), seed=self.seed,
-                                         scaling_factor=float(ctx.latent["scaling_factor"]),
-                                         shift_factor=ctx.latent.get("shift_factor"), sampler=sampler,
+                                         norm=norm, sampler=sampler,
                                          model_fn=model_fn)
 
         idx, arrays = local_features(self._state["inception"], images(), ctx.device)

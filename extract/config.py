@@ -36,6 +36,7 @@ class ExtractConfig:
     vae: str = DEFAULT_VAE
     vae_config: str | None = None          # folder with the diffusers config, for a single-file --vae
     vae_revision: str | None = None
+    latent_stats: str | None = None        # per-channel mean/std file (LightningDiT's latents_stats.pt, .json, ...)
     image_size: int = 256
     flip: bool = True                      # also encode the horizontal mirror (views = 2)
     store: str = "posterior"               # "posterior" (mean + std) or "sample" (one posterior sample)

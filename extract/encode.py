@@ -1,10 +1,13 @@
-"""Batched VAE encoding of cropped uint8 images into posterior mean/std (or a posterior sample).
+"""Batched VAE encoding of cropped uint8 images into posterior mean/std (or a posterior sample, or the latent
+of an encoder without a posterior).
 
 Follows docs/REFERENCE.md: pixels to [-1, 1] exactly like ToTensor then Normalize(0.5, 0.5) (x/255, -0.5,
 /0.5 in float32, bit-identical to torchvision), the second view is the exact horizontal mirror of the crop,
 and the posterior is diffusers' `DiagonalGaussianDistribution` as the VAE computes it (mean, and
-std = exp(0.5 * logvar) after its clamp), stored unscaled: the manifest carries `scaling_factor` /
-`shift_factor` for whoever turns them into model latents.
+std = exp(0.5 * logvar) after its clamp), stored unscaled: the manifest carries the normalization
+(common/latent_norm.py) for whoever turns them into model latents. An encoder whose `encode` returns a
+deterministic `.latent` (AutoencoderDC; common.vae.encode_latents) has no posterior: its latent is stored
+as it is (`--store sample`, no noise added).
 
 Speed: uint8 crops travel to the GPU (4x fewer bytes than float) from pinned memory with non-blocking
 copies, the model and input are `channels_last`, the encoder runs under `torch.inference_mode` and
@@ -24,8 +27,10 @@ import numpy as np
 import torch
 
 from dit_pipeline.common.log import get_logger
+from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.precision import AUTOCAST_DTYPES, set_tf32
 from dit_pipeline.common.seeding import derive_seed
+from dit_pipeline.common.vae import encode_latents
 
 # Our own seed stream for `--store sample` noise: seed = derive_seed(seed, STREAM, global_index).
 STREAM_EXTRACT_SAMPLE = 101
@@ -74,7 +79,8 @@ class LatentEncoder:
     """Wraps the VAE: `submit(pixels, indices)` starts a batch, `Pending.arrays()` waits for its result."""
 
     def __init__(self, vae: torch.nn.Module, *, device: torch.device, precision: str, views: int,
-                 store: str = "posterior", seed: int = 0, compile: bool = False):
+                 store: str = "posterior", seed: int = 0, compile: bool = False,
+                 latent_shape: tuple[int, ...] | None = None):
         if precision not in AUTOCAST_DTYPES:
             raise ValueError(f"precision must be one of {sorted(AUTOCAST_DTYPES)}, got {precision!r}")
         self.vae = vae.to(device=device, memory_format=torch.channels_last).eval().requires_grad_(False)
@@ -83,6 +89,7 @@ class LatentEncoder:
         self.views = views
         self.store = store
         self.seed = seed
+        self.latent_shape = tuple(latent_shape) if latent_shape is not None else None  # checked on every batch
         self.fp32_retries = 0
         if compile:
             # In place (names unchanged), static shapes: fixed batch shapes compile once per shape and
@@ -94,11 +101,16 @@ class LatentEncoder:
             if precision == "fp32":
                 set_tf32(False)
 
-    def _posterior(self, x: torch.Tensor, precision: str) -> tuple[torch.Tensor, torch.Tensor]:
+    def _posterior(self, x: torch.Tensor, precision: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(mean, std) of the posterior, or (latent, None) for an encoder without one."""
         dtype = AUTOCAST_DTYPES[precision]
         with torch.autocast(self.device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
-            dist = self.vae.encode(x).latent_dist
-        return dist.mean.float(), dist.std.float()
+            mean, std = encode_latents(self.vae, x)
+        if self.latent_shape is not None and tuple(mean.shape[1:]) != self.latent_shape:
+            raise UserError(f"the VAE encoded {x.shape[-1]} px crops to latents of shape {list(mean.shape[1:])}, "
+                            f"not the {list(self.latent_shape)} its config implies (latent channels and "
+                            "downsampling factor); nothing of this batch was written")
+        return mean.float(), None if std is None else std.float()
 
     def _views_first(self, t: torch.Tensor, b: int) -> torch.Tensor:
         # [views*b, C, h, w] -> [b, views, C, h, w] (view v of image i is row v*b + i)
@@ -114,9 +126,13 @@ class LatentEncoder:
 
     def _outputs(self, x: torch.Tensor, indices: list[int], precision: str):
         mean, std = self._posterior(x, precision)
-        finite = torch.isfinite(mean).all() & torch.isfinite(std).all()
+        finite = torch.isfinite(mean).all() & (torch.isfinite(std).all() if std is not None else True)
         b = len(indices)
-        mean, std = self._views_first(mean, b), self._views_first(std, b)
+        mean = self._views_first(mean, b)
+        if std is None:  # a deterministic encoder: its latent is the sample (dit-extract refuses --store posterior)
+            assert self.store == "sample", "an encoder without a posterior stores its latent"
+            return mean, None, finite
+        std = self._views_first(std, b)
         if self.store == "sample":
             return mean + std * self._noise(indices, tuple(mean.shape[1:])), None, finite
         return mean, std, finite

@@ -26,6 +26,7 @@ from dit_pipeline.common.determinism import pinned_threads
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.faults import fault_point
 from dit_pipeline.common.io import check_writable_dir
+from dit_pipeline.common.latent_norm import LatentNorm
 from dit_pipeline.common.log import get_logger, progress_enabled, setup_logging
 from dit_pipeline.common.runlock import EXTRACT_LOCK_NAME, RunLock
 from dit_pipeline.common.vae import load_vae
@@ -37,7 +38,10 @@ from dit_pipeline.extract.images import MAX_PIXELS
 from dit_pipeline.extract.loader import CropDataset, make_loader
 from dit_pipeline.extract.pipeline import LoopStats, ShardSink, disk_errors, encode_and_write
 from dit_pipeline.extract.state import LOG_DIR, STATE_DIR, ShardState, finished_shard, prepare_output, start_output
-from dit_pipeline.shards import FORMAT_VERSION, FORMAT_VERSION_PIXELS, MANIFEST_NAME, Manifest, verify_shards, write_manifest
+from dit_pipeline.extract.tokenizer import (check_store, deterministic, earlier_revision, latent_shape,
+                                            manifest_normalization, resolve_normalization)
+from dit_pipeline.shards import (FORMAT_VERSION, FORMAT_VERSION_PIXELS, MANIFEST_NAME, Manifest, format_version_for,
+                                 verify_shards, write_manifest)
 from dit_pipeline.shards.info import human_bytes
 from dit_pipeline.shards import pixels as shard_pixels
 
@@ -45,6 +49,9 @@ log = get_logger()
 _ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4}
 EXTRACT_DIST_TIMEOUT_S = 24 * 3600
 _RANK_LOGS = "OUT/logs/rank*.log"
+_LATENTS_POSTERIOR = "raw VAE posterior (unscaled): model latent = (z - shift_factor) * scaling_factor"
+_LATENTS_DETERMINISTIC = ("raw encoder latent, deterministic (encode(x).latent, no posterior), unscaled: model "
+                          "latent = (z - shift_factor) * scaling_factor")
 
 
 @dataclass
@@ -95,11 +102,12 @@ def extraction_record(cfg: ExtractConfig, images: ImageList, vae_identity: dict,
         "num_classes": len(images.class_names),
         "image_size": cfg.image_size, "views": cfg.views, "flip": cfg.flip, "store": cfg.store,
         "dtype": cfg.dtype, "precision": precision, "samples_per_shard": samples_per_shard,
-        "seed": cfg.seed if cfg.store == "sample" else None, "max_pixels": MAX_PIXELS,
+        "seed": cfg.seed if cfg.store == "sample" and not deterministic(vae_identity) else None,
+        "max_pixels": MAX_PIXELS,
         "crop": "adm_center_crop: BOX halving while short side >= 2*size, BICUBIC to short side = size "
                 "(sides rounded), center crop with floor offsets",
         "normalize": "ToTensor then Normalize(0.5, 0.5); view 1 is the horizontal mirror of view 0",
-        "latents": "raw VAE posterior (unscaled): model latent = (z - shift_factor) * scaling_factor",
+        "latents": _LATENTS_DETERMINISTIC if deterministic(vae_identity) else _LATENTS_POSTERIOR,
         "vae": dict(vae_identity), "format_version": FORMAT_VERSION,
         "batch_size": batch_size, "compile": cfg.compile,
         "cpu_threads": cfg.cpu_threads if device.type == "cpu" else None,
@@ -117,13 +125,6 @@ def _add_pixels_record(record: dict[str, Any]) -> None:
     record["pixels"] = shard_pixels.ENCODING
     record["format_version"] = FORMAT_VERSION_PIXELS
     record["versions"]["libwebp"] = shard_pixels.codec_version()
-
-
-def _latent_shape(cfg: ExtractConfig, vae_identity: dict) -> list[int]:
-    f = int(vae_identity["downsample_factor"])
-    if cfg.image_size % f:
-        raise UserError(f"--image-size {cfg.image_size} is not a multiple of the VAE's downsampling factor {f}")
-    return [int(vae_identity["latent_channels"]), cfg.image_size // f, cfg.image_size // f]
 
 
 def _samples_per_shard(cfg: ExtractConfig, latent_shape: list[int]) -> int:
@@ -165,7 +166,9 @@ class ExtractJob:
     record: dict[str, Any]
     out: Path
     status: str
+    norm: LatentNorm                   # the manifest's normalization (extract/tokenizer.py)
     lock_warning: str | None = None  # a dead run's lease on --out was taken over
+    kept: Manifest | None = None     # the folder's revised manifest of this extraction, whose normalization stays
 
 
 def _claim_output(out: Path, record: dict[str, Any], cfg: ExtractConfig, held: list[RunLock]
@@ -187,14 +190,17 @@ def _setup(cfg: ExtractConfig, held: list[RunLock]) -> ExtractJob:
     precision = resolve_precision(cfg.precision, device)
     batch_size = resolve_batch_size(cfg.batch_size, device)
     vae, vae_identity = load_vae(cfg.vae, config=cfg.vae_config, revision=cfg.vae_revision, device=device)
-    latent_shape = _latent_shape(cfg, vae_identity)
-    samples_per_shard = _samples_per_shard(cfg, latent_shape)
+    check_store(cfg, vae_identity)
+    shape = latent_shape(cfg, vae_identity)
+    norm = resolve_normalization(cfg, vae_identity, shape[0])
+    samples_per_shard = _samples_per_shard(cfg, shape)
     record = extraction_record(cfg, images, vae_identity, precision=precision, batch_size=batch_size,
                                samples_per_shard=samples_per_shard, device=device)
     out = Path(cfg.out).expanduser()
+    kept = earlier_revision(out, record)  # before the folder changes
     warning, status = dist.on_rank0(lambda: _claim_output(out, record, cfg, held), _RANK_LOGS)
-    return ExtractJob(cfg, images, device, precision, batch_size, vae, vae_identity, latent_shape, samples_per_shard,
-                record, out, status, warning)
+    return ExtractJob(cfg, images, device, precision, batch_size, vae, vae_identity, shape, samples_per_shard,
+                      record, out, status, norm, warning, kept)
 
 
 def _encode(run: ExtractJob, todo: list[int]):
@@ -212,7 +218,7 @@ def _encode(run: ExtractJob, todo: list[int]):
     loader = make_loader(dataset, chunks, samples_per_shard=run.samples_per_shard, num_workers=workers,
                          pin_memory=run.device.type == "cuda")
     encoder = LatentEncoder(run.vae, device=run.device, precision=run.precision, views=cfg.views,
-                            store=cfg.store, seed=cfg.seed, compile=cfg.compile)
+                            store=cfg.store, seed=cfg.seed, compile=cfg.compile, latent_shape=tuple(run.latent_shape))
     desc = "extract" if dist.world_size() == 1 else f"extract (rank 0 of {dist.world_size()})"
     bar = tqdm(total=sum(len(c) for _, c in chunks), unit="img", desc=desc, smoothing=0.05, dynamic_ncols=True,
                disable=not progress_enabled(cfg.quiet))
@@ -239,10 +245,12 @@ def _write_manifest(run: ExtractJob, states: dict[int, ShardState]) -> None:
     if cfg.pixels:
         assert all(s.pixel_bytes is not None for s in shards), "a pixels folder holds only shards with pixels"
         pixels = shard_pixels.pixels_entry(cfg.image_size, sum(s.pixel_bytes for s in shards))
+    norm = manifest_normalization(run.norm, run.kept, cfg)
     manifest = Manifest(
-        format_version=FORMAT_VERSION_PIXELS if cfg.pixels else FORMAT_VERSION, tool_version=tool_version(),
-        extraction=run.record, pixels=pixels,
-        scaling_factor=float(run.vae_identity["scaling_factor"]), shift_factor=run.vae_identity["shift_factor"],
+        format_version=format_version_for(pixels=cfg.pixels, normalization=norm.is_per_channel),
+        tool_version=tool_version(), extraction=run.record, pixels=pixels, normalization=norm.per_channel,
+        revision=run.kept.revision if run.kept is not None else None,
+        scaling_factor=float(norm.scaling_factor), shift_factor=norm.shift_factor,
         image_size=cfg.image_size, views=cfg.views, store=cfg.store, dtype=cfg.dtype,
         latent_shape=list(run.latent_shape), class_names=list(run.images.class_names),
         num_classes=len(run.images.class_names), total_samples=sum(s.record.samples for s in shards),
@@ -311,6 +319,9 @@ def _extract(cfg: ExtractConfig, held: list[RunLock]) -> ExtractSummary:
     log.info("dit-extract %s: %d images in %d classes (first %r, last %r) from %s -> %s (%s)", tool_version(),
              len(run.images), len(names), names[0], names[-1], run.images.root, run.out, run.status)
     log.info("%s", dist.launch_info().describe())
+    ident = run.vae_identity
+    log.info("latents: %s, %d x %d x %d at %d px (%s, downsampling %d); normalization %s", run.cfg.store,
+             *run.latent_shape, run.cfg.image_size, ident.get("class"), ident["downsample_factor"], run.norm.describe())
     dist.on_rank0(lambda: _start_output(run), _RANK_LOGS)  # also the barrier before any rank looks at the folder
     total_shards = plan.num_shards(len(run.images), run.samples_per_shard)
     done, todo = _my_shards(run.out, total_shards)

@@ -20,6 +20,7 @@ from typing import Any
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.io import atomic_write_json, remove_stale_temps, sha256_file
 from dit_pipeline.shards import MANIFEST_NAME, ShardRecord, shard_index, shard_name
+from dit_pipeline.shards.format import revision_index
 
 STATE_DIR = ".extract"
 CONFIG_FILE = "config.json"
@@ -120,14 +121,15 @@ def record_differences(old: dict[str, Any], new: dict[str, Any]) -> tuple[list[s
 
 
 def _ours(name: str) -> bool:
-    return name.startswith(".") or name in (MANIFEST_NAME, LOG_DIR) or shard_index(name) is not None
+    return (name.startswith(".") or name in (MANIFEST_NAME, LOG_DIR) or shard_index(name) is not None
+            or revision_index(name) is not None)  # an earlier manifest kept by dit-shards stats --write
 
 
 def clear_output(out: Path) -> None:
     """Delete what an extraction wrote (manifest first, so a half-cleared folder never looks complete)."""
     (out / MANIFEST_NAME).unlink(missing_ok=True)
     for p in sorted(out.iterdir()):
-        if shard_index(p.name) is not None and p.is_file():
+        if (shard_index(p.name) is not None or revision_index(p.name) is not None) and p.is_file():
             p.unlink()
     shutil.rmtree(out / STATE_DIR, ignore_errors=True)
     remove_stale_temps(out)

@@ -20,6 +20,9 @@ runs a SiT velocity model: DiTPipeline steps an epsilon/DDIM scheduler, and its 
 (FlowMatchEulerDiscreteScheduler) feeds the network 1000 sigma with sigma = 1 at the noise end and expects
 noise - data, while SiT's network takes t = 1 - sigma in [0, 1] and returns data - noise. Its DiT blocks
 have no QK-norm, RMSNorm, SwiGLU or RoPE. Exporting such a folder would load and silently sample garbage.
+So would a model trained on latents with a shift or a per-channel normalization, or from a VAE other than an
+AutoencoderKL: DiTPipeline decodes `latents / vae.config.scaling_factor` with an AutoencoderKL, so those are
+exported to safetensors only (their normalization in the `latent` metadata, which dit-sample inverts).
 """
 from __future__ import annotations
 
@@ -39,7 +42,7 @@ from dit_pipeline.common.vae import DEFAULT_VAE, load_vae, recorded_vae
 from dit_pipeline.dit.blocks import BLOCK_OPTIONS
 from dit_pipeline.dit.respace import TRAIN_TIMESTEPS
 from dit_pipeline.sample.config import ExportConfig
-from dit_pipeline.sample.load import (SAFETENSORS_LATENT_KEY, latent_scale, load_weights, manifest_folder,
+from dit_pipeline.sample.load import (SAFETENSORS_LATENT_KEY, latent_norm, load_weights, manifest_folder,
                                       resolve_objective)
 
 WEIGHTS_FORMAT = "dit-pipeline.weights"
@@ -187,7 +190,12 @@ def export_diffusers(state_dict: dict[str, torch.Tensor], info: dict[str, Any], 
     log = get_logger()
     transformer = build_diffusers_transformer(state_dict, info["model_config"])
     vae_model, vae_id = load_vae(vae, config=vae_config)
-    scale, _ = latent_scale(info.get("latent"), vae_id, log)
+    norm = latent_norm(info.get("latent"), vae_id, log)
+    if norm.is_per_channel or norm.shift_factor or type(vae_model).__name__ != "AutoencoderKL":
+        raise UserError(f"--to diffusers: DiTPipeline decodes with an AutoencoderKL's scaling_factor alone, but this "
+                        f"model's latents are {norm.describe()} ({type(vae_model).__name__}); export it with --to "
+                        "safetensors and sample with dit-sample, which inverts the normalization")
+    scale = norm.scaling_factor
     if scale != vae_id["scaling_factor"]:
         vae_model.register_to_config(scaling_factor=scale)  # DiTPipeline decodes with the VAE config's factor
     if int(info["model_config"]["num_classes"]) != 1000:

@@ -2,7 +2,8 @@
 
 Follows the reference DiT sampler (docs/REFERENCE.md): classifier-free guidance as [cond; uncond] through
 `forward_with_cfg` (first 3 latent channels guided by default), IDDPM respacing, `clip_denoised=False`,
-decode with the VAE after dividing by its scaling factor, and pixels to uint8 as
+decode with the VAE after inverting the latent normalization (dividing by its scaling factor for the SD-VAE;
+common/latent_norm.py for the others), and pixels to uint8 as
 `clamp(127.5 * x + 128, 0, 255)` truncated, as the reference's FID sampling script does.
 
 One difference in bookkeeping, not in results: the reference carries both CFG halves through the sampler
@@ -20,6 +21,7 @@ import torch
 from torch import nn
 
 from dit_pipeline import dit
+from dit_pipeline.common.latent_norm import LatentNorm
 from dit_pipeline.sample.config import respacing
 from dit_pipeline.sample.plan import noise_generators
 
@@ -147,34 +149,43 @@ def to_uint8(images: torch.Tensor) -> torch.Tensor:
     return torch.clamp(127.5 * images.float() + 128.0, 0, 255).permute(0, 2, 3, 1).to("cpu", dtype=torch.uint8)
 
 
+def as_norm(norm: LatentNorm | None, scaling_factor: float | None, shift_factor: float | None) -> LatentNorm:
+    """`norm`, or the scalar normalization of (scaling_factor, shift_factor) for callers that pass factors."""
+    if norm is not None:
+        return norm
+    if scaling_factor is None:
+        raise ValueError("pass norm (a LatentNorm) or scaling_factor")
+    return LatentNorm(float(scaling_factor), shift_factor)
+
+
 @torch.no_grad()
-def decode_latents(vae: nn.Module, latents: torch.Tensor, *, scaling_factor: float,
-                   shift_factor: float | None = None) -> torch.Tensor:
+def decode_latents(vae: nn.Module, latents: torch.Tensor, *, scaling_factor: float | None = None,
+                   shift_factor: float | None = None, norm: LatentNorm | None = None) -> torch.Tensor:
     """Latents [B, C, S, S] -> uint8 images [B, H, W, 3] on the CPU.
 
-    Inverts diffusers' latent convention z = (raw - shift) * scale. The VAE runs in its own dtype
-    (float32 as loaded) with autocast off, as the reference decodes. It decodes one image at a time:
-    convolution and GroupNorm kernels (oneDNN, cuDNN) pick their algorithm by batch size, so batched
+    Inverts the latent normalization x = (z - shift) * scale (`norm`, or the scalar factors: diffusers'
+    convention) and decodes z with the VAE (AutoencoderKL or AutoencoderDC: `decode(z).sample`). The VAE runs
+    in its own dtype (float32 as loaded) with autocast off, as the reference decodes. It decodes one image at a
+    time: convolution and GroupNorm kernels (oneDNN, cuDNN) pick their algorithm by batch size, so batched
     decoding would make the last bits, and now and then a pixel, depend on the batch size. At 250 steps
     decoding is well under 1% of a sample's cost.
     """
     param = next(vae.parameters())
-    z = latents.to(device=param.device, dtype=torch.float32) / float(scaling_factor)
-    if shift_factor is not None:
-        z = z + float(shift_factor)
+    z = as_norm(norm, scaling_factor, shift_factor).invert(latents.to(device=param.device, dtype=torch.float32))
     with torch.autocast(device_type=param.device.type, enabled=False):
         images = [vae.decode(row[None].to(param.dtype)).sample for row in z]
     return to_uint8(torch.cat(images))
 
 
 def generate_images(model: nn.Module, vae: nn.Module, diffusion, *, indices: Sequence[int], labels: Sequence[int],
-                    seed: int, scaling_factor: float, shift_factor: float | None = None, sampler: str = "ddpm",
-                    cfg_scale: float = 4.0, cfg_channels: str | int = "3",
-                    autocast_dtype: torch.dtype | None = None, model_fn: Callable | None = None) -> torch.Tensor:
+                    seed: int, scaling_factor: float | None = None, shift_factor: float | None = None,
+                    sampler: str = "ddpm", cfg_scale: float = 4.0, cfg_channels: str | int = "3",
+                    autocast_dtype: torch.dtype | None = None, model_fn: Callable | None = None,
+                    norm: LatentNorm | None = None) -> torch.Tensor:
     """Samples `indices` with classes `labels` -> uint8 [B, H, W, 3] (CPU); noise from (seed, index)."""
     device = next(model.parameters()).device
     y = torch.as_tensor(list(labels), dtype=torch.long, device=device)
     latents = sample_latents(model, diffusion, y, noise_generators(seed, indices), sampler=sampler,
                              cfg_scale=cfg_scale, cfg_channels=cfg_channels, autocast_dtype=autocast_dtype,
                              model_fn=model_fn)
-    return decode_latents(vae, latents, scaling_factor=scaling_factor, shift_factor=shift_factor)
+    return decode_latents(vae, latents, norm=as_norm(norm, scaling_factor, shift_factor))

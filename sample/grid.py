@@ -22,12 +22,13 @@ from dit_pipeline.common.determinism import DEFAULT_CPU_THREADS, pinned_threads
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.hooks import HookContext
 from dit_pipeline.common.io import atomic_write_bytes
+from dit_pipeline.common.latent_norm import LatentNorm
 from dit_pipeline.common.settings import choice, flag_name, positive, setting
 from dit_pipeline.common.precision import AUTOCAST_DTYPES
 from dit_pipeline.common.vae import load_vae
 from dit_pipeline.dit.respace import TRAIN_TIMESTEPS, ddim_stride, nearest_ddim_steps
 from dit_pipeline.sample.config import GRID_SAMPLER, SAMPLERS
-from dit_pipeline.sample.generate import generate_images, make_diffusion
+from dit_pipeline.sample.generate import as_norm, generate_images, make_diffusion
 
 GRID_PADDING = 2
 
@@ -111,16 +112,18 @@ def save_grid(images: np.ndarray | torch.Tensor, path: str | Path, *, labels: Se
 
 
 @torch.no_grad()
-def sample_grid(model: nn.Module, *, vae: nn.Module, scaling_factor: float, shift_factor: float | None = None,
-                class_labels: Sequence[int], seed: int, steps: int = 50, sampler: str = "ddim",
-                cfg_scale: float = 4.0, cfg_channels: str = "3", batch_size: int | None = None,
-                precision: str = "fp32", cpu_threads: int = DEFAULT_CPU_THREADS) -> np.ndarray:
+def sample_grid(model: nn.Module, *, vae: nn.Module, scaling_factor: float | None = None,
+                shift_factor: float | None = None, class_labels: Sequence[int], seed: int, steps: int = 50,
+                sampler: str = "ddim", cfg_scale: float = 4.0, cfg_channels: str = "3", batch_size: int | None = None,
+                precision: str = "fp32", cpu_threads: int = DEFAULT_CPU_THREADS,
+                norm: LatentNorm | None = None) -> np.ndarray:
     """Sample one image per entry of `class_labels` -> uint8 [N, H, W, 3] (numpy).
 
     model: a DiT (not DDP-wrapped; pass the EMA copy) on its device; `vae` on the same device.
     Image i uses the noise of (seed, i), exactly as `dit-sample --seed seed --class-labels ...` would.
     The model is switched to eval mode for sampling (no class dropout) and restored afterwards.
     precision: "fp32", "bf16" or "fp16" autocast for the DiT (the VAE decodes in float32).
+    norm: the latent normalization to invert before decoding (or the scalar scaling_factor / shift_factor).
     batch_size: images per batch (default: all in one). Bit-identical to `dit-sample` with the same batch
     size and `--cpu-threads` on the same machine; another batch size changes the last float bits.
     """
@@ -134,7 +137,7 @@ def sample_grid(model: nn.Module, *, vae: nn.Module, scaling_factor: float, shif
     try:
         with pinned_threads(device, cpu_threads):
             return _sample_chunks(model, vae, diffusion, labels, batch_size or len(labels), seed=seed,
-                                  scaling_factor=scaling_factor, shift_factor=shift_factor, sampler=sampler,
+                                  norm=as_norm(norm, scaling_factor, shift_factor), sampler=sampler,
                                   cfg_scale=cfg_scale, cfg_channels=cfg_channels,
                                   autocast_dtype=AUTOCAST_DTYPES[precision])
     finally:
@@ -312,9 +315,8 @@ class SampleGridHook:
         path = None
         for w in {"ema": ["ema"], "raw": ["raw"], "both": ["ema", "raw"]}[self.weights]:
             model = ctx.ema if w == "ema" and ctx.ema is not None else ctx.model
-            images = sample_grid(model, vae=self._vae, scaling_factor=float(ctx.latent["scaling_factor"]),
-                                 shift_factor=ctx.latent.get("shift_factor"), class_labels=labels, seed=self.seed,
-                                 steps=self.steps, sampler=self.sampler, cfg_scale=cfg_scale,
+            images = sample_grid(model, vae=self._vae, norm=LatentNorm.from_record(ctx.latent), class_labels=labels,
+                                 seed=self.seed, steps=self.steps, sampler=self.sampler, cfg_scale=cfg_scale,
                                  cfg_channels=self.cfg_channels, precision=self.precision)
             name = f"step-{ctx.step:07d}{'-raw' if w == 'raw' else ''}.png"
             path = save_grid(images, Path(ctx.run_dir) / "samples" / name, labels=texts)

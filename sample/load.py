@@ -1,9 +1,10 @@
-"""Loading a DiT for sampling or export, and deciding which latent scale decodes its samples.
+"""Loading a DiT for sampling or export, and deciding which latent normalization decodes its samples.
 
 Weight files of every kind go through `dit.load_dit_weights` (safe loading, shape inference); this module
-turns its errors into user-facing ones, applies `--weights` and `--model`, and reads the latent scale that
-our checkpoints (and our safetensors exports) carry. Official files have none, so the VAE config's
-`scaling_factor` is used (docs/REFERENCE.md: 0.18215 for the SD-VAE, read from the config, never a literal).
+turns its errors into user-facing ones, applies `--weights` and `--model`, and reads the latent normalization
+that our checkpoints (and our safetensors exports) carry, per-channel statistics included. Official files have
+none, so the VAE config's is used (docs/REFERENCE.md: `scaling_factor` 0.18215 for the SD-VAE, read from the
+config, never a literal).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import torch
 
 from dit_pipeline import dit
 from dit_pipeline.common.errors import UserError
+from dit_pipeline.common.latent_norm import LatentNorm
 from dit_pipeline.common.log import get_logger
 
 SAFETENSORS_LATENT_KEY = "latent"
@@ -150,19 +152,18 @@ def resolve_flow_convention(info: dict[str, Any], ckpt: str | Path, given: str |
     return given if given is not None else found
 
 
-def latent_scale(latent: dict[str, Any] | None, vae_identity: dict[str, Any],
-                 log: logging.Logger | None = None) -> tuple[float, float | None]:
-    """(scaling_factor, shift_factor) that decode this model's latents.
+def latent_norm(latent: dict[str, Any] | None, vae_identity: dict[str, Any],
+                log: logging.Logger | None = None) -> LatentNorm:
+    """The normalization (common/latent_norm.py) whose inverse decodes this model's latents.
 
-    A checkpoint that records the scale it was trained with wins; otherwise the VAE config's values.
+    A checkpoint that records what it was trained on wins (a per-channel normalization included); otherwise the
+    VAE config's (its latents_mean/latents_std where it has them, else its scaling and shift factors).
     """
-    vae_scale, vae_shift = float(vae_identity["scaling_factor"]), vae_identity.get("shift_factor")
+    vae = LatentNorm.of_vae(vae_identity)
     if not latent or latent.get("scaling_factor") is None:
-        return vae_scale, vae_shift
-    scale = float(latent["scaling_factor"])
-    shift = latent.get("shift_factor")
-    shift = None if shift is None else float(shift)
-    if log is not None and (scale != vae_scale or shift != vae_shift):
-        log.warning("the checkpoint was trained on latents scaled by %s (shift %s) but the VAE config says %s "
-                    "(shift %s); decoding with the checkpoint's values", scale, shift, vae_scale, vae_shift)
-    return scale, shift
+        return vae
+    mine = LatentNorm.from_record(latent)
+    if log is not None and mine.key() != vae.key():
+        log.warning("the checkpoint was trained on latents normalized as %s, but the VAE config says %s; decoding "
+                    "with the checkpoint's values", mine.describe(), vae.describe())
+    return mine

@@ -31,6 +31,7 @@ from dit_pipeline.common.determinism import deterministic_cuda, pinned_threads
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.faults import fault_point
 from dit_pipeline.common.io import atomic_write_bytes, atomic_write_json, check_writable_dir, sha256_file
+from dit_pipeline.common.latent_norm import LatentNorm
 from dit_pipeline.common.log import progress_enabled, setup_logging
 from dit_pipeline.common.precision import AUTOCAST_DTYPES, set_tf32
 from dit_pipeline.common.vae import DEFAULT_VAE, load_vae, recorded_vae
@@ -38,9 +39,8 @@ from dit_pipeline.sample import plan
 from dit_pipeline.sample.config import DDPM_SAMPLERS, DEFAULT_SAMPLERS, FLOW_SAMPLERS, SampleConfig
 from dit_pipeline.sample.generate import generate_images, guided_model_fn, make_diffusion, noise_level_fn
 from dit_pipeline.sample.grid import label_texts, png_bytes, save_grid
-from dit_pipeline.sample.load import (LoadedModel, latent_scale, load_model, manifest_folder, resolve_ckpt,
-                                      resolve_flow_convention,
-                                      resolve_objective)
+from dit_pipeline.sample.load import (LoadedModel, latent_norm, load_model, manifest_folder, resolve_ckpt,
+                                      resolve_flow_convention, resolve_objective)
 from dit_pipeline.sample.npz import RUN_FILE, PartStore, assemble_npz, parts_dir_for
 
 RECORD_FORMAT = "dit-pipeline.samples"
@@ -82,7 +82,9 @@ def _run(cfg: SampleConfig) -> SampleResult:
     log.info("%s", dist.launch_info().describe())
     cfg = _with_vae(cfg, loaded, log)
     vae, vae_id = load_vae(cfg.vae, config=cfg.vae_config, device=device)
-    scale, shift = latent_scale(loaded.latent, vae_id, log)
+    norm = latent_norm(loaded.latent, vae_id, log)
+    if norm.is_per_channel:
+        log.info("latents: %s", norm.describe())
     labels = _labels(cfg, loaded)
     loaded.info["objective"] = resolve_objective(loaded.info, cfg.ckpt, cfg.objective)
     cfg, sampler_note = _with_sampler(cfg, loaded.info["objective"])
@@ -98,7 +100,7 @@ def _run(cfg: SampleConfig) -> SampleResult:
         log = setup_logging(Path(cfg.out) / "logs", quiet=cfg.quiet)
     if sampler_note:
         log.info("%s", sampler_note)
-    record = _record(cfg, loaded, vae_id, scale, shift, labels, image_size, device) if dist.is_main() else {}
+    record = _record(cfg, loaded, vae_id, norm, labels, image_size, device) if dist.is_main() else {}
     store = PartStore(parts_dir_for(cfg.npz, cfg.out), record.get("fingerprint", {}), cfg.total)
     state = dist.on_rank0(lambda: _prepare(cfg, store, record, log))
     if state == "complete":
@@ -113,7 +115,7 @@ def _run(cfg: SampleConfig) -> SampleResult:
              f" where the noise level is in [{cfg.guidance_interval[0]}, {cfg.guidance_interval[1]}]")
     sampling_start = time.perf_counter()
     with pinned_threads(device, cfg.cpu_threads):  # the pixels must not depend on OMP_NUM_THREADS or torchrun
-        produced = _sample_batches(cfg, loaded, vae, store, labels, remaining, scale, shift)
+        produced = _sample_batches(cfg, loaded, vae, store, labels, remaining, norm)
     with dist.peer_guard("waiting for every rank's samples"):
         dist.barrier()
     sampling = time.perf_counter() - sampling_start
@@ -179,8 +181,8 @@ def _check_compatible(cfg: SampleConfig, loaded: LoadedModel, vae_id: dict[str, 
                         "dropout), so classifier-free guidance is impossible; pass --cfg-scale 1")
 
 
-def _record(cfg: SampleConfig, loaded: LoadedModel, vae_id: dict[str, Any], scale: float,
-            shift: float | None, labels: np.ndarray, image_size: int, device: torch.device) -> dict[str, Any]:
+def _record(cfg: SampleConfig, loaded: LoadedModel, vae_id: dict[str, Any], norm: LatentNorm,
+            labels: np.ndarray, image_size: int, device: torch.device) -> dict[str, Any]:
     """What the outputs record: the fingerprint (what the samples are) and context.
 
     `numerics` (batch size, CPU threads, device) change only the last float bits, so they stay out of
@@ -190,7 +192,8 @@ def _record(cfg: SampleConfig, loaded: LoadedModel, vae_id: dict[str, Any], scal
     fingerprint = {
         "format": RECORD_FORMAT, "version": 1,
         "checkpoint_sha256": sha256_file(Path(cfg.ckpt).expanduser()), "weights": loaded.info["weights"],
-        "model_config": loaded.config, "vae": vae_key, "scaling_factor": scale, "shift_factor": shift,
+        "model_config": loaded.config, "vae": vae_key, "scaling_factor": norm.scaling_factor,
+        "shift_factor": norm.shift_factor, **_normalization_key(norm),
         "objective": loaded.info["objective"], "sampler": cfg.sampler, "steps": cfg.steps,
         **_sde_settings(cfg), **_optional_settings(cfg, loaded), "cfg_scale": cfg.cfg_scale,
         "cfg_channels": cfg.cfg_channels,
@@ -204,6 +207,14 @@ def _record(cfg: SampleConfig, loaded: LoadedModel, vae_id: dict[str, Any], scal
             "checkpoint": {"path": str(cfg.ckpt), "source": loaded.info["source"], "step": loaded.info.get("step")},
             "vae": vae_id, "label_sampling": label_sampling(cfg), "labels": labels.tolist(),
             "class_names": (loaded.latent or {}).get("class_names")}
+
+
+def _normalization_key(norm: LatentNorm) -> dict[str, Any]:
+    """A per-channel normalization's numbers in the fingerprint (where they came from does not change a pixel);
+    nothing for a scalar one, whose factors are there already, so earlier fingerprints stay valid."""
+    if norm.per_channel is None:
+        return {}
+    return {"normalization": {k: v for k, v in norm.per_channel.items() if k != "source"}}
 
 
 def _label_settings(cfg: SampleConfig) -> dict[str, Any]:
@@ -281,7 +292,7 @@ def _prepare(cfg: SampleConfig, store: PartStore, record: dict[str, Any], log) -
 
 
 def _sample_batches(cfg: SampleConfig, loaded: LoadedModel, vae, store: PartStore, labels: np.ndarray,
-                     remaining: list[int], scale: float, shift: float | None) -> int:
+                     remaining: list[int], norm: LatentNorm) -> int:
     """This rank's share of the missing samples, one part file per batch; returns images produced."""
     from tqdm.auto import tqdm
 
@@ -302,7 +313,7 @@ def _sample_batches(cfg: SampleConfig, loaded: LoadedModel, vae, store: PartStor
               dynamic_ncols=True) as bar:
         for batch in batches:
             images = generate_images(model, vae, diffusion, indices=batch, labels=labels[batch].tolist(),
-                                     seed=cfg.seed, scaling_factor=scale, shift_factor=shift, sampler=cfg.sampler,
+                                     seed=cfg.seed, norm=norm, sampler=cfg.sampler,
                                      model_fn=model_fn).numpy()
             try:
                 if cfg.save_images:

@@ -4,17 +4,19 @@
 `quick_check` and `iter_shard`; `dit-shards verify | info | stats` inspect them. Nothing outside this
 package parses tar files.
 """
-from dit_pipeline.shards.format import (FORMAT_VERSION, FORMAT_VERSION_PIXELS, MANIFEST_NAME, ShardError, key_index,
-                                        sample_key, shard_index, shard_name)
-from dit_pipeline.shards.manifest import Manifest, ShardRecord, read_manifest, scale_latents, write_manifest
+from dit_pipeline.shards.format import (FORMAT_VERSION, FORMAT_VERSION_NORMALIZATION, FORMAT_VERSION_PIXELS,
+                                        MANIFEST_NAME, ShardError, key_index, revision_name, sample_key, shard_index,
+                                        shard_name)
+from dit_pipeline.shards.manifest import (Manifest, ShardRecord, format_version_for, read_manifest, scale_latents,
+                                          write_manifest)
 from dit_pipeline.shards.pixels import decode_pixels, encode_pixels, view_pixels
 from dit_pipeline.shards.reader import LatentSample, iter_shard
 from dit_pipeline.shards.verify import VerifyReport, quick_check, verify_shards
 from dit_pipeline.shards.writer import ShardWriter
 
 __all__ = [
-    "FORMAT_VERSION", "FORMAT_VERSION_PIXELS", "MANIFEST_NAME", "LatentSample", "Manifest", "ShardError",
-    "ShardRecord", "ShardWriter", "VerifyReport", "decode_pixels", "encode_pixels", "iter_shard", "key_index",
-    "quick_check", "read_manifest", "sample_key", "scale_latents", "shard_index", "shard_name", "verify_shards",
-    "view_pixels", "write_manifest",
+    "FORMAT_VERSION", "FORMAT_VERSION_NORMALIZATION", "FORMAT_VERSION_PIXELS", "MANIFEST_NAME", "LatentSample",
+    "Manifest", "ShardError", "ShardRecord", "ShardWriter", "VerifyReport", "decode_pixels", "encode_pixels",
+    "format_version_for", "iter_shard", "key_index", "quick_check", "read_manifest", "revision_name", "sample_key",
+    "scale_latents", "shard_index", "shard_name", "verify_shards", "view_pixels", "write_manifest",
 ]

@@ -1,4 +1,4 @@
-"""Names, limits and the error type of the latent shard format (docs/FORMAT.md, format versions 1 and 2).
+"""Names, limits and the error type of the latent shard format (docs/FORMAT.md, format versions 1, 2 and 3).
 
 A shard set is a folder of WebDataset tar shards `shard-000000.tar, ...` plus `manifest.json`. Inside a
 shard every sample is a run of members `<key>.<field>`, where the key is the zero-padded global image index
@@ -18,8 +18,14 @@ FORMAT_VERSION = 1
 # predates the field refuses the set by its version instead of calling every pixels member damaged. Sets
 # without pixels stay version 1, byte for byte what they were.
 FORMAT_VERSION_PIXELS = 2
-FORMAT_VERSIONS = (FORMAT_VERSION, FORMAT_VERSION_PIXELS)
+# A set whose latents are normalized per channel (the manifest's normalization field, common/latent_norm.py) is
+# version 3, pixels or not: a reader that predates the field would train on the scalar factors alone, the
+# silent failure per-channel statistics exist to prevent, so it must refuse the set by its version.
+FORMAT_VERSION_NORMALIZATION = 3
+FORMAT_VERSIONS = (FORMAT_VERSION, FORMAT_VERSION_PIXELS, FORMAT_VERSION_NORMALIZATION)
 MANIFEST_NAME = "manifest.json"
+# `dit-shards stats --write` keeps the manifest it replaces as manifest.json.rev<N> (shards/revision.py).
+_REVISION_RE = re.compile(r"manifest\.json\.rev([1-9][0-9]*)")
 KEY_DIGITS = 9
 SHARD_DIGITS = 6
 
@@ -82,6 +88,17 @@ def shard_index(name: str) -> int | None:
     if m is None or shard_name(int(m.group(1))) != name:
         return None
     return int(m.group(1))
+
+
+def revision_name(number: int) -> str:
+    """The file name under which revision `number` of a manifest is kept once replaced: manifest.json.rev1."""
+    return f"{MANIFEST_NAME}.rev{int(number)}"
+
+
+def revision_index(name: str) -> int | None:
+    """N for `manifest.json.revN`, else None."""
+    m = _REVISION_RE.fullmatch(name)
+    return int(m.group(1)) if m else None
 
 
 def sample_key(global_index: int) -> str:

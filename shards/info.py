@@ -5,7 +5,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from dit_pipeline.shards.manifest import read_manifest
+from dit_pipeline.shards.manifest import Manifest, read_manifest
 from dit_pipeline.shards.verify import VerifyReport
 
 
@@ -27,10 +27,39 @@ def info_dict(folder: str | Path) -> dict[str, Any]:
         "shards": len(m.shards), "samples_per_shard": m.samples_per_shard, "bytes": m.total_bytes,
         "store": m.store, "dtype": m.dtype, "views": m.views, "latent_shape": list(m.latent_shape),
         "image_size": m.image_size, "scaling_factor": m.scaling_factor, "shift_factor": m.shift_factor,
-        "vae": m.extraction.get("vae"), "extraction": m.extraction,
+        "normalization": m.normalization, "normalization_text": m.norm.describe(), "revision": m.revision,
+        "geometry": geometry(m), "vae": m.extraction.get("vae"), "extraction": m.extraction,
         "skipped": len(m.skipped), "skipped_by_reason": dict(sorted(reasons.items())),
         "pixels": m.pixels,
     }
+
+
+def geometry(m: Manifest) -> dict[str, Any]:
+    """The latent geometry: channels, spatial size, the downsampling factor (image size / latent size) and
+    what the encoder gave (a posterior or a deterministic latent)."""
+    c, h, w = m.latent_shape
+    found = m.extraction.get("vae")
+    vae: dict[str, Any] = found if isinstance(found, dict) else {}
+    return {"latent_channels": c, "latent_size": [h, w], "downsample_factor": m.image_size // h if h else None,
+            "vae_class": vae.get("class"), "encoder_output": vae.get("encoder_output", "latent_dist")}
+
+
+def _scale_line(d: dict[str, Any]) -> str:
+    if d["normalization"] is None:
+        return (f"  scale:    scaling_factor {d['scaling_factor']:g}"
+                + (f", shift_factor {d['shift_factor']:g}" if d["shift_factor"] is not None else ", no shift_factor"))
+    return f"  scale:    {d['normalization_text']} (the scalar scaling_factor {d['scaling_factor']:g} is not used)"
+
+
+def _vae_line(d: dict[str, Any]) -> str:
+    vae = d["vae"] if isinstance(d["vae"], dict) else {}
+    text = vae.get("source", "?") + "".join(f", {k} {vae[k]}" for k in ("revision", "commit", "weights_sha256")
+                                            if vae.get(k))
+    g = d["geometry"]
+    enc = "deterministic latent" if g["encoder_output"] == "latent" else "posterior"
+    h, w = g["latent_size"]
+    return (f"  vae:      {text}\n  geometry: {g['vae_class'] or 'VAE'}, f{g['downsample_factor']}: "
+            f"{d['image_size']} px -> {g['latent_channels']} x {h} x {w} ({enc})")
 
 
 def _pixels_line(d: dict[str, Any]) -> str:
@@ -44,9 +73,6 @@ def _pixels_line(d: dict[str, Any]) -> str:
 
 
 def format_info(d: dict[str, Any]) -> str:
-    vae = d["vae"] if isinstance(d["vae"], dict) else {}
-    vae_text = vae.get("source", "?") + "".join(
-        f", {k} {vae[k]}" for k in ("revision", "commit", "weights_sha256") if vae.get(k))
     per = d["bytes"] / d["samples"] if d["samples"] else 0
     lines = [
         f"shard set {d['folder']} (format v{d['format_version']}, written by dit-pipeline {d['tool_version']})",
@@ -57,13 +83,15 @@ def format_info(d: dict[str, Any]) -> str:
         f"{d['dtype']}, [{d['views']}, {', '.join(map(str, d['latent_shape']))}] per sample "
         f"({d['views']} view{'s' if d['views'] != 1 else ''}), from {d['image_size']}px images",
         _pixels_line(d),
-        f"  scale:    scaling_factor {d['scaling_factor']:g}"
-        + (f", shift_factor {d['shift_factor']:g}" if d["shift_factor"] is not None else ", no shift_factor"),
-        f"  vae:      {vae_text}",
+        _scale_line(d),
+        _vae_line(d),
         f"  skipped:  {d['skipped']} inputs"
         + (" (" + ", ".join(f"{r}: {n}" for r, n in d["skipped_by_reason"].items()) + ")" if d["skipped"] else ""),
         f"  fingerprint: {d['fingerprint']}",
     ]
+    if d["revision"]:
+        r = d["revision"]
+        lines.append(f"  revision: {r['number']} (by {r['by']}; the previous manifest is kept as {r['previous']})")
     other = {k: v for k, v in d["extraction"].items() if k != "vae"}
     if other:
         lines.append("  extraction config: " + ", ".join(f"{k}={v}" for k, v in sorted(other.items())))

@@ -1,10 +1,12 @@
 """`manifest.json`: the description of a shard set (docs/FORMAT.md), written last and atomically.
 
 It records how the latents were made (the full extraction config, with the VAE identity and the VAE's
-`scaling_factor`/`shift_factor`), what they look like (store, dtype, latent shape, views), the classes in
-label order, and per shard its name, sample count, key range, byte size and sha256. Reading it validates
-every field and reports all problems at once, so a damaged or foreign manifest is refused with a message
-that names what is wrong.
+`scaling_factor`/`shift_factor`), how model latents are made from them (those factors, or a per-channel
+`normalization`: common/latent_norm.py, format version 3), what they look like (store, dtype, latent shape,
+views), the classes in label order, and per shard its name, sample count, key range, byte size and sha256; a
+manifest that `dit-shards stats --write` replaced records its `revision` (shards/revision.py). Reading it
+validates every field and reports all problems at once, so a damaged or foreign manifest is refused with a
+message that names what is wrong.
 """
 from __future__ import annotations
 
@@ -18,8 +20,10 @@ from typing import Any, TypeVar
 
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.io import atomic_write_json
-from dit_pipeline.shards.format import (FORMAT_VERSION, FORMAT_VERSION_PIXELS, FORMAT_VERSIONS, MANIFEST_NAME,
-                                        STORAGE_DTYPES, STORES, file_mode, key_index, shard_index)
+from dit_pipeline.common.latent_norm import LatentNorm, normalization_problems
+from dit_pipeline.shards.format import (FORMAT_VERSION, FORMAT_VERSION_NORMALIZATION, FORMAT_VERSION_PIXELS,
+                                        FORMAT_VERSIONS, MANIFEST_NAME, STORAGE_DTYPES, STORES, file_mode, key_index,
+                                        shard_index)
 from dit_pipeline.shards.pixels import pixels_entry_problems
 
 
@@ -27,22 +31,19 @@ Z = TypeVar("Z")
 
 
 def scale_latents(z: Z, scaling_factor: float, shift_factor: float | None) -> Z:
-    """The latent formula, written once: `(z - shift_factor) * scaling_factor` (diffusers' convention, as its
-    pipelines encode with the VAE config's factors; no shift when the VAE has none, as for the SD VAE).
-
-    A torch tensor is scaled in place (float32 arithmetic, one exactly rounded op at a time) and returned;
-    a numpy array gives a new array (float32 factors).
+    """The scalar latent formula `(z - shift_factor) * scaling_factor` (diffusers' convention; no shift when the
+    VAE has none, as for the SD VAE): `LatentNorm.apply` of a scalar normalization, which also does the
+    per-channel one (`Manifest.norm`). A torch tensor is scaled in place, a numpy array gives a new array.
     """
-    if hasattr(z, "mul_"):  # torch.Tensor (shards/ itself does not import torch)
-        t: Any = z
-        if shift_factor:
-            t.sub_(shift_factor)
-        return t.mul_(scaling_factor)
-    import numpy as np
+    return LatentNorm(scaling_factor, shift_factor).apply(z)
 
-    if shift_factor:
-        z = z - np.float32(shift_factor)
-    return z * np.float32(scaling_factor)
+
+def format_version_for(*, pixels: bool, normalization: bool) -> int:
+    """The lowest format version that describes a set: 3 with a per-channel normalization, 2 with pixels, else
+    1 (so a set without either is byte for byte what earlier releases wrote)."""
+    if normalization:
+        return FORMAT_VERSION_NORMALIZATION
+    return FORMAT_VERSION_PIXELS if pixels else FORMAT_VERSION
 
 
 @dataclass(frozen=True)
@@ -117,14 +118,30 @@ class Manifest:
     skipped: list[dict[str, Any]] = field(default_factory=list)
     # Format version 2 only (shards/pixels.py: pixels_entry); None, and absent from the JSON, in version 1.
     pixels: dict[str, Any] | None = None
+    # Format version 3 only: the per-channel normalization (common/latent_norm.py), which then decides instead
+    # of scaling_factor / shift_factor; None, and absent from the JSON, for a scalar set.
+    normalization: dict[str, Any] | None = None
+    # A manifest written by `dit-shards stats --write` (shards/revision.py): {"number", "previous", "by"}; None,
+    # and absent, in the manifest dit-extract wrote (revision 1).
+    revision: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d["shards"] = [s.to_dict() for s in self.shards]
         d["latent_shape"] = list(self.latent_shape)
-        if self.pixels is None:  # a set without pixels: the version 1 manifest, byte for byte
-            del d["pixels"]
+        for optional in _OPTIONAL:  # absent when unset: a set without them is the version 1 manifest, byte for byte
+            if d[optional] is None:
+                del d[optional]
         return d
+
+    @property
+    def norm(self) -> LatentNorm:
+        """How model latents are made from the stored ones (the trainer, stats and the checkpoints use this)."""
+        return LatentNorm(self.scaling_factor, self.shift_factor, self.normalization)
+
+    @property
+    def revision_number(self) -> int:
+        return int(self.revision["number"]) if self.revision else 1
 
     @property
     def has_pixels(self) -> bool:
@@ -136,8 +153,8 @@ class Manifest:
         problems = manifest_problems(d)
         if problems:
             raise ValueError("; ".join(problems))
-        kw = {f.name: d[f.name] for f in fields(cls) if f.name != "pixels"}
-        kw["pixels"] = d.get("pixels")
+        kw = {f.name: d[f.name] for f in fields(cls) if f.name not in _OPTIONAL}
+        kw.update({k: d.get(k) for k in _OPTIONAL})
         kw["shards"] = [ShardRecord.from_dict(s) for s in d["shards"]]
         kw["latent_shape"] = list(d["latent_shape"])
         kw["scaling_factor"] = float(d["scaling_factor"])
@@ -145,11 +162,15 @@ class Manifest:
         return cls(**kw)
 
     def fingerprint(self) -> str:
-        """sha256 of the canonical JSON of everything that defines the data: the config and the shard
-        records (not tool_version or the skipped list, which do not change a single latent)."""
+        """sha256 of the canonical JSON of everything that defines the data: the config, the normalization and
+        the shard records (not tool_version, the skipped list, the revision record or where a normalization's
+        numbers came from, which do not change a single latent the trainer computes)."""
         d = self.to_dict()
         d.pop("tool_version")
         d.pop("skipped")
+        d.pop("revision", None)
+        if "normalization" in d:
+            d["normalization"] = {k: v for k, v in d["normalization"].items() if k != "source"}
         text = json.dumps(d, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
         return hashlib.sha256(text.encode("ascii")).hexdigest()
 
@@ -171,6 +192,12 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "dtype": (str,), "latent_shape": (list,), "class_names": (list,), "num_classes": (int,),
     "total_samples": (int,), "samples_per_shard": (int,), "shards": (list,), "skipped": (list,),
 }
+_OPTIONAL = ("pixels", "normalization", "revision")  # fields some versions or revisions have, absent otherwise
+
+
+def _versions_text() -> str:
+    names = [str(v) for v in FORMAT_VERSIONS]
+    return ", ".join(names[:-1]) + " and " + names[-1]
 
 
 def manifest_problems(d: Any) -> list[str]:
@@ -181,7 +208,7 @@ def manifest_problems(d: Any) -> list[str]:
     version = d.get("format_version")
     if "format_version" in d and (version not in FORMAT_VERSIONS or isinstance(version, bool)):
         return [f"unsupported format_version {version!r} (this tool reads versions "
-                f"{' and '.join(map(str, FORMAT_VERSIONS))}); use the dit-pipeline version that wrote it, or re-extract"]
+                f"{_versions_text()}); use the dit-pipeline version that wrote it, or re-extract"]
     if missing:
         return [f"missing field(s): {', '.join(missing)}"]
     out = [f"{k} must be {' or '.join(t.__name__ for t in ts)}, got {type(d[k]).__name__}"
@@ -218,17 +245,47 @@ def manifest_problems(d: Any) -> list[str]:
         if not isinstance(s, dict) or not {"key", "path", "reason"} <= set(s):
             out.append(f"skipped entry {s!r} lacks key/path/reason")
     out.extend(_pixels_problems(d))
+    out.extend(_normalization_problems(d))
+    out.extend(_revision_problems(d.get("revision")))
     return out
 
 
 def _pixels_problems(d: dict[str, Any]) -> list[str]:
-    """The pixels field is there exactly in version 2 (FORMAT_VERSION_PIXELS), and valid."""
+    """The pixels field is there exactly in version 2 (FORMAT_VERSION_PIXELS), may be in version 3, and is
+    valid."""
     if d["format_version"] == FORMAT_VERSION:
         return ["pixels is a format version 2 field, but format_version is 1"] if "pixels" in d else []
     if "pixels" not in d:
+        if d["format_version"] == FORMAT_VERSION_NORMALIZATION:
+            return []
         return [f"format_version {FORMAT_VERSION_PIXELS} is the version of a set with pixels, but the manifest "
                 "has no pixels field"]
     return pixels_entry_problems(d["pixels"], d["image_size"])
+
+
+def _normalization_problems(d: dict[str, Any]) -> list[str]:
+    """The normalization field is there exactly in version 3 (FORMAT_VERSION_NORMALIZATION), and fits the
+    latents' channels."""
+    has = "normalization" in d
+    if d["format_version"] != FORMAT_VERSION_NORMALIZATION:
+        return [f"normalization is a format version {FORMAT_VERSION_NORMALIZATION} field, but format_version is "
+                f"{d['format_version']}"] if has else []
+    if not has:
+        return [f"format_version {FORMAT_VERSION_NORMALIZATION} is the version of a set normalized per channel, "
+                "but the manifest has no normalization field"]
+    shape = d["latent_shape"]
+    channels = shape[0] if len(shape) == 3 and _is_int(shape[0]) else None
+    return normalization_problems(d["normalization"], channels)
+
+
+def _revision_problems(r: Any) -> list[str]:
+    if r is None:
+        return []
+    if not (isinstance(r, dict) and _is_int(r.get("number")) and r["number"] >= 2
+            and isinstance(r.get("previous"), str) and isinstance(r.get("by"), str)):
+        return [f"revision must be an object with number (an integer >= 2), previous (a file name) and by (text), "
+                f"got {r!r}"]
+    return []
 
 
 def write_manifest(folder: str | Path, manifest: Manifest) -> Path:

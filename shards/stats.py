@@ -1,10 +1,11 @@
-"""`dit-shards stats`: statistics of the scaled latents and the class balance of a shard set.
+"""`dit-shards stats`: statistics of the model latents and the class balance of a shard set.
 
-DiT trains on latents scaled to roughly unit variance: latent = (z - shift_factor) * scaling_factor, with
-z a posterior sample (mean + std * noise) or the stored `latent.npy`. This is the diffusers convention
-(`(z - vae.config.shift_factor) * vae.config.scaling_factor` when encoding; the shift is dropped when the
-VAE config has none, as for the SD VAE). The command reports per-channel mean and std of those scaled
-latents, whether their overall std is near 1, and the scaling factor that would make it exactly 1.
+DiT trains on latents normalized to roughly unit variance: latent = (z - shift) * scale, with z a posterior
+sample (mean + std * noise) or the stored `latent.npy`, and the manifest's normalization (common/latent_norm.py:
+the VAE config's scalar `scaling_factor` / `shift_factor`, diffusers' convention, or per-channel statistics).
+The command reports per-channel mean and std of those latents and of the raw z, whether their overall std is
+near 1, and the scaling factor that would make it exactly 1; `--write` turns the statistics into a new manifest
+revision (shards/revision.py).
 
 Latent statistics use up to --max-samples samples spread evenly over all shards (a shard holds
 consecutive images, i.e. a few classes, so reading only the first shards would be biased); the class
@@ -18,9 +19,10 @@ from typing import Any
 
 import numpy as np
 
+from dit_pipeline.common.latent_norm import stats_record
 from dit_pipeline.common.seeding import numpy_rng
 from dit_pipeline.shards.format import ShardError, shard_index
-from dit_pipeline.shards.manifest import Manifest, read_manifest, scale_latents
+from dit_pipeline.shards.manifest import Manifest, read_manifest
 from dit_pipeline.shards.npy import widen
 from dit_pipeline.shards.reader import Expect, check_sample, iter_members, parse_label
 from dit_pipeline.shards.tario import TarReader
@@ -51,20 +53,20 @@ class _Moments:
         return {"channel_mean": mean.tolist(), "channel_std": std.tolist(), "mean": all_mean, "std": all_std}
 
 
-def _scaled(sample: dict[str, np.ndarray], m: Manifest, rng: np.random.Generator) -> np.ndarray:
+def _raw(sample: dict[str, np.ndarray], m: Manifest, rng: np.random.Generator) -> np.ndarray:
+    """z: the stored latent, or a posterior sample mean + std * noise."""
     if m.store == "sample":
-        z = sample["latent.npy"]
-    else:
-        mean, std = sample["mean.npy"], sample["std.npy"]
-        z = mean + std * rng.standard_normal(mean.shape, dtype=np.float32)
-    return scale_latents(z, m.scaling_factor, m.shift_factor)
+        return sample["latent.npy"]
+    mean, std = sample["mean.npy"], sample["std.npy"]
+    return mean + std * rng.standard_normal(mean.shape, dtype=np.float32)
 
 
 def _shard_pass(path: Path, m: Manifest, expect: Expect, quota: int, stride: int, seed: int,
-                counts: np.ndarray, moments: _Moments) -> int:
+                counts: np.ndarray, moments: _Moments, raw: _Moments) -> int:
     """One pass over a shard: every label into `counts`, every stride-th sample (up to quota) into
-    `moments`. Returns the number of samples whose latents were used."""
+    `moments` (normalized) and `raw` (z). Returns the number of samples whose latents were used."""
     rng = numpy_rng(seed, STREAM_STATS, shard_index(path.name) or 0)
+    norm = m.norm  # built once: a per-channel one keeps its float32 vectors
     current: list[Any] = [None, -1]  # the key of the member being read, and that sample's ordinal
 
     def want(name: str) -> bool:  # decide per member: the label always, arrays only for picked samples
@@ -91,7 +93,9 @@ def _shard_pass(path: Path, m: Manifest, expect: Expect, quota: int, stride: int
                     wide = {f: widen(a, m.dtype) for f, a in arrays.items()}
                     if not all(np.isfinite(a).all() for a in wide.values()):
                         raise ValueError("NaN or Inf in the latents")
-                    moments.add(_scaled(wide, m, rng))
+                    z = _raw(wide, m, rng)
+                    raw.add(z)
+                    moments.add(norm.apply(z))
                     used += 1
             except (ValueError, KeyError) as e:
                 raise ShardError(str(path), key, str(e)) from None
@@ -107,21 +111,27 @@ def compute_stats(folder: str | Path, *, max_samples: int = 10_000, seed: int = 
     m = read_manifest(folder)
     expect = Expect.from_manifest(m)
     counts = np.zeros(m.num_classes, np.int64)
-    moments = _Moments(m.latent_shape[0])
+    moments, raw = _Moments(m.latent_shape[0]), _Moments(m.latent_shape[0])
     nonempty = [s for s in m.shards if s.samples > 0]
     quota = math.ceil(max_samples / max(len(nonempty), 1))
     used = 0
     for rec in nonempty:
         take = max(0, min(quota, max_samples - used))  # 0: latents done, labels still counted
         stride = max(1, rec.samples // take) if take else 1
-        used += _shard_pass(folder / rec.name, m, expect, take, stride, seed, counts, moments)
+        used += _shard_pass(folder / rec.name, m, expect, take, stride, seed, counts, moments, raw)
     out: dict[str, Any] = {"samples_used": used, "total_samples": int(counts.sum()),
                            "scaling_factor": m.scaling_factor, "shift_factor": m.shift_factor,
-                           "store": m.store, "seed": seed}
+                           "normalization": m.norm.describe(), "per_channel": m.norm.is_per_channel,
+                           "store": m.store, "seed": seed, "max_samples": max_samples}
     if used:
         out.update(moments.result())
+        out.update({f"raw_{k}": v for k, v in raw.result().items()})
         out["near_unit_std"] = abs(out["std"] - 1.0) <= NEAR_ONE
-        out["suggested_scaling_factor"] = m.scaling_factor / out["std"] if out["std"] > 0 else None
+        # scalar: the factor that scales the current latents to unit std (as Stable Diffusion's 0.18215 was
+        # found); a per-channel set: the scalar factor that would replace its normalization
+        std = out["raw_std"] if m.norm.is_per_channel else out["std"]
+        base = 1.0 if m.norm.is_per_channel else m.scaling_factor
+        out["suggested_scaling_factor"] = base / std if std > 0 else None
     empty = [m.class_names[i] for i in np.nonzero(counts == 0)[0]]
     out["classes"] = {"counts": counts.tolist(), "min": int(counts.min()), "max": int(counts.max()),
                       "argmin": m.class_names[int(counts.argmin())], "argmax": m.class_names[int(counts.argmax())],
@@ -130,13 +140,17 @@ def compute_stats(folder: str | Path, *, max_samples: int = 10_000, seed: int = 
 
 
 def format_stats(s: dict[str, Any]) -> str:
-    lines = [f"latents: {s['samples_used']} samples used (of {s['total_samples']}), scaled as "
-             + ("(z - shift_factor) * scaling_factor" if s["shift_factor"] is not None else "z * scaling_factor")
-             + f", scaling_factor {s['scaling_factor']:g}"
-             + (f", shift_factor {s['shift_factor']:g}" if s["shift_factor"] is not None else "")]
+    if s["per_channel"]:
+        head = f"normalized {s['normalization']}"
+    else:
+        head = ("scaled as " + ("(z - shift_factor) * scaling_factor" if s["shift_factor"] is not None
+                                else "z * scaling_factor") + f", scaling_factor {s['scaling_factor']:g}"
+                + (f", shift_factor {s['shift_factor']:g}" if s["shift_factor"] is not None else ""))
+    lines = [f"latents: {s['samples_used']} samples used (of {s['total_samples']}), {head}"]
     if s["samples_used"]:
-        for c, (mu, sd) in enumerate(zip(s["channel_mean"], s["channel_std"])):
-            lines.append(f"  channel {c}: mean {mu:+.4f}  std {sd:.4f}")
+        for c, (mu, sd, rmu, rsd) in enumerate(zip(s["channel_mean"], s["channel_std"], s["raw_channel_mean"],
+                                                   s["raw_channel_std"])):
+            lines.append(f"  channel {c}: mean {mu:+.4f}  std {sd:.4f}   (raw z: mean {rmu:+.4f}  std {rsd:.4f})")
         verdict = "near 1, as DiT assumes" if s["near_unit_std"] else f"NOT near 1 (DiT assumes ~1, within {NEAR_ONE:g})"
         lines.append(f"  all channels: mean {s['mean']:+.4f}  std {s['std']:.4f}  -> {verdict}")
         lines.append(f"  suggested scaling_factor for unit std: {s['suggested_scaling_factor']:.5g}")
@@ -146,3 +160,17 @@ def format_stats(s: dict[str, Any]) -> str:
                  + (f" ({', '.join(c['empty'][:10])}{' ...' if len(c['empty']) > 10 else ''})" if c["empty"] else ""))
     return "\n".join(lines)
 
+
+
+def computed_normalization(s: dict[str, Any], mode: str, revision: int) -> tuple[dict[str, Any] | None, float | None]:
+    """What `dit-shards stats --write MODE` records from statistics `s`: ("per-channel") a mean/std record of the
+    raw z, or ("scalar") no record and the suggested scaling factor. (normalization record, scaling_factor)."""
+    if not s["samples_used"]:
+        raise ValueError("no latents were read: the shard set holds no samples")
+    if mode == "per-channel":
+        source = {"kind": "stats", "samples_used": s["samples_used"], "max_samples": s["max_samples"],
+                  "seed": s["seed"], "store": s["store"], "revision": revision}
+        return stats_record(s["raw_channel_mean"], s["raw_channel_std"], source), None
+    if mode == "scalar":
+        return None, s["suggested_scaling_factor"]
+    raise ValueError(f"unknown --write mode {mode!r}")

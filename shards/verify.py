@@ -21,14 +21,14 @@ import numpy as np
 
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.log import stderr_is_terminal
-from dit_pipeline.shards.format import MANIFEST_NAME, ShardError, key_index, sample_key, shard_index
+from dit_pipeline.shards.format import MANIFEST_NAME, ShardError, key_index, revision_index, sample_key, shard_index
 from dit_pipeline.shards.manifest import Manifest, ShardRecord, read_manifest
 from dit_pipeline.shards.npy import all_finite
 from dit_pipeline.shards.pixels import pixels_value
 from dit_pipeline.shards.reader import Expect, check_sample, field_problem, iter_members
 from dit_pipeline.shards.tario import TarReader
 
-IGNORED = (MANIFEST_NAME, "logs")  # plus every name starting with "."
+IGNORED = (MANIFEST_NAME, "logs")  # plus every name starting with "." and the kept earlier manifests
 MAX_PROBLEMS_PER_SHARD = 20
 MAX_LISTED_KEYS = 10
 _FULL_CHUNK = 4 << 20
@@ -161,6 +161,13 @@ def _extra_entries(folder: Path, manifest: Manifest) -> list[tuple[str, str]]:
     out = []
     for name in sorted(os.listdir(folder)):
         if name in listed or name in IGNORED or name.startswith("."):
+            continue
+        kept = revision_index(name)  # an earlier manifest, kept by dit-shards stats --write (shards/revision.py)
+        if kept is not None and kept < manifest.revision_number:
+            continue
+        if kept is not None:
+            out.append((name, f"a kept manifest revision {kept}, but manifest.json is revision "
+                              f"{manifest.revision_number} (left from another set? move it away)"))
             continue
         if shard_index(name) is not None:
             out.append((name, "extra shard not listed in the manifest (from another run? move it away)"))

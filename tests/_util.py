@@ -35,6 +35,42 @@ def make_tiny_vae(folder: Path, seed: int = 0, **overrides) -> Path:
     return folder
 
 
+# Tiny stand-ins for the other tokenizers (issue #23), each saved with save_pretrained so the real loading runs:
+# FLUX's geometry and factors (16 channels at f8, shift 0.1159, scale 0.3611); VA-VAE's (32 channels at f16)
+# with per-channel latents_mean / latents_std in its config (diffusers' convention, as Qwen-Image's VAE carries
+# them); DC-AE's (an AutoencoderDC, 32 channels at f32, encode(x).latent, scale 0.41407).
+TINY_KL16_F8 = dict(latent_channels=16, shift_factor=0.1159, scaling_factor=0.3611)
+TINY_KL32_F16 = dict(latent_channels=32, down_block_types=("DownEncoderBlock2D",) * 5,
+                     up_block_types=("UpDecoderBlock2D",) * 5, block_out_channels=(8, 8, 16, 16, 16),
+                     scaling_factor=1.0, latents_mean=[round(0.02 * (c - 16), 4) for c in range(32)],
+                     latents_std=[round(0.9 + 0.01 * c, 4) for c in range(32)])
+TINY_DC_CONFIG = dict(
+    in_channels=3, latent_channels=32, attention_head_dim=8, encoder_block_types="ResBlock",
+    decoder_block_types="ResBlock", encoder_block_out_channels=(8, 8, 16, 16, 32, 32),
+    decoder_block_out_channels=(8, 8, 16, 16, 32, 32), encoder_layers_per_block=(1,) * 6,
+    decoder_layers_per_block=(1,) * 6, encoder_qkv_multiscales=((),) * 6, decoder_qkv_multiscales=((),) * 6,
+    scaling_factor=0.41407,
+)
+
+
+def has_autoencoder_dc() -> bool:
+    """Whether the installed diffusers has AutoencoderDC (0.32 on; `make test-min-deps` runs 0.29)."""
+    import diffusers
+
+    return getattr(diffusers, "AutoencoderDC", None) is not None
+
+
+def make_tiny_dc(folder: Path, seed: int = 0, **overrides) -> Path:
+    """A tiny random AutoencoderDC (32 latent channels at f32), saved with save_pretrained."""
+    import safetensors.torch  # noqa: F401  (common/vae.py)
+    import torch
+    from diffusers import AutoencoderDC
+
+    torch.manual_seed(seed)
+    AutoencoderDC(**{**TINY_DC_CONFIG, **overrides}).save_pretrained(folder)
+    return folder
+
+
 def draw_image(label: int, index: int, size: tuple[int, int] = (48, 40)):
     """A deterministic, class-distinct RGB PIL image (class sets the hue, index the pattern)."""
     from PIL import Image

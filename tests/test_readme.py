@@ -246,3 +246,55 @@ def test_fid_recipe_runs_as_pasted(tmp_path, tiny_vae_dir):
     result = json.loads((tmp_path / "samples/dit-xl2-256-cfg1.5.npz.eval.json").read_text())
     assert all(np.isfinite(result[k]) for k in ("fid", "sfid", "inception_score", "precision", "recall"))
     assert result["samples"]["label_sampling"] == "uniform" and result["samples"]["count"] == 8
+
+
+def test_other_vaes_disk_table_and_training_lines(tmp_path, monkeypatch):
+    """"Other VAEs": every number of the disk table is extract/plan.bytes_per_sample for ImageNet-1k (which the
+    tiny tokenizer sets measure exactly: tests/train/test_tokenizers.py), and both dit-train lines pass every
+    check as pasted under DIT_DRY_RUN=1 on synthetic sets of those latent shapes (VA-VAE's 32x16x16 normalized
+    per channel, DC-AE's 32x8x8), their plans saying the tokens per image and the normalization."""
+    from click.testing import CliRunner
+
+    from dit_pipeline.cli import train_main
+    from dit_pipeline.extract.plan import bytes_per_sample
+    from tests._util import run_cli
+    from tests.train.helpers import make_shard_set
+
+    section = README[README.index("## Other VAEs"):README.index("## Which checks catch what")]
+    images = 1_281_167
+
+    def gib(b: int) -> str:
+        return f"{b * images / 2 ** 30:.1f} GiB"
+
+    for label, shape, arrays in (("SD-VAE (default)", (4, 32, 32), 2), ("SD3, FLUX.1", (16, 32, 32), 2),
+                                 ("VA-VAE", (32, 16, 16), 2), ("DC-AE f32c32", (32, 8, 8), 1)):
+        two, one = bytes_per_sample(2, arrays, shape, 2), bytes_per_sample(1, arrays, shape, 2)
+        store = "posterior" if arrays == 2 else "sample"
+        row = f"| {label} | {'x'.join(map(str, shape))} | {store} | {two:,} | {gib(two)} | {gib(one)} |"
+        assert row in section, row
+    sample = bytes_per_sample(2, 1, (16, 32, 32), 2)
+    assert f"(SD3/FLUX: {sample:,} bytes, {gib(sample)})" in section
+
+    norm = {"form": "mean_std", "mean": [0.0] * 32, "std": [1.0] * 32, "multiplier": 1.0,
+            "source": {"kind": "stats", "samples_used": 512, "seed": 0}}
+    make_shard_set(tmp_path / "shards" / "in1k-256-vavae", samples=[32] * 16, latent_shape=(32, 16, 16),
+                   dtype="float16", normalization=norm)
+    make_shard_set(tmp_path / "shards" / "in1k-256-dcae", samples=[256] * 4, latent_shape=(32, 8, 8), store="sample",
+                   dtype="float16", scaling_factor=0.41407)
+    monkeypatch.chdir(tmp_path)
+    lines = [c for c in _commands(_block_after("## Other VAEs", "bash")) if "dit-train" in " ".join(c)]
+    assert len(lines) == 2 and lines[0][0] == "torchrun"
+    at = next(i for i, a in enumerate(lines[0]) if a.endswith("dit-train)"))
+    env = {"DIT_DRY_RUN": "1", "WORLD_SIZE": "8", "RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "8"}
+    res = run_cli("dit-train", lines[0][at + 1:], cwd=tmp_path, env=env, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert ("  model       DiT-XL/1 (depth 28, hidden 1152, heads 16, patch 1): " in res.stdout
+            and "input 16 (16x16 latents / patch 1 = 256 tokens per image)" in res.stdout), res.stdout
+    assert ("  latents     per-channel over 32 channels: (z - mean_c) * 1 / std_c (mean 0..0, std 1..1), from "
+            "dit-shards stats over 512 samples (seed 0)") in res.stdout
+    assert "objective   flow (as --model SiT-XL/1 implies;" in res.stdout
+    r = CliRunner().invoke(train_main, lines[1][1:], env={"DIT_DRY_RUN": "1"}, catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    assert "input 8 (8x8 latents / patch 1 = 64 tokens per image)" in r.output
+    assert "latents 32x8x8 float16, scaling 0.41407, 2 classes" in r.output
+    assert not (tmp_path / "runs").exists()

@@ -1,8 +1,8 @@
 """Stored arrays -> the model's training latents, a batch at a time (docs/FORMAT.md, "The latent the model sees").
 
-latent = (z - shift_factor) * scaling_factor with z = mean + std * noise (diffusers' convention, as its
-pipelines encode: `(z - vae.config.shift_factor) * vae.config.scaling_factor`; shift 0 for the SD-VAE), or
-z = the stored latent for store "sample". Per-sample randomness (which view when the shards hold V > 1
+latent = (z - shift) * scale with z = mean + std * noise, or z = the stored latent for store "sample", and the
+manifest's normalization (common/latent_norm.py: the scalar `(z - shift_factor) * scaling_factor` of diffusers'
+pipelines, shift 0 for the SD-VAE, or per-channel vectors). Per-sample randomness (which view when the shards hold V > 1
 views, and the posterior noise) comes from the sample seed mix_seed(epoch_seed(seed, epoch), key index),
 so it depends on nothing but (seed, epoch, key): not on the batch, the worker, the rank or an interruption.
 
@@ -18,8 +18,9 @@ from typing import Any, NamedTuple, Sequence
 import numpy as np
 import torch
 
+from dit_pipeline.common.latent_norm import LatentNorm
 from dit_pipeline.common.seeding import STREAM_SAMPLE, derive_seed
-from dit_pipeline.shards import LatentSample, Manifest, decode_pixels, key_index, scale_latents, view_pixels
+from dit_pipeline.shards import LatentSample, Manifest, decode_pixels, key_index, view_pixels
 
 
 @dataclass(frozen=True)
@@ -29,13 +30,12 @@ class LatentSpec:
     store: str
     views: int
     shape: tuple[int, int, int]
-    scaling_factor: float
-    shift_factor: float | None
+    norm: LatentNorm                   # z -> the model's latent (the manifest's normalization)
 
     @classmethod
     def from_manifest(cls, m: Manifest) -> "LatentSpec":
         c, h, w = m.latent_shape
-        return cls(m.store, m.views, (c, h, w), m.scaling_factor, m.shift_factor)
+        return cls(m.store, m.views, (c, h, w), m.norm)
 
     @property
     def arrays(self) -> int:
@@ -145,7 +145,8 @@ class Scratch:
 
 def build_latents(items: Sequence[Pending], spec: LatentSpec, out: torch.Tensor | None = None,
                   scratch: Scratch | None = None) -> torch.Tensor:
-    """[B, C, h, w] float32 training latents: (mean + std * noise - shift) * scale of each item's view, with
+    """[B, C, h, w] float32 training latents: (mean + std * noise - shift) * scale of each item's view (scalar or
+    per channel: spec.norm), with
     noise = torch.randn(C, h, w) of a CPU generator seeded with the item's seed (torch's normal sampler is
     several times faster than numpy's at these sizes). One generator is re-seeded per sample; the affine
     part runs once over the batch, one elementwise op at a time (each exactly rounded, so a sample's values
@@ -164,7 +165,7 @@ def build_latents(items: Sequence[Pending], spec: LatentSpec, out: torch.Tensor 
         z.mul_(wide[:, 1]).add_(wide[:, 0])
     else:
         z.copy_(_stored_tensor(stored)[:, 0])
-    return scale_latents(z, spec.scaling_factor, spec.shift_factor)
+    return spec.norm.apply(z)
 
 
 def make_latents(samples: Sequence[LatentSample], spec: LatentSpec, seed: int, epoch: int) -> torch.Tensor:

@@ -23,6 +23,7 @@ from typing import Any, Callable, ClassVar, Mapping, Protocol, Sequence
 import torch
 
 from dit_pipeline.common.errors import UserError
+from dit_pipeline.common.latent_norm import LatentNorm
 from dit_pipeline.common.log import get_logger
 from dit_pipeline.common.seeding import rng_state, set_rng_state
 from dit_pipeline.dit.models import DiT
@@ -108,24 +109,39 @@ class ModelPart:
 
 @dataclass
 class ShardSetPart(_NoCheck):
-    """`manifest_fingerprint` (the shard set trained on) and `latent` (its latent scale, VAE and class names,
-    which dit-sample decodes and labels with)."""
+    """`manifest_fingerprint` (the shard set trained on) and `latent` (its latent normalization, VAE and class
+    names, which dit-sample decodes and labels with; `normalization` only for a per-channel one, so a scalar
+    record is what it always was).
+
+    Resuming needs the same normalization (the numbers, common.latent_norm.LatentNorm.key) and the same
+    fingerprint: a manifest revision that renormalized the set (`dit-shards stats --write`) is refused by
+    name, before the fingerprint check would call it another shard set."""
 
     fingerprint: str
     latent: dict[str, Any]
+    revision: int = 1                  # the manifest's revision (for the refusal's message)
     keys: ClassVar[tuple[str, ...]] = ("manifest_fingerprint", "latent")
     required: ClassVar[tuple[str, ...]] = ("manifest_fingerprint",)
 
     @classmethod
     def of(cls, manifest: Manifest, fingerprint: str) -> "ShardSetPart":
-        return cls(fingerprint, {"scaling_factor": manifest.scaling_factor, "shift_factor": manifest.shift_factor,
-                                 "vae": manifest.extraction.get("vae"),
-                                 "class_names": list(manifest.class_names or [])})
+        return cls(fingerprint, {**manifest.norm.record(), "vae": manifest.extraction.get("vae"),
+                                 "class_names": list(manifest.class_names or [])}, manifest.revision_number)
 
     def state_dict(self) -> dict[str, Any]:
         return {"manifest_fingerprint": self.fingerprint, "latent": self.latent}
 
     def check(self, ckpt: Checkpoint, where: str) -> None:
+        saved = ckpt.get("latent")
+        if isinstance(saved, Mapping) and saved.get("scaling_factor") is not None:
+            theirs, mine = LatentNorm.from_record(saved), LatentNorm.from_record(self.latent)
+            if theirs.key() != mine.key():
+                raise UserError(f"checkpoint {where} was trained on latents normalized as {theirs.describe()}; the "
+                                f"shards' manifest (revision {self.revision}) now normalizes them as "
+                                f"{mine.describe()}. If the set was renormalized (dit-shards stats --write), resume "
+                                "against the manifest it was trained on, kept beside the new one (--manifest "
+                                "SHARDS/manifest.json.revN); otherwise pass the --shards it was trained on, or use a "
+                                "new --run-dir.")
         if ckpt["manifest_fingerprint"] != self.fingerprint:
             raise UserError(f"checkpoint {where} was trained on a different shard set (manifest fingerprint "
                             f"{str(ckpt['manifest_fingerprint'])[:12]}..., these shards {self.fingerprint[:12]}...). "

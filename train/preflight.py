@@ -21,6 +21,7 @@ from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.io import check_writable_dir
 from dit_pipeline.common.teacher import Teacher
 from dit_pipeline.dit.blocks import BLOCK_OPTIONS
+from dit_pipeline.shards import Manifest
 from dit_pipeline.train import memory
 from dit_pipeline.train.config import DEFAULT_MAX_STEPS, DEFAULT_NUM_WORKERS, BatchPlan, TrainConfig, batch_plan, is_sit_name
 from dit_pipeline.train.data import ShardSource, open_shards
@@ -288,10 +289,11 @@ def format_plan(prep: Preflight, start_line: str | None = None, *, dry_run: bool
     lines = [
         "dit-train plan (dry run: nothing was started)" if dry_run else "dit-train plan",
         f"  shards      {cfg.shards}: {len(m.shards)} shards, {m.total_samples:,} samples, store {m.store}, "
-        f"{m.views} view(s), latents {c}x{h}x{w} {m.dtype}, scaling {m.scaling_factor:g}"
-        f"{f', shift {m.shift_factor:g}' if m.shift_factor else ''}, {m.num_classes} classes",
+        f"{m.views} view(s), latents {c}x{h}x{w} {m.dtype}, {_scale_text(m)}, {m.num_classes} classes",
+        *normalization_line(m),
         f"  model       {mc['model'] or 'custom'} (depth {mc['depth']}, hidden {mc['hidden_size']}, heads "
-        f"{mc['num_heads']}, patch {mc['patch_size']}): {total / 1e6:.2f}M parameters, input {mc['input_size']}",
+        f"{mc['num_heads']}, patch {mc['patch_size']}): {total / 1e6:.2f}M parameters, input {mc['input_size']}"
+        f" ({tokens_text(mc)})",
         objective_line(cfg),
         f"  precision   {precision}, tf32 {'on' if cfg.tf32 else 'off'}, grad checkpointing "
         f"{'on' if cfg.grad_checkpointing else 'off'}, compile {'on (per block)' if compiled else 'off'}, "
@@ -320,6 +322,28 @@ def format_plan(prep: Preflight, start_line: str | None = None, *, dry_run: bool
         start_line or f"  run dir     {cfg.run_dir}: {'would start' if dry_run else 'starts'} from scratch",
     ]
     return "\n".join(lines)
+
+
+def _scale_text(m: Manifest) -> str:
+    """The shards line's latent scale: the scalar factors as always, or "normalized per channel"."""
+    if m.norm.is_per_channel:
+        return "normalized per channel"
+    return f"scaling {m.scaling_factor:g}{f', shift {m.shift_factor:g}' if m.shift_factor else ''}"
+
+
+def normalization_line(m: Manifest) -> list[str]:
+    """The plan's line on a per-channel normalization and a revised manifest (none for an unrevised scalar
+    set, whose factors the shards line shows): never silently trained on."""
+    if not m.norm.is_per_channel and m.revision is None:
+        return []
+    revised = (f" (manifest revision {m.revision['number']}, by {m.revision['by']})" if m.revision else "")
+    return [f"  latents     {m.norm.describe()}{revised}"]
+
+
+def tokens_text(mc: dict[str, Any]) -> str:
+    """Tokens per image: (latent side / patch)^2, the DiT's sequence length."""
+    g = mc["input_size"] // mc["patch_size"]
+    return f"{mc['input_size']}x{mc['input_size']} latents / patch {mc['patch_size']} = {g * g} tokens per image"
 
 
 def dit_train_flops(mc: dict[str, Any]) -> float:

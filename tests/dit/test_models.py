@@ -33,9 +33,17 @@ def test_preset_parameter_counts(name):
     assert round(count / 1e6, 2) == PARAMS_M[name]
 
 
-def test_presets_are_the_twelve_published_ones():
+def test_presets_are_the_twelve_published_ones_then_patch_1():
     want = [f"DiT-{s}/{p}" for s in ("S", "B", "L", "XL") for p in (2, 4, 8)]
-    assert sorted(dit.MODEL_PRESETS) == sorted(want)
+    assert list(dit.MODEL_PRESETS)[:12] == want  # names, order and dimensions of the paper's presets unchanged
+    assert list(dit.MODEL_PRESETS)[12:] == ["DiT-S/1", "DiT-B/1", "DiT-L/1", "DiT-XL/1"]
+    for size in ("S", "B", "L", "XL"):
+        assert dit.MODEL_PRESETS[f"DiT-{size}/1"] == dit.MODEL_PRESETS[f"DiT-{size}/2"][:3] + (1,)
+    # LightningDiT's XL/1 on VA-VAE latents (32x16x16): 256 tokens, the sequence of DiT-XL/2 on 4x32x32
+    with torch.device("meta"):
+        xl1 = dit.create_model("SiT-XL/1", input_size=16, in_channels=32)
+    assert xl1.pos_embed.shape == (1, 256, 1152) and xl1.x_embedder.proj.weight.shape == (1152, 32, 1, 1)
+    assert xl1.config["model"] == "DiT-XL/1" and xl1.final_layer.linear.weight.shape == (64, 1152)
     assert dit.canonical_model_name("DiT-XL-2") == "DiT-XL/2"
     with pytest.raises(ValueError, match="unknown DiT model 'DiT-M/2'.*DiT-S/2"):
         dit.create_model("DiT-M/2")

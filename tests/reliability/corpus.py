@@ -263,7 +263,7 @@ def malformed_manifests() -> dict[str, tuple[Callable[[str], str | bytes], str]]
         "utf8_bom": (lambda t: "\ufeff" + t, "invalid JSON"),
         "deep_nesting": (lambda t: "[" * 100_000 + "]" * 100_000, "JSON nested too deeply"),
         "top_level_array": (lambda t: "[]", "not a JSON object"),
-        "version_3": (_set("format_version", 3), "unsupported format_version 3"),  # 2: sets with pixels
+        "version_unknown": (_set("format_version", 99), "unsupported format_version 99"),
         "version_string": (_set("format_version", "1"), "unsupported format_version '1'"),
         "missing_shards": (_set("shards", _DELETE), "missing field(s): shards"),
         "missing_scaling": (_set("scaling_factor", _DELETE), "missing field(s): scaling_factor"),

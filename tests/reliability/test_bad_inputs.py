@@ -27,7 +27,7 @@ SHARDS = corpus.hostile_shards()
 MANIFESTS = corpus.malformed_manifests()
 CHECKPOINTS = corpus.hostile_checkpoints()
 TRAIN_ON_SHARDS = {"path_traversal", "pickle_in_npy", "giant_member", "label_out_of_range", "copy_of_another_shard"}
-TRAIN_ON_MANIFESTS = {"deep_nesting", "version_3", "total_mismatch", "name_traversal", "not_utf8"}
+TRAIN_ON_MANIFESTS = {"deep_nesting", "version_unknown", "total_mismatch", "name_traversal", "not_utf8"}
 
 
 def _listing(root: Path) -> list[str]:

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import pytest
 import torch
 
 from dit_pipeline import dit
 from dit_pipeline.common.errors import UserError
-from dit_pipeline.sample.load import latent_scale, load_model, load_weights
+from dit_pipeline.sample.load import latent_norm, load_model, load_weights
 from tests.sample.conftest import LATENT, random_dit
 
 
@@ -99,14 +100,23 @@ def test_shape_inference_for_presets(tmp_path, name, input_size, num_classes):
         (name, input_size, num_classes, True)
 
 
-def test_latent_scale_prefers_the_checkpoint(caplog):
+def test_latent_norm_prefers_the_checkpoint(caplog):
     vae = {"scaling_factor": 0.18215, "shift_factor": None}
-    assert latent_scale(None, vae) == (0.18215, None)
-    assert latent_scale({"scaling_factor": None}, vae) == (0.18215, None)
+    assert latent_norm(None, vae).key() == ("scalar", 0.18215, None)
+    assert latent_norm({"scaling_factor": None}, vae).key() == ("scalar", 0.18215, None)
     log = logging.getLogger("t")
     with caplog.at_level(logging.WARNING, logger="t"):
-        assert latent_scale({"scaling_factor": 0.5, "shift_factor": 0.1}, vae, log) == (0.5, 0.1)
-    assert "decoding with the checkpoint's values" in caplog.text
+        assert latent_norm({"scaling_factor": 0.5, "shift_factor": 0.1}, vae, log).key() == ("scalar", 0.5, 0.1)
+    assert ("trained on latents normalized as scalar: (z - 0.1) * 0.5, but the VAE config says scalar: z * 0.18215; "
+            "decoding with the checkpoint's values") in caplog.text
+    # a VAE config with per-channel statistics (diffusers: (z - latents_mean) * scaling_factor / latents_std)
+    vae_pc = {**vae, "latents_mean": [0.5, -0.5], "latents_std": [2.0, 4.0]}
+    norm = latent_norm(None, vae_pc)
+    assert norm.is_per_channel and norm.key() == ("per-channel", (np.float32(0.18215 / 2.0).item(),
+                                                                  np.float32(0.18215 / 4.0).item()), (0.5, -0.5))
+    recorded = {"scaling_factor": 0.18215, "shift_factor": None, "normalization": {
+        "form": "scale_shift", "scale": [1.0, 2.0], "shift": [0.0, 1.0], "source": {"kind": "stats"}}}
+    assert latent_norm(recorded, vae_pc).key() == ("per-channel", (1.0, 2.0), (0.0, 1.0))
 
 
 def test_ckpt_accepts_a_run_folder(tmp_path, project_log):

@@ -137,3 +137,26 @@ def test_safetensors_export_round_trips(ckpts, tiny_vae_dir, tmp_path):
     export(ExportConfig(to="safetensors", output=str(st), ckpt=str(ckpts["ours"]), weights="model", overwrite=True))
     assert torch.equal(dit.load_dit_weights(st)[0]["blocks.0.mlp.fc1.weight"],
                        random_dit(1).state_dict()["blocks.0.mlp.fc1.weight"])
+
+
+@pytest.mark.parametrize("latent,what", [
+    ({"scaling_factor": 0.3611, "shift_factor": 0.1159}, "scalar: (z - 0.1159) * 0.3611"),
+    ({"scaling_factor": 0.5, "shift_factor": None, "normalization": {
+        "form": "mean_std", "mean": [0.0] * 4, "std": [2.0] * 4, "multiplier": 1.0, "source": {"kind": "stats"}}},
+     "per-channel over 4 channels"),
+])
+def test_diffusers_export_refuses_latents_ditpipeline_cannot_decode(latent, what, tiny_vae_dir, tmp_path):
+    """DiTPipeline decodes latents / scaling_factor with an AutoencoderKL: a shift or a per-channel
+    normalization would be lost, so such a model exports to safetensors only (its normalization kept)."""
+    ckpt = tmp_path / "ours.pt"
+    torch.save(our_checkpoint(random_dit(31, num_classes=1000), random_dit(32, num_classes=1000),
+                              latent={**latent, "vae": {"source": "tiny"}}), ckpt)
+    with pytest.raises(UserError) as e:
+        export(ExportConfig(ckpt=str(ckpt), to="diffusers", output=str(tmp_path / "pipe"), vae=str(tiny_vae_dir)))
+    assert str(e.value).startswith("--to diffusers: DiTPipeline decodes with an AutoencoderKL's scaling_factor "
+                                   f"alone, but this model's latents are {what}")
+    assert "export it with --to safetensors" in str(e.value) and not (tmp_path / "pipe").exists()
+    out = export(ExportConfig(ckpt=str(ckpt), to="safetensors", output=str(tmp_path / "w.safetensors")))
+    from dit_pipeline.sample.load import load_weights
+
+    assert load_weights(out)[1]["latent"] == {**latent, "vae": {"source": "tiny"}}

@@ -63,9 +63,12 @@ def test_damaged_manifests_have_exact_messages(tmp_path):
     path.write_text(json.dumps(d))
     assert _read_error(folder) == f"{path}: invalid manifest: missing field(s): dtype, shards"
 
+    path.write_text(json.dumps({**json.loads(good), "format_version": 4}))
+    assert _read_error(folder) == (f"{path}: invalid manifest: unsupported format_version 4 (this tool reads "
+                                   "versions 1, 2 and 3); use the dit-pipeline version that wrote it, or re-extract")
     path.write_text(json.dumps({**json.loads(good), "format_version": 3}))
-    assert _read_error(folder) == (f"{path}: invalid manifest: unsupported format_version 3 (this tool reads "
-                                   "versions 1 and 2); use the dit-pipeline version that wrote it, or re-extract")
+    assert _read_error(folder) == (f"{path}: invalid manifest: format_version 3 is the version of a set normalized "
+                                   "per channel, but the manifest has no normalization field")
     path.write_text(json.dumps({**json.loads(good), "format_version": 2}))
     assert _read_error(folder) == (f"{path}: invalid manifest: format_version 2 is the version of a set with "
                                    "pixels, but the manifest has no pixels field")

@@ -101,7 +101,8 @@ def test_cli_info_and_stats(tmp_path):
                         "from 32px images")
     assert lines[4] == "  pixels:   none (extracted without --pixels)"
     assert lines[5] == "  scale:    scaling_factor 0.5, no shift_factor"
-    assert lines[7] == "  skipped:  1 inputs (cannot decode: 1)"
+    assert lines[7] == "  geometry: VAE, f8: 32 px -> 4 x 4 x 4 (posterior)"  # the test set records no VAE class
+    assert lines[8] == "  skipped:  1 inputs (cannot decode: 1)"
     d = json.loads(run_cli("dit-shards", ["info", folder, "--json"]).stdout)
     assert (d["samples"], d["shards"], d["classes"], d["skipped"]) == (11, 3, 3, 1)
     st = run_cli("dit-shards", ["stats", folder, "--max_samples", "5", "--json"])  # underscore alias

@@ -7,7 +7,7 @@ from typing import Sequence
 
 import numpy as np
 
-from dit_pipeline.shards import FORMAT_VERSION, Manifest, ShardWriter, sample_key, shard_name, write_manifest
+from dit_pipeline.shards import Manifest, ShardWriter, format_version_for, sample_key, shard_name, write_manifest
 
 VAE_IDENTITY = {"source": "tests/tiny-vae", "kind": "folder", "weights_sha256": "0" * 64,
                 "scaling_factor": 0.5, "shift_factor": None, "latent_channels": 4, "downsample_factor": 8,
@@ -29,9 +29,10 @@ def make_shard_set(folder: Path, *, samples: Sequence[int], num_classes: int = 2
                    latent_shape: Sequence[int] = (4, 8, 8), views: int = 1, store: str = "posterior",
                    dtype: str = "float32", scaling_factor: float = 0.5, shift_factor: float | None = None,
                    samples_per_shard: int | None = None, std: float = 0.1, seed: int = 0,
-                   pattern: str = "ramp") -> Manifest:
+                   pattern: str = "ramp", normalization: dict | None = None) -> Manifest:
     """Shard i holds samples[i] samples with keys from i * samples_per_shard; label = key % num_classes;
-    mean = class_mean(label) + small per-sample offset, std constant."""
+    mean = class_mean(label) + small per-sample offset, std constant. `normalization`: a per-channel record
+    (common/latent_norm.py; format version 3)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     sps = samples_per_shard or max(samples)
@@ -51,7 +52,8 @@ def make_shard_set(folder: Path, *, samples: Sequence[int], num_classes: int = 2
                 else:
                     w.write(sample_key(key), label=label, meta={"src": f"img{key}"}, latent=mean)
             records.append(w.close())
-    m = Manifest(format_version=FORMAT_VERSION, tool_version="test", extraction={"vae": VAE_IDENTITY},
+    m = Manifest(format_version=format_version_for(pixels=False, normalization=normalization is not None),
+                 tool_version="test", extraction={"vae": VAE_IDENTITY}, normalization=normalization,
                  scaling_factor=scaling_factor, shift_factor=shift_factor, image_size=8 * latent_shape[1],
                  views=views, store=store, dtype=dtype, latent_shape=list(latent_shape),
                  class_names=[f"c{k:03d}" for k in range(num_classes)], num_classes=num_classes,

@@ -70,14 +70,31 @@ def test_sample_seed_is_splitmix64_of_the_epoch_seed():
     assert 0.45 < sum(s >> 62 for s in seeds) / 20000 < 0.55  # high bits (the view) balanced
 
 
-@pytest.mark.parametrize("store,views,shift,dtype", [("posterior", 1, None, "float32"),
-                                                      ("posterior", 2, 0.25, "float16"),
-                                                      ("posterior", 2, None, "bfloat16"),
-                                                      ("sample", 2, None, "float16")])
-def test_latent_formula(tmp_path, store, views, shift, dtype):
+# per channel: x = (z - mean_c) * multiplier / std_c, with float32 vectors shift_c = mean_c and
+# scale_c = float32(multiplier / std_c) (common/latent_norm.py)
+PER_CHANNEL = {"form": "mean_std", "mean": [0.5, -0.25, 0.0, 1.5], "std": [0.5, 2.0, 3.0, 0.3],
+               "multiplier": 0.9, "source": {"kind": "stats", "samples_used": 5, "seed": 0}}
+
+
+def _by_hand(z: torch.Tensor, shift, norm) -> torch.Tensor:
+    if norm is None:
+        return (z - (shift or 0.0)) * 0.7
+    scale = torch.tensor([norm["multiplier"] / s for s in norm["std"]], dtype=torch.float64).float()
+    mean = torch.tensor(norm["mean"], dtype=torch.float32)
+    return (z - mean.view(4, 1, 1)) * scale.view(4, 1, 1)
+
+
+@pytest.mark.parametrize("store,views,shift,dtype,norm", [("posterior", 1, None, "float32", None),
+                                                           ("posterior", 2, 0.25, "float16", None),
+                                                           ("posterior", 2, None, "bfloat16", None),
+                                                           ("sample", 2, None, "float16", None),
+                                                           ("posterior", 2, None, "float16", PER_CHANNEL),
+                                                           ("sample", 1, None, "float32", PER_CHANNEL)])
+def test_latent_formula(tmp_path, store, views, shift, dtype, norm):
     folder = tmp_path / "s"
     m = make_shard_set(folder, samples=[5], views=views, store=store, shift_factor=shift, scaling_factor=0.7,
-                       dtype=dtype)
+                       dtype=dtype, normalization=norm)
+    assert m.format_version == (3 if norm else 1)
     spec = LatentSpec.from_manifest(m)
     url = str(folder / "shard-000000.tar")
     wide, raw = list(iter_shard(url, m)), list(iter_shard(url, m, raw=True))
@@ -92,7 +109,9 @@ def test_latent_formula(tmp_path, store, views, shift, dtype):
             z = torch.from_numpy(s.mean[view]) + torch.from_numpy(s.std[view]) * noise
         else:
             z = torch.from_numpy(s.latent[view])
-        want = (z - (shift or 0.0)) * 0.7
+        want = _by_hand(z, shift, norm)
+        if norm is not None:  # two exactly rounded float32 ops per element: the same bits as by hand
+            assert torch.equal(got, want)
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
         assert torch.equal(make_latent(r, spec, seed=3, epoch=2), got)  # raw arrays: the same values
         if store == "posterior":  # fresh posterior noise every epoch

@@ -1,0 +1,299 @@
+"""The latent normalization: how a VAE's raw latent z becomes the latent x a DiT trains on, and back.
+
+One formula, written here once and used by everyone who normalizes (the trainer's loader, `dit-shards stats`)
+or inverts (sample grids, FID during training, `dit-sample`):
+
+    x = (z - shift) * scale            z = x / scale + shift
+
+- **scalar** (every set before per-channel statistics; the SD-VAE, SD3, FLUX, DC-AE): `scale` is the VAE
+  config's `scaling_factor`, `shift` its `shift_factor` (none for the SD-VAE: `x = z * scale`), as diffusers'
+  pipelines encode. Computed exactly as before: one exactly rounded float32 op at a time with the Python
+  float factors.
+- **per-channel**, a normalization record (docs/FORMAT.md, "normalization"), in one of two forms:
+  - `mean_std`: `mean`, `std` vectors and a scalar `multiplier`: x = (z - mean_c) * multiplier / std_c, i.e.
+    LightningDiT's `(z - mean) / std * latent_multiplier` (its VA-VAE `latents_stats.pt`, multiplier 1) and
+    diffusers' `(z - latents_mean) * scaling_factor / latents_std` (a VAE config with `latents_mean` /
+    `latents_std`, multiplier = its scaling_factor);
+  - `scale_shift`: `scale`, `shift` vectors as they are.
+  Either becomes float32 vectors once (`shift_c = float32(mean_c)`, `scale_c = float32(multiplier / std_c)`
+  computed in float64), and x = (z - shift_c) * scale_c runs as two exactly rounded float32 ops per element
+  broadcast over the channel axis (-3), so a sample's values never depend on the batch it is in.
+
+A record also says where its numbers came from (`source`: the VAE config, a statistics file, `dit-shards
+stats`); that provenance is not part of `key()`, which is what two runs must share to compute the same latents.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence, TypeVar
+
+import numpy as np
+
+from dit_pipeline.common.errors import UserError
+
+Z = TypeVar("Z")
+FORMS = ("mean_std", "scale_shift")
+SOURCE_KINDS = ("vae_config", "file", "stats")
+_VECTORS = {"mean_std": ("mean", "std"), "scale_shift": ("scale", "shift")}
+
+
+def _finite_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def normalization_problems(d: Any, channels: int | None = None) -> list[str]:
+    """Every problem of a normalization record (empty when valid); `channels`: the latent channels it must fit."""
+    if not isinstance(d, dict):
+        return [f"normalization must be an object, got {type(d).__name__}"]
+    form = d.get("form")
+    if form not in FORMS:
+        return [f"normalization form must be one of {', '.join(FORMS)}, got {form!r}"]
+    out: list[str] = []
+    for name in _VECTORS[form]:
+        v = d.get(name)
+        if not isinstance(v, list) or not v or not all(_finite_number(x) for x in v):
+            out.append(f"normalization {name} must be a non-empty list of finite numbers")
+        elif channels is not None and len(v) != channels:
+            out.append(f"normalization {name} has {len(v)} values for {channels} latent channels")
+        elif name in ("std", "scale") and not all(x > 0 for x in v):
+            out.append(f"normalization {name} must be > 0 in every channel")
+    if form == "mean_std" and not (_finite_number(d.get("multiplier")) and d["multiplier"] > 0):
+        out.append(f"normalization multiplier must be a finite number > 0, got {d.get('multiplier')!r}")
+    if not out and len(d[_VECTORS[form][0]]) != len(d[_VECTORS[form][1]]):
+        out.append(f"normalization {' and '.join(_VECTORS[form])} differ in length")
+    source = d.get("source")
+    if not isinstance(source, dict) or source.get("kind") not in SOURCE_KINDS:
+        out.append(f"normalization source must be an object with kind one of {', '.join(SOURCE_KINDS)}")
+    return out
+
+
+@dataclass(frozen=True)
+class LatentNorm:
+    """A latent normalization: scalar (`scaling_factor`, `shift_factor`) or per-channel (`per_channel`, a valid
+    normalization record, which then decides; the scalar fields keep the VAE config's values for the record)."""
+
+    scaling_factor: float = 1.0
+    shift_factor: float | None = None
+    per_channel: dict[str, Any] | None = None
+    _cache: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        if self.per_channel is not None:
+            problems = normalization_problems(self.per_channel)
+            if problems:
+                raise ValueError("invalid normalization: " + "; ".join(problems))
+
+    # -- construction ------------------------------------------------------------------------------------
+    @classmethod
+    def from_record(cls, latent: Mapping[str, Any]) -> "LatentNorm":
+        """From a checkpoint's (or sidecar's, export's) `latent` dict: scaling_factor, shift_factor and, when
+        per-channel, normalization."""
+        shift = latent.get("shift_factor")
+        return cls(float(latent["scaling_factor"]), None if shift is None else float(shift),
+                   latent.get("normalization"))
+
+    @classmethod
+    def of_vae(cls, identity: Mapping[str, Any]) -> "LatentNorm":
+        """The VAE config's own normalization (common.vae identity): per-channel when it has `latents_mean` and
+        `latents_std` (diffusers' convention, multiplier = scaling_factor), else scalar."""
+        scale, shift = float(identity["scaling_factor"]), identity.get("shift_factor")
+        shift = None if shift is None else float(shift)
+        mean, std = identity.get("latents_mean"), identity.get("latents_std")
+        if mean is None or std is None:
+            return cls(scale, shift)
+        record = {"form": "mean_std", "mean": [float(v) for v in mean], "std": [float(v) for v in std],
+                  "multiplier": scale, "source": {"kind": "vae_config"}}
+        return cls(scale, shift, record)
+
+    def with_record(self, record: dict[str, Any] | None) -> "LatentNorm":
+        """The same scalar fields with another per-channel record (None: scalar)."""
+        return LatentNorm(self.scaling_factor, self.shift_factor, record)
+
+    # -- what it is ---------------------------------------------------------------------------------------
+    @property
+    def is_per_channel(self) -> bool:
+        return self.per_channel is not None
+
+    @property
+    def channels(self) -> int | None:
+        """The channels a per-channel normalization is for (None: scalar, any)."""
+        return None if self.per_channel is None else len(self.per_channel[_VECTORS[self.per_channel["form"]][0]])
+
+    def vectors(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per-channel (scale, shift) as float32 [C] arrays (the only rounding of the record's numbers)."""
+        assert self.per_channel is not None, "a scalar normalization has no vectors"
+        if "np" not in self._cache:
+            d = self.per_channel
+            if d["form"] == "mean_std":
+                m = float(d["multiplier"])
+                scale = np.array([m / float(s) for s in d["std"]], dtype=np.float64).astype(np.float32)
+                shift = np.array(d["mean"], dtype=np.float64).astype(np.float32)
+            else:
+                scale = np.array(d["scale"], dtype=np.float64).astype(np.float32)
+                shift = np.array(d["shift"], dtype=np.float64).astype(np.float32)
+            self._cache["np"] = (scale, shift)
+        return self._cache["np"]
+
+    def key(self) -> tuple:
+        """What decides the latents (two runs compute the same x from the same z exactly when keys are equal)."""
+        if self.per_channel is None:
+            return ("scalar", float(self.scaling_factor), None if not self.shift_factor else float(self.shift_factor))
+        scale, shift = self.vectors()
+        return ("per-channel", tuple(scale.tolist()), tuple(shift.tolist()))
+
+    def record(self) -> dict[str, Any]:
+        """The `latent` fields checkpoints, sidecars and exports store (normalization only when per-channel, so
+        a scalar record is what it always was)."""
+        out: dict[str, Any] = {"scaling_factor": float(self.scaling_factor), "shift_factor": self.shift_factor}
+        if self.per_channel is not None:
+            out["normalization"] = self.per_channel
+        return out
+
+    def describe(self) -> str:
+        """One line: the formula, with the numbers (ranges for vectors) and where they came from."""
+        if self.per_channel is None:
+            if self.shift_factor is not None:
+                return f"scalar: (z - {self.shift_factor:g}) * {self.scaling_factor:g}"
+            return f"scalar: z * {self.scaling_factor:g}"
+        d, c = self.per_channel, self.channels
+        a, b = _VECTORS[d["form"]]
+        ranges = f"{a} {min(d[a]):.4g}..{max(d[a]):.4g}, {b} {min(d[b]):.4g}..{max(d[b]):.4g}"
+        if d["form"] == "mean_std":
+            formula = f"(z - mean_c) * {float(d['multiplier']):g} / std_c"
+        else:
+            formula = "(z - shift_c) * scale_c"
+        return f"per-channel over {c} channels: {formula} ({ranges}), from {describe_source(d['source'])}"
+
+    # -- the formula ----------------------------------------------------------------------------------------
+    def apply(self, z: Z) -> Z:
+        """x = (z - shift) * scale. A torch tensor is normalized in place (float32 arithmetic, one exactly
+        rounded op at a time) and returned; a numpy array (float32) gives a new array. Channels are axis -3."""
+        if hasattr(z, "mul_"):  # torch.Tensor (the shard reader does not import torch)
+            t: Any = z
+            if self.per_channel is None:
+                if self.shift_factor:
+                    t.sub_(self.shift_factor)
+                return t.mul_(self.scaling_factor)
+            scale, shift = self._torch(t.device)
+            return t.sub_(shift).mul_(scale)
+        if self.per_channel is None:
+            if self.shift_factor:
+                z = z - np.float32(self.shift_factor)  # type: ignore[operator]
+            return z * np.float32(self.scaling_factor)  # type: ignore[operator]
+        scale, shift = self.vectors()
+        return (z - shift[:, None, None]) * scale[:, None, None]  # type: ignore[operator]
+
+    def invert(self, x: Any) -> Any:
+        """z = x / scale + shift for a float32 torch tensor [..., C, h, w] (a new tensor), the VAE's input."""
+        if self.per_channel is None:
+            z = x / float(self.scaling_factor)
+            return z + float(self.shift_factor) if self.shift_factor is not None else z
+        scale, shift = self._torch(x.device)
+        return x / scale + shift
+
+    def _torch(self, device: Any) -> tuple[Any, Any]:
+        import torch
+
+        key = f"torch:{device}"
+        if key not in self._cache:
+            scale, shift = self.vectors()
+            self._cache[key] = (torch.from_numpy(scale.copy()).view(-1, 1, 1).to(device),
+                                torch.from_numpy(shift.copy()).view(-1, 1, 1).to(device))
+        return self._cache[key]
+
+
+def describe_source(source: Mapping[str, Any]) -> str:
+    kind = source.get("kind")
+    if kind == "vae_config":
+        return "the VAE config's latents_mean/latents_std"
+    if kind == "file":
+        sha = str(source.get("sha256") or "")[:12]
+        return f"the statistics file {source.get('path')}" + (f" (sha256 {sha}...)" if sha else "")
+    if kind == "stats":
+        return f"dit-shards stats over {source.get('samples_used')} samples (seed {source.get('seed')})"
+    return str(kind)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Statistics files (`dit-extract --latent-stats`, `dit-shards stats --write file`)
+
+STATS_SUFFIXES = (".pt", ".pth", ".json", ".safetensors")
+
+
+def _vector(value: Any, name: str, where: str) -> list[float]:
+    arr = np.asarray(value.detach().cpu().numpy() if hasattr(value, "detach") else value, dtype=np.float64)
+    if arr.ndim == 0 or arr.size == 0 or sum(1 for n in arr.shape if n > 1) > 1:
+        raise UserError(f"{where}: {name} must hold one value per latent channel (e.g. [C] or LightningDiT's "
+                        f"[1, C, 1, 1]), got shape {list(arr.shape)}")
+    return [float(v) for v in arr.reshape(-1)]
+
+
+def _scalar(value: Any, name: str, where: str) -> float:
+    arr = np.asarray(value.detach().cpu().numpy() if hasattr(value, "detach") else value, dtype=np.float64)
+    if arr.size != 1:
+        raise UserError(f"{where}: {name} must be one number, got shape {list(arr.shape)}")
+    return float(arr.reshape(-1)[0])
+
+
+def _read_stats_values(path: Path) -> dict[str, Any]:
+    suffix = path.suffix.lower()
+    if suffix == ".json":
+        data = json.loads(path.read_text(encoding="utf-8"))
+    elif suffix == ".safetensors":
+        from safetensors.numpy import load_file
+
+        data = load_file(str(path))
+    else:
+        import torch
+
+        data = torch.load(path, map_location="cpu", weights_only=True)  # tensors and containers only
+    if not isinstance(data, dict):
+        raise ValueError(f"the file holds a {type(data).__name__}, not a mapping of named vectors")
+    return data
+
+
+def read_stats_file(path: str | Path, channels: int) -> dict[str, Any]:
+    """A per-channel normalization record from a statistics file: `mean` and `std` (LightningDiT's
+    `latents_stats.pt`: tensors [1, C, 1, 1]; also `latents_mean` / `latents_std` as in a diffusers VAE config),
+    with an optional `multiplier` (default 1), or `scale` and `shift`. `.pt`/`.pth` (read with
+    `torch.load(weights_only=True)`), `.json` or `.safetensors`. UserError naming the file and the problem."""
+    from dit_pipeline.common.io import sha256_file
+
+    p = Path(path).expanduser()
+    where = f"--latent-stats {path}"
+    if not p.is_file():
+        raise UserError(f"{where}: no such file ({p.absolute()})")
+    if p.suffix.lower() not in STATS_SUFFIXES:
+        raise UserError(f"{where}: expected a {', '.join(STATS_SUFFIXES)} file holding per-channel mean and std")
+    try:
+        data = _read_stats_values(p)
+    except UserError:
+        raise
+    except Exception as e:  # any unreadable or unsafe file: one line, nothing unpickled
+        raise UserError(f"{where}: cannot read it ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+                        ) from None
+    aliases = {"latents_mean": "mean", "latents_std": "std"}
+    data = {aliases.get(k, k): v for k, v in data.items()}
+    if "mean" in data and "std" in data:
+        record: dict[str, Any] = {"form": "mean_std", "mean": _vector(data["mean"], "mean", where),
+                                  "std": _vector(data["std"], "std", where),
+                                  "multiplier": _scalar(data.get("multiplier", 1.0), "multiplier", where)}
+    elif "scale" in data and "shift" in data:
+        record = {"form": "scale_shift", "scale": _vector(data["scale"], "scale", where),
+                  "shift": _vector(data["shift"], "shift", where)}
+    else:
+        raise UserError(f"{where}: holds {sorted(map(str, data))[:8]}; expected mean and std (or scale and shift)")
+    record["source"] = {"kind": "file", "path": str(p.resolve()), "sha256": sha256_file(p)}
+    problems = normalization_problems(record, channels)
+    if problems:
+        raise UserError(f"{where}: {'; '.join(problems)}")
+    return record
+
+
+def stats_record(mean: Sequence[float], std: Sequence[float], source: dict[str, Any]) -> dict[str, Any]:
+    """A mean/std normalization record (multiplier 1) of computed statistics."""
+    return {"form": "mean_std", "mean": [float(v) for v in mean], "std": [float(v) for v in std],
+            "multiplier": 1.0, "source": dict(source)}
