@@ -1,4 +1,4 @@
-"""The shared click machinery in cli.py: underscore aliases and error mapping."""
+"""The shared click machinery (cli_kit.py): underscore aliases, reference-DiT habits and error mapping."""
 import click
 from click.testing import CliRunner
 
@@ -76,7 +76,8 @@ def test_reference_dit_habits_say_what_to_do_instead(tmp_path, monkeypatch):
 
 
 def test_a_local_folder_named_like_a_short_vae_name_is_a_path(tmp_path, monkeypatch):
-    from dit_pipeline.cli import _check_habits, extract_main
+    from dit_pipeline.cli import extract_main
+    from dit_pipeline.cli_kit import _check_habits
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "ema").mkdir()
