@@ -5,7 +5,7 @@ What a checkpoint holds is composed by the run's named parts (train.parts: each 
 state_dict / load_state_dict and the rule for resuming from them); this module turns them into files.
 `RUN/checkpoints/step-0001000.pt` loads with `torch.load(weights_only=True)`. Beside it `step-0001000-ema.pt`
 is a bare EMA state_dict in the official DiT release format, and `step-0001000-ema.json` its sidecar
-(dit.make_sidecar: model_config, latent scale, step, objective), which `dit.load_dit_weights` reads so that
+(dit.make_sidecar: model_config, latent scale, step, objective, a flow model's time shift), which `dit.load_dit_weights` reads so that
 models of any size load from the bare file. The EMA file and its sidecar are written first and the full
 checkpoint last, each to a temp name, fsynced and renamed (common.io), so the newest full checkpoint is
 always complete; a SIGKILL mid-save leaves only a temp file, removed on the next start. Retention keeps the
@@ -118,7 +118,7 @@ class CheckpointManager:
             _save(state["ema"], self.folder / ema_name(step))
             atomic_write_json(sidecar_path(self.folder / ema_name(step)),
                               make_sidecar(state["model_config"], state.get("latent"), step,
-                                           objective=state.get("objective")))
+                                           objective=state.get("objective"), time_shift=state.get("time_shift")))
             fault_point("train.ckpt_ema_written")  # EMA file in place, the full checkpoint not yet
             _save(state, path, fault=True)
         except OSError as e:  # disk full, quota, I/O error: the temp file is gone, older files untouched

@@ -1,4 +1,4 @@
-"""The training loop: data -> DDP forward/backward with accumulation -> checks -> AdamW -> EMA -> logs,
+"""The training loop: data -> DDP forward/backward with accumulation -> checks -> optimizer -> EMA -> logs,
 checkpoints and hooks, one optimizer step at a time.
 
 Reproducibility: every random draw of a step (timesteps t, diffusion noise, class dropout) is made for the
@@ -44,6 +44,7 @@ from dit_pipeline.train.partition import EpochPlan, plan_epoch
 from dit_pipeline.train.parts import Part, ProgressPart, ShardSetPart, build_parts, load_all
 from dit_pipeline.train.preflight import Preflight
 from dit_pipeline.train.repa import TeacherClock
+from dit_pipeline.train.schedule import build_schedule
 from dit_pipeline.train.speed import ema_update
 from dit_pipeline.train.state import TrainState, comm_guard, weights_fingerprint
 
@@ -74,6 +75,7 @@ class Trainer:
         self.cfg, self.batch, self.layout, self.source = prep.cfg, prep.batch, prep.layout, prep.source
         self.sha256 = prep.sha256  # how each shard is checked against the manifest (train.preflight.sha256_mode)
         self.total_steps = prep.total_steps
+        self.schedule = prep.schedule or build_schedule(prep.cfg, prep.source.manifest.total_samples)
         self.p, self.device, self.out = net, net.device, out
         self.metrics = out.metrics
         self.hooks = list(hooks)
@@ -113,9 +115,8 @@ class Trainer:
                           workers=self.layout.workers, micro_batch=self.batch.micro_batch, accum=self.batch.accum)
 
     def lr_at(self, step: int) -> float:
-        if self.cfg.warmup_steps:
-            return self.cfg.lr * min(1.0, (step + 1) / self.cfg.warmup_steps)
-        return self.cfg.lr
+        """The lr of the update after `step` steps: a pure function of the step (train.schedule)."""
+        return self.schedule.lr_at(step)
 
     # -- main loop ----------------------------------------------------------------------------------
     def setup_hooks(self) -> None:
