@@ -44,7 +44,6 @@ from dit_pipeline.train.partition import EpochPlan, plan_epoch
 from dit_pipeline.train.parts import Part, ProgressPart, ShardSetPart, build_parts, load_all
 from dit_pipeline.train.preflight import Preflight
 from dit_pipeline.train.repa import TeacherClock
-from dit_pipeline.train.schedule import build_schedule
 from dit_pipeline.train.speed import ema_update
 from dit_pipeline.train.state import TrainState, comm_guard, weights_fingerprint
 
@@ -75,7 +74,8 @@ class Trainer:
         self.cfg, self.batch, self.layout, self.source = prep.cfg, prep.batch, prep.layout, prep.source
         self.sha256 = prep.sha256  # how each shard is checked against the manifest (train.preflight.sha256_mode)
         self.total_steps = prep.total_steps
-        self.schedule = prep.schedule or build_schedule(prep.cfg, prep.source.manifest.total_samples)
+        assert prep.schedule is not None, "train.preflight.prepare builds the lr schedule"
+        self.schedule = prep.schedule
         self.p, self.device, self.out = net, net.device, out
         self.metrics = out.metrics
         self.hooks = list(hooks)

@@ -12,7 +12,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -26,7 +26,7 @@ from dit_pipeline.train import memory
 from dit_pipeline.train.config import (DEFAULT_MAX_STEPS, DEFAULT_NUM_WORKERS, BatchPlan, TrainConfig, batch_plan,
                                        is_sit_name, resolve_time_shift)
 from dit_pipeline.train.data import ShardSource, open_shards
-from dit_pipeline.train.partition import DataLayout, EpochPlan, plan_epoch, total_steps
+from dit_pipeline.train.partition import DataLayout, EpochPlan, plan_epoch
 from dit_pipeline.train.optim import optimizer_line
 from dit_pipeline.train.recipes import recipe_line
 from dit_pipeline.train.repa import check_repa, repa_line
@@ -157,18 +157,36 @@ def prepare(cfg: TrainConfig, world_size: int | None = None) -> Preflight:
                         f"shards, not enough for one optimizer step of {batch.global_batch} samples with "
                         f"{world} rank(s) x {layout.workers} reader(s) each; lower --global-batch-size or "
                         "--num-workers")
+    steps_at = epoch_counter(source.sizes, cfg.seed, world, layout.workers, batch)
     total = cfg.max_steps
     if cfg.epochs is not None:
-        by_epochs = total_steps(source.sizes, cfg.epochs, seed=cfg.seed, world_size=world, workers=layout.workers,
-                                micro_batch=batch.micro_batch, accum=batch.accum)
+        by_epochs = steps_at(cfg.epochs)  # train.partition.total_steps, counted once for the schedule too
         total = by_epochs if total is None else min(total, by_epochs)
     assert total is not None  # resolve_defaults gives every run a length
     mode, held = sha256_mode(cfg, source, plan0, world)
     _, _, mc = param_counts(kw)
     teacher = check_repa(cfg, has_pixels=source.manifest.has_pixels, where=str(source.folder or cfg.manifest),
                          depth=mc["depth"], grid=mc["input_size"] // mc["patch_size"])
-    schedule = build_schedule(cfg, source.manifest.total_samples)
+    schedule = build_schedule(cfg, steps_at, total)
     return Preflight(cfg, world, batch, source, kw, layout, plan0, total, notes, mode, held, teacher, schedule)
+
+
+def epoch_counter(sizes: list[int], seed: int, world: int, workers: int, batch: BatchPlan) -> Callable[[float], int]:
+    """steps_at(e): the optimizer steps before epoch e of this run (a fractional e adds that share of epoch
+    floor(e)'s steps, rounded down), from the epoch plans (train.partition.plan_epoch), each counted once."""
+    cum = [0]
+
+    def upto(n: int) -> None:
+        while len(cum) <= n:
+            cum.append(cum[-1] + plan_epoch(sizes, seed=seed, epoch=len(cum) - 1, world_size=world, workers=workers,
+                                            micro_batch=batch.micro_batch, accum=batch.accum).steps)
+
+    def steps_at(e: float) -> int:
+        full = int(e)
+        upto(full + (1 if e > full else 0))
+        return cum[full] + (int((e - full) * (cum[full + 1] - cum[full])) if e > full else 0)
+
+    return steps_at
 
 
 def resolve_auto_micro_batch(cfg: TrainConfig, kw: dict[str, Any], world: int) -> int | None:
@@ -333,7 +351,7 @@ def format_plan(prep: Preflight, start_line: str | None = None, *, dry_run: bool
         f"  length      {', '.join(length)} -> {prep.total_steps:,} steps "
         f"(~{prep.total_steps / max(p0.steps, 1):.2f} epochs)"
         + (f"\n              ({prep.notes['length']})" if "length" in prep.notes else ""),
-        *([schedule_line(prep.schedule, m.total_samples, b.global_batch, p0.steps)] if prep.schedule else []),
+        *([schedule_line(prep.schedule)] if prep.schedule else []),
         f"  GPU memory  ({mem.source}, rank 0) {parts} = {mem.total:.2f} GiB{gpu}",
         f"  host memory (estimate, per node) {local} rank(s) x {prep.layout.workers} worker(s) x shuffle buffers = "
         f"{host / GiB:.2f} GiB{f' of {avail:.1f} GiB available' if avail is not None else ''}",

@@ -13,26 +13,24 @@ uninterrupted run set.
 `final_lr` 2e-5 at `decay_end_epoch` 800 and stays there; with `warmup_from_zero: true` it warms up as
 (step + 1) / warmup, which is --warmup-steps here. DiT, SiT, REPA and LightningDiT train at a constant lr.
 
-Lengths may be given in epochs. An epoch of the schedule is floor(samples / global batch) optimizer steps, the
-number RAE's `steps_per_epoch` (len(loader) // accumulation) comes to, fixed by the shard set and the global
-batch, which a resume cannot change (train.parts), so the schedule does not move when a resume changes the
-world size or the readers (whose epochs may hold a few steps fewer: the plan shows both).
+Lengths may be given in epochs: an epoch of the schedule is an epoch of the run, the optimizer steps its readers'
+plan gives (train.partition: a few samples short of samples / global batch, so every rank runs the same steps),
+as RAE's `steps_per_epoch` is its loader's; `--lr-decay-end-epochs 800` with `--epochs 800` reaches the final lr
+at the run's last step. A fractional epoch counts that share of the epoch's steps, rounded down. The schedule is
+fixed in steps before training (from the shard set, the global batch and the data layout), so a resume under the
+same layout sets exactly the same lrs; a resume that changes the layout (warned: its data order changes too)
+moves the epoch boundaries by the few steps in which its epochs differ.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.settings import flag_name
 
 PAIRS = (("warmup_steps", "warmup_epochs"), ("lr_decay_start_steps", "lr_decay_start_epochs"),
          ("lr_decay_end_steps", "lr_decay_end_epochs"))
-
-
-def steps_per_epoch(samples: int, global_batch: int) -> int:
-    """The schedule's epoch: floor(samples / global batch) steps (at least 1)."""
-    return max(1, samples // global_batch)
 
 
 def schedule_problems(cfg: Any) -> list[str]:
@@ -68,7 +66,8 @@ class LrSchedule:
     final_lr: float | None = None
     decay_start: int = 0
     decay_end: int = 0
-    steps_per_epoch: int = 1     # the schedule's epoch, for the plan's text only
+    steps_per_epoch: float = 1.0  # steps of an epoch (the run's first), for the plan's text only
+    epoch_of: tuple[tuple[int, float], ...] = ()  # (step, the epoch it was given as), for the plan's text only
 
     def lr_at(self, step: int) -> float:
         if self.warmup and step < self.warmup:
@@ -84,7 +83,9 @@ class LrSchedule:
     def describe(self) -> str:
         """The plan's words for it, each length in steps and epochs."""
         def at(step: int) -> str:
-            return f"step {step:,} (epoch {step / self.steps_per_epoch:g})"
+            given = dict(self.epoch_of)
+            epoch = f"epoch {given[step]:g}" if step in given else f"~epoch {step / self.steps_per_epoch:.4g}"
+            return f"step {step:,} ({epoch})"
 
         parts = [f"warm-up from {self.lr / self.warmup:.3g} to {self.lr:g} over {self.warmup:,} steps"] if self.warmup \
             else [f"{self.lr:g}"]
@@ -97,40 +98,40 @@ class LrSchedule:
         return ", ".join(parts)
 
 
-def _length(cfg: Any, steps: str, epochs: str, per_epoch: int) -> int | None:
-    if getattr(cfg, epochs) is not None:
-        return int(getattr(cfg, epochs) * per_epoch)  # RAE's int(epochs x steps_per_epoch)
-    return getattr(cfg, steps)
+def build_schedule(cfg: Any, steps_at: Callable[[float], int], run_steps: int) -> LrSchedule:
+    """The schedule of a validated TrainConfig, every length in steps: `steps_at(e)` is the optimizer steps
+    before epoch e of this run (e may be fractional), `run_steps` the run's length, where the decay ends unless
+    told otherwise. UserError when the lengths do not fit together."""
+    epoch_of: dict[int, float] = {}
 
+    def length(steps: str, epochs: str) -> int | None:
+        if getattr(cfg, epochs) is None:
+            return getattr(cfg, steps)
+        n = steps_at(float(getattr(cfg, epochs)))
+        epoch_of[n] = float(getattr(cfg, epochs))
+        return n
 
-def build_schedule(cfg: Any, samples: int) -> LrSchedule:
-    """The schedule of a validated TrainConfig for a shard set of `samples`; UserError when its lengths do not
-    fit together. The decay ends by default where the run ends (--max-steps, else --epochs in the schedule's
-    epochs)."""
-    per_epoch = steps_per_epoch(samples, cfg.global_batch_size)
-    warmup = _length(cfg, "warmup_steps", "warmup_epochs", per_epoch) or 0
+    per_epoch = float(steps_at(1.0))
+    warmup = length("warmup_steps", "warmup_epochs") or 0
     if cfg.final_lr is None:
-        return LrSchedule(float(cfg.lr), warmup, steps_per_epoch=per_epoch)
-    start = _length(cfg, "lr_decay_start_steps", "lr_decay_start_epochs", per_epoch)
-    end = _length(cfg, "lr_decay_end_steps", "lr_decay_end_epochs", per_epoch)
+        return LrSchedule(float(cfg.lr), warmup, steps_per_epoch=per_epoch, epoch_of=tuple(sorted(epoch_of.items())))
+    start = length("lr_decay_start_steps", "lr_decay_start_epochs")
+    end = length("lr_decay_end_steps", "lr_decay_end_epochs")
     if end is None:
-        ends = [cfg.max_steps] if cfg.max_steps is not None else []
-        ends += [int(cfg.epochs * per_epoch)] if cfg.epochs is not None else []
-        end = min(ends)  # validated: every run has a length once train.preflight.resolve_defaults ran
+        end = run_steps
+        if cfg.epochs is not None and (cfg.max_steps is None or run_steps < cfg.max_steps):
+            epoch_of.setdefault(end, float(cfg.epochs))
     start = warmup if start is None else start
     if start < warmup:
         raise UserError(f"the lr decay would start at step {start:,}, inside the warm-up ({warmup:,} steps): start it "
                         "at the warm-up's end or later")
     if end <= start:
-        raise UserError(f"the lr decay would end at step {end:,}, not after its start at step {start:,} (an epoch is "
-                        f"{per_epoch:,} steps: {samples:,} samples / global batch {cfg.global_batch_size}); move "
-                        "--lr-decay-end-* later or --lr-decay-start-* earlier")
-    return LrSchedule(float(cfg.lr), warmup, float(cfg.final_lr), start, end, per_epoch)
+        raise UserError(f"the lr decay would end at step {end:,}, not after its start at step {start:,} (this run's "
+                        f"first epoch is {per_epoch:,.0f} steps); move --lr-decay-end-* later or --lr-decay-start-* "
+                        "earlier")
+    return LrSchedule(float(cfg.lr), warmup, float(cfg.final_lr), start, end, per_epoch, tuple(sorted(epoch_of.items())))
 
 
-def schedule_line(schedule: LrSchedule, samples: int, global_batch: int, plan_steps: int) -> str:
-    """The plan's line on the lr schedule, with the schedule's epoch against the data plan's."""
-    per = schedule.steps_per_epoch
-    note = "" if plan_steps == per else f"; the readers' epoch 0 has {plan_steps:,} (samples left out so ranks stay even)"
-    return (f"  lr          {schedule.describe()}; an epoch = {per:,} steps ({samples:,} samples / global batch "
-            f"{global_batch}){note}")
+def schedule_line(schedule: LrSchedule) -> str:
+    """The plan's line on the lr schedule."""
+    return f"  lr          {schedule.describe()}"
