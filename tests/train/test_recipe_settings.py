@@ -1,15 +1,17 @@
 """The recipe settings of the trainer end to end on the tiny model, all in one run: --optimizer muon, --cosine-loss,
 --time-shift, a warm-up and a linear decay to --final-lr ending at an epoch. 8 steps straight, and the same run
 killed (SIGKILL) after step 3 and rerun: the same lrs, losses (mse and cos), weights, EMA and state of both
-optimizers; the lrs are the schedule's; the checkpoint, its EMA sidecar and dit-sample carry the time shift; two
-ranks training with Muon hold identical weights."""
+optimizers; the lrs are the schedule's; the checkpoint and its EMA sidecar record the time shift, and dit-sample
+samples with it, the trainer's grid pixel for pixel; two ranks training with Muon hold identical weights."""
 from __future__ import annotations
 
 import json
 import signal
 
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from dit_pipeline import dit
 from dit_pipeline.train.checkpoint import CheckpointManager, load_checkpoint
@@ -31,9 +33,11 @@ def _records(run_dir):
 
 
 @pytest.fixture(scope="module")
-def straight(shard_dir, tmp_path_factory):
+def straight(shard_dir, tiny_vae_dir, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("recipe-straight") / "run"
-    r = run_cli("dit-train", tiny_args(shard_dir, run_dir, **SETTINGS), timeout=600)  # a hang guard only
+    grids = {"sample-every": STEPS, "vae": tiny_vae_dir, "sample-steps": 5, "sample-classes": "1,0",
+             "sample-cfg-scale": 1}  # the trainer's grid at the end (it draws no training randomness)
+    r = run_cli("dit-train", tiny_args(shard_dir, run_dir, **SETTINGS, **grids), timeout=600)  # a hang guard only
     assert r.returncode == 0, r.stderr[-3000:]
     return run_dir
 
@@ -80,10 +84,19 @@ def test_the_time_shift_is_recorded_and_sampled_with(straight, tiny_vae_dir, tmp
     assert json.loads(ema.with_suffix(".json").read_text())["time_shift"] == 2.0
     _, info = dit.load_dit_weights(ema)
     assert info["time_shift"] == 2.0
-    sample_main(SampleConfig(ckpt=str(ema), vae=str(tiny_vae_dir), class_labels=[0, 1], sampler="euler", steps=3,
-                             cfg_scale=1.0, out=str(tmp_path / "s"), quiet=True))
-    record = json.loads((tmp_path / "s" / "samples.json").read_text())
-    assert record["fingerprint"]["time_shift"] == 2.0 and record["config"]["time_shift"] == 2.0
+    grids = {}
+    for name, shift in (("recorded", None), ("unshifted", 1.0)):
+        out = tmp_path / name
+        sample_main(SampleConfig(ckpt=str(ema), vae=str(tiny_vae_dir), class_labels=[1, 0], sampler="euler", steps=5,
+                                 cfg_scale=1.0, out=str(out), quiet=True, time_shift=shift))
+        record = json.loads((out / "samples.json").read_text())
+        assert record["config"]["time_shift"] == (shift or 2.0)
+        assert record["fingerprint"].get("time_shift") == (2.0 if shift is None else None)  # 1: not in it
+        with Image.open(out / "grid.png") as im:
+            grids[name] = np.asarray(im)
+    with Image.open(straight / "samples" / f"step-{STEPS:07d}.png") as im:  # the trainer's grid: the same shift
+        assert np.array_equal(np.asarray(im), grids["recorded"])
+        assert not np.array_equal(np.asarray(im), grids["unshifted"])
 
 
 def test_two_ranks_with_muon_hold_identical_weights(shard_dir, tmp_path):
