@@ -84,6 +84,11 @@ def test_the_time_shift_is_recorded_and_sampled_with(straight, tiny_vae_dir, tmp
     assert json.loads(ema.with_suffix(".json").read_text())["time_shift"] == 2.0
     _, info = dit.load_dit_weights(ema)
     assert info["time_shift"] == 2.0
+    from dit_pipeline.sample import export_main
+    from dit_pipeline.sample.config import ExportConfig
+
+    export_main(ExportConfig(to="safetensors", output=str(tmp_path / "m.safetensors"), ckpt=str(ema)))
+    assert dit.load_dit_weights(tmp_path / "m.safetensors")[1]["time_shift"] == 2.0  # an export keeps it
     grids = {}
     for name, shift in (("recorded", None), ("unshifted", 1.0)):
         out = tmp_path / name

@@ -11,6 +11,7 @@ import torch
 
 from dit_pipeline.common.errors import ConfigError, UserError
 from dit_pipeline.train import merge_config
+from dit_pipeline.train.checkpoint import CheckpointManager
 from dit_pipeline.train.memory import estimate
 from dit_pipeline.train.optim import MuonWithAdamW, build_optimizer, check_state, muon_available, split_for_muon
 from dit_pipeline.train.schedule import LrSchedule, build_schedule
@@ -127,3 +128,14 @@ def test_the_memory_estimate_counts_muons_single_moment():
     assert adamw.total - muon.total == pytest.approx(4 * 600 / 2**30)
     assert dataclasses.asdict(adamw)["parts"].keys() == {"params", "grads", "adamw", "ema_rank0", "activations",
                                                         "overhead"}
+
+
+@pytest.mark.skipif(not muon_available(), reason=f"torch {torch.__version__} has no torch.optim.Muon")
+def test_a_resume_with_the_other_optimizer_is_refused_before_anything_loads(shard_dir, tmp_path):
+    from tests.train.conftest import run_tiny
+
+    run_tiny(shard_dir, tmp_path / "run", max_steps=1, global_batch_size=8)
+    with pytest.raises(UserError, match=r"step-0000001.pt was trained with --optimizer adamw, this run asks for "
+                                        r"--optimizer muon; resume with --optimizer adamw, or use a new --run-dir"):
+        run_tiny(shard_dir, tmp_path / "run", max_steps=2, global_batch_size=8, optimizer="muon")
+    assert CheckpointManager(tmp_path / "run" / "checkpoints").steps() == [1]
