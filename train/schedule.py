@@ -129,7 +129,8 @@ def build_schedule(cfg: Any, steps_at: Callable[[float], int], run_steps: int) -
         raise UserError(f"the lr decay would end at step {end:,}, not after its start at step {start:,} (this run's "
                         f"first epoch is {per_epoch:,.0f} steps); move --lr-decay-end-* later or --lr-decay-start-* "
                         "earlier")
-    return LrSchedule(float(cfg.lr), warmup, float(cfg.final_lr), start, end, per_epoch, tuple(sorted(epoch_of.items())))
+    return LrSchedule(float(cfg.lr), warmup, float(cfg.final_lr), start, end, per_epoch,
+                      tuple(sorted(epoch_of.items())))
 
 
 def schedule_line(schedule: LrSchedule) -> str:

@@ -54,7 +54,8 @@ def test_training_times_are_drawn_with_the_shift():
     # sigma = 1 - t ~ U(0, 1): E[s sigma / (1 + (s - 1) sigma)] = s / (s - 1) (1 - ln(s) / (s - 1)) = 0.67604
     mean = s / (s - 1) * (1 - math.log(s) / (s - 1))
     assert (1 - shifted.double()).mean().item() == pytest.approx(mean, abs=3e-3)
-    lognormal = dit.create_flow("logit-normal", time_shift=s).draw_timesteps(4, generator=torch.Generator().manual_seed(2))
+    lognormal = dit.create_flow("logit-normal", time_shift=s).draw_timesteps(
+        4, generator=torch.Generator().manual_seed(2))
     z = torch.randn(4, generator=torch.Generator().manual_seed(2))
     torch.testing.assert_close(lognormal, shift_time(torch.sigmoid(z), s), rtol=0, atol=0)
     with pytest.raises(ValueError, match="time shift must be > 0"):

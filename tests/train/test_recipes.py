@@ -47,7 +47,8 @@ PAPERS = {
                               steps=4_000_000, epochs=800, fid=1.42, sampler="euler-maruyama", sample_steps=250,
                               cfg=1.8, channels="all", interval=[0.0, 0.7], latent=SD,
                               extra={"repa": "dinov2_vitb14", "repa_depth": 8, "repa_coeff": 0.5, "grad_clip": 1.0}),
-    # Yao et al. 2025, arXiv:2501.01423; hustvl/LightningDiT configs/reproductions/lightningdit_xl_vavae_f16d32_64ep_cfg.yaml
+    # Yao et al. 2025, arXiv:2501.01423; hustvl/LightningDiT
+    # configs/reproductions/lightningdit_xl_vavae_f16d32_64ep_cfg.yaml
     # (batch 1024, lr 2e-4, beta2 0.95, 80K steps, use_lognorm, use_cosine_loss; cfg 10.0, cfg_interval_start 0.10,
     # timestep_shift 0.3, 250 sampling points); train.py (update_ema 0.9999): FID 2.11 at 64 epochs
     "lightningdit-xl1-64ep.yaml": dict(model="LightningDiT-XL/1", objective="flow", batch=1024, lr=2e-4,
@@ -154,7 +155,8 @@ def _imagenet(folder: Path, latent, pixels: bool) -> Path:
 def imagenet(tmp_path_factory):
     root = tmp_path_factory.mktemp("imagenet")
     return {"teacher": make_tiny_teacher(root / "teacher.safetensors"),
-            **{shape: _imagenet(root / "x".join(map(str, shape)), shape, pixels=shape != RAE) for shape in (SD, VA, RAE)}}
+            **{shape: _imagenet(root / "x".join(map(str, shape)), shape, pixels=shape != RAE)
+               for shape in (SD, VA, RAE)}}
 
 
 def _dry_run(name, imagenet, tmp_path, **flags):
