@@ -5,10 +5,10 @@ What a checkpoint holds is composed by the run's named parts (train.parts: each 
 state_dict / load_state_dict and the rule for resuming from them); this module turns them into files.
 `RUN/checkpoints/step-0001000.pt` loads with `torch.load(weights_only=True)`. Beside it `step-0001000-ema.pt`
 is a bare EMA state_dict in the official DiT release format, and `step-0001000-ema.json` its sidecar
-(dit.make_sidecar: model_config, latent scale, step, objective, a flow model's time shift), which
-`dit.load_dit_weights` reads so that models of any size load from the bare file. The EMA file and its sidecar
-are written first and the full checkpoint last, each to a temp name, fsynced and renamed (common.io), so the
-newest full checkpoint is always complete; a SIGKILL mid-save leaves only a temp file, removed on the next start. Retention keeps the
+(dit.make_sidecar: model_config, latent scale, step, objective), which `dit.load_dit_weights` reads so that
+models of any size load from the bare file. The EMA file and its sidecar are written first and the full
+checkpoint last, each to a temp name, fsynced and renamed (common.io), so the newest full checkpoint is
+always complete; a SIGKILL mid-save leaves only a temp file, removed on the next start. Retention keeps the
 last K plus every `keep_every` steps (with their EMA files). Reading goes through `dit.weights.read_torch_file`,
 the one safe read that `dit-sample` uses too.
 """
