@@ -108,6 +108,10 @@ def sample_main() -> None:
               help="euler-maruyama: the scale of D(t).")
 @click.option("--last-step-size", type=float, default=default(SampleConfig, "last_step_size"), show_default=True,
               help="euler-maruyama: the final noise-free step (SiT's 'Mean' last step).")
+@click.option("--time-shift", type=float, default=None,
+              help="Flow samplers: shift the time grid toward noise, SD3's s (noise level s n / (1 + (s - 1) n)); "
+              "LightningDiT's timestep_shift a is 1/a (0.3: 3.333) [the shift the model was trained with, as its "
+              "checkpoint records it; else 1, none].")
 @click.option("--cfg-scale", type=float, default=default(SampleConfig, "cfg_scale"), show_default=True,
               help="Classifier-free guidance scale (1 = none). The published FID-50K 2.27 uses 1.5.")
 @click.option("--cfg-channels", type=click.Choice(CFG_CHANNELS), default=default(SampleConfig, "cfg_channels"),

@@ -13,6 +13,12 @@ Convention (SiT's "Linear" path, so that the official SiT checkpoints run unchan
 
 Training times: "uniform" U(0, 1) (SiT), or "logit-normal" t = sigmoid(mean + scale * n), n ~ N(0, 1)
 (Esser et al. 2024, SD3). SD3 draws its noise level sigma = 1 - t, so SD3's location m is mean = -m here.
+A time shift s (dit/shift.py: SD3's, in the noise direction; RAE's sqrt(C H W / 4096)) maps every drawn time
+through t / (s + (1 - s) t), and the samplers' grids through the same map.
+
+Cosine-direction loss (LightningDiT's `use_cosine_loss`, hustvl/LightningDiT transport/transport.py and
+train.py): 1 - cos(v_pred, v) over the channel dimension at each position, averaged over the positions, added
+with weight 1 to the mean squared error; reported as its own term, "cos".
 
 Samplers:
 - "euler", "heun": the probability-flow ODE from 0 to 1 in `steps` intervals of a uniform grid (1 and 2
@@ -37,6 +43,8 @@ import math
 from typing import Any, Callable, Sequence
 
 import torch
+
+from .shift import shift_time, shifted_grid
 
 Model = Callable[..., torch.Tensor]
 Generators = torch.Generator | Sequence[torch.Generator] | None
@@ -107,49 +115,68 @@ class FlowMatching:
 
     objective = "flow"
 
-    def __init__(self, *, t_sampling: str = "uniform", t_mean: float = 0.0, t_scale: float = 1.0):
+    def __init__(self, *, t_sampling: str = "uniform", t_mean: float = 0.0, t_scale: float = 1.0,
+                 time_shift: float = 1.0, cosine_loss: bool = False):
         if t_sampling not in T_SAMPLINGS:
             raise ValueError(f"unknown t sampling {t_sampling!r}; choose one of: {', '.join(T_SAMPLINGS)}")
         if not t_scale > 0:
             raise ValueError(f"logit-normal scale must be > 0, got {t_scale}")
+        if not time_shift > 0:
+            raise ValueError(f"the time shift must be > 0, got {time_shift}")
         self.t_sampling, self.t_mean, self.t_scale = t_sampling, float(t_mean), float(t_scale)
+        self.time_shift, self.cosine_loss = float(time_shift), bool(cosine_loss)
 
     def draw_timesteps(self, n: int, *, generator: torch.Generator | None = None,
                        device: torch.device | str | None = None) -> torch.Tensor:
-        """[n] float32 training times in (0, 1) from `generator` (one draw of n values)."""
+        """[n] float32 training times in (0, 1) from `generator` (one draw of n values), shifted by time_shift."""
         if self.t_sampling == "uniform":
-            return torch.rand(n, generator=generator, device=device)
-        z = torch.randn(n, generator=generator, device=device)
-        return torch.sigmoid(self.t_mean + self.t_scale * z)
+            t = torch.rand(n, generator=generator, device=device)
+        else:
+            t = torch.sigmoid(self.t_mean + self.t_scale * torch.randn(n, generator=generator, device=device))
+        return t if self.time_shift == 1.0 else shift_time(t, self.time_shift)
 
     def training_losses(self, model: Model, x_start: torch.Tensor, t: torch.Tensor,
                         model_kwargs: dict[str, Any] | None = None,
                         noise: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """Per-sample {"loss", "mse"} (loss = mse = mean squared velocity error; there is no variational-bound
-        term, so none is reported or logged). x_start is the data x_1, t [N] float times."""
+        term, so none is reported or logged), plus "cos" with cosine_loss (loss = mse + cos). x_start is the
+        data x_1, t [N] float times."""
         if noise is None:
             noise = torch.randn_like(x_start)
         x_t = interpolate(x_start, noise, t)
         out = model(x_t, t, **(model_kwargs or {}))
         v = velocity_of(out, x_start.shape[1]).float()
-        mse = ((v - target_velocity(x_start, noise).float()) ** 2).mean(dim=list(range(1, x_start.dim())))
-        return {"loss": mse, "mse": mse}
+        target = target_velocity(x_start, noise).float()
+        mse = ((v - target) ** 2).mean(dim=list(range(1, x_start.dim())))
+        if not self.cosine_loss:
+            return {"loss": mse, "mse": mse}
+        cos = cosine_direction_loss(v, target)
+        return {"loss": mse + cos, "mse": mse, "cos": cos}
 
     @torch.no_grad()
     def sample_loop(self, model: Model, noise: torch.Tensor, *, sampler: str = "euler", steps: int = 50,
                     model_kwargs: dict[str, Any] | None = None, generator: Generators = None,
                     diffusion_form: str = "sigma", diffusion_norm: float = 1.0,
                     last_step_size: float = LAST_STEP_SIZE, sample_eps: float = SAMPLE_EPS,
-                    convention: str = "sit") -> torch.Tensor:
+                    convention: str = "sit", time_shift: float = 1.0) -> torch.Tensor:
         """Integrate from noise (t = 0) to data (t = 1) -> float32 samples shaped like `noise`; `convention`
-        is the network's ("sit", or "repa": called at 1 - t, output negated)."""
+        is the network's ("sit", or "repa": called at 1 - t, output negated); `time_shift` shifts the grid
+        (dit/shift.py)."""
         field = velocity_field(model, noise.shape[1], model_kwargs, convention=convention)
         if sampler in ODE_SAMPLERS:
-            return ode_solve(field, noise, steps=steps, method=sampler)
+            return ode_solve(field, noise, steps=steps, method=sampler, time_shift=time_shift)
         if sampler in SDE_SAMPLERS:
             return sde_solve(field, noise, steps=steps, generator=generator, form=diffusion_form,
-                             norm=diffusion_norm, last_step_size=last_step_size, sample_eps=sample_eps)
+                             norm=diffusion_norm, last_step_size=last_step_size, sample_eps=sample_eps,
+                             time_shift=time_shift)
         raise ValueError(f"unknown flow sampler {sampler!r}; choose one of: {', '.join(FLOW_SAMPLERS)}")
+
+
+def cosine_direction_loss(v: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Per-sample 1 - cos(v, target), the cosine taken over the channel dimension (dim 1) at each position and
+    averaged over the positions: [N, C, ...] -> [N] (LightningDiT's cos_loss)."""
+    cos = torch.nn.functional.cosine_similarity(v, target, dim=1)  # [N, ...]
+    return (1 - cos).mean(dim=list(range(1, cos.dim()))) if cos.dim() > 1 else 1 - cos
 
 
 def velocity_of(out: torch.Tensor, channels: int) -> torch.Tensor:
@@ -177,19 +204,17 @@ def velocity_field(model: Model, channels: int, model_kwargs: dict[str, Any] | N
     return field
 
 
-def time_grid(t0: float, t1: float, steps: int) -> list[float]:
-    """steps + 1 equally spaced times from t0 to t1, computed in float64."""
-    if steps < 1:
-        raise ValueError(f"steps must be >= 1, got {steps}")
-    return [t0 + (t1 - t0) * i / steps for i in range(steps + 1)]
+def time_grid(t0: float, t1: float, steps: int, time_shift: float = 1.0) -> list[float]:
+    """steps + 1 times from t0 to t1, computed in float64: equally spaced, or shifted (dit/shift.py)."""
+    return shifted_grid(t0, t1, steps, time_shift)
 
 
 def ode_solve(field: Callable[[torch.Tensor, float], torch.Tensor], x: torch.Tensor, *, steps: int,
-              method: str = "euler", t0: float = 0.0, t1: float = 1.0) -> torch.Tensor:
-    """Fixed-step Euler or Heun (explicit trapezoid) for dx/dt = field(x, t) from t0 to t1."""
+              method: str = "euler", t0: float = 0.0, t1: float = 1.0, time_shift: float = 1.0) -> torch.Tensor:
+    """Fixed-step Euler or Heun (explicit trapezoid) for dx/dt = field(x, t) from t0 to t1 on time_grid."""
     if method not in ODE_SAMPLERS:
         raise ValueError(f"unknown ODE method {method!r}; choose one of: {', '.join(ODE_SAMPLERS)}")
-    ts = time_grid(t0, t1, steps)
+    ts = time_grid(t0, t1, steps, time_shift)
     x = x.float()
     for a, b in zip(ts[:-1], ts[1:]):
         h = b - a
@@ -204,9 +229,11 @@ def ode_solve(field: Callable[[torch.Tensor, float], torch.Tensor], x: torch.Ten
 
 def sde_solve(field: Callable[[torch.Tensor, float], torch.Tensor], x: torch.Tensor, *, steps: int,
               generator: Generators = None, form: str = "sigma", norm: float = 1.0,
-              last_step_size: float = LAST_STEP_SIZE, sample_eps: float = SAMPLE_EPS) -> torch.Tensor:
+              last_step_size: float = LAST_STEP_SIZE, sample_eps: float = SAMPLE_EPS,
+              time_shift: float = 1.0) -> torch.Tensor:
     """Euler-Maruyama for dx = [v + D s] dt + sqrt(2 D) dW on SiT's grid of `steps` points (steps - 1 steps),
-    then the "Mean" last step: `steps` field evaluations (steps - 1 when last_step_size is 0), as SiT's."""
+    then the "Mean" last step: `steps` field evaluations (steps - 1 when last_step_size is 0), as SiT's. With
+    time_shift the grid's points move as the ODE's (dit/shift.shifted_grid; its ends and the last step stay)."""
     if not 0 <= last_step_size < 1:
         raise ValueError(f"last_step_size must be in [0, 1), got {last_step_size}")
     if steps < 2:
@@ -221,7 +248,7 @@ def sde_solve(field: Callable[[torch.Tensor, float], torch.Tensor], x: torch.Ten
         v = field(x, t)
         return v + d * score_from_velocity(v, x, tt), d
 
-    ts = time_grid(t0, t1, steps - 1)
+    ts = time_grid(t0, t1, steps - 1, time_shift)
     for a, b in zip(ts[:-1], ts[1:]):
         h = b - a
         dw = _randn(x.shape, x.device, generator) * math.sqrt(h)
@@ -233,6 +260,8 @@ def sde_solve(field: Callable[[torch.Tensor, float], torch.Tensor], x: torch.Ten
     return x
 
 
-def create_flow(t_sampling: str = "uniform", t_mean: float = 0.0, t_scale: float = 1.0) -> FlowMatching:
+def create_flow(t_sampling: str = "uniform", t_mean: float = 0.0, t_scale: float = 1.0, *,
+                time_shift: float = 1.0, cosine_loss: bool = False) -> FlowMatching:
     """The flow objective as `dit.create_diffusion` gives the DDPM one."""
-    return FlowMatching(t_sampling=t_sampling, t_mean=t_mean, t_scale=t_scale)
+    return FlowMatching(t_sampling=t_sampling, t_mean=t_mean, t_scale=t_scale, time_shift=time_shift,
+                        cosine_loss=cosine_loss)

@@ -44,7 +44,8 @@ def load_dit_weights(path: str | Path, prefer: str = "ema") -> tuple[dict[str, t
     `prefer`: "ema" (default) or "model", for files holding both. `info` holds "path", "source"
     ("official" | "reference-train" | "dit-pipeline" | "safetensors"), "weights" ("ema" | "model" |
     "state_dict"), "model_config" (see DiT.config), "preset" (name or None) and, when the file has them,
-    "args" (reference training args as a dict), "step", "latent", "config", "sidecar" (its path).
+    "args" (reference training args as a dict), "step", "latent", "config", "sidecar" (its path), "time_shift"
+    (a flow model's recorded training shift, dit/shift.py).
     A bare state_dict with a sidecar (see sidecar_path) reads as source "dit-pipeline", weights "ema".
     """
     if prefer not in ("ema", "model"):
@@ -63,6 +64,8 @@ def load_dit_weights(path: str | Path, prefer: str = "ema") -> tuple[dict[str, t
                     objective=sidecar.get("objective", "ddpm"))  # sidecars before the key: ddpm
         if sidecar.get("flow_convention") in ("sit", "repa"):
             info["flow_convention"] = sidecar["flow_convention"]
+        if isinstance(sidecar.get("time_shift"), (int, float)):
+            info["time_shift"] = float(sidecar["time_shift"])
         where = f"{path} with its sidecar {sidecar_path(path).name}"
     state_dict = _strip_prefixes(state_dict, path)
     state_dict = _read_repa_format(state_dict, info, where)
@@ -130,13 +133,16 @@ def sidecar_path(path: str | Path) -> Path:
 
 
 def make_sidecar(model_config: dict[str, Any], latent: dict[str, Any] | None, step: int | None,
-                 objective: str | None = None) -> dict[str, Any]:
+                 objective: str | None = None, time_shift: float | None = None) -> dict[str, Any]:
     """The sidecar content (JSON-compatible) for a bare state_dict of a model with `model_config` (DiT.config);
-    `objective` ("ddpm" or "flow") is added when given (readers treat a sidecar without it as ddpm)."""
+    `objective` ("ddpm" or "flow") is added when given (readers treat a sidecar without it as ddpm), and a flow
+    model's `time_shift` (dit/shift.py; readers treat a sidecar without it as 1, no shift)."""
     side = {"format": SIDECAR_FORMAT, "version": SIDECAR_VERSION, "model_config": dict(model_config),
             "latent": latent, "step": step}
     if objective is not None:
         side["objective"] = objective
+    if time_shift is not None:
+        side["time_shift"] = float(time_shift)
     return side
 
 
@@ -229,6 +235,11 @@ def _read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, An
         info["objective"] = metadata["objective"]
         if metadata.get("flow_convention") in ("sit", "repa"):
             info["flow_convention"] = metadata["flow_convention"]
+        if metadata.get("time_shift"):
+            try:
+                info["time_shift"] = float(metadata["time_shift"])
+            except ValueError:
+                raise WeightsError(f"{path}: metadata 'time_shift' is not a number") from None
     elif metadata.get("format") == "dit-pipeline.weights":
         info["objective"] = "ddpm"  # our exports before the key existed
     if "model_config" in metadata:
@@ -261,7 +272,7 @@ def _unpack(obj: Any, path: Path, prefer: str) -> tuple[dict[str, torch.Tensor],
                            f"state_dicts; found keys {sorted(map(str, obj))[:12]}")
     info: dict[str, Any] = {"source": "dit-pipeline" if own else "reference-train", "weights": chosen}
     if own:
-        for key in ("model_config", "latent", "step", "config", "objective", "flow_convention"):
+        for key in ("model_config", "latent", "step", "config", "objective", "flow_convention", "time_shift"):
             if key in obj:
                 info[key] = obj[key]
         info.setdefault("objective", "ddpm")  # our checkpoints before the key existed

@@ -34,9 +34,9 @@ from dit_pipeline.evaluate.inputs import Source, check_resolution, open_source
 from dit_pipeline.evaluate.metrics import NEIGHBOURHOOD_K
 from dit_pipeline.evaluate.run import Side, compute_metrics
 from dit_pipeline.sample import plan
-from dit_pipeline.sample.config import FID_SAMPLER
+from dit_pipeline.sample.config import FID_SAMPLER, FLOW_SAMPLERS
 from dit_pipeline.sample.generate import generate_images, guided_model_fn, make_diffusion
-from dit_pipeline.sample.grid import GRIDS, DecodeSettings
+from dit_pipeline.sample.grid import GRIDS, DecodeSettings, run_time_shift
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -160,7 +160,8 @@ class FidHook:
         cfg_scale = self.cfg_scale if float(ctx.model_config.get("class_dropout_prob", 0.1)) > 0 else 1.0
         # a flow model (dit-train --objective flow) samples with the Euler ODE, a ddpm model with DDPM
         sampler = self.sampler
-        diffusion = make_diffusion(sampler, self.steps, learn_sigma=bool(model.learn_sigma))
+        flow = {"time_shift": run_time_shift(ctx.config)} if sampler in FLOW_SAMPLERS else {}  # the run's shift
+        diffusion = make_diffusion(sampler, self.steps, learn_sigma=bool(model.learn_sigma), **flow)
         model_fn = guided_model_fn(model, cfg_scale=cfg_scale, cfg_channels="3")
         labels = plan.class_labels(num_samples=self.num_samples, seed=self.seed, num_classes=ctx.num_classes,
                                    sampling=self.labels)

@@ -58,6 +58,9 @@ class SampleConfig:
     diffusion_form: str = "sigma"  # euler-maruyama: SiT's diffusion coefficient D(t) and its norm
     diffusion_norm: float = 1.0
     last_step_size: float = 0.04  # euler-maruyama: SiT's final noise-free step
+    # flow samplers: SD3's shift s of the time grid toward noise (dit/shift.py); None: the checkpoint's recorded
+    # training shift (RAE samples with it), else 1. LightningDiT's timestep_shift a is 1 / a here.
+    time_shift: float | None = None
     cfg_scale: float = 4.0
     cfg_channels: str = "3"  # "3": guide the first 3 latent channels as the reference does; "all"
     # [low, high]: guide only where the noise level (1 = noise: flow 1 - t in SiT's time, i.e. REPA's t; DDPM
@@ -170,6 +173,11 @@ class SampleConfig:
             p.append(f"--diffusion-form must be one of {DIFFUSION_FORMS}, got {self.diffusion_form!r}")
         if not 0.0 <= self.last_step_size < 1.0:
             p.append(f"--last-step-size must be in [0, 1), got {self.last_step_size}")
+        if self.time_shift is not None and not self.time_shift > 0:
+            p.append(f"--time-shift must be > 0 (1 = none), got {self.time_shift}")
+        elif self.time_shift is not None and self.sampler in DDPM_SAMPLERS:
+            p.append(f"--time-shift shifts the flow samplers' time grid ({', '.join(FLOW_SAMPLERS)}), not "
+                     f"--sampler {self.sampler}'s")
         return p
 
     def _check_interval(self) -> list[str]:

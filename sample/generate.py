@@ -106,18 +106,21 @@ class FlowLoop:
     diffusion_norm: float = 1.0
     last_step_size: float = dit.flow.LAST_STEP_SIZE
     convention: str = "sit"  # the network's time convention (dit.flow; "repa" for REPA's checkpoints)
+    time_shift: float = 1.0  # SD3's shift of the time grid toward noise (dit/shift.py)
 
     def __call__(self, fn: Callable, noise: torch.Tensor, labels: torch.Tensor,
                  generators: Sequence[torch.Generator]) -> torch.Tensor:
         return dit.create_flow().sample_loop(fn, noise, sampler=self.sampler, steps=self.steps,
                                              model_kwargs={"y": labels}, generator=list(generators),
                                              diffusion_form=self.diffusion_form, diffusion_norm=self.diffusion_norm,
-                                             last_step_size=self.last_step_size, convention=self.convention)
+                                             last_step_size=self.last_step_size, convention=self.convention,
+                                             time_shift=self.time_shift)
 
 
 def make_diffusion(sampler: str, steps: int, learn_sigma: bool = True, **flow_options):
     """The respaced DiT diffusion for a sampler: "ddpm" -> "N" sections, "ddim" -> "ddimN"; a FlowLoop for the
-    flow samplers (euler, heun, euler-maruyama; `flow_options` are FlowLoop's SDE settings and convention)."""
+    flow samplers (euler, heun, euler-maruyama; `flow_options` are FlowLoop's SDE settings, convention and time
+    shift)."""
     if sampler in dit.FLOW_SAMPLERS:
         return FlowLoop(sampler, steps, **flow_options)
     return dit.create_diffusion(timestep_respacing=respacing(sampler, steps), learn_sigma=learn_sigma)

@@ -116,7 +116,7 @@ def sample_grid(model: nn.Module, *, vae: nn.Module, scaling_factor: float | Non
                 shift_factor: float | None = None, class_labels: Sequence[int], seed: int, steps: int = 50,
                 sampler: str = "ddim", cfg_scale: float = 4.0, cfg_channels: str = "3", batch_size: int | None = None,
                 precision: str = "fp32", cpu_threads: int = DEFAULT_CPU_THREADS,
-                norm: LatentNorm | None = None) -> np.ndarray:
+                norm: LatentNorm | None = None, time_shift: float = 1.0) -> np.ndarray:
     """Sample one image per entry of `class_labels` -> uint8 [N, H, W, 3] (numpy).
 
     model: a DiT (not DDP-wrapped; pass the EMA copy) on its device; `vae` on the same device.
@@ -126,11 +126,13 @@ def sample_grid(model: nn.Module, *, vae: nn.Module, scaling_factor: float | Non
     norm: the latent normalization to invert before decoding (or the scalar scaling_factor / shift_factor).
     batch_size: images per batch (default: all in one). Bit-identical to `dit-sample` with the same batch
     size and `--cpu-threads` on the same machine; another batch size changes the last float bits.
+    time_shift: a flow sampler's grid shift (dit/shift.py; the run's, as dit-sample reads it from the checkpoint).
     """
     if sampler not in SAMPLERS:
         raise ValueError(f"sampler must be one of {', '.join(SAMPLERS)}, got {sampler!r}")
     labels = [int(c) for c in class_labels]
-    diffusion = make_diffusion(sampler, steps, learn_sigma=bool(model.learn_sigma))
+    flow = {"time_shift": float(time_shift)} if sampler in dit.FLOW_SAMPLERS else {}
+    diffusion = make_diffusion(sampler, steps, learn_sigma=bool(model.learn_sigma), **flow)
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
@@ -153,6 +155,12 @@ def _sample_chunks(model: nn.Module, vae: nn.Module, diffusion, labels: list[int
         chunks.append(generate_images(model, vae, diffusion, indices=idx, labels=[labels[i] for i in idx],
                                       seed=seed, **kwargs))
     return torch.cat(chunks).numpy()
+
+
+def run_time_shift(config: dict[str, Any] | None) -> float:
+    """The time shift a training run's flow samples use: its resolved --time-shift (dit/shift.py), else 1."""
+    shift = (config or {}).get("time_shift", 1.0)
+    return float(shift) if isinstance(shift, (int, float)) else 1.0
 
 
 def default_grid_labels(num_classes: int, n: int = 8) -> list[int]:
@@ -317,7 +325,8 @@ class SampleGridHook:
             model = ctx.ema if w == "ema" and ctx.ema is not None else ctx.model
             images = sample_grid(model, vae=self._vae, norm=LatentNorm.from_record(ctx.latent), class_labels=labels,
                                  seed=self.seed, steps=self.steps, sampler=self.sampler, cfg_scale=cfg_scale,
-                                 cfg_channels=self.cfg_channels, precision=self.precision)
+                                 cfg_channels=self.cfg_channels, precision=self.precision,
+                                 time_shift=run_time_shift(ctx.config))
             name = f"step-{ctx.step:07d}{'-raw' if w == 'raw' else ''}.png"
             path = save_grid(images, Path(ctx.run_dir) / "samples" / name, labels=texts)
         return path

@@ -95,6 +95,7 @@ def _run(cfg: SampleConfig) -> SampleResult:
         if loaded.info["flow_convention"] == "repa":
             log.info("flow model in REPA's time (t = 1 noise; %s): called at 1 - t, its output negated",
                      loaded.info.get("flow_convention_from") if cfg.flow_convention is None else "--flow-convention")
+        cfg = _with_time_shift(cfg, loaded, log)
     image_size = int(loaded.config["input_size"]) * int(vae_id["downsample_factor"])
     if cfg.out:
         log = setup_logging(Path(cfg.out) / "logs", quiet=cfg.quiet)
@@ -139,6 +140,17 @@ def _with_vae(cfg: SampleConfig, loaded: LoadedModel, log: Any) -> SampleConfig:
     typed = f", given as {recorded['source_given']}" if found and recorded.get("source_given") else ""
     log.info("--vae not given: using %s (%s)", vae, f"recorded in the checkpoint{typed}" if found else "the default")
     return dataclasses.replace(cfg, vae=vae, vae_config=cfg.vae_config or vae_config)
+
+
+def _with_time_shift(cfg: SampleConfig, loaded: LoadedModel, log: Any) -> SampleConfig:
+    """`cfg` with --time-shift filled in when not given: the flow model's recorded training shift (our
+    checkpoints, sidecars and exports record it; dit/shift.py), else 1; said in the log when it shifts."""
+    recorded = float(loaded.info.get("time_shift") or 1.0)
+    shift = recorded if cfg.time_shift is None else float(cfg.time_shift)
+    if shift != 1.0:
+        why = "--time-shift" if cfg.time_shift is not None else "as the checkpoint records it"
+        log.info("time grid shifted toward noise by %.4g (%s; the model was trained with %.4g)", shift, why, recorded)
+    return dataclasses.replace(cfg, time_shift=shift)
 
 
 def _with_sampler(cfg: SampleConfig, objective: str) -> tuple[SampleConfig, str | None]:
@@ -234,12 +246,14 @@ def _sde_settings(cfg: SampleConfig) -> dict[str, Any]:
 def _optional_settings(cfg: SampleConfig, loaded: LoadedModel) -> dict[str, Any]:
     """Fingerprint keys added later, present only where they apply, so the fingerprints of other runs are
     unchanged: `sde_steps` (the SDE counts SiT's num_steps; runs recorded before took one step more and must
-    neither resume nor count as complete), the guidance interval, REPA's time convention."""
+    neither resume nor count as complete), the guidance interval, REPA's time convention, a flow time shift."""
     out: dict[str, Any] = {"sde_steps": "sit-num-steps"} if cfg.sampler == "euler-maruyama" else {}
     if cfg.guidance_interval is not None:
         out["guidance_interval"] = [float(v) for v in cfg.guidance_interval]
     if loaded.info.get("flow_convention") == "repa" and loaded.info["objective"] == "flow":
         out["flow_convention"] = "repa"
+    if cfg.sampler in FLOW_SAMPLERS and cfg.time_shift not in (None, 1.0):
+        out["time_shift"] = float(cfg.time_shift)  # type: ignore[arg-type]
     return out
 
 
@@ -298,7 +312,8 @@ def _sample_batches(cfg: SampleConfig, loaded: LoadedModel, vae, store: PartStor
 
     model = loaded.model
     convention = loaded.info.get("flow_convention", "sit")
-    flow = {"convention": convention} if cfg.sampler in FLOW_SAMPLERS else {}
+    flow = {"convention": convention, "time_shift": float(cfg.time_shift or 1.0)} if cfg.sampler in FLOW_SAMPLERS \
+        else {}
     diffusion = make_diffusion(cfg.sampler, cfg.steps, learn_sigma=bool(loaded.config["learn_sigma"]),
                                **_sde_settings(cfg), **flow)
     model_fn = guided_model_fn(model, cfg_scale=cfg.cfg_scale, cfg_channels=cfg.cfg_channels,

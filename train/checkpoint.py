@@ -118,7 +118,7 @@ class CheckpointManager:
             _save(state["ema"], self.folder / ema_name(step))
             atomic_write_json(sidecar_path(self.folder / ema_name(step)),
                               make_sidecar(state["model_config"], state.get("latent"), step,
-                                           objective=state.get("objective")))
+                                           objective=state.get("objective"), time_shift=state.get("time_shift")))
             fault_point("train.ckpt_ema_written")  # EMA file in place, the full checkpoint not yet
             _save(state, path, fault=True)
         except OSError as e:  # disk full, quota, I/O error: the temp file is gone, older files untouched

@@ -21,7 +21,10 @@ from dit_pipeline.dit.flow import T_SAMPLINGS
 from dit_pipeline.dit.formats import OBJECTIVES
 from dit_pipeline.evaluate.hook import FidSettings
 from dit_pipeline.sample.grid import GRIDS, GridSettings
+from dit_pipeline.train.optim import MUON_ADJUST_LR, OPTIMIZERS, optimizer_problems
+from dit_pipeline.train.recipes import recipe_problems
 from dit_pipeline.train.repa import REPA, RepaSettings
+from dit_pipeline.train.schedule import schedule_problems
 
 ATTENTION_BACKENDS = ("auto", "cudnn", "flash", "efficient", "math")  # train.speed applies them
 DEFAULT_MAX_STEPS = 400_000   # neither --max-steps nor --epochs: the DiT paper's length for its comparisons
@@ -77,6 +80,13 @@ class TrainConfig(RepaSettings, FidSettings, GridSettings):
                               group=OBJECTIVE, choices=T_SAMPLINGS)
     t_mean: float = setting(0.0, "Logit-normal location (SiT time: data at t = 1)", group=OBJECTIVE)
     t_scale: float = setting(1.0, "Logit-normal scale", group=OBJECTIVE)
+    time_shift: str | float = setting(
+        1.0, "Shift the flow training times toward noise, SD3's s (noise level s n / (1 + (s - 1) n)); 'auto': RAE's "
+        "sqrt(C x H x W / --time-shift-base) of the latent. Recorded, and used by the grids, FID and dit-sample",
+        group=OBJECTIVE, shown="1: none")
+    time_shift_base: int = setting(4096, "The latent size whose shift is 1 for --time-shift auto", group=OBJECTIVE)
+    cosine_loss: bool = setting(False, "Add LightningDiT's cosine-direction term 1 - cos(v_pred, v) over the "
+                                "channels to the flow loss (logged as cos)", group=OBJECTIVE)
     # length and batch
     max_steps: int | None = setting(
         None, "Stop after this many optimizer steps", group=LENGTH,
@@ -89,12 +99,29 @@ class TrainConfig(RepaSettings, FidSettings, GridSettings):
         None, "Images per GPU per forward pass; accumulation steps = global / (world size x micro); 'auto' = "
         "the largest that fits the GPU memory estimate (train.memory)", group=LENGTH, shown="global / world size")
     # optimisation
-    lr: float = setting(1e-4, "AdamW learning rate, constant", group=OPTIM)
+    lr: float = setting(1e-4, "Learning rate (constant unless warmed up or decayed)", group=OPTIM)
+    optimizer: str = setting("adamw", "adamw, or muon: torch.optim.Muon on the 2-D weights and AdamW on the rest "
+                             "(PyTorch 2.9+)", group=OPTIM, choices=OPTIMIZERS)
+    muon_momentum: float = setting(0.95, "Muon momentum (Nesterov)", group=OPTIM)
+    muon_adjust_lr: str = setting("match_rms_adamw", "Muon's lr scaling per matrix: match_rms_adamw (one lr for "
+                                  "both optimizers) or original (Keller Jordan's)", group=OPTIM, choices=MUON_ADJUST_LR)
     weight_decay: float = setting(0.0, "AdamW weight decay", group=OPTIM)
     adam_beta1: float = setting(0.9, "AdamW beta1", group=OPTIM)
     adam_beta2: float = setting(0.999, "AdamW beta2", group=OPTIM)
     adam_eps: float = setting(1e-8, "AdamW epsilon", group=OPTIM)
-    warmup_steps: int = setting(0, "Linear learning-rate warmup", group=OPTIM, shown="0: off")
+    warmup_steps: int = setting(0, "Linear learning-rate warm-up: lr x (step + 1) / N for the first N steps",
+                                group=OPTIM, shown="0: off")
+    warmup_epochs: float | None = setting(None, "The warm-up in epochs (an epoch: samples // global batch steps)",
+                                          group=OPTIM)
+    final_lr: float | None = setting(None, "Decay the lr linearly to this value (RAE: 2e-5), then keep it",
+                                     group=OPTIM, shown="off: no decay")
+    lr_decay_start_steps: int | None = setting(None, "Step where the decay starts", group=OPTIM,
+                                               shown="the end of the warm-up")
+    lr_decay_start_epochs: float | None = setting(None, "Epoch where the decay starts (RAE: 40)", group=OPTIM)
+    lr_decay_end_steps: int | None = setting(None, "Step where the decay reaches --final-lr", group=OPTIM,
+                                             shown="the end of the run")
+    lr_decay_end_epochs: float | None = setting(None, "Epoch where the decay reaches --final-lr (RAE: 800)",
+                                                group=OPTIM)
     grad_clip: float | None = setting(None, "Clip the gradient norm to this value", group=OPTIM, shown="off")
     ema_decay: float = setting(0.9999, "EMA decay per optimizer step", group=OPTIM)
     seed: int = setting(0, "Global seed: model init, data order, noise", group=OPTIM)
@@ -127,6 +154,16 @@ class TrainConfig(RepaSettings, FidSettings, GridSettings):
                             "in front of a pasted command does the same", group=CKPT, envvar="DIT_DRY_RUN")
     extra: dict[str, Any] = setting(default_factory=dict, help="settings owned by other hooks", group=CKPT,
                                     cli=False)
+    recipe: dict[str, Any] | None = setting(None, "what a recipe file (recipes/) reproduces: name, paper, FID, ...",
+                                            group=CKPT, cli=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if isinstance(self.time_shift, str) and self.time_shift.strip() != "auto":  # "2.5" from the flag
+            try:
+                self.time_shift = float(self.time_shift)
+            except ValueError:
+                pass  # validate() reports it
 
     def validate(self) -> None:
         """Raise ConfigError listing every invalid setting (nothing about world size: see batch_plan)."""
@@ -141,6 +178,7 @@ class TrainConfig(RepaSettings, FidSettings, GridSettings):
                       "num_heads", "patch_size", "max_steps", "epochs", "log_every", "ckpt_every", "keep_last",
                       "keep_every", "shuffle_buffer", "shards_in_flight", "prefetch_factor")
         p += non_negative(self, "warmup_steps", "seed", "weight_decay")
+        p += schedule_problems(self) + optimizer_problems(self) + recipe_problems(self.recipe)
         if self.num_workers is not None:
             p += non_negative(self, "num_workers")
         if not self.lr > 0:
@@ -186,6 +224,12 @@ class TrainConfig(RepaSettings, FidSettings, GridSettings):
                      "(ddpm draws its 1000 discrete steps uniformly)")
         if not self.t_scale > 0:
             p.append(f"--t-scale must be > 0, got {self.t_scale}")
+        shift = self.time_shift
+        if not (shift == "auto" or (isinstance(shift, (int, float)) and not isinstance(shift, bool) and shift > 0)):
+            p.append(f"--time-shift must be a number > 0 or 'auto', got {shift!r}")
+        elif self.objective == "ddpm" and (shift != 1.0 or self.cosine_loss):
+            p.append("--time-shift and --cosine-loss act on the flow objective: add --objective flow")
+        p += positive(self, "time_shift_base")
         return p
 
     def make_objective(self) -> Any:
@@ -193,11 +237,29 @@ class TrainConfig(RepaSettings, FidSettings, GridSettings):
         from dit_pipeline import dit
 
         if self.objective == "flow":
-            return dit.create_flow(self.t_sampling, self.t_mean, self.t_scale)
+            if isinstance(self.time_shift, str):
+                raise ValueError("--time-shift auto is resolved against the shard set first (resolve_time_shift)")
+            return dit.create_flow(self.t_sampling, self.t_mean, self.t_scale, time_shift=float(self.time_shift),
+                                   cosine_loss=self.cosine_loss)
         return dit.create_diffusion("")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def resolve_time_shift(cfg: TrainConfig, latent_shape: list[int]) -> tuple[TrainConfig, str | None]:
+    """`cfg` with --time-shift auto replaced by RAE's sqrt(C x H x W / base) for these latents (what the run,
+    its config.json and its checkpoints record), and the plan's note on it; unchanged otherwise."""
+    if cfg.time_shift != "auto":
+        return cfg, None
+    from dit_pipeline.dit.shift import shift_for_dim
+
+    dim = 1
+    for n in latent_shape:
+        dim *= int(n)
+    s = shift_for_dim(dim, cfg.time_shift_base)
+    shape = "x".join(map(str, latent_shape))
+    return dataclasses.replace(cfg, time_shift=s), f"--time-shift auto: sqrt({shape} / {cfg.time_shift_base}) = {s:.4g}"
 
 
 # ----------------------------------------------------------------------------------------------------------

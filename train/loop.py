@@ -1,4 +1,4 @@
-"""The training loop: data -> DDP forward/backward with accumulation -> checks -> AdamW -> EMA -> logs,
+"""The training loop: data -> DDP forward/backward with accumulation -> checks -> optimizer -> EMA -> logs,
 checkpoints and hooks, one optimizer step at a time.
 
 Reproducibility: every random draw of a step (timesteps t, diffusion noise, class dropout) is made for the
@@ -74,6 +74,8 @@ class Trainer:
         self.cfg, self.batch, self.layout, self.source = prep.cfg, prep.batch, prep.layout, prep.source
         self.sha256 = prep.sha256  # how each shard is checked against the manifest (train.preflight.sha256_mode)
         self.total_steps = prep.total_steps
+        assert prep.schedule is not None, "train.preflight.prepare builds the lr schedule"
+        self.schedule = prep.schedule
         self.p, self.device, self.out = net, net.device, out
         self.metrics = out.metrics
         self.hooks = list(hooks)
@@ -113,9 +115,8 @@ class Trainer:
                           workers=self.layout.workers, micro_batch=self.batch.micro_batch, accum=self.batch.accum)
 
     def lr_at(self, step: int) -> float:
-        if self.cfg.warmup_steps:
-            return self.cfg.lr * min(1.0, (step + 1) / self.cfg.warmup_steps)
-        return self.cfg.lr
+        """The lr of the update after `step` steps: a pure function of the step (train.schedule)."""
+        return self.schedule.lr_at(step)
 
     # -- main loop ----------------------------------------------------------------------------------
     def setup_hooks(self) -> None:

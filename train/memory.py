@@ -44,15 +44,17 @@ def activation_bytes(model_config: dict[str, Any], micro_batch: int, precision: 
 
 
 def estimate(model_config: dict[str, Any], n_params: int, n_trainable: int, micro_batch: int, precision: str,
-             *, grad_ckpt: bool, compile: bool, table: dict | None = None) -> MemoryEstimate:
-    """Peak GPU memory of rank 0 for one micro-batch size (measured row if one matches, else analytic)."""
+             *, grad_ckpt: bool, compile: bool, table: dict | None = None, muon_params: int = 0) -> MemoryEstimate:
+    """Peak GPU memory of rank 0 for one micro-batch size (measured row if one matches, else analytic).
+    `muon_params`: trainable parameters --optimizer muon updates (one fp32 momentum each, not AdamW's two)."""
     key = (str(model_config.get("model")), int(model_config["input_size"]), precision, bool(grad_ckpt),
            bool(compile))
-    row = (MEASURED if table is None else table).get(key)
+    row = (MEASURED if table is None else table).get(key) if not muon_params else None  # rows measure AdamW
     if row is not None:
         parts = {"fixed": row["fixed_gib"], "activations": micro_batch * row["act_gib_per_sample"]}
         return MemoryEstimate(parts, sum(parts.values()), f"measured ({row.get('gpu', 'GPU')}, {row.get('date', '?')})")
-    parts = {"params": 4 * n_params / GiB, "grads": 4 * n_trainable / GiB, "adamw": 8 * n_trainable / GiB,
+    parts = {"params": 4 * n_params / GiB, "grads": 4 * n_trainable / GiB,
+             "adamw": 8 * (n_trainable - muon_params) / GiB, **({"muon": 4 * muon_params / GiB} if muon_params else {}),
              "ema_rank0": 4 * n_params / GiB,
              "activations": activation_bytes(model_config, micro_batch, precision, grad_ckpt) / GiB,
              "overhead": OVERHEAD_GIB}

@@ -78,6 +78,7 @@ STEP_METRICS: tuple[Metric, ...] = (
     Metric("mse", "samples", own=True, loss_term=True),
     Metric("vb", "samples", own=True, loss_term=True),      # ddpm's variational bound (learned sigma)
     Metric("proj", "samples", own=True, loss_term=True),    # --repa: the alignment term (-cosine similarity)
+    Metric("cos", "samples", own=True, loss_term=True),     # --cosine-loss: 1 - cos(v_pred, v) (LightningDiT)
     Metric("grad_norm", "rank0"),
     Metric("wait", "ranks", interval="fraction", own=True, record="data_wait"),  # waiting for the loader
     Metric("teacher", "ranks", interval="fraction", own=True, record="teacher_time"),  # --repa: its forward

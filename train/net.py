@@ -1,6 +1,6 @@
 """The model being trained and everything wrapped around it (`TrainModel`), built by `build_model`: the DiT
 (seeded, identical on every rank), its EMA on rank 0, with --repa the projector beside it and the teacher,
-AdamW, the GradScaler, DDP, per-block compile and the attention backend (train.speed)."""
+the optimizer (train.optim), the GradScaler, DDP, per-block compile and the attention backend (train.speed)."""
 from __future__ import annotations
 
 import copy
@@ -18,6 +18,7 @@ from dit_pipeline.dit.models import DiT
 from dit_pipeline.dit.repa import REPAModel
 from dit_pipeline.train.config import TrainConfig
 from dit_pipeline.train.metrics import peak_tflops
+from dit_pipeline.train.optim import build_optimizer
 from dit_pipeline.train.preflight import Preflight
 from dit_pipeline.train.speed import choose_attention, compile_enabled, compile_problem, regional_compile
 
@@ -49,7 +50,7 @@ class TrainModel:
 
 
 def build_model(prep: Preflight, device: torch.device, precision: str) -> TrainModel:
-    """Model (seeded, identical on every rank), EMA copy on rank 0, AdamW, GradScaler, DDP, regional compile
+    """Model (seeded, identical on every rank), EMA copy on rank 0, the optimizer, GradScaler, DDP, regional compile
     and the attention backend (train.speed)."""
     from dit_pipeline import dit
 
@@ -66,8 +67,7 @@ def build_model(prep: Preflight, device: torch.device, precision: str) -> TrainM
     ema = copy.deepcopy(model).requires_grad_(False).eval() if dist.is_main() else None
     trained = head if head is not None else model
     params = [p for p in trained.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
-                            weight_decay=cfg.weight_decay, fused=device.type == "cuda")
+    opt = build_optimizer(params, cfg, device)  # AdamW, or Muon on the 2-D tensors + AdamW (train.optim)
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
     amp_dtype = AUTOCAST_DTYPES[precision]
     _apply_speed_settings(cfg, model, device, prep.batch.micro_batch, amp_dtype)

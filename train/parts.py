@@ -30,6 +30,7 @@ from dit_pipeline.dit.models import DiT
 from dit_pipeline.dit.repa import REPAModel
 from dit_pipeline.dit.weights import WeightsError, check_state_dict
 from dit_pipeline.shards import Manifest
+from dit_pipeline.train.optim import check_state
 from dit_pipeline.train.partition import DataLayout, map_position
 from dit_pipeline.train.state import TrainState
 
@@ -63,14 +64,16 @@ def _tensors_fit(state_dict: Any, model_config: dict[str, Any], where: str) -> N
 
 @dataclass
 class ObjectivePart(_NoCheck):
-    """`objective`: what the model learns (ddpm or flow); a checkpoint without the key is ddpm."""
+    """`objective`: what the model learns (ddpm or flow; a checkpoint without the key is ddpm), and for flow
+    `time_shift`, the shift of its training times (dit/shift.py) that its samplers use (absent: 1, none)."""
 
     objective: str
-    keys: ClassVar[tuple[str, ...]] = ("objective",)
+    time_shift: float = 1.0
+    keys: ClassVar[tuple[str, ...]] = ("objective", "time_shift")
     required: ClassVar[tuple[str, ...]] = ()
 
     def state_dict(self) -> dict[str, Any]:
-        return {"objective": self.objective}
+        return {"objective": self.objective, **({"time_shift": self.time_shift} if self.objective == "flow" else {})}
 
     def check(self, ckpt: Checkpoint, where: str) -> None:
         saved = ckpt.get("objective", "ddpm")
@@ -238,11 +241,12 @@ class ProjectorPart:
 
 @dataclass
 class OptimizerPart:
-    """`opt`: AdamW's state_dict; one parameter group over the trainable tensors (the DiT's, then the
-    projector's with --repa)."""
+    """`opt`: the optimizer's state_dict over the trainable tensors (the DiT's, then the projector's with
+    --repa): AdamW's one parameter group, or with --optimizer muon {"muon": ..., "adamw": ...} (train.optim)."""
 
     opt: torch.optim.Optimizer | None
     trainable: int                      # trainable tensors of the model
+    kind: str = "adamw"                 # --optimizer
     keys: ClassVar[tuple[str, ...]] = ("opt",)
     required: ClassVar[tuple[str, ...]] = ("opt",)
 
@@ -251,10 +255,9 @@ class OptimizerPart:
         return {"opt": self.opt.state_dict()}
 
     def check(self, ckpt: Checkpoint, where: str) -> None:
-        groups = ckpt["opt"].get("param_groups", [])
-        if len(groups) != 1 or len(groups[0].get("params", [])) != self.trainable:
-            raise UserError(f"checkpoint {where}: optimizer state does not match this model ({self.trainable} "
-                            "trainable tensors). Nothing was loaded.")
+        problem = check_state(ckpt["opt"], self.kind, self.trainable, where)
+        if problem:
+            raise UserError(problem)
 
     def load_state_dict(self, ckpt: Checkpoint) -> None:
         assert self.opt is not None
@@ -368,9 +371,9 @@ def build_parts(*, objective: str, config: dict[str, Any], shard_set: ShardSetPa
     """The parts of one run, in PART_TYPES order. For checking only (no live optimizer yet), `model` (and the
     alignment `head` around it) may live on the meta device and ema/opt/scaler/progress be None."""
     trainable = sum(1 for q in (head if head is not None else model).parameters() if q.requires_grad)
-    parts: list[Part] = [ObjectivePart(objective), ModelPart(model), shard_set, ConfigPart(config),
-                         EmaPart(ema, model.config), ProjectorPart(head, teacher), OptimizerPart(opt, trainable),
-                         ScalerPart(scaler)]
+    parts: list[Part] = [ObjectivePart(objective, float(config.get("time_shift", 1.0))), ModelPart(model), shard_set,
+                         ConfigPart(config), EmaPart(ema, model.config), ProjectorPart(head, teacher),
+                         OptimizerPart(opt, trainable, str(config.get("optimizer", "adamw"))), ScalerPart(scaler)]
     if progress is not None:
         parts += [progress, RngPart()]
     return parts

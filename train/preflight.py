@@ -12,7 +12,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -23,10 +23,14 @@ from dit_pipeline.common.teacher import Teacher
 from dit_pipeline.dit.blocks import BLOCK_OPTIONS
 from dit_pipeline.shards import Manifest
 from dit_pipeline.train import memory
-from dit_pipeline.train.config import DEFAULT_MAX_STEPS, DEFAULT_NUM_WORKERS, BatchPlan, TrainConfig, batch_plan, is_sit_name
+from dit_pipeline.train.config import (DEFAULT_MAX_STEPS, DEFAULT_NUM_WORKERS, BatchPlan, TrainConfig, batch_plan,
+                                       is_sit_name, resolve_time_shift)
 from dit_pipeline.train.data import ShardSource, open_shards
-from dit_pipeline.train.partition import DataLayout, EpochPlan, plan_epoch, total_steps
+from dit_pipeline.train.partition import DataLayout, EpochPlan, plan_epoch
+from dit_pipeline.train.optim import optimizer_line
+from dit_pipeline.train.recipes import recipe_line
 from dit_pipeline.train.repa import check_repa, repa_line
+from dit_pipeline.train.schedule import LrSchedule, build_schedule, schedule_line
 from dit_pipeline.train.speed import compile_enabled
 
 GiB = float(2**30)
@@ -49,6 +53,7 @@ class Preflight:
     sha256: str | None = None         # shards.iter_shard's check of each shard: whole | stream | None
     sha256_bytes: int = 0             # whole shards held at once per node by the "whole" check
     teacher: Teacher | None = None    # --repa: the teacher, loaded on the CPU (train.repa.check_repa)
+    schedule: LrSchedule | None = None  # the lr of every step (train.schedule); None only for hand-made Preflights
 
 
 def resolve_defaults(cfg: TrainConfig, num_shards: int, world: int) -> tuple[TrainConfig, dict[str, str]]:
@@ -130,6 +135,9 @@ def prepare(cfg: TrainConfig, world_size: int | None = None) -> Preflight:
     world = dist.world_size() if world_size is None else world_size
     source = open_shards(cfg.shards, cfg.manifest)
     cfg, notes = resolve_defaults(cfg, len(source.sizes), world)
+    cfg, shift_note = resolve_time_shift(cfg, list(source.manifest.latent_shape))
+    if shift_note:
+        notes["time_shift"] = shift_note
     kw = model_kwargs(cfg, source)
     micro = resolve_auto_micro_batch(cfg, kw, world) if cfg.micro_batch_size == "auto" else cfg.micro_batch_size
     assert not isinstance(micro, str)  # validate() accepts a positive integer or "auto"
@@ -149,17 +157,36 @@ def prepare(cfg: TrainConfig, world_size: int | None = None) -> Preflight:
                         f"shards, not enough for one optimizer step of {batch.global_batch} samples with "
                         f"{world} rank(s) x {layout.workers} reader(s) each; lower --global-batch-size or "
                         "--num-workers")
+    steps_at = epoch_counter(source.sizes, cfg.seed, world, layout.workers, batch)
     total = cfg.max_steps
     if cfg.epochs is not None:
-        by_epochs = total_steps(source.sizes, cfg.epochs, seed=cfg.seed, world_size=world, workers=layout.workers,
-                                micro_batch=batch.micro_batch, accum=batch.accum)
+        by_epochs = steps_at(cfg.epochs)  # train.partition.total_steps, counted once for the schedule too
         total = by_epochs if total is None else min(total, by_epochs)
     assert total is not None  # resolve_defaults gives every run a length
     mode, held = sha256_mode(cfg, source, plan0, world)
     _, _, mc = param_counts(kw)
     teacher = check_repa(cfg, has_pixels=source.manifest.has_pixels, where=str(source.folder or cfg.manifest),
                          depth=mc["depth"], grid=mc["input_size"] // mc["patch_size"])
-    return Preflight(cfg, world, batch, source, kw, layout, plan0, total, notes, mode, held, teacher)
+    schedule = build_schedule(cfg, steps_at, total)
+    return Preflight(cfg, world, batch, source, kw, layout, plan0, total, notes, mode, held, teacher, schedule)
+
+
+def epoch_counter(sizes: list[int], seed: int, world: int, workers: int, batch: BatchPlan) -> Callable[[float], int]:
+    """steps_at(e): the optimizer steps before epoch e of this run (a fractional e adds that share of epoch
+    floor(e)'s steps, rounded down), from the epoch plans (train.partition.plan_epoch), each counted once."""
+    cum = [0]
+
+    def upto(n: int) -> None:
+        while len(cum) <= n:
+            cum.append(cum[-1] + plan_epoch(sizes, seed=seed, epoch=len(cum) - 1, world_size=world, workers=workers,
+                                            micro_batch=batch.micro_batch, accum=batch.accum).steps)
+
+    def steps_at(e: float) -> int:
+        full = int(e)
+        upto(full + (1 if e > full else 0))
+        return cum[full] + (int((e - full) * (cum[full + 1] - cum[full])) if e > full else 0)
+
+    return steps_at
 
 
 def resolve_auto_micro_batch(cfg: TrainConfig, kw: dict[str, Any], world: int) -> int | None:
@@ -192,22 +219,29 @@ def resolve_precision(precision: str, device: torch.device) -> str:
 
 def param_counts(kw: dict[str, Any]) -> tuple[int, int, dict[str, Any]]:
     """(all parameters, trainable parameters, model_config) of the model, built on the meta device."""
+    total, trainable, mc, _ = param_shapes(kw)
+    return total, trainable, mc
+
+
+def param_shapes(kw: dict[str, Any]) -> tuple[int, int, dict[str, Any], list[tuple[int, ...]]]:
+    """param_counts and the trainable tensors' shapes (what --optimizer muon splits), on the meta device."""
     from dit_pipeline.dit.models import create_model
 
     with torch.device("meta"):
         model = create_model(**kw)
     total = sum(p.numel() for p in model.parameters())
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    return total, trainable, model.config
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    return total, sum(p.numel() for p in trainable), model.config, [tuple(p.shape) for p in trainable]
 
 
 def memory_estimate(prep: Preflight) -> memory.MemoryEstimate:
     """Rank 0's GPU memory for this plan, at the precision and compile setting a GPU run would use."""
-    total, trainable, mc = param_counts(prep.model_kwargs)
+    total, trainable, mc, shapes = param_shapes(prep.model_kwargs)
     precision = resolve_precision(prep.cfg.precision, torch.device("cuda"))
+    muon = sum(int(torch.Size(s).numel()) for s in shapes if len(s) == 2) if prep.cfg.optimizer == "muon" else 0
     return memory.estimate(mc, total, trainable, prep.batch.micro_batch, precision,
                            grad_ckpt=prep.cfg.grad_checkpointing,
-                           compile=compile_enabled(prep.cfg.compile, torch.device("cuda")))
+                           compile=compile_enabled(prep.cfg.compile, torch.device("cuda")), muon_params=muon)
 
 
 def host_memory_available() -> float | None:
@@ -241,7 +275,9 @@ def objective_line(cfg: TrainConfig) -> str:
         times = ("uniform" if cfg.t_sampling == "uniform"
                  else f"{cfg.t_sampling} (mean {cfg.t_mean:g}, scale {cfg.t_scale:g})")
         implied = f"as --model {cfg.model} implies; " if is_sit_name(cfg.model) else ""
-        what = f"flow ({implied}linear interpolant, velocity prediction; training times {times})"
+        shift = f", shifted by {cfg.time_shift:.4g} toward noise" if cfg.time_shift != 1.0 else ""
+        loss = "; loss mse + cos (cosine direction)" if cfg.cosine_loss else ""
+        what = f"flow ({implied}linear interpolant, velocity prediction; training times {times}{shift}{loss})"
     else:
         what = "ddpm (DiT: noise prediction + learned variance, 1000-step linear schedule)"
     extras = [name for name in BLOCK_OPTIONS if getattr(cfg, name)]
@@ -266,7 +302,7 @@ def format_plan(prep: Preflight, start_line: str | None = None, *, dry_run: bool
     cfg, b, m, p0 = prep.cfg, prep.batch, prep.source.manifest, prep.plan0
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     precision = resolve_precision(cfg.precision, device)
-    total, trainable, mc = param_counts(prep.model_kwargs)
+    total, trainable, mc, shapes = param_shapes(prep.model_kwargs)
     c, h, w = m.latent_shape
     shards_per = [len(s) for s in p0.slot_shards]
     mem = memory_estimate(prep)
@@ -288,13 +324,15 @@ def format_plan(prep: Preflight, start_line: str | None = None, *, dry_run: bool
     length += [f"epochs {cfg.epochs}"] if cfg.epochs else []
     lines = [
         "dit-train plan (dry run: nothing was started)" if dry_run else "dit-train plan",
+        *recipe_line(cfg.recipe),
         f"  shards      {cfg.shards}: {len(m.shards)} shards, {m.total_samples:,} samples, store {m.store}, "
         f"{m.views} view(s), latents {c}x{h}x{w} {m.dtype}, {_scale_text(m)}, {m.num_classes} classes",
         *normalization_line(m),
         f"  model       {mc['model'] or 'custom'} (depth {mc['depth']}, hidden {mc['hidden_size']}, heads "
         f"{mc['num_heads']}, patch {mc['patch_size']}): {total / 1e6:.2f}M parameters, input {mc['input_size']}"
         f" ({tokens_text(mc)})",
-        objective_line(cfg),
+        objective_line(cfg) + (f"\n              ({prep.notes['time_shift']})" if "time_shift" in prep.notes else ""),
+        optimizer_line(cfg, shapes),
         f"  precision   {precision}, tf32 {'on' if cfg.tf32 else 'off'}, grad checkpointing "
         f"{'on' if cfg.grad_checkpointing else 'off'}, compile {'on (per block)' if compiled else 'off'}, "
         f"attention {cfg.attention if device.type == 'cuda' else 'default (CPU)'}",
@@ -313,6 +351,7 @@ def format_plan(prep: Preflight, start_line: str | None = None, *, dry_run: bool
         f"  length      {', '.join(length)} -> {prep.total_steps:,} steps "
         f"(~{prep.total_steps / max(p0.steps, 1):.2f} epochs)"
         + (f"\n              ({prep.notes['length']})" if "length" in prep.notes else ""),
+        *([schedule_line(prep.schedule)] if prep.schedule else []),
         f"  GPU memory  ({mem.source}, rank 0) {parts} = {mem.total:.2f} GiB{gpu}",
         f"  host memory (estimate, per node) {local} rank(s) x {prep.layout.workers} worker(s) x shuffle buffers = "
         f"{host / GiB:.2f} GiB{f' of {avail:.1f} GiB available' if avail is not None else ''}",

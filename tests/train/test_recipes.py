@@ -1,0 +1,225 @@
+"""recipes/*.yaml against the papers: every recipe's settings, FID and sampling against a table written here from
+the papers and their releases (each row names its source), its sampling settings valid for dit-sample, and
+`dit-train --config recipes/X.yaml --dry-run` on a shard set of ImageNet-1k's size (a manifest of 1,281,167
+samples in 1282 shards, read as a URL list, so no latents are needed): the plan shows the paper's global batch,
+length in steps and epochs, optimizer, lr schedule and time shift. Recipes naming a model of the `families`
+branch (LightningDiT-XL/1, DDT-XL/2, DiT-DH-XL) skip their dry run until that branch is merged."""
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+from dit_pipeline.common.errors import ConfigError
+from dit_pipeline.sample.config import SampleConfig
+from dit_pipeline.shards import Manifest, ShardRecord, format_version_for, sample_key, shard_name, write_manifest
+from dit_pipeline.shards.pixels import pixels_entry
+from dit_pipeline.train import merge_config
+from dit_pipeline.train.config import load_config_file
+from tests._util import REPO, make_tiny_teacher
+from tests.train.conftest import invoke_train
+from tests.train.helpers import VAE_IDENTITY
+
+RECIPES = REPO / "recipes"
+IMAGENET = 1_281_167  # ImageNet-1k train images
+SD, VA, RAE = (4, 32, 32), (32, 16, 16), (768, 16, 16)  # SD-VAE, VA-VAE f16d32, DINOv2-B features at 256 px
+
+# The papers' values. A row: model, objective, global batch, lr, (beta1, beta2), EMA decay, training length
+# (steps or epochs as the source gives it), the FID the paper states and its sampling (sampler, steps, guidance,
+# guidance interval as noise levels), and the extra settings. Sources per row.
+PAPERS = {
+    # Peebles & Xie 2023, arXiv:2212.09748, sec. 4 and Table 4; facebookresearch/DiT train.py (AdamW 1e-4, no
+    # weight decay, batch 256, EMA 0.9999), sample_ddp.py (250 DDPM steps, cfg 1.5 on 3 channels): FID 2.27 at 7M steps
+    "dit-xl2.yaml": dict(model="DiT-XL/2", objective="ddpm", batch=256, lr=1e-4, betas=(0.9, 0.999), ema=0.9999,
+                         steps=7_000_000, epochs=1400, fid=2.27, sampler="ddpm", sample_steps=250, cfg=1.5,
+                         channels="3", interval=None, latent=SD, extra={}),
+    # Ma et al. 2024, arXiv:2401.08740, Table 3 (SDE 2.06 with cfg 1.5); willisma/SiT train.py (DiT's optimizer,
+    # batch 256, 7M steps) and sample_ddp.py (Euler-Maruyama, diffusion form sigma, last step Mean 0.04)
+    "sit-xl2.yaml": dict(model="SiT-XL/2", objective="flow", batch=256, lr=1e-4, betas=(0.9, 0.999), ema=0.9999,
+                         steps=7_000_000, epochs=1400, fid=2.06, sampler="euler-maruyama", sample_steps=250, cfg=1.5,
+                         channels="3", interval=None, latent=SD, extra={"t_sampling": "uniform"}),
+    # Yu et al. 2024, arXiv:2410.06940, Table 2 (1.42 at 800 epochs); sihyun-yu/REPA train.py (DINOv2-B, depth 8,
+    # coefficient 0.5, max grad norm 1.0, 4M steps at 256) and README (cfg 1.8, guidance_high 0.7, SDE 250 steps)
+    "repa-sit-xl2.yaml": dict(model="SiT-XL/2", objective="flow", batch=256, lr=1e-4, betas=(0.9, 0.999), ema=0.9999,
+                              steps=4_000_000, epochs=800, fid=1.42, sampler="euler-maruyama", sample_steps=250,
+                              cfg=1.8, channels="all", interval=[0.0, 0.7], latent=SD,
+                              extra={"repa": "dinov2_vitb14", "repa_depth": 8, "repa_coeff": 0.5, "grad_clip": 1.0}),
+    # Yao et al. 2025, arXiv:2501.01423; hustvl/LightningDiT
+    # configs/reproductions/lightningdit_xl_vavae_f16d32_64ep_cfg.yaml
+    # (batch 1024, lr 2e-4, beta2 0.95, 80K steps, use_lognorm, use_cosine_loss; cfg 10.0, cfg_interval_start 0.10,
+    # timestep_shift 0.3, 250 sampling points); train.py (update_ema 0.9999): FID 2.11 at 64 epochs
+    "lightningdit-xl1-64ep.yaml": dict(model="LightningDiT-XL/1", objective="flow", batch=1024, lr=2e-4,
+                                       betas=(0.9, 0.95), ema=0.9999, steps=80_000, epochs=64, fid=2.11,
+                                       sampler="euler", sample_steps=249, cfg=10.0, channels="3", interval=[0.0, 0.9],
+                                       time_shift=1 / 0.3, latent=VA,
+                                       extra={"t_sampling": "logit-normal", "cosine_loss": True}),
+    # the same release's _800ep_cfg.yaml (cfg 6.7, cfg_interval_start 0.125) and the paper: FID 1.35 at 800 epochs
+    "lightningdit-xl1-800ep.yaml": dict(model="LightningDiT-XL/1", objective="flow", batch=1024, lr=2e-4,
+                                        betas=(0.9, 0.95), ema=0.9999, steps=None, epochs=800, fid=1.35,
+                                        sampler="euler", sample_steps=249, cfg=6.7, channels="3",
+                                        interval=[0.0, 0.875], time_shift=1 / 0.3, latent=VA,
+                                        extra={"t_sampling": "logit-normal", "cosine_loss": True}),
+    # Wang et al. 2025, arXiv:2504.05741; MCG-NJU/DDT configs/repa_improved_ddt_xlen22de6_256.yaml (AdamW 1e-4,
+    # betas (0.9, 0.95), EMA 0.9999, lognorm_t, REPA DINOv2-B at layer 8 weight 0.5, max_steps 4M; Euler 250 steps,
+    # guidance 2.0 inside 0.3 < t < 1) and README (FID 1.26, DDT-XL/2 22en6de at 256 px)
+    "ddt-xl2.yaml": dict(model="DDT-XL/2", objective="flow", batch=256, lr=1e-4, betas=(0.9, 0.95), ema=0.9999,
+                         steps=4_000_000, epochs=800, fid=1.26, sampler="euler", sample_steps=250, cfg=2.0,
+                         channels="all", interval=[0.0, 0.7], latent=SD,
+                         extra={"t_sampling": "logit-normal", "repa": "dinov2_vitb14", "repa_depth": 8,
+                                "repa_coeff": 0.5}),
+    # Zheng et al. 2025, arXiv:2510.11690 (1.51 without guidance at 800 epochs); bytetriper/RAE
+    # configs/stage2/training/ImageNet256/DiTDH-XL_DINOv2-B.yaml (batch 1024, lr 2e-4, betas (0.9, 0.95), EMA 0.9995,
+    # clip 1.0, logit-normal(0, 1), linear schedule: warmup_epochs 40 without warmup_from_zero, decay_end_epoch 800,
+    # final lr 2e-5, time_dist_shift sqrt(196608 / 4096); sampler Euler ODE num_steps 50 = 49 steps)
+    "dit-dh-xl-rae.yaml": dict(model="DiT-DH-XL", objective="flow", batch=1024, lr=2e-4, betas=(0.9, 0.95),
+                               ema=0.9995, steps=None, epochs=800, fid=1.51, sampler="euler", sample_steps=49,
+                               cfg=1.0, channels=None, interval=None, latent=RAE,
+                               extra={"t_sampling": "logit-normal", "time_shift": "auto", "time_shift_base": 4096,
+                                      "final_lr": 2e-5, "lr_decay_start_epochs": 40, "lr_decay_end_epochs": 800,
+                                      "grad_clip": 1.0}),
+    # Leng et al. 2025, arXiv:2504.10483; End2End-Diffusion/REPA-E README: train_ldm_only.py --model SiT-XL/1
+    # --batch-size 256 --learning-rate 1e-4 --max-train-steps 4000000 --proj-coeff 0.5 --encoder-depth 8
+    # --enc-type dinov2-vit-b --weighting uniform; table B: E2E-VAVAE + SiT-XL/1 (REPA), 800 epochs, FID 1.12 with
+    # cfg 2.4 in [0, 0.73], 50 images per class, SDE 250 steps
+    "repae-sit-xl1-e2evae.yaml": dict(model="SiT-XL/1", objective="flow", batch=256, lr=1e-4, betas=(0.9, 0.999),
+                                      ema=0.9999, steps=4_000_000, epochs=800, fid=1.12, sampler="euler-maruyama",
+                                      sample_steps=250, cfg=2.4, channels="all", interval=[0.0, 0.73], latent=VA,
+                                      labels="equal",
+                                      extra={"repa": "dinov2_vitb14", "repa_depth": 8, "repa_coeff": 0.5,
+                                             "t_sampling": "uniform"}),
+}
+FAMILY_MODELS = {"LightningDiT-XL/1", "DDT-XL/2", "DiT-DH-XL"}  # presets of the `families` branch
+
+
+def test_there_is_a_row_for_every_recipe_file():
+    assert sorted(p.name for p in RECIPES.glob("*.yaml")) == sorted(PAPERS)
+
+
+@pytest.mark.parametrize("name", sorted(PAPERS))
+def test_the_recipe_states_the_papers_values(name):
+    row, values = PAPERS[name], load_config_file(RECIPES / name)
+    cfg = merge_config(values, {"shards": "s", "run_dir": "r"})
+    assert (cfg.model, cfg.objective, cfg.global_batch_size, cfg.lr) == (row["model"], row["objective"], row["batch"],
+                                                                         row["lr"])
+    assert (cfg.adam_beta1, cfg.adam_beta2, cfg.ema_decay, cfg.weight_decay) == (*row["betas"], row["ema"], 0.0)
+    assert cfg.class_dropout_prob == 0.1 and cfg.optimizer == "adamw"
+    if row["steps"] is not None:  # the source's length in steps, which is the paper's epochs of ImageNet-1k
+        assert cfg.max_steps == row["steps"] and cfg.epochs is None
+        assert row["steps"] * row["batch"] / IMAGENET == pytest.approx(row["epochs"], rel=0.01)
+    else:
+        assert cfg.epochs == row["epochs"] and cfg.max_steps is None
+    for key, want in row["extra"].items():
+        assert getattr(cfg, key) == want, key
+    recipe = cfg.recipe
+    assert recipe["fid"] == row["fid"] and recipe["epochs"] == row["epochs"] and recipe["paper"]
+    assert re.fullmatch(r"\d{4}\.\d{5}", recipe["arxiv"]) and recipe["extraction"] and recipe["name"]
+    s = recipe["sampling"]
+    assert (s["sampler"], s["steps"], s["cfg_scale"]) == (row["sampler"], row["sample_steps"], row["cfg"])
+    assert s.get("cfg_channels") == row["channels"] and s.get("guidance_interval") == row["interval"]
+    assert s.get("time_shift") == row.get("time_shift") and s.get("labels", "uniform") == row.get("labels", "uniform")
+    try:
+        cfg.validate()
+    except ConfigError as e:  # only a model of the families branch may be unknown here
+        assert cfg.model in FAMILY_MODELS and all(p.startswith("--model") for p in e.problems), str(e)
+
+
+@pytest.mark.parametrize("name", sorted(PAPERS))
+def test_the_sampling_settings_are_dit_samples(name):
+    sampling = load_config_file(RECIPES / name)["recipe"]["sampling"]
+    assert set(sampling) <= {f.name for f in dataclasses.fields(SampleConfig)}
+    SampleConfig(ckpt="model.pt", npz="samples.npz", **sampling).validate()
+
+
+def _imagenet(folder: Path, latent, pixels: bool) -> Path:
+    """A manifest of ImageNet-1k's size (1282 shards of up to 1000 samples) for a URL-list dry run."""
+    records, n = [], 0
+    while n < IMAGENET:
+        k = min(1000, IMAGENET - n)
+        i = len(records)
+        records.append(ShardRecord(shard_name(i), k, sample_key(n), sample_key(n + k - 1), 1 << 20, "0" * 64))
+        n += k
+    m = Manifest(format_version=format_version_for(pixels=pixels, normalization=False), tool_version="test",
+                 extraction={"vae": VAE_IDENTITY}, normalization=None, scaling_factor=0.18215, shift_factor=None,
+                 image_size=256, views=2, store="posterior", dtype="float16", latent_shape=list(latent),
+                 class_names=[f"n{c:08d}" for c in range(1000)], num_classes=1000, total_samples=IMAGENET,
+                 samples_per_shard=1000, shards=records, skipped=[], pixels=pixels_entry(256, 1) if pixels else None)
+    folder.mkdir(parents=True)
+    write_manifest(folder, m)
+    return folder / "manifest.json"
+
+
+@pytest.fixture(scope="module")
+def imagenet(tmp_path_factory):
+    root = tmp_path_factory.mktemp("imagenet")
+    return {"teacher": make_tiny_teacher(root / "teacher.safetensors"),
+            **{shape: _imagenet(root / "x".join(map(str, shape)), shape, pixels=shape != RAE)
+               for shape in (SD, VA, RAE)}}
+
+
+def _dry_run(name, imagenet, tmp_path, **flags):
+    manifest = imagenet[PAPERS[name]["latent"]]
+    args = ["--config", RECIPES / name, "--shards", "shard-{000000..001281}.tar", "--manifest", manifest,
+            "--run-dir", tmp_path / "run", "--dry-run", "--quiet"]
+    if PAPERS[name]["extra"].get("repa"):  # the recipe's teacher, DINOv2-B, cannot be fetched here
+        args += ["--repa", imagenet["teacher"]]
+    for k, v in flags.items():
+        args += [f"--{k}", v]
+    r = invoke_train(args)
+    assert r.exit_code == 0, r.output
+    return r.output
+
+
+@pytest.mark.parametrize("name", sorted(PAPERS))
+def test_the_dry_run_plans_the_papers_run(name, imagenet, tmp_path):
+    row = PAPERS[name]
+    if row["model"] in FAMILY_MODELS:
+        pytest.skip(f"needs the {row['model']} preset of the families branch (issue 31's networks)")
+    plan = _dry_run(name, imagenet, tmp_path)
+    assert f"the paper states FID {row['fid']:g} (" in plan and ", not measured here" in plan
+    assert f"  batch       global {row['batch']} = 1 rank(s) x micro-batch {row['batch']} x 1" in plan
+    length = re.search(r"  length      (.*) -> ([\d,]+) steps \(~([\d.]+) epochs\)", plan)
+    assert length is not None and int(length.group(2).replace(",", "")) == row["steps"]
+    assert float(length.group(3)) == pytest.approx(row["epochs"], rel=0.01)  # the readers' epochs of ImageNet
+    beta = f"betas ({row['betas'][0]:g}, {row['betas'][1]:g})"
+    assert f"  optimizer   AdamW, {beta}, eps 1e-08, weight decay 0; " in plan and f"EMA decay {row['ema']:g}" in plan
+    assert f"  lr          {row['lr']:g}, constant\n" in plan
+    assert "  GPU memory  (analytic estimate, unmeasured, rank 0) params 2.5" in plan  # 675M fp32 parameters
+
+
+def test_the_rae_recipe_plans_its_shift_and_schedule_in_the_runs_epochs(imagenet, tmp_path):
+    """The DiT-DH-XL recipe with the model swapped for one this branch builds (SiT-XL/1, the same width and
+    tokens): its time shift sqrt(48) and its lr schedule in steps of this run's epochs."""
+    plan = _dry_run("dit-dh-xl-rae.yaml", imagenet, tmp_path, model="SiT-XL/1")
+    assert f"shifted by {math.sqrt(48):.4g} toward noise" in plan
+    assert "(--time-shift auto: sqrt(768x16x16 / 4096) = 6.928)" in plan
+    assert "  optimizer   AdamW, betas (0.9, 0.95), eps 1e-08, weight decay 0; grad clip 1; EMA decay 0.9995" in plan
+    epoch = re.search(r"  epoch 0     ([\d,]+) optimizer steps", plan)
+    length = re.search(r"  length      epochs 800 -> ([\d,]+) steps", plan)
+    lr = re.search(r"  lr          0.0002, constant to step ([\d,]+) \(epoch 40\), linear to 2e-05 at step ([\d,]+) "
+                   r"\(epoch 800\), then constant", plan)
+    assert epoch and length and lr, plan
+    per, total = (int(m.group(1).replace(",", "")) for m in (epoch, length))
+    start, end = (int(g.replace(",", "")) for g in lr.groups())
+    assert per in (1248, 1249) and abs(start - 40 * per) <= 40 and end == total  # the decay ends with the run
+
+
+def test_flow_option_recipe_and_sampler_mistakes_are_named():
+    with pytest.raises(ConfigError) as e:
+        merge_config({"recipe": {"name": "x", "fid": "low", "sampling": [1], "paper_url": "u"}},
+                     {"shards": "s", "run_dir": "r", "objective": "ddpm", "cosine_loss": True}).validate()
+    msg = str(e.value)
+    assert "--time-shift and --cosine-loss act on the flow objective: add --objective flow" in msg
+    assert "recipe: unknown key 'paper_url'" in msg and "recipe: 'paper' is required (text)" in msg
+    assert "recipe: 'fid' must be a number or null, got 'low'" in msg
+    assert "recipe: 'sampling' must be a mapping of dit-sample settings, got [1]" in msg
+    cfg = merge_config({}, {"shards": "s", "run_dir": "r", "objective": "flow", "time_shift": "2.5"})
+    assert cfg.time_shift == 2.5  # the flag's text, as a number
+    with pytest.raises(ConfigError, match="--time-shift must be a number > 0 or 'auto', got 'fast'"):
+        merge_config({}, {"shards": "s", "run_dir": "r", "objective": "flow", "time_shift": "fast"}).validate()
+    with pytest.raises(ConfigError, match="--time-shift must be > 0 \\(1 = none\\), got 0.0"):
+        SampleConfig(ckpt="m.pt", npz="s.npz", class_labels=[0], time_shift=0.0).validate()
+    with pytest.raises(ConfigError, match="--time-shift shifts the flow samplers' time grid .* not --sampler ddim's"):
+        SampleConfig(ckpt="m.pt", npz="s.npz", class_labels=[0], sampler="ddim", steps=50, time_shift=3.0).validate()
