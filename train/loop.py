@@ -11,7 +11,8 @@ Per step there are two tiny all-reduces of named scalars (`common.distributed.al
 the forward, so all ranks agree on stopping (signal), an exhausted reader or an unreadable shard (no rank
 enters a collective the others skip); and after the backward, carrying the loss sums (logged loss = mean over
 all ranks), the grad norm and each rank's non-finite flag, so a NaN on any rank stops every rank before the
-optimizer update. Between log lines the values accumulate in a `Meter`.
+optimizer update. What such a step does is the divergence guard's verdict (train/guard.py: stop, skip, or
+skip and roll back to the newest checkpoint that passed). Between log lines the values accumulate in a `Meter`.
 The pre-step flags are host values: under NCCL they travel over a gloo side group (common.distributed), so
 agreeing on them never waits for the GPU. The post-backward values come to the host once per step: that
 verdict is what lets the update be refused before it happens. The grad norm it carries is the gradient
@@ -35,10 +36,11 @@ from dit_pipeline.common.faults import fault_point, fault_requested
 from dit_pipeline.common.log import get_logger, progress_enabled
 from dit_pipeline.common.seeding import STREAM_DROPOUT, STREAM_TIMESTEP, generator
 from dit_pipeline.dit import repa
-from dit_pipeline.train.checkpoint import CheckpointManager
+from dit_pipeline.train.checkpoint import CheckpointManager, load_checkpoint
 from dit_pipeline.train.data import Batch, EpochStream, ReaderEvent, make_loader
 from dit_pipeline.train.hooks import HookContext, PeriodicHook
-from dit_pipeline.train.metrics import LOSS_TERMS, Meter, MetricsLog, StepReport, interval_record, mfu
+from dit_pipeline.train.guard import Guard, GuardPart, advance, injected_fault
+from dit_pipeline.train.metrics import LOSS_TERMS, METRICS, Meter, MetricsLog, StepReport, interval_record, mfu
 from dit_pipeline.train.net import TrainModel
 from dit_pipeline.train.partition import EpochPlan, plan_epoch
 from dit_pipeline.train.parts import Part, ProgressPart, ShardSetPart, build_parts, load_all
@@ -87,11 +89,14 @@ class Trainer:
         self.ema_params, self.ema_sources = [e for e, _ in pairs], [p for _, p in pairs]
         self.latent_shape = tuple(self.source.manifest.latent_shape)
         self.shard_set = ShardSetPart.of(self.source.manifest, self.source.fingerprint)
+        self.guard = Guard(self.cfg)
+        self.rollback_due = False
         self.parts: list[Part] = build_parts(
             objective=self.cfg.objective, config=self.cfg.to_dict(), shard_set=self.shard_set, model=net.model,
             ema=net.ema, head=net.head, teacher=net.teacher.identity if net.teacher is not None else None,
             opt=net.opt, scaler=net.scaler,
-            progress=ProgressPart(self.state, self.layout, lambda epoch: self.plan(epoch).steps))
+            progress=ProgressPart(self.state, self.layout, lambda epoch: self.plan(epoch).steps),
+            guard=GuardPart(self.guard))
         self.last_saved = self.state.step
         self._consecutive_overflows = 0
         self.teacher_clock = TeacherClock(self.device)
@@ -152,9 +157,12 @@ class Trainer:
                     raise UserError(f"epoch {plan.epoch} has no complete optimizer step: each step needs "
                                     f"{self.batch.global_batch} samples and the readers hold "
                                     f"{plan.samples_total}")
-                if self.run_epoch(plan, stop, bar) == "stopped":
+                ended = self.run_epoch(plan, stop, bar)
+                if ended == "stopped":
                     outcome = "stopped"
                     break
+                if ended == "rollback":
+                    self.roll_back(bar)
         finally:
             bar.close()
         if self.state.step != self.last_saved:
@@ -184,6 +192,8 @@ class Trainer:
                     break
                 self.train_step(cast("list[Batch]", items), wait)  # "go": every item is a batch
                 s.step_in_epoch += 1
+                if self.rollback_due:
+                    return "rollback"
                 self.after_step(plan, bar)
         finally:
             getattr(loader, "close", lambda: None)()  # shuts the loader workers down now
@@ -250,6 +260,8 @@ class Trainer:
         t_all, noise_all, drop_all = self._step_randomness(micro * accum)
         report = StepReport()
         nan_fault = fault_requested("train.nan")
+        step = self.state.step + 1
+        factor = injected_fault(step, step + self.guard.data_offset)  # DIT_FAULT keyed points (train/guard.py)
         for i, b in enumerate(items):
             sl = slice(i * micro, (i + 1) * micro)
             x = b.latents.to(self.device, non_blocking=True)
@@ -269,6 +281,8 @@ class Trainer:
                                                  proj_coeff=self.cfg.repa_coeff)
                 if nan_fault and i == 0:  # injected by DIT_FAULT=train.nan (reliability tests)
                     terms["loss"] = terms["loss"] * float("nan")
+                if factor is not None and i == 0:
+                    terms["loss"] = terms["loss"] * factor
                 with comm_guard("the gradient all-reduce", self.state.step + 1):
                     p.scaler.scale(terms["loss"].mean() / accum).backward()
             for name, value in terms.items():  # the objective's per-sample terms: loss, mse (, vb)
@@ -295,8 +309,8 @@ class Trainer:
                                    flags={"non_finite": non_finite.double()})
         loss, norm = values.values["loss"], values.values["grad_norm"]
         step = self.state.step + 1
-        skipped = self._check_finite(step, loss, norm, values.ranks_with("non_finite"))
-        if not skipped:
+        verdict = self._check_finite(step, loss, norm, values.ranks_with("non_finite"))
+        if verdict == "apply":
             for group in p.opt.param_groups:
                 group["lr"] = self.lr_at(self.state.step)
             if p.scaler.is_enabled():
@@ -304,29 +318,74 @@ class Trainer:
             else:
                 p.opt.step()
             self._update_ema()
+            self.guard.applied(norm)
         if p.scaler.is_enabled():
             p.scaler.update()
         p.opt.zero_grad(set_to_none=True)
         self.state.step = step
-        self.meter.step(**values.values)
-        self.own.step(**values.own)
+        if verdict in ("skip", "rollback"):  # the interval's values are those of applied steps; its times all
+            self.meter.step(**{k: v for k, v in values.values.items() if METRICS[k].interval == "fraction"})
+            self.own.step(**{k: v for k, v in values.own.items() if METRICS[k].interval == "fraction"})
+        else:
+            self.meter.step(**values.values)
+            self.own.step(**values.own)
+        self.rollback_due = verdict == "rollback"
 
-    def _check_finite(self, step: int, loss: float, norm: float, bad_ranks: list[int]) -> bool:
-        """True when fp16 overflow makes the scaler skip this step; raises when the run diverged."""
+    def _check_finite(self, step: int, loss: float, norm: float, bad_ranks: list[int]) -> str:
+        """"apply", "overflow" (fp16: the GradScaler skips the step), or the guard's "skip" / "rollback"
+        (train/guard.py); raises TrainingDiverged when the run must stop."""
         if math.isfinite(loss) and math.isfinite(norm) and not bad_ranks:
             self._consecutive_overflows = 0
-            return False
-        if self.p.scaler.is_enabled() and not math.isfinite(norm):
+        elif self.p.scaler.is_enabled() and not math.isfinite(norm):
             self._consecutive_overflows += 1
             self.state.overflow_steps += 1
             if self._consecutive_overflows <= MAX_CONSECUTIVE_OVERFLOWS:
-                return True  # GradScaler skips the update and lowers the scale, as designed
+                return "overflow"  # GradScaler skips the update and lowers the scale, as designed
+        verdict = self.guard.judge(step, loss, norm, bad_ranks)
+        if verdict.kind in ("skip", "rollback"):
+            self.log.warning(f"step {step} skipped (--on-divergence {self.cfg.on_divergence}): {verdict.reason}")
+        if verdict.kind != "stop":
+            return verdict.kind
         last = self.out.ckpts.latest()
+        last_name = last.name if last else "none yet"
+        if self.cfg.on_divergence != "stop":
+            raise TrainingDiverged(f"step {step}: {verdict.reason}; stopped before the optimizer update. The last "
+                                   f"checkpoint ({last_name}) is intact; resume from it with a lower --lr, "
+                                   "--grad-clip or --warmup-steps, or --on-divergence rollback.")
         where = f"on rank(s) {bad_ranks}" if bad_ranks else "in the gradients"
         raise TrainingDiverged(
             f"step {step}: non-finite loss or gradient {where} (loss {loss}, grad norm {norm}); stopped before "
-            f"the optimizer update. The last checkpoint ({last.name if last else 'none yet'}) is intact; "
-            "resume from it with a lower --lr, --grad-clip, --warmup-steps or --precision fp32.")
+            f"the optimizer update. The last checkpoint ({last_name}) is intact; resume from it with a lower --lr, "
+            "--grad-clip, --warmup-steps or --precision fp32, or let --on-divergence skip|rollback handle it.")
+
+    def roll_back(self, bar: tqdm) -> None:
+        """Back to the newest checkpoint that passed, the data stream past the batches read since (train/guard.py).
+
+        Every rank loads it; rank 0 sets the abandoned steps' checkpoints aside, then rewrites it with the advanced
+        data position and the rollback recorded, so a kill at any moment resumes (or repeats) this rollback."""
+        s, at = self.state, self.state.step
+        to, why = self.guard.rollback_target(at)
+        if to is None or not self.out.ckpts.path(to).is_file():
+            raise TrainingDiverged(f"{why or f'step {at}: the checkpoint of step {to} to roll back to is gone'}; "
+                                   "stopping. Resume from an earlier checkpoint (--resume PATH) with a lower --lr, "
+                                   "--grad-clip or --warmup-steps.")
+        history = self.guard.history()
+        load_all(self.parts, load_checkpoint(self.out.ckpts.path(to)), str(self.out.ckpts.path(to)))
+        s.epoch, s.step_in_epoch = advance(s.epoch, s.step_in_epoch, at - to, lambda epoch: self.plan(epoch).steps)
+        self.guard.rolled_back(history, at, to)
+        self.rollback_due = False
+        if dist.is_main():
+            self.out.ckpts.set_aside(after=to)
+        self.metrics.resume_at(to)
+        self.meter.reset()
+        self.own.reset()
+        self.checkpoint()
+        bar.n = to
+        bar.refresh()
+        self.log.warning(f"step {at}: rolled back to {self.out.ckpts.path(to).name} (rollback "
+                         f"{len(self.guard.rollbacks)}); the data stream continues past the {at - to} batches read "
+                         f"since (epoch {s.epoch}, step {s.step_in_epoch} in epoch)")
+        fault_point("train.rolled_back")
 
     @torch.no_grad()
     def _update_ema(self) -> None:
@@ -356,17 +415,20 @@ class Trainer:
                "peak_mem_gb": (torch.cuda.max_memory_allocated(self.device) / 2**30
                                if self.device.type == "cuda" else None),
                "mfu": mfu(self.p.flops_per_image, images_per_s, self.world, self.p.peak_tflops),
-               "fp16_skipped": s.overflow_steps, "bad_shards": s.bad_shards}
+               "fp16_skipped": s.overflow_steps, "bad_shards": s.bad_shards, "skipped_steps": self.guard.skipped,
+               "rollbacks": len(self.guard.rollbacks), "world_size": self.world}
         self.metrics.write(rec)
         self.metrics.write_rank({"step": s.step, **interval_record(own, elapsed)})
         mem = f" mem {rec['peak_mem_gb']:.1f}G" if rec["peak_mem_gb"] is not None else ""
         util = f" mfu {rec['mfu']:.1%}" if rec["mfu"] is not None else ""
         util += f" teacher {rec['teacher_time']:.0%}" if "teacher_time" in rec else ""
+        util += f" skipped {rec['skipped_steps']} rollbacks {rec['rollbacks']}" if self.guard.skipped else ""
         terms = " ".join(f"{k} {rec[k]:.4f}" for k in LOSS_TERMS[1:] if k in rec)
+        loss, nan = rec.get("loss", math.nan), math.nan  # absent: every step of the interval was skipped
         self.log.info(f"step {s.step}{f'/{self.total_steps}' if self.total_steps else ''} epoch {s.epoch} "
-                      f"loss {rec['loss']:.4f}{f' ({terms})' if terms else ''} grad {rec['grad_norm']:.3g} "
+                      f"loss {loss:.4f}{f' ({terms})' if terms else ''} grad {rec.get('grad_norm', nan):.3g} "
                       f"lr {rec['lr']:.3g} {images_per_s:.1f} img/s data-wait {rec['data_wait']:.0%}{mem}{util}")
-        bar.set_postfix(loss=f"{rec['loss']:.4f}", refresh=False)
+        bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
         m.reset()
         own.reset()
 
@@ -391,6 +453,8 @@ class Trainer:
     def checkpoint(self) -> Path | None:
         """Collective: all ranks compare weight fingerprints; rank 0 writes the checkpoint its parts compose."""
         s = self.state
+        self.guard.checkpointed(s.step)
+        self.out.ckpts.pinned = {self.guard.last_clean} if self.guard.last_clean is not None else set()
         fp = weights_fingerprint(self.p.trained)
         self.metrics.write_rank({"step": s.step, "weights_fingerprint": fp})
         with comm_guard("the weights check before a checkpoint", s.step):

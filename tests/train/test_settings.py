@@ -32,7 +32,8 @@ def help_text() -> str:
     return r.output
 
 
-ADDED_SINCE = {"fid_labels", "repa", "repa_depth", "repa_coeff"}  # settings added compatibly since (a stored config without them has their default)
+ADDED_SINCE = {"fid_labels", "repa", "repa_depth", "repa_coeff", "on_divergence", "spike_factor", "spike_window",
+               "max_skips", "skip_window", "wandb", "wandb_project", "fd_dinov2", "dinov2"}  # settings added compatibly since (a stored config without them has their default)
 
 
 def test_the_stored_config_keeps_its_flat_keys():
