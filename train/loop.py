@@ -36,10 +36,11 @@ from dit_pipeline.common.faults import fault_point, fault_requested
 from dit_pipeline.common.log import get_logger, progress_enabled
 from dit_pipeline.common.seeding import STREAM_DROPOUT, STREAM_TIMESTEP, generator
 from dit_pipeline.dit import repa
-from dit_pipeline.train.checkpoint import CheckpointManager, load_checkpoint
+from dit_pipeline.train.checkpoint import CheckpointManager
 from dit_pipeline.train.data import Batch, EpochStream, ReaderEvent, make_loader
+from dit_pipeline.train.diverge import TrainingDiverged, check_finite, roll_back  # noqa: F401 (raised here)
 from dit_pipeline.train.hooks import HookContext, PeriodicHook
-from dit_pipeline.train.guard import Guard, GuardPart, advance, injected_fault
+from dit_pipeline.train.guard import Guard, GuardPart, injected_fault
 from dit_pipeline.train.metrics import LOSS_TERMS, METRICS, Meter, MetricsLog, StepReport, interval_record, mfu
 from dit_pipeline.train.net import TrainModel
 from dit_pipeline.train.partition import EpochPlan, plan_epoch
@@ -48,13 +49,6 @@ from dit_pipeline.train.preflight import Preflight
 from dit_pipeline.train.repa import TeacherClock
 from dit_pipeline.train.speed import ema_update
 from dit_pipeline.train.state import TrainState, comm_guard, weights_fingerprint
-
-MAX_CONSECUTIVE_OVERFLOWS = 25  # fp16: the loss scale has shrunk by 2**25: the run diverged
-
-
-class TrainingDiverged(UserError):
-    """Loss or gradient became NaN/Inf; raised on every rank before the optimizer update."""
-
 
 @dataclass
 class RunOutput:
@@ -162,7 +156,7 @@ class Trainer:
                     outcome = "stopped"
                     break
                 if ended == "rollback":
-                    self.roll_back(bar)
+                    roll_back(self, bar)
         finally:
             bar.close()
         if self.state.step != self.last_saved:
@@ -309,7 +303,7 @@ class Trainer:
                                    flags={"non_finite": non_finite.double()})
         loss, norm = values.values["loss"], values.values["grad_norm"]
         step = self.state.step + 1
-        verdict = self._check_finite(step, loss, norm, values.ranks_with("non_finite"))
+        verdict = check_finite(self, step, loss, norm, values.ranks_with("non_finite"))
         if verdict == "apply":
             for group in p.opt.param_groups:
                 group["lr"] = self.lr_at(self.state.step)
@@ -330,62 +324,6 @@ class Trainer:
             self.meter.step(**values.values)
             self.own.step(**values.own)
         self.rollback_due = verdict == "rollback"
-
-    def _check_finite(self, step: int, loss: float, norm: float, bad_ranks: list[int]) -> str:
-        """"apply", "overflow" (fp16: the GradScaler skips the step), or the guard's "skip" / "rollback"
-        (train/guard.py); raises TrainingDiverged when the run must stop."""
-        if math.isfinite(loss) and math.isfinite(norm) and not bad_ranks:
-            self._consecutive_overflows = 0
-        elif self.p.scaler.is_enabled() and not math.isfinite(norm):
-            self._consecutive_overflows += 1
-            self.state.overflow_steps += 1
-            if self._consecutive_overflows <= MAX_CONSECUTIVE_OVERFLOWS:
-                return "overflow"  # GradScaler skips the update and lowers the scale, as designed
-        verdict = self.guard.judge(step, loss, norm, bad_ranks)
-        if verdict.kind in ("skip", "rollback"):
-            self.log.warning(f"step {step} skipped (--on-divergence {self.cfg.on_divergence}): {verdict.reason}")
-        if verdict.kind != "stop":
-            return verdict.kind
-        last = self.out.ckpts.latest()
-        last_name = last.name if last else "none yet"
-        if self.cfg.on_divergence != "stop":
-            raise TrainingDiverged(f"step {step}: {verdict.reason}; stopped before the optimizer update. The last "
-                                   f"checkpoint ({last_name}) is intact; resume from it with a lower --lr, "
-                                   "--grad-clip or --warmup-steps, or --on-divergence rollback.")
-        where = f"on rank(s) {bad_ranks}" if bad_ranks else "in the gradients"
-        raise TrainingDiverged(
-            f"step {step}: non-finite loss or gradient {where} (loss {loss}, grad norm {norm}); stopped before "
-            f"the optimizer update. The last checkpoint ({last_name}) is intact; resume from it with a lower --lr, "
-            "--grad-clip, --warmup-steps or --precision fp32, or let --on-divergence skip|rollback handle it.")
-
-    def roll_back(self, bar: tqdm) -> None:
-        """Back to the newest checkpoint that passed, the data stream past the batches read since (train/guard.py).
-
-        Every rank loads it; rank 0 sets the abandoned steps' checkpoints aside, then rewrites it with the advanced
-        data position and the rollback recorded, so a kill at any moment resumes (or repeats) this rollback."""
-        s, at = self.state, self.state.step
-        to, why = self.guard.rollback_target(at)
-        if to is None or not self.out.ckpts.path(to).is_file():
-            raise TrainingDiverged(f"{why or f'step {at}: the checkpoint of step {to} to roll back to is gone'}; "
-                                   "stopping. Resume from an earlier checkpoint (--resume PATH) with a lower --lr, "
-                                   "--grad-clip or --warmup-steps.")
-        history = self.guard.history()
-        load_all(self.parts, load_checkpoint(self.out.ckpts.path(to)), str(self.out.ckpts.path(to)))
-        s.epoch, s.step_in_epoch = advance(s.epoch, s.step_in_epoch, at - to, lambda epoch: self.plan(epoch).steps)
-        self.guard.rolled_back(history, at, to)
-        self.rollback_due = False
-        if dist.is_main():
-            self.out.ckpts.set_aside(after=to)
-        self.metrics.resume_at(to)
-        self.meter.reset()
-        self.own.reset()
-        self.checkpoint()
-        bar.n = to
-        bar.refresh()
-        self.log.warning(f"step {at}: rolled back to {self.out.ckpts.path(to).name} (rollback "
-                         f"{len(self.guard.rollbacks)}); the data stream continues past the {at - to} batches read "
-                         f"since (epoch {s.epoch}, step {s.step_in_epoch} in epoch)")
-        fault_point("train.rolled_back")
 
     @torch.no_grad()
     def _update_ema(self) -> None:
