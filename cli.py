@@ -443,6 +443,14 @@ def train_main(ctx: click.Context, config_file: str | None, nproc_per_node: int 
 @click.option("--random-inception", type=int, default=None, metavar="SEED",
               help="Random Inception weights from SEED instead of the weights file: the whole evaluation runs "
               "offline, but its numbers mean nothing (a smoke test).")
+@click.option("--fd-dinov2", is_flag=True, default=False,
+              help="Also FD_DINOv2 (EDM2): the Frechet distance of DINOv2 ViT-L/14 features.")
+@click.option("--dinov2", default=None, metavar="PATH",
+              help="DINOv2 ViT-L/14 weights (Meta's dinov2_vitl14_pretrain.pth or timm's .safetensors) "
+              "[torch hub cache, fetched once].")
+@click.option("--dinov2-resize", type=click.Choice(("torch", "pil")), default="torch", show_default=True,
+              help="The 224 px resize of FD_DINOv2: torch (F.interpolate, antialiased; fast) or pil (dgm-eval's "
+              "exact reference; BENCHMARKS.md: how far apart).")
 @debug_option
 @handle_errors
 def eval_main(json_path: str | None, debug: bool, **options: Any) -> None:

@@ -64,8 +64,9 @@ def plot_metrics(run_dir: str | Path, out: str | Path | None = None) -> Path:
         xs, ys = _series(records, "fid")
         fid_ax = axes[1][0]
         fid_ax.plot(xs, ys, "o-", color="tab:red", linewidth=1.0, markersize=3)
-        n = next((r.get("fid_num_samples") for r in reversed(records) if "fid" in r), None)
-        fid_ax.set_ylabel(f"FID ({n} samples)" if n else "FID")
+        last_fid = next(r for r in reversed(records) if "fid" in r)
+        n, name = last_fid.get("fid_num_samples"), last_fid.get("fid_name")  # "FID-5K" (evaluate/labels.py)
+        fid_ax.set_ylabel(name or (f"FID ({n} samples)" if n else "FID"))
         fid_ax.set_title(f"best FID {min(ys):.3g} at step {xs[ys.index(min(ys))]}", fontsize=9)
         fid_ax.grid(alpha=0.3)
     if has_speed:
