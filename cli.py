@@ -420,6 +420,26 @@ def train_main(ctx: click.Context, config_file: str | None, nproc_per_node: int 
         sys.exit(code)
 
 
+@click.command("dit-report", cls=DashCommand, context_settings={"help_option_names": ["-h", "--help"]})
+@version_option
+@click.argument("run_dir", metavar="RUN")
+@click.option("--out", default=None, metavar="DIR", help="Folder for report.md and report.png [RUN].")
+@debug_option
+@handle_errors
+def report_main(run_dir: str, out: str | None, debug: bool) -> None:
+    """One Markdown page and one PNG for a dit-train run folder: config, loss and FID curves, the last evaluation
+    (sample count, reference, sampler), throughput and device-hours, the divergence guard, the paper's number.
+
+    \b
+    Examples:
+      dit-report runs/xl2
+    """
+    from dit_pipeline.train.report import write_report
+
+    md, png = write_report(run_dir, out)
+    click.echo(f"wrote {md} and {png}")
+
+
 # ---------------------------------------------------------------------------------------------------------
 # dit-eval (evaluate/): FID, sFID, Inception Score, precision and recall as the ADM evaluator reports them
 # ---------------------------------------------------------------------------------------------------------

@@ -29,10 +29,11 @@ from dit_pipeline.common.latent_norm import LatentNorm
 from dit_pipeline.common.log import get_logger
 from dit_pipeline.common.settings import choice, positive, setting
 from dit_pipeline.common.vae import load_vae
-from dit_pipeline.evaluate import dinov2, labels
+from dit_pipeline.evaluate import dinov2
 from dit_pipeline.evaluate.features import gather_rows, local_features, source_features
 from dit_pipeline.evaluate.inception import INPUT_SIZE, load_inception
 from dit_pipeline.evaluate.inputs import Source, check_resolution, open_source
+from dit_pipeline.evaluate.labels import metric_names
 from dit_pipeline.evaluate.metrics import NEIGHBOURHOOD_K
 from dit_pipeline.evaluate.run import Side, compute_metrics, fd_dinov2
 from dit_pipeline.sample import plan
@@ -200,7 +201,7 @@ class FidHook:
         numbers = compute_metrics(samples, self._state["ref"], device=ctx.device)
         if self.fd_dinov2:
             numbers["fd_dinov2"] = fd_dinov2(gathered["dinov2"] if gathered else None, self._state["dinov2_ref"])
-        names = {f"{k}_name": v for k, v in labels.metric_names(self.num_samples).items() if numbers.get(k) is not None}
+        names = {f"{k}_name": v for k, v in metric_names(self.num_samples).items() if numbers.get(k) is not None}
         record = {"step": ctx.step, **numbers, **names, "fid_ref": Path(self.ref).name,
                   "fid_num_samples": self.num_samples, "fid_labels": self.labels,
                   "fid_seconds": time.perf_counter() - start}
