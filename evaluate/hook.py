@@ -208,8 +208,8 @@ class FidHook:
         if getattr(ctx, "metrics", None) is not None:
             ctx.metrics.write(record)
         dino = f", {names['fd_dinov2_name']} {numbers['fd_dinov2']:.4g}" if "fd_dinov2_name" in names else ""
-        get_logger().info("step %d: %s %.4g vs %s (sFID %s, IS %s, precision %s, recall %s%s) from %d samples in "
-                          "%.1f s", ctx.step, names["fid_name"], numbers["fid"], record["fid_ref"],
+        get_logger().info("step %d: FID %.4g [%s vs %s] (sFID %s, IS %s, precision %s, recall %s%s) from %d samples "
+                          "in %.1f s", ctx.step, numbers["fid"], names["fid_name"], record["fid_ref"],
                           _fmt(numbers["sfid"]), _fmt(numbers["inception_score"]), _fmt(numbers["precision"]),
                           _fmt(numbers["recall"]), dino, self.num_samples, record["fid_seconds"])
         return record

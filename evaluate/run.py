@@ -151,14 +151,17 @@ def _load_model(cfg: EvalConfig, device: torch.device) -> tuple[torch.nn.Module,
 
 
 def format_result(result: dict[str, Any]) -> str:
-    """The ADM evaluator's printout, one metric per line (n/a where an input lacked what it needs)."""
+    """The ADM evaluator's printout, one metric per line (n/a where an input lacked what it needs), then a line
+    naming the distances with their sample count and reference (evaluate/labels.py)."""
     shown = {"inception_score": "Inception Score", "fid": "FID", "sfid": "sFID", "precision": "Precision",
              "recall": "Recall", "fd_dinov2": "FD_DINOv2"}
-    names, n, ref = result.get("metric_names", {}), result.get("samples", {}).get("count"), result.get("reference_file")
-    proxy = " (a proxy: papers report 50K)" if result.get("proxy") else ""
-    return "\n".join(f"{shown[k]}: {'n/a' if result.get(k) is None else repr(float(result[k]))}"
-                     + (f"  [{names[k]}: {n} samples vs {ref}{proxy}]" if k in names and result.get(k) is not None
-                        else "") for k in METRIC_NAMES)
+    lines = [f"{shown[k]}: {'n/a' if result.get(k) is None else repr(float(result[k]))}" for k in METRIC_NAMES]
+    names = [v for k, v in result.get("metric_names", {}).items() if result.get(k) is not None]
+    if names:
+        proxy = f"; a proxy: papers report {labels.count_label(labels.PAPER_SAMPLES)}" if result.get("proxy") else ""
+        lines.append(f"Names: {', '.join(names)} ({result['samples']['count']} samples vs "
+                     f"{result.get('reference_file')}{proxy})")
+    return "\n".join(lines)
 
 
 def main(cfg: EvalConfig) -> dict[str, Any]:

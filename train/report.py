@@ -77,19 +77,19 @@ def build_report(run_dir: Path, png: str) -> str:
     ev = evals[-1] if evals else None
     last = train[-1] if train else {}
     t = throughput(train)
-    recipe = cfg.get("recipe") if isinstance(cfg.get("recipe"), dict) else None
-    ours = f"{ev.get('fid_name', 'FID')} {_num(ev['fid'])} at step {ev['step']}" if ev else "not evaluated"
+    recipe: dict[str, Any] | None = cfg["recipe"] if isinstance(cfg.get("recipe"), dict) else None
+    ours = f"{ev.get('fid_name', 'FID')} {_num(ev['fid'])} at step {ev['step']}" if ev is not None else "not evaluated"
     proxy = ev is not None and ev.get("fid_num_samples") != 50_000
     of = f" of {cfg['max_steps']}" if cfg.get("max_steps") else ""
     lines = [f"# Run report: {run_dir.name}", "",
              f"`{run_dir}`, step {last.get('step', 0)}{of}, epoch {last.get('epoch', 0)}, last loss "
              f"{_num(last.get('loss'))}.", "",
              "## Result against the paper", "", "| | FID | samples |", "|---|---|---|",
-             f"| this run | {ours} | {ev.get('fid_num_samples') if ev else 'n/a'} |"]
+             f"| this run | {ours} | {ev.get('fid_num_samples') if ev is not None else 'n/a'} |"]
     if recipe is not None:
         lines.append(f"| {recipe.get('paper', 'paper')} ({recipe.get('name', 'recipe')}) | FID-50K "
                      f"{_num(recipe.get('fid'))} | 50000 |")
-    if proxy:
+    if proxy and ev is not None:
         lines += ["", f"This run's number is a proxy ({ev.get('fid_name')}): the paper metric is FID-50K (50,000 "
                   "samples); run `dit-sample --num-samples 50000` and `dit-eval` for it."]
     lines += ["", "## Curves", "", f"![loss, FID and throughput against the step]({png})", "",
@@ -120,7 +120,7 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> tuple[Pa
     folder = Path(out).expanduser() if out is not None else run
     folder.mkdir(parents=True, exist_ok=True)
     cfg = json.loads((run / "config.json").read_text(encoding="utf-8")) if (run / "config.json").is_file() else {}
-    recipe = cfg.get("recipe") if isinstance(cfg.get("recipe"), dict) else {}
+    recipe: dict[str, Any] = cfg["recipe"] if isinstance(cfg.get("recipe"), dict) else {}
     paper = (f"{recipe.get('paper', 'paper')}: FID-50K {recipe['fid']}", float(recipe["fid"])) \
         if isinstance(recipe.get("fid"), (int, float)) else None
     png = plot_metrics(run, folder / "report.png", paper=paper)

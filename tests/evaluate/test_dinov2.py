@@ -86,8 +86,8 @@ def test_fd_dinov2_equals_the_direct_computation_and_is_labelled(inputs, resize,
     assert (result["fid_name"], result["proxy"], result["reference_file"]) == ("FID-40", True, "ref.npz")
     assert result["metric_names"] == {"fid": "FID-40", "sfid": "sFID-40", "fd_dinov2": "FD_DINOv2-40"}
     assert json.loads(samples.with_name("samples.npz.eval.json").read_text())["fd_dinov2"] == result["fd_dinov2"]
-    assert "FD_DINOv2: " in format_result(result) and "[FID-40: 40 samples vs ref.npz (a proxy: papers report 50K)]" \
-        in format_result(result)
+    assert "FD_DINOv2: " in format_result(result) and format_result(result).endswith(
+        "Names: FID-40, sFID-40, FD_DINOv2-40 (40 samples vs ref.npz; a proxy: papers report 50K)")
     from dit_pipeline.evaluate import dinov2
 
     monkeypatch.setattr(dinov2.DINOv2Features, "forward", lambda *a: pytest.fail("features recomputed"))
