@@ -151,17 +151,19 @@ def _load_model(cfg: EvalConfig, device: torch.device) -> tuple[torch.nn.Module,
 
 
 def format_result(result: dict[str, Any]) -> str:
-    """The ADM evaluator's printout, one metric per line (n/a where an input lacked what it needs), then a line
-    naming the distances with their sample count and reference (evaluate/labels.py)."""
+    """The ADM evaluator's printout, one metric per line (n/a where an input lacked what it needs); FD_DINOv2
+    after them when it was computed."""
     shown = {"inception_score": "Inception Score", "fid": "FID", "sfid": "sFID", "precision": "Precision",
              "recall": "Recall", "fd_dinov2": "FD_DINOv2"}
-    lines = [f"{shown[k]}: {'n/a' if result.get(k) is None else repr(float(result[k]))}" for k in METRIC_NAMES]
+    return "\n".join(f"{shown[k]}: {'n/a' if result.get(k) is None else repr(float(result[k]))}"
+                     for k in METRIC_NAMES if k != "fd_dinov2" or result.get(k) is not None)
+
+
+def format_names(result: dict[str, Any]) -> str:
+    """The line naming the distances with their sample count and reference (evaluate/labels.py)."""
     names = [v for k, v in result.get("metric_names", {}).items() if result.get(k) is not None]
-    if names:
-        proxy = f"; a proxy: papers report {labels.count_label(labels.PAPER_SAMPLES)}" if result.get("proxy") else ""
-        lines.append(f"Names: {', '.join(names)} ({result['samples']['count']} samples vs "
-                     f"{result.get('reference_file')}{proxy})")
-    return "\n".join(lines)
+    proxy = f"; a proxy: papers report {labels.count_label(labels.PAPER_SAMPLES)}" if result.get("proxy") else ""
+    return f"names: {', '.join(names)} ({result['samples']['count']} samples vs {result.get('reference_file')}{proxy})"
 
 
 def main(cfg: EvalConfig) -> dict[str, Any]:
@@ -170,4 +172,5 @@ def main(cfg: EvalConfig) -> dict[str, Any]:
     if dist.rank() == 0:
         print(format_result(result))
         print(f"wrote {cfg.json_path}")
+        print(format_names(result))
     return result

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from dit_pipeline.evaluate import EvalConfig, run_eval
-from dit_pipeline.evaluate.run import format_result
+from dit_pipeline.evaluate.run import format_names, format_result
 from tests._util import TINY_TEACHER, make_tiny_teacher
 
 MEAN, STD = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1), torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
@@ -86,8 +86,9 @@ def test_fd_dinov2_equals_the_direct_computation_and_is_labelled(inputs, resize,
     assert (result["fid_name"], result["proxy"], result["reference_file"]) == ("FID-40", True, "ref.npz")
     assert result["metric_names"] == {"fid": "FID-40", "sfid": "sFID-40", "fd_dinov2": "FD_DINOv2-40"}
     assert json.loads(samples.with_name("samples.npz.eval.json").read_text())["fd_dinov2"] == result["fd_dinov2"]
-    assert "FD_DINOv2: " in format_result(result) and format_result(result).endswith(
-        "Names: FID-40, sFID-40, FD_DINOv2-40 (40 samples vs ref.npz; a proxy: papers report 50K)")
+    assert format_result(result).splitlines()[-1] == f"FD_DINOv2: {result['fd_dinov2']!r}"
+    assert format_names(result) == "names: FID-40, sFID-40, FD_DINOv2-40 (40 samples vs ref.npz; a proxy: papers " \
+        "report 50K)"
     from dit_pipeline.evaluate import dinov2
 
     monkeypatch.setattr(dinov2.DINOv2Features, "forward", lambda *a: pytest.fail("features recomputed"))
