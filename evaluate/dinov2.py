@@ -154,7 +154,7 @@ def _cache_path(source: Source, digest: str, ident: dict[str, Any]) -> Path:
 
 
 def source_features(source: Source, net: DINOv2Features, ident: dict[str, Any], *, batch_size: int,
-                    device: torch.device, use_cache: bool, log: logging.Logger) -> np.ndarray | None:
+                    use_cache: bool, log: logging.Logger) -> np.ndarray | None:
     """DINOv2 features [N, D] of every image of `source` on rank 0 (None elsewhere, and for a source without
     images: a statistics or Inception features file)."""
     if source.kind not in ("npz", "folder"):

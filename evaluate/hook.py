@@ -151,7 +151,7 @@ class FidHook:
         if self.fd_dinov2:
             net, ident = dinov2.load_dinov2(self.dinov2, device=ctx.device)
             self._state.update(dinov2=net, dinov2_ref=dinov2.source_features(
-                ref, net, ident, batch_size=self.batch_size, device=ctx.device, use_cache=True, log=get_logger()))
+                ref, net, ident, batch_size=self.batch_size, use_cache=True, log=get_logger()))
 
     def _sync_ema(self, ctx: HookContext) -> torch.nn.Module:
         """The EMA weights (rank 0's; the raw model's when there is no EMA) in every rank's sampling copy."""

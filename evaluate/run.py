@@ -137,8 +137,8 @@ def _dinov2_features(cfg: EvalConfig, samples: Source, ref: Source, device: torc
     first: list[Any] = []
     dist.on_rank0(lambda: first.append(dinov2.load_dinov2(cfg.dinov2, resize=cfg.dinov2_resize, device=device)))
     net, ident = first[0] if first else dinov2.load_dinov2(cfg.dinov2, resize=cfg.dinov2_resize, device=device)
-    feats = [dinov2.source_features(src, net, ident, batch_size=cfg.batch_size, device=device, use_cache=cfg.cache,
-                                    log=log) for src in (samples, ref)]
+    feats = [dinov2.source_features(src, net, ident, batch_size=cfg.batch_size, use_cache=cfg.cache, log=log)
+             for src in (samples, ref)]
     return feats[0], feats[1], ident
 
 

@@ -53,6 +53,7 @@ def check_finite(trainer: "Trainer", step: int, loss: float, norm: float, bad_ra
         f"the optimizer update. The last checkpoint ({last_name}) is intact; resume from it with a lower --lr, "
         "--grad-clip, --warmup-steps or --precision fp32, or let --on-divergence skip|rollback handle it.")
 
+
 def roll_back(trainer: "Trainer", bar: tqdm) -> None:
     """Back to the newest checkpoint that passed, the data stream past the batches read since (train/guard.py).
 
@@ -78,7 +79,7 @@ def roll_back(trainer: "Trainer", bar: tqdm) -> None:
     bar.n = to
     bar.refresh()
     trainer.log.warning(f"step {at}: rolled back to {trainer.out.ckpts.path(to).name} (rollback "
-                     f"{len(trainer.guard.rollbacks)}); the data stream continues past the {at - to} batches read "
-                     f"since (epoch {s.epoch}, step {s.step_in_epoch} in epoch)")
+                        f"{len(trainer.guard.rollbacks)}); the data stream continues past the {at - to} batches "
+                        f"read since (epoch {s.epoch}, step {s.step_in_epoch} in epoch)")
     fault_point("train.rolled_back")
 
