@@ -424,6 +424,26 @@ def train_main(ctx: click.Context, config_file: str | None, nproc_per_node: int 
         sys.exit(code)
 
 
+@click.command("dit-report", cls=DashCommand, context_settings={"help_option_names": ["-h", "--help"]})
+@version_option
+@click.argument("run_dir", metavar="RUN")
+@click.option("--out", default=None, metavar="DIR", help="Folder for report.md and report.png [RUN].")
+@debug_option
+@handle_errors
+def report_main(run_dir: str, out: str | None, debug: bool) -> None:
+    """One Markdown page and one PNG for a dit-train run folder: config, loss and FID curves, the last evaluation
+    (sample count, reference, sampler), throughput and device-hours, the divergence guard, the paper's number.
+
+    \b
+    Examples:
+      dit-report runs/xl2
+    """
+    from dit_pipeline.train.report import write_report
+
+    md, png = write_report(run_dir, out)
+    click.echo(f"wrote {md} and {png}")
+
+
 # ---------------------------------------------------------------------------------------------------------
 # dit-eval (evaluate/): FID, sFID, Inception Score, precision and recall as the ADM evaluator reports them
 # ---------------------------------------------------------------------------------------------------------
@@ -447,6 +467,14 @@ def train_main(ctx: click.Context, config_file: str | None, nproc_per_node: int 
 @click.option("--random-inception", type=int, default=None, metavar="SEED",
               help="Random Inception weights from SEED instead of the weights file: the whole evaluation runs "
               "offline, but its numbers mean nothing (a smoke test).")
+@click.option("--fd-dinov2", is_flag=True, default=False,
+              help="Also FD_DINOv2 (EDM2): the Frechet distance of DINOv2 ViT-L/14 features.")
+@click.option("--dinov2", default=None, metavar="PATH",
+              help="DINOv2 ViT-L/14 weights (Meta's dinov2_vitl14_pretrain.pth or timm's .safetensors) "
+              "[torch hub cache, fetched once].")
+@click.option("--dinov2-resize", type=click.Choice(("torch", "pil")), default="torch", show_default=True,
+              help="The 224 px resize of FD_DINOv2: torch (F.interpolate, antialiased; fast) or pil (dgm-eval's "
+              "exact reference; BENCHMARKS.md: how far apart).")
 @debug_option
 @handle_errors
 def eval_main(json_path: str | None, debug: bool, **options: Any) -> None:

@@ -12,6 +12,12 @@ cluster preemption), `usr1` (SIGUSR1), `exit` (os._exit(17): a crashed rank), `e
 OSError(ENOSPC): a full disk), `erofs` (raise OSError(EROFS): a read-only mount), or `stop` (SIGSTOP itself: the process freezes there until a test has
 changed something, e.g. corrupted a shard, and sends SIGCONT). `nan` is handled by the caller through
 `fault_requested(name)`.
+
+Keyed points (`fault_at(name, index)`) count nothing: "<name>@<k>" fires every time the caller reaches index
+k (an optimizer step, a data batch), in every process and after every restart, so a fault can recur after a
+resume or a rollback exactly as a real one tied to that step or batch would; several items may name the same
+point ("train.nan_step@5,train.nan_step@6"). The divergence-guard tests use `train.nan_step`,
+`train.nan_batch`, `train.spike_step` and `train.spike_batch` (train/guard.py).
 """
 from __future__ import annotations
 
@@ -47,6 +53,18 @@ def fault_requested(name: str) -> bool:
         return False
     _counts[name] += 1
     return _counts[name] == spec[0]
+
+
+def fault_at(name: str, index: int) -> bool:
+    """True when DIT_FAULT names `name@index` (a keyed point: nothing is counted) on this rank."""
+    raw = os.environ.get("DIT_FAULT", "")
+    if not raw or not _rank_matches():
+        return False
+    for item in filter(None, (s.strip() for s in raw.split(","))):
+        point, _, nth = item.partition(":")[0].partition("@")
+        if point == name and nth and int(nth) == index:
+            return True
+    return False
 
 
 def fault_point(name: str) -> None:

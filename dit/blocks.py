@@ -12,8 +12,16 @@ to speed up and stabilise DiT training:
   queries and keys, added to DiT's absolute sin-cos table: the first half of each head's features rotates
   with the patch column, the second half with the patch row, frequencies 10000^(-k / (head_dim / 4)),
   consecutive feature pairs rotated together. No parameters.
+
+Numerics: every normalization (the blocks' LayerNorm / RMSNorm, QK-norm) runs in float32 whatever the autocast
+(`float32_norm`; the norm modules here are `LayerNorm32` / `RMSNorm32`, parameter names unchanged) and returns
+its input's dtype. CPU autocast runs LayerNorm and RMSNorm of a bf16 input in bf16, and QK-norm's input (the
+qkv projection's output) is bf16 on every device; the reduction over the features is where bf16 loses the
+digits (RAE #26 and LightningDiT #23 report NaN with bf16 norms; REPA #46 the same for its normalize in fp16).
 """
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -24,11 +32,32 @@ NORM_EPS = 1e-6
 ROPE_THETA = 10000.0
 
 
+def float32_norm(norm: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """`norm(x)` computed in float32 with autocast off (its parameters are float32), returned in x's dtype: the
+    one rule for every normalization of every model family (module docstring)."""
+    with torch.autocast(x.device.type, enabled=False):
+        return norm(x.float()).to(x.dtype)
+
+
+class LayerNorm32(nn.LayerNorm):
+    """nn.LayerNorm run by `float32_norm` (same parameters and state_dict names)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return float32_norm(super().forward, x)
+
+
+class RMSNorm32(nn.RMSNorm):
+    """nn.RMSNorm run by `float32_norm` (same parameters and state_dict names)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return float32_norm(super().forward, x)
+
+
 def make_norm(dim: int, rms_norm: bool) -> nn.Module:
-    """The non-affine token norm of adaLN: LayerNorm (DiT) or RMSNorm."""
+    """The non-affine token norm of adaLN: LayerNorm (DiT) or RMSNorm, in float32 (`float32_norm`)."""
     if rms_norm:
-        return nn.RMSNorm(dim, eps=NORM_EPS, elementwise_affine=False)
-    return nn.LayerNorm(dim, elementwise_affine=False, eps=NORM_EPS)
+        return RMSNorm32(dim, eps=NORM_EPS, elementwise_affine=False)
+    return LayerNorm32(dim, elementwise_affine=False, eps=NORM_EPS)
 
 
 def swiglu_hidden(dim: int, mlp_ratio: int) -> int:

@@ -28,8 +28,8 @@ def linear_betas(num_timesteps: int = 1000) -> np.ndarray:
 
 
 def mean_flat(x: torch.Tensor) -> torch.Tensor:
-    """Mean over every dimension but the batch one."""
-    return x.mean(dim=list(range(1, x.dim())))
+    """Mean over every dimension but the batch one, in float32 whatever the autocast (a loss reduction)."""
+    return x.float().mean(dim=list(range(1, x.dim())))
 
 
 def normal_kl(mean1: torch.Tensor, logvar1: torch.Tensor, mean2: torch.Tensor,
@@ -202,7 +202,7 @@ class GaussianDiffusion:
         if noise is None:
             noise = torch.randn_like(x_start)
         x_t = self.q_sample(x_start, t, noise)
-        out = self._call_model(model, x_t, t, model_kwargs)
+        out = self._call_model(model, x_t, t, model_kwargs).float()  # the loss in float32 under any autocast
         if not self.learn_sigma:
             mse = mean_flat((noise - out) ** 2)
             return {"loss": mse, "mse": mse, "vb": torch.zeros_like(mse)}

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .blocks import BLOCK_OPTIONS, SwiGLU, apply_rope, make_norm, rope_2d_tables, swiglu_hidden
+from .blocks import BLOCK_OPTIONS, RMSNorm32, SwiGLU, apply_rope, make_norm, rope_2d_tables, swiglu_hidden
 from .embed import FREQUENCY_EMBEDDING_SIZE, pos_embed_2d, timestep_embedding  # noqa: F401 (also dit.models')
 
 _SIZES = {"S": (12, 384, 6), "B": (12, 768, 12), "L": (24, 1024, 16), "XL": (28, 1152, 16)}
@@ -120,8 +120,8 @@ class Attention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.qk_norm, self.rope = qk_norm, rope
         if qk_norm:
-            self.q_norm = nn.RMSNorm(dim // num_heads, eps=1e-6)
-            self.k_norm = nn.RMSNorm(dim // num_heads, eps=1e-6)
+            self.q_norm = RMSNorm32(dim // num_heads, eps=1e-6)  # float32 whatever the autocast (dit/blocks.py)
+            self.k_norm = RMSNorm32(dim // num_heads, eps=1e-6)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n, tokens, dim = x.shape

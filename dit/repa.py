@@ -117,13 +117,19 @@ def projection_loss(targets: Sequence[torch.Tensor], predictions: Sequence[torch
         raise ValueError(f"projection_loss needs one prediction per teacher: {len(targets)} teacher feature "
                          f"tensors, {len(predictions)} projections")
     per_teacher = []
-    for i, (z, p) in enumerate(zip(targets, predictions)):
-        if z.dim() != 3 or z.shape != p.shape:
-            raise ValueError(f"teacher {i}: features {list(z.shape)} and projection {list(p.shape)} must both be "
-                             "[N, T, D] with the same sizes (same batch, token count and width)")
-        cos = (F.normalize(z.float(), dim=-1) * F.normalize(p.float(), dim=-1)).sum(dim=-1)  # [N, T]
-        per_teacher.append(-cos.mean(dim=1))
+    with torch.autocast(targets[0].device.type, enabled=False):  # the cosine in float32 whatever the autocast
+        for i, (z, p) in enumerate(zip(targets, predictions)):
+            per_teacher.append(_negative_cosine(i, z, p))
     return torch.stack(per_teacher).mean(dim=0)
+
+
+def _negative_cosine(i: int, z: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """[N]: mean over tokens of -cos(z, p), in float32 (F.normalize in fp16 gave NaN in REPA #46)."""
+    if z.dim() != 3 or z.shape != p.shape:
+        raise ValueError(f"teacher {i}: features {list(z.shape)} and projection {list(p.shape)} must both be "
+                         "[N, T, D] with the same sizes (same batch, token count and width)")
+    cos = (F.normalize(z.float(), dim=-1) * F.normalize(p.float(), dim=-1)).sum(dim=-1)  # [N, T]
+    return -cos.mean(dim=1)
 
 
 def training_losses(objective: Any, model: Callable[..., tuple[torch.Tensor, list[torch.Tensor]]],

@@ -23,6 +23,9 @@ class EvalConfig:
     device: str | None = None  # default: this rank's GPU, else the CPU
     input_size: int = INPUT_SIZE  # hidden test knob: Inception input resolution (299 for real numbers)
     random_inception: int | None = None  # hidden test knob: random weights of this seed instead of the file
+    fd_dinov2: bool = False  # also FD_DINOv2 (evaluate/dinov2.py)
+    dinov2: str | None = None  # its weights file; None: torch hub cache (fetched once)
+    dinov2_resize: str = "torch"  # "torch" (fast, antialiased F.interpolate) or "pil" (dgm-eval's exact reference)
 
     def validate(self) -> None:
         problems = []
@@ -32,6 +35,8 @@ class EvalConfig:
             problems.append("--ref is empty: give the reference batch, e.g. VIRTUAL_imagenet256_labeled.npz")
         if self.batch_size < 1:
             problems.append(f"--batch-size must be >= 1, got {self.batch_size}")
+        if self.dinov2_resize not in ("torch", "pil"):
+            problems.append(f"--dinov2-resize must be torch or pil, got {self.dinov2_resize!r}")
         if self.input_size < 75:
             problems.append(f"the Inception input size must be >= 75, got {self.input_size}")
         collect(problems, "dit-eval settings")

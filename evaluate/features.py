@@ -49,7 +49,7 @@ def batch_features(model: torch.nn.Module, images: np.ndarray | torch.Tensor,
     x = images if isinstance(images, torch.Tensor) else torch.from_numpy(np.array(images, np.uint8))  # writable copy
     x = x.to(device)
     out = model(x)
-    return {k: out[k].cpu().numpy() for k in KEYS}
+    return {k: v.cpu().numpy() for k, v in out.items()}  # KEYS, and any extra output (evaluate.hook: "dinov2")
 
 
 def local_features(model: torch.nn.Module, batches: Iterable[tuple[list[int], np.ndarray]], device: torch.device,
@@ -60,12 +60,12 @@ def local_features(model: torch.nn.Module, batches: Iterable[tuple[list[int], np
     for indices, images in batches:
         feats = batch_features(model, images, device)
         idx.extend(indices)
-        for k in KEYS:
-            parts[k].append(feats[k])
+        for k, v in feats.items():
+            parts.setdefault(k, []).append(v)
         if progress is not None:
             progress(len(indices))
     dims = {"pool": POOL_DIM, "spatial": SPATIAL_DIM, "logits": LOGITS_DIM}
-    arrays = {k: (np.concatenate(v) if v else np.zeros((0, dims[k]), np.float32)) for k, v in parts.items()}
+    arrays = {k: (np.concatenate(v) if v else np.zeros((0, dims.get(k, 0)), np.float32)) for k, v in parts.items()}
     return idx, arrays
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -28,11 +29,13 @@ from dit_pipeline.common.latent_norm import LatentNorm
 from dit_pipeline.common.log import get_logger
 from dit_pipeline.common.settings import choice, positive, setting
 from dit_pipeline.common.vae import load_vae
+from dit_pipeline.evaluate import dinov2
 from dit_pipeline.evaluate.features import gather_rows, local_features, source_features
 from dit_pipeline.evaluate.inception import INPUT_SIZE, load_inception
 from dit_pipeline.evaluate.inputs import Source, check_resolution, open_source
+from dit_pipeline.evaluate.labels import metric_names
 from dit_pipeline.evaluate.metrics import NEIGHBOURHOOD_K
-from dit_pipeline.evaluate.run import Side, compute_metrics
+from dit_pipeline.evaluate.run import Side, compute_metrics, fd_dinov2
 from dit_pipeline.sample import plan
 from dit_pipeline.sample.config import FID_SAMPLER, FLOW_SAMPLERS
 from dit_pipeline.sample.generate import generate_images, guided_model_fn, make_diffusion
@@ -66,6 +69,9 @@ class FidSettings(DecodeSettings):
         shown="torch hub cache, fetched once")
     fid_input_size: int = setting(INPUT_SIZE, "Inception input resolution (299 for real numbers; smaller only for "
                                   "trying FID without weights, with --fid-random-inception)", group=GRIDS)
+    fd_dinov2: bool = setting(False, "Also log FD_DINOv2 (EDM2; evaluate/dinov2.py) of the same samples", group=GRIDS)
+    dinov2: str | None = setting(None, "DINOv2 ViT-L/14 weights of --fd-dinov2", group=GRIDS,
+                                 shown="torch hub cache, fetched once")
     fid_random_inception: int | None = setting(
         None, "Random Inception weights of this seed instead of the weights file: trying FID offline or in a smoke "
         "test (README 'Trying FID without the Inception weights'); the numbers are not FID", group=GRIDS,
@@ -107,6 +113,8 @@ class FidHook:
     input_size: int = INPUT_SIZE  # test knob (299 for real numbers)
     random_inception: int | None = None  # test knob
     sampler: str = "ddpm"  # sample.config.FID_SAMPLER of the run's objective (flow: "euler")
+    fd_dinov2: bool = False  # also FD_DINOv2 of the same samples (evaluate/dinov2.py, fast resize)
+    dinov2: str | None = None
     _state: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
 
     @classmethod
@@ -117,7 +125,7 @@ class FidHook:
         return cls(every=s.fid_every, ref=s.fid_ref, vae=vae, vae_config=vae_config, num_samples=s.fid_num_samples,
                    steps=s.fid_steps, cfg_scale=s.fid_cfg_scale, batch_size=s.fid_batch_size, seed=seed,
                    inception=s.inception, input_size=s.fid_input_size, random_inception=s.fid_random_inception,
-                   sampler=FID_SAMPLER[objective], labels=s.fid_labels)
+                   sampler=FID_SAMPLER[objective], labels=s.fid_labels, fd_dinov2=s.fd_dinov2, dinov2=s.dinov2)
 
     def setup(self, ctx: HookContext) -> None:
         """Every rank: VAE, Inception, a sampling copy of the model; the reference's features (all ranks
@@ -140,6 +148,10 @@ class FidHook:
                                     use_cache=True, quiet=True, log=get_logger())
         sampler_model = copy.deepcopy(ctx.model).eval().requires_grad_(False)
         self._state = {"vae": vae, "inception": inception, "ref": Side(ref, feats), "model": sampler_model}
+        if self.fd_dinov2:
+            net, ident = dinov2.load_dinov2(self.dinov2, device=ctx.device)
+            self._state.update(dinov2=net, dinov2_ref=dinov2.source_features(
+                ref, net, ident, batch_size=self.batch_size, use_cache=True, log=get_logger()))
 
     def _sync_ema(self, ctx: HookContext) -> torch.nn.Module:
         """The EMA weights (rank 0's; the raw model's when there is no EMA) in every rank's sampling copy."""
@@ -177,7 +189,10 @@ class FidHook:
                                          norm=norm, sampler=sampler,
                                          model_fn=model_fn)
 
-        idx, arrays = local_features(self._state["inception"], images(), ctx.device)
+        extractor = self._state["inception"]
+        if self.fd_dinov2:  # the DINOv2 features of the same images, as an extra output
+            extractor = WithDINOv2(extractor, self._state["dinov2"])
+        idx, arrays = local_features(extractor, images(), ctx.device)
         rows = [sum(len(b) for b in plan.rank_batches(range(self.num_samples), self.batch_size, r, ws))
                 for r in range(ws)]
         gathered = gather_rows(idx, arrays, self.num_samples, rows)
@@ -185,15 +200,31 @@ class FidHook:
             return None
         samples = Side(Source(ctx.run_dir, "features", count=self.num_samples), gathered)
         numbers = compute_metrics(samples, self._state["ref"], device=ctx.device)
-        record = {"step": ctx.step, **numbers, "fid_num_samples": self.num_samples, "fid_labels": self.labels,
+        if self.fd_dinov2:
+            numbers["fd_dinov2"] = fd_dinov2(gathered["dinov2"] if gathered else None, self._state["dinov2_ref"])
+        names = {f"{k}_name": v for k, v in metric_names(self.num_samples).items() if numbers.get(k) is not None}
+        record = {"step": ctx.step, **numbers, **names, "fid_ref": Path(self.ref).name,
+                  "fid_num_samples": self.num_samples, "fid_labels": self.labels,
                   "fid_seconds": time.perf_counter() - start}
         if getattr(ctx, "metrics", None) is not None:
             ctx.metrics.write(record)
-        get_logger().info("step %d: FID %.4g (sFID %s, IS %s, precision %s, recall %s) from %d samples in %.1f s",
-                          ctx.step, numbers["fid"], _fmt(numbers["sfid"]), _fmt(numbers["inception_score"]),
-                          _fmt(numbers["precision"]), _fmt(numbers["recall"]), self.num_samples,
-                          record["fid_seconds"])
+        dino = f", {names['fd_dinov2_name']} {numbers['fd_dinov2']:.4g}" if "fd_dinov2_name" in names else ""
+        get_logger().info("step %d: FID %.4g [%s vs %s] (sFID %s, IS %s, precision %s, recall %s%s) from %d samples "
+                          "in %.1f s", ctx.step, numbers["fid"], names["fid_name"], record["fid_ref"],
+                          _fmt(numbers["sfid"]), _fmt(numbers["inception_score"]), _fmt(numbers["precision"]),
+                          _fmt(numbers["recall"]), dino, self.num_samples, record["fid_seconds"])
         return record
+
+
+class WithDINOv2(torch.nn.Module):
+    """Inception's outputs plus "dinov2": the DINOv2 features of the same images (one pass over the samples)."""
+
+    def __init__(self, inception: torch.nn.Module, dino: torch.nn.Module):
+        super().__init__()
+        self.inception, self.dino = inception, dino
+
+    def forward(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {**self.inception(images), "dinov2": self.dino(images)}
 
 
 def _fmt(v: float | None) -> str:

@@ -91,18 +91,23 @@ def frechet_distance(a: Statistics, b: Statistics, eps: float = FID_EPS) -> floa
 def frechet_distance_of_features(x: np.ndarray, y: np.ndarray) -> float:
     """Fréchet distance between the Gaussians fitted to features x [N1, D] and y [N2, D].
 
-    With fewer samples than dimensions (N < D: covariances singular, e.g. small evaluations during training)
-    tr((S1 S2)^(1/2)) equals the nuclear norm of A B^T / sqrt((N1-1)(N2-1)) for the centred features A, B,
-    an N1 x N2 problem instead of two D x D eigendecompositions; otherwise `frechet_distance` of the statistics.
+    tr((S1 S2)^(1/2)) equals the nuclear norm of A B^T / sqrt((N1-1)(N2-1)) for the centred features A, B: with
+    fewer samples than dimensions (N < D: covariances singular, e.g. small evaluations during training) an
+    N1 x N2 problem; otherwise, with the triangular factors of A = Q_A R_A and B = Q_B R_B, the nuclear norm of the
+    D x D matrix R_A R_B^T. Neither takes the square root of an eigenvalue, so a covariance that is singular or
+    nearly so (a normed token's, e.g. DINOv2's for FD_DINOv2) costs no accuracy: the result is exact to float64
+    rounding, where square roots of near-zero eigenvalues would move it by about sqrt(eps).
     """
     x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
     if x.ndim != 2 or y.ndim != 2 or x.shape[1] != y.shape[1] or min(len(x), len(y)) < 2:
         raise ValueError(f"features [N >= 2, D] of equal D needed, got {list(x.shape)} and {list(y.shape)}")
-    if min(len(x), len(y)) >= x.shape[1]:
-        return frechet_distance(statistics(x), statistics(y))
     a, b = x - x.mean(0), y - y.mean(0)
     n1, n2 = len(x) - 1, len(y) - 1
-    tr_covmean = np.linalg.svd(a @ b.T, compute_uv=False).sum() / np.sqrt(n1 * n2)
+    if min(len(x), len(y)) >= x.shape[1]:
+        cross = np.linalg.qr(a, mode="r") @ np.linalg.qr(b, mode="r").T  # [D, D]: A B^T's singular values
+    else:
+        cross = a @ b.T
+    tr_covmean = np.linalg.svd(cross, compute_uv=False).sum() / np.sqrt(n1 * n2)
     diff = x.mean(0) - y.mean(0)
     return float(diff @ diff + np.sum(a * a) / n1 + np.sum(b * b) / n2 - 2 * tr_covmean)
 

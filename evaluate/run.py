@@ -19,6 +19,7 @@ from dit_pipeline.common import distributed as dist
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.io import atomic_write_json
 from dit_pipeline.common.log import setup_logging
+from dit_pipeline.evaluate import dinov2, labels
 from dit_pipeline.evaluate import metrics as M
 from dit_pipeline.evaluate.features import source_features
 from dit_pipeline.evaluate.config import EvalConfig
@@ -26,7 +27,7 @@ from dit_pipeline.evaluate.inception import load_inception
 from dit_pipeline.evaluate.inputs import Source, check_comparable, open_source
 
 RESULT_FORMAT = "dit-pipeline.eval"
-METRIC_NAMES = ("inception_score", "fid", "sfid", "precision", "recall")
+METRIC_NAMES = ("inception_score", "fid", "sfid", "precision", "recall", "fd_dinov2")
 
 
 @dataclass
@@ -94,18 +95,21 @@ def _run(cfg: EvalConfig) -> dict[str, Any]:
             feats = source_features(src, model, ident, batch_size=cfg.batch_size, device=device,
                                     use_cache=cfg.cache, quiet=cfg.quiet, log=log)
         sides.append(Side(src, feats))
+    dino = _dinov2_features(cfg, samples, ref, device, log) if cfg.fd_dinov2 else None
 
     def finish() -> dict[str, Any]:
         try:
             numbers = compute_metrics(*sides, device=device)
         except ValueError as e:
             raise UserError(f"cannot compute the metrics of {samples.path} against {ref.path}: {e}") from None
-        result = {"format": RESULT_FORMAT, "version": 1, **numbers,
+        if dino is not None:
+            numbers["fd_dinov2"] = fd_dinov2(*dino[:2])
+        result = {"format": RESULT_FORMAT, "version": 1, **numbers, **sample_labels(samples.count, ref.path),
                   "reference_statistics": "precomputed" if "pool" in ref.stats else "computed from its images",
                   "samples": {"path": str(samples.path), "kind": samples.kind, "count": samples.count,
                               "label_sampling": samples.label_sampling, "class_counts": samples.class_counts},
                   "ref": {"path": str(ref.path), "kind": ref.kind, "count": ref.count},
-                  "extractor": ident, "seconds": round(time.perf_counter() - start, 3), "config": cfg.to_dict()}
+                  "extractor": ident, **({"dinov2_extractor": dino[2]} if dino else {}), "seconds": round(time.perf_counter() - start, 3), "config": cfg.to_dict()}
         try:
             atomic_write_json(cfg.json_path, result)
         except OSError as e:
@@ -113,6 +117,29 @@ def _run(cfg: EvalConfig) -> dict[str, Any]:
         return result
 
     return dist.on_rank0(finish)
+
+
+def sample_labels(count: int, ref: Path) -> dict[str, Any]:
+    """The names of the distances for this sample count (evaluate/labels.py) and the reference they are against."""
+    names = labels.metric_names(count)
+    return {"fid_name": names["fid"], "metric_names": names, "proxy": count != labels.PAPER_SAMPLES,
+            "reference_file": ref.name}
+
+
+def fd_dinov2(samples: np.ndarray | None, ref: np.ndarray | None) -> float | None:
+    """FD_DINOv2: the Frechet distance of the DINOv2 features, as FID's (None when an input has no images)."""
+    return None if samples is None or ref is None else M.frechet_distance_of_features(samples, ref)
+
+
+def _dinov2_features(cfg: EvalConfig, samples: Source, ref: Source, device: torch.device,
+                     log: Any) -> tuple[np.ndarray | None, np.ndarray | None, dict[str, Any]]:
+    """Both sides' DINOv2 features (rank 0; evaluate/dinov2.py) and the extractor's identity."""
+    first: list[Any] = []
+    dist.on_rank0(lambda: first.append(dinov2.load_dinov2(cfg.dinov2, resize=cfg.dinov2_resize, device=device)))
+    net, ident = first[0] if first else dinov2.load_dinov2(cfg.dinov2, resize=cfg.dinov2_resize, device=device)
+    feats = [dinov2.source_features(src, net, ident, batch_size=cfg.batch_size, use_cache=cfg.cache, log=log)
+             for src in (samples, ref)]
+    return feats[0], feats[1], ident
 
 
 def _load_model(cfg: EvalConfig, device: torch.device) -> tuple[torch.nn.Module, dict[str, Any]]:
@@ -124,10 +151,19 @@ def _load_model(cfg: EvalConfig, device: torch.device) -> tuple[torch.nn.Module,
 
 
 def format_result(result: dict[str, Any]) -> str:
-    """The ADM evaluator's printout, one metric per line (n/a where an input lacked what it needs)."""
-    labels = {"inception_score": "Inception Score", "fid": "FID", "sfid": "sFID", "precision": "Precision",
-              "recall": "Recall"}
-    return "\n".join(f"{labels[k]}: {'n/a' if result[k] is None else repr(float(result[k]))}" for k in METRIC_NAMES)
+    """The ADM evaluator's printout, one metric per line (n/a where an input lacked what it needs); FD_DINOv2
+    after them when it was computed."""
+    shown = {"inception_score": "Inception Score", "fid": "FID", "sfid": "sFID", "precision": "Precision",
+             "recall": "Recall", "fd_dinov2": "FD_DINOv2"}
+    return "\n".join(f"{shown[k]}: {'n/a' if result.get(k) is None else repr(float(result[k]))}"
+                     for k in METRIC_NAMES if k != "fd_dinov2" or result.get(k) is not None)
+
+
+def format_names(result: dict[str, Any]) -> str:
+    """The line naming the distances with their sample count and reference (evaluate/labels.py)."""
+    names = [v for k, v in result.get("metric_names", {}).items() if result.get(k) is not None]
+    proxy = f"; a proxy: papers report {labels.count_label(labels.PAPER_SAMPLES)}" if result.get("proxy") else ""
+    return f"names: {', '.join(names)} ({result['samples']['count']} samples vs {result.get('reference_file')}{proxy})"
 
 
 def main(cfg: EvalConfig) -> dict[str, Any]:
@@ -136,4 +172,5 @@ def main(cfg: EvalConfig) -> dict[str, Any]:
     if dist.rank() == 0:
         print(format_result(result))
         print(f"wrote {cfg.json_path}")
+        print(format_names(result))
     return result

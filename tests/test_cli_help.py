@@ -1,10 +1,10 @@
-"""Every command's --help shows an example, and the four console scripts are installed."""
+"""Every command's --help shows an example, and the console scripts are installed."""
 import pytest
 
 from tests._util import run_cli
 
 COMMANDS = [("dit-extract",), ("dit-train",), ("dit-shards",), ("dit-shards", "verify"), ("dit-shards", "info"),
-            ("dit-shards", "stats"), ("dit-sample", "run"), ("dit-sample", "export"), ("dit-eval",)]
+            ("dit-shards", "stats"), ("dit-sample", "run"), ("dit-sample", "export"), ("dit-eval",), ("dit-report",)]
 
 
 @pytest.mark.parametrize("cmd", COMMANDS, ids=lambda c: " ".join(c))
@@ -23,7 +23,7 @@ def test_dash_h_is_help(cmd):
     assert "-h, --help" in res.stdout
 
 
-@pytest.mark.parametrize("name", ["dit-extract", "dit-train", "dit-shards", "dit-sample", "dit-eval"])
+@pytest.mark.parametrize("name", ["dit-extract", "dit-train", "dit-shards", "dit-sample", "dit-eval", "dit-report"])
 def test_version(name):
     from importlib.metadata import version
 

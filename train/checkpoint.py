@@ -87,6 +87,7 @@ class CheckpointManager:
         self.folder = Path(folder)
         self.keep_last = keep_last
         self.keep_every = keep_every
+        self.pinned: set[int] = set()  # kept whatever the retention: the divergence guard's rollback target
 
     def steps(self) -> list[int]:
         """Steps of the complete checkpoints, ascending."""
@@ -134,7 +135,21 @@ class CheckpointManager:
         keep = set(steps[-self.keep_last:]) if self.keep_last > 0 else set()
         if self.keep_every:
             keep |= {s for s in steps if s % self.keep_every == 0}
-        return keep
+        return keep | (self.pinned & set(steps))
+
+    def set_aside(self, after: int) -> list[Path]:
+        """Move the checkpoints (and EMA files) of steps after `after` into `rolled-back/` (a divergence-guard
+        rollback abandoned those steps: `latest()` must not resume them; they stay for a post-mortem)."""
+        aside = self.folder / "rolled-back"
+        moved = []
+        # the full checkpoints first: what `latest()` sees never includes an abandoned step, even mid-way
+        for p in sorted(self.folder.iterdir(), key=lambda p: (_NAME_RE.match(p.name) is None, p.name)):
+            m = _NAME_RE.match(p.name) or _EMA_RE.match(p.name)
+            if m is not None and int(m.group(1)) > after:
+                aside.mkdir(exist_ok=True)
+                p.replace(aside / p.name)
+                moved.append(aside / p.name)
+        return moved
 
     def prune(self) -> list[Path]:
         """Delete checkpoints outside the retention policy, and EMA files (weights and sidecar) whose

@@ -9,6 +9,7 @@ class dropout 0.1, seed 0.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,7 @@ from dit_pipeline.dit.flow import T_SAMPLINGS
 from dit_pipeline.dit.formats import OBJECTIVES
 from dit_pipeline.evaluate.hook import FidSettings
 from dit_pipeline.sample.grid import GRIDS, GridSettings
+from dit_pipeline.train.guard import GUARD, GuardSettings
 from dit_pipeline.train.optim import MUON_ADJUST_LR, OPTIMIZERS, optimizer_problems
 from dit_pipeline.train.recipes import recipe_problems
 from dit_pipeline.train.repa import REPA, RepaSettings
@@ -32,11 +34,11 @@ DEFAULT_NUM_WORKERS = 4       # loader processes per rank, unless the shard set 
 
 DATA, MODEL, OBJECTIVE = "Data", "Model", "Objective"
 LENGTH, OPTIM, SPEED, CKPT = "Length and batch", "Optimisation", "Speed and memory", "Checkpoints and logging"
-GROUPS = (DATA, MODEL, OBJECTIVE, REPA, LENGTH, OPTIM, SPEED, CKPT, GRIDS)  # the order of dit-train --help
+GROUPS = (DATA, MODEL, OBJECTIVE, REPA, LENGTH, OPTIM, GUARD, SPEED, CKPT, GRIDS)  # the order of dit-train --help
 
 
 @dataclass(kw_only=True)
-class TrainConfig(RepaSettings, FidSettings, GridSettings):
+class TrainConfig(GuardSettings, RepaSettings, FidSettings, GridSettings):
     """Every setting of a training run. The sample-grid, FID and alignment settings belong to their own types
     (sample.grid.GridSettings, evaluate.hook.FidSettings, train.repa.RepaSettings), inherited here so that the
     stored config stays one flat JSON object."""
@@ -148,6 +150,10 @@ class TrainConfig(RepaSettings, FidSettings, GridSettings):
     peak_tflops: float | None = setting(None, "Peak TFLOP/s per GPU for the MFU estimate (dense bf16/fp16)",
                                         group=CKPT, shown="from the GPU model")
     tensorboard: bool = setting(True, "TensorBoard events when installed", group=CKPT)
+    wandb: bool = setting(False, "Also log the metrics to Weights & Biases (rank 0; the run id is kept in RUN/wandb-id "
+                          "so a resumed run continues the same W&B run; WANDB_MODE=offline works without a network; "
+                          "pip install 'dit-pipeline[wandb]')", group=CKPT)
+    wandb_project: str = setting("dit-pipeline", "W&B project of --wandb", group=CKPT)
     quiet: bool = setting(False, "No progress bar or info messages on the console", group=CKPT)
     dry_run: bool = setting(False, "Run every check the real run runs (shards, model vs latents, batch split, "
                             "readers, run folder, resume point) and print its plan, without training. DIT_DRY_RUN=1 "
@@ -205,7 +211,9 @@ class TrainConfig(RepaSettings, FidSettings, GridSettings):
             canonical_model_name(self.model)
         except ValueError as e:
             p.append(f"--model: {e}")
-        p += self.repa_problems()
+        p += self.repa_problems() + self.guard_problems()
+        if self.wandb and importlib.util.find_spec("wandb") is None:
+            p.append("--wandb needs the wandb package: pip install 'dit-pipeline[wandb]' (or drop --wandb)")
         p += self.grid_problems(fid_on=self.fid_every is not None)
         p += self.fid_problems()
         collect(p, "training configuration")

@@ -11,7 +11,8 @@ Per step there are two tiny all-reduces of named scalars (`common.distributed.al
 the forward, so all ranks agree on stopping (signal), an exhausted reader or an unreadable shard (no rank
 enters a collective the others skip); and after the backward, carrying the loss sums (logged loss = mean over
 all ranks), the grad norm and each rank's non-finite flag, so a NaN on any rank stops every rank before the
-optimizer update. Between log lines the values accumulate in a `Meter`.
+optimizer update. What such a step does is the divergence guard's verdict (train/guard.py: stop, skip, or
+skip and roll back to the newest checkpoint that passed). Between log lines the values accumulate in a `Meter`.
 The pre-step flags are host values: under NCCL they travel over a gloo side group (common.distributed), so
 agreeing on them never waits for the GPU. The post-backward values come to the host once per step: that
 verdict is what lets the update be refused before it happens. The grad norm it carries is the gradient
@@ -37,8 +38,10 @@ from dit_pipeline.common.seeding import STREAM_DROPOUT, STREAM_TIMESTEP, generat
 from dit_pipeline.dit import repa
 from dit_pipeline.train.checkpoint import CheckpointManager
 from dit_pipeline.train.data import Batch, EpochStream, ReaderEvent, make_loader
+from dit_pipeline.train.diverge import TrainingDiverged, check_finite, roll_back  # noqa: F401 (raised here)
 from dit_pipeline.train.hooks import HookContext, PeriodicHook
-from dit_pipeline.train.metrics import LOSS_TERMS, Meter, MetricsLog, StepReport, interval_record, mfu
+from dit_pipeline.train.guard import Guard, GuardPart, injected_fault
+from dit_pipeline.train.metrics import LOSS_TERMS, METRICS, Meter, MetricsLog, StepReport, interval_record, mfu
 from dit_pipeline.train.net import TrainModel
 from dit_pipeline.train.partition import EpochPlan, plan_epoch
 from dit_pipeline.train.parts import Part, ProgressPart, ShardSetPart, build_parts, load_all
@@ -46,13 +49,6 @@ from dit_pipeline.train.preflight import Preflight
 from dit_pipeline.train.repa import TeacherClock
 from dit_pipeline.train.speed import ema_update
 from dit_pipeline.train.state import TrainState, comm_guard, weights_fingerprint
-
-MAX_CONSECUTIVE_OVERFLOWS = 25  # fp16: the loss scale has shrunk by 2**25: the run diverged
-
-
-class TrainingDiverged(UserError):
-    """Loss or gradient became NaN/Inf; raised on every rank before the optimizer update."""
-
 
 @dataclass
 class RunOutput:
@@ -89,11 +85,14 @@ class Trainer:
         self.ema_params, self.ema_sources = [e for e, _ in pairs], [p for _, p in pairs]
         self.latent_shape = tuple(self.source.manifest.latent_shape)
         self.shard_set = ShardSetPart.of(self.source.manifest, self.source.fingerprint)
+        self.guard = Guard(self.cfg)
+        self.rollback_due = False
         self.parts: list[Part] = build_parts(
             objective=self.cfg.objective, config=self.cfg.to_dict(), shard_set=self.shard_set, model=net.model,
             ema=net.ema, head=net.head, teacher=net.teacher.identity if net.teacher is not None else None,
             opt=net.opt, scaler=net.scaler,
-            progress=ProgressPart(self.state, self.layout, lambda epoch: self.plan(epoch).steps))
+            progress=ProgressPart(self.state, self.layout, lambda epoch: self.plan(epoch).steps),
+            guard=GuardPart(self.guard))
         self.last_saved = self.state.step
         self._consecutive_overflows = 0
         self.teacher_clock = TeacherClock(self.device)
@@ -153,9 +152,12 @@ class Trainer:
                     raise UserError(f"epoch {plan.epoch} has no complete optimizer step: each step needs "
                                     f"{self.batch.global_batch} samples and the readers hold "
                                     f"{plan.samples_total}")
-                if self.run_epoch(plan, stop, bar) == "stopped":
+                ended = self.run_epoch(plan, stop, bar)
+                if ended == "stopped":
                     outcome = "stopped"
                     break
+                if ended == "rollback":
+                    roll_back(self, bar)
         finally:
             bar.close()
         if self.state.step != self.last_saved:
@@ -185,6 +187,8 @@ class Trainer:
                     break
                 self.train_step(cast("list[Batch]", items), wait)  # "go": every item is a batch
                 s.step_in_epoch += 1
+                if self.rollback_due:
+                    return "rollback"
                 self.after_step(plan, bar)
         finally:
             getattr(loader, "close", lambda: None)()  # shuts the loader workers down now
@@ -251,6 +255,8 @@ class Trainer:
         t_all, noise_all, drop_all = self._step_randomness(micro * accum)
         report = StepReport()
         nan_fault = fault_requested("train.nan")
+        step = self.state.step + 1
+        factor = injected_fault(step, step + self.guard.data_offset)  # DIT_FAULT keyed points (train/guard.py)
         for i, b in enumerate(items):
             sl = slice(i * micro, (i + 1) * micro)
             x = b.latents.to(self.device, non_blocking=True)
@@ -270,6 +276,8 @@ class Trainer:
                                                  proj_coeff=self.cfg.repa_coeff)
                 if nan_fault and i == 0:  # injected by DIT_FAULT=train.nan (reliability tests)
                     terms["loss"] = terms["loss"] * float("nan")
+                if factor is not None and i == 0:
+                    terms["loss"] = terms["loss"] * factor
                 with comm_guard("the gradient all-reduce", self.state.step + 1):
                     p.scaler.scale(terms["loss"].mean() / accum).backward()
             for name, value in terms.items():  # the objective's per-sample terms: loss, mse (, vb)
@@ -296,8 +304,8 @@ class Trainer:
                                    flags={"non_finite": non_finite.double()})
         loss, norm = values.values["loss"], values.values["grad_norm"]
         step = self.state.step + 1
-        skipped = self._check_finite(step, loss, norm, values.ranks_with("non_finite"))
-        if not skipped:
+        verdict = check_finite(self, step, loss, norm, values.ranks_with("non_finite"))
+        if verdict == "apply":
             for group in p.opt.param_groups:
                 group["lr"] = self.lr_at(self.state.step)
             if p.scaler.is_enabled():
@@ -305,29 +313,18 @@ class Trainer:
             else:
                 p.opt.step()
             self._update_ema()
+            self.guard.applied(norm)
         if p.scaler.is_enabled():
             p.scaler.update()
         p.opt.zero_grad(set_to_none=True)
         self.state.step = step
-        self.meter.step(**values.values)
-        self.own.step(**values.own)
-
-    def _check_finite(self, step: int, loss: float, norm: float, bad_ranks: list[int]) -> bool:
-        """True when fp16 overflow makes the scaler skip this step; raises when the run diverged."""
-        if math.isfinite(loss) and math.isfinite(norm) and not bad_ranks:
-            self._consecutive_overflows = 0
-            return False
-        if self.p.scaler.is_enabled() and not math.isfinite(norm):
-            self._consecutive_overflows += 1
-            self.state.overflow_steps += 1
-            if self._consecutive_overflows <= MAX_CONSECUTIVE_OVERFLOWS:
-                return True  # GradScaler skips the update and lowers the scale, as designed
-        last = self.out.ckpts.latest()
-        where = f"on rank(s) {bad_ranks}" if bad_ranks else "in the gradients"
-        raise TrainingDiverged(
-            f"step {step}: non-finite loss or gradient {where} (loss {loss}, grad norm {norm}); stopped before "
-            f"the optimizer update. The last checkpoint ({last.name if last else 'none yet'}) is intact; "
-            "resume from it with a lower --lr, --grad-clip, --warmup-steps or --precision fp32.")
+        if verdict in ("skip", "rollback"):  # the interval's values are those of applied steps; its times all
+            self.meter.step(**{k: v for k, v in values.values.items() if METRICS[k].interval == "fraction"})
+            self.own.step(**{k: v for k, v in values.own.items() if METRICS[k].interval == "fraction"})
+        else:
+            self.meter.step(**values.values)
+            self.own.step(**values.own)
+        self.rollback_due = verdict == "rollback"
 
     @torch.no_grad()
     def _update_ema(self) -> None:
@@ -357,17 +354,20 @@ class Trainer:
                "peak_mem_gb": (torch.cuda.max_memory_allocated(self.device) / 2**30
                                if self.device.type == "cuda" else None),
                "mfu": mfu(self.p.flops_per_image, images_per_s, self.world, self.p.peak_tflops),
-               "fp16_skipped": s.overflow_steps, "bad_shards": s.bad_shards}
+               "fp16_skipped": s.overflow_steps, "bad_shards": s.bad_shards, "skipped_steps": self.guard.skipped,
+               "rollbacks": len(self.guard.rollbacks), "world_size": self.world}
         self.metrics.write(rec)
         self.metrics.write_rank({"step": s.step, **interval_record(own, elapsed)})
         mem = f" mem {rec['peak_mem_gb']:.1f}G" if rec["peak_mem_gb"] is not None else ""
         util = f" mfu {rec['mfu']:.1%}" if rec["mfu"] is not None else ""
         util += f" teacher {rec['teacher_time']:.0%}" if "teacher_time" in rec else ""
+        util += f" skipped {rec['skipped_steps']} rollbacks {rec['rollbacks']}" if self.guard.skipped else ""
         terms = " ".join(f"{k} {rec[k]:.4f}" for k in LOSS_TERMS[1:] if k in rec)
+        loss, nan = rec.get("loss", math.nan), math.nan  # absent: every step of the interval was skipped
         self.log.info(f"step {s.step}{f'/{self.total_steps}' if self.total_steps else ''} epoch {s.epoch} "
-                      f"loss {rec['loss']:.4f}{f' ({terms})' if terms else ''} grad {rec['grad_norm']:.3g} "
+                      f"loss {loss:.4f}{f' ({terms})' if terms else ''} grad {rec.get('grad_norm', nan):.3g} "
                       f"lr {rec['lr']:.3g} {images_per_s:.1f} img/s data-wait {rec['data_wait']:.0%}{mem}{util}")
-        bar.set_postfix(loss=f"{rec['loss']:.4f}", refresh=False)
+        bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
         m.reset()
         own.reset()
 
@@ -392,6 +392,8 @@ class Trainer:
     def checkpoint(self) -> Path | None:
         """Collective: all ranks compare weight fingerprints; rank 0 writes the checkpoint its parts compose."""
         s = self.state
+        self.guard.checkpointed(s.step)
+        self.out.ckpts.pinned = {self.guard.last_clean} if self.guard.last_clean is not None else set()
         fp = weights_fingerprint(self.p.trained)
         self.metrics.write_rank({"step": s.step, "weights_fingerprint": fp})
         with comm_guard("the weights check before a checkpoint", s.step):

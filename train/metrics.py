@@ -1,6 +1,8 @@
 """Run metrics: `RUN/metrics.jsonl` (rank 0, one JSON object per log interval), per-rank
 `RUN/logs/rank{r}.jsonl` (that rank's own values, for post-mortems and for checking the all-rank means),
-TensorBoard events when tensorboard is installed, and the MFU estimate.
+TensorBoard events when tensorboard is installed, Weights & Biases with `--wandb` (train/wandb_sink.py: the
+same scalars under the same names), and the MFU estimate. A value whose record also names it (`fid` with
+`fid_name` "FID-5K") is logged under that name (`eval/FID-5K`), so a proxy is never shown as the paper metric.
 
 MFU = achieved model FLOP/s / peak FLOP/s, with model FLOPs per image from `dit.train_flops_per_image`
 (2 x 3 x the analytic forward MACs: recomputation by activation checkpointing is not counted, as usual for
@@ -155,6 +157,7 @@ class Meter:
 
     def reset(self) -> None:
         self._sums: dict[str, float] = defaultdict(float)
+        self._counts: dict[str, int] = defaultdict(int)
         self.steps = 0
         self.t0 = time.perf_counter()
 
@@ -166,6 +169,7 @@ class Meter:
     def add(self, **values: float) -> None:
         for name, v in values.items():
             self._sums[name] += v
+            self._counts[name] += 1
 
     def sum(self, name: str) -> float:
         return self._sums[name]
@@ -174,8 +178,9 @@ class Meter:
         return name in self._sums
 
     def mean(self, name: str) -> float:
-        """Mean per step of `name` over this interval (0 steps count as 1)."""
-        return self._sums[name] / max(1, self.steps)
+        """Mean per step of `name` over the steps of this interval that reported it (steps skipped by the
+        divergence guard report only their times)."""
+        return self._sums[name] / max(1, self._counts[name])
 
     def elapsed(self) -> float:
         return max(time.perf_counter() - self.t0, 1e-9)
@@ -191,7 +196,9 @@ def _clean(v: Any) -> Any:
 class MetricsLog:
     """Writes metric records; only the process with `main=True` writes the shared files."""
 
-    def __init__(self, run_dir: str | Path, rank: int, *, main: bool, tensorboard: bool):
+    def __init__(self, run_dir: str | Path, rank: int, *, main: bool, tensorboard: bool,
+                 wandb: tuple[str, dict[str, Any]] | None = None):
+        """wandb: (project, the run's config) to log to Weights & Biases as well (rank 0 only)."""
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / "metrics.jsonl"
         self.rank_path = self.run_dir / "logs" / f"rank{rank}.jsonl"
@@ -199,6 +206,11 @@ class MetricsLog:
         self._tb: Any = None
         self._tb_wanted = main and tensorboard
         self._purge_step: int | None = None
+        self.wandb = None
+        if main and wandb is not None:
+            from dit_pipeline.train.wandb_sink import WandbSink
+
+            self.wandb = WandbSink(self.run_dir, *wandb)
 
     def _writer(self) -> Any:
         """The SummaryWriter, opened at the first record: after `resume_at(step)` it purges the events of the
@@ -236,6 +248,9 @@ class MetricsLog:
         from the JSONL files and from the TensorBoard events."""
         if step > 0:
             self._purge_step = step + 1
+        if self._tb is not None:  # a rollback in this process: reopened at the next record, purging those steps
+            self._tb.close()
+            self._tb, self._tb_wanted = None, True
         if self.main:
             self.truncate(self.path, step)
         self.truncate(self.rank_path, step)
@@ -250,11 +265,13 @@ class MetricsLog:
         if not self.main:
             return
         self._append(self.path, record)
+        scalars = scalar_tags(record)
         tb = self._writer()
         if tb is not None:
-            for k, v in record.items():
-                if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool):
-                    tb.add_scalar(f"train/{k}", v, record["step"])
+            for tag, v in scalars.items():
+                tb.add_scalar(tag, v, record["step"])
+        if self.wandb is not None:
+            self.wandb.log(scalars, record["step"])
 
     def write_rank(self, record: dict[str, Any]) -> None:
         self._append(self.rank_path, record)
@@ -263,6 +280,19 @@ class MetricsLog:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+        if self.wandb is not None:
+            self.wandb.close()
+
+
+def scalar_tags(record: dict[str, Any]) -> dict[str, float]:
+    """The numbers of a metrics record as TensorBoard / W&B scalars: `train/<key>`, or `eval/<name>` for a
+    value the record names (`fid` with `fid_name` "FID-5K": `eval/FID-5K`)."""
+    out = {}
+    for k, v in record.items():
+        if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool):
+            name = record.get(f"{k}_name")
+            out[f"eval/{name}" if isinstance(name, str) else f"train/{k}"] = v
+    return out
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:

@@ -30,6 +30,7 @@ from dit_pipeline.dit.models import DiT
 from dit_pipeline.dit.repa import REPAModel
 from dit_pipeline.dit.weights import WeightsError, check_state_dict
 from dit_pipeline.shards import Manifest
+from dit_pipeline.train.guard import GuardPart
 from dit_pipeline.train.optim import check_state
 from dit_pipeline.train.partition import DataLayout, map_position
 from dit_pipeline.train.state import TrainState
@@ -359,7 +360,7 @@ class RngPart(_NoCheck):
 # Every part type, in the order their checks run (the first mismatch is the one reported): what the run is
 # (objective, model, shard set, global batch) before the state that must fit it.
 PART_TYPES: tuple[type[Part], ...] = (ObjectivePart, ModelPart, ShardSetPart, ConfigPart, EmaPart, ProjectorPart,
-                                      OptimizerPart, ScalerPart, ProgressPart, RngPart)
+                                      OptimizerPart, ScalerPart, ProgressPart, RngPart, GuardPart)
 REQUIRED_KEYS: tuple[str, ...] = tuple(k for t in PART_TYPES for k in t.required)
 
 
@@ -367,7 +368,7 @@ def build_parts(*, objective: str, config: dict[str, Any], shard_set: ShardSetPa
                 model: DiT, ema: DiT | None = None, head: REPAModel | None = None,
                 teacher: dict[str, Any] | None = None,
                 opt: torch.optim.Optimizer | None = None, scaler: torch.amp.GradScaler | None = None,
-                progress: ProgressPart | None = None) -> list[Part]:
+                progress: ProgressPart | None = None, guard: GuardPart | None = None) -> list[Part]:
     """The parts of one run, in PART_TYPES order. For checking only (no live optimizer yet), `model` (and the
     alignment `head` around it) may live on the meta device and ema/opt/scaler/progress be None."""
     trainable = sum(1 for q in (head if head is not None else model).parameters() if q.requires_grad)
@@ -376,6 +377,8 @@ def build_parts(*, objective: str, config: dict[str, Any], shard_set: ShardSetPa
                          OptimizerPart(opt, trainable, str(config.get("optimizer", "adamw"))), ScalerPart(scaler)]
     if progress is not None:
         parts += [progress, RngPart()]
+    if guard is not None:  # the divergence guard's state (train/guard.py)
+        parts.append(guard)
     return parts
 
 

@@ -24,8 +24,11 @@ def _series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
     return xs, ys
 
 
-def plot_metrics(run_dir: str | Path, out: str | Path | None = None) -> Path:
-    """Write the loss curve of a run folder (or a metrics .jsonl file) to `out` (default RUN/loss.png)."""
+def plot_metrics(run_dir: str | Path, out: str | Path | None = None, *,
+                 paper: tuple[str, float] | None = None) -> Path:
+    """Write the loss curve of a run folder (or a metrics .jsonl file) to `out` (default RUN/loss.png).
+    `paper`: (label, FID) drawn as a line on the FID panel (dit-report: the recipe's published number);
+    divergence-guard rollbacks are marked on the loss panel."""
     src = Path(run_dir).expanduser()
     records = [r for r in read_metrics(src) if isinstance(r.get("step"), int)]
     if not records:
@@ -54,6 +57,10 @@ def plot_metrics(run_dir: str | Path, out: str | Path | None = None) -> Path:
     if lows and min(lows) > 0 and max(highs) / min(lows) > 10:
         ax.set_yscale("log")
     ax.set_ylabel("training loss (mean over ranks)")
+    counts = [r for r in records if isinstance(r.get("rollbacks"), int)]  # training records (not FID ones)
+    rolled = [r["step"] for prev, r in zip(counts, counts[1:]) if r["rollbacks"] > prev["rollbacks"]]
+    for i, step in enumerate(rolled):  # the first step after a rollback (train/guard.py)
+        ax.axvline(step, color="tab:purple", linestyle=":", linewidth=1, label="rollback" if i == 0 else None)
     ax.grid(alpha=0.3)
     ax.legend()
     last = [r for r in records if "loss" in r] or records
@@ -64,9 +71,13 @@ def plot_metrics(run_dir: str | Path, out: str | Path | None = None) -> Path:
         xs, ys = _series(records, "fid")
         fid_ax = axes[1][0]
         fid_ax.plot(xs, ys, "o-", color="tab:red", linewidth=1.0, markersize=3)
-        n = next((r.get("fid_num_samples") for r in reversed(records) if "fid" in r), None)
-        fid_ax.set_ylabel(f"FID ({n} samples)" if n else "FID")
-        fid_ax.set_title(f"best FID {min(ys):.3g} at step {xs[ys.index(min(ys))]}", fontsize=9)
+        last_fid = next(r for r in reversed(records) if "fid" in r)
+        n, name = last_fid.get("fid_num_samples"), last_fid.get("fid_name")  # "FID-5K" (evaluate/labels.py)
+        fid_ax.set_ylabel(name or (f"FID ({n} samples)" if n else "FID"))
+        fid_ax.set_title(f"best {name or 'FID'} {min(ys):.3g} at step {xs[ys.index(min(ys))]}", fontsize=9)
+        if paper is not None:
+            fid_ax.axhline(paper[1], color="black", linestyle="--", linewidth=1, label=paper[0])
+            fid_ax.legend(fontsize=8)
         fid_ax.grid(alpha=0.3)
     if has_speed:
         xs, ys = _series(records, "images_per_s")

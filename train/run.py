@@ -112,7 +112,8 @@ def _train(prep: Preflight, hooks: Sequence[PeriodicHook], stop: StopRequest, st
                     "of batches (shards are read whole, and they are few or uneven for this many readers); use "
                     "fewer --num-workers or re-extract with a smaller --samples-per-shard")
     net = build_model(prep, device, precision)
-    metrics = MetricsLog(run_dir, dist.rank(), main=dist.is_main(), tensorboard=prep.cfg.tensorboard)
+    metrics = MetricsLog(run_dir, dist.rank(), main=dist.is_main(), tensorboard=prep.cfg.tensorboard,
+                         wandb=(prep.cfg.wandb_project, resolved.to_dict()) if prep.cfg.wandb else None)
     trainer = Trainer(dataclasses.replace(prep, cfg=resolved), net, RunOutput(run_dir, ckpts, metrics), hooks)
     with comm_guard("agreeing on the checkpoint to resume from", 0):
         seen = dist.all_gather_object(str(start.path) if start.path else None)
@@ -143,7 +144,7 @@ def _train(prep: Preflight, hooks: Sequence[PeriodicHook], stop: StopRequest, st
     wall = time.perf_counter() - t0
     log.info(f"{'stopped' + why if outcome == 'stopped' else 'finished'} at step {state.step} (epoch {last_epoch}) "
              f"after {wall:.1f}s{_final_numbers(run_dir, state.step - first_step, prep.batch.global_batch, wall)}; "
-             f"newest checkpoint {ckpts.latest()}")
+             f"newest checkpoint {ckpts.latest()}{'; ' + trainer.guard.summary() if trainer.guard.summary() else ''}")
     return outcome
 
 
