@@ -178,12 +178,18 @@ class DDT(DiffusionTransformer):
                 + tokens * 2 * d * d + tokens * d * out)
 
     @classmethod
+    def describe(cls, config: Mapping[str, Any]) -> str:
+        return (f"depth {config['depth']} ({config['encoder_depth']} encoder + "
+                f"{config['depth'] - config['encoder_depth']} decoder blocks), hidden {config['hidden_size']}, heads "
+                f"{config['num_heads']}, patch {config['patch_size']}")
+
+    @classmethod
     def infer_config(cls, state_dict: Mapping[str, torch.Tensor], stored: Mapping[str, Any] | None,
-                     where: str) -> dict[str, Any]:
+                     where: str, hints: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """The shapes give width, depth, learned sigma and QK-norm; the encoder/decoder split, the patch size (the
         embedding sees C p p features) and the latent size (no position table) come from a stored config or the
         preset of this width and depth."""
-        shapes, stored = shapes_of(state_dict), dict(stored or {})
+        shapes, stored, hints = shapes_of(state_dict), dict(stored or {}), dict(hints or {})
         require(shapes, ("x_embedder.proj.weight", "s_embedder.proj.weight", "y_embedder.embedding_table.weight",
                          "final_layer.linear.weight"), "DDT", where)
         hidden, features = shapes["x_embedder.proj.weight"]
@@ -193,7 +199,7 @@ class DDT(DiffusionTransformer):
         check_stored(config, stored, list(config), where)
         preset = next((a for a in cls.presets.values() if (a["depth"], a["hidden_size"]) == (depth, hidden)), {})
         for key in ("encoder_depth", "patch_size"):
-            config[key] = stored.get(key, preset.get(key))
+            config[key] = next((v for v in (stored.get(key), preset.get(key), hints.get(key)) if v is not None), None)
             if config[key] is None:
                 raise WeightsError(f"{where}: a DDT of depth {depth} x width {hidden} is no preset and the file has no "
                                    f"model_config, so its {key} is unknown; pass --model with its preset or put a "
@@ -207,13 +213,15 @@ class DDT(DiffusionTransformer):
             raise WeightsError(f"{where}: final_layer.linear has {out_features} outputs; expected {features} or "
                                f"{2 * features}")
         config["learn_sigma"] = out_features == 2 * features
-        if stored.get("input_size") is None:
+        size = stored.get("input_size", hints.get("input_size"))
+        if size is None:
             raise WeightsError(f"{where}: DDT files do not record the latent size (DDT has no position table); pass "
                                "--input-size (the latent side, e.g. 32 for 256 px images and an f8 VAE)")
-        config["input_size"] = int(stored["input_size"])
+        config["input_size"] = int(size)
         config["num_classes"], config["class_dropout_prob"] = classes(
             shapes["y_embedder.embedding_table.weight"][0], stored, where)
         config["num_heads"] = heads(hidden, shapes, ("blocks.0.attn.q_norm.weight",), stored.get("num_heads"),
-                                    preset.get("num_heads"), where, f"depth {depth} x width {hidden} is no DDT preset")
+                                    preset.get("num_heads"), where, f"depth {depth} x width {hidden} is no DDT preset",
+                                    hints.get("num_heads"))
         body = {k: config[k] for k in cls.config_keys if k not in ("family", "model")}
         return {"family": cls.family, "model": preset_of({"family": cls.family, **body}), **body}

@@ -172,6 +172,17 @@ class DiTDH(DiffusionTransformer):
                 + tokens * 2 * dh * dh + tokens * dh * p * p * c * (2 if config["learn_sigma"] else 1))
 
     @classmethod
+    def block_widths(cls, config: Mapping[str, Any]) -> list[int]:
+        return [int(config["hidden_size"])] * int(config["depth"]) + \
+            [int(config["head_hidden_size"])] * int(config["head_depth"])
+
+    @classmethod
+    def describe(cls, config: Mapping[str, Any]) -> str:
+        return (f"depth {config['depth']}, hidden {config['hidden_size']}, heads {config['num_heads']}, head "
+                f"{config['head_depth']} x {config['head_hidden_size']} ({config['head_num_heads']} heads), patch "
+                f"{config['patch_size']}")
+
+    @classmethod
     def fixed_tensors(cls, config: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         grid = config["input_size"] // config["patch_size"]
         out = {"pos_embed": torch.from_numpy(pos_embed_2d(config["hidden_size"], grid)).float().unsqueeze(0)}
@@ -183,17 +194,17 @@ class DiTDH(DiffusionTransformer):
 
     @classmethod
     def infer_config(cls, state_dict: Mapping[str, torch.Tensor], stored: Mapping[str, Any] | None,
-                     where: str) -> dict[str, Any]:
+                     where: str, hints: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Everything shows in the shapes (each block's width tells encoder from head) but the head counts, which
         the RoPE tables or QK-norm weights show, else a stored config or the preset."""
-        shapes, stored = shapes_of(state_dict), dict(stored or {})
+        shapes, stored, hints = shapes_of(state_dict), dict(stored or {}), dict(hints or {})
         require(shapes, ("s_embedder.proj.weight", "x_embedder.proj.weight", "pos_embed", "t_embedder.W",
                          "y_embedder.embedding_table.weight", "final_layer.linear.weight"), "DiT-DH", where)
         d, channels, patch, _ = shapes["s_embedder.proj.weight"]
         dh = shapes["x_embedder.proj.weight"][0]
         widths = [shapes[k][1] for k in sorted(shapes, key=_block_index) if k.endswith("adaLN_modulation.1.weight")
                   and k.startswith("blocks.")]
-        depth = stored.get("depth") if d == dh else sum(1 for w in widths if w == d)
+        depth = stored.get("depth", hints.get("depth")) if d == dh else sum(1 for w in widths if w == d)
         if depth is None:
             raise WeightsError(f"{where}: encoder and head have the same width {d}, so the split of the "
                                f"{len(widths)} blocks is unknown; put a JSON sidecar with the model_config beside it")
@@ -213,9 +224,11 @@ class DiTDH(DiffusionTransformer):
                        == (depth, d, dh)), {})
         what = f"a DiT-DH of widths {d}/{dh} is no preset"
         config["num_heads"] = heads(d, shapes, ("enc_feat_rope.freqs_cos", "blocks.0.attn.q_norm.weight"),
-                                    stored.get("num_heads"), preset.get("num_heads"), where, what)
+                                    stored.get("num_heads"), preset.get("num_heads"), where, what,
+                                    hints.get("num_heads"))
         config["head_num_heads"] = heads(dh, shapes, ("dec_feat_rope.freqs_cos", f"blocks.{depth}.attn.q_norm.weight"),
-                                         stored.get("head_num_heads"), preset.get("head_num_heads"), where, what)
+                                         stored.get("head_num_heads"), preset.get("head_num_heads"), where, what,
+                                         hints.get("head_num_heads"))
         body = {k: config[k] for k in cls.config_keys if k not in ("family", "model")}
         return {"family": cls.family, "model": preset_of({"family": cls.family, **body}), **body}
 

@@ -67,7 +67,9 @@ class DiffusionTransformer(nn.Module):
 
     @classmethod
     def infer_config(cls, state_dict: Mapping[str, torch.Tensor], stored: Mapping[str, Any] | None,
-                     where: str) -> dict[str, Any]:
+                     where: str, hints: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The model_config of a state_dict of this family: what the tensors show, then the file's own `stored`
+        record (checked against the tensors), the preset of these dimensions, last the caller's `hints`."""
         raise NotImplementedError
 
     @classmethod
@@ -77,6 +79,17 @@ class DiffusionTransformer(nn.Module):
     def hidden_size_at(self, k: int) -> int:
         """Width of the tokens after block k (1..num_blocks)."""
         return self.hidden_size
+
+    @classmethod
+    def block_widths(cls, config: Mapping[str, Any]) -> list[int]:
+        """The width of every block, in order (memory estimates)."""
+        return [int(config["hidden_size"])] * int(config["depth"])
+
+    @classmethod
+    def describe(cls, config: Mapping[str, Any]) -> str:
+        """The architecture in words for plans and logs: "depth 28, hidden 1152, heads 16, patch 2"."""
+        return (f"depth {config['depth']}, hidden {config['hidden_size']}, heads {config['num_heads']}, "
+                f"patch {config['patch_size']}")
 
     # -- shared -----------------------------------------------------------------------------------------------
     @property

@@ -71,9 +71,9 @@ def head_width(shapes: Shapes, keys: Iterable[str]) -> int | None:
 
 
 def heads(hidden: int, shapes: Shapes, keys: Iterable[str], stored: int | None, preset: int | None,
-          where: str, what: str) -> int:
+          where: str, what: str, hint: int | None = None) -> int:
     """The attention head count of a stage of width `hidden`: stored, else shown by a per-head tensor, else the
-    preset's; WeightsError naming the flag otherwise."""
+    preset's, else the caller's `hint` (--num-heads); WeightsError naming the flag otherwise."""
     if stored is not None:
         return int(stored)
     width = head_width(shapes, keys)
@@ -81,5 +81,7 @@ def heads(hidden: int, shapes: Shapes, keys: Iterable[str], stored: int | None, 
         return hidden // width
     if preset is not None:
         return preset
+    if hint is not None:
+        return int(hint)
     raise WeightsError(f"{where}: {what} and the file has no model_config, so the number of attention heads is "
                        f"unknown; pass {HEADS_FLAG} (or a JSON sidecar with the model_config beside the file)")

@@ -105,10 +105,10 @@ class LightningDiT(DiT):
 
     @classmethod
     def infer_config(cls, state_dict: Mapping[str, torch.Tensor], stored: Mapping[str, Any] | None,
-                     where: str) -> dict[str, Any]:
+                     where: str, hints: Mapping[str, Any] | None = None) -> dict[str, Any]:
         from .infer import shapes_of
 
-        return infer_single_stream(cls, shapes_of(state_dict), stored, where)
+        return infer_single_stream(cls, shapes_of(state_dict), stored, where, hints)
 
     @staticmethod
     def options_from_shapes(shapes: Shapes, stored: Mapping[str, Any] | None, where: str) -> dict[str, bool]:

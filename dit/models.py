@@ -213,9 +213,9 @@ class DiT(DiffusionTransformer):
 
     @classmethod
     def infer_config(cls, state_dict: Mapping[str, torch.Tensor], stored: Mapping[str, Any] | None,
-                     where: str) -> dict[str, Any]:
+                     where: str, hints: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """The model_config matching the tensor shapes (see dit/infer.py for what decides the head count)."""
-        return infer_single_stream(cls, shapes_of(state_dict), stored, where)
+        return infer_single_stream(cls, shapes_of(state_dict), stored, where, hints)
 
     @staticmethod
     def options_from_shapes(shapes: Shapes, stored: Mapping[str, Any] | None, where: str) -> dict[str, bool]:
@@ -234,8 +234,8 @@ class DiT(DiffusionTransformer):
         return out
 
 
-def infer_single_stream(cls: type[DiT], shapes: Shapes, stored: Mapping[str, Any] | None,
-                        where: str) -> dict[str, Any]:
+def infer_single_stream(cls: type[DiT], shapes: Shapes, stored: Mapping[str, Any] | None, where: str,
+                        hints: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The config of a DiT-skeleton family (DiT, LightningDiT) from its shapes; options shown by parameters are
     read from them, the others (parameter-free: LayerNorm vs non-affine RMSNorm, our RoPE) from `stored`."""
     require(shapes, ("pos_embed", "x_embedder.proj.weight", "y_embedder.embedding_table.weight",
@@ -261,7 +261,8 @@ def infer_single_stream(cls: type[DiT], shapes: Shapes, stored: Mapping[str, Any
                if (arch["depth"], arch["hidden_size"]) == (depth, hidden)]
     config["num_heads"] = heads(hidden, shapes, ("blocks.0.attn.q_norm.weight", "feat_rope.freqs_cos"),
                                 (stored or {}).get("num_heads"), matches[0] if matches else None, where,
-                                f"depth {depth} x width {hidden} is no {cls.family} preset")
+                                f"depth {depth} x width {hidden} is no {cls.family} preset",
+                                (hints or {}).get("num_heads"))
     return cls.finish_config(config)
 
 

@@ -165,4 +165,5 @@ def apply_conventions(info: dict[str, Any], family: str) -> None:
     release = info.get("release") or FAMILY_RELEASE.get(family)
     if release in CONVENTIONS:
         convention, why = CONVENTIONS[release]
-        info.update(release=release, objective="flow", flow_convention=convention, flow_convention_from=why)
+        info.update(release=release, objective="flow", objective_from=why, flow_convention=convention,
+                    flow_convention_from=why)

@@ -306,9 +306,7 @@ def infer_model_config(state_dict: dict[str, torch.Tensor], stored: dict[str, An
         cls = family_class(family)
     except ValueError as e:
         raise WeightsError(f"{where}: {e}") from None
-    if hints:  # the caller's knowledge fills only what the file does not state
-        stored = {**{k: v for k, v in hints.items() if v is not None and k != "family"}, **(stored or {})}
-    config = cls.infer_config(state_dict, stored, where)
+    config = cls.infer_config(state_dict, stored, where, {k: v for k, v in (hints or {}).items() if v is not None})
     check_state_dict(state_dict, config, where)
     return config
 

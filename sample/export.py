@@ -236,6 +236,10 @@ def check_diffusers_representable(info: dict[str, Any]) -> None:
                         "pipeline samples it correctly (DiTPipeline is epsilon/DDIM; FlowMatchEulerDiscreteScheduler "
                         "passes t = 1000 sigma, noise at sigma = 1, and expects noise - data). Export it with "
                         "--to safetensors and sample with dit-sample --sampler euler|heun|euler-maruyama")
+    family = info["model_config"].get("family", "DiT")
+    if family != "DiT":
+        raise UserError(f"--to diffusers: diffusers has no {family} transformer (its DiTPipeline holds DiT's blocks); "
+                        "export this model with --to safetensors and sample it with dit-sample")
     options = [k for k in BLOCK_OPTIONS if info["model_config"].get(k)]
     if options:
         raise UserError(f"--to diffusers: diffusers' DiT blocks have no {', '.join(options)}; export this model "
@@ -247,7 +251,8 @@ def export(cfg: ExportConfig) -> Path:
     cfg.validate()
     output = Path(cfg.output).expanduser()
     check_writable_dir(output.parent, f"export OUTPUT {cfg.output}")
-    state_dict, info = load_weights(cfg.ckpt, weights=cfg.weights, expect_model=cfg.model)
+    state_dict, info = load_weights(cfg.ckpt, weights=cfg.weights, expect_model=cfg.model, num_heads=cfg.num_heads,
+                                    input_size=cfg.input_size)
     info["objective"] = resolve_objective(info, cfg.ckpt, cfg.objective)
     if cfg.to == "safetensors":
         return export_safetensors(state_dict, info, output, overwrite=cfg.overwrite)

@@ -40,7 +40,7 @@ from dit_pipeline.sample.config import DDPM_SAMPLERS, DEFAULT_SAMPLERS, FLOW_SAM
 from dit_pipeline.sample.generate import generate_images, guided_model_fn, make_diffusion, noise_level_fn
 from dit_pipeline.sample.grid import label_texts, png_bytes, save_grid
 from dit_pipeline.sample.load import (LoadedModel, latent_norm, load_model, manifest_folder, resolve_ckpt,
-                                      resolve_flow_convention, resolve_objective)
+                                      resolve_flow_convention, resolve_objective, with_latent_stats)
 from dit_pipeline.sample.npz import RUN_FILE, PartStore, assemble_npz, parts_dir_for
 
 RECORD_FORMAT = "dit-pipeline.samples"
@@ -77,12 +77,14 @@ def _run(cfg: SampleConfig) -> SampleResult:
     if device.type == "cuda":
         deterministic_cuda()
     cfg = dataclasses.replace(cfg, ckpt=str(resolve_ckpt(cfg.ckpt)))  # a run folder: its newest checkpoint
-    loaded = load_model(cfg.ckpt, weights=cfg.weights, expect_model=cfg.model, device=device)
+    loaded = load_model(cfg.ckpt, weights=cfg.weights, expect_model=cfg.model, device=device,
+                        num_heads=cfg.num_heads, input_size=cfg.input_size)
     log.info("model: %s", loaded.describe())
     log.info("%s", dist.launch_info().describe())
     cfg = _with_vae(cfg, loaded, log)
     vae, vae_id = load_vae(cfg.vae, config=cfg.vae_config, device=device)
-    norm = latent_norm(loaded.latent, vae_id, log)
+    norm = with_latent_stats(latent_norm(loaded.latent, vae_id, log), loaded.info, cfg.latent_stats,
+                             int(loaded.config["in_channels"]), cfg.ckpt)
     if norm.is_per_channel:
         log.info("latents: %s", norm.describe())
     labels = _labels(cfg, loaded)

@@ -29,6 +29,10 @@ DEFAULT_NUM_WORKERS = 4       # loader processes per rank, unless the shard set 
 
 DATA, MODEL, OBJECTIVE = "Data", "Model", "Objective"
 LENGTH, OPTIM, SPEED, CKPT = "Length and batch", "Optimisation", "Speed and memory", "Checkpoints and logging"
+_PRESETS = "the family's: off for DiT, as its release for the others"
+MODEL_OPTIONS = ("qk_norm", "rms_norm", "swiglu", "rope", "wo_shift")  # block switches, passed only when given
+ARCH_OVERRIDES = ("depth", "hidden_size", "num_heads", "patch_size", "encoder_depth", "head_depth", "head_hidden_size",
+                  "head_num_heads")
 GROUPS = (DATA, MODEL, OBJECTIVE, REPA, LENGTH, OPTIM, SPEED, CKPT, GRIDS)  # the order of dit-train --help
 
 
@@ -59,16 +63,27 @@ class TrainConfig(RepaSettings, FidSettings, GridSettings):
         "the shards read at once fit in a quarter of the host memory, else as it streams (the plan says which)",
         group=DATA)
     # model
-    model: str = setting("DiT-XL/2", "DiT preset, e.g. DiT-XL/2, DiT-B/4", group=MODEL)
-    depth: int | None = setting(None, "Override the preset's depth (small experiments)", group=MODEL)
+    model: str = setting("DiT-XL/2", "Model preset of any family: DiT-XL/2, DiT-B/4, LightningDiT-XL/1, DDT-XL/2, "
+                         "DiT-DH-XL, ... (README 'Model families')", group=MODEL)
+    depth: int | None = setting(None, "Override the preset's depth (small experiments; DiT-DH: its encoder's)",
+                                group=MODEL)
     hidden_size: int | None = setting(None, "Override the preset's hidden size", group=MODEL)
     num_heads: int | None = setting(None, "Override the preset's attention heads", group=MODEL)
     patch_size: int | None = setting(None, "Override the preset's patch size", group=MODEL)
+    encoder_depth: int | None = setting(None, "DDT: blocks of its encoder (the rest of --depth decode)", group=MODEL)
+    head_depth: int | None = setting(None, "DiT-DH: blocks of its head", group=MODEL)
+    head_hidden_size: int | None = setting(None, "DiT-DH: width of its head", group=MODEL)
+    head_num_heads: int | None = setting(None, "DiT-DH: attention heads of its head", group=MODEL)
     class_dropout_prob: float = setting(0.1, "Label dropout for classifier-free guidance", group=MODEL)
-    qk_norm: bool = setting(False, "RMSNorm on attention queries and keys", group=MODEL)  # dit/blocks.py; off = DiT
-    rms_norm: bool = setting(False, "RMSNorm instead of LayerNorm in the blocks", group=MODEL)
-    swiglu: bool = setting(False, "SwiGLU MLP (2/3 width, about equal parameters)", group=MODEL)
-    rope: bool = setting(False, "2-D rotary position embedding on queries and keys", group=MODEL)
+    # block options (dit/blocks.py, dit/lightningdit.py); None: the family's own (off for DiT, LightningDiT's release)
+    qk_norm: bool | None = setting(None, "RMSNorm on attention queries and keys", group=MODEL, shown=_PRESETS)
+    rms_norm: bool | None = setting(None, "RMSNorm instead of LayerNorm in the blocks", group=MODEL, shown=_PRESETS)
+    swiglu: bool | None = setting(None, "SwiGLU MLP (2/3 width, about equal parameters)", group=MODEL,
+                                  shown=_PRESETS)
+    rope: bool | None = setting(None, "2-D rotary position embedding on queries and keys", group=MODEL,
+                                shown=_PRESETS)
+    wo_shift: bool | None = setting(None, "LightningDiT, DiT-DH: adaLN without shifts (scale and gate only)",
+                                    group=MODEL, shown=_PRESETS)
     # objective: ddpm (DiT) or flow (SiT's linear interpolant, velocity prediction; dit/flow.py)
     objective: str = setting("ddpm", "ddpm: DiT's diffusion; flow: SiT's linear interpolant with velocity "
                              "prediction, t in [0, 1] (README 'Choosing an objective')", group=OBJECTIVE,
@@ -137,9 +152,8 @@ class TrainConfig(RepaSettings, FidSettings, GridSettings):
             p.append("--run-dir is required: the folder for checkpoints, logs and metrics")
         if self.micro_batch_size != "auto":
             p += positive(self, "micro_batch_size")
-        p += positive(self, "global_batch_size", "image_size", "ddp_bucket_mb", "depth", "hidden_size",
-                      "num_heads", "patch_size", "max_steps", "epochs", "log_every", "ckpt_every", "keep_last",
-                      "keep_every", "shuffle_buffer", "shards_in_flight", "prefetch_factor")
+        p += positive(self, "global_batch_size", "image_size", "ddp_bucket_mb", *ARCH_OVERRIDES, "max_steps",
+                      "epochs", "log_every", "ckpt_every", "keep_last", "keep_every", "shuffle_buffer", "shards_in_flight", "prefetch_factor")
         p += non_negative(self, "warmup_steps", "seed", "weight_decay")
         if self.num_workers is not None:
             p += non_negative(self, "num_workers")
@@ -163,8 +177,8 @@ class TrainConfig(RepaSettings, FidSettings, GridSettings):
         if not str(self.resume or "").strip():
             p.append("--resume must be 'auto', 'none' or a checkpoint path")
         try:
-            from dit_pipeline.dit.models import canonical_model_name
-            canonical_model_name(self.model)
+            from dit_pipeline.dit.family import lookup_preset
+            lookup_preset(self.model)
         except ValueError as e:
             p.append(f"--model: {e}")
         p += self.repa_problems()

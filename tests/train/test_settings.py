@@ -32,7 +32,8 @@ def help_text() -> str:
     return r.output
 
 
-ADDED_SINCE = {"fid_labels", "repa", "repa_depth", "repa_coeff"}  # settings added compatibly since (a stored config without them has their default)
+ADDED_SINCE = {"fid_labels", "repa", "repa_depth", "repa_coeff", "wo_shift", "encoder_depth", "head_depth",
+               "head_hidden_size", "head_num_heads"}  # settings added compatibly since (a stored config without them has their default)
 
 
 def test_the_stored_config_keeps_its_flat_keys():
