@@ -133,7 +133,7 @@ class DiT(DiffusionTransformer):
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> "DiT":
-        base = {k: config[k] for k in cls.config_keys if k != "model"}
+        base = {k: config[k] for k in cls.config_keys if k not in ("model", "family", *cls.options_)}
         return cls(**base, **{k: bool(config.get(k, False)) for k in cls.options_})
 
     @torch.no_grad()

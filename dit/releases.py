@@ -110,11 +110,13 @@ def _release_container(obj: Mapping[str, Any], info: dict[str, Any], path: Path)
             info["step"] = obj["step"]
 
 
-def release_model_config(info: Mapping[str, Any]) -> dict[str, Any] | None:
-    """What a release's own record says about the network (heads via the preset it names, classes, channels)."""
+def release_record(info: Mapping[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """What a release's own record (LightningDiT's `config`) says about the network: (facts checked against the
+    tensors: family, classes, channels, block switches; hints: the preset it names, used where the tensors are
+    silent, e.g. its head count)."""
     config = info.get("release_config")
     if not isinstance(config, dict):
-        return None
+        return None, {}
     from .family import lookup_preset
 
     model, data = config.get("model") or {}, config.get("data") or {}
@@ -122,13 +124,12 @@ def release_model_config(info: Mapping[str, Any]) -> dict[str, Any] | None:
         cls, preset = lookup_preset(str(model.get("model_type")))
     except ValueError as e:
         raise WeightsError(f"{info.get('path', 'the file')}: its config names an unknown model: {e}") from None
-    out: dict[str, Any] = {"family": cls.family, **cls.presets[preset]}
-    out.update({"num_classes": data.get("num_classes"), "in_channels": model.get("in_chans"),
-                "learn_sigma": model.get("learn_sigma")})
+    facts: dict[str, Any] = {"family": cls.family, "num_classes": data.get("num_classes"),
+                             "in_channels": model.get("in_chans"), "learn_sigma": model.get("learn_sigma")}
     flags = {"use_qknorm": "qk_norm", "use_swiglu": "swiglu", "use_rope": "rope", "use_rmsnorm": "rms_norm",
              "wo_shift": "wo_shift"}
-    out.update({ours: bool(model[theirs]) for theirs, ours in flags.items() if theirs in model})
-    return {k: v for k, v in out.items() if v is not None}
+    facts.update({ours: bool(model[theirs]) for theirs, ours in flags.items() if theirs in model})
+    return {k: v for k, v in facts.items() if v is not None}, dict(cls.presets[preset])
 
 
 def _ddt_keys(state_dict: Mapping[str, Any]) -> bool:

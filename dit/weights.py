@@ -77,8 +77,10 @@ def load_dit_weights(path: str | Path, prefer: str = "ema", hints: dict[str, Any
     state_dict = _strip_prefixes(state_dict, path)
     state_dict = _read_repa_format(state_dict, info, where)
     info["path"] = str(path)
-    stored = info.get("model_config") or releases.release_model_config(info)
-    info["model_config"] = infer_model_config(state_dict, stored, info.get("args"), where=where, hints=hints)
+    stored, release_hints = releases.release_record(info)
+    stored = info.get("model_config") or stored
+    info["model_config"] = infer_model_config(state_dict, stored, info.get("args"), where=where,
+                                              hints={**release_hints, **(hints or {})})
     info["preset"] = info["model_config"]["model"]
     info["family"] = info["model_config"].get("family", "DiT")
     releases.apply_conventions(info, info["family"])
