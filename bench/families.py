@@ -2,7 +2,9 @@
 
 Each variant runs the flow objective's training step (forward + backward of the velocity loss, AdamW) on the same
 random latents, labels and times; the variants are interleaved in rounds and each keeps its fastest call (slower
-calls measure other processes on a shared machine). CPU mode (default) compares at a B size:
+calls measure other processes on a shared machine). CPU mode (default) compares B-size blocks (width 768, 12 heads;
+--depth 4 by default, so four models and their AdamW states fit a shared machine: a step is depth x one block's
+cost plus the embeddings, so the ratios are the blocks'; --depth 12 is the full B):
   DiT-B/2                 DiT's block (LayerNorm, GELU MLP, no RoPE)
   LightningDiT-B/2        its release's block: RMSNorm with scales, SwiGLU (unrounded width), EVA RoPE
   LightningDiT-B/2 -rope  the same without RoPE             (RoPE's cost = the difference)
@@ -95,6 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--latent", type=int, default=16, help="latent side (tokens = (latent / 2)^2)")
     p.add_argument("--channels", type=int, default=4)
     p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--depth", type=int, default=4, help="blocks of every variant (B has 12)")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--iters", type=int, default=2)
     p.add_argument("--repeat", type=int, default=3)
@@ -106,9 +109,10 @@ def main(argv: list[str] | None = None) -> None:
     steps, flops = {}, {}
     for label, (name, over) in CPU_VARIANTS.items():
         steps[label], flops[label], _ = build_step(name, latent=a.latent, channels=a.channels, batch=a.batch,
-                                                   device=device, overrides=over)
+                                                   device=device, overrides={"depth": a.depth, **over})
     sec = measure(steps, device, warmup=a.warmup, iters=a.iters, repeat=a.repeat)
-    print(f"# flow training step, latents {a.channels}x{a.latent}x{a.latent} ({(a.latent // 2) ** 2} tokens), batch "
+    print(f"# flow training step, B blocks x {a.depth}, latents {a.channels}x{a.latent}x{a.latent} "
+          f"({(a.latent // 2) ** 2} tokens), batch "
           f"{a.batch}, CPU {torch.get_num_threads()} thread(s), torch {torch.__version__}; best of {a.repeat} "
           f"interleaved rounds x {a.iters} calls")
     print("| variant | s/step | vs DiT-B/2 | GFLOP/image (train) |")

@@ -19,7 +19,7 @@ Adding a family: docs/ARCHITECTURE.md "Model families".
 from __future__ import annotations
 
 import importlib
-from typing import Any, ClassVar, Iterable, Mapping
+from typing import Any, ClassVar, Iterable, Mapping, cast
 
 import torch
 from torch import nn
@@ -116,7 +116,8 @@ class DiffusionTransformer(nn.Module):
                          generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
         """(time embedding [N, D], label embedding [N, D]): the conditioning every family starts from (each adds
         them as its release does). A further conditioning input (e.g. a second time) joins here."""
-        return self.t_embedder(t), self.y_embedder(y, force_drop_ids, generator)
+        t_embedder, y_embedder = cast(nn.Module, self.t_embedder), cast(nn.Module, self.y_embedder)
+        return t_embedder(t), y_embedder(y, force_drop_ids, generator)
 
     def check_return_hidden(self, return_hidden: int | None) -> None:
         if return_hidden is not None and (isinstance(return_hidden, bool) or not isinstance(return_hidden, int)

@@ -130,6 +130,8 @@ class AdaLNBlock(nn.Module):
         self.grad_checkpointing = False
 
     def forward(self, x: torch.Tensor, c: torch.Tensor, rope: Rope | None = None) -> torch.Tensor:
+        shift_msa: torch.Tensor | None
+        shift_mlp: torch.Tensor | None
         if self.shift:
             shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = _chunks(self.adaLN_modulation, c, 6)
         else:

@@ -11,7 +11,7 @@ shared blocks of dit/layers.py; LightningDiT (dit/lightningdit.py) is this skele
 from __future__ import annotations
 
 import functools
-from typing import Any, Mapping, cast, overload
+from typing import Any, ClassVar, Mapping, cast, overload
 
 import torch
 from torch import nn
@@ -62,11 +62,11 @@ class DiT(DiffusionTransformer):
 
     family = "DiT"
     presets = {name: dict(zip(_ARCH, dims)) for name, dims in MODEL_PRESETS.items()}
-    overrides = (*_ARCH, *BLOCK_OPTIONS)
-    config_keys = ("model", "input_size", "num_classes", "learn_sigma", "in_channels", "depth", "hidden_size",
-                   "num_heads", "patch_size", "class_dropout_prob")
-    options_ = BLOCK_OPTIONS  # the block options its config records
-    extra_options: tuple[str, ...] = ()  # options of a family built on this skeleton (LightningDiT's wo_shift)
+    overrides: ClassVar[tuple[str, ...]] = (*_ARCH, *BLOCK_OPTIONS)
+    config_keys: ClassVar[tuple[str, ...]] = ("model", "input_size", "num_classes", "learn_sigma", "in_channels", "depth",
+                                    "hidden_size", "num_heads", "patch_size", "class_dropout_prob")
+    options_: ClassVar[tuple[str, ...]] = BLOCK_OPTIONS  # the block options its config records
+    extra_options: ClassVar[tuple[str, ...]] = ()  # options of a family built on this skeleton (LightningDiT's wo_shift)
 
     def __init__(self, input_size: int = 32, patch_size: int = 2, in_channels: int = 4,
                  hidden_size: int = 1152, depth: int = 28, num_heads: int = 16,
@@ -227,8 +227,8 @@ class DiT(DiffusionTransformer):
     @staticmethod
     def finish_config(config: dict[str, Any]) -> dict[str, Any]:
         """DiT's model_config order, with the preset name and the options present only when on."""
-        out = {"model": preset_name(config["depth"], config["hidden_size"], config["num_heads"],
-                                    config["patch_size"])}
+        out: dict[str, Any] = {"model": preset_name(config["depth"], config["hidden_size"], config["num_heads"],
+                                                    config["patch_size"])}
         out.update({k: config[k] for k in DiT.config_keys if k != "model"})
         out.update({k: True for k in BLOCK_OPTIONS if config.get(k)})
         return out

@@ -53,9 +53,10 @@ def unpack(obj: Any, path: Path, prefer: str) -> tuple[dict[str, torch.Tensor], 
     if is_state_dict(obj):
         if _ddt_keys(obj):
             return _ddt_weights(obj, path, prefer)
-        info = {"source": "official", "weights": "state_dict", **({"release": "REPA-E"} if "bn.running_var" in obj
-                                                                   else {})}
-        return {k: v for k, v in obj.items() if not k.startswith("bn.")}, info
+        bare: dict[str, Any] = {"source": "official", "weights": "state_dict"}
+        if "bn.running_var" in obj:
+            bare["release"] = "REPA-E"
+        return {k: v for k, v in obj.items() if not k.startswith("bn.")}, bare
     if not isinstance(obj, dict):
         raise WeightsError(f"{path} holds a {type(obj).__name__}, not a DiT state_dict or checkpoint")
     if is_state_dict(obj.get("state_dict")) and _ddt_keys(obj["state_dict"]):

@@ -17,6 +17,8 @@ They differ only in which pair gets which angle:
 """
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import nn
 
@@ -53,7 +55,8 @@ class EvaRope(nn.Module):
         a 16-bit x comes back in float32, as in the releases."""
         pairs = x.reshape(*x.shape[:-1], -1, 2)
         turned = torch.stack([-pairs[..., 1], pairs[..., 0]], dim=-1).reshape(x.shape)
-        return x * self.freqs_cos + turned * self.freqs_sin
+        cos, sin = cast(torch.Tensor, self.freqs_cos), cast(torch.Tensor, self.freqs_sin)
+        return x * cos + turned * sin
 
 
 def ddt_rope_tables(grid: int, head_dim: int, theta: float = ROPE_THETA) -> tuple[torch.Tensor, torch.Tensor]:

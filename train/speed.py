@@ -57,8 +57,9 @@ def regional_compile(model: torch.nn.Module, *, backend: str = "inductor", **opt
 
     torch._dynamo.config.suppress_errors = True
     # the model's blocks and final layer (every family's `compile_units`; a bare module: its blocks and final layer)
-    units = model.compile_units() if hasattr(model, "compile_units") else \
-        [*getattr(model, "blocks", []), *([model.final_layer] if hasattr(model, "final_layer") else [])]
+    units: list[torch.nn.Module] = (
+        getattr(model, "compile_units")() if hasattr(model, "compile_units") else
+        [*getattr(model, "blocks", []), *([getattr(model, "final_layer")] if hasattr(model, "final_layer") else [])])
     # Every block has the same graph: let dynamo keep one cache entry per block object without hitting
     # its recompile limit (it counts per code object, which all blocks share).
     limit = max(int(getattr(torch._dynamo.config, "cache_size_limit", 8)), 2 * len(units) + 8)
