@@ -116,6 +116,9 @@ def sample_main() -> None:
 @click.option("--latent-stats", default=None, metavar="FILE",
               help="Per-channel latent statistics (mean and std, e.g. LightningDiT's latents_stats.pt) to decode with, "
               "for a checkpoint trained on them that does not hold them.")
+@click.option("--encoder-refresh", type=int, default=default(SampleConfig, "encoder_refresh"), show_default=True,
+              help="DDT: compute the encoder every K-th network call and reuse its state in between (DDT's encoder "
+              "sharing, on a uniform schedule; 1 = every call).")
 @click.option("--cfg-scale", type=float, default=default(SampleConfig, "cfg_scale"), show_default=True,
               help="Classifier-free guidance scale (1 = none). The published FID-50K 2.27 uses 1.5.")
 @click.option("--cfg-channels", type=click.Choice(CFG_CHANNELS), default=default(SampleConfig, "cfg_channels"),

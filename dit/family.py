@@ -38,6 +38,7 @@ class DiffusionTransformer(nn.Module):
     aliases: ClassVar[Mapping[str, str]] = {}           # other spellings of preset names (e.g. the release's)
     overrides: ClassVar[tuple[str, ...]]                # constructor arguments a preset may be overridden with
     config_keys: ClassVar[tuple[str, ...]]              # the keys every model_config of the family holds
+    default_objective: ClassVar[str] = "flow"           # what its release trains (dit-train's default for it)
 
     # set by every family's __init__
     input_size: int

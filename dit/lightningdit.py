@@ -50,6 +50,7 @@ class LightningDiT(DiT):
     """LightningDiT: (x [N, C, S, S], t [N], y [N]) -> [N, C or 2C, S, S] (module docstring)."""
 
     family = "LightningDiT"
+    default_objective = "flow"
     presets = {f"LightningDiT-{k}": dict(zip(_ARCH, v)) for k, v in _PRESETS.items()}
     overrides = (*_ARCH, *OPTIONS)
     config_keys = ("family", "model", "input_size", "num_classes", "learn_sigma", "in_channels", "depth",

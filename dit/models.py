@@ -61,6 +61,7 @@ class DiT(DiffusionTransformer):
     """Diffusion Transformer: (x [N, C, S, S], t [N], y [N]) -> [N, C or 2C, S, S]."""
 
     family = "DiT"
+    default_objective = "ddpm"
     presets = {name: dict(zip(_ARCH, dims)) for name, dims in MODEL_PRESETS.items()}
     overrides: ClassVar[tuple[str, ...]] = (*_ARCH, *BLOCK_OPTIONS)
     config_keys: ClassVar[tuple[str, ...]] = ("model", "input_size", "num_classes", "learn_sigma", "in_channels", "depth",

@@ -53,6 +53,8 @@ class SampleConfig:
     num_heads: int | None = None  # attention heads of a file that states none (a custom size without model_config)
     input_size: int | None = None  # latent side of a file that states none (DDT's: no position table)
     latent_stats: str | None = None  # per-channel latent statistics (LightningDiT's latents_stats.pt) to decode with
+    encoder_refresh: int = 1  # DDT: recompute the encoder every k-th network call, reuse its state between
+    encoder_refresh: int = 1  # DDT: recompute the encoder every k-th network call, reuse its state between (dit/reuse.py)
     sampler: str | None = None  # ddpm models: ddpm, ddim; flow models: euler, heun, euler-maruyama;
     # None: DEFAULT_SAMPLERS of the model's objective (sample.run resolves it once the checkpoint is read)
     steps: int = 250
@@ -118,6 +120,9 @@ class SampleConfig:
             p.append("nothing would be written: pass --npz FILE (ADM evaluator format) and/or --out DIR (PNG grid)")
         if self.save_images and self.out is None:
             p.append("--save-images writes PNGs under --out DIR; pass --out")
+        if isinstance(self.encoder_refresh, bool) or not isinstance(self.encoder_refresh, int) \
+                or self.encoder_refresh < 1:
+            p.append(f"--encoder-refresh must be a positive integer (1: no reuse), got {self.encoder_refresh!r}")
         p += self._check_sampler()
         if self.cfg_channels not in CFG_CHANNELS:
             p.append(f"--cfg-channels must be one of {CFG_CHANNELS}, got {self.cfg_channels!r}")

@@ -26,6 +26,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
+from dit_pipeline import dit
 from dit_pipeline.common import distributed as dist
 from dit_pipeline.common.determinism import deterministic_cuda, pinned_threads
 from dit_pipeline.common.errors import UserError
@@ -92,6 +93,9 @@ def _run(cfg: SampleConfig) -> SampleResult:
     cfg, sampler_note = _with_sampler(cfg, loaded.info["objective"])
     cfg.validate()  # the sampler's own rules (e.g. --flow-convention only for flow samplers) once it is known
     _check_compatible(cfg, loaded, vae_id)
+    if cfg.encoder_refresh > 1 and not dit.reuse.can_reuse_encoder(loaded.model):
+        raise UserError(f"--encoder-refresh {cfg.encoder_refresh}: {loaded.config['model'] or 'this model'} has no "
+                        "encoder/decoder split whose state could be reused (DDT has); drop --encoder-refresh")
     if loaded.info["objective"] == "flow":
         loaded.info["flow_convention"] = resolve_flow_convention(loaded.info, cfg.ckpt, cfg.flow_convention)
         if loaded.info["flow_convention"] == "repa":
@@ -242,6 +246,8 @@ def _optional_settings(cfg: SampleConfig, loaded: LoadedModel) -> dict[str, Any]
         out["guidance_interval"] = [float(v) for v in cfg.guidance_interval]
     if loaded.info.get("flow_convention") == "repa" and loaded.info["objective"] == "flow":
         out["flow_convention"] = "repa"
+    if cfg.encoder_refresh > 1:
+        out["encoder_refresh"] = cfg.encoder_refresh
     return out
 
 
@@ -298,7 +304,9 @@ def _sample_batches(cfg: SampleConfig, loaded: LoadedModel, vae, store: PartStor
     """This rank's share of the missing samples, one part file per batch; returns images produced."""
     from tqdm.auto import tqdm
 
-    model = loaded.model
+    model: Any = loaded.model
+    if cfg.encoder_refresh > 1:  # DDT's encoder sharing across neighbouring steps (dit/reuse.py)
+        model = dit.reuse.EncoderReuse(model, cfg.encoder_refresh)
     convention = loaded.info.get("flow_convention", "sit")
     flow = {"convention": convention} if cfg.sampler in FLOW_SAMPLERS else {}
     diffusion = make_diffusion(cfg.sampler, cfg.steps, learn_sigma=bool(loaded.config["learn_sigma"]),
@@ -314,6 +322,8 @@ def _sample_batches(cfg: SampleConfig, loaded: LoadedModel, vae, store: PartStor
     with tqdm(total=len(remaining), unit="img", desc="sampling", disable=not progress_enabled(cfg.quiet),
               dynamic_ncols=True) as bar:
         for batch in batches:
+            if isinstance(model, dit.reuse.EncoderReuse):
+                model.reset()  # a state belongs to one batch of samples
             images = generate_images(model, vae, diffusion, indices=batch, labels=labels[batch].tolist(),
                                      seed=cfg.seed, norm=norm, sampler=cfg.sampler,
                                      model_fn=model_fn).numpy()

@@ -298,12 +298,27 @@ def is_sit_name(model: Any) -> bool:
     return str(model or "").strip().lower().startswith("sit-")
 
 
+def implied_objective(model: Any) -> str | None:
+    """The objective a model name implies: flow for a SiT name, a family's own (dit/family.py
+    `default_objective`: flow for LightningDiT, DDT, DiT-DH, whose releases train flow models); None for DiT."""
+    if is_sit_name(model):
+        return "flow"
+    from dit_pipeline.dit.family import lookup_preset
+
+    try:
+        objective = lookup_preset(str(model))[0].default_objective
+    except ValueError:  # validate() reports the unknown name
+        return None
+    return objective if objective != "ddpm" else None
+
+
 def merge_config(file_values: dict[str, Any], flag_values: dict[str, Any]) -> TrainConfig:
-    """TrainConfig from defaults, then the config file, then explicitly given flags. A SiT model name without
-    an objective implies `--objective flow` (the plan says so); with `--objective ddpm` it is refused."""
+    """TrainConfig from defaults, then the config file, then explicitly given flags. A model name that implies an
+    objective (`implied_objective`: SiT names, the flow families) sets it when none is given (the plan says so);
+    a SiT name with `--objective ddpm` is refused."""
     merged = {**file_values, **flag_values}
-    if is_sit_name(merged.get("model")) and merged.get("objective") is None:
-        merged["objective"] = "flow"
+    if merged.get("objective") is None and (implied := implied_objective(merged.get("model"))):
+        merged["objective"] = implied
     missing = [n for n in ("shards", "run_dir") if merged.get(n) in (None, "")]
     if missing:
         raise ConfigError([f"{flag_name(n)} is required (as a flag or in --config)" for n in missing],

@@ -23,7 +23,7 @@ from dit_pipeline.common.teacher import Teacher
 from dit_pipeline.shards import Manifest
 from dit_pipeline.train import memory
 from dit_pipeline.train.config import (ARCH_OVERRIDES, DEFAULT_MAX_STEPS, DEFAULT_NUM_WORKERS, MODEL_OPTIONS, BatchPlan,
-                                      TrainConfig, batch_plan, is_sit_name)
+                                      TrainConfig, batch_plan, implied_objective)
 from dit_pipeline.train.data import ShardSource, open_shards
 from dit_pipeline.train.partition import DataLayout, EpochPlan, plan_epoch, total_steps
 from dit_pipeline.train.repa import check_repa, repa_line
@@ -248,7 +248,7 @@ def objective_line(cfg: TrainConfig, mc: dict[str, Any] | None = None) -> str:
     if cfg.objective == "flow":
         times = ("uniform" if cfg.t_sampling == "uniform"
                  else f"{cfg.t_sampling} (mean {cfg.t_mean:g}, scale {cfg.t_scale:g})")
-        implied = f"as --model {cfg.model} implies; " if is_sit_name(cfg.model) else ""
+        implied = f"as --model {cfg.model} implies; " if implied_objective(cfg.model) == "flow" else ""
         what = f"flow ({implied}linear interpolant, velocity prediction; training times {times})"
     else:
         what = "ddpm (DiT: noise prediction + learned variance, 1000-step linear schedule)"

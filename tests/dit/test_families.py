@@ -158,3 +158,22 @@ def test_unsupported_options_are_refused():
         dit.DiT(wo_shift=True)
     with pytest.raises(ValueError, match="encoder_depth 2 must be below depth 2"):
         create_model("DDT-XL/2", depth=2, encoder_depth=2, hidden_size=64, num_heads=4)
+
+
+def test_ddt_encoder_reuse_across_neighbouring_calls():
+    """dit.reuse.EncoderReuse: the encoder runs on every k-th call, the calls between decode with its state; every
+    other attribute is the model's, so samplers run it as the model."""
+    model = build("DDT")
+    x, t, y = inputs(model)
+    with torch.no_grad():
+        once = dit.reuse.EncoderReuse(model, 1)
+        assert torch.equal(once(x, t, y), model(x, t, y)) and once.num_classes == 5
+        shared = dit.reuse.EncoderReuse(model, 2)
+        x2, t2 = x + 0.1, t + 0.1
+        outs = [shared(x, t, y), shared(x2, t2, y), shared(x2, t2, y)]
+        assert torch.equal(outs[0], model(x, t, y))
+        assert torch.equal(outs[1], model.decode(x2, model.encode(x, t, y)))  # the first call's state
+        assert torch.equal(outs[2], model(x2, t2, y)) and shared.computed == 2  # recomputed on the third
+        assert torch.equal(shared(x[:1], t[:1], y[:1]), model(x[:1], t[:1], y[:1]))  # another batch: recomputed
+    with pytest.raises(ValueError, match="LightningDiT has no encoder/decoder split"):
+        dit.reuse.EncoderReuse(build("LightningDiT"), 2)

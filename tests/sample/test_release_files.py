@@ -51,3 +51,15 @@ def test_a_lightningdit_checkpoint_samples(tiny_vae_dir, tmp_path):
     fp = json.loads((tmp_path / "s.npz.json").read_text())["fingerprint"]
     assert fp["objective"] == "flow" and fp["model_config"]["family"] == "LightningDiT"
     assert fp["normalization"]["std"] == [1.5, 0.5, 1.0, 2.0]
+
+
+def test_encoder_reuse_is_refused_for_a_model_without_an_encoder(tiny_vae_dir, tmp_path):
+    ema = build("LightningDiT", seed=1)
+    ckpt = tmp_path / "0080000.pt"
+    torch.save({"ema": ema.state_dict(), "config": LIGHTNING_CONFIG}, ckpt)
+    stats = tmp_path / "latents_stats.json"
+    stats.write_text(json.dumps({"mean": [0.0] * 4, "std": [1.0] * 4}))
+    with pytest.raises(UserError, match="--encoder-refresh 2: this model has no encoder/decoder split whose state "
+                                        "could be reused \\(DDT has\\)"):
+        run_sampling(SampleConfig(ckpt=str(ckpt), vae=str(tiny_vae_dir), latent_stats=str(stats), steps=2, quiet=True,
+                                  class_labels=[1], sampler="euler", encoder_refresh=2, npz=str(tmp_path / "x.npz")))
