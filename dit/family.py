@@ -39,6 +39,7 @@ class DiffusionTransformer(nn.Module):
     overrides: ClassVar[tuple[str, ...]]                # constructor arguments a preset may be overridden with
     config_keys: ClassVar[tuple[str, ...]]              # the keys every model_config of the family holds
     default_objective: ClassVar[str] = "flow"           # what its release trains (dit-train's default for it)
+    diffusers_class: ClassVar[str | None] = None         # the diffusers transformer holding it (export), if any
 
     # set by every family's __init__
     input_size: int

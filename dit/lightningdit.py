@@ -51,6 +51,7 @@ class LightningDiT(DiT):
 
     family = "LightningDiT"
     default_objective = "flow"
+    diffusers_class = None  # diffusers' DiT blocks have none of its switches
     presets = {f"LightningDiT-{k}": dict(zip(_ARCH, v)) for k, v in _PRESETS.items()}
     overrides = (*_ARCH, *OPTIONS)
     config_keys = ("family", "model", "input_size", "num_classes", "learn_sigma", "in_channels", "depth",

@@ -36,9 +36,11 @@ from .infer import WeightsError
 SIT, REPA = "sit", "repa"
 # release -> (flow convention, why), for files that do not record their objective
 CONVENTIONS = {
-    "LightningDiT": (SIT, "LightningDiT's release (its Linear velocity transport: t = 0 noise, predicts data - noise)"),
-    "DDT": (SIT, "DDT's release (its LinearScheduler: t = 0 noise, predicts data - noise)"),
-    "RAE": (REPA, "RAE's release (its Linear path: t = 1 noise, predicts noise - data)"),
+    "LightningDiT": (SIT, "LightningDiT's release (its Linear velocity transport: t = 0 noise, predicts data - noise, "
+                          "the network sees t in [0, 1])"),
+    "DDT": (SIT, "DDT's release (its LinearScheduler: t = 0 noise, predicts data - noise, the network sees t in "
+                 "[0, 1])"),
+    "RAE": (REPA, "RAE's release (its Linear path: t = 1 noise, predicts noise - data, the network sees t in [0, 1])"),
 }
 FAMILY_RELEASE = {"LightningDiT": "LightningDiT", "DDT": "DDT", "DiT-DH": "RAE"}  # a bare file of a family
 

@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from dit_pipeline import dit
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.io import TMP_PREFIX, check_writable_dir, fsync_dir
 from dit_pipeline.common.log import get_logger, setup_logging
@@ -236,10 +237,10 @@ def check_diffusers_representable(info: dict[str, Any]) -> None:
                         "pipeline samples it correctly (DiTPipeline is epsilon/DDIM; FlowMatchEulerDiscreteScheduler "
                         "passes t = 1000 sigma, noise at sigma = 1, and expects noise - data). Export it with "
                         "--to safetensors and sample with dit-sample --sampler euler|heun|euler-maruyama")
-    family = info["model_config"].get("family", "DiT")
-    if family != "DiT":
-        raise UserError(f"--to diffusers: diffusers has no {family} transformer (its DiTPipeline holds DiT's blocks); "
-                        "export this model with --to safetensors and sample it with dit-sample")
+    family = dit.family.family_of_config(info["model_config"])
+    if family.diffusers_class is None:
+        raise UserError(f"--to diffusers: diffusers has no {family.family} transformer (its DiTPipeline holds DiT's "
+                        "blocks); export this model with --to safetensors and sample it with dit-sample")
     options = [k for k in BLOCK_OPTIONS if info["model_config"].get(k)]
     if options:
         raise UserError(f"--to diffusers: diffusers' DiT blocks have no {', '.join(options)}; export this model "

@@ -42,8 +42,7 @@ class LoadedModel:
     def describe(self) -> str:
         c = self.config
         family = dit.family.family_of_config(c)
-        detail = f"depth {c['depth']}, hidden {c['hidden_size']}" if family.family == "DiT" else family.describe(c)
-        name = c["model"] or f"custom {family.family} ({detail})"
+        name = c["model"] or f"custom {family.family} ({family.describe(c)})"
         step = f", step {self.info['step']}" if self.info.get("step") is not None else ""
         release = f" ({self.info['release']}'s release)" if self.info.get("release") else ""
         return (f"{name}, {c['input_size']}x{c['input_size']}x{c['in_channels']} latents, {c['num_classes']} "

@@ -63,3 +63,20 @@ def test_encoder_reuse_is_refused_for_a_model_without_an_encoder(tiny_vae_dir, t
                                         "could be reused \\(DDT has\\)"):
         run_sampling(SampleConfig(ckpt=str(ckpt), vae=str(tiny_vae_dir), latent_stats=str(stats), steps=2, quiet=True,
                                   class_labels=[1], sampler="euler", encoder_refresh=2, npz=str(tmp_path / "x.npz")))
+
+
+def test_export_takes_every_family_to_safetensors_and_diffusers_only_dit(tmp_path):
+    from dit_pipeline import dit
+    from dit_pipeline.sample.config import ExportConfig
+    from dit_pipeline.sample.export import check_diffusers_representable, export
+
+    ema = build("DiT-DH", seed=1)
+    ckpt = tmp_path / "0100000.pt"  # RAE's stage-2 layout
+    torch.save({"step": 1, "epoch": 0, "model": ema.state_dict(), "ema": ema.state_dict(), "optimizer": {},
+                "scheduler": {}}, ckpt)
+    out = export(ExportConfig(to="safetensors", output=str(tmp_path / "dh.safetensors"), ckpt=str(ckpt)))
+    sd, info = dit.load_dit_weights(out)
+    assert info["model_config"] == ema.config and (info["objective"], info["flow_convention"]) == ("flow", "repa")
+    assert info["flow_convention_from"] == "recorded" and all(torch.equal(sd[k], ema.state_dict()[k]) for k in sd)
+    with pytest.raises(UserError, match="--to diffusers: diffusers has no LightningDiT transformer"):
+        check_diffusers_representable({"objective": "ddpm", "model_config": build("LightningDiT").config})
