@@ -80,3 +80,21 @@ def test_export_takes_every_family_to_safetensors_and_diffusers_only_dit(tmp_pat
     assert info["flow_convention_from"] == "recorded" and all(torch.equal(sd[k], ema.state_dict()[k]) for k in sd)
     with pytest.raises(UserError, match="--to diffusers: diffusers has no LightningDiT transformer"):
         check_diffusers_representable({"objective": "ddpm", "model_config": build("LightningDiT").config})
+
+
+def test_a_ddt_samples_with_its_encoder_shared_across_steps(tiny_vae_dir, tmp_path):
+    """Our own DDT checkpoint (any family's records its model_config): --encoder-refresh 2 recomputes the encoder on
+    every other network call, changes the samples, and is recorded in the fingerprint."""
+    model = build("DDT", seed=3)
+    ckpt = tmp_path / "ddt.pt"
+    torch.save({"format": "dit-pipeline.checkpoint", "version": 1, "model_config": model.config,
+                "ema": model.state_dict(), "objective": "flow",
+                "latent": {"scaling_factor": 0.5, "shift_factor": None}}, ckpt)
+    base = dict(ckpt=str(ckpt), vae=str(tiny_vae_dir), steps=4, quiet=True, class_labels=[1, 2], sampler="euler",
+                cfg_scale=1.0)
+    run_sampling(SampleConfig(**base, npz=str(tmp_path / "every.npz")))
+    run_sampling(SampleConfig(**base, encoder_refresh=2, npz=str(tmp_path / "shared.npz")))
+    with np.load(tmp_path / "every.npz") as a, np.load(tmp_path / "shared.npz") as b:
+        assert a["arr_0"].shape == b["arr_0"].shape == (2, 64, 64, 3) and not np.array_equal(a["arr_0"], b["arr_0"])
+    fps = [json.loads((tmp_path / f"{n}.npz.json").read_text())["fingerprint"] for n in ("every", "shared")]
+    assert "encoder_refresh" not in fps[0] and fps[1]["encoder_refresh"] == 2
