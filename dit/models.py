@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Mapping, cast, overload
 import torch
 from torch import nn
 
-from .blocks import BLOCK_OPTIONS, make_norm, swiglu_hidden
+from .blocks import BLOCK_OPTIONS, SwiGLU, make_norm, swiglu_hidden
 from .embed import FREQUENCY_EMBEDDING_SIZE, pos_embed_2d, timestep_embedding  # noqa: F401 (also dit.models')
 from .family import DiffusionTransformer, lookup_preset, register_family
 from .family import create_model as _create_model
@@ -25,7 +25,6 @@ from .infer import Shapes, WeightsError, block_count, check_stored, classes, hea
 from .layers import (AdaLNBlock, Attention, FinalLayer, LabelEmbedder, Mlp, PatchEmbed,  # noqa: F401 (re-exported)
                      TimestepEmbedder, modulate, run_block)
 from .rope import AxialRope
-from .blocks import SwiGLU
 
 _SIZES = {"S": (12, 384, 6), "B": (12, 768, 12), "L": (24, 1024, 16), "XL": (28, 1152, 16)}
 # name -> (depth, hidden_size, num_heads, patch_size): the paper's twelve, then patch 1 for the latents of

@@ -171,3 +171,6 @@ def apply_conventions(info: dict[str, Any], family: str) -> None:
         convention, why = CONVENTIONS[release]
         info.update(release=release, objective="flow", objective_from=why, flow_convention=convention,
                     flow_convention_from=why)
+    if release == "LightningDiT" and not info.get("latent"):  # every release config normalizes VA-VAE's latents
+        info.setdefault("latent_required", {"multiplier": 1.0, "what": "LightningDiT's per-channel latent "
+                                            "statistics (latents_stats.pt; a bare file does not say, its configs do)"})

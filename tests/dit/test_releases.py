@@ -4,7 +4,6 @@ convention; what a file cannot state is taken from hints or refused naming the f
 from __future__ import annotations
 
 import argparse
-import json
 
 import pytest
 import torch
@@ -113,6 +112,7 @@ def test_what_a_file_cannot_state_is_refused_with_the_flag_or_taken_from_hints(t
         dit.load_dit_weights(tmp_path / "w.pt")
     sd, info = dit.load_dit_weights(tmp_path / "w.pt", hints={"num_heads": 4})
     assert info["family"] == "LightningDiT" and info["model_config"]["num_heads"] == 4
+    assert info["release"] == "LightningDiT" and "latents_stats.pt" in info["latent_required"]["what"]
     same_outputs(sd, info, model)
     only_swiglu = build("LightningDiT", rope=False, rms_norm=False)  # recognised by its unrounded SwiGLU width
     torch.save(only_swiglu.state_dict(), tmp_path / "s.pt")
