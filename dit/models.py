@@ -61,7 +61,7 @@ class DiT(DiffusionTransformer):
 
     family = "DiT"
     default_objective = "ddpm"
-    diffusers_class = "DiTTransformer2DModel"  # sample/export.py converts to it
+    diffusers_class: ClassVar[str | None] = "DiTTransformer2DModel"  # sample/export.py converts to it
     presets = {name: dict(zip(_ARCH, dims)) for name, dims in MODEL_PRESETS.items()}
     overrides: ClassVar[tuple[str, ...]] = (*_ARCH, *BLOCK_OPTIONS)
     config_keys: ClassVar[tuple[str, ...]] = ("model", "input_size", "num_classes", "learn_sigma", "in_channels", "depth",
