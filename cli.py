@@ -65,8 +65,13 @@ def _weights_options(f: Callable) -> Callable:
         click.option("--weights", type=click.Choice(WEIGHTS), default=default(SampleConfig, "weights"),
                      show_default=True,
                      help="Which weights of a training checkpoint."),
-        click.option("--model", default=None, help="Expected preset (e.g. DiT-XL/2); inferred from the weights, "
-                     "a mismatch is an error."),
+        click.option("--model", default=None, help="Expected preset (e.g. DiT-XL/2, LightningDiT-XL/1, DDT-XL/2, "
+                     "DiT-DH-XL); inferred from the weights, a mismatch is an error. Also tells the loader what a file "
+                     "cannot state (DDT's encoder split and patch size)."),
+        click.option("--num-heads", type=int, default=None, help="Attention heads of a custom-size file that does "
+                     "not state them (no model_config, no QK-norm or RoPE tensors to read them from)."),
+        click.option("--input-size", type=int, default=None, help="Latent side of a file that does not state it "
+                     "(DDT's: it has no position table), e.g. 32 for 256 px images and an f8 VAE."),
         click.option("--vae", default=None, help="VAE: hub id, local diffusers folder, or single "
                      ".safetensors/.ckpt file [the VAE the checkpoint records (the one its shards were extracted "
                      "with), else stabilityai/sd-vae-ft-ema]."),
@@ -112,6 +117,12 @@ def sample_main() -> None:
               help="Flow samplers: shift the time grid toward noise, SD3's s (noise level s n / (1 + (s - 1) n)); "
               "LightningDiT's timestep_shift a is 1/a (0.3: 3.333) [the shift the model was trained with, as its "
               "checkpoint records it; else 1, none].")
+@click.option("--latent-stats", default=None, metavar="FILE",
+              help="Per-channel latent statistics (mean and std, e.g. LightningDiT's latents_stats.pt) to decode with, "
+              "for a checkpoint trained on them that does not hold them.")
+@click.option("--encoder-refresh", type=int, default=default(SampleConfig, "encoder_refresh"), show_default=True,
+              help="DDT: compute the encoder every K-th network call and reuse its state in between (DDT's encoder "
+              "sharing, on a uniform schedule; 1 = every call).")
 @click.option("--cfg-scale", type=float, default=default(SampleConfig, "cfg_scale"), show_default=True,
               help="Classifier-free guidance scale (1 = none). The published FID-50K 2.27 uses 1.5.")
 @click.option("--cfg-channels", type=click.Choice(CFG_CHANNELS), default=default(SampleConfig, "cfg_channels"),

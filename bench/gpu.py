@@ -20,6 +20,8 @@ row) the moment it is measured, so a run killed at its time limit keeps everythi
   loader    the training loader's latents/s with 16 workers on a synthetic shard set
   repa      REPA's cost (bench/repa.py): the DINOv2 ViT-B/14 teacher forward, the plain flow step and the step
             with teacher + projector + loss at the training size; images/s, MFU, peak memory, their ratio
+  families  the flow training step of LightningDiT-XL/1 (VA-VAE 32x16x16 latents) and RAE's DiT-DH-XL (768x16x16
+            DINOv2 features), bf16, per-block compile (bench/families.py); images/s, MFU, peak memory
 
     bash bench/gpu.sh                        # on the GPU machine (<= 8 minutes)
     python bench/gpu.py --smoke --out DIR    # tiny sizes on a CPU (the test suite runs this)
@@ -63,6 +65,7 @@ from _checkout import use_checkout  # noqa: E402
 use_checkout()
 
 from dit_pipeline.train.metrics import peak_tflops  # noqa: E402
+from families import families_section  # noqa: E402
 from gpu_fid import fid_section  # noqa: E402
 from gpu_sections import extract_section, loader_section, sample_section, write_shards  # noqa: E402
 from gpu_train import train_section  # noqa: E402
@@ -125,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="bench-gpu-out", help="folder for results.jsonl")
     p.add_argument("--smoke", action="store_true", help="tiny sizes, runs on a CPU")
     p.add_argument("--budget-s", type=float, default=450.0, help="stop starting sections after this long")
-    p.add_argument("--only", nargs="+", choices=["train", "extract", "sample", "fid", "loader", "repa"], default=None)
+    p.add_argument("--only", nargs="+", choices=["train", "extract", "sample", "fid", "loader", "repa", "families"],
+                   default=None)
     a = p.parse_args(argv)
     t_start = time.monotonic()
     res = Results(Path(a.out), t_start + a.budget_s)
@@ -137,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
             device=torch.cuda.get_device_name(0) if device.type == "cuda" else f"{platform.machine()} CPU",
             cuda=torch.version.cuda, peak_tflops=peak_tflops(device), smoke=a.smoke)
     work = Path(tempfile.mkdtemp(prefix="bench-gpu-"))
-    want = set(a.only or ["train", "extract", "sample", "fid", "loader", "repa"])
+    want = set(a.only or ["train", "extract", "sample", "fid", "loader", "repa", "families"])
     try:
         shards = work / "shards"
         write_shards(shards, shards=1, per_shard=2 * s["batch"], latent=s["latent"])
@@ -153,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
             res.section("loader", lambda: loader_section(res, s, work / "loader"), 30)
         if "repa" in want:
             res.section("repa", lambda: repa_section(res, s, device), 90)
+        if "families" in want:
+            res.section("families", lambda: families_section(res, s, device), 60)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     res.add("env", "done", wall_s=time.monotonic() - t_start,

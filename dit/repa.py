@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .models import DiT
+from .family import DiffusionTransformer
 
 PROJECTOR_DIM = 2048
 TEACHER_DIM = 768          # DINOv2 ViT-B/14's feature width
@@ -60,17 +60,19 @@ class REPAModel(nn.Module):
     """A DiT and its projectors as one module (one DDP wrapper, one optimizer): forward -> (out, zs), zs[i] the
     projection for teacher i, [N, T, z_dims[i]], of the tokens after block `encoder_depth`."""
 
-    def __init__(self, dit: DiT, *, encoder_depth: int = ENCODER_DEPTH, z_dims: Sequence[int] = (TEACHER_DIM,),
-                 projector_dim: int = PROJECTOR_DIM):
+    def __init__(self, dit: DiffusionTransformer, *, encoder_depth: int = ENCODER_DEPTH,
+                 z_dims: Sequence[int] = (TEACHER_DIM,), projector_dim: int = PROJECTOR_DIM):
         super().__init__()
         if isinstance(encoder_depth, bool) or not isinstance(encoder_depth, int) \
-                or not 1 <= encoder_depth <= dit.depth:
-            raise ValueError(f"encoder_depth must be in 1..{dit.depth} (the DiT's depth), got {encoder_depth!r}")
+                or not 1 <= encoder_depth <= dit.num_blocks:
+            raise ValueError(f"encoder_depth must be in 1..{dit.num_blocks} (the DiT's depth), got "
+                             f"{encoder_depth!r}")
         if not z_dims or any(int(z) < 1 for z in z_dims):
             raise ValueError(f"z_dims must list one positive feature width per teacher, got {list(z_dims)}")
         self.dit = dit
         self.encoder_depth = int(encoder_depth)
-        self.projectors = nn.ModuleList(Projector(dit.hidden_size, int(z), projector_dim) for z in z_dims)
+        width = dit.hidden_size_at(self.encoder_depth)  # the tokens' width after the aligned block
+        self.projectors = nn.ModuleList(Projector(width, int(z), projector_dim) for z in z_dims)
 
     @property
     def config(self) -> dict[str, Any]:

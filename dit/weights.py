@@ -8,6 +8,12 @@ load too: the projector keys are dropped and info["flow_convention"] says the ne
 A bare state_dict may have a JSON sidecar beside it (`step-0001000-ema.pt` -> `step-0001000-ema.json`, written
 by the trainer): its model_config (the head count is invisible in tensor shapes), latent scale and step are
 used, and checked against the tensors.
+Release checkpoints of the other model families load unchanged too (dit/releases.py: LightningDiT's
+`{model, ema, opt, config}`, RAE's stage-2 `{step, epoch, model, ema, optimizer, scheduler}`, DDT's Lightning
+`state_dict` with `denoiser.*` / `ema_denoiser.*`, REPA-E's `{model, ema, vae, ...}`); the family is read from a
+stored model_config or recognised by its keys (`detect_family`), and each family's `infer_config` reads the
+architecture back (dit/family.py). What a file cannot state (a custom size's head count, DDT's latent size) comes
+from `hints` (dit-sample's --num-heads, --input-size, --model) or the file is refused naming the flag.
 Pickle files are read with `torch.load(weights_only=True)`; the only class allowed beyond tensors and
 containers is argparse.Namespace. Anything else is refused, never unpickled. The architecture is inferred
 from tensor shapes (cross-checked with a stored model_config / args when present) and every key and shape
@@ -17,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import pickle
 import re
 import zipfile
@@ -26,19 +31,19 @@ from typing import Any
 
 import torch
 
-from .blocks import BLOCK_OPTIONS
-from .formats import CHECKPOINT_FORMAT, CHECKPOINT_VERSION, SIDECAR_FORMAT, SIDECAR_VERSION
-from .models import MODEL_PRESETS, DiT, canonical_model_name, model_from_config, pos_embed_2d
+from . import releases
+from .family import DiffusionTransformer, family_class, lookup_preset, model_from_config
+from .formats import SIDECAR_FORMAT, SIDECAR_VERSION
+from .infer import WeightsError
 from .repa import PROJECTOR_KEY
 
 _PREFIXES = ("module.", "_orig_mod.")
+__all__ = ["WeightsError", "build_model_from_weights", "check_state_dict", "infer_model_config", "load_dit_weights",
+           "make_sidecar", "read_sidecar", "read_torch_file", "sidecar_path"]
 
 
-class WeightsError(ValueError):
-    """A weight file that cannot be used: unreadable, unsafe, or not a matching DiT."""
-
-
-def load_dit_weights(path: str | Path, prefer: str = "ema") -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def load_dit_weights(path: str | Path, prefer: str = "ema", hints: dict[str, Any] | None = None
+                     ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Read a DiT weight file -> (state_dict with official names, info).
 
     `prefer`: "ema" (default) or "model", for files holding both. `info` holds "path", "source"
@@ -47,6 +52,11 @@ def load_dit_weights(path: str | Path, prefer: str = "ema") -> tuple[dict[str, t
     "args" (reference training args as a dict), "step", "latent", "config", "sidecar" (its path), "time_shift"
     (a flow model's recorded training shift, dit/shift.py).
     A bare state_dict with a sidecar (see sidecar_path) reads as source "dit-pipeline", weights "ema".
+    Release files of the other families add "release" ("LightningDiT" | "RAE" | "DDT" | "REPA-E") and, when the
+    file does not record them, the objective and time convention of that release ("flow_convention_from" says
+    why); "latent_required" when the release normalized its latents with statistics the file does not hold.
+    `hints`: architecture facts the caller knows (model_config keys, e.g. {"num_heads": 16, "input_size": 32}),
+    used only where the file states nothing.
     """
     if prefer not in ("ema", "model"):
         raise ValueError(f"prefer must be 'ema' or 'model', got {prefer!r}")
@@ -56,7 +66,7 @@ def load_dit_weights(path: str | Path, prefer: str = "ema") -> tuple[dict[str, t
     if path.suffix.lower() == ".safetensors":
         state_dict, info = _read_safetensors(path)
     else:
-        state_dict, info = _unpack(read_torch_file(path), path, prefer)
+        state_dict, info = releases.unpack(read_torch_file(path), path, prefer)
     where = str(path)
     if info["source"] == "official" and (sidecar := read_sidecar(path)) is not None:
         info.update(source="dit-pipeline", weights="ema", model_config=sidecar["model_config"],
@@ -70,9 +80,13 @@ def load_dit_weights(path: str | Path, prefer: str = "ema") -> tuple[dict[str, t
     state_dict = _strip_prefixes(state_dict, path)
     state_dict = _read_repa_format(state_dict, info, where)
     info["path"] = str(path)
-    info["model_config"] = infer_model_config(state_dict, info.get("model_config"), info.get("args"),
-                                              where=where)
+    stored, release_hints = releases.release_record(info)
+    stored = info.get("model_config") or stored
+    info["model_config"] = infer_model_config(state_dict, stored, info.get("args"), where=where,
+                                              hints={**release_hints, **(hints or {})})
     info["preset"] = info["model_config"]["model"]
+    info["family"] = info["model_config"].get("family", "DiT")
+    releases.apply_conventions(info, info["family"])
     return state_dict, info
 
 
@@ -114,8 +128,8 @@ def _read_repa_format(state_dict: dict[str, torch.Tensor], info: dict[str, Any],
 
 def build_model_from_weights(state_dict: dict[str, torch.Tensor], info: dict[str, Any],
                              device: torch.device | str | None = None,
-                             dtype: torch.dtype | None = None) -> DiT:
-    """The DiT described by info["model_config"], loaded strictly with `state_dict`, in eval mode
+                             dtype: torch.dtype | None = None) -> DiffusionTransformer:
+    """The model described by info["model_config"], loaded strictly with `state_dict`, in eval mode
     (float32 unless `dtype` says otherwise)."""
     check_state_dict(state_dict, info["model_config"], where=info.get("path", "state_dict"))
     with torch.device("meta"):  # skip the random init of weights about to be overwritten
@@ -250,42 +264,6 @@ def _read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, An
     return state_dict, info
 
 
-def _is_state_dict(obj: Any) -> bool:
-    return isinstance(obj, dict) and bool(obj) and all(
-        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items())
-
-
-def _unpack(obj: Any, path: Path, prefer: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Pick the weights inside a loaded pickle and describe where they came from."""
-    if _is_state_dict(obj):
-        return obj, {"source": "official", "weights": "state_dict"}
-    if not isinstance(obj, dict):
-        raise WeightsError(f"{path} holds a {type(obj).__name__}, not a DiT state_dict or checkpoint")
-    own = obj.get("format") == CHECKPOINT_FORMAT
-    if own and obj.get("version") != CHECKPOINT_VERSION:
-        raise WeightsError(f"{path} is a dit-pipeline checkpoint of version {obj.get('version')!r}; "
-                           f"this code reads version {CHECKPOINT_VERSION}")
-    order = ("ema", "model") if prefer == "ema" else ("model", "ema")
-    chosen = next((k for k in order if _is_state_dict(obj.get(k))), None)
-    if chosen is None:
-        raise WeightsError(f"{path} is a dict without DiT weights: expected tensors only, or 'ema'/'model' "
-                           f"state_dicts; found keys {sorted(map(str, obj))[:12]}")
-    info: dict[str, Any] = {"source": "dit-pipeline" if own else "reference-train", "weights": chosen}
-    if own:
-        for key in ("model_config", "latent", "step", "config", "objective", "flow_convention", "time_shift"):
-            if key in obj:
-                info[key] = obj[key]
-        info.setdefault("objective", "ddpm")  # our checkpoints before the key existed
-    args = obj.get("args")
-    if isinstance(args, argparse.Namespace):
-        info["args"] = dict(vars(args))
-    elif isinstance(args, dict):
-        info["args"] = dict(args)
-    if str(info.get("args", {}).get("model", "")).lower().startswith("sit-"):
-        info["objective"] = "flow"  # a checkpoint of SiT's train.py (args.model = "SiT-XL/2")
-    return obj[chosen], info
-
-
 def _strip_prefixes(state_dict: dict[str, torch.Tensor], path: Path) -> dict[str, torch.Tensor]:
     """Drop DDP's `module.` and torch.compile's `_orig_mod.` wrappers from every key."""
     out: dict[str, torch.Tensor] = {}
@@ -299,94 +277,62 @@ def _strip_prefixes(state_dict: dict[str, torch.Tensor], path: Path) -> dict[str
     return out
 
 
+def detect_family(state_dict: dict[str, torch.Tensor], stored: dict[str, Any] | None) -> str:
+    """The family of a state_dict: a stored model_config's "family", else recognised by its keys (DiT-DH: both
+    patch embeddings and Fourier time features; DDT: both, Linear patch embeddings; LightningDiT: its RoPE buffers,
+    learned norm scales, a 4 D adaLN (wo_shift) or its unrounded SwiGLU width; DiT otherwise)."""
+    if stored and stored.get("family"):
+        return str(stored["family"])
+    if "s_embedder.proj.weight" in state_dict:
+        return "DiT-DH" if "t_embedder.W" in state_dict else "DDT"
+    if any(k in state_dict for k in ("feat_rope.freqs_cos", "blocks.0.norm1.weight", "final_layer.norm_final.weight")):
+        return "LightningDiT"
+    if "x_embedder.proj.weight" in state_dict and "blocks.0.adaLN_modulation.1.weight" in state_dict:
+        from .blocks import swiglu_hidden
+        from .lightningdit import swiglu_width
+
+        hidden = state_dict["x_embedder.proj.weight"].shape[0]
+        if state_dict["blocks.0.adaLN_modulation.1.weight"].shape[0] == 4 * hidden:
+            return "LightningDiT"
+        w3 = state_dict.get("blocks.0.mlp.w3.weight")
+        if w3 is not None and w3.shape[1] == swiglu_width(hidden) != swiglu_hidden(hidden, 4):
+            return "LightningDiT"
+    return "DiT"
+
+
 def infer_model_config(state_dict: dict[str, torch.Tensor], stored: dict[str, Any] | None = None,
-                       args: dict[str, Any] | None = None, where: str = "state_dict") -> dict[str, Any]:
-    """The model_config matching the tensor shapes. num_heads (invisible in shapes) comes from the stored
-    config, the reference args' model name, or the preset with this depth and width. The label table has
-    num_classes + 1 rows when a null row exists; without stored info the null row is assumed, as in every
-    released and reference-trained DiT."""
-    shapes = {k: tuple(v.shape) for k, v in state_dict.items()}
-    for key in ("pos_embed", "x_embedder.proj.weight", "y_embedder.embedding_table.weight",
-                "final_layer.linear.weight"):
-        if key not in shapes:
-            raise WeightsError(f"{where}: not a DiT state_dict (no {key!r}; keys start with "
-                               f"{sorted(shapes)[:5]})")
-    hidden, channels, patch, _ = shapes["x_embedder.proj.weight"]
-    tokens = shapes["pos_embed"][1]
-    grid = math.isqrt(tokens)
-    if grid * grid != tokens:
-        raise WeightsError(f"{where}: pos_embed has {tokens} tokens, not a square patch grid")
-    depth = len({m.group(1) for k in shapes if (m := re.match(r"blocks\.(\d+)\.", k))})
-    out_features = shapes["final_layer.linear.weight"][0]
-    if out_features not in (patch * patch * channels, 2 * patch * patch * channels):
-        raise WeightsError(f"{where}: final_layer.linear has {out_features} outputs; expected "
-                           f"{patch * patch * channels} or {2 * patch * patch * channels}")
-    rows = shapes["y_embedder.embedding_table.weight"][0]
-    config: dict[str, Any] = {
-        "input_size": grid * patch, "in_channels": channels, "depth": depth, "hidden_size": hidden,
-        "patch_size": patch, "learn_sigma": out_features == 2 * patch * patch * channels,
-        "num_classes": rows - 1, "class_dropout_prob": 0.1, "num_heads": None,
-        # block options with parameters show in the keys; rms_norm and rope only in a stored config
-        "qk_norm": "blocks.0.attn.q_norm.weight" in shapes, "swiglu": "blocks.0.mlp.w12.weight" in shapes,
-        "rms_norm": False, "rope": False,
-    }
-    _apply_stored(config, stored, args, rows, where)
-    if config["num_heads"] is None:
-        matches = [h for d, w, h, p in MODEL_PRESETS.values() if (d, w) == (depth, hidden)]
-        if not matches:
-            raise WeightsError(f"{where}: depth {depth} x width {hidden} is no DiT preset and the file has "
-                               "no model_config, so the number of attention heads is unknown")
-        config["num_heads"] = matches[0]
-    config["model"] = _preset_of(config)
-    for key in BLOCK_OPTIONS:  # as DiT.config writes them: present only when on
-        if not config[key]:
-            del config[key]
-    check_state_dict(state_dict, config, where)
-    return {"model": config["model"], **{k: v for k, v in config.items() if k != "model"}}
-
-
-def _apply_stored(config: dict[str, Any], stored: dict[str, Any] | None, args: dict[str, Any] | None,
-                  rows: int, where: str) -> None:
-    """Take heads/classes/dropout from a stored model_config or the reference args; check the rest."""
-    if stored:
-        for key in ("input_size", "in_channels", "depth", "hidden_size", "patch_size", "learn_sigma"):
-            if key in stored and stored[key] != config[key]:
-                raise WeightsError(f"{where}: model_config says {key}={stored[key]!r} but the weights "
-                                   f"have {key}={config[key]!r}")
-        for key in ("num_heads", "num_classes", "class_dropout_prob"):
-            if stored.get(key) is not None:
-                config[key] = stored[key]
-        for key in ("qk_norm", "swiglu"):
-            if key in stored and bool(stored[key]) != config[key]:
-                raise WeightsError(f"{where}: model_config says {key}={stored[key]!r} but the weights "
-                                   f"have {key}={config[key]!r}")
-        config["rms_norm"], config["rope"] = bool(stored.get("rms_norm")), bool(stored.get("rope"))
-    elif args and isinstance(args.get("model"), str):
+                       args: dict[str, Any] | None = None, where: str = "state_dict",
+                       hints: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The model_config matching the tensor shapes, of the file's family (`detect_family`). What shapes cannot
+    show (the head count, some families' splits and sizes) comes from the stored model_config, the reference
+    training args' model name, the `hints`, or the one preset of these dimensions (dit/infer.py); the result is
+    checked against every tensor (`check_state_dict`)."""
+    if not stored and args and isinstance(args.get("model"), str):
         try:
-            config["num_heads"] = MODEL_PRESETS[canonical_model_name(args["model"])][2]
+            cls, preset = lookup_preset(args["model"])
         except ValueError as e:
             raise WeightsError(f"{where}: training args name an unknown model: {e}") from None
-        if isinstance(args.get("num_classes"), int):
-            config["num_classes"] = args["num_classes"]
-    if rows == config["num_classes"]:
-        config["class_dropout_prob"] = 0.0  # no null row: the model was built without class dropout
-    elif rows != config["num_classes"] + 1:
-        raise WeightsError(f"{where}: label table has {rows} rows but the stored config says "
-                           f"{config['num_classes']} classes")
-
-
-def _preset_of(config: dict[str, Any]) -> str | None:
-    dims = (config["depth"], config["hidden_size"], config["num_heads"], config["patch_size"])
-    return next((name for name, d in MODEL_PRESETS.items() if d == dims), None)
+        stored = {"num_heads": cls.presets[preset]["num_heads"],
+                  **({"num_classes": args["num_classes"]} if isinstance(args.get("num_classes"), int) else {})}
+    family = detect_family(state_dict, stored)
+    try:
+        cls = family_class(family)
+    except ValueError as e:
+        raise WeightsError(f"{where}: {e}") from None
+    config = cls.infer_config(state_dict, stored, where, {k: v for k, v in (hints or {}).items() if v is not None})
+    check_state_dict(state_dict, config, where)
+    return config
 
 
 def check_state_dict(state_dict: dict[str, torch.Tensor], config: dict[str, Any],
                      where: str = "state_dict") -> None:
-    """Every key, shape and value check a strict load would need, plus finiteness and the fixed
-    pos_embed table; raises WeightsError listing what does not match."""
+    """Every key, shape and value check a strict load would need, plus finiteness and the family's fixed tables
+    (the sin-cos position table, RoPE buffers); raises WeightsError listing what does not match."""
     try:
         with torch.device("meta"):
-            expected = model_from_config({**config, "model": None}).state_dict()
+            model = model_from_config({**config, "model": None})
+        expected = model.state_dict()
+        fixed = type(model).fixed_tensors(config)
     except ValueError as e:
         raise WeightsError(f"{where}: {e}") from None
     missing = sorted(set(expected) - set(state_dict))
@@ -397,13 +343,12 @@ def check_state_dict(state_dict: dict[str, torch.Tensor], config: dict[str, Any]
         ([f"unexpected {unexpected[:6]}{' ...' if len(unexpected) > 6 else ''}"] if unexpected else []) + \
         ([f"shape mismatch {wrong[:6]}"] if wrong else [])
     if problems:
-        raise WeightsError(f"{where} does not match a DiT with {config}: " + "; ".join(problems))
+        raise WeightsError(f"{where} does not match a {type(model).family} with {config}: " + "; ".join(problems))
     bad = [k for k, v in state_dict.items() if v.is_floating_point() and not torch.isfinite(v).all()]
     if bad:
         raise WeightsError(f"{where}: non-finite values (NaN/Inf) in {bad[:6]}; the file is corrupt")
-    grid = config["input_size"] // config["patch_size"]
-    table = torch.from_numpy(pos_embed_2d(config["hidden_size"], grid))
-    # atol loose enough for weights stored in bf16; another layout differs by O(1)
-    if not torch.allclose(state_dict["pos_embed"][0].double(), table, atol=1e-2):
-        raise WeightsError(f"{where}: pos_embed is not DiT's fixed 2-D sin-cos table; these weights come "
-                           "from a different architecture")
+    for key, table in fixed.items():
+        # atol loose enough for weights stored in bf16; another layout differs by O(1)
+        if not torch.allclose(state_dict[key].double(), table.double(), atol=1e-2):
+            what = "DiT's fixed 2-D sin-cos table" if key == "pos_embed" else "the family's RoPE table"
+            raise WeightsError(f"{where}: {key} is not {what}; these weights come from a different architecture")

@@ -50,6 +50,11 @@ class SampleConfig:
     vae_config: str | None = None  # diffusers config folder for a single-file VAE
     weights: str = "ema"  # which weights of a training checkpoint: "ema" or "model"
     model: str | None = None  # expected preset, checked against the weights
+    num_heads: int | None = None  # attention heads of a file that states none (a custom size without model_config)
+    input_size: int | None = None  # latent side of a file that states none (DDT's: no position table)
+    latent_stats: str | None = None  # per-channel latent statistics (LightningDiT's latents_stats.pt) to decode with
+    encoder_refresh: int = 1  # DDT: recompute the encoder every k-th network call, reuse its state between
+    encoder_refresh: int = 1  # DDT: recompute the encoder every k-th network call, reuse its state between (dit/reuse.py)
     sampler: str | None = None  # ddpm models: ddpm, ddim; flow models: euler, heun, euler-maruyama;
     # None: DEFAULT_SAMPLERS of the model's objective (sample.run resolves it once the checkpoint is read)
     steps: int = 250
@@ -118,6 +123,9 @@ class SampleConfig:
             p.append("nothing would be written: pass --npz FILE (ADM evaluator format) and/or --out DIR (PNG grid)")
         if self.save_images and self.out is None:
             p.append("--save-images writes PNGs under --out DIR; pass --out")
+        if isinstance(self.encoder_refresh, bool) or not isinstance(self.encoder_refresh, int) \
+                or self.encoder_refresh < 1:
+            p.append(f"--encoder-refresh must be a positive integer (1: no reuse), got {self.encoder_refresh!r}")
         p += self._check_sampler()
         if self.cfg_channels not in CFG_CHANNELS:
             p.append(f"--cfg-channels must be one of {CFG_CHANNELS}, got {self.cfg_channels!r}")
@@ -127,6 +135,7 @@ class SampleConfig:
             p.append(f"--precision must be one of {PRECISIONS}, got {self.precision!r}")
         if self.seed < 0:
             p.append(f"--seed must be >= 0, got {self.seed}")
+        p += _architecture_hints(self)
         if self.batch_size < 1:
             p.append(f"--batch-size must be >= 1 (images per process and batch), got {self.batch_size}")
         if self.cpu_threads < 1:
@@ -204,6 +213,8 @@ class ExportConfig:
     ckpt: str
     weights: str = "ema"
     model: str | None = None
+    num_heads: int | None = None  # as SampleConfig's
+    input_size: int | None = None
     vae: str | None = None  # bundled into the diffusers pipeline folder [recorded in the checkpoint, else DEFAULT_VAE]
     vae_config: str | None = None
     overwrite: bool = False
@@ -217,6 +228,7 @@ class ExportConfig:
             p.append("--ckpt is required")
         if self.weights not in WEIGHTS:
             p.append(f"--weights must be one of {WEIGHTS}, got {self.weights!r}")
+        p += _architecture_hints(self)
         out = Path(self.output)
         if out.exists() and not self.overwrite:
             p.append(f"{self.output!r} already exists; choose a new path or pass --overwrite")
@@ -226,3 +238,9 @@ class ExportConfig:
             p.append(f"--to diffusers writes a folder, but {self.output!r} is a file")
         collect(p, "export configuration")
         return self
+
+
+def _architecture_hints(cfg: Any) -> list[str]:
+    """Problems of --num-heads and --input-size (positive integers when given)."""
+    return [f"--{name.replace('_', '-')} must be a positive integer, got {getattr(cfg, name)!r}"
+            for name in ("num_heads", "input_size") if getattr(cfg, name) is not None and getattr(cfg, name) < 1]

@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from dit_pipeline import dit
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.io import TMP_PREFIX, check_writable_dir, fsync_dir
 from dit_pipeline.common.log import get_logger, setup_logging
@@ -238,6 +239,10 @@ def check_diffusers_representable(info: dict[str, Any]) -> None:
                         "pipeline samples it correctly (DiTPipeline is epsilon/DDIM; FlowMatchEulerDiscreteScheduler "
                         "passes t = 1000 sigma, noise at sigma = 1, and expects noise - data). Export it with "
                         "--to safetensors and sample with dit-sample --sampler euler|heun|euler-maruyama")
+    family = dit.family.family_of_config(info["model_config"])
+    if family.diffusers_class is None:
+        raise UserError(f"--to diffusers: diffusers has no {family.family} transformer (its DiTPipeline holds DiT's "
+                        "blocks); export this model with --to safetensors and sample it with dit-sample")
     options = [k for k in BLOCK_OPTIONS if info["model_config"].get(k)]
     if options:
         raise UserError(f"--to diffusers: diffusers' DiT blocks have no {', '.join(options)}; export this model "
@@ -249,7 +254,8 @@ def export(cfg: ExportConfig) -> Path:
     cfg.validate()
     output = Path(cfg.output).expanduser()
     check_writable_dir(output.parent, f"export OUTPUT {cfg.output}")
-    state_dict, info = load_weights(cfg.ckpt, weights=cfg.weights, expect_model=cfg.model)
+    state_dict, info = load_weights(cfg.ckpt, weights=cfg.weights, expect_model=cfg.model, num_heads=cfg.num_heads,
+                                    input_size=cfg.input_size)
     info["objective"] = resolve_objective(info, cfg.ckpt, cfg.objective)
     if cfg.to == "safetensors":
         return export_safetensors(state_dict, info, output, overwrite=cfg.overwrite)

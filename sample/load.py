@@ -19,7 +19,7 @@ import torch
 
 from dit_pipeline import dit
 from dit_pipeline.common.errors import UserError
-from dit_pipeline.common.latent_norm import LatentNorm
+from dit_pipeline.common.latent_norm import LatentNorm, read_stats_file
 from dit_pipeline.common.log import get_logger
 
 SAFETENSORS_LATENT_KEY = "latent"
@@ -27,7 +27,7 @@ SAFETENSORS_LATENT_KEY = "latent"
 
 @dataclass
 class LoadedModel:
-    model: dit.DiT
+    model: dit.DiffusionTransformer  # any family (dit/family.py)
     state_dict: dict[str, torch.Tensor]
     info: dict[str, Any]  # from dit.load_dit_weights: source, weights, model_config, preset, latent?, step?
 
@@ -41,10 +41,12 @@ class LoadedModel:
 
     def describe(self) -> str:
         c = self.config
-        name = c["model"] or f"custom DiT (depth {c['depth']}, hidden {c['hidden_size']})"
+        family = dit.family.family_of_config(c)
+        name = c["model"] or f"custom {family.family} ({family.describe(c)})"
         step = f", step {self.info['step']}" if self.info.get("step") is not None else ""
+        release = f" ({self.info['release']}'s release)" if self.info.get("release") else ""
         return (f"{name}, {c['input_size']}x{c['input_size']}x{c['in_channels']} latents, {c['num_classes']} "
-                f"classes, {self.info['source']} file, {self.info['weights']} weights{step}")
+                f"classes, {self.info['source']} file{release}, {self.info['weights']} weights{step}")
 
 
 def _safetensors_latent(path: Path) -> dict[str, Any] | None:
@@ -84,13 +86,23 @@ def resolve_ckpt(ckpt: str | Path) -> Path:
     return newest
 
 
-def load_weights(ckpt: str | Path, *, weights: str = "ema",
-                 expect_model: str | None = None) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def load_weights(ckpt: str | Path, *, weights: str = "ema", expect_model: str | None = None,
+                 num_heads: int | None = None, input_size: int | None = None
+                 ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """(state_dict, info) of `ckpt` (a weight file or a run folder: resolve_ckpt), with --weights and --model
-    applied; UserError on any mismatch."""
+    applied; UserError on any mismatch. --model's preset, --num-heads and --input-size tell the loader what a file
+    cannot state (a custom size's heads, DDT's latent size and encoder split); the file's own record wins."""
     path = resolve_ckpt(ckpt)
+    hints: dict[str, Any] = {}
+    if expect_model is not None:
+        try:
+            cls, preset = dit.family.lookup_preset(expect_model)
+        except ValueError as e:
+            raise UserError(f"--model: {e}") from None
+        hints.update(cls.presets[preset])
+    hints.update({k: v for k, v in (("num_heads", num_heads), ("input_size", input_size)) if v is not None})
     try:
-        state_dict, info = dit.load_dit_weights(path, prefer=weights)
+        state_dict, info = dit.load_dit_weights(path, prefer=weights, hints=hints)
     except dit.WeightsError as e:
         raise UserError(f"--ckpt: {e}") from None
     if info["weights"] in ("ema", "model") and info["weights"] != weights:
@@ -104,10 +116,7 @@ def load_weights(ckpt: str | Path, *, weights: str = "ema",
         if latent:
             info["latent"] = latent
     if expect_model is not None:
-        try:
-            want = dit.canonical_model_name(expect_model)
-        except ValueError as e:
-            raise UserError(f"--model: {e}") from None
+        want = dit.canonical_model_name(expect_model)
         if info["preset"] != want:
             c = info["model_config"]
             raise UserError(f"--model {want}, but {path} holds the weights of {info['preset'] or 'a custom DiT'} "
@@ -117,9 +126,11 @@ def load_weights(ckpt: str | Path, *, weights: str = "ema",
 
 
 def load_model(ckpt: str | Path, *, weights: str = "ema", expect_model: str | None = None,
-               device: torch.device | str = "cpu") -> LoadedModel:
-    """The DiT of `ckpt` in eval mode on `device` (float32 weights; precision is applied by autocast)."""
-    state_dict, info = load_weights(ckpt, weights=weights, expect_model=expect_model)
+               device: torch.device | str = "cpu", num_heads: int | None = None,
+               input_size: int | None = None) -> LoadedModel:
+    """The model of `ckpt` in eval mode on `device` (float32 weights; precision is applied by autocast)."""
+    state_dict, info = load_weights(ckpt, weights=weights, expect_model=expect_model, num_heads=num_heads,
+                                    input_size=input_size)
     try:
         model = dit.build_model_from_weights(state_dict, info, device=device, dtype=torch.float32)
     except dit.WeightsError as e:
@@ -131,6 +142,8 @@ def resolve_objective(info: dict[str, Any], ckpt: str | Path, given: str | None)
     """The model's objective: recorded in our checkpoints, sidecars and exports; else --objective; else "flow"
     for an official SiT release file (named SiT-*), "ddpm" otherwise (DiT's files and older checkpoints).
     UserError when --objective contradicts the record."""
+    if info.get("objective_from") and given is not None:  # a release's convention, not a record: --objective wins
+        return given
     recorded = info.get("objective")
     if recorded is not None and given is not None and recorded != given:
         raise UserError(f"--objective {given}, but {ckpt} records a {recorded} model; drop --objective")
@@ -150,6 +163,22 @@ def resolve_flow_convention(info: dict[str, Any], ckpt: str | Path, given: str |
         raise UserError(f"--flow-convention {given}, but {ckpt} records a flow model in {found}'s time; "
                         "drop --flow-convention")
     return given if given is not None else found
+
+
+def with_latent_stats(norm: LatentNorm, info: dict[str, Any], stats: str | None, channels: int,
+                      ckpt: str | Path) -> LatentNorm:
+    """`norm` with the per-channel statistics of --latent-stats when given. A release file trained on per-channel
+    statistics it does not hold (LightningDiT's `latent_norm`: info["latent_required"]) needs them from the VAE
+    config or --latent-stats; UserError naming the flag otherwise (decoding with another normalization would give
+    wrong images silently)."""
+    if stats:
+        return norm.with_record(read_stats_file(stats, channels))
+    required = info.get("latent_required")
+    if required and not norm.is_per_channel:
+        raise UserError(f"--ckpt {ckpt}: it was trained on latents normalized per channel ({required['what']}, "
+                        f"multiplier {required['multiplier']:g}), which the file does not hold and the VAE config "
+                        "does not give; pass --latent-stats FILE")
+    return norm
 
 
 def latent_norm(latent: dict[str, Any] | None, vae_identity: dict[str, Any],

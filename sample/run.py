@@ -26,6 +26,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
+from dit_pipeline import dit
 from dit_pipeline.common import distributed as dist
 from dit_pipeline.common.determinism import deterministic_cuda, pinned_threads
 from dit_pipeline.common.errors import UserError
@@ -40,7 +41,7 @@ from dit_pipeline.sample.config import DDPM_SAMPLERS, DEFAULT_SAMPLERS, FLOW_SAM
 from dit_pipeline.sample.generate import generate_images, guided_model_fn, make_diffusion, noise_level_fn
 from dit_pipeline.sample.grid import label_texts, png_bytes, save_grid
 from dit_pipeline.sample.load import (LoadedModel, latent_norm, load_model, manifest_folder, resolve_ckpt,
-                                      resolve_flow_convention, resolve_objective)
+                                      resolve_flow_convention, resolve_objective, with_latent_stats)
 from dit_pipeline.sample.npz import RUN_FILE, PartStore, assemble_npz, parts_dir_for
 
 RECORD_FORMAT = "dit-pipeline.samples"
@@ -77,12 +78,14 @@ def _run(cfg: SampleConfig) -> SampleResult:
     if device.type == "cuda":
         deterministic_cuda()
     cfg = dataclasses.replace(cfg, ckpt=str(resolve_ckpt(cfg.ckpt)))  # a run folder: its newest checkpoint
-    loaded = load_model(cfg.ckpt, weights=cfg.weights, expect_model=cfg.model, device=device)
+    loaded = load_model(cfg.ckpt, weights=cfg.weights, expect_model=cfg.model, device=device,
+                        num_heads=cfg.num_heads, input_size=cfg.input_size)
     log.info("model: %s", loaded.describe())
     log.info("%s", dist.launch_info().describe())
     cfg = _with_vae(cfg, loaded, log)
     vae, vae_id = load_vae(cfg.vae, config=cfg.vae_config, device=device)
-    norm = latent_norm(loaded.latent, vae_id, log)
+    norm = with_latent_stats(latent_norm(loaded.latent, vae_id, log), loaded.info, cfg.latent_stats,
+                             int(loaded.config["in_channels"]), cfg.ckpt)
     if norm.is_per_channel:
         log.info("latents: %s", norm.describe())
     labels = _labels(cfg, loaded)
@@ -90,6 +93,9 @@ def _run(cfg: SampleConfig) -> SampleResult:
     cfg, sampler_note = _with_sampler(cfg, loaded.info["objective"])
     cfg.validate()  # the sampler's own rules (e.g. --flow-convention only for flow samplers) once it is known
     _check_compatible(cfg, loaded, vae_id)
+    if cfg.encoder_refresh > 1 and not dit.reuse.can_reuse_encoder(loaded.model):
+        raise UserError(f"--encoder-refresh {cfg.encoder_refresh}: {loaded.config['model'] or 'this model'} has no "
+                        "encoder/decoder split whose state could be reused (DDT has); drop --encoder-refresh")
     if loaded.info["objective"] == "flow":
         loaded.info["flow_convention"] = resolve_flow_convention(loaded.info, cfg.ckpt, cfg.flow_convention)
         if loaded.info["flow_convention"] == "repa":
@@ -254,6 +260,8 @@ def _optional_settings(cfg: SampleConfig, loaded: LoadedModel) -> dict[str, Any]
         out["flow_convention"] = "repa"
     if cfg.sampler in FLOW_SAMPLERS and cfg.time_shift not in (None, 1.0):
         out["time_shift"] = float(cfg.time_shift)  # type: ignore[arg-type]
+    if cfg.encoder_refresh > 1:
+        out["encoder_refresh"] = cfg.encoder_refresh
     return out
 
 
@@ -310,7 +318,9 @@ def _sample_batches(cfg: SampleConfig, loaded: LoadedModel, vae, store: PartStor
     """This rank's share of the missing samples, one part file per batch; returns images produced."""
     from tqdm.auto import tqdm
 
-    model = loaded.model
+    model: Any = loaded.model
+    if cfg.encoder_refresh > 1:  # DDT's encoder sharing across neighbouring steps (dit/reuse.py)
+        model = dit.reuse.EncoderReuse(model, cfg.encoder_refresh)
     convention = loaded.info.get("flow_convention", "sit")
     flow = {"convention": convention, "time_shift": float(cfg.time_shift or 1.0)} if cfg.sampler in FLOW_SAMPLERS \
         else {}
@@ -327,6 +337,8 @@ def _sample_batches(cfg: SampleConfig, loaded: LoadedModel, vae, store: PartStor
     with tqdm(total=len(remaining), unit="img", desc="sampling", disable=not progress_enabled(cfg.quiet),
               dynamic_ncols=True) as bar:
         for batch in batches:
+            if isinstance(model, dit.reuse.EncoderReuse):
+                model.reset()  # a state belongs to one batch of samples
             images = generate_images(model, vae, diffusion, indices=batch, labels=labels[batch].tolist(),
                                      seed=cfg.seed, norm=norm, sampler=cfg.sampler,
                                      model_fn=model_fn).numpy()

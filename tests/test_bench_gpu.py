@@ -40,12 +40,14 @@ def test_gpu_bench_smoke_writes_every_row(tmp_path):
             ("train", "ours bf16 per-block compile, attention auto"), ("train", "memory-table row (eager)"),
             ("extract", "baseline fp32 batch 1, one view"), ("extract", "ours fp32 eager 2 view(s)"),
             ("extract", "ours fp32 compiled 2 view(s)"), ("repa", "teacher forward (tiny, no grad)"),
-            ("repa", "plain flow step (no REPA)"), ("repa", "REPA step (teacher + projector + loss)")}
+            ("repa", "plain flow step (no REPA)"), ("repa", "REPA step (teacher + projector + loss)"),
+            ("families", "LightningDiT-XL/1 flow step"), ("families", "DiT-DH-XL flow step")}
     assert want <= set(names), sorted(set(names))
     rates = [row.get("img_s") or row.get("encodes_s") or row.get("latents_s") for row in rows
-             if row["section"] in ("train", "extract", "sample", "loader", "repa") and "row" not in row["name"]
-             and "/" not in row["name"]]
-    assert len(rates) >= 13 and all(isinstance(v, float) and math.isfinite(v) and v > 0 for v in rates), rates
+             if row["section"] in ("train", "extract", "sample", "loader", "repa", "families")
+             and "row" not in row["name"]
+             and " / " not in row["name"]]  # not the ratio rows ("REPA step / plain step")
+    assert len(rates) >= 15 and all(isinstance(v, float) and math.isfinite(v) and v > 0 for v in rates), rates
     sample = next(row for row in rows if row["section"] == "sample")
     assert sample["batch"] == 2 and sample["fid50k_hours"] > 0
     ratio = next(row for row in rows if row["name"] == "REPA step / plain step")

@@ -34,6 +34,10 @@ DEFAULT_NUM_WORKERS = 4       # loader processes per rank, unless the shard set 
 
 DATA, MODEL, OBJECTIVE = "Data", "Model", "Objective"
 LENGTH, OPTIM, SPEED, CKPT = "Length and batch", "Optimisation", "Speed and memory", "Checkpoints and logging"
+_PRESETS = "the family's: off for DiT, as its release for the others"
+MODEL_OPTIONS = ("qk_norm", "rms_norm", "swiglu", "rope", "wo_shift")  # block switches, passed only when given
+ARCH_OVERRIDES = ("depth", "hidden_size", "num_heads", "patch_size", "encoder_depth", "head_depth", "head_hidden_size",
+                  "head_num_heads")
 GROUPS = (DATA, MODEL, OBJECTIVE, REPA, LENGTH, OPTIM, GUARD, SPEED, CKPT, GRIDS)  # the order of dit-train --help
 
 
@@ -64,16 +68,27 @@ class TrainConfig(GuardSettings, RepaSettings, FidSettings, GridSettings):
         "the shards read at once fit in a quarter of the host memory, else as it streams (the plan says which)",
         group=DATA)
     # model
-    model: str = setting("DiT-XL/2", "DiT preset, e.g. DiT-XL/2, DiT-B/4", group=MODEL)
-    depth: int | None = setting(None, "Override the preset's depth (small experiments)", group=MODEL)
+    model: str = setting("DiT-XL/2", "Model preset of any family: DiT-XL/2, DiT-B/4, LightningDiT-XL/1, DDT-XL/2, "
+                         "DiT-DH-XL, ... (README 'Model families')", group=MODEL)
+    depth: int | None = setting(None, "Override the preset's depth (small experiments; DiT-DH: its encoder's)",
+                                group=MODEL)
     hidden_size: int | None = setting(None, "Override the preset's hidden size", group=MODEL)
     num_heads: int | None = setting(None, "Override the preset's attention heads", group=MODEL)
     patch_size: int | None = setting(None, "Override the preset's patch size", group=MODEL)
+    encoder_depth: int | None = setting(None, "DDT: blocks of its encoder (the rest of --depth decode)", group=MODEL)
+    head_depth: int | None = setting(None, "DiT-DH: blocks of its head", group=MODEL)
+    head_hidden_size: int | None = setting(None, "DiT-DH: width of its head", group=MODEL)
+    head_num_heads: int | None = setting(None, "DiT-DH: attention heads of its head", group=MODEL)
     class_dropout_prob: float = setting(0.1, "Label dropout for classifier-free guidance", group=MODEL)
-    qk_norm: bool = setting(False, "RMSNorm on attention queries and keys", group=MODEL)  # dit/blocks.py; off = DiT
-    rms_norm: bool = setting(False, "RMSNorm instead of LayerNorm in the blocks", group=MODEL)
-    swiglu: bool = setting(False, "SwiGLU MLP (2/3 width, about equal parameters)", group=MODEL)
-    rope: bool = setting(False, "2-D rotary position embedding on queries and keys", group=MODEL)
+    # block options (dit/blocks.py, dit/lightningdit.py); None: the family's own (off for DiT, LightningDiT's release)
+    qk_norm: bool | None = setting(None, "RMSNorm on attention queries and keys", group=MODEL, shown=_PRESETS)
+    rms_norm: bool | None = setting(None, "RMSNorm instead of LayerNorm in the blocks", group=MODEL, shown=_PRESETS)
+    swiglu: bool | None = setting(None, "SwiGLU MLP (2/3 width, about equal parameters)", group=MODEL,
+                                  shown=_PRESETS)
+    rope: bool | None = setting(None, "2-D rotary position embedding on queries and keys", group=MODEL,
+                                shown=_PRESETS)
+    wo_shift: bool | None = setting(None, "LightningDiT, DiT-DH: adaLN without shifts (scale and gate only)",
+                                    group=MODEL, shown=_PRESETS)
     # objective: ddpm (DiT) or flow (SiT's linear interpolant, velocity prediction; dit/flow.py)
     objective: str = setting("ddpm", "ddpm: DiT's diffusion; flow: SiT's linear interpolant with velocity "
                              "prediction, t in [0, 1] (README 'Choosing an objective')", group=OBJECTIVE,
@@ -180,9 +195,8 @@ class TrainConfig(GuardSettings, RepaSettings, FidSettings, GridSettings):
             p.append("--run-dir is required: the folder for checkpoints, logs and metrics")
         if self.micro_batch_size != "auto":
             p += positive(self, "micro_batch_size")
-        p += positive(self, "global_batch_size", "image_size", "ddp_bucket_mb", "depth", "hidden_size",
-                      "num_heads", "patch_size", "max_steps", "epochs", "log_every", "ckpt_every", "keep_last",
-                      "keep_every", "shuffle_buffer", "shards_in_flight", "prefetch_factor")
+        p += positive(self, "global_batch_size", "image_size", "ddp_bucket_mb", *ARCH_OVERRIDES, "max_steps",
+                      "epochs", "log_every", "ckpt_every", "keep_last", "keep_every", "shuffle_buffer", "shards_in_flight", "prefetch_factor")
         p += non_negative(self, "warmup_steps", "seed", "weight_decay")
         p += schedule_problems(self) + optimizer_problems(self) + recipe_problems(self.recipe)
         if self.num_workers is not None:
@@ -207,8 +221,8 @@ class TrainConfig(GuardSettings, RepaSettings, FidSettings, GridSettings):
         if not str(self.resume or "").strip():
             p.append("--resume must be 'auto', 'none' or a checkpoint path")
         try:
-            from dit_pipeline.dit.models import canonical_model_name
-            canonical_model_name(self.model)
+            from dit_pipeline.dit.family import lookup_preset
+            lookup_preset(self.model)
         except ValueError as e:
             p.append(f"--model: {e}")
         p += self.repa_problems() + self.guard_problems()
@@ -354,12 +368,27 @@ def is_sit_name(model: Any) -> bool:
     return str(model or "").strip().lower().startswith("sit-")
 
 
+def implied_objective(model: Any) -> str | None:
+    """The objective a model name implies: flow for a SiT name, a family's own (dit/family.py
+    `default_objective`: flow for LightningDiT, DDT, DiT-DH, whose releases train flow models); None for DiT."""
+    if is_sit_name(model):
+        return "flow"
+    from dit_pipeline.dit.family import lookup_preset
+
+    try:
+        objective = lookup_preset(str(model))[0].default_objective
+    except ValueError:  # validate() reports the unknown name
+        return None
+    return objective if objective != "ddpm" else None
+
+
 def merge_config(file_values: dict[str, Any], flag_values: dict[str, Any]) -> TrainConfig:
-    """TrainConfig from defaults, then the config file, then explicitly given flags. A SiT model name without
-    an objective implies `--objective flow` (the plan says so); with `--objective ddpm` it is refused."""
+    """TrainConfig from defaults, then the config file, then explicitly given flags. A model name that implies an
+    objective (`implied_objective`: SiT names, the flow families) sets it when none is given (the plan says so);
+    a SiT name with `--objective ddpm` is refused."""
     merged = {**file_values, **flag_values}
-    if is_sit_name(merged.get("model")) and merged.get("objective") is None:
-        merged["objective"] = "flow"
+    if merged.get("objective") is None and (implied := implied_objective(merged.get("model"))):
+        merged["objective"] = implied
     missing = [n for n in ("shards", "run_dir") if merged.get(n) in (None, "")]
     if missing:
         raise ConfigError([f"{flag_name(n)} is required (as a flag or in --config)" for n in missing],

@@ -36,11 +36,13 @@ class MemoryEstimate:
 
 
 def activation_bytes(model_config: dict[str, Any], micro_batch: int, precision: str, grad_ckpt: bool) -> int:
+    from dit_pipeline.dit.family import family_of_config
+
     tokens = (model_config["input_size"] // model_config["patch_size"]) ** 2
-    d, depth = model_config["hidden_size"], model_config["depth"]
-    per_block = (50 if precision in ("bf16", "fp16") else 84) * tokens * d
-    blocks = (4 * tokens * d * depth + per_block) if grad_ckpt else per_block * depth
-    return micro_batch * (blocks + 16 * tokens * d)  # + embeddings, final layer and loss terms
+    widths = family_of_config(model_config).block_widths(model_config)  # every block's width (families differ)
+    per_width = (50 if precision in ("bf16", "fp16") else 84) * tokens
+    blocks = (4 * tokens * sum(widths) + per_width * max(widths)) if grad_ckpt else per_width * sum(widths)
+    return micro_batch * (blocks + 16 * tokens * widths[-1])  # + embeddings, final layer and loss terms
 
 
 def estimate(model_config: dict[str, Any], n_params: int, n_trainable: int, micro_batch: int, precision: str,

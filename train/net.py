@@ -1,6 +1,7 @@
-"""The model being trained and everything wrapped around it (`TrainModel`), built by `build_model`: the DiT
-(seeded, identical on every rank), its EMA on rank 0, with --repa the projector beside it and the teacher,
-the optimizer (train.optim), the GradScaler, DDP, per-block compile and the attention backend (train.speed)."""
+"""The model being trained and everything wrapped around it (`TrainModel`), built by `build_model`: the model of any
+family (dit/family.py; seeded, identical on every rank), its EMA on rank 0, with --repa the projector beside it and
+the teacher, the optimizer (train.optim), the GradScaler, DDP, per-block compile and the attention backend
+(train.speed)."""
 from __future__ import annotations
 
 import copy
@@ -14,7 +15,7 @@ from dit_pipeline.common import distributed as dist
 from dit_pipeline.common.log import get_logger
 from dit_pipeline.common.precision import AUTOCAST_DTYPES
 from dit_pipeline.common.teacher import Teacher
-from dit_pipeline.dit.models import DiT
+from dit_pipeline.dit.family import DiffusionTransformer
 from dit_pipeline.dit.repa import REPAModel
 from dit_pipeline.train.config import TrainConfig
 from dit_pipeline.train.metrics import peak_tflops
@@ -28,8 +29,8 @@ class TrainModel:
     """The model being trained and everything wrapped around it: EMA, optimizer, scaler, DDP, the compiled
     forward, the diffusion (built by `train.run.build_model`)."""
 
-    model: DiT                           # raw DiT, fp32 master weights
-    ema: DiT | None                      # fp32 EMA copy (rank 0 only)
+    model: DiffusionTransformer          # raw model (any family), fp32 master weights
+    ema: DiffusionTransformer | None     # fp32 EMA copy (rank 0 only)
     opt: torch.optim.Optimizer
     scaler: torch.amp.GradScaler
     ddp: DistributedDataParallel | None  # the DDP wrapper when world size > 1
@@ -82,13 +83,14 @@ def build_model(prep: Preflight, device: torch.device, precision: str) -> TrainM
     flops = float(dit.train_flops_per_image(model.config))
     if head is not None and teacher is not None:  # the projector trained, the teacher's forward
         tokens = model.grid_size ** 2
-        flops += 6.0 * dit.repa.projector_macs(head.config, model.hidden_size, tokens) + 2.0 * teacher.forward_macs()
+        width = model.hidden_size_at(cfg.repa_depth)
+        flops += 6.0 * dit.repa.projector_macs(head.config, width, tokens) + 2.0 * teacher.forward_macs()
     return TrainModel(model=model, ema=ema, opt=opt, scaler=scaler, ddp=ddp, forward=forward,
                       diffusion=cfg.make_objective(), amp_dtype=amp_dtype, flops_per_image=flops,
                       peak_tflops=peak_tflops(device, cfg.peak_tflops), device=device, head=head, teacher=teacher)
 
 
-def _apply_speed_settings(cfg: TrainConfig, model: DiT, device: torch.device, micro: int,
+def _apply_speed_settings(cfg: TrainConfig, model: DiffusionTransformer, device: torch.device, micro: int,
                           amp_dtype: torch.dtype | None) -> None:
     """Per-block compile (on by default on CUDA, state_dict names unchanged) and the SDPA backend; logged."""
     log = get_logger()
@@ -98,12 +100,10 @@ def _apply_speed_settings(cfg: TrainConfig, model: DiT, device: torch.device, mi
             log.warning(f"compile off: {problem}; training runs eager (pass --no-compile to silence this)")
         else:
             n = regional_compile(model)
-            log.info(f"compile: {n} modules (each DiT block and the final layer) compiled in place; the first "
+            log.info(f"compile: {n} modules (each block and the final layer) compiled in place; the first "
                      "step includes compilation (--no-compile turns it off)")
-    mc = model.config
-    name, times = choose_attention(cfg.attention, device, batch=micro, heads=mc["num_heads"],
-                                   tokens=(mc["input_size"] // mc["patch_size"]) ** 2,
-                                   head_dim=mc["hidden_size"] // mc["num_heads"], dtype=amp_dtype)
+    name, times = choose_attention(cfg.attention, device, batch=micro, heads=model.num_heads,
+                                   tokens=model.grid_size ** 2, head_dim=model.head_dim, dtype=amp_dtype)
     probe = ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in times.items())
     log.info(f"attention: {name}" + (f" (fastest forward+backward probe: {probe})" if probe else ""))
 

@@ -26,7 +26,7 @@ from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.latent_norm import LatentNorm
 from dit_pipeline.common.log import get_logger
 from dit_pipeline.common.seeding import rng_state, set_rng_state
-from dit_pipeline.dit.models import DiT
+from dit_pipeline.dit.family import DiffusionTransformer as DiT  # any family's model
 from dit_pipeline.dit.repa import REPAModel
 from dit_pipeline.dit.weights import WeightsError, check_state_dict
 from dit_pipeline.shards import Manifest

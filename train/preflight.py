@@ -20,11 +20,10 @@ from dit_pipeline.common import distributed as dist
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.io import check_writable_dir
 from dit_pipeline.common.teacher import Teacher
-from dit_pipeline.dit.blocks import BLOCK_OPTIONS
 from dit_pipeline.shards import Manifest
 from dit_pipeline.train import memory
-from dit_pipeline.train.config import (DEFAULT_MAX_STEPS, DEFAULT_NUM_WORKERS, BatchPlan, TrainConfig, batch_plan,
-                                       is_sit_name, resolve_time_shift)
+from dit_pipeline.train.config import (ARCH_OVERRIDES, DEFAULT_MAX_STEPS, DEFAULT_NUM_WORKERS, MODEL_OPTIONS, BatchPlan,
+                                       TrainConfig, batch_plan, implied_objective, resolve_time_shift)
 from dit_pipeline.train.data import ShardSource, open_shards
 from dit_pipeline.train.partition import DataLayout, EpochPlan, plan_epoch
 from dit_pipeline.train.optim import optimizer_line
@@ -95,7 +94,7 @@ def sha256_mode(cfg: TrainConfig, source: ShardSource, plan0: EpochPlan, world: 
 
 def model_kwargs(cfg: TrainConfig, source: ShardSource) -> dict[str, Any]:
     """create_model arguments for this config and shard set; UserError when they cannot match."""
-    from dit_pipeline.dit.models import canonical_model_name, create_model
+    from dit_pipeline.dit.family import create_model, lookup_preset
 
     m = source.manifest
     c, h, w = m.latent_shape
@@ -106,23 +105,23 @@ def model_kwargs(cfg: TrainConfig, source: ShardSource) -> dict[str, Any]:
         raise UserError(f"--image-size {cfg.image_size} does not match the shard set in {where}, extracted at "
                         f"{m.image_size}px ({c}x{h}x{w} latents); use --image-size {m.image_size} or extract "
                         f"the images again at {cfg.image_size}px")
-    kw: dict[str, Any] = {"name": canonical_model_name(cfg.model), "input_size": h,
+    kw: dict[str, Any] = {"name": lookup_preset(cfg.model)[1], "input_size": h,
                           "num_classes": m.num_classes, "in_channels": c,
                           "class_dropout_prob": cfg.class_dropout_prob}
-    for k in ("depth", "hidden_size", "num_heads", "patch_size"):
+    for k in ARCH_OVERRIDES:
         if getattr(cfg, k) is not None:
             kw[k] = getattr(cfg, k)
-    for k in BLOCK_OPTIONS:  # passed only when on: off builds today's DiT
-        if getattr(cfg, k):
-            kw[k] = True
-    if cfg.objective == "flow":
-        # a velocity has C channels; SiT's train.py keeps DiT's 2C (learn_sigma=True) and drops the second half
-        # in its forward, which thus gets no gradient: the same training, only the checkpoint's shape differs
-        kw["learn_sigma"] = False
+    for k in MODEL_OPTIONS:  # passed only when given: otherwise the family's own (plain DiT: all off)
+        if getattr(cfg, k) is not None:
+            kw[k] = bool(getattr(cfg, k))
+    # a velocity has C channels; SiT's train.py keeps DiT's 2C (learn_sigma=True) and drops the second half
+    # in its forward, which thus gets no gradient: the same training, only the checkpoint's shape differs.
+    # ddpm learns its variance in the second half (DiT's learned sigma), for every family.
+    kw["learn_sigma"] = cfg.objective != "flow"
     try:
         with torch.device("meta"):
             create_model(**kw)
-    except ValueError as e:
+    except (ValueError, TypeError) as e:
         raise UserError(f"--model {cfg.model} cannot be built for the shard set in {where} ({c}x{h}x{w} "
                         f"latents, {m.num_classes} classes): {e}") from None
     return kw
@@ -166,7 +165,7 @@ def prepare(cfg: TrainConfig, world_size: int | None = None) -> Preflight:
     mode, held = sha256_mode(cfg, source, plan0, world)
     _, _, mc = param_counts(kw)
     teacher = check_repa(cfg, has_pixels=source.manifest.has_pixels, where=str(source.folder or cfg.manifest),
-                         depth=mc["depth"], grid=mc["input_size"] // mc["patch_size"])
+                         depth=num_blocks(mc), grid=mc["input_size"] // mc["patch_size"])
     schedule = build_schedule(cfg, steps_at, total)
     return Preflight(cfg, world, batch, source, kw, layout, plan0, total, notes, mode, held, teacher, schedule)
 
@@ -217,6 +216,14 @@ def resolve_precision(precision: str, device: torch.device) -> str:
 # ----------------------------------------------------------------------------------------------------------
 # Estimates for --dry-run
 
+def num_blocks(mc: dict[str, Any]) -> int:
+    """The transformer blocks of a model_config's model (what --repa-depth and checkpointing count)."""
+    from dit_pipeline.dit.family import model_from_config
+
+    with torch.device("meta"):
+        return model_from_config({**mc, "model": None}).num_blocks
+
+
 def param_counts(kw: dict[str, Any]) -> tuple[int, int, dict[str, Any]]:
     """(all parameters, trainable parameters, model_config) of the model, built on the meta device."""
     total, trainable, mc, _ = param_shapes(kw)
@@ -225,7 +232,7 @@ def param_counts(kw: dict[str, Any]) -> tuple[int, int, dict[str, Any]]:
 
 def param_shapes(kw: dict[str, Any]) -> tuple[int, int, dict[str, Any], list[tuple[int, ...]]]:
     """param_counts and the trainable tensors' shapes (what --optimizer muon splits), on the meta device."""
-    from dit_pipeline.dit.models import create_model
+    from dit_pipeline.dit.family import create_model
 
     with torch.device("meta"):
         model = create_model(**kw)
@@ -268,20 +275,22 @@ def grids_line(prep: Preflight) -> list[str]:
     return [line]
 
 
-def objective_line(cfg: TrainConfig) -> str:
+def objective_line(cfg: TrainConfig, mc: dict[str, Any] | None = None) -> str:
     """The plan's line on what the model learns: DiT's diffusion loss or the flow objective, and the block
-    options beyond DiT's."""
+    options beyond DiT's (those of the model_config `mc` when given: another family's are its own)."""
     if cfg.objective == "flow":
         times = ("uniform" if cfg.t_sampling == "uniform"
                  else f"{cfg.t_sampling} (mean {cfg.t_mean:g}, scale {cfg.t_scale:g})")
-        implied = f"as --model {cfg.model} implies; " if is_sit_name(cfg.model) else ""
+        implied = f"as --model {cfg.model} implies; " if implied_objective(cfg.model) == "flow" else ""
         shift = f", shifted by {cfg.time_shift:.4g} toward noise" if cfg.time_shift != 1.0 else ""
         loss = "; loss mse + cos (cosine direction)" if cfg.cosine_loss else ""
         what = f"flow ({implied}linear interpolant, velocity prediction; training times {times}{shift}{loss})"
     else:
         what = "ddpm (DiT: noise prediction + learned variance, 1000-step linear schedule)"
-    extras = [name for name in BLOCK_OPTIONS if getattr(cfg, name)]
-    blocks = ", ".join(e.replace("_", "-") for e in extras) if extras else "as in DiT"
+    family = (mc or {}).get("family")
+    extras = [name for name in MODEL_OPTIONS if ((mc or {}).get(name) if mc is not None else getattr(cfg, name))]
+    listed = ", ".join(e.replace("_", "-") for e in extras)
+    blocks = (f"{family}'s" + (f" ({listed})" if listed else "")) if family else (listed or "as in DiT")
     return f"  objective   {what}; blocks {blocks}"
 
 
@@ -328,10 +337,9 @@ def format_plan(prep: Preflight, start_line: str | None = None, *, dry_run: bool
         f"  shards      {cfg.shards}: {len(m.shards)} shards, {m.total_samples:,} samples, store {m.store}, "
         f"{m.views} view(s), latents {c}x{h}x{w} {m.dtype}, {_scale_text(m)}, {m.num_classes} classes",
         *normalization_line(m),
-        f"  model       {mc['model'] or 'custom'} (depth {mc['depth']}, hidden {mc['hidden_size']}, heads "
-        f"{mc['num_heads']}, patch {mc['patch_size']}): {total / 1e6:.2f}M parameters, input {mc['input_size']}"
-        f" ({tokens_text(mc)})",
-        objective_line(cfg) + (f"\n              ({prep.notes['time_shift']})" if "time_shift" in prep.notes else ""),
+        f"  model       {mc['model'] or 'custom'} ({describe_model(mc)}): {total / 1e6:.2f}M parameters, input "
+        f"{mc['input_size']} ({tokens_text(mc)})",
+        objective_line(cfg, mc) + (f"\n              ({prep.notes['time_shift']})" if "time_shift" in prep.notes else ""),
         optimizer_line(cfg, shapes),
         f"  precision   {precision}, tf32 {'on' if cfg.tf32 else 'off'}, grad checkpointing "
         f"{'on' if cfg.grad_checkpointing else 'off'}, compile {'on (per block)' if compiled else 'off'}, "
@@ -356,7 +364,7 @@ def format_plan(prep: Preflight, start_line: str | None = None, *, dry_run: bool
         f"  host memory (estimate, per node) {local} rank(s) x {prep.layout.workers} worker(s) x shuffle buffers = "
         f"{host / GiB:.2f} GiB{f' of {avail:.1f} GiB available' if avail is not None else ''}",
         integrity_line(prep),
-        *repa_line(cfg, prep.teacher, mc["depth"], dit_train_flops(mc)),
+        *repa_line(cfg, prep.teacher, num_blocks(mc), dit_train_flops(mc)),
         *grids_line(prep),
         start_line or f"  run dir     {cfg.run_dir}: {'would start' if dry_run else 'starts'} from scratch",
     ]
@@ -377,6 +385,13 @@ def normalization_line(m: Manifest) -> list[str]:
         return []
     revised = (f" (manifest revision {m.revision['number']}, by {m.revision['by']})" if m.revision else "")
     return [f"  latents     {m.norm.describe()}{revised}"]
+
+
+def describe_model(mc: dict[str, Any]) -> str:
+    """The architecture in words (its family's `describe`): depth, widths, heads, patch."""
+    from dit_pipeline.dit.family import family_of_config
+
+    return family_of_config(mc).describe(mc)
 
 
 def tokens_text(mc: dict[str, Any]) -> str:

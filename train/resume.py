@@ -20,9 +20,9 @@ import torch
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.io import atomic_write_bytes
 from dit_pipeline.train.checkpoint import CheckpointManager, load_checkpoint
-from dit_pipeline.train.config import TrainConfig
+from dit_pipeline.train.config import MODEL_OPTIONS, TrainConfig
 from dit_pipeline.train.parts import ShardSetPart, build_parts, check_all
-from dit_pipeline.train.preflight import Preflight, resolve_precision
+from dit_pipeline.train.preflight import Preflight, param_counts, resolve_precision
 
 CONFIG_HISTORY = "config-history.jsonl"
 # Settings whose change on resume is not a change of the run (how this invocation behaves; a moved folder).
@@ -41,8 +41,19 @@ class StartPoint:
 
 
 def resolved_config(prep: Preflight, precision: str) -> TrainConfig:
-    """The config as the run uses it (precision and micro-batch resolved), as saved in config.json."""
-    return TrainConfig(**{**prep.cfg.to_dict(), "precision": precision, "micro_batch_size": prep.batch.micro_batch})
+    """The config as the run uses it (precision, micro-batch and the block switches the family took by default
+    resolved), as saved in config.json."""
+    return TrainConfig(**{**prep.cfg.to_dict(), "precision": precision, "micro_batch_size": prep.batch.micro_batch,
+                          **model_switches(prep)})
+
+
+def model_switches(prep: Preflight) -> dict[str, bool]:
+    """The block switches (--qk-norm ...) the model was built with, for those its family has: given or its own."""
+    from dit_pipeline.dit.family import family_of_config
+
+    mc = param_counts(prep.model_kwargs)[2]
+    accepted = family_of_config(mc).overrides
+    return {k: bool(mc.get(k, False)) for k in MODEL_OPTIONS if k in accepted}
 
 
 def config_changes(old: dict[str, Any], new: dict[str, Any]) -> dict[str, list]:

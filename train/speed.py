@@ -49,27 +49,27 @@ def compile_problem() -> str | None:
 
 
 def regional_compile(model: torch.nn.Module, *, backend: str = "inductor", **options: Any) -> int:
-    """Compile every DiT block in place (names unchanged); returns how many modules were compiled.
+    """Compile every block and the final layer in place (names unchanged); returns how many modules were compiled.
 
     A tracing error falls back to eager execution of that frame instead of stopping the run.
     """
     import torch._dynamo
 
     torch._dynamo.config.suppress_errors = True
-    blocks = list(getattr(model, "blocks", []))
+    # the model's blocks and final layer (every family's `compile_units`; a bare module: its blocks and final layer)
+    units: list[torch.nn.Module] = (
+        getattr(model, "compile_units")() if hasattr(model, "compile_units") else
+        [*getattr(model, "blocks", []), *([getattr(model, "final_layer")] if hasattr(model, "final_layer") else [])])
     # Every block has the same graph: let dynamo keep one cache entry per block object without hitting
     # its recompile limit (it counts per code object, which all blocks share).
-    limit = max(int(getattr(torch._dynamo.config, "cache_size_limit", 8)), 2 * len(blocks) + 8)
+    limit = max(int(getattr(torch._dynamo.config, "cache_size_limit", 8)), 2 * len(units) + 8)
     torch._dynamo.config.cache_size_limit = limit
     if hasattr(torch._dynamo.config, "accumulated_cache_size_limit"):
         torch._dynamo.config.accumulated_cache_size_limit = max(
             torch._dynamo.config.accumulated_cache_size_limit, 4 * limit)
-    for block in blocks:
-        block.compile(backend=backend, **options)
-    final = getattr(model, "final_layer", None)
-    if final is not None:
-        final.compile(backend=backend, **options)
-    return len(blocks) + (final is not None)
+    for unit in units:
+        unit.compile(backend=backend, **options)
+    return len(units)
 
 
 def available_attention() -> list[str]:

@@ -25,7 +25,7 @@ def test_our_checkpoint_ema_by_default_and_raw_weights_on_request(ckpts):
     assert torch.equal(raw.model.state_dict()["blocks.0.attn.qkv.weight"],
                        random_dit(1).state_dict()["blocks.0.attn.qkv.weight"])
     assert not ema.model.training
-    assert "custom DiT (depth 2, hidden 32), 4x4x4 latents, 10 classes" in ema.describe()
+    assert "custom DiT (depth 2, hidden 32, heads 2, patch 2), 4x4x4 latents, 10 classes" in ema.describe()
 
 
 def test_bare_state_dict_infers_the_preset(ckpts):

@@ -37,7 +37,8 @@ ADDED_SINCE = {"fid_labels", "repa", "repa_depth", "repa_coeff", "time_shift", "
                "optimizer", "muon_momentum", "muon_adjust_lr", "warmup_epochs", "final_lr", "lr_decay_start_steps",
                "lr_decay_start_epochs", "lr_decay_end_steps", "lr_decay_end_epochs", "recipe",
                "on_divergence", "spike_factor", "spike_window", "max_skips", "skip_window", "wandb", "wandb_project",
-               "fd_dinov2", "dinov2"}
+               "fd_dinov2", "dinov2", "wo_shift", "encoder_depth", "head_depth",
+               "head_hidden_size", "head_num_heads"}
 
 
 def test_the_stored_config_keeps_its_flat_keys():
