@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .blocks import LayerNorm32
 from .family import DiffusionTransformer, preset_of, register_family
 from .flops import FREQUENCY_EMBEDDING_SIZE, block_macs
 from .infer import WeightsError, block_count, check_stored, classes, heads, require, shapes_of
@@ -86,7 +87,7 @@ class DDT(DiffusionTransformer):
         self.t_embedder = TimestepEmbedder(hidden_size, max_period=MAX_PERIOD)
         self.y_embedder = LabelEmbedder(num_classes, hidden_size, class_dropout_prob)
         self.final_layer = FinalLayer(hidden_size, self.out_channels * patch_size * patch_size,
-                                      nn.LayerNorm(hidden_size, elementwise_affine=False, eps=LN_EPS), silu=False)
+                                      LayerNorm32(hidden_size, elementwise_affine=False, eps=LN_EPS), silu=False)
         self.blocks = nn.ModuleList(
             AdaLNBlock(hidden_size, num_heads, norm=RMSNorm, mlp=lambda d: LlamaFFN(d, ffn_width(d)),
                        qk_norm=RMSNorm if qk_norm else None, qkv_bias=False, silu=False) for _ in range(depth))

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .blocks import SwiGLU
+from .blocks import LayerNorm32, SwiGLU
 from .embed import pos_embed_2d
 from .family import DiffusionTransformer, preset_of, register_family
 from .flops import FREQUENCY_EMBEDDING_SIZE, block_macs
@@ -87,12 +87,12 @@ class DiTDH(DiffusionTransformer):
         self.initialize_weights()
 
     def _norm(self, dim: int) -> nn.Module:
-        return RMSNorm(dim) if self.options["rms_norm"] else nn.LayerNorm(dim, elementwise_affine=False, eps=LN_EPS)
+        return RMSNorm(dim) if self.options["rms_norm"] else LayerNorm32(dim, elementwise_affine=False, eps=LN_EPS)
 
     def _block(self, dim: int, num_heads: int) -> AdaLNBlock:
         o = self.options
         mlp = ((lambda d: SwiGLU(d, swiglu_width(d))) if o["swiglu"] else (lambda d: Mlp(d, int(d * MLP_RATIO))))
-        qk = None if not o["qk_norm"] else RMSNorm if o["rms_norm"] else nn.LayerNorm
+        qk = None if not o["qk_norm"] else RMSNorm if o["rms_norm"] else LayerNorm32
         return AdaLNBlock(dim, num_heads, norm=self._norm, mlp=mlp, qk_norm=qk, shift=not o["wo_shift"])
 
     @torch.no_grad()

@@ -23,7 +23,7 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from .blocks import SwiGLU
+from .blocks import LayerNorm32, SwiGLU
 from .family import preset_of, register_family
 from .flops import dit_forward_macs
 from .infer import Shapes, check_stored
@@ -69,13 +69,13 @@ class LightningDiT(DiT):
                          qk_norm=qk_norm, rms_norm=rms_norm, swiglu=swiglu, rope=rope, wo_shift=wo_shift)
 
     def make_norm(self, dim: int) -> nn.Module:
-        return RMSNorm(dim) if self.options["rms_norm"] else nn.LayerNorm(dim, elementwise_affine=False, eps=LN_EPS)
+        return RMSNorm(dim) if self.options["rms_norm"] else LayerNorm32(dim, elementwise_affine=False, eps=LN_EPS)
 
     def make_block(self) -> nn.Module:
         o = self.options
         mlp = ((lambda dim: SwiGLU(dim, swiglu_width(dim))) if o["swiglu"]
                else (lambda dim: Mlp(dim, int(dim * MLP_RATIO))))
-        qk = None if not o["qk_norm"] else RMSNorm if o["rms_norm"] else nn.LayerNorm
+        qk = None if not o["qk_norm"] else RMSNorm if o["rms_norm"] else LayerNorm32
         return AdaLNBlock(self.hidden_size, self.num_heads, norm=self.make_norm, mlp=mlp, qk_norm=qk,
                           shift=not o["wo_shift"])
 

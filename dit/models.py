@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Mapping, cast, overload
 import torch
 from torch import nn
 
-from .blocks import BLOCK_OPTIONS, SwiGLU, make_norm, swiglu_hidden
+from .blocks import BLOCK_OPTIONS, RMSNorm32, SwiGLU, make_norm, swiglu_hidden
 from .embed import FREQUENCY_EMBEDDING_SIZE, pos_embed_2d, timestep_embedding  # noqa: F401 (also dit.models')
 from .family import DiffusionTransformer, lookup_preset, register_family
 from .family import create_model as _create_model
@@ -113,7 +113,7 @@ class DiT(DiffusionTransformer):
         d, o = self.hidden_size, self.options
         mlp = ((lambda dim: SwiGLU(dim, swiglu_hidden(dim, MLP_RATIO))) if o["swiglu"]
                else (lambda dim: Mlp(dim, dim * MLP_RATIO)))
-        qk = (lambda dim: nn.RMSNorm(dim, eps=1e-6)) if o["qk_norm"] else None
+        qk = (lambda dim: RMSNorm32(dim, eps=1e-6)) if o["qk_norm"] else None  # float32 (dit/blocks.py)
         return AdaLNBlock(d, self.num_heads, norm=self.make_norm, mlp=mlp, qk_norm=qk)
 
     def make_rope(self) -> nn.Module:

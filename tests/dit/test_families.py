@@ -53,7 +53,9 @@ def test_forward_is_the_release_definition(family, over):
     want = FORWARD[family](model.state_dict(), model.config, x, t, y)
     assert got.shape == want.shape == (2, model.out_channels, model.input_size, model.input_size)
     assert want.abs().max() > 0.5
-    assert (got - want).abs().max() / want.abs().max() < 2e-5
+    # float32 against float64 through the whole network: the error grows with depth and the output's scale (2e-5
+    # was seen on one machine); a wrong layout or formula is off by O(1)
+    assert (got - want).abs().max() / want.abs().max() < 1e-4
 
 
 def test_rope_layouts_on_a_known_input():
