@@ -67,7 +67,9 @@ def test_a_learn_sigma_dit_trains_as_a_c_channel_one():
     other half gets exactly zero gradient, and with the shared weights equal the loss and every other
     gradient are those of our C-channel model (README, "Choosing an objective")."""
     kw = dict(input_size=4, num_classes=5, depth=1, hidden_size=32, num_heads=2)
-    wide, narrow = (dit.create_model("DiT-S/2", learn_sigma=ls, **kw) for ls in (True, False))
+    # eval(): a training-mode DiT drops labels (class_dropout_prob) with draws from the global RNG, which would
+    # differ between the two models' forwards
+    wide, narrow = (dit.create_model("DiT-S/2", learn_sigma=ls, **kw).eval() for ls in (True, False))
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for p in wide.parameters():
