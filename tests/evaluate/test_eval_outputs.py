@@ -42,3 +42,45 @@ def test_the_metrics_are_printed_when_the_result_file_fails_late(pair, monkeypat
     lines = capsys.readouterr().out.splitlines()
     assert [x.split(":")[0] for x in lines[:5]] == ["Inception Score", "FID", "sFID", "Precision", "Recall"]
     assert float(lines[1].split(": ")[1]) > 0
+
+
+def _sample_out(folder, images, *, record=True, save_images=True):
+    """A folder as `dit-sample --out OUT [--save-images]` writes it (tests/sample/test_run.py checks the layout)."""
+    import json
+
+    import numpy as np
+    from PIL import Image
+
+    from dit_pipeline.sample.run import RECORD_FORMAT
+
+    folder.mkdir()
+    Image.fromarray(np.zeros((70, 104, 3), np.uint8)).save(folder / "grid.png")
+    if record:
+        (folder / "samples.json").write_text(json.dumps({"fingerprint": {"format": RECORD_FORMAT}}))
+    if save_images:
+        (folder / "images").mkdir()
+        for i, img in enumerate(images):
+            Image.fromarray(img).save(folder / "images" / f"{i:06d}.png")
+    return folder
+
+
+def test_a_dit_sample_out_folder_is_its_samples_not_its_grid(pair, tmp_path):
+    import numpy as np
+
+    from dit_pipeline.evaluate.inputs import open_source
+    from tests.evaluate.test_run import _features
+
+    samples, _ = pair
+    arr = np.load(samples)["arr_0"]
+    out = _sample_out(tmp_path / "out", arr)
+    src = open_source(out, "SAMPLES")
+    assert (src.count, src.image_hw) == (5, (32, 32))
+    assert [f.relative_to(out).as_posix() for f in src.files] == [f"images/{i:06d}.png" for i in range(5)]
+    assert open_source(_sample_out(tmp_path / "norecord", arr, record=False), "SAMPLES").count == 5
+    run.run_eval(_cfg(out, samples, json=str(tmp_path / "f.json")))  # before: the grid's 70x104 was refused
+    assert all(np.array_equal(_features(out)[k], _features(samples)[k]) for k in ("pool", "spatial", "logits"))
+    bare = _sample_out(tmp_path / "bare", arr, save_images=False)
+    with pytest.raises(UserError) as e:
+        open_source(bare, "SAMPLES")
+    assert str(e.value) == (f"SAMPLES {bare} is a dit-sample --out folder without its samples (grid.png shows a "
+                            "few only): sample again with --save-images, or evaluate the --npz it wrote")

@@ -212,6 +212,9 @@ def test_out_folder_grid_pngs_and_record(ckpts, tiny_vae_dir, tmp_path):
     record = json.loads((out / "samples.json").read_text())
     assert record["labels"] == labels and record["fingerprint"]["sampler"] == "ddim"
     assert (out / "logs" / "rank0.log").is_file() and not (out / ".parts").exists()
+    from dit_pipeline.evaluate.inputs import open_source
+
+    assert (open_source(out, "SAMPLES").count, open_source(out, "SAMPLES").image_hw) == (5, (32, 32))  # not grid.png
 
 
 def test_every_checkpoint_kind_samples(ckpts, tiny_vae_dir, tmp_path):
