@@ -48,13 +48,10 @@ class DefaultCommandGroup(DashGroup):
         return super().parse_args(ctx, args)
 
 
-def _parse_class_labels(ctx: click.Context, param: click.Parameter, value: str | None) -> list[int] | None:
-    if value is None:
-        return None
-    try:
-        return [int(part) for part in value.replace(" ", "").split(",") if part != ""]
-    except ValueError:
-        raise click.BadParameter(f"expected comma-separated class ids such as 207,360,387, got {value!r}") from None
+def _parse_class_labels(ctx: click.Context, param: click.Parameter, value: str | None) -> list[int | str] | None:
+    from dit_pipeline.sample.names import parse_class_labels
+
+    return None if value is None else parse_class_labels(value)
 
 
 def _weights_options(f: Callable) -> Callable:
@@ -134,7 +131,8 @@ def sample_main() -> None:
               "conditional model alone. Noise level, 1 = pure noise: flow models 1 - t (SiT's t), which is "
               "REPA's t (REPA's --guidance_high 0.7 is 0 0.7); ddpm/ddim the timestep index / 1000.")
 @click.option("--class-labels", callback=_parse_class_labels, default=None,
-              help="Comma-separated class ids (one sample each; repeated cyclically with --num-samples).")
+              help="Comma-separated class ids or class names (the shard set's class folders, which the "
+              "checkpoint records), one sample each; repeated cyclically with --num-samples.")
 @click.option("--num-samples", type=int, default=None, help="Number of samples; classes chosen by --labels "
               "unless --class-labels is given.")
 @click.option("--labels", type=click.Choice(LABEL_SAMPLINGS), default=default(SampleConfig, "labels"),
@@ -383,7 +381,7 @@ def shards_stats_cmd(folder: str, max_samples: int, seed: int, write: str | None
         click.echo(json.dumps(r, indent=2) if as_json else format_revise(r))
         return
     s = compute_stats(folder, max_samples=max_samples, seed=seed)
-    click.echo(json.dumps(s, indent=2) if as_json else format_stats(s))
+    click.echo(json.dumps(s, indent=2) if as_json else format_stats(s, folder))
 
 
 # ---------------------------------------------------------------------------------------------------------
