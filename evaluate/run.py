@@ -169,8 +169,18 @@ def format_result(result: dict[str, Any]) -> str:
     after them when it was computed."""
     shown = {"inception_score": "Inception Score", "fid": "FID", "sfid": "sFID", "precision": "Precision",
              "recall": "Recall", "fd_dinov2": "FD_DINOv2"}
-    return "\n".join(f"{shown[k]}: {'n/a' if result.get(k) is None else repr(float(result[k]))}"
+    return "\n".join(f"{shown[k]}: {'n/a' if result.get(k) is None else shown_value(k, result[k])}"
                      for k in METRIC_NAMES if k != "fd_dinov2" or result.get(k) is not None)
+
+
+DISTANCE_DECIMALS = 6  # printed FID, sFID, FD_DINOv2: papers give 2 decimals; the JSON keeps every digit
+
+
+def shown_value(key: str, value: float) -> str:
+    """A metric as printed: a distance rounded to DISTANCE_DECIMALS (and never -0.0), the others as computed."""
+    if key in ("fid", "sfid", "fd_dinov2"):
+        return repr(round(float(value), DISTANCE_DECIMALS) + 0.0)
+    return repr(float(value))
 
 
 def format_names(result: dict[str, Any]) -> str:
