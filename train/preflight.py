@@ -21,6 +21,7 @@ from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.io import check_writable_dir
 from dit_pipeline.common.teacher import Teacher
 from dit_pipeline.shards import Manifest
+from dit_pipeline.shards.stats import NEAR_ONE, first_samples_std, fix_hint
 from dit_pipeline.train import memory
 from dit_pipeline.train.config import (ARCH_OVERRIDES, DEFAULT_MAX_STEPS, DEFAULT_NUM_WORKERS, MODEL_OPTIONS, BatchPlan,
                                        TrainConfig, batch_plan, implied_objective, resolve_time_shift)
@@ -53,6 +54,7 @@ class Preflight:
     sha256_bytes: int = 0             # whole shards held at once per node by the "whole" check
     teacher: Teacher | None = None    # --repa: the teacher, loaded on the CPU (train.repa.check_repa)
     schedule: LrSchedule | None = None  # the lr of every step (train.schedule); None only for hand-made Preflights
+    latent_std: tuple[float, int, str] | None = None  # (std, samples, shard): a quick look (shards.first_samples_std)
 
 
 def resolve_defaults(cfg: TrainConfig, num_shards: int, world: int) -> tuple[TrainConfig, dict[str, str]]:
@@ -167,7 +169,8 @@ def prepare(cfg: TrainConfig, world_size: int | None = None) -> Preflight:
     teacher = check_repa(cfg, has_pixels=source.manifest.has_pixels, where=str(source.folder or cfg.manifest),
                          depth=num_blocks(mc), grid=mc["input_size"] // mc["patch_size"])
     schedule = build_schedule(cfg, steps_at, total)
-    return Preflight(cfg, world, batch, source, kw, layout, plan0, total, notes, mode, held, teacher, schedule)
+    std = first_samples_std(source.folder, source.manifest) if source.folder is not None and dist.is_main() else None
+    return Preflight(cfg, world, batch, source, kw, layout, plan0, total, notes, mode, held, teacher, schedule, std)
 
 
 def epoch_counter(sizes: list[int], seed: int, world: int, workers: int, batch: BatchPlan) -> Callable[[float], int]:
@@ -337,6 +340,7 @@ def format_plan(prep: Preflight, start_line: str | None = None, *, dry_run: bool
         f"  shards      {cfg.shards}: {len(m.shards)} shards, {m.total_samples:,} samples, store {m.store}, "
         f"{m.views} view(s), latents {c}x{h}x{w} {m.dtype}, {_scale_text(m)}, {m.num_classes} classes",
         *normalization_line(m),
+        *latent_std_line(prep),
         f"  model       {mc['model'] or 'custom'} ({describe_model(mc)}): {total / 1e6:.2f}M parameters, input "
         f"{mc['input_size']} ({tokens_text(mc)})",
         objective_line(cfg, mc) + (f"\n              ({prep.notes['time_shift']})" if "time_shift" in prep.notes else ""),
@@ -385,6 +389,16 @@ def normalization_line(m: Manifest) -> list[str]:
         return []
     revised = (f" (manifest revision {m.revision['number']}, by {m.revision['by']})" if m.revision else "")
     return [f"  latents     {m.norm.describe()}{revised}"]
+
+
+def latent_std_line(prep: Preflight) -> list[str]:
+    """One line when the latents it trains on are far from unit std (DiT's noise schedule assumes ~1), with the
+    command that normalizes them; none otherwise."""
+    if prep.latent_std is None or abs(prep.latent_std[0] - 1.0) <= NEAR_ONE:
+        return []
+    std, used, shard = prep.latent_std
+    return [f"  latents     std {std:.3g} over the first {used} samples of {shard}: NOT near 1 (DiT assumes ~1); "
+            f"{fix_hint(prep.cfg.shards)}"]
 
 
 def describe_model(mc: dict[str, Any]) -> str:
