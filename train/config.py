@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from dit_pipeline.common.errors import ConfigError, UserError, collect
+from dit_pipeline.common.io import missing_file
 from dit_pipeline.common.precision import PRECISIONS_AUTO as PRECISIONS
 from dit_pipeline.common.settings import choice, flag_name, non_negative, positive, setting
 from dit_pipeline.dit.flow import T_SAMPLINGS
@@ -342,7 +343,7 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     """Read a YAML or JSON mapping of TrainConfig settings (dashed or underscored keys)."""
     path = Path(path).expanduser()
     if not path.is_file():
-        raise UserError(f"--config {path}: no such file")
+        raise UserError(f"--config {path}: {missing_file(path)}")
     text = path.read_text(encoding="utf-8")
     import yaml
 
