@@ -43,7 +43,7 @@ from dit_pipeline.sample.grid import label_texts, png_bytes, save_grid
 from dit_pipeline.sample.load import (LoadedModel, latent_norm, load_model, manifest_folder, resolve_ckpt,
                                       resolve_flow_convention, resolve_objective, with_latent_stats)
 from dit_pipeline.sample.names import with_class_ids
-from dit_pipeline.sample.npz import RUN_FILE, PartStore, assemble_npz, parts_dir_for
+from dit_pipeline.sample.npz import RUN_FILE, PartStore, assemble_npz, describe_changes, parts_dir_for
 
 RECORD_FORMAT = "dit-pipeline.samples"
 
@@ -311,8 +311,10 @@ def _prepare(cfg: SampleConfig, store: PartStore, record: dict[str, Any], log) -
     if cfg.npz and Path(cfg.npz).exists() and not same[0] and not _interrupted_npz(records[0], store):
         foreign.insert(0, str(cfg.npz))
     if foreign and not cfg.overwrite:
+        changed = describe_changes(next((_read_fingerprint(p) for p in records if p.exists() and
+                                         _read_fingerprint(p) != fp), None), fp)
         raise UserError(f"{', '.join(foreign)} already exist(s) and were not made by this checkpoint with these "
-                        "settings; choose another output or pass --overwrite to replace them")
+                        f"settings (changed: {changed}); choose another output or pass --overwrite to replace them")
     return store.open(overwrite=cfg.overwrite, log=log)
 
 
