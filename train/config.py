@@ -163,6 +163,10 @@ class TrainConfig(GuardSettings, RepaSettings, FidSettings, GridSettings):
                                      group=CKPT, shown="off")
     resume: str = setting("auto", "'auto' (newest checkpoint in the run folder), 'none', or a checkpoint path",
                           group=CKPT)
+    init: str | None = setting(
+        None, "Start a new run from these weights (fine-tuning, another input size, SiT from DiT): our checkpoints "
+        "(EMA weights), EMA files, the DiT/SiT/REPA/LightningDiT/DDT/DiT-DH release files or .safetensors; "
+        "optimizer fresh, step 0 (train/init.py)", group=CKPT, shown="off")
     peak_tflops: float | None = setting(None, "Peak TFLOP/s per GPU for the MFU estimate (dense bf16/fp16)",
                                         group=CKPT, shown="from the GPU model")
     tensorboard: bool = setting(True, "TensorBoard events when installed", group=CKPT)
@@ -219,6 +223,8 @@ class TrainConfig(GuardSettings, RepaSettings, FidSettings, GridSettings):
         if self.peak_tflops is not None and not self.peak_tflops > 0:
             p.append(f"--peak-tflops must be > 0, got {self.peak_tflops}")
         p += choice(self, "attention", ATTENTION_BACKENDS) + choice(self, "precision", PRECISIONS)
+        if self.init is not None and self.resume not in ("auto", "none"):
+            p.append(f"--init starts a new run from weights and --resume {self.resume} continues a run; give one")
         if not str(self.resume or "").strip():
             p.append("--resume must be 'auto', 'none' or a checkpoint path")
         try:
