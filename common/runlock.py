@@ -158,7 +158,8 @@ class RunLock:
             raise self._busy(holder)
         h = holder or {}
         return (f"would take over the {self.noun}'s lock from an earlier run that is not running any more ({why}: "
-                f"{h.get('what', '?')} on host {h.get('host')}, pid {h.get('pid')}, started {h.get('started')})")
+                f"{h.get('what', '?')} on host {h.get('host')}, pid {h.get('pid')}, "
+                f"started {h.get('started')})")
 
     def _heartbeat(self) -> None:
         while not self._stop.wait(self.lease_s / 6):

@@ -51,7 +51,8 @@ _KEY_SETTINGS = {"checkpoint_sha256": "the checkpoint (--ckpt)", "model_config":
                  "normalization": "the latent normalization", "image_size": "the image size (--vae)",
                  "labels_sha256": "the classes (--class-labels, --labels, --num-samples or --seed)",
                  "label_sampling": "--labels", "sde_steps": "the SDE's step count (an older version)",
-                 "format": "the record's format (an older version)", "version": "the record's format (an older version)"}
+                 "format": "the record's format (an older version)",
+                 "version": "the record's format (an older version)"}
 
 
 def describe_changes(recorded: dict[str, Any] | None, now: dict[str, Any]) -> str:

@@ -51,7 +51,8 @@ def load_init(spec: str, model_kwargs: dict[str, Any]) -> InitWeights:
     with torch.device("meta"):
         model = dit.create_model(**model_kwargs)
     new = dict(model.config)
-    hints: dict[str, Any] = {k: new[k] for k in ("input_size", "num_heads") if k in new}  # a file may not state them (DDT)
+    # what a file may not state (DDT's input size); the file's own record wins
+    hints: dict[str, Any] = {k: new[k] for k in ("input_size", "num_heads") if k in new}
     try:
         state_dict, info = dit.load_dit_weights(path, prefer="ema", hints=hints)
     except dit.WeightsError as e:

@@ -401,7 +401,8 @@ def _resumes(cfg: TrainConfig) -> bool:
     """Whether the run folder holds a checkpoint that `--resume auto` continues (train/resume.py decides it)."""
     from dit_pipeline.train.checkpoint import CheckpointManager
 
-    return cfg.resume == "auto" and CheckpointManager(Path(cfg.run_dir).expanduser() / "checkpoints").latest() is not None
+    folder = Path(cfg.run_dir).expanduser() / "checkpoints"
+    return cfg.resume == "auto" and CheckpointManager(folder).latest() is not None
 
 
 def latent_std_line(prep: Preflight) -> list[str]:

@@ -13,7 +13,8 @@ def test_distances_of_identical_inputs_are_never_negative():
         x = np.random.default_rng(seed).standard_normal((50, 8))
         st = M.statistics(x)
         for d in (M.frechet_distance_of_features(x, x), M.frechet_distance(st, st),
-                  M.frechet_distance_of_features(x[:5], x[:5]), M.frechet_distance_to_statistics(x[:5], M.statistics(x[:5]))):
+                  M.frechet_distance_of_features(x[:5], x[:5]),
+                  M.frechet_distance_to_statistics(x[:5], M.statistics(x[:5]))):
             assert 0.0 <= d < 1e-12
     assert M.nonnegative(-6.9e-18) == 0.0 and M.nonnegative(2.5) == 2.5
 
