@@ -7,7 +7,9 @@ RAE's DiT-DH, or .safetensors. Every tensor of the new model must be in the file
 - the family's fixed tables (`fixed_tensors`: DiT's 2-D sin-cos `pos_embed`, RoPE tables): never trained, so
   the new model's own table is used, exact for its token grid (what a 2-D bicubic resample of the old table
   would only approximate); this is how the input size may change (256 -> 512 px);
-- the label table, when the class count differs (a new data set): the new model's fresh initialisation.
+- the label table, when the class count differs (a new data set): the new model's fresh initialisation;
+- the output projection, when learned sigma differs (a flow run from a DiT file: C outputs where the file has
+  DiT's 2C): the family's initialisation, zero for DiT (SiT's own train.py keeps 2C and drops half instead).
 Anything else that differs (family, width, depth, patch, channels, learned sigma) is one UserError listing it,
 before any GPU work (also in `--dry-run`). The path is recorded in the run's config.json (`init`); a resume
 loads its checkpoint and never the init file again.
@@ -25,6 +27,7 @@ from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.io import sha256_file
 
 LABEL_TABLE_SUFFIX = "y_embedder.embedding_table.weight"
+OUTPUT_PREFIX = "final_layer.linear."  # the output projection: 2C channels with learned sigma (DiT), C without
 
 
 @dataclass
@@ -63,6 +66,7 @@ def load_init(spec: str, model_kwargs: dict[str, Any]) -> InitWeights:
                         f"a {family}; pass --model of the file's family")
     expected = model.state_dict()
     fixed = set(type(model).fixed_tensors(new))
+    learned = bool(info["model_config"].get("learn_sigma"))
     kept, take, problems = [], {}, []
     for key, want in expected.items():
         have = state_dict.get(key)
@@ -75,6 +79,10 @@ def load_init(spec: str, model_kwargs: dict[str, Any]) -> InitWeights:
         elif key.endswith(LABEL_TABLE_SUFFIX) and have.shape[1:] == want.shape[1:]:
             kept.append(f"label table ({want.shape[0]} rows where the file has {have.shape[0]}: "
                         "a new class set, initialised fresh)")
+        elif key.startswith(OUTPUT_PREFIX) and have.shape[1:] == want.shape[1:] and new["learn_sigma"] != learned:
+            if not any(k.startswith("output layer") for k in kept):
+                kept.append(f"output layer (learned sigma {'on' if new['learn_sigma'] else 'off'} here, "
+                            f"{'on' if learned else 'off'} in the file: initialised as the family does, to zero)")
         else:
             problems.append(f"{key}: {list(have.shape)} in the file, {list(want.shape)} here")
     if fixed:

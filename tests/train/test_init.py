@@ -67,20 +67,36 @@ def test_another_architecture_is_refused_naming_what_differs(release, tmp_path):
 
 
 def test_dit_train_init_starts_from_the_weights_and_records_them(shard_dir, release, tmp_path):
+    import shutil
+
     run = tmp_path / "run"
+    copy = shutil.copy(release, tmp_path / "init.pt")
     args = [str(a) for a in tiny_args(shard_dir, run, **{"num-workers": 0, "max-steps": 1, "ckpt-every": 1,
-                                                             "lr": 1e-9, "init": release})]
+                                                             "lr": 1e-9, "init": copy})]
     dry = CliRunner().invoke(train_main, [*args, "--dry-run"])
     assert dry.exit_code == 0, dry.output
-    assert f"  init        {release} (custom, official, sha256 " in dry.output
+    assert f"  init        {copy} (custom, official, sha256 " in dry.output
     r = CliRunner().invoke(train_main, args)
     assert r.exit_code == 0, r.output
-    assert json.loads((run / "config.json").read_text())["init"] == str(release)
+    assert json.loads((run / "config.json").read_text())["init"] == str(copy)
     ckpt = torch.load(run / "checkpoints" / "step-0000001.pt", weights_only=True)
     old = torch.load(release, weights_only=True)
     for k, v in ckpt["model"].items():  # one step of lr 1e-9 away from the file's weights
         if k != "pos_embed":
             torch.testing.assert_close(v, old[k], rtol=0, atol=1e-6)
+    # a resume loads its checkpoint, never the init file again
+    (tmp_path / "init.pt").unlink()
+    r = CliRunner().invoke(train_main, [*args[:args.index("--max-steps")], "--max-steps", "2",
+                                        *args[args.index("--max-steps") + 2:]])
+    assert r.exit_code == 0, r.output
+    assert (run / "checkpoints" / "step-0000002.pt").is_file()
+    # our checkpoints and EMA files init too, and a flow run from a ddpm init
+    for weights, source in (("step-0000002.pt", "dit-pipeline"), ("step-0000002-ema.pt", "dit-pipeline")):
+        dry = CliRunner().invoke(train_main, [str(a) for a in tiny_args(shard_dir, tmp_path / weights, **{
+            "num-workers": 0, "dry-run": True, "objective": "flow", "init": run / "checkpoints" / weights})])
+        assert dry.exit_code == 0 and f"(custom, {source}, sha256 " in dry.output, dry.output
+        assert "output layer (learned sigma off here, on in the file: initialised as the family does, to zero)" \
+            in dry.output
     # --resume with a weights file that is no training checkpoint names --init
     r = CliRunner().invoke(train_main, [str(a) for a in tiny_args(shard_dir, tmp_path / "run2", **{
         "num-workers": 0, "resume": release})])
