@@ -92,8 +92,8 @@ def check_resume(prep: Preflight) -> StartPoint:
     try:
         ckpt = load_checkpoint(path)
     except UserError as e:
-        if cfg.resume in ("auto", "none"):
-            raise
+        if cfg.resume in ("auto", "none") or "not a dit-pipeline training checkpoint" not in str(e):
+            raise  # a damaged or hostile file: --init would refuse it too
         raise UserError(f"{e}; to start a new run from the weights of a file, pass --init {cfg.resume} "
                         "instead of --resume") from None
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
