@@ -48,13 +48,10 @@ class DefaultCommandGroup(DashGroup):
         return super().parse_args(ctx, args)
 
 
-def _parse_class_labels(ctx: click.Context, param: click.Parameter, value: str | None) -> list[int] | None:
-    if value is None:
-        return None
-    try:
-        return [int(part) for part in value.replace(" ", "").split(",") if part != ""]
-    except ValueError:
-        raise click.BadParameter(f"expected comma-separated class ids such as 207,360,387, got {value!r}") from None
+def _parse_class_labels(ctx: click.Context, param: click.Parameter, value: str | None) -> list[int | str] | None:
+    from dit_pipeline.sample.names import parse_class_labels
+
+    return None if value is None else parse_class_labels(value)
 
 
 def _weights_options(f: Callable) -> Callable:
@@ -134,7 +131,8 @@ def sample_main() -> None:
               "conditional model alone. Noise level, 1 = pure noise: flow models 1 - t (SiT's t), which is "
               "REPA's t (REPA's --guidance_high 0.7 is 0 0.7); ddpm/ddim the timestep index / 1000.")
 @click.option("--class-labels", callback=_parse_class_labels, default=None,
-              help="Comma-separated class ids (one sample each; repeated cyclically with --num-samples).")
+              help="Comma-separated class ids or class names (the shard set's class folders, which the "
+              "checkpoint records), one sample each; repeated cyclically with --num-samples.")
 @click.option("--num-samples", type=int, default=None, help="Number of samples; classes chosen by --labels "
               "unless --class-labels is given.")
 @click.option("--labels", type=click.Choice(LABEL_SAMPLINGS), default=default(SampleConfig, "labels"),
@@ -383,7 +381,7 @@ def shards_stats_cmd(folder: str, max_samples: int, seed: int, write: str | None
         click.echo(json.dumps(r, indent=2) if as_json else format_revise(r))
         return
     s = compute_stats(folder, max_samples=max_samples, seed=seed)
-    click.echo(json.dumps(s, indent=2) if as_json else format_stats(s))
+    click.echo(json.dumps(s, indent=2) if as_json else format_stats(s, folder))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -461,9 +459,14 @@ def report_main(run_dir: str, out: str | None, debug: bool) -> None:
 
 @click.command("dit-eval", cls=DashCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @version_option
-@click.argument("samples")
-@click.option("--ref", required=True, help="Reference: the ADM reference batch (e.g. VIRTUAL_imagenet256_labeled.npz;"
+@click.argument("samples", required=False)
+@click.option("--ref", default=None, help="Reference: the ADM reference batch (e.g. VIRTUAL_imagenet256_labeled.npz;"
               " its precomputed statistics are used), an .npz of images, a folder of images or a statistics file.")
+@click.option("--make-ref", default=None, metavar="FOLDER",
+              help="Instead of evaluating: build a reference batch from the images under FOLDER (ADM's center crop "
+              "to --image-size) with their Inception statistics, written to --out REF.npz.")
+@click.option("--image-size", type=click.IntRange(min=8), default=None, help="--make-ref: the side of the crops.")
+@click.option("--out", default=None, metavar="REF.npz", help="--make-ref: the reference batch to write.")
 @click.option("--json", "json_path", default=None, help="Where to write the metrics as JSON [SAMPLES.eval.json].")
 @click.option("--inception", default=None, metavar="PATH",
               help="Local weights-inception-2015-12-05-6726825d.pth [torch hub cache, fetched once].")
@@ -488,7 +491,8 @@ def report_main(run_dir: str, out: str | None, debug: bool) -> None:
               "exact reference; BENCHMARKS.md: how far apart).")
 @debug_option
 @handle_errors
-def eval_main(json_path: str | None, debug: bool, **options: Any) -> None:
+def eval_main(json_path: str | None, debug: bool, make_ref: str | None, image_size: int | None, out: str | None,
+              **options: Any) -> None:
     """FID, sFID, Inception Score, precision and recall of SAMPLES against --ref, as the ADM evaluator
     (guided-diffusion evaluations/evaluator.py) defines them. SAMPLES: an .npz (arr_0 uint8 [N,H,W,3]), a
     folder of images, or a features file. Runs under torchrun across GPUs.
@@ -497,7 +501,45 @@ def eval_main(json_path: str | None, debug: bool, **options: Any) -> None:
     Examples:
       dit-eval samples/dit-xl2-256-cfg1.5.npz --ref VIRTUAL_imagenet256_labeled.npz
       torchrun --nproc-per-node 8 $(which dit-eval) samples.npz --ref VIRTUAL_imagenet256_labeled.npz
+      dit-eval --make-ref data/val --image-size 256 --out val256.npz
     """
     from dit_pipeline import evaluate
 
+    if make_ref is not None:
+        _make_ref(make_ref, image_size, out, options)
+        return
+    if options["samples"] is None:
+        raise click.UsageError("Missing argument 'SAMPLES'.")
+    if options["ref"] is None:
+        raise click.UsageError("Missing option '--ref'.")
+    if image_size is not None or out is not None:
+        raise click.UsageError("--image-size and --out belong to --make-ref")
     evaluate.main(EvalConfig(json=json_path, **options))
+
+
+def _make_ref(folder: str, image_size: int | None, out: str | None, options: dict[str, Any]) -> None:
+    """`dit-eval --make-ref FOLDER --image-size N --out REF.npz` (extract/reference.py, evaluate/reference.py)."""
+    from dit_pipeline.common.log import setup_logging
+    from dit_pipeline.evaluate.reference import check_output, write_reference
+    from dit_pipeline.extract.reference import reference_images
+
+    if options["samples"] is not None or options["ref"] is not None:
+        raise click.UsageError("--make-ref builds a reference batch; it takes no SAMPLES or --ref")
+    if image_size is None or out is None:
+        raise click.UsageError("--make-ref needs --image-size N (the crops' side) and --out REF.npz")
+    log = setup_logging(None, quiet=options["quiet"])
+    path = check_output(out)
+    images, used, skipped = reference_images(folder, image_size)
+    for rel, why in skipped:
+        log.warning("skipped %s: %s", rel, why)
+    write_reference(images, path, inception=options["inception"], batch_size=options["batch_size"],
+                    device=options["device"] or ("cuda" if _cuda_available() else "cpu"),
+                    random_seed=options["random_inception"], input_size=options["input_size"], log=log)
+    click.echo(f"wrote {path}: {len(used)} images of {image_size}x{image_size}"
+               + (f" ({len(skipped)} skipped, named in the log)" if skipped else ""))
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()

@@ -70,12 +70,23 @@ def _check_habits(cmd: click.Command, ctx: click.Context, args: list[str]) -> No
         dashed = name.replace("_", "-")
         if name not in known and dashed not in known and dashed in habits:
             raise click.UsageError(f"No such option '{name}'. {habits[dashed]}.", ctx=ctx)
+        if dashed == "--nproc-per-node" and dashed not in known:
+            prog = _program(ctx)
+            raise click.UsageError(f"No such option '{name}'. Only dit-train starts its own ranks; start {prog} "
+                                   f"under torchrun: torchrun --nproc-per-node N $(which {prog}) ...", ctx=ctx)
         if dashed == "--vae" and "--vae" in known:
             value = value if eq else (args[i + 1] if i + 1 < len(args) else "")
             if value in VAE_SHORT_NAMES and not os.path.exists(value):
                 raise click.UsageError(f"--vae {value}: the reference DiT scripts' short name; pass the hub id "
                                        f"--vae {VAE_SHORT_NAMES[value]} (or a local copy of it: a diffusers folder "
                                        "or a single .safetensors file).", ctx=ctx)
+
+
+def _program(ctx: click.Context) -> str:
+    """The installed command's name (dit-sample, also for its default subcommand `run`)."""
+    root = ctx.find_root()
+    name = root.info_name or root.command.name or "the command"
+    return name if name.startswith("dit-") else f"dit-{name.split('_')[0].split('-')[0]}"
 
 
 def _dash_args(cmd: click.Command, args: list[str]) -> list[str]:

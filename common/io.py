@@ -114,6 +114,15 @@ def check_writable_dir(path: str | os.PathLike, label: str) -> None:
         raise UserError(f"{label}: cannot {where} ({why}); pass a writable folder") from None
 
 
+def missing_file(path: str | os.PathLike) -> str:
+    """Why `path` (not a file) cannot be read as one, for an error message: a folder is named as a folder, so an
+    existing folder is never reported as missing."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        return f"{p} is a folder, not a file; pass a file in it"
+    return f"no such file ({p.absolute()})"
+
+
 def sha256_file(path: str | os.PathLike, chunk: int = _CHUNK) -> str:
     h = hashlib.sha256()
     with open(path, "rb", buffering=0) as f:

@@ -260,12 +260,12 @@ def read_stats_file(path: str | Path, channels: int) -> dict[str, Any]:
     `latents_stats.pt`: tensors [1, C, 1, 1]; also `latents_mean` / `latents_std` as in a diffusers VAE config),
     with an optional `multiplier` (default 1), or `scale` and `shift`. `.pt`/`.pth` (read with
     `torch.load(weights_only=True)`), `.json` or `.safetensors`. UserError naming the file and the problem."""
-    from dit_pipeline.common.io import sha256_file
+    from dit_pipeline.common.io import missing_file, sha256_file
 
     p = Path(path).expanduser()
     where = f"--latent-stats {path}"
     if not p.is_file():
-        raise UserError(f"{where}: no such file ({p.absolute()})")
+        raise UserError(f"{where}: {missing_file(p)}")
     if p.suffix.lower() not in STATS_SUFFIXES:
         raise UserError(f"{where}: expected a {', '.join(STATS_SUFFIXES)} file holding per-channel mean and std")
     try:

@@ -18,6 +18,21 @@ def get_logger() -> logging.Logger:
     return logging.getLogger(LOGGER_NAME)
 
 
+class ConsoleHandler(logging.StreamHandler):
+    """The console's handler: each line through `tqdm.write`, which lifts a progress bar drawn on the same stream
+    off its line, writes the message on a line of its own and redraws the bar below it (a plain write when no
+    bar is shown)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from tqdm.auto import tqdm
+
+        try:
+            tqdm.write(self.format(record), file=self.stream)
+            self.flush()
+        except Exception:  # noqa: BLE001 - logging's own policy: report, never raise
+            self.handleError(record)
+
+
 def setup_logging(log_dir: str | Path | None = None, *, quiet: bool = False,
                   main_log: str | Path | None = None) -> logging.Logger:
     """Configure the project logger for this process; idempotent.
@@ -34,13 +49,13 @@ def setup_logging(log_dir: str | Path | None = None, *, quiet: bool = False,
     prefix = f"[rank {r}] " if ws > 1 else ""
     fmt_file = logging.Formatter(f"%(asctime)s {prefix}%(levelname)s %(message)s", "%Y-%m-%d %H:%M:%S")
     if r == 0 and not quiet:
-        console = logging.StreamHandler(sys.stderr)
+        console = ConsoleHandler(sys.stderr)
         console.setFormatter(logging.Formatter("%(message)s"))
         console.setLevel(logging.INFO)
         logger.addHandler(console)
     elif not quiet:
         # Other ranks still surface warnings and errors on the console, tagged with their rank.
-        console = logging.StreamHandler(sys.stderr)
+        console = ConsoleHandler(sys.stderr)
         console.setFormatter(logging.Formatter(f"{prefix}%(message)s"))
         console.setLevel(logging.WARNING)
         logger.addHandler(console)

@@ -116,12 +116,7 @@ class RunLock:
         holder = self._read()
         why = self._lapsed(holder, age)
         if why is None:
-            h = holder or {}
-            raise RunFolderBusy(
-                f"{self.path.parent} is in use by another live run ({h.get('what', '?')} on host {h.get('host')}, "
-                f"pid {h.get('pid')}, started {h.get('started')}); stop it first or use another {self.flag} "
-                f"(a run that died releases its lock {self.path.name} at once on the same host, else after "
-                f"{float(h.get('lease_s', self.lease_s)):.0f} s without a heartbeat)")
+            raise self._busy(holder)
         aside = self.path.with_name(f"{self.path.name}.stale-{self._record['token']}")
         try:
             os.rename(self.path, aside)
@@ -140,6 +135,31 @@ class RunLock:
         h = holder or {}
         self.warning = (f"took over the {self.noun}'s lock from an earlier run that is not running any more ({why}: "
                         f"{h.get('what', '?')} on host {h.get('host')}, pid {h.get('pid')}, started {h.get('started')})")
+
+    def _busy(self, holder: dict[str, Any] | None) -> RunFolderBusy:
+        h = holder or {}
+        return RunFolderBusy(
+            f"{self.path.parent} is in use by another live run ({h.get('what', '?')} on host {h.get('host')}, "
+            f"pid {h.get('pid')}, started {h.get('started')}); stop it first or use another {self.flag} "
+            f"(a run that died releases its lock {self.path.name} at once on the same host, else after "
+            f"{float(h.get('lease_s', self.lease_s)):.0f} s without a heartbeat)")
+
+    def check(self) -> str | None:
+        """What `acquire` would meet, without taking or touching anything (a dry run): RunFolderBusy (the same
+        refusal) while another live run holds the lease; else None, or a line saying that a lapsed lease would
+        be taken over."""
+        try:
+            age = time.time() - self.path.stat().st_mtime
+        except FileNotFoundError:
+            return None
+        holder = self._read()
+        why = self._lapsed(holder, age)
+        if why is None:
+            raise self._busy(holder)
+        h = holder or {}
+        return (f"would take over the {self.noun}'s lock from an earlier run that is not running any more ({why}: "
+                f"{h.get('what', '?')} on host {h.get('host')}, pid {h.get('pid')}, "
+                f"started {h.get('started')})")
 
     def _heartbeat(self) -> None:
         while not self._stop.wait(self.lease_s / 6):

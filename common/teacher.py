@@ -17,7 +17,8 @@ reachable; a local file (.pth/.pt in Meta's or timm's key names, or .safetensors
 (`timm/vit_base_patch14_dinov2.lvd142m`), from the hub or its cache. Pickles load with weights_only=True.
 Meta's names are converted to timm's (register tokens: `register_tokens` -> `reg_token`, the class token's
 position folded into `cls_token`, as timm does), and every key and shape is checked against the model: a file
-of another architecture is a UserError, never a partial load.
+of another architecture is a UserError, never a partial load. Every message names the teacher by the flag that
+sets it, dit-train's `--repa` (train/repa.py).
 """
 from __future__ import annotations
 
@@ -143,7 +144,7 @@ def load_teacher(spec: str = DEFAULT_TEACHER, *, grid: int, device: torch.device
     with torch.random.fork_rng(devices=[]):  # timm initialises the model randomly before the weights arrive
         model = _build(arch, grid)
         sd = _to_timm_layout(state_dict, identity["layout"], model, grid)
-        _check_keys(sd, model, f"--teacher {spec}", arch)
+        _check_keys(sd, model, f"--repa {spec}", arch)
         model.load_state_dict(sd, strict=True)
     model = model.to(device).eval().requires_grad_(False)
     auto = autocast_dtype == "auto"
@@ -183,20 +184,23 @@ def _read_weights(spec: str) -> tuple[str, dict[str, torch.Tensor], dict[str, An
     path = Path(spec).expanduser()
     if spec in TEACHERS:
         file = _torch_hub_file(spec)
-        sd = _load_file(file, f"--teacher {spec}")
+        sd = _load_file(file, f"--repa {spec}")
         return spec, sd, {"spec": spec, "kind": "torch-hub", "layout": _layout(sd), "file": str(file),
                           "weights_sha256": sha256_file(file)}
     if path.is_file():
-        sd = _load_file(path, f"--teacher {spec}")
+        sd = _load_file(path, f"--repa {spec}")
         described = _described_arch(path)
         key = f"{described.label} ({path.name})" if described is not None else _arch_of(sd, spec)
         return key, sd, {"spec": spec, "kind": "file", "layout": _layout(sd), "weights_sha256": sha256_file(path)}
+    if path.is_dir():
+        raise UserError(f"--repa {spec!r}: {path.absolute()} is a folder; pass the weights file in it (Meta's "
+                        f"{TEACHERS[DEFAULT_TEACHER].meta_file} or timm's model.safetensors)")
     if path.exists() or spec.startswith((".", "/", "~")) or spec.count("/") != 1 or spec.endswith((".pth", ".pt")):
-        raise UserError(f"--teacher {spec!r}: no such file ({path.absolute()}), and not one of "
+        raise UserError(f"--repa {spec!r}: no such file ({path.absolute()}), and not one of "
                         f"{', '.join(TEACHERS)} (torch.hub names) or a Hugging Face id such as "
                         f"{TEACHERS[DEFAULT_TEACHER].hf_id}")
     file, commit = _hub_file(spec)
-    sd = _load_file(file, f"--teacher {spec}")
+    sd = _load_file(file, f"--repa {spec}")
     return _arch_of(sd, spec), sd, {"spec": spec, "kind": "hub", "layout": _layout(sd), "commit": commit,
                                     "weights_sha256": sha256_file(file)}
 
@@ -205,7 +209,7 @@ ARCH_METADATA = "dit_pipeline.teacher_arch"  # safetensors metadata: a TeacherAr
 
 
 def save_teacher(path: str | Path, state_dict: dict[str, torch.Tensor], arch: TeacherArch) -> Path:
-    """Write timm-layout weights of a DINOv2-family ViT of any size as .safetensors that `--teacher PATH` loads:
+    """Write timm-layout weights of a DINOv2-family ViT of any size as .safetensors that `--repa PATH` loads:
     the architecture (timm model and its size overrides) travels in the file's metadata, since a head count is
     not visible in tensor shapes. The tests' tiny random teachers are such files."""
     import json
@@ -233,7 +237,7 @@ def _described_arch(path: Path) -> TeacherArch | None:
             text = (f.metadata() or {}).get(ARCH_METADATA)
         return TeacherArch(**json.loads(text)) if text else None
     except Exception as e:  # noqa: BLE001 - a damaged header or foreign metadata
-        raise UserError(f"--teacher {path}: its architecture metadata ({ARCH_METADATA}) is unreadable "
+        raise UserError(f"--repa {path}: its architecture metadata ({ARCH_METADATA}) is unreadable "
                         f"({type(e).__name__}: {e})") from None
 
 
@@ -246,15 +250,15 @@ def _torch_hub_file(name: str) -> Path:
     url = f"{META_BASE_URL}/{arch.meta_dir}/{arch.meta_file}"
     why = _unreachable(url)
     if why is not None:
-        raise UserError(f"--teacher {name}: {file} is missing (torch.hub's cache) and {why}. Download {url} "
-                        f"there where there is a network, or pass the file itself (--teacher /path/"
+        raise UserError(f"--repa {name}: {file} is missing (torch.hub's cache) and {why}. Download {url} "
+                        f"there where there is a network, or pass the file itself (--repa /path/"
                         f"{arch.meta_file}) or timm's copy ({arch.hf_id})")
     try:
         file.parent.mkdir(parents=True, exist_ok=True)
         torch.hub.download_url_to_file(url, str(file), progress=False)  # to a temporary name, then moved
     except (OSError, ValueError) as e:  # URLError and HTTPError are OSErrors
-        raise UserError(f"--teacher {name}: {file} is missing (torch.hub's cache) and downloading {url} failed "
-                        f"({type(e).__name__}: {e}); put the file there or pass it (--teacher /path/"
+        raise UserError(f"--repa {name}: {file} is missing (torch.hub's cache) and downloading {url} failed "
+                        f"({type(e).__name__}: {e}); put the file there or pass it (--repa /path/"
                         f"{arch.meta_file})") from None
     return file
 
@@ -272,8 +276,8 @@ def _hub_file(repo_id: str) -> tuple[Path, str | None]:
     except Exception as e:  # noqa: BLE001 - the hub client raises many types for a missing repo or file
         where = f"not in the Hugging Face cache ({constants.HF_HUB_CACHE}) and the hub was not asked ({why})" \
             if why else f"the hub says {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-        raise UserError(f"--teacher {repo_id!r}: no local file of that name, and model.safetensors is {where}. "
-                        "Pass a local file (--teacher /path/model.safetensors or Meta's dinov2_vitb14_pretrain.pth) "
+        raise UserError(f"--repa {repo_id!r}: no local file of that name, and model.safetensors is {where}. "
+                        "Pass a local file (--repa /path/model.safetensors or Meta's dinov2_vitb14_pretrain.pth) "
                         f"or fill the cache where there is a network (huggingface-cli download {repo_id})") from None
     commit = got.parent.name if got.parent.parent.name == "snapshots" else None
     return got, commit
@@ -335,7 +339,7 @@ def _width(sd: dict[str, torch.Tensor]) -> int | None:
 
 
 def _refuse(sd: dict[str, torch.Tensor], spec: str) -> None:
-    raise UserError(f"--teacher {spec}: {_describe(sd)}; expected one of: "
+    raise UserError(f"--repa {spec}: {_describe(sd)}; expected one of: "
                     + ", ".join(f"{k} ({a.label})" for k, a in TEACHERS.items()))
 
 

@@ -217,7 +217,13 @@ def lookup_preset(name: str) -> tuple[type[DiffusionTransformer], str]:
         for spelling, preset in spellings.items():
             if key.lower() in (spelling.lower(), spelling.replace("/", "-").lower()):
                 return cls, preset
-    raise ValueError(f"unknown DiT model {name!r}; choose one of: {', '.join(preset_names())}")
+    raise ValueError(f"unknown DiT model {name!r}; choose one of: {', '.join(preset_names())}; or SiT's names of "
+                     f"the DiT networks: {', '.join(sit_names())}")
+
+
+def sit_names() -> list[str]:
+    """SiT's spellings of DiT's presets (SiT-XL/2 is DiT-XL/2's network), which `lookup_preset` accepts."""
+    return ["SiT-" + p[4:] for p in family_class(None).presets if p.startswith("DiT-")]
 
 
 def preset_of(config: Mapping[str, Any]) -> str | None:

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 from dit_pipeline.common import distributed as dist
 from dit_pipeline.common.errors import UserError
-from dit_pipeline.common.io import atomic_write, sha256_file
+from dit_pipeline.common.io import atomic_write, missing_file, sha256_file
 from dit_pipeline.common.teacher import (IMAGENET_MEAN, IMAGENET_STD, META_BASE_URL, TeacherArch, _check_keys,
                                          _described_arch, _load_file, _unreachable)
 from dit_pipeline.evaluate.features import gather_rows
@@ -108,7 +108,7 @@ def _weights_file(spec: str | None) -> tuple[Path, TeacherArch]:
     if spec is not None:
         path = Path(spec).expanduser()
         if not path.is_file():
-            raise UserError(f"--dinov2 {spec}: no such file; pass Meta's {VITL14.meta_file} or timm's "
+            raise UserError(f"--dinov2 {spec}: {missing_file(path)}; pass Meta's {VITL14.meta_file} or timm's "
                             f"{VITL14.hf_id} model.safetensors, or leave it out to use torch.hub's cache")
         return path, _described_arch(path) or VITL14
     path = Path(torch.hub.get_dir()) / "checkpoints" / VITL14.meta_file

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dit_pipeline.common.errors import UserError
-from dit_pipeline.common.io import sha256_file
+from dit_pipeline.common.io import missing_file, sha256_file
 from dit_pipeline.evaluate.config import INPUT_SIZE
 
 WEIGHTS_FILE = "weights-inception-2015-12-05-6726825d.pth"
@@ -288,7 +288,7 @@ def load_inception(path: str | Path | None = None, *, device: torch.device | str
         return model.to(device), ident
     file = Path(path).expanduser() if path is not None else _fetch()
     if not file.is_file():
-        raise _missing_weights(f"--inception {file} does not exist")
+        raise _missing_weights(f"--inception {file}: {missing_file(file)}")
     try:
         state = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001

@@ -7,7 +7,7 @@
   as the ADM evaluator does; that is how `VIRTUAL_imagenet256_labeled.npz` carries statistics of the whole
   ImageNet training set next to 10,000 images (used for precision and recall).
 - A folder: every .png/.jpg/.jpeg/.webp/.bmp under it (recursively, sorted by relative path), all of one size,
-  converted to RGB.
+  converted to RGB. A folder `dit-sample --out` wrote gives the images of its `images/` (never its grid.png).
 - A features file written by `dit-eval` (`*.features.npz`, see evaluate/features.py): used as is.
 - A statistics-only `.npz` (`mu`, `sigma`, optionally `mu_s`, `sigma_s`, no `arr_0`): FID (and sFID) only.
 Every problem is a `UserError` naming the file and what to do.
@@ -280,12 +280,32 @@ def _open_npz(p: Path, what: str, stats: dict[str, Statistics]) -> Source:
                   _data_offset=offset)
 
 
+def _sample_out_folder(p: Path) -> bool:
+    """Whether `p` is a folder `dit-sample --out` wrote: its record samples.json, or its grid.png beside images/."""
+    from dit_pipeline.sample.run import RECORD_FORMAT
+
+    try:
+        record = json.loads((p / "samples.json").read_text())
+    except (OSError, ValueError):
+        record = None
+    fingerprint = record.get("fingerprint") if isinstance(record, dict) else None
+    if isinstance(fingerprint, dict) and fingerprint.get("format") == RECORD_FORMAT:
+        return True
+    return (p / "grid.png").is_file() and (p / "images").is_dir()
+
+
 def _open_folder(p: Path, what: str) -> Source:
-    files = sorted((f for f in p.rglob("*") if f.suffix.lower() in IMAGE_SUFFIXES and f.is_file()
-                    and not any(part.startswith(".") for part in f.relative_to(p).parts)),
-                   key=lambda f: f.relative_to(p).as_posix())
+    root = p
+    if _sample_out_folder(p):  # the samples are in images/; grid.png (a picture of a few of them) is no sample
+        root = p / "images"
+        if not root.is_dir():
+            raise UserError(f"{what} {p} is a dit-sample --out folder without its samples (grid.png shows a few "
+                            "only): sample again with --save-images, or evaluate the --npz it wrote")
+    files = sorted((f for f in root.rglob("*") if f.suffix.lower() in IMAGE_SUFFIXES and f.is_file()
+                    and not any(part.startswith(".") for part in f.relative_to(root).parts)),
+                   key=lambda f: f.relative_to(root).as_posix())
     if not files:
-        raise UserError(f"{what} {p} holds no images ({', '.join(IMAGE_SUFFIXES)})")
+        raise UserError(f"{what} {root} holds no images ({', '.join(IMAGE_SUFFIXES)})")
     first = _read_image(files[0], None)
     return Source(p, "folder", count=len(files), image_hw=(first.shape[0], first.shape[1]), files=files)
 

@@ -67,6 +67,12 @@ def trace_sqrt_product(s1: np.ndarray, s2: np.ndarray) -> float:
     return float(np.sqrt(np.clip(w, 0, None)).sum())
 
 
+def nonnegative(distance: float) -> float:
+    """A distance as a float, clamped at 0: identical statistics give a difference of rounding errors (-6.9e-18),
+    never a negative distance."""
+    return max(float(distance), 0.0)
+
+
 def frechet_distance(a: Statistics, b: Statistics, eps: float = FID_EPS) -> float:
     """Fréchet distance between two Gaussians (see the module docstring)."""
     mu1, mu2 = np.atleast_1d(np.asarray(a.mu, np.float64)), np.atleast_1d(np.asarray(b.mu, np.float64))
@@ -85,7 +91,7 @@ def frechet_distance(a: Statistics, b: Statistics, eps: float = FID_EPS) -> floa
         tr_covmean = trace_sqrt_product(s1 + offset, s2 + offset)
         if not np.isfinite(tr_covmean):
             raise ValueError("FID is not finite: the statistics contain NaN or Inf")
-    return float(diff @ diff + np.trace(s1) + np.trace(s2) - 2 * tr_covmean)
+    return nonnegative(diff @ diff + np.trace(s1) + np.trace(s2) - 2 * tr_covmean)
 
 
 def frechet_distance_of_features(x: np.ndarray, y: np.ndarray) -> float:
@@ -109,7 +115,7 @@ def frechet_distance_of_features(x: np.ndarray, y: np.ndarray) -> float:
         cross = a @ b.T
     tr_covmean = np.linalg.svd(cross, compute_uv=False).sum() / np.sqrt(n1 * n2)
     diff = x.mean(0) - y.mean(0)
-    return float(diff @ diff + np.sum(a * a) / n1 + np.sum(b * b) / n2 - 2 * tr_covmean)
+    return nonnegative(diff @ diff + np.sum(a * a) / n1 + np.sum(b * b) / n2 - 2 * tr_covmean)
 
 
 def frechet_distance_to_statistics(x: np.ndarray, ref: Statistics) -> float:
@@ -132,7 +138,7 @@ def frechet_distance_to_statistics(x: np.ndarray, ref: Statistics) -> float:
     m = a @ s2 @ a.T / n1
     w = np.linalg.eigvalsh((m + m.T) / 2)
     diff = x.mean(0) - mu2
-    return float(diff @ diff + np.sum(a * a) / n1 + np.trace(s2) - 2 * np.sqrt(np.clip(w, 0, None)).sum())
+    return nonnegative(diff @ diff + np.sum(a * a) / n1 + np.trace(s2) - 2 * np.sqrt(np.clip(w, 0, None)).sum())
 
 
 def inception_score(logits: np.ndarray, split_size: int = IS_SPLIT_SIZE) -> float:

@@ -17,7 +17,7 @@ import torch
 
 from dit_pipeline.common import distributed as dist
 from dit_pipeline.common.errors import UserError
-from dit_pipeline.common.io import atomic_write_json
+from dit_pipeline.common.io import atomic_write_json, check_writable_dir
 from dit_pipeline.common.log import setup_logging
 from dit_pipeline.evaluate import dinov2, labels
 from dit_pipeline.evaluate import metrics as M
@@ -82,6 +82,7 @@ def _run(cfg: EvalConfig) -> dict[str, Any]:
     def inspect() -> tuple[Source, Source]:
         pair = open_source(cfg.samples, "SAMPLES"), open_source(cfg.ref, "REF")
         check_comparable(*pair)
+        check_result_path(cfg.json_path)  # before any feature work: the result must have somewhere to go
         return pair
 
     samples, ref = dist.on_rank0(inspect)
@@ -113,10 +114,23 @@ def _run(cfg: EvalConfig) -> dict[str, Any]:
         try:
             atomic_write_json(cfg.json_path, result)
         except OSError as e:
-            raise UserError(f"cannot write {cfg.json_path} ({e.strerror or e}); pass --json elsewhere") from None
+            print(format_result(result), flush=True)  # the numbers are not lost with the file
+            raise UserError(f"cannot write {cfg.json_path} ({e.strerror or e}); the metrics are printed above; "
+                            "pass --json elsewhere") from None
         return result
 
     return dist.on_rank0(finish)
+
+
+def check_result_path(path: Path) -> None:
+    """UserError (one line) unless the JSON result can be written at `path`: checked before any feature work, so
+    read-only samples never cost an evaluation whose result has nowhere to go."""
+    if path.is_dir():
+        raise UserError(f"the result file {path} is a folder; pass --json FILE")
+    try:
+        check_writable_dir(path.parent, f"the result file {path}")
+    except UserError as e:
+        raise UserError(f"{e}, or --json elsewhere") from None
 
 
 def sample_labels(count: int, ref: Path) -> dict[str, Any]:
@@ -155,8 +169,18 @@ def format_result(result: dict[str, Any]) -> str:
     after them when it was computed."""
     shown = {"inception_score": "Inception Score", "fid": "FID", "sfid": "sFID", "precision": "Precision",
              "recall": "Recall", "fd_dinov2": "FD_DINOv2"}
-    return "\n".join(f"{shown[k]}: {'n/a' if result.get(k) is None else repr(float(result[k]))}"
+    return "\n".join(f"{shown[k]}: {'n/a' if result.get(k) is None else shown_value(k, result[k])}"
                      for k in METRIC_NAMES if k != "fd_dinov2" or result.get(k) is not None)
+
+
+DISTANCE_DECIMALS = 6  # printed FID, sFID, FD_DINOv2: papers give 2 decimals; the JSON keeps every digit
+
+
+def shown_value(key: str, value: float) -> str:
+    """A metric as printed: a distance rounded to DISTANCE_DECIMALS (and never -0.0), the others as computed."""
+    if key in ("fid", "sfid", "fd_dinov2"):
+        return repr(round(float(value), DISTANCE_DECIMALS) + 0.0)
+    return repr(float(value))
 
 
 def format_names(result: dict[str, Any]) -> str:

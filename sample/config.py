@@ -71,7 +71,7 @@ class SampleConfig:
     # [low, high]: guide only where the noise level (1 = noise: flow 1 - t in SiT's time, i.e. REPA's t; DDPM
     # timestep index / 1000) is in [low, high], both ends included; elsewhere the conditional model alone
     guidance_interval: list[float] | None = None
-    class_labels: list[int] | None = None
+    class_labels: list[int | str] | None = None  # ids, or class names the checkpoint records (sample/names.py)
     num_samples: int | None = None
     labels: str = "uniform"  # classes of --num-samples without --class-labels: "uniform" draws or "equal" counts
     seed: int = 0
@@ -109,7 +109,7 @@ class SampleConfig:
         if self.class_labels is not None:
             if len(self.class_labels) == 0:
                 p.append("--class-labels is empty; give comma-separated class ids, e.g. 207,360,387")
-            bad = [c for c in self.class_labels if int(c) < 0]
+            bad = [c for c in self.class_labels if not isinstance(c, str) and int(c) < 0]
             if bad:
                 p.append(f"--class-labels must be class ids >= 0, got {bad}")
         if self.labels not in LABEL_SAMPLINGS:

@@ -8,7 +8,9 @@ differs from DiT's in three ways the conversion handles:
 - renames: x_embedder.proj -> pos_embed.proj, mlp.fc1/fc2 -> ff.net.0.proj / ff.net.2,
   adaLN_modulation.1 -> norm1.linear, final_layer.adaLN_modulation.1 -> proj_out_1,
   final_layer.linear -> proj_out_2. pos_embed is recomputed by diffusers (same sin-cos table).
-`norm_eps` is set to DiT's 1e-6 (diffusers' default is 1e-5). diffusers' `CombinedTimestepLabelEmbeddings`
+DiTPipeline guides against class id 1000 whatever the model, so a model of fewer classes gets a label table
+of 1001 rows (its classes, then copies of its null row up to id 1000) and one of more than 1000 classes is
+refused. `norm_eps` is set to DiT's 1e-6 (diffusers' default is 1e-5). diffusers' `CombinedTimestepLabelEmbeddings`
 hard-codes `downscale_freq_shift=1` (frequencies 10000^(-k/127) instead of DiT's 10000^(-k/128)), so the
 stock pipeline is close to but not exactly DiT; setting it to 0 on the loaded model makes it exact.
 
@@ -47,6 +49,8 @@ from dit_pipeline.sample.load import (SAFETENSORS_LATENT_KEY, latent_norm, load_
                                       resolve_objective)
 
 WEIGHTS_FORMAT = "dit-pipeline.weights"
+# DiTPipeline's null class: its __call__ guides against class id 1000 whatever the model (ImageNet's DiT)
+PIPELINE_NULL_CLASS = 1000
 DIT_LN_EPS = 1e-6
 # DiT's betas: linspace(1e-4, 0.02) over 1000 steps (docs/REFERENCE.md).
 BETA_START, BETA_END = 1e-4, 0.02
@@ -60,7 +64,8 @@ def transformer_config(model_config: dict[str, Any]) -> dict[str, Any]:
         "num_attention_heads": heads, "attention_head_dim": hidden // heads, "in_channels": channels,
         "out_channels": channels * (2 if model_config["learn_sigma"] else 1),
         "num_layers": int(model_config["depth"]), "sample_size": int(model_config["input_size"]),
-        "patch_size": int(model_config["patch_size"]), "num_embeds_ada_norm": int(model_config["num_classes"]),
+        "patch_size": int(model_config["patch_size"]),
+        "num_embeds_ada_norm": max(int(model_config["num_classes"]), PIPELINE_NULL_CLASS),
         "activation_fn": "gelu-approximate", "norm_type": "ada_norm_zero", "norm_elementwise_affine": False,
         "norm_eps": DIT_LN_EPS, "attention_bias": True, "dropout": 0.0, "upcast_attention": False,
     }
@@ -106,7 +111,7 @@ def to_diffusers_state_dict(state_dict: dict[str, torch.Tensor],
         "timestep_embedder.linear_1.bias": sd["t_embedder.mlp.0.bias"],
         "timestep_embedder.linear_2.weight": sd["t_embedder.mlp.2.weight"],
         "timestep_embedder.linear_2.bias": sd["t_embedder.mlp.2.bias"],
-        "class_embedder.embedding_table.weight": sd["y_embedder.embedding_table.weight"],
+        "class_embedder.embedding_table.weight": padded_label_table(sd["y_embedder.embedding_table.weight"]),
     }
     out = {"pos_embed.proj.weight": sd["x_embedder.proj.weight"], "pos_embed.proj.bias": sd["x_embedder.proj.bias"]}
     for i in range(int(model_config["depth"])):
@@ -117,6 +122,17 @@ def to_diffusers_state_dict(state_dict: dict[str, torch.Tensor],
         "proj_out_2.weight": sd["final_layer.linear.weight"], "proj_out_2.bias": sd["final_layer.linear.bias"],
     })
     return {k: v.detach().to(torch.float32).contiguous().clone() for k, v in out.items()}
+
+
+def padded_label_table(table: torch.Tensor) -> torch.Tensor:
+    """A label table [N + 1, D] (null row last) of N < 1000 classes as DiTPipeline's default call needs it:
+    [1001, D] with the classes at 0..N-1 and the null row at 1000, where the pipeline looks for it; rows N..999
+    are copies of the null row (an id no class has samples unconditionally). N >= 1000: unchanged."""
+    classes = table.shape[0] - 1
+    if classes >= PIPELINE_NULL_CLASS:
+        return table
+    null = table[classes:]
+    return torch.cat([table[:classes], null.expand(PIPELINE_NULL_CLASS + 1 - classes, -1)], dim=0)
 
 
 def build_diffusers_transformer(state_dict: dict[str, torch.Tensor], model_config: dict[str, Any]):
@@ -201,9 +217,10 @@ def export_diffusers(state_dict: dict[str, torch.Tensor], info: dict[str, Any], 
     scale = norm.scaling_factor
     if scale != vae_id["scaling_factor"]:
         vae_model.register_to_config(scaling_factor=scale)  # DiTPipeline decodes with the VAE config's factor
-    if int(info["model_config"]["num_classes"]) != 1000:
-        log.warning("DiTPipeline uses class id 1000 as the null class; this model has %d classes, so guidance "
-                    "with guidance_scale > 1 needs a custom loop", info["model_config"]["num_classes"])
+    classes = int(info["model_config"]["num_classes"])
+    if classes < PIPELINE_NULL_CLASS:
+        log.info("this model has %d classes: its label table is padded to DiTPipeline's 1001 rows (classes 0..%d, "
+                 "the null class at 1000 where the pipeline's guidance looks for it)", classes, classes - 1)
     id2label = pipeline_labels(info)
     pipe = DiTPipeline(transformer=transformer, vae=vae_model, scheduler=DDIMScheduler(**scheduler_config()),
                        id2label=id2label)
@@ -243,6 +260,11 @@ def check_diffusers_representable(info: dict[str, Any]) -> None:
     if family.diffusers_class is None:
         raise UserError(f"--to diffusers: diffusers has no {family.family} transformer (its DiTPipeline holds DiT's "
                         "blocks); export this model with --to safetensors and sample it with dit-sample")
+    classes = int(info["model_config"]["num_classes"])
+    if classes > PIPELINE_NULL_CLASS:
+        raise UserError(f"--to diffusers: this model has {classes} classes, but DiTPipeline guides against class id "
+                        f"{PIPELINE_NULL_CLASS} as its null class, which is one of this model's classes; export it "
+                        "with --to safetensors and sample with dit-sample")
     options = [k for k in BLOCK_OPTIONS if info["model_config"].get(k)]
     if options:
         raise UserError(f"--to diffusers: diffusers' DiT blocks have no {', '.join(options)}; export this model "

@@ -45,6 +45,39 @@ def _diff_keys(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
 
 
+# fingerprint keys (sample/run.py `_record`) that are not a flag's name: the setting that changes them
+_KEY_SETTINGS = {"checkpoint_sha256": "the checkpoint (--ckpt)", "model_config": "the model (--ckpt)",
+                 "scaling_factor": "the latent normalization", "shift_factor": "the latent normalization",
+                 "normalization": "the latent normalization", "image_size": "the image size (--vae)",
+                 "labels_sha256": "the classes (--class-labels, --labels, --num-samples or --seed)",
+                 "label_sampling": "--labels", "sde_steps": "the SDE's step count (an older version)",
+                 "format": "the record's format (an older version)",
+                 "version": "the record's format (an older version)"}
+
+
+def describe_changes(recorded: dict[str, Any] | None, now: dict[str, Any]) -> str:
+    """The settings in which fingerprint `now` differs from `recorded`, as flags with both values where they are
+    short ("--cfg-scale 1.5 -> 4.0, the checkpoint (--ckpt)"); "unknown" without a readable record."""
+    if not isinstance(recorded, dict):
+        return "unknown: no readable record of its settings"
+    shown: list[str] = []
+    for key in _diff_keys(recorded, now):
+        if key in _KEY_SETTINGS:
+            text = _KEY_SETTINGS[key]
+        else:
+            text = "--" + key.replace("_", "-")
+            old, new = recorded.get(key), now.get(key)
+            if all(v is None or isinstance(v, (bool, int, float, str)) for v in (old, new)):
+                text += f" {_value(old)} -> {_value(new)}"
+        if text not in shown:
+            shown.append(text)
+    return ", ".join(shown)
+
+
+def _value(v: Any) -> str:
+    return "(none)" if v is None else str(v)
+
+
 class PartStore:
     """The finished batches of one run (see the module docstring)."""
 
@@ -64,8 +97,8 @@ class PartStore:
             recorded = self._recorded(run_file)
             if recorded != self.fingerprint:
                 if not overwrite:
-                    what = ", ".join(_diff_keys(recorded or {}, self.fingerprint)) if recorded else "unknown"
-                    raise UserError(f"{self.folder} holds finished samples of a different run (differs in: {what}). "
+                    what = describe_changes(recorded, self.fingerprint)
+                    raise UserError(f"{self.folder} holds finished samples of a different run (changed: {what}). "
                                     "Rerun with the same settings to resume it, or pass --overwrite to discard it.")
                 shutil.rmtree(self.folder)
         self.folder.mkdir(parents=True, exist_ok=True)

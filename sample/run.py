@@ -42,7 +42,8 @@ from dit_pipeline.sample.generate import generate_images, guided_model_fn, make_
 from dit_pipeline.sample.grid import label_texts, png_bytes, save_grid
 from dit_pipeline.sample.load import (LoadedModel, latent_norm, load_model, manifest_folder, resolve_ckpt,
                                       resolve_flow_convention, resolve_objective, with_latent_stats)
-from dit_pipeline.sample.npz import RUN_FILE, PartStore, assemble_npz, parts_dir_for
+from dit_pipeline.sample.names import with_class_ids
+from dit_pipeline.sample.npz import RUN_FILE, PartStore, assemble_npz, describe_changes, parts_dir_for
 
 RECORD_FORMAT = "dit-pipeline.samples"
 
@@ -88,6 +89,7 @@ def _run(cfg: SampleConfig) -> SampleResult:
                              int(loaded.config["in_channels"]), cfg.ckpt)
     if norm.is_per_channel:
         log.info("latents: %s", norm.describe())
+    cfg = with_class_ids(cfg, loaded.latent)  # names given in --class-labels -> ids (sample/names.py)
     labels = _labels(cfg, loaded)
     loaded.info["objective"] = resolve_objective(loaded.info, cfg.ckpt, cfg.objective)
     cfg, sampler_note = _with_sampler(cfg, loaded.info["objective"])
@@ -175,7 +177,8 @@ def _labels(cfg: SampleConfig, loaded: LoadedModel) -> np.ndarray:
     if bad:
         raise UserError(f"--class-labels {bad} out of range: the model has {num_classes} classes "
                         f"(0..{num_classes - 1})")
-    return plan.class_labels(num_samples=cfg.total, seed=cfg.seed, num_classes=num_classes, given=cfg.class_labels,
+    given = None if cfg.class_labels is None else [int(c) for c in cfg.class_labels]
+    return plan.class_labels(num_samples=cfg.total, seed=cfg.seed, num_classes=num_classes, given=given,
                              sampling=cfg.labels)
 
 
@@ -308,8 +311,10 @@ def _prepare(cfg: SampleConfig, store: PartStore, record: dict[str, Any], log) -
     if cfg.npz and Path(cfg.npz).exists() and not same[0] and not _interrupted_npz(records[0], store):
         foreign.insert(0, str(cfg.npz))
     if foreign and not cfg.overwrite:
+        changed = describe_changes(next((_read_fingerprint(p) for p in records if p.exists() and
+                                         _read_fingerprint(p) != fp), None), fp)
         raise UserError(f"{', '.join(foreign)} already exist(s) and were not made by this checkpoint with these "
-                        "settings; choose another output or pass --overwrite to replace them")
+                        f"settings (changed: {changed}); choose another output or pass --overwrite to replace them")
     return store.open(overwrite=cfg.overwrite, log=log)
 
 

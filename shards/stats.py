@@ -139,7 +139,31 @@ def compute_stats(folder: str | Path, *, max_samples: int = 10_000, seed: int = 
     return out
 
 
-def format_stats(s: dict[str, Any]) -> str:
+def first_samples_std(folder: str | Path, m: Manifest, max_samples: int = 64) -> tuple[float, int, str] | None:
+    """(std of the model latents, samples used, shard name) over the first `max_samples` samples of the first
+    non-empty shard: the trainer's quick look at the scale it is about to train on (a shard holds a few classes,
+    so this is rough; `dit-shards stats` spreads its samples). None when the shard cannot be read here (the
+    trainer's own checks name such a shard)."""
+    nonempty = [s for s in m.shards if s.samples > 0]
+    if not nonempty:
+        return None
+    moments, raw = _Moments(m.latent_shape[0]), _Moments(m.latent_shape[0])
+    counts = np.zeros(m.num_classes, np.int64)
+    try:
+        used = _shard_pass(Path(folder) / nonempty[0].name, m, Expect.from_manifest(m), max_samples, 1, 0, counts,
+                           moments, raw)
+    except Exception:  # noqa: BLE001 - a quick look never stops the plan; the trainer's checks name a bad shard
+        return None
+    return (float(moments.result()["std"]), used, nonempty[0].name) if used else None
+
+
+def fix_hint(folder: str | Path) -> str:
+    """The commands that normalize a shard set to unit std (shards/revision.py)."""
+    return (f"dit-shards stats {folder} --write scalar (one factor) or --write per-channel (each channel's mean "
+            "and std) records it as a new manifest revision")
+
+
+def format_stats(s: dict[str, Any], folder: str | Path | None = None) -> str:
     if s["per_channel"]:
         head = f"normalized {s['normalization']}"
     else:
@@ -154,6 +178,8 @@ def format_stats(s: dict[str, Any]) -> str:
         verdict = "near 1, as DiT assumes" if s["near_unit_std"] else f"NOT near 1 (DiT assumes ~1, within {NEAR_ONE:g})"
         lines.append(f"  all channels: mean {s['mean']:+.4f}  std {s['std']:.4f}  -> {verdict}")
         lines.append(f"  suggested scaling_factor for unit std: {s['suggested_scaling_factor']:.5g}")
+        if not s["near_unit_std"]:
+            lines.append(f"  to train on unit std: {fix_hint(folder or 'FOLDER')}")
     c = s["classes"]
     lines.append(f"classes: {len(c['counts'])}, samples per class min {c['min']} ({c['argmin']}), "
                  f"max {c['max']} ({c['argmax']}), empty: {len(c['empty'])}"

@@ -23,7 +23,7 @@ import torch
 
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.faults import fault_point
-from dit_pipeline.common.io import atomic_write, atomic_write_json, remove_stale_temps
+from dit_pipeline.common.io import atomic_write, atomic_write_json, missing_file, remove_stale_temps
 from dit_pipeline.dit.formats import CHECKPOINT_FORMAT as FORMAT
 from dit_pipeline.dit.formats import CHECKPOINT_VERSION as VERSION
 from dit_pipeline.dit.weights import WeightsError, make_sidecar, read_torch_file, sidecar_path
@@ -177,7 +177,7 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     into memory) and check its format, version and required keys; UserError naming the file."""
     path = Path(path)
     if not path.is_file():
-        raise UserError(f"checkpoint {path} does not exist; pass an existing file to --resume, or "
+        raise UserError(f"checkpoint {path}: {missing_file(path)}; pass a checkpoint file to --resume, or "
                         "--resume auto to use the newest one in the run folder")
     try:
         # mmap: the ranks of a node share one copy of the file in the page cache instead of each holding

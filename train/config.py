@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from dit_pipeline.common.errors import ConfigError, UserError, collect
+from dit_pipeline.common.io import missing_file
 from dit_pipeline.common.precision import PRECISIONS_AUTO as PRECISIONS
 from dit_pipeline.common.settings import choice, flag_name, non_negative, positive, setting
 from dit_pipeline.dit.flow import T_SAMPLINGS
@@ -162,6 +163,10 @@ class TrainConfig(GuardSettings, RepaSettings, FidSettings, GridSettings):
                                      group=CKPT, shown="off")
     resume: str = setting("auto", "'auto' (newest checkpoint in the run folder), 'none', or a checkpoint path",
                           group=CKPT)
+    init: str | None = setting(
+        None, "Start a new run from these weights (fine-tuning, another input size, SiT from DiT): our checkpoints "
+        "(EMA weights), EMA files, the DiT/SiT/REPA/LightningDiT/DDT/DiT-DH release files or .safetensors; "
+        "optimizer fresh, step 0 (train/init.py)", group=CKPT, shown="off")
     peak_tflops: float | None = setting(None, "Peak TFLOP/s per GPU for the MFU estimate (dense bf16/fp16)",
                                         group=CKPT, shown="from the GPU model")
     tensorboard: bool = setting(True, "TensorBoard events when installed", group=CKPT)
@@ -218,6 +223,8 @@ class TrainConfig(GuardSettings, RepaSettings, FidSettings, GridSettings):
         if self.peak_tflops is not None and not self.peak_tflops > 0:
             p.append(f"--peak-tflops must be > 0, got {self.peak_tflops}")
         p += choice(self, "attention", ATTENTION_BACKENDS) + choice(self, "precision", PRECISIONS)
+        if self.init is not None and self.resume not in ("auto", "none"):
+            p.append(f"--init starts a new run from weights and --resume {self.resume} continues a run; give one")
         if not str(self.resume or "").strip():
             p.append("--resume must be 'auto', 'none' or a checkpoint path")
         try:
@@ -342,7 +349,7 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     """Read a YAML or JSON mapping of TrainConfig settings (dashed or underscored keys)."""
     path = Path(path).expanduser()
     if not path.is_file():
-        raise UserError(f"--config {path}: no such file")
+        raise UserError(f"--config {path}: {missing_file(path)}")
     text = path.read_text(encoding="utf-8")
     import yaml
 

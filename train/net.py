@@ -18,6 +18,7 @@ from dit_pipeline.common.teacher import Teacher
 from dit_pipeline.dit.family import DiffusionTransformer
 from dit_pipeline.dit.repa import REPAModel
 from dit_pipeline.train.config import TrainConfig
+from dit_pipeline.train.init import apply_init
 from dit_pipeline.train.metrics import peak_tflops
 from dit_pipeline.train.optim import build_optimizer
 from dit_pipeline.train.preflight import Preflight
@@ -58,6 +59,8 @@ def build_model(prep: Preflight, device: torch.device, precision: str) -> TrainM
     cfg = prep.cfg
     torch.manual_seed(cfg.seed)
     model = dit.create_model(**prep.model_kwargs).to(device)
+    if prep.init is not None:  # --init: a new run from pretrained weights (draws no random numbers)
+        apply_init(model, prep.init)
     head, teacher = None, prep.teacher
     if teacher is not None:  # --repa: the projector beside the DiT (seeded after it), the teacher on this device
         head = dit.repa.REPAModel(model, encoder_depth=cfg.repa_depth, z_dims=(teacher.dim,)).to(device)

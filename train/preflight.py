@@ -21,10 +21,12 @@ from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.io import check_writable_dir
 from dit_pipeline.common.teacher import Teacher
 from dit_pipeline.shards import Manifest
+from dit_pipeline.shards.stats import NEAR_ONE, first_samples_std, fix_hint
 from dit_pipeline.train import memory
 from dit_pipeline.train.config import (ARCH_OVERRIDES, DEFAULT_MAX_STEPS, DEFAULT_NUM_WORKERS, MODEL_OPTIONS, BatchPlan,
                                        TrainConfig, batch_plan, implied_objective, resolve_time_shift)
 from dit_pipeline.train.data import ShardSource, open_shards
+from dit_pipeline.train.init import InitWeights, init_line, load_init
 from dit_pipeline.train.partition import DataLayout, EpochPlan, plan_epoch
 from dit_pipeline.train.optim import optimizer_line
 from dit_pipeline.train.recipes import recipe_line
@@ -53,6 +55,8 @@ class Preflight:
     sha256_bytes: int = 0             # whole shards held at once per node by the "whole" check
     teacher: Teacher | None = None    # --repa: the teacher, loaded on the CPU (train.repa.check_repa)
     schedule: LrSchedule | None = None  # the lr of every step (train.schedule); None only for hand-made Preflights
+    latent_std: tuple[float, int, str] | None = None  # (std, samples, shard): a quick look (shards.first_samples_std)
+    init: InitWeights | None = None   # --init: the weights the new run starts from (train/init.py)
 
 
 def resolve_defaults(cfg: TrainConfig, num_shards: int, world: int) -> tuple[TrainConfig, dict[str, str]]:
@@ -167,7 +171,11 @@ def prepare(cfg: TrainConfig, world_size: int | None = None) -> Preflight:
     teacher = check_repa(cfg, has_pixels=source.manifest.has_pixels, where=str(source.folder or cfg.manifest),
                          depth=num_blocks(mc), grid=mc["input_size"] // mc["patch_size"])
     schedule = build_schedule(cfg, steps_at, total)
-    return Preflight(cfg, world, batch, source, kw, layout, plan0, total, notes, mode, held, teacher, schedule)
+    std = first_samples_std(source.folder, source.manifest) if source.folder is not None and dist.is_main() else None
+    # --init: read and matched on the CPU, also in a dry run; not read when the run folder resumes its checkpoint
+    init = load_init(cfg.init, kw) if cfg.init and not _resumes(cfg) else None
+    return Preflight(cfg, world, batch, source, kw, layout, plan0, total, notes, mode, held, teacher, schedule, std,
+                     init)
 
 
 def epoch_counter(sizes: list[int], seed: int, world: int, workers: int, batch: BatchPlan) -> Callable[[float], int]:
@@ -337,6 +345,8 @@ def format_plan(prep: Preflight, start_line: str | None = None, *, dry_run: bool
         f"  shards      {cfg.shards}: {len(m.shards)} shards, {m.total_samples:,} samples, store {m.store}, "
         f"{m.views} view(s), latents {c}x{h}x{w} {m.dtype}, {_scale_text(m)}, {m.num_classes} classes",
         *normalization_line(m),
+        *latent_std_line(prep),
+        *init_line(prep.init),
         f"  model       {mc['model'] or 'custom'} ({describe_model(mc)}): {total / 1e6:.2f}M parameters, input "
         f"{mc['input_size']} ({tokens_text(mc)})",
         objective_line(cfg, mc) + (f"\n              ({prep.notes['time_shift']})" if "time_shift" in prep.notes else ""),
@@ -385,6 +395,24 @@ def normalization_line(m: Manifest) -> list[str]:
         return []
     revised = (f" (manifest revision {m.revision['number']}, by {m.revision['by']})" if m.revision else "")
     return [f"  latents     {m.norm.describe()}{revised}"]
+
+
+def _resumes(cfg: TrainConfig) -> bool:
+    """Whether the run folder holds a checkpoint that `--resume auto` continues (train/resume.py decides it)."""
+    from dit_pipeline.train.checkpoint import CheckpointManager
+
+    folder = Path(cfg.run_dir).expanduser() / "checkpoints"
+    return cfg.resume == "auto" and CheckpointManager(folder).latest() is not None
+
+
+def latent_std_line(prep: Preflight) -> list[str]:
+    """One line when the latents it trains on are far from unit std (DiT's noise schedule assumes ~1), with the
+    command that normalizes them; none otherwise."""
+    if prep.latent_std is None or abs(prep.latent_std[0] - 1.0) <= NEAR_ONE:
+        return []
+    std, used, shard = prep.latent_std
+    return [f"  latents     std {std:.3g} over the first {used} samples of {shard}: NOT near 1 (DiT assumes ~1); "
+            f"{fix_hint(prep.cfg.shards)}"]
 
 
 def describe_model(mc: dict[str, Any]) -> str:

@@ -89,7 +89,13 @@ def check_resume(prep: Preflight) -> StartPoint:
     path = _checkpoint_to_resume(cfg, ckpts)
     if path is None:
         return StartPoint()
-    ckpt = load_checkpoint(path)
+    try:
+        ckpt = load_checkpoint(path)
+    except UserError as e:
+        if cfg.resume in ("auto", "none") or "not a dit-pipeline training checkpoint" not in str(e):
+            raise  # a damaged or hostile file: --init would refuse it too
+        raise UserError(f"{e}; to start a new run from the weights of a file, pass --init {cfg.resume} "
+                        "instead of --resume") from None
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     new = resolved_config(prep, resolve_precision(cfg.precision, device)).to_dict()
     with torch.device("meta"):  # the shapes and settings the checkpoint must fit; no weights allocated

@@ -76,7 +76,10 @@ def _run(cfg: TrainConfig, hooks: Sequence[PeriodicHook], world_size: int | None
     start = check_resume(prep)  # on every rank before any is started; a dry run checks the same
     if cfg.dry_run:
         if dist.is_main():
-            print(format_plan(prep, start_line(cfg.run_dir, start, dry_run=True)), flush=True)
+            # the lease the real run would take: a live run's is the same refusal, a dead run's a plan line
+            lease = RunLock(Path(cfg.run_dir).expanduser(), "dit-train").check()
+            line = start_line(cfg.run_dir, start, dry_run=True) + (f"\n  lock        {lease}" if lease else "")
+            print(format_plan(prep, line), flush=True)
         return None
     dist.init()
     held: list[RunLock] = []

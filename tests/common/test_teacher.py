@@ -224,10 +224,10 @@ def test_torch_hub_cache_and_offline_errors(files, tmp_path, monkeypatch):
     with pytest.raises(UserError) as e:
         T.load_teacher("tiny", grid=GRID)
     assert str(e.value) == (
-        f"--teacher tiny: {hub}/checkpoints/tiny_pretrain.pth is missing (torch.hub's cache) and "
+        f"--repa tiny: {hub}/checkpoints/tiny_pretrain.pth is missing (torch.hub's cache) and "
         "https://dl.fbaipublicfiles.com is unreachable: no route. Download "
         "https://dl.fbaipublicfiles.com/dinov2/dinov2_vitb14/tiny_pretrain.pth there where there is a network, or "
-        "pass the file itself (--teacher /path/tiny_pretrain.pth) or timm's copy (timm/tiny-dinov2)")
+        "pass the file itself (--repa /path/tiny_pretrain.pth) or timm's copy (timm/tiny-dinov2)")
     import urllib.error
 
     monkeypatch.setattr(T, "_unreachable", lambda url: None)
@@ -260,7 +260,7 @@ def test_hub_id_from_the_cache_or_one_clear_error(files, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(UserError) as e:
         T.load_teacher("timm/tiny-dinov2", grid=GRID)
-    assert str(e.value).startswith(f"--teacher 'timm/tiny-dinov2': no local file of that name, and model.safetensors "
+    assert str(e.value).startswith(f"--repa 'timm/tiny-dinov2': no local file of that name, and model.safetensors "
                                    f"is not in the Hugging Face cache ({cache}) and the hub was not asked "
                                    "(HF_HUB_OFFLINE is set).")
     commit = "0123456789abcdef0123456789abcdef01234567"
@@ -298,8 +298,13 @@ def test_other_architectures_and_bad_files_are_refused(files, tmp_path, monkeypa
     evil.write_bytes(pickle.dumps(pickle.Unpickler, protocol=2))  # a GLOBAL that weights_only refuses
     with pytest.raises(UserError, match="cannot read .*evil.pth as weights"):
         T.load_teacher(str(evil), grid=GRID)
-    with pytest.raises(UserError, match=r"--teacher 'nope.pth': no such file"):
+    with pytest.raises(UserError, match=r"--repa 'nope.pth': no such file"):
         T.load_teacher("nope.pth", grid=GRID)
+    (tmp_path / "weights").mkdir()
+    with pytest.raises(UserError) as e:
+        T.load_teacher(str(tmp_path / "weights"), grid=GRID)
+    assert str(e.value) == (f"--repa '{tmp_path / 'weights'}': {tmp_path / 'weights'} is a folder; pass the weights "
+                            "file in it (Meta's dinov2_vitb14_pretrain.pth or timm's model.safetensors)")
     with pytest.raises(ValueError, match="grid must be a positive integer"):
         T.load_teacher(str(files[0, "timm"]), grid=0)
 

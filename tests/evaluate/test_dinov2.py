@@ -86,7 +86,7 @@ def test_fd_dinov2_equals_the_direct_computation_and_is_labelled(inputs, resize,
     assert (result["fid_name"], result["proxy"], result["reference_file"]) == ("FID-40", True, "ref.npz")
     assert result["metric_names"] == {"fid": "FID-40", "sfid": "sFID-40", "fd_dinov2": "FD_DINOv2-40"}
     assert json.loads(samples.with_name("samples.npz.eval.json").read_text())["fd_dinov2"] == result["fd_dinov2"]
-    assert format_result(result).splitlines()[-1] == f"FD_DINOv2: {result['fd_dinov2']!r}"
+    assert format_result(result).splitlines()[-1] == f"FD_DINOv2: {round(result['fd_dinov2'], 6)!r}"
     assert format_names(result) == "names: FID-40, sFID-40, FD_DINOv2-40 (40 samples vs ref.npz; a proxy: papers " \
         "report 50K)"
     from dit_pipeline.evaluate import dinov2

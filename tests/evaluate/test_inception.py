@@ -84,7 +84,7 @@ def test_weights_file_loads_safely_and_bad_files_are_named(tmp_path, model):
     junk.write_bytes(b"not a zip")
     with pytest.raises(UserError, match="is not a readable PyTorch weights file"):
         inc.load_inception(junk)
-    with pytest.raises(UserError, match=r"does not exist\)\. Download https://\S+/weights-inception-2015-12-05-"
+    with pytest.raises(UserError, match=r"missing.pth\)\)\. Download https://\S+/weights-inception-2015-12-05-"
                                         r"6726825d\.pth and pass --inception PATH, or put it at "):
         inc.load_inception(tmp_path / "missing.pth")
 

@@ -70,7 +70,8 @@ def test_parts_of_another_configuration_are_refused_then_discarded_with_overwrit
     folder = tmp_path / "parts"
     filled_store(folder, n=4, batch=2)
     other = PartStore(folder, {**FP, "seed": 2, "steps": 6}, 4)
-    with pytest.raises(UserError, match=r"different run \(differs in: seed, steps\).*--overwrite"):
+    with pytest.raises(UserError,
+                       match=r"different run \(changed: --seed \S+ -> 2, --steps \S+ -> 6\)\. .*--overwrite"):
         other.open()
     assert len(list(folder.glob("part-*.npz"))) == 2  # nothing lost
     assert other.open(overwrite=True) == []
@@ -81,7 +82,7 @@ def test_foreign_folder_without_run_file_is_refused(tmp_path):
     folder = tmp_path / "parts"
     filled_store(folder, n=2, batch=2)
     (folder / RUN_FILE).unlink()
-    with pytest.raises(UserError, match="differs in: unknown"):
+    with pytest.raises(UserError, match=r"changed: unknown: no readable record of its settings\)"):
         PartStore(folder, FP, 2).open()
 
 

@@ -147,7 +147,8 @@ def test_killed_run_resumes_keeping_finished_batches(reference_run, ckpts, tiny_
     assert sorted(p.name for p in parts.glob("part-*.npz")) == ["part-000000000.npz"] and not out.exists()
     # a different configuration must not mix in: refused, and the finished batch is kept
     other = run_cli("dit-sample", [*args, "--seed", "4"])
-    assert other.returncode == 1 and "differs in: labels_sha256, seed" in other.stderr
+    assert other.returncode == 1 and ("changed: the classes (--class-labels, --labels, --num-samples or --seed), "
+                                        "--seed 3 -> 4)") in other.stderr
     assert "Traceback" not in other.stderr and (parts / "part-000000000.npz").is_file()
     resumed = run_cli("dit-sample", [a for a in args if a != "--quiet"])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -183,7 +184,8 @@ def test_finished_run_is_not_redone_and_foreign_npz_is_protected(ckpts, tiny_vae
     first = npz.read_bytes()
     assert run_sampling(SampleConfig(**cfg)).produced == 0  # already complete
     with pytest.raises(UserError, match=r"s\.npz, .*s\.npz\.json already exist\(s\) and were not made by this "
-                                         r"checkpoint with these settings.*--overwrite"):
+                                         r"checkpoint with these settings \(changed: --cfg-scale \S+ -> 1\.5\); choose another "
+                                         r"output or pass --overwrite"):
         run_sampling(SampleConfig(**{**cfg, "cfg_scale": 1.5}))
     assert npz.read_bytes() == first
     out = tmp_path / "out"
@@ -212,6 +214,9 @@ def test_out_folder_grid_pngs_and_record(ckpts, tiny_vae_dir, tmp_path):
     record = json.loads((out / "samples.json").read_text())
     assert record["labels"] == labels and record["fingerprint"]["sampler"] == "ddim"
     assert (out / "logs" / "rank0.log").is_file() and not (out / ".parts").exists()
+    from dit_pipeline.evaluate.inputs import open_source
+
+    assert (open_source(out, "SAMPLES").count, open_source(out, "SAMPLES").image_hw) == (5, (32, 32))  # not grid.png
 
 
 def test_every_checkpoint_kind_samples(ckpts, tiny_vae_dir, tmp_path):
