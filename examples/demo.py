@@ -156,6 +156,7 @@ def main(argv: list[str] | None = None) -> None:
          "--lr", 1e-3, "--ema-decay", 0.99, "--log-every", 10, "--ckpt-every", a.steps // 2, "--num-workers", 1,
          "--shuffle-buffer", 64], log)
     run(["dit-train", "--plot", run_dir], log)
+    run(["dit-report", run_dir], log)
     ckpts = sorted((run_dir / "checkpoints").glob("step-*[0-9].pt"))
     run(["dit-sample", "--ckpt", ckpts[-1], "--vae", vae, "--class-labels",
          ",".join(str(c) for c in range(len(CLASSES)) for _ in range(4)), "--sampler", "ddim",
@@ -172,11 +173,14 @@ def main(argv: list[str] | None = None) -> None:
     print(f"  checkpoints  {run_dir / 'checkpoints'}  (newest: {ckpts[-1].name})")
     print(f"  metrics      {run_dir / 'metrics.jsonl'}")
     print(f"  loss curve   {run_dir / 'loss.png'}")
+    print(f"  run report   {run_dir / 'report.md'}  (and report.png)")
     print(f"  sample grid  {samples / 'grid.png'}")
     print(f"  loss         {first:.4f} -> {last:.4f} over {step} steps ({speed:.0f} training images/s)")
     print(f"  log          {log}")
     print("=" * 78)
     check_outputs(first, last, samples / "grid.png", a.image_size, len(CLASSES))
+    if not (run_dir / "report.md").is_file() or not (run_dir / "report.png").is_file():
+        raise SystemExit(f"demo: dit-report wrote no report.md/report.png in {run_dir}")
 
 
 if __name__ == "__main__":
