@@ -213,9 +213,19 @@ def sample_export_cmd(debug: bool, **options: Any) -> None:
 @click.option("--vae-config", default=None, help="For a single-file --vae: a folder with its diffusers "
               "config.json (default: the built-in SD-VAE config).")
 @click.option("--vae-revision", default=None, help="Hub revision (branch, tag or commit) for a hub id.")
+@click.option("--encoder", default=None, metavar="NAME|FILE",
+              help="A feature encoder instead of the VAE (RAE): dinov2-b-reg (RAE's DINOv2-B with registers), "
+              "dinov2-b, dinov3-l (RAEv2), a timm model name, a JSON encoder file or a weight file; stores its "
+              "patch tokens [C, 16, 16] as the latent (README 'Feature spaces (RAE)').")
+@click.option("--encoder-weights", default=None, metavar="FILE",
+              help="Offline weights (a timm state_dict) for --encoder; without it timm downloads them.")
+@click.option("--encoder-layers", type=int, default=None, metavar="K",
+              help="Sum the last K blocks' patch tokens (each through the affine-free final LayerNorm) "
+              "[default: the preset's: 7 for dinov3-l, else 1].")
 @click.option("--latent-stats", default=None, metavar="FILE",
               help="Per-channel mean and std of the VAE's latents (LightningDiT's latents_stats.pt, or .json / "
-              ".safetensors with mean and std): model latents become (z - mean) / std per channel [default: the "
+              ".safetensors with mean and std): model latents become (z - mean) / std per channel; or RAE's stat.pt "
+              "(mean and var [C, h, w]): (z - mean) / sqrt(var + 1e-5) per channel and position [default: the "
               "VAE config's latents_mean/latents_std where it has them, else its scaling_factor/shift_factor].")
 @click.option("--image-size", type=int, default=default(ExtractConfig, "image_size"), show_default=True,
               help="Crop size (a multiple of the VAE's downsampling factor: 8 for the SD-VAE, 16 or 32 for others).")
@@ -223,7 +233,8 @@ def sample_export_cmd(debug: bool, **options: Any) -> None:
               help="Also encode the horizontal mirror of every image (2 views).")
 @click.option("--store", type=click.Choice(STORES), default=default(ExtractConfig, "store"), show_default=True,
               help="posterior: mean + std (sample fresh noise every epoch); sample: one fixed posterior sample "
-              "(the latent itself for an encoder without a posterior, e.g. DC-AE, which needs --store sample).")
+              "(the latent itself for an encoder without a posterior, e.g. DC-AE, which needs --store sample; "
+              "always with --encoder).")
 @click.option("--dtype", type=click.Choice(DTYPES), default=default(ExtractConfig, "dtype"), show_default=True,
               help="Storage dtype of the latents in the shards.")
 @click.option("--pixels/--no-pixels", default=default(ExtractConfig, "pixels"), show_default=True,
