@@ -290,7 +290,7 @@ def extract_main(debug: bool, **options: Any) -> None:
 # ---------------------------------------------------------------------------------------------------------
 
 _SHARD_DIR = click.Path(exists=True, file_okay=False, dir_okay=True)
-WRITE_MODES = ("per-channel", "scalar")  # dit-shards stats --write (shards.stats.computed_normalization)
+WRITE_MODES = ("per-channel", "scalar", "per-position")  # dit-shards stats --write (shards.stats.computed_normalization)
 
 
 @click.group(cls=DashGroup, context_settings=CONTEXT, no_args_is_help=True)
@@ -363,10 +363,12 @@ def shards_info_cmd(folder: str, as_json: bool, debug: bool) -> None:
               help="Seed of the posterior noise (store 'posterior').")
 @click.option("--write", type=click.Choice(WRITE_MODES), default=None,
               help="Write the statistics as the manifest's next revision (the old one is kept as "
-              "manifest.json.revN): per-channel mean/std of the raw latents, or one scalar scaling_factor.")
+              "manifest.json.revN): per-channel mean/std of the raw latents, one scalar scaling_factor, or "
+              "per-position: the exact mean/var per channel and position over every sample and view (RAE's "
+              "feature normalization, (z - mean) / sqrt(var + 1e-5); --max-samples does not apply).")
 @click.option("--latent-stats", default=None, metavar="FILE",
-              help="Write FILE's per-channel mean and std (e.g. LightningDiT's latents_stats.pt) as the manifest's "
-              "next revision instead.")
+              help="Write FILE's per-channel mean and std (e.g. LightningDiT's latents_stats.pt), or its mean and var "
+              "per channel and position (RAE's stat.pt), as the manifest's next revision instead.")
 @click.option("--json", "as_json", is_flag=True, default=False, help="Print the statistics as JSON.")
 @debug_option
 @handle_errors

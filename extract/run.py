@@ -213,7 +213,7 @@ def _setup(cfg: ExtractConfig, held: list[RunLock]) -> ExtractJob:
         vae, vae_identity = load_vae(cfg.vae, config=cfg.vae_config, revision=cfg.vae_revision, device=device)
     check_store(cfg, vae_identity)
     shape = latent_shape(cfg, vae_identity)
-    norm = resolve_normalization(cfg, vae_identity, shape[0])
+    norm = resolve_normalization(cfg, vae_identity, shape)
     samples_per_shard = _samples_per_shard(cfg, shape)
     record = extraction_record(cfg, images, vae_identity, precision=precision, batch_size=batch_size,
                                samples_per_shard=samples_per_shard, device=device)

@@ -11,29 +11,10 @@ from dit_pipeline.common.errors import UserError
 from dit_pipeline.extract import ExtractConfig, run_extract
 from dit_pipeline.extract.images import load_rgb
 from dit_pipeline.shards import read_manifest, verify_shards
-from tests._util import make_image_tree
 from tests.extract.conftest import read_samples, shard_hashes
 from tests.extract.test_images import reference_crop
-from tests.features._tiny import TINY_IMAGE, TINY_INPUT, make_tiny_encoder, tiny_encoder_model
-
-BASE = dict(image_size=TINY_IMAGE, batch_size=3, samples_per_shard=3, num_workers=0, quiet=True)
-
-
-@pytest.fixture(scope="module")
-def tree(tmp_path_factory):
-    return make_image_tree(tmp_path_factory.mktemp("feat") / "images", counts=(3, 2))
-
-
-@pytest.fixture(scope="module")
-def encoder(tmp_path_factory):
-    return make_tiny_encoder(tmp_path_factory.mktemp("enc"))
-
-
-@pytest.fixture(scope="module")
-def extracted(tree, encoder, tmp_path_factory):
-    out = tmp_path_factory.mktemp("ext") / "out"
-    run_extract(ExtractConfig(data_path=str(tree), out=str(out), encoder=str(encoder), dtype="float32", **BASE))
-    return out
+from tests.features._tiny import TINY_IMAGE, TINY_INPUT, tiny_encoder_model
+from tests.features.conftest import BASE
 
 
 def direct_features(path, model) -> np.ndarray:
