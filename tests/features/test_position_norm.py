@@ -12,6 +12,8 @@ from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.latent_norm import LatentNorm, mean_var_record, read_stats_file
 from dit_pipeline.shards import read_manifest, verify_shards
 from dit_pipeline.shards.revision import revise
+from dit_pipeline.shards.stats import compute_stats
+from tests._util import run_cli
 from tests.extract.conftest import read_samples
 
 
@@ -33,15 +35,17 @@ def test_formula_is_rae_within_float32_rounding():
 def test_write_per_position_is_exact_and_rae_stat_file_loads(extracted, tmp_path):
     folder = tmp_path / "set"
     shutil.copytree(extracted, folder)
+    res = run_cli("dit-shards", ["stats", folder, "--write", "per-position"])
+    assert res.returncode == 0 and "wrote manifest revision 2" in res.stdout, res.stderr[-2000:]
     r = revise(folder, mode="per-position")
-    assert r["written"] and r["revision"] == 2
+    assert not r["written"] and r["revision"] == 2                  # the same numbers again: nothing to write
     m = read_manifest(folder)
     assert m.norm.is_per_position and m.format_version == 3 and verify_shards(folder, progress=False).ok
     z = np.concatenate([s.latent for s in read_samples(folder).values()]).astype(np.float64)  # every view
     scale, shift = m.norm.vectors()
     np.testing.assert_array_equal(shift, z.mean(0).astype(np.float32))
     np.testing.assert_allclose(scale, 1 / np.sqrt(z.var(0) + 1e-5), rtol=2e-6)
-    after = r["after"]
+    after = compute_stats(folder)
     assert abs(after["mean"]) < 1e-5 and abs(after["std"] - 1) < 1e-2    # normalized: ~0 mean, ~1 std
 
     # RAE's stat.pt: mean and var [1, C, h, w] tensors. The same numbers: nothing to write; other numbers (RAE's
