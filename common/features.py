@@ -36,6 +36,11 @@ from dit_pipeline.common.io import sha256_file
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 WEIGHT_SUFFIXES = (".pth", ".pt", ".bin", ".safetensors")
+# "rae": RAE's latents (FORMULA); "repa": exactly the tokens REPA's online teacher aligns to (common/teacher.py:
+# normalize before the resize, the final norm with its affine), for `dit-train --repa FOLDER` (cached tokens).
+FORMULAS = ("rae", "repa")
+FORMULA_REPA = ("x/255 in [0,1]; (x - ImageNet mean) / ImageNet std; bicubic resize to input_size (align_corners "
+                "False, no antialias); ViT forward with its final LayerNorm (affine kept); prefix tokens dropped")
 FORMULA = ("x/255 in [0,1]; bicubic resize to input_size (align_corners False, no antialias); (x - ImageNet mean) "
            "/ ImageNet std; ViT forward; final LayerNorm without affine; prefix tokens dropped; tokens -> [C, h, w]")
 
@@ -60,10 +65,13 @@ PRESETS: dict[str, Preset] = {
 class FeatureEncoder(nn.Module):
     """A timm ViT with RAE's formula; `encode(x)` takes [B, 3, H, W] in [0, 1] and returns `.latent` [B, C, h, w]."""
 
-    def __init__(self, model: nn.Module, *, input_size: int, layers: int = 1,
+    def __init__(self, model: nn.Module, *, input_size: int, layers: int = 1, formula: str = "rae",
                  mean: tuple[float, ...] = IMAGENET_MEAN, std: tuple[float, ...] = IMAGENET_STD):
         super().__init__()
+        if formula not in FORMULAS:
+            raise ValueError(f"formula must be one of {', '.join(FORMULAS)}, got {formula!r}")
         self.model = model
+        self.formula = formula
         self.input_size = int(input_size)
         self.layers = int(layers)
         dim = int(getattr(model, "num_features", getattr(model, "embed_dim")))
@@ -87,7 +95,12 @@ class FeatureEncoder(nn.Module):
         return int(self.norm.normalized_shape[0])
 
     def preprocess(self, x: torch.Tensor) -> torch.Tensor:
-        """[0, 1] images -> the ViT's input: resize first (as RAE does), then the ImageNet normalization."""
+        """[0, 1] images -> the ViT's input: resize first (as RAE does), then the ImageNet normalization; "repa":
+        normalize, then resize (REPA's online teacher, common/teacher.py)."""
+        if self.formula == "repa":
+            x = (x - self.pix_mean.to(x.dtype)) / self.pix_std.to(x.dtype)
+            return F.interpolate(x, size=(self.input_size, self.input_size), mode="bicubic", align_corners=False,
+                                 antialias=False)
         if x.shape[-1] != self.input_size or x.shape[-2] != self.input_size:
             x = F.interpolate(x, size=(self.input_size, self.input_size), mode="bicubic", align_corners=False,
                               antialias=False)
@@ -95,6 +108,8 @@ class FeatureEncoder(nn.Module):
 
     def tokens(self, x: torch.Tensor) -> torch.Tensor:
         """The patch tokens [B, N, C] of preprocessed input x."""
+        if self.formula == "repa":  # the model's own final norm, with its affine (REPA's teacher tokens)
+            return self.model.forward_features(x)[:, self.prefix:]
         if self.layers == 1:
             # forward_features of the model whose own final norm became nn.Identity (_strip_final_norm)
             return self.norm(self.model.forward_features(x)[:, self.prefix:])
@@ -186,7 +201,7 @@ def _create(model_name: str, *, model_args: dict[str, Any], input_size: int, wei
 
 def load_feature_encoder(spec: str, *, weights: str | None = None, layers: int | None = None,
                          device: torch.device | str = "cpu", pretrained: bool = True,
-                         image_size: int = 256) -> tuple[FeatureEncoder, dict[str, Any]]:
+                         image_size: int = 256, formula: str = "rae") -> tuple[FeatureEncoder, dict[str, Any]]:
     """(FeatureEncoder in eval mode on `device`, identity) for `--encoder SPEC` (see the module docstring).
 
     `pretrained=False` builds random weights (tests and benchmarks: the real cost). The identity carries what
@@ -194,10 +209,12 @@ def load_feature_encoder(spec: str, *, weights: str | None = None, layers: int |
     `encoder_output`, `scaling_factor` 1) plus the encoder's own (`kind: "features"`, model, input size, patch,
     layers, the formula, the weights' sha256)."""
     with torch.random.fork_rng(devices=[]):
-        return _load(spec, weights, layers, device, pretrained, image_size)
+        return _load(spec, weights, layers, device, pretrained, image_size, formula)
 
 
-def _load(spec, weights, layers, device, pretrained, image_size):
+def _load(spec, weights, layers, device, pretrained, image_size, formula):
+    if formula not in FORMULAS:
+        raise UserError(f"--encoder-formula must be one of {', '.join(FORMULAS)}, got {formula!r}")
     p = Path(spec).expanduser()
     model_args: dict[str, Any] = {}
     weights_path = Path(weights).expanduser() if weights else None
@@ -239,9 +256,12 @@ def _load(spec, weights, layers, device, pretrained, image_size):
     depth = len(getattr(model, "blocks", []))
     if preset.layers > depth:
         raise UserError(f"--encoder-layers {preset.layers}: {preset.model} has only {depth} blocks")
+    if formula == "repa" and preset.layers != 1:
+        raise UserError("--encoder-formula repa: the teacher's tokens are the last block's; drop --encoder-layers")
     eps = float(getattr(getattr(model, "norm", None), "eps", 1e-6))
-    _strip_final_norm(model)
-    enc = FeatureEncoder(model, input_size=preset.input_size, layers=preset.layers)
+    if formula == "rae":
+        _strip_final_norm(model)
+    enc = FeatureEncoder(model, input_size=preset.input_size, layers=preset.layers, formula=formula)
     enc.norm.eps = eps
     if preset.input_size % enc.patch_size:
         raise UserError(f"--encoder {spec!r}: input size {preset.input_size} is not a multiple of its patch "
@@ -259,7 +279,8 @@ def _load(spec, weights, layers, device, pretrained, image_size):
     identity: dict[str, Any] = {
         "kind": "features", "class": f"timm:{preset.model}", "model": preset.model, "model_args": model_args,
         "input_size": preset.input_size, "patch_size": enc.patch_size, "layers": preset.layers,
-        "prefix_tokens": enc.prefix, "formula": FORMULA, "input_range": "0,1", **source,
+        "prefix_tokens": enc.prefix, "formula": FORMULA if formula == "rae" else FORMULA_REPA,
+        "formula_name": formula, "input_range": "0,1", **source,
         "latent_channels": enc.channels, "downsample_factor": image_size // grid, "encoder_output": "latent",
         "scaling_factor": 1.0, "shift_factor": None,
     }

@@ -40,6 +40,7 @@ class ExtractConfig:
     encoder: str | None = None             # a feature encoder instead of the VAE (common/features.py: dinov2-b-reg, ...)
     encoder_weights: str | None = None     # offline weights for --encoder (a timm state_dict file)
     encoder_layers: int | None = None      # sum of the last K blocks' tokens (DINOv3, RAEv2: 7); None: the preset's
+    encoder_formula: str = "rae"           # "rae" (RAE's latents) or "repa" (REPA's teacher tokens, for --repa FOLDER)
     image_size: int = 256
     flip: bool = True                      # also encode the horizontal mirror (views = 2)
     store: str = "posterior"               # "posterior" (mean + std) or "sample" (one posterior sample)
@@ -85,6 +86,8 @@ class ExtractConfig:
             p.append(f"--num-workers must be >= 0 (0 decodes in the main process), got {self.num_workers}")
         if self.encoder_layers is not None and self.encoder_layers < 1:
             p.append(f"--encoder-layers must be >= 1, got {self.encoder_layers}")
+        if self.encoder_formula not in ("rae", "repa"):
+            p.append(f"--encoder-formula must be rae or repa, got {self.encoder_formula!r}")
         if (self.encoder_weights or self.encoder_layers is not None) and not self.encoder:
             p.append("--encoder-weights and --encoder-layers need --encoder (a feature encoder, e.g. dinov2-b-reg)")
         if self.seed < 0:

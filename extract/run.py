@@ -208,7 +208,8 @@ def _setup(cfg: ExtractConfig, held: list[RunLock]) -> ExtractJob:
         from dit_pipeline.common.features import load_feature_encoder
 
         vae, vae_identity = load_feature_encoder(cfg.encoder, weights=cfg.encoder_weights, layers=cfg.encoder_layers,
-                                                 device=device, image_size=cfg.image_size)
+                                                 device=device, image_size=cfg.image_size,
+                                                 formula=cfg.encoder_formula)
     else:
         vae, vae_identity = load_vae(cfg.vae, config=cfg.vae_config, revision=cfg.vae_revision, device=device)
     check_store(cfg, vae_identity)
