@@ -11,7 +11,7 @@ row) the moment it is measured, so a run killed at its time limit keeps everythi
             (train.memory.MEASURED) from peaks at three micro-batch sizes
   extract   SD-VAE encodes/s through extract.encode.LatentEncoder (steady state, start-up excluded) vs the
             one-image fp32 baseline; eager vs compiled, fp16 vs bf16, one view vs both flips, and the cost of
-            cuDNN determinism
+            cuDNN determinism; DINOv2-B's feature encodes/s (RAE's formula, common/features.py) beside them
   sample    DDPM-250 with CFG 4 at batch 256 in bf16 with per-block compile: images/s (projected from timed
             denoising steps) and hours for FID-50K
   fid       the README's FID-50K recipe as it runs (bench/gpu_fid.py): dit-sample's defaults (fp32 + TF32,
