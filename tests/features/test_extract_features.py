@@ -11,6 +11,7 @@ from dit_pipeline.common.errors import UserError
 from dit_pipeline.extract import ExtractConfig, run_extract
 from dit_pipeline.extract.images import load_rgb
 from dit_pipeline.shards import read_manifest, verify_shards
+from dit_pipeline.shards.info import format_info, info_dict
 from tests.extract.conftest import read_samples, shard_hashes
 from tests.extract.test_images import reference_crop
 from tests.features._tiny import TINY_IMAGE, TINY_INPUT, tiny_encoder_model
@@ -53,6 +54,9 @@ def test_features_equal_the_formula_on_the_timm_model(extracted, tree):
         assert not np.allclose(s.latent[0], s.latent[1], atol=1e-3)  # the mirror is a view of its own
     assert not torch.allclose(affine, torch.ones_like(affine))        # so the test would see a kept affine
     assert verify_shards(extracted, quick=False, progress=False).ok
+    text = format_info(info_dict(extracted))
+    assert "encoder:  vit_base_patch14_reg4_dinov2 (rae's formula, 56 px, patch 14" in text
+    assert "geometry: features: 32 px -> 32 x 4 x 4 tokens" in text
 
 
 def test_resume_keeps_every_byte_and_bf16_error_is_measured(extracted, tree, encoder, tmp_path):
