@@ -72,8 +72,9 @@ def _weights_options(f: Callable) -> Callable:
                      "not state them (no model_config, no QK-norm or RoPE tensors to read them from)."),
         click.option("--input-size", type=int, default=None, help="Latent side of a file that does not state it "
                      "(DDT's: it has no position table), e.g. 32 for 256 px images and an f8 VAE."),
-        click.option("--vae", default=None, help="VAE: hub id, local diffusers folder, or single "
-                     ".safetensors/.ckpt file [the VAE the checkpoint records (the one its shards were extracted "
+        click.option("--vae", "--decoder", "vae", default=None, help="VAE: hub id, local diffusers folder, or single "
+                     ".safetensors/.ckpt file; for a feature space RAE's decoder state_dict FILE[,CONFIG] (README "
+                     "'Feature spaces (RAE)') [the VAE the checkpoint records (the one its shards were extracted "
                      "with), else stabilityai/sd-vae-ft-ema]."),
         click.option("--vae-config", default=None, help="Diffusers config folder for a single-file --vae "
                      "(default: the built-in SD-VAE config)."),

@@ -59,7 +59,7 @@ def test_feature_space_end_to_end(extracted, tmp_path):
     assert grid.size[0] >= 2 * TINY_IMAGE                                                  # decoded 32 px images
 
     out = tmp_path / "sampled"
-    r = run_cli("dit-sample", ["--ckpt", straight, "--vae", decoder, "--num-samples", 2, "--steps", 2,
+    r = run_cli("dit-sample", ["--ckpt", straight, "--decoder", decoder, "--num-samples", 2, "--steps", 2,
                                "--npz", out / "s.npz", "--batch-size", 2, "--quiet"])
     assert r.returncode == 0, r.stderr[-3000:]
     with np.load(out / "s.npz") as z:
