@@ -281,6 +281,15 @@ def load_rae_decoder(spec: str, *, config: str | Path | None = None, device: tor
     return model.to(device=device, dtype=dtype).eval().requires_grad_(False), identity
 
 
+def check_grid(identity: dict[str, Any], input_size: int, flag: str) -> None:
+    """UserError before any sampling when a decoder's token grid is not the model's latent side (an RAE decoder
+    records `grid`; a VAE, which decodes any size, does not)."""
+    grid = identity.get("grid")
+    if grid is not None and int(grid) != int(input_size):
+        raise UserError(f"{flag}: RAE's decoder decodes {grid} x {grid} tokens but the model makes {input_size} x "
+                        f"{input_size} latents; pass the decoder of this encoder and image size")
+
+
 def save_rae_decoder(model: RAEDecoder, path: str | Path) -> Path:
     """The state_dict in RAE's layout (torch.save of a plain dict; .safetensors by suffix)."""
     path = Path(path)
