@@ -77,6 +77,21 @@ def test_layer_sum_and_bad_inputs(tree, encoder, tmp_path):
                               dtype="float32", limit=1, **BASE))
     m = read_manifest(out)
     assert m.extraction["encoder"]["layers"] == 2
+    # the sum over both blocks of each block's tokens through the affine-free final LayerNorm (eps 1e-6)
+    model = tiny_encoder_model()
+    rgb, _ = load_rgb(sorted(tree.rglob("*.JPEG"))[0])
+    x = torch.from_numpy(reference_crop(rgb, TINY_IMAGE)).float().div(255).permute(2, 0, 1)[None]
+    x = F.interpolate(x, size=(TINY_INPUT, TINY_INPUT), mode="bicubic", align_corners=False, antialias=False)
+    x = (x - torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)) / torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
+    with torch.no_grad():
+        t = model.patch_embed(x)
+        t = model.norm_pre(model._pos_embed(t))
+        total = 0
+        for block in model.blocks:
+            t = block(t)
+            total = total + F.layer_norm(t[:, 5:], (t.shape[-1],), eps=1e-6)
+    got = read_samples(out)["000000000"].latent[0]
+    np.testing.assert_allclose(got, total[0].T.reshape(32, 4, 4).numpy(), rtol=0, atol=2e-5)
     with pytest.raises(UserError, match="has only 2 blocks"):
         run_extract(ExtractConfig(data_path=str(tree), out=str(tmp_path / "x"), encoder=str(encoder),
                                   encoder_layers=3, **BASE))
