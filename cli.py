@@ -69,8 +69,9 @@ def _weights_options(f: Callable) -> Callable:
                      "not state them (no model_config, no QK-norm or RoPE tensors to read them from)."),
         click.option("--input-size", type=int, default=None, help="Latent side of a file that does not state it "
                      "(DDT's: it has no position table), e.g. 32 for 256 px images and an f8 VAE."),
-        click.option("--vae", default=None, help="VAE: hub id, local diffusers folder, or single "
-                     ".safetensors/.ckpt file [the VAE the checkpoint records (the one its shards were extracted "
+        click.option("--vae", "--decoder", "vae", default=None, help="VAE: hub id, local diffusers folder, or single "
+                     ".safetensors/.ckpt file; for a feature space RAE's decoder state_dict FILE[,CONFIG] (README "
+                     "'Feature spaces (RAE)') [the VAE the checkpoint records (the one its shards were extracted "
                      "with), else stabilityai/sd-vae-ft-ema]."),
         click.option("--vae-config", default=None, help="Diffusers config folder for a single-file --vae "
                      "(default: the built-in SD-VAE config)."),
@@ -211,9 +212,23 @@ def sample_export_cmd(debug: bool, **options: Any) -> None:
 @click.option("--vae-config", default=None, help="For a single-file --vae: a folder with its diffusers "
               "config.json (default: the built-in SD-VAE config).")
 @click.option("--vae-revision", default=None, help="Hub revision (branch, tag or commit) for a hub id.")
+@click.option("--encoder", default=None, metavar="NAME|FILE",
+              help="A feature encoder instead of the VAE (RAE): dinov2-b-reg (RAE's DINOv2-B with registers), "
+              "dinov2-b, dinov3-l (RAEv2), a timm model name, a JSON encoder file or a weight file; stores its "
+              "patch tokens [C, 16, 16] as the latent (README 'Feature spaces (RAE)').")
+@click.option("--encoder-weights", default=None, metavar="FILE",
+              help="Offline weights (a timm state_dict) for --encoder; without it timm downloads them.")
+@click.option("--encoder-layers", type=int, default=None, metavar="K",
+              help="Sum the last K blocks' patch tokens (each through the affine-free final LayerNorm) "
+              "[default: the preset's: 7 for dinov3-l, else 1].")
+@click.option("--encoder-formula", type=click.Choice(("rae", "repa")), default="rae", show_default=True,
+              help="rae: RAE's latents (resize, then ImageNet normalization; final LayerNorm without affine); "
+              "repa: the tokens REPA's online teacher aligns to (normalize, then resize; affine kept), a sibling set "
+              "for dit-train --repa FOLDER.")
 @click.option("--latent-stats", default=None, metavar="FILE",
               help="Per-channel mean and std of the VAE's latents (LightningDiT's latents_stats.pt, or .json / "
-              ".safetensors with mean and std): model latents become (z - mean) / std per channel [default: the "
+              ".safetensors with mean and std): model latents become (z - mean) / std per channel; or RAE's stat.pt "
+              "(mean and var [C, h, w]): (z - mean) / sqrt(var + 1e-5) per channel and position [default: the "
               "VAE config's latents_mean/latents_std where it has them, else its scaling_factor/shift_factor].")
 @click.option("--image-size", type=int, default=default(ExtractConfig, "image_size"), show_default=True,
               help="Crop size (a multiple of the VAE's downsampling factor: 8 for the SD-VAE, 16 or 32 for others).")
@@ -221,7 +236,8 @@ def sample_export_cmd(debug: bool, **options: Any) -> None:
               help="Also encode the horizontal mirror of every image (2 views).")
 @click.option("--store", type=click.Choice(STORES), default=default(ExtractConfig, "store"), show_default=True,
               help="posterior: mean + std (sample fresh noise every epoch); sample: one fixed posterior sample "
-              "(the latent itself for an encoder without a posterior, e.g. DC-AE, which needs --store sample).")
+              "(the latent itself for an encoder without a posterior, e.g. DC-AE, which needs --store sample; "
+              "always with --encoder).")
 @click.option("--dtype", type=click.Choice(DTYPES), default=default(ExtractConfig, "dtype"), show_default=True,
               help="Storage dtype of the latents in the shards.")
 @click.option("--pixels/--no-pixels", default=default(ExtractConfig, "pixels"), show_default=True,
@@ -277,7 +293,7 @@ def extract_main(debug: bool, **options: Any) -> None:
 # ---------------------------------------------------------------------------------------------------------
 
 _SHARD_DIR = click.Path(exists=True, file_okay=False, dir_okay=True)
-WRITE_MODES = ("per-channel", "scalar")  # dit-shards stats --write (shards.stats.computed_normalization)
+WRITE_MODES = ("per-channel", "scalar", "per-position")  # dit-shards stats --write (shards.stats.computed_normalization)
 
 
 @click.group(cls=DashGroup, context_settings=CONTEXT, no_args_is_help=True)
@@ -350,10 +366,12 @@ def shards_info_cmd(folder: str, as_json: bool, debug: bool) -> None:
               help="Seed of the posterior noise (store 'posterior').")
 @click.option("--write", type=click.Choice(WRITE_MODES), default=None,
               help="Write the statistics as the manifest's next revision (the old one is kept as "
-              "manifest.json.revN): per-channel mean/std of the raw latents, or one scalar scaling_factor.")
+              "manifest.json.revN): per-channel mean/std of the raw latents, one scalar scaling_factor, or "
+              "per-position: the exact mean/var per channel and position over every sample and view (RAE's "
+              "feature normalization, (z - mean) / sqrt(var + 1e-5); --max-samples does not apply).")
 @click.option("--latent-stats", default=None, metavar="FILE",
-              help="Write FILE's per-channel mean and std (e.g. LightningDiT's latents_stats.pt) as the manifest's "
-              "next revision instead.")
+              help="Write FILE's per-channel mean and std (e.g. LightningDiT's latents_stats.pt), or its mean and var "
+              "per channel and position (RAE's stat.pt), as the manifest's next revision instead.")
 @click.option("--json", "as_json", is_flag=True, default=False, help="Print the statistics as JSON.")
 @debug_option
 @handle_errors

@@ -11,7 +11,7 @@ row) the moment it is measured, so a run killed at its time limit keeps everythi
             (train.memory.MEASURED) from peaks at three micro-batch sizes
   extract   SD-VAE encodes/s through extract.encode.LatentEncoder (steady state, start-up excluded) vs the
             one-image fp32 baseline; eager vs compiled, fp16 vs bf16, one view vs both flips, and the cost of
-            cuDNN determinism
+            cuDNN determinism; DINOv2-B's feature encodes/s (RAE's formula, common/features.py) beside them
   sample    DDPM-250 with CFG 4 at batch 256 in bf16 with per-block compile: images/s (projected from timed
             denoising steps) and hours for FID-50K
   fid       the README's FID-50K recipe as it runs (bench/gpu_fid.py): dit-sample's defaults (fp32 + TF32,
@@ -19,7 +19,8 @@ row) the moment it is measured, so a run killed at its time limit keeps everythi
             50,000 samples and the 10,000-image reference batch; projected hours on 1 and 8 GPUs
   loader    the training loader's latents/s with 16 workers on a synthetic shard set
   repa      REPA's cost (bench/repa.py): the DINOv2 ViT-B/14 teacher forward, the plain flow step and the step
-            with teacher + projector + loss at the training size; images/s, MFU, peak memory, their ratio
+            with teacher + projector + loss at the training size, and the step on cached tokens (dit-train --repa
+            FOLDER); images/s, MFU, peak memory, their ratios
   families  the flow training step of LightningDiT-XL/1 (VA-VAE 32x16x16 latents) and RAE's DiT-DH-XL (768x16x16
             DINOv2 features), bf16, per-block compile (bench/families.py); images/s, MFU, peak memory
 

@@ -110,6 +110,7 @@ def extract_section(res, s: dict, device: torch.device) -> None:
     n = max(s["enc_batch"], s["baseline_images"])
     pixels = torch.randint(0, 256, (n, s["image"], s["image"], 3), dtype=torch.uint8, generator=g)
     base = _baseline(res, s, device, vae, pixels)
+    vae_rates: dict[str, float] = {}
     precisions = ("bf16", "fp16") if device.type == "cuda" else ("fp32",)
     configs = [(p, v, False, True) for p in precisions for v in (1, 2)]
     configs += [(p, 2, True, True) for p in precisions] + [(precisions[0], 2, False, False)]
@@ -121,6 +122,47 @@ def extract_section(res, s: dict, device: torch.device) -> None:
         name = (f"ours {precision} {'compiled' if comp else 'eager'} {views} view(s)"
                 f"{'' if det else ', cuDNN autotuned (not deterministic)'}")
         res.add("extract", name, batch=s["enc_batch"], encodes_s=rate, vs_baseline=rate / base, first_batch_s=first)
+        if views == 2 and not comp and det:
+            vae_rates[precision] = rate
+    features_rows(res, s, device, pixels, vae_rates)
+
+
+def _feature_encoder(s: dict, device: torch.device):
+    """DINOv2-B with registers by RAE's formula (common/features.py), random weights; a tiny one for --smoke."""
+    import json
+    import tempfile
+
+    from dit_pipeline.common.features import load_feature_encoder
+
+    if s["vae"] != "tiny":
+        return load_feature_encoder("dinov2-b-reg", pretrained=False, device=device, image_size=s["image"])[0]
+    spec = Path(tempfile.mkdtemp(prefix="bench-enc-")) / "enc.json"
+    spec.write_text(json.dumps({"model": "vit_base_patch14_reg4_dinov2", "input_size": 28,
+                                "model_args": {"embed_dim": 32, "depth": 2, "num_heads": 2}}))
+    return load_feature_encoder(str(spec), pretrained=False, device=device, image_size=s["image"])[0]
+
+
+def features_rows(res, s: dict, device: torch.device, pixels: torch.Tensor, vae_rates: dict[str, float]) -> None:
+    """Feature encodes/s (2 views, eager, deterministic) beside the SD-VAE's at the same precision (issue #32)."""
+    enc_model = _feature_encoder(s, device)
+    b = s["enc_batch"]
+    batch = pixels[:b].pin_memory() if device.type == "cuda" else pixels[:b]
+    for precision, vae_rate in vae_rates.items():
+        if res.left() < 15:
+            break
+        enc = LatentEncoder(enc_model, device=device, precision=precision, views=2, store="sample", unit_range=True)
+        enc.submit(batch, list(range(b))).arrays()
+        t0 = time.perf_counter()
+        pending = None
+        for k in range(s["enc_batches"]):
+            nxt = enc.submit(batch, list(range(k * b, (k + 1) * b)))
+            if pending is not None:
+                pending.arrays()
+            pending = nxt
+        pending.arrays()
+        rate = s["enc_batches"] * b * 2 / (time.perf_counter() - t0)
+        res.add("extract", f"DINOv2-B reg features {precision} eager 2 view(s)", batch=b, encodes_s=rate,
+                vs_sd_vae=rate / vae_rate)
 
 
 # ----------------------------------------------------------------------------------------------------------

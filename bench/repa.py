@@ -40,7 +40,9 @@ def _sync(device: torch.device) -> None:
 def build_steps(model_name: str, image_size: int, batch: int, device: torch.device, *,
                 teacher: TeacherArch | str = DEFAULT_TEACHER, overrides: dict[str, Any] | None = None,
                 compile_backend: str | None = None) -> tuple[dict[str, Callable[[], None]], dict[str, float]]:
-    """({"plain", "repa", "teacher"}: zero-argument step functions, {"plain", "repa", "teacher"}: FLOPs per image)."""
+    """({"plain", "repa", "cached", "teacher"}: zero-argument step functions, the same keys: FLOPs per image).
+    "cached" is REPA's step on tokens read from a sibling shard set (`dit-train --repa FOLDER`): the host copy of
+    the batch's [B, N, D] float32 tokens to the device instead of the teacher forward."""
     from dit_pipeline.train.speed import regional_compile
 
     torch.manual_seed(0)
@@ -77,14 +79,25 @@ def build_steps(model_name: str, image_size: int, batch: int, device: torch.devi
             loss = repa.training_losses(flow, head, x, t, [feats], {"y": y})["loss"].mean()
         update(loss)
 
+    cached_tokens = tch(pixels).cpu()  # as a loader batch brings them (Batch.teacher)
+    if device.type == "cuda":
+        cached_tokens = cached_tokens.pin_memory()
+
+    def with_cached() -> None:
+        feats = cached_tokens.to(device, non_blocking=True)
+        with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
+            loss = repa.training_losses(flow, head, x, t, [feats], {"y": y})["loss"].mean()
+        update(loss)
+
     def teacher_only() -> None:
         tch(pixels)
 
     dit_flops = dit.train_flops_per_image(model.config)
     proj_flops = 2 * 3 * repa.projector_macs(head.config, model.hidden_size, model.grid_size ** 2)
     teacher_flops = 2 * tch.forward_macs()
-    return ({"plain": plain, "repa": with_repa, "teacher": teacher_only},
-            {"plain": dit_flops, "repa": dit_flops + proj_flops + teacher_flops, "teacher": teacher_flops})
+    return ({"plain": plain, "repa": with_repa, "cached": with_cached, "teacher": teacher_only},
+            {"plain": dit_flops, "repa": dit_flops + proj_flops + teacher_flops, "cached": dit_flops + proj_flops,
+             "teacher": teacher_flops})
 
 
 def measure(steps: dict[str, Callable[[], None]], device: torch.device, *, warmup: int, iters: int,
@@ -131,9 +144,10 @@ def main(argv: list[str] | None = None) -> None:
           f"torch {torch.__version__}; best of {a.repeat} rounds x {a.iters} calls")
     print("| step | s/step | img/s | vs plain step | GFLOP/image |")
     print("|---|---|---|---|---|")
-    for name in ("plain", "repa", "teacher"):
+    for name in ("plain", "repa", "cached", "teacher"):
         print(f"| {name} | {sec[name]:.3f} | {a.batch / sec[name]:.2f} | {sec[name] / sec['plain']:.2f} | "
               f"{flops[name] / 1e9:.1f} |")
+    print(f"# online teacher / cached tokens: {sec['repa'] / sec['cached']:.2f}x the step time")
 
 
 if __name__ == "__main__":
@@ -167,8 +181,9 @@ def repa_section(res, s: dict, device: torch.device) -> None:
         raise RuntimeError("REPA's step does not fit even at batch 64")
     peak, per_step = peak_tflops(device), {}
     names = {"teacher": f"teacher forward ({'tiny' if smoke else 'DINOv2 ViT-B/14'}, no grad)",
-             "plain": "plain flow step (no REPA)", "repa": "REPA step (teacher + projector + loss)"}
-    for key in ("teacher", "plain", "repa"):
+             "plain": "plain flow step (no REPA)", "repa": "REPA step (teacher + projector + loss)",
+             "cached": "REPA step from cached tokens (projector + loss)"}
+    for key in ("teacher", "plain", "repa", "cached"):
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         _sync(device)
@@ -185,3 +200,5 @@ def repa_section(res, s: dict, device: torch.device) -> None:
                 first_call_s=first)
     res.add("repa", "REPA step / plain step", model=s["model"], batch=batch,
             time_ratio=per_step["repa"] / per_step["plain"], flops_ratio=flops["repa"] / flops["plain"])
+    res.add("repa", "REPA step online / cached tokens", model=s["model"], batch=batch,
+            time_ratio=per_step["repa"] / per_step["cached"], flops_ratio=flops["repa"] / flops["cached"])

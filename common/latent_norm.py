@@ -15,7 +15,11 @@ or inverts (sample grids, FID during training, `dit-sample`):
     diffusers' `(z - latents_mean) * scaling_factor / latents_std` (a VAE config with `latents_mean` /
     `latents_std`, multiplier = its scaling_factor);
   - `scale_shift`: `scale`, `shift` vectors as they are.
-  Either becomes float32 vectors once (`shift_c = float32(mean_c)`, `scale_c = float32(multiplier / std_c)`
+  - `mean_var` (RAE's feature spaces, issue #32): per channel AND position, `mean` and `var` of shape
+    `shape` = [C, h, w] (float32 little-endian, base64 in the JSON) and `eps` (RAE: 1e-5):
+    x = (z - mean_chw) / sqrt(var_chw + eps), as RAE's `stat.pt` (keys mean, var) normalizes;
+    `scale_chw = float32(1 / sqrt(float64(var) + eps))`, so x agrees with RAE's float32 division to rounding.
+  Each becomes float32 arrays once (`shift_c = float32(mean_c)`, `scale_c = float32(multiplier / std_c)`
   computed in float64), and x = (z - shift_c) * scale_c runs as two exactly rounded float32 ops per element
   broadcast over the channel axis (-3), so a sample's values never depend on the batch it is in.
 
@@ -35,7 +39,9 @@ import numpy as np
 from dit_pipeline.common.errors import UserError
 
 Z = TypeVar("Z")
-FORMS = ("mean_std", "scale_shift")
+FORMS = ("mean_std", "scale_shift", "mean_var")
+ARRAY_ENCODING = "float32-le-base64"  # how a mean_var record stores its [C, h, w] arrays in JSON
+RAE_EPS = 1e-5
 SOURCE_KINDS = ("vae_config", "file", "stats")
 _VECTORS = {"mean_std": ("mean", "std"), "scale_shift": ("scale", "shift")}
 
@@ -44,14 +50,75 @@ def _finite_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def normalization_problems(d: Any, channels: int | None = None) -> list[str]:
-    """Every problem of a normalization record (empty when valid); `channels`: the latent channels it must fit."""
+def encode_array(a: np.ndarray) -> str:
+    """A float array as the base64 of its float32 little-endian bytes (a mean_var record's `mean` / `var`)."""
+    import base64
+
+    return base64.b64encode(np.ascontiguousarray(a, dtype="<f4").tobytes()).decode("ascii")
+
+
+def decode_array(text: Any, shape: Sequence[int]) -> np.ndarray:
+    """The float32 [C, h, w] array of `encode_array`; ValueError for anything else."""
+    import base64
+    import binascii
+
+    if not isinstance(text, str):
+        raise ValueError("not a base64 string")
+    try:
+        raw = base64.b64decode(text.encode("ascii"), validate=True)
+    except (binascii.Error, UnicodeEncodeError):
+        raise ValueError("not valid base64") from None
+    n = int(np.prod(shape))
+    if len(raw) != 4 * n:
+        raise ValueError(f"holds {len(raw) // 4} float32 values for shape {list(shape)} ({n})")
+    return np.frombuffer(raw, dtype="<f4").reshape(tuple(shape)).astype(np.float32)
+
+
+def _mean_var_problems(d: dict[str, Any], channels: int | Sequence[int] | None) -> list[str]:
+    shape = d.get("shape")
+    if not (isinstance(shape, list) and len(shape) == 3 and all(isinstance(v, int) and not isinstance(v, bool)
+                                                                 and v > 0 for v in shape)):
+        return [f"normalization shape must be 3 positive integers [C, h, w], got {shape!r}"]
+    out: list[str] = []
+    if d.get("encoding") != ARRAY_ENCODING:
+        out.append(f"normalization encoding must be {ARRAY_ENCODING!r}, got {d.get('encoding')!r}")
+    if not (_finite_number(d.get("eps")) and d["eps"] >= 0):
+        out.append(f"normalization eps must be a finite number >= 0, got {d.get('eps')!r}")
+    for name in ("mean", "var"):
+        try:
+            a = decode_array(d.get(name), shape)
+        except ValueError as e:
+            out.append(f"normalization {name}: {e}")
+            continue
+        if not np.isfinite(a).all():
+            out.append(f"normalization {name} must be finite everywhere")
+        elif name == "var" and not (a.astype(np.float64) + float(d.get("eps") or 0) > 0).all():
+            out.append("normalization var + eps must be > 0 at every channel and position")
+    if isinstance(channels, int) and shape[0] != channels:
+        out.append(f"normalization has shape {shape} for {channels} latent channels")
+    elif channels is not None and not isinstance(channels, int) and list(channels) != shape:
+        out.append(f"normalization has shape {shape}, the latents have shape {list(channels)} (statistics of "
+                   "another encoder or size)")
+    return out
+
+
+def normalization_problems(d: Any, channels: int | Sequence[int] | None = None) -> list[str]:
+    """Every problem of a normalization record (empty when valid); `channels`: the latent channels it must fit,
+    or the latent shape [C, h, w] (a per-position record must have exactly that shape)."""
     if not isinstance(d, dict):
         return [f"normalization must be an object, got {type(d).__name__}"]
     form = d.get("form")
     if form not in FORMS:
         return [f"normalization form must be one of {', '.join(FORMS)}, got {form!r}"]
     out: list[str] = []
+    if form == "mean_var":
+        out = _mean_var_problems(d, channels)
+        source = d.get("source")
+        if not isinstance(source, dict) or source.get("kind") not in SOURCE_KINDS:
+            out.append(f"normalization source must be an object with kind one of {', '.join(SOURCE_KINDS)}")
+        return out
+    if channels is not None and not isinstance(channels, int):
+        channels = int(list(channels)[0])
     for name in _VECTORS[form]:
         v = d.get(name)
         if not isinstance(v, list) or not v or not all(_finite_number(x) for x in v):
@@ -120,14 +187,33 @@ class LatentNorm:
     @property
     def channels(self) -> int | None:
         """The channels a per-channel normalization is for (None: scalar, any)."""
-        return None if self.per_channel is None else len(self.per_channel[_VECTORS[self.per_channel["form"]][0]])
+        if self.per_channel is None:
+            return None
+        if self.per_channel["form"] == "mean_var":
+            return int(self.per_channel["shape"][0])
+        return len(self.per_channel[_VECTORS[self.per_channel["form"]][0]])
+
+    @property
+    def is_per_position(self) -> bool:
+        """A mean_var record: per channel and position ([C, h, w])."""
+        return self.per_channel is not None and self.per_channel["form"] == "mean_var"
+
+    @property
+    def shape(self) -> list[int] | None:
+        """The [C, h, w] a per-position normalization is for (None otherwise)."""
+        return list(self.per_channel["shape"]) if self.is_per_position else None  # type: ignore[index]
 
     def vectors(self) -> tuple[np.ndarray, np.ndarray]:
-        """Per-channel (scale, shift) as float32 [C] arrays (the only rounding of the record's numbers)."""
+        """(scale, shift) as float32 arrays (the only rounding of the record's numbers): [C] per channel, [C, h, w]
+        per channel and position."""
         assert self.per_channel is not None, "a scalar normalization has no vectors"
         if "np" not in self._cache:
             d = self.per_channel
-            if d["form"] == "mean_std":
+            if d["form"] == "mean_var":
+                var = decode_array(d["var"], d["shape"]).astype(np.float64)
+                scale = (1.0 / np.sqrt(var + float(d["eps"]))).astype(np.float32)
+                shift = decode_array(d["mean"], d["shape"])
+            elif d["form"] == "mean_std":
                 m = float(d["multiplier"])
                 scale = np.array([m / float(s) for s in d["std"]], dtype=np.float64).astype(np.float32)
                 shift = np.array(d["mean"], dtype=np.float64).astype(np.float32)
@@ -142,6 +228,11 @@ class LatentNorm:
         if self.per_channel is None:
             return ("scalar", float(self.scaling_factor), None if not self.shift_factor else float(self.shift_factor))
         scale, shift = self.vectors()
+        if self.is_per_position:
+            import hashlib
+
+            digest = hashlib.sha256(scale.tobytes() + shift.tobytes()).hexdigest()
+            return ("per-position", tuple(scale.shape), digest)
         return ("per-channel", tuple(scale.tolist()), tuple(shift.tolist()))
 
     def record(self) -> dict[str, Any]:
@@ -159,6 +250,11 @@ class LatentNorm:
                 return f"scalar: (z - {self.shift_factor:g}) * {self.scaling_factor:g}"
             return f"scalar: z * {self.scaling_factor:g}"
         d, c = self.per_channel, self.channels
+        if d["form"] == "mean_var":
+            scale, shift = self.vectors()
+            return (f"per-position over {d['shape']}: (z - mean_chw) / sqrt(var_chw + {float(d['eps']):g}) (mean "
+                    f"{shift.min():.4g}..{shift.max():.4g}, 1/sqrt(var + eps) {scale.min():.4g}..{scale.max():.4g}), "
+                    f"from {describe_source(d['source'])}")
         a, b = _VECTORS[d["form"]]
         ranges = f"{a} {min(d[a]):.4g}..{max(d[a]):.4g}, {b} {min(d[b]):.4g}..{max(d[b]):.4g}"
         if d["form"] == "mean_std":
@@ -183,8 +279,8 @@ class LatentNorm:
             if self.shift_factor:
                 z = z - np.float32(self.shift_factor)  # type: ignore[operator]
             return z * np.float32(self.scaling_factor)  # type: ignore[operator]
-        scale, shift = self.vectors()
-        return (z - shift[:, None, None]) * scale[:, None, None]  # type: ignore[operator]
+        scale, shift = self._broadcast()
+        return (z - shift) * scale  # type: ignore[operator]
 
     def invert(self, x: Any) -> Any:
         """z = x / scale + shift for a float32 torch tensor [..., C, h, w] (a new tensor), the VAE's input."""
@@ -194,14 +290,20 @@ class LatentNorm:
         scale, shift = self._torch(x.device)
         return x / scale + shift
 
+    def _broadcast(self) -> tuple[np.ndarray, np.ndarray]:
+        """(scale, shift) shaped to broadcast over [..., C, h, w]: [C, 1, 1], or [C, h, w] per position."""
+        scale, shift = self.vectors()
+        if scale.ndim == 1:
+            return scale[:, None, None], shift[:, None, None]
+        return scale, shift
+
     def _torch(self, device: Any) -> tuple[Any, Any]:
         import torch
 
         key = f"torch:{device}"
         if key not in self._cache:
-            scale, shift = self.vectors()
-            self._cache[key] = (torch.from_numpy(scale.copy()).view(-1, 1, 1).to(device),
-                                torch.from_numpy(shift.copy()).view(-1, 1, 1).to(device))
+            scale, shift = self._broadcast()
+            self._cache[key] = (torch.from_numpy(scale.copy()).to(device), torch.from_numpy(shift.copy()).to(device))
         return self._cache[key]
 
 
@@ -255,11 +357,30 @@ def _read_stats_values(path: Path) -> dict[str, Any]:
     return data
 
 
-def read_stats_file(path: str | Path, channels: int) -> dict[str, Any]:
+def _position_array(value: Any, name: str, where: str) -> np.ndarray:
+    arr = np.asarray(value.detach().cpu().float().numpy() if hasattr(value, "detach") else value, dtype=np.float64)
+    while arr.ndim > 3 and arr.shape[0] == 1:
+        arr = arr[0]
+    if arr.ndim != 3:
+        raise UserError(f"{where}: {name} must be a [C, h, w] array (RAE's stat.pt: per channel and position), got "
+                        f"shape {list(np.asarray(value).shape) if not hasattr(value, 'shape') else list(value.shape)}")
+    return arr
+
+
+def mean_var_record(mean: np.ndarray, var: np.ndarray, source: dict[str, Any], eps: float = RAE_EPS) -> dict[str, Any]:
+    """A per-position (mean_var) normalization record of [C, h, w] arrays."""
+    return {"form": "mean_var", "shape": [int(v) for v in np.shape(mean)], "encoding": ARRAY_ENCODING,
+            "mean": encode_array(np.asarray(mean)), "var": encode_array(np.asarray(var)), "eps": float(eps),
+            "source": dict(source)}
+
+
+def read_stats_file(path: str | Path, channels: int | Sequence[int]) -> dict[str, Any]:
     """A per-channel normalization record from a statistics file: `mean` and `std` (LightningDiT's
     `latents_stats.pt`: tensors [1, C, 1, 1]; also `latents_mean` / `latents_std` as in a diffusers VAE config),
     with an optional `multiplier` (default 1), or `scale` and `shift`. `.pt`/`.pth` (read with
-    `torch.load(weights_only=True)`), `.json` or `.safetensors`. UserError naming the file and the problem."""
+    `torch.load(weights_only=True)`), `.json` or `.safetensors`; or `mean` and `var` of shape [C, h, w] (RAE's
+    `stat.pt`: per channel and position, eps 1e-5 or the file's `eps`). `channels`: the latent channels, or the
+    latent shape [C, h, w] a per-position file must have. UserError naming the file and the problem."""
     from dit_pipeline.common.io import missing_file, sha256_file
 
     p = Path(path).expanduser()
@@ -277,6 +398,16 @@ def read_stats_file(path: str | Path, channels: int) -> dict[str, Any]:
                         ) from None
     aliases = {"latents_mean": "mean", "latents_std": "std"}
     data = {aliases.get(k, k): v for k, v in data.items()}
+    if "mean" in data and "var" in data and "std" not in data:
+        mean, var = _position_array(data["mean"], "mean", where), _position_array(data["var"], "var", where)
+        if mean.shape != var.shape:
+            raise UserError(f"{where}: mean {list(mean.shape)} and var {list(var.shape)} differ in shape")
+        eps = _scalar(data["eps"], "eps", where) if "eps" in data else RAE_EPS
+        record = mean_var_record(mean, var, {"kind": "file", "path": str(p.resolve()), "sha256": sha256_file(p)}, eps)
+        problems = normalization_problems(record, channels)
+        if problems:
+            raise UserError(f"{where}: {'; '.join(problems)}")
+        return record
     if "mean" in data and "std" in data:
         record: dict[str, Any] = {"form": "mean_std", "mean": _vector(data["mean"], "mean", where),
                                   "std": _vector(data["std"], "std", where),

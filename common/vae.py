@@ -215,7 +215,8 @@ def load_vae(spec: str = DEFAULT_VAE, *, config: str | Path | None = None, revis
              device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
     """Load a VAE (the class its config names: AutoencoderKL, AutoencoderDC, ...) and describe it.
 
-    spec: hub id, local diffusers folder (a pipeline folder with a `vae/` subfolder works too) or single file.
+    spec: hub id, local diffusers folder (a pipeline folder with a `vae/` subfolder works too) or single file;
+    or an RAE decoder state_dict file (`FILE` or `FILE,CONFIG`: common/rae_decoder.py), for feature spaces.
     config: for single files, a folder holding the diffusers config (default: the SD-VAE config above).
     Returns (vae in eval mode on `device`, identity dict for manifests).
 
@@ -223,6 +224,10 @@ def load_vae(spec: str = DEFAULT_VAE, *, config: str | Path | None = None, revis
     it loads the weights, and a VAE loaded during training (the sample-grid hook) must not move the trainer's
     random state.
     """
+    from dit_pipeline.common.rae_decoder import is_rae_decoder, load_rae_decoder
+
+    if is_rae_decoder(spec):  # RAE's pixel decoder of a feature space (FILE or FILE,CONFIG; common/rae_decoder.py)
+        return load_rae_decoder(spec, config=config, device=device, dtype=dtype)
     with torch.random.fork_rng(devices=[]):
         return _load_vae(spec, config=config, revision=revision, device=device, dtype=dtype)
 

@@ -37,6 +37,10 @@ class ExtractConfig:
     vae_config: str | None = None          # folder with the diffusers config, for a single-file --vae
     vae_revision: str | None = None
     latent_stats: str | None = None        # per-channel mean/std file (LightningDiT's latents_stats.pt, .json, ...)
+    encoder: str | None = None             # a feature encoder instead of the VAE (common/features.py: dinov2-b-reg, ...)
+    encoder_weights: str | None = None     # offline weights for --encoder (a timm state_dict file)
+    encoder_layers: int | None = None      # sum of the last K blocks' tokens (DINOv3, RAEv2: 7); None: the preset's
+    encoder_formula: str = "rae"           # "rae" (RAE's latents) or "repa" (REPA's teacher tokens, for --repa FOLDER)
     image_size: int = 256
     flip: bool = True                      # also encode the horizontal mirror (views = 2)
     store: str = "posterior"               # "posterior" (mean + std) or "sample" (one posterior sample)
@@ -55,6 +59,10 @@ class ExtractConfig:
     allow_split_names: bool = False        # class folders named train/val/... are accepted (else refused)
     overwrite: bool = False                # replace a shard set made with another config
     quiet: bool = False
+
+    def __post_init__(self) -> None:
+        if self.encoder and self.store == "posterior":
+            self.store = "sample"  # features are deterministic, without a posterior: stored as the latent
 
     def validate(self) -> "ExtractConfig":
         p: list[str] = []
@@ -76,6 +84,12 @@ class ExtractConfig:
                 p.append(f"--{name.replace('_', '-')} must be >= 1, got {v}")
         if self.num_workers is not None and self.num_workers < 0:
             p.append(f"--num-workers must be >= 0 (0 decodes in the main process), got {self.num_workers}")
+        if self.encoder_layers is not None and self.encoder_layers < 1:
+            p.append(f"--encoder-layers must be >= 1, got {self.encoder_layers}")
+        if self.encoder_formula not in ("rae", "repa"):
+            p.append(f"--encoder-formula must be rae or repa, got {self.encoder_formula!r}")
+        if (self.encoder_weights or self.encoder_layers is not None) and not self.encoder:
+            p.append("--encoder-weights and --encoder-layers need --encoder (a feature encoder, e.g. dinov2-b-reg)")
         if self.seed < 0:
             p.append(f"--seed must be >= 0, got {self.seed}")
         if self.cpu_threads < 1:

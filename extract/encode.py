@@ -38,13 +38,14 @@ STREAM_EXTRACT_SAMPLE = 101
 log = get_logger()
 
 
-def to_model_input(pixels: torch.Tensor, views: int) -> torch.Tensor:
-    """uint8 [b, H, W, 3] -> float32 [views*b, 3, H, W] in [-1, 1], channels_last.
+def to_model_input(pixels: torch.Tensor, views: int, unit_range: bool = False) -> torch.Tensor:
+    """uint8 [b, H, W, 3] -> float32 [views*b, 3, H, W] in [-1, 1] ([0, 1]: x/255 with `unit_range`, a feature
+    encoder's input, common/features.py), channels_last.
 
     Rows [0, b) are the crops, rows [b, 2b) their exact horizontal mirrors.
     """
     x = pixels.permute(0, 3, 1, 2).float()  # a channels_last view of the NHWC bytes
-    x = x.div_(255.0).sub_(0.5).div_(0.5)
+    x = x.div_(255.0) if unit_range else x.div_(255.0).sub_(0.5).div_(0.5)
     if views == 2:
         x = torch.cat([x, x.flip(-1)])
     return x.contiguous(memory_format=torch.channels_last)
@@ -80,7 +81,7 @@ class LatentEncoder:
 
     def __init__(self, vae: torch.nn.Module, *, device: torch.device, precision: str, views: int,
                  store: str = "posterior", seed: int = 0, compile: bool = False,
-                 latent_shape: tuple[int, ...] | None = None):
+                 latent_shape: tuple[int, ...] | None = None, unit_range: bool = False):
         if precision not in AUTOCAST_DTYPES:
             raise ValueError(f"precision must be one of {sorted(AUTOCAST_DTYPES)}, got {precision!r}")
         self.vae = vae.to(device=device, memory_format=torch.channels_last).eval().requires_grad_(False)
@@ -89,12 +90,13 @@ class LatentEncoder:
         self.views = views
         self.store = store
         self.seed = seed
+        self.unit_range = unit_range  # a feature encoder takes [0, 1] pixels (common/features.py)
         self.latent_shape = tuple(latent_shape) if latent_shape is not None else None  # checked on every batch
         self.fp32_retries = 0
         if compile:
             # In place (names unchanged), static shapes: fixed batch shapes compile once per shape and
             # autocast dtype (an fp32 re-encode of an overflowed batch compiles once more).
-            self.vae.encoder.compile(dynamic=False)
+            getattr(self.vae, "encoder", self.vae).compile(dynamic=False)
         if device.type == "cuda":
             torch.backends.cudnn.benchmark = False
             torch.backends.cudnn.deterministic = True
@@ -142,7 +144,7 @@ class LatentEncoder:
         """Start encoding `pixels` (uint8 [b, H, W, 3], pinned on CUDA) of the images `indices`."""
         if pixels is None or len(indices) == 0:
             return Pending(None, [], None, None, None, None, None)
-        x = to_model_input(pixels.to(self.device, non_blocking=True), self.views)
+        x = to_model_input(pixels.to(self.device, non_blocking=True), self.views, self.unit_range)
         mean, std, finite = self._outputs(x, indices, self.precision)
         if self.device.type != "cuda":
             return Pending(self, indices, x, mean, std, finite, None)

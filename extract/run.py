@@ -53,6 +53,9 @@ _LATENTS_POSTERIOR = "raw VAE posterior (unscaled): model latent = (z - shift_fa
 _LATENTS_DETERMINISTIC = ("raw encoder latent, deterministic (encode(x).latent, no posterior), unscaled: model "
                           "latent = (z - shift_factor) * scaling_factor")
 
+_LATENTS_FEATURES = ("raw encoder features (extraction.encoder), deterministic, unnormalized: model latent = the "
+                     "manifest's normalization of z")
+
 
 @dataclass
 class ExtractSummary:
@@ -116,7 +119,19 @@ def extraction_record(cfg: ExtractConfig, images: ImageList, vae_identity: dict,
     }
     if cfg.pixels:  # only then: the record of an extraction without pixels stays what it was
         _add_pixels_record(record)
+    if vae_identity.get("kind") == "features":  # only then: a VAE set's record stays what it was
+        record["vae"] = None
+        record["encoder"] = dict(vae_identity)
+        record["normalize"] = "x/255 in [0, 1], then the encoder's formula (encoder.formula); view 1 is the mirror"
+        record["latents"] = _LATENTS_FEATURES
+        record["versions"]["timm"] = _timm_version()
     return record
+
+
+def _timm_version() -> str:
+    import timm
+
+    return str(timm.__version__)
 
 
 def _add_pixels_record(record: dict[str, Any]) -> None:
@@ -189,10 +204,17 @@ def _setup(cfg: ExtractConfig, held: list[RunLock]) -> ExtractJob:
     device = dist.device()
     precision = resolve_precision(cfg.precision, device)
     batch_size = resolve_batch_size(cfg.batch_size, device)
-    vae, vae_identity = load_vae(cfg.vae, config=cfg.vae_config, revision=cfg.vae_revision, device=device)
+    if cfg.encoder:  # a feature encoder (common/features.py) in the VAE's place
+        from dit_pipeline.common.features import load_feature_encoder
+
+        vae, vae_identity = load_feature_encoder(cfg.encoder, weights=cfg.encoder_weights, layers=cfg.encoder_layers,
+                                                 device=device, image_size=cfg.image_size,
+                                                 formula=cfg.encoder_formula)
+    else:
+        vae, vae_identity = load_vae(cfg.vae, config=cfg.vae_config, revision=cfg.vae_revision, device=device)
     check_store(cfg, vae_identity)
     shape = latent_shape(cfg, vae_identity)
-    norm = resolve_normalization(cfg, vae_identity, shape[0])
+    norm = resolve_normalization(cfg, vae_identity, shape)
     samples_per_shard = _samples_per_shard(cfg, shape)
     record = extraction_record(cfg, images, vae_identity, precision=precision, batch_size=batch_size,
                                samples_per_shard=samples_per_shard, device=device)
@@ -218,7 +240,8 @@ def _encode(run: ExtractJob, todo: list[int]):
     loader = make_loader(dataset, chunks, samples_per_shard=run.samples_per_shard, num_workers=workers,
                          pin_memory=run.device.type == "cuda")
     encoder = LatentEncoder(run.vae, device=run.device, precision=run.precision, views=cfg.views,
-                            store=cfg.store, seed=cfg.seed, compile=cfg.compile, latent_shape=tuple(run.latent_shape))
+                            store=cfg.store, seed=cfg.seed, compile=cfg.compile, latent_shape=tuple(run.latent_shape),
+                            unit_range=run.vae_identity.get("input_range") == "0,1")
     desc = "extract" if dist.world_size() == 1 else f"extract (rank 0 of {dist.world_size()})"
     bar = tqdm(total=sum(len(c) for _, c in chunks), unit="img", desc=desc, smoothing=0.05, dynamic_ncols=True,
                disable=not progress_enabled(cfg.quiet))

@@ -99,11 +99,13 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def _comparable(record: dict[str, Any]) -> dict[str, Any]:
     flat = _flatten(record)
-    vae = record.get("vae", {})
+    vae = record.get("vae") or {}
     # The same weights reached through another path are the same VAE; without a hash, the source decides
     # (stored absolute: the path as typed, `source_given`, depends on the working directory and is display only).
     drop = {f"vae.{k}" for k in VAE_INFO_KEYS} if vae.get("weights_sha256") else set()
     drop.add("vae.source_given")
+    if (record.get("encoder") or {}).get("weights_sha256"):  # a feature encoder's weights: by hash too
+        drop |= {"encoder.spec", "encoder.weights"}
     return {k: v for k, v in flat.items() if k not in drop}
 
 

@@ -44,17 +44,18 @@ def check_store(cfg: ExtractConfig, vae_identity: dict[str, Any]) -> None:
                         "--store sample, which stores its latent as it is")
 
 
-def resolve_normalization(cfg: ExtractConfig, vae_identity: dict[str, Any], channels: int) -> LatentNorm:
+def resolve_normalization(cfg: ExtractConfig, vae_identity: dict[str, Any], shape: int | list[int]) -> LatentNorm:
     """The manifest's normalization: the --latent-stats file's, else the VAE config's (per-channel where it has
     latents_mean / latents_std, else its scalar factors). UserError for statistics that do not fit."""
     norm = LatentNorm.of_vae(vae_identity)
     if norm.per_channel is not None:
+        channels = shape if isinstance(shape, int) else shape[0]
         problems = normalization_problems(norm.per_channel, channels)
         if problems:
             raise UserError(f"the VAE {cfg.vae!r}: its config's latents_mean / latents_std do not fit its "
                             f"{channels} latent channels ({'; '.join(problems)})")
     if cfg.latent_stats:
-        record = read_stats_file(cfg.latent_stats, channels)
+        record = read_stats_file(cfg.latent_stats, shape)
         if norm.per_channel is not None:
             log.warning("--latent-stats %s replaces the VAE config's latents_mean/latents_std", cfg.latent_stats)
         norm = norm.with_record(record)

@@ -25,6 +25,7 @@ from dit_pipeline.common.io import atomic_write_bytes
 from dit_pipeline.common.latent_norm import LatentNorm
 from dit_pipeline.common.settings import choice, flag_name, positive, setting
 from dit_pipeline.common.precision import AUTOCAST_DTYPES
+from dit_pipeline.common.rae_decoder import check_grid
 from dit_pipeline.common.vae import load_vae
 from dit_pipeline.dit.respace import TRAIN_TIMESTEPS, ddim_stride, nearest_ddim_steps
 from dit_pipeline.sample.config import GRID_SAMPLER, SAMPLERS
@@ -305,6 +306,7 @@ class SampleGridHook:
         if int(identity["latent_channels"]) != channels:
             raise UserError(f"--vae {self.vae!r} has {identity['latent_channels']} latent channels but the model "
                             f"trains on {channels}-channel latents; pass the VAE the shards were extracted with")
+        check_grid(identity, int(ctx.model_config["input_size"]), f"--vae {self.vae!r}")
         bad = [c for c in self.class_labels or () if not 0 <= int(c) < ctx.num_classes]
         if bad:
             raise UserError(f"--sample-classes {bad}: the model has {ctx.num_classes} classes (ids 0.."

@@ -35,6 +35,7 @@ from dit_pipeline.common.io import atomic_write_bytes, atomic_write_json, check_
 from dit_pipeline.common.latent_norm import LatentNorm
 from dit_pipeline.common.log import progress_enabled, setup_logging
 from dit_pipeline.common.precision import AUTOCAST_DTYPES, set_tf32
+from dit_pipeline.common.rae_decoder import check_grid
 from dit_pipeline.common.vae import DEFAULT_VAE, load_vae, recorded_vae
 from dit_pipeline.sample import plan
 from dit_pipeline.sample.config import DDPM_SAMPLERS, DEFAULT_SAMPLERS, FLOW_SAMPLERS, SampleConfig
@@ -197,6 +198,7 @@ def _check_compatible(cfg: SampleConfig, loaded: LoadedModel, vae_id: dict[str, 
     if int(vae_id["latent_channels"]) != int(c["in_channels"]):
         raise UserError(f"--vae {cfg.vae!r} has {vae_id['latent_channels']} latent channels but the model takes "
                         f"{c['in_channels']}; pass the VAE the model was trained with")
+    check_grid(vae_id, int(c["input_size"]), f"--vae {cfg.vae!r}")
     if cfg.guided and not float(c["class_dropout_prob"]) > 0:
         raise UserError(f"--cfg-scale {cfg.cfg_scale}: the model has no null class (trained without class "
                         "dropout), so classifier-free guidance is impossible; pass --cfg-scale 1")

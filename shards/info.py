@@ -38,7 +38,7 @@ def geometry(m: Manifest) -> dict[str, Any]:
     """The latent geometry: channels, spatial size, the downsampling factor (image size / latent size) and
     what the encoder gave (a posterior or a deterministic latent)."""
     c, h, w = m.latent_shape
-    found = m.extraction.get("vae")
+    found = m.extraction.get("vae") or m.extraction.get("encoder")  # a feature space records its encoder
     vae: dict[str, Any] = found if isinstance(found, dict) else {}
     return {"latent_channels": c, "latent_size": [h, w], "downsample_factor": m.image_size // h if h else None,
             "vae_class": vae.get("class"), "encoder_output": vae.get("encoder_output", "latent_dist")}
@@ -52,6 +52,13 @@ def _scale_line(d: dict[str, Any]) -> str:
 
 
 def _vae_line(d: dict[str, Any]) -> str:
+    enc = d["extraction"].get("encoder")
+    if isinstance(enc, dict):  # a feature space (dit-extract --encoder)
+        h, w = d["geometry"]["latent_size"]
+        weights = enc.get("weights_sha256") or enc.get("weights")
+        return (f"  encoder:  {enc.get('model')} ({enc.get('formula_name', 'rae')}'s formula, {enc.get('input_size')} px, "
+                f"patch {enc.get('patch_size')}, last {enc.get('layers')} block(s)), weights {weights}\n"
+                f"  geometry: features: {d['image_size']} px -> {d['geometry']['latent_channels']} x {h} x {w} tokens")
     vae = d["vae"] if isinstance(d["vae"], dict) else {}
     text = vae.get("source", "?") + "".join(f", {k} {vae[k]}" for k in ("revision", "commit", "weights_sha256")
                                             if vae.get(k))
@@ -92,7 +99,7 @@ def format_info(d: dict[str, Any]) -> str:
     if d["revision"]:
         r = d["revision"]
         lines.append(f"  revision: {r['number']} (by {r['by']}; the previous manifest is kept as {r['previous']})")
-    other = {k: v for k, v in d["extraction"].items() if k != "vae"}
+    other = {k: v for k, v in d["extraction"].items() if k not in ("vae", "encoder")}
     if other:
         lines.append("  extraction config: " + ", ".join(f"{k}={v}" for k, v in sorted(other.items())))
     return "\n".join(lines)

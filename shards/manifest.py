@@ -274,8 +274,8 @@ def _normalization_problems(d: dict[str, Any]) -> list[str]:
         return [f"format_version {FORMAT_VERSION_NORMALIZATION} is the version of a set normalized per channel, "
                 "but the manifest has no normalization field"]
     shape = d["latent_shape"]
-    channels = shape[0] if len(shape) == 3 and _is_int(shape[0]) else None
-    return normalization_problems(d["normalization"], channels)
+    valid = len(shape) == 3 and all(_is_int(v) for v in shape)
+    return normalization_problems(d["normalization"], list(shape) if valid else None)
 
 
 def _revision_problems(r: Any) -> list[str]:

@@ -40,7 +40,7 @@ def revised(m: Manifest, *, normalization: dict[str, Any] | None, scaling_factor
     """`m` with a new normalization (a per-channel record, or None with a new scalar `scaling_factor`) as its
     next revision; UserError when the numbers are unusable."""
     if normalization is not None:
-        problems = normalization_problems(normalization, m.latent_shape[0])
+        problems = normalization_problems(normalization, list(m.latent_shape))
         if problems:
             raise UserError(f"cannot write this normalization: {'; '.join(problems)} (a channel whose latents are "
                             "constant has no std to divide by)")
@@ -97,10 +97,16 @@ def revise(folder: str | Path, *, mode: str | None = None, stats_file: str | Non
     m = read_manifest(folder)
     before = None
     if stats_file is not None:
-        from_file = read_stats_file(stats_file, m.latent_shape[0])
+        from_file = read_stats_file(stats_file, list(m.latent_shape))
         record: dict[str, Any] | None = from_file
         scale: float | None = None
         by = f"dit-shards stats --latent-stats {from_file['source']['path']}"
+    elif mode == "per-position":  # exact, over every sample and view (shards.stats.position_stats)
+        from dit_pipeline.shards.stats import position_stats
+
+        exact = position_stats(folder)
+        record, scale = computed_normalization(exact, "per-position", m.revision_number + 1)
+        by = "dit-shards stats --write per-position"
     else:
         before = compute_stats(folder, max_samples=max_samples, seed=seed)
         if not before["samples_used"]:

@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from dit_pipeline.common.latent_norm import stats_record
+from dit_pipeline.common.latent_norm import mean_var_record, stats_record
+from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.seeding import numpy_rng
 from dit_pipeline.shards.format import ShardError, shard_index
 from dit_pipeline.shards.manifest import Manifest, read_manifest
@@ -159,8 +160,52 @@ def first_samples_std(folder: str | Path, m: Manifest, max_samples: int = 64) ->
 
 def fix_hint(folder: str | Path) -> str:
     """The commands that normalize a shard set to unit std (shards/revision.py)."""
-    return (f"dit-shards stats {folder} --write scalar (one factor) or --write per-channel (each channel's mean "
-            "and std) records it as a new manifest revision")
+    return (f"dit-shards stats {folder} --write scalar (one factor), --write per-channel (each channel's mean "
+            "and std) or --write per-position (each channel and position: feature spaces) records it as a new "
+            "manifest revision")
+
+
+def _position_partial(path: Path, m: Manifest, expect: Expect) -> tuple[int, np.ndarray, np.ndarray]:
+    """One shard's (count, sum, sum of squares) of the raw z per channel and position, float64 [C, h, w]; every
+    sample and view. A stored latent only (a posterior would need noise: not exact)."""
+    n, total, sq = 0, np.zeros(m.latent_shape), np.zeros(m.latent_shape)
+    with open(path, "rb") as f:
+        for key, fields in iter_members(TarReader(f, seekable=True, chunk=1 << 16), str(path),
+                                        lambda name: not name.endswith((".json", ".pixels.webp"))):
+            try:
+                _, arrays, _ = check_sample(key, fields, expect, parse_meta=False)
+                z = widen(arrays["latent.npy"], m.dtype).astype(np.float64)
+                if not np.isfinite(z).all():
+                    raise ValueError("NaN or Inf in the latents")
+            except (ValueError, KeyError) as e:
+                raise ShardError(str(path), key, str(e)) from None
+            n += z.shape[0]
+            total += z.sum(axis=0)
+            sq += np.square(z).sum(axis=0)
+    return n, total, sq
+
+
+def position_stats(folder: str | Path) -> dict[str, Any]:
+    """The exact mean and (population) variance of z per channel and position over every sample and view of the
+    set: float64 partial sums per shard, added in shard order, so the result does not depend on how the shards
+    are read (any split of the shards gives the same partials and the same bits). Raw z: a set of stored latents
+    (`--store sample`; features are stored so)."""
+    folder = Path(folder)
+    m = read_manifest(folder)
+    if m.store != "sample":
+        raise UserError(f"{folder}: --write per-position needs stored latents (store sample, e.g. dit-extract "
+                        "--encoder); this set stores a posterior, whose samples are drawn fresh every epoch")
+    expect = Expect.from_manifest(m)
+    n, total, sq = 0, np.zeros(m.latent_shape), np.zeros(m.latent_shape)
+    for rec in m.shards:
+        if rec.samples:
+            k, t, q = _position_partial(folder / rec.name, m, expect)
+            n, total, sq = n + k, total + t, sq + q
+    if not n:
+        raise UserError(f"{folder}: the shard set holds no samples; there are no statistics to write")
+    mean = total / n
+    var = np.maximum(sq / n - mean ** 2, 0.0)
+    return {"views_used": n, "samples_used": n // m.views, "mean": mean, "var": var, "shape": list(m.latent_shape)}
 
 
 def format_stats(s: dict[str, Any], folder: str | Path | None = None) -> str:
@@ -199,4 +244,8 @@ def computed_normalization(s: dict[str, Any], mode: str, revision: int) -> tuple
         return stats_record(s["raw_channel_mean"], s["raw_channel_std"], source), None
     if mode == "scalar":
         return None, s["suggested_scaling_factor"]
+    if mode == "per-position":  # s: position_stats
+        source = {"kind": "stats", "samples_used": s["samples_used"], "views_used": s["views_used"], "seed": None,
+                  "exact": True, "revision": revision}
+        return mean_var_record(s["mean"], s["var"], source), None
     raise ValueError(f"unknown --write mode {mode!r}")

@@ -39,8 +39,10 @@ def test_gpu_bench_smoke_writes_every_row(tmp_path):
     want = {("train", "fast-DiT-style fp16 eager"), ("train", "ours bf16 eager, attention auto"),
             ("train", "ours bf16 per-block compile, attention auto"), ("train", "memory-table row (eager)"),
             ("extract", "baseline fp32 batch 1, one view"), ("extract", "ours fp32 eager 2 view(s)"),
-            ("extract", "ours fp32 compiled 2 view(s)"), ("repa", "teacher forward (tiny, no grad)"),
+            ("extract", "ours fp32 compiled 2 view(s)"), ("extract", "DINOv2-B reg features fp32 eager 2 view(s)"),
+            ("repa", "teacher forward (tiny, no grad)"),
             ("repa", "plain flow step (no REPA)"), ("repa", "REPA step (teacher + projector + loss)"),
+            ("repa", "REPA step from cached tokens (projector + loss)"), ("repa", "REPA step online / cached tokens"),
             ("families", "LightningDiT-XL/1 flow step"), ("families", "DiT-DH-XL flow step")}
     assert want <= set(names), sorted(set(names))
     rates = [row.get("img_s") or row.get("encodes_s") or row.get("latents_s") for row in rows

@@ -38,7 +38,8 @@ from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.workers import worker_context
 from dit_pipeline.shards import (LatentSample, Manifest, ShardError, ShardRecord, iter_shard, quick_check,
                                  read_manifest)
-from dit_pipeline.train.latents import LatentSpec, Pending, Scratch, build_latents, build_pixels, epoch_seed, pending
+from dit_pipeline.train.latents import (LatentSpec, Pending, Scratch, build_latents, build_pixels, build_teacher,
+                                        epoch_seed, pending)
 from dit_pipeline.train.partition import EpochPlan, interleave_seed, loader_seed, shuffle_seed
 from dit_pipeline.train.pool import BatchPool, PooledBatch, shared_empty
 from dit_pipeline.train.signals import ignore_in_worker, workers_start_blocked
@@ -121,8 +122,34 @@ def open_shards(shards: str, manifest: str | None = None) -> ShardSource:
 # ----------------------------------------------------------------------------------------------------------
 # Readers
 
+class Joined(NamedTuple):
+    """A sample with its sibling set's stored latent (all views) of the same key (shards/siblings.py)."""
+
+    sample: LatentSample
+    teacher: np.ndarray
+
+
+def join_sibling(samples: Iterator[LatentSample], url: str, manifest: Manifest,
+                 record: ShardRecord) -> Iterator[Joined]:
+    """Each sample of a shard with the sibling shard's sample of the same key: the siblings hold the same keys
+    in the same order (checked on the manifests before training), so they are read in lockstep; a key that
+    differs anyway is a ShardError of the sibling shard."""
+    other = iter_shard(url, manifest, raw=True, record=record)
+    try:
+        for s in samples:
+            t = next(other, None)
+            if t is None or t.key != s.key:
+                raise ShardError(url, s.key, f"the sibling shard has {'no sample' if t is None else t.key} here")
+            assert t.latent is not None, "a sibling set of tokens stores latents"
+            yield Joined(s, t.latent)
+    finally:
+        other.close()
+
+
 def read_shard(url: str, manifest: Manifest, skip_bad: bool, *, record: ShardRecord | None = None,
-               sha256: str | None = None, pixels: bool = False) -> Iterator[LatentSample | SkippedShard]:
+               sha256: str | None = None, pixels: bool = False,
+               sibling: tuple[str, Manifest, ShardRecord] | None = None
+               ) -> Iterator[LatentSample | Joined | SkippedShard]:
     """Stage 1: one shard's samples (raw, stored dtype); on a ShardError a SkippedShard when `skip_bad`.
 
     sha256 ("whole" | "stream" | None): shards.iter_shard's check of the shard's bytes against `record` (its
@@ -130,7 +157,7 @@ def read_shard(url: str, manifest: Manifest, skip_bad: bool, *, record: ShardRec
     ShardError like any other, naming the shard)."""
     samples = iter_shard(url, manifest, raw=True, record=record, sha256=sha256, pixels="bytes" if pixels else None)
     try:
-        yield from samples
+        yield from (samples if sibling is None else join_sibling(samples, *sibling))
     except ShardError as e:
         if not skip_bad:
             raise
@@ -145,16 +172,18 @@ class Batch(NamedTuple):
     keys: torch.Tensor         # [B] int64 global sample indices
     skipped: list              # [SkippedShard(url, problem)] left out (--skip-bad-shards) since the last batch
     pixels: torch.Tensor | None = None  # [B, H, W, 3] uint8, each in its latent's view (when asked for)
+    teacher: torch.Tensor | None = None  # [B, N, D] float32 cached teacher tokens of each latent's view (--repa FOLDER)
 
     def __reduce__(self):
         # Sent from a loader worker: labels and keys travel by value (a few KB); as tensors each would cost
         # a shared-memory file and a file descriptor passed through a socket, per batch.
-        return (_rebuild_batch, (self.latents, self.labels.numpy(), self.keys.numpy(), self.skipped, self.pixels))
+        return (_rebuild_batch, (self.latents, self.labels.numpy(), self.keys.numpy(), self.skipped, self.pixels,
+                                 self.teacher))
 
 
 def _rebuild_batch(latents: torch.Tensor, labels: np.ndarray, keys: np.ndarray, skipped: list,
-                   pixels: torch.Tensor | None = None) -> Batch:
-    return Batch(latents, torch.from_numpy(labels), torch.from_numpy(keys), skipped, pixels)
+                   pixels: torch.Tensor | None = None, teacher: torch.Tensor | None = None) -> Batch:
+    return Batch(latents, torch.from_numpy(labels), torch.from_numpy(keys), skipped, pixels, teacher)
 
 
 class EpochStream(IterableDataset):
@@ -166,7 +195,8 @@ class EpochStream(IterableDataset):
 
     def __init__(self, source: ShardSource, plan: EpochPlan, rank: int, *, seed: int, buffer: int,
                  shards_in_flight: int = 16, start_batch: int = 0, skip_bad_shards: bool = False,
-                 sha256: str | None = None, exclude: frozenset[int] = frozenset(), pixels: bool = False):
+                 sha256: str | None = None, exclude: frozenset[int] = frozenset(), pixels: bool = False,
+                 sibling: tuple[str, Manifest] | None = None):
         self.source, self.plan, self.rank = source, plan, rank
         self.seed, self.buffer, self.start_batch = seed, buffer, start_batch
         self.shards_in_flight = shards_in_flight
@@ -174,6 +204,7 @@ class EpochStream(IterableDataset):
         self.exclude = exclude  # shards skipped as bad in an earlier epoch (--skip-bad-shards): never opened
         self.sha256 = sha256  # each shard's check against the manifest: whole | stream | None (train.preflight)
         self.pixels = pixels  # also each sample's crop, in its latent's view (Batch.pixels; sets with pixels)
+        self.sibling = sibling  # (folder, manifest) of the sibling set whose tokens each batch carries (Batch.teacher)
         self.spec = LatentSpec.from_manifest(source.manifest)
         self.pool: BatchPool | None = None  # set by make_loader before its workers start
 
@@ -196,11 +227,23 @@ class EpochStream(IterableDataset):
         float32 arithmetic run once per batch.
         """
         spec, base, src = self.spec, epoch_seed(self.seed, self.plan.epoch), self.source
+        sib = self.sibling
+
+        def joined(i: int) -> tuple[str, Manifest, ShardRecord] | None:
+            if sib is None:
+                return None
+            return str(Path(sib[0]) / sib[1].shards[i].name), sib[1], sib[1].shards[i]
+
         shards = (read_shard(src.urls[i], src.manifest, self.skip_bad_shards, record=src.manifest.shards[i],
-                             sha256=self.sha256, pixels=self.pixels) for i in self.plan.slot_shards[slot]
-                  if i not in self.exclude)
+                             sha256=self.sha256, pixels=self.pixels, sibling=joined(i))
+                  for i in self.plan.slot_shards[slot] if i not in self.exclude)
         for item in interleave(shards, self.shards_in_flight, interleave_seed(self.seed, self.plan.epoch, slot)):
-            yield item if isinstance(item, SkippedShard) else pending(item, spec, base)  # stage 3: the view
+            if isinstance(item, SkippedShard):
+                yield item
+            elif isinstance(item, Joined):
+                yield pending(item.sample, spec, base, item.teacher)  # stage 3: the view (of both sets)
+            else:
+                yield pending(item, spec, base)  # stage 3: the view
 
     def _batch(self, items: list[Pending], skipped: list, scratch: Scratch, worker: int) -> Batch | PooledBatch:
         """Stage 6: one micro-batch. In a loader worker the latents are made in shared memory, so they reach
@@ -214,12 +257,17 @@ class EpochStream(IterableDataset):
             size = self.source.manifest.image_size
             pixels = build_pixels(items, size, shared_empty((len(items), size, size, 3), torch.uint8)
                                   if in_worker else None)
+        teacher = None
+        if self.sibling is not None:  # the cached tokens, [B, N, D] float32
+            c, h, w = self.sibling[1].latent_shape
+            teacher = build_teacher(items, self.sibling[1].dtype, shared_empty((len(items), h * w, c))
+                                    if in_worker else None)
         if in_worker and self.pool is not None and (slot := self.pool.acquire(worker)) is not None:
             build_latents(items, self.spec, self.pool.data[slot], scratch)
-            return PooledBatch(slot, labels, keys, skipped, pixels)
+            return PooledBatch(slot, labels, keys, skipped, pixels, teacher)
         out = shared_empty((len(items), *self.spec.shape)) if in_worker else None
         return Batch(build_latents(items, self.spec, out, scratch), torch.from_numpy(labels),
-                     torch.from_numpy(keys), skipped, pixels)
+                     torch.from_numpy(keys), skipped, pixels, teacher)
 
     def reader(self, worker: int) -> Iterator[Batch | ReaderEvent]:
         """Batches of logical worker `worker` with rank batch index >= start_batch, exactly its quota: a chain
@@ -283,8 +331,9 @@ def _from_pool(items: Iterator[Any], pool: BatchPool, pin_memory: bool) -> Itera
             if isinstance(item, PooledBatch):
                 latents = pool.take(item.slot)
                 pixels = item.pixels.pin_memory() if pin_memory and item.pixels is not None else item.pixels
+                teacher = item.teacher.pin_memory() if pin_memory and item.teacher is not None else item.teacher
                 item = Batch(latents.pin_memory() if pin_memory else latents, torch.from_numpy(item.labels),
-                             torch.from_numpy(item.keys), item.skipped, pixels)
+                             torch.from_numpy(item.keys), item.skipped, pixels, teacher)
             yield item
     finally:
         shutdown = getattr(items, "_shutdown_workers", None)

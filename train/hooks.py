@@ -36,8 +36,12 @@ def _recorded_vae(cfg: "TrainConfig") -> tuple[str, str | None]:
     if cfg.manifest is None and not Path(cfg.shards).expanduser().is_dir():
         raise UserError("--sample-every needs --vae here: the manifest is not known yet (pass --manifest or --vae)")
     path = Path(where).expanduser()
-    found = recorded_vae(read_manifest(path).extraction.get("vae"), f"the manifest of {where}",
-                         base=path if path.is_dir() else path.parent)
+    m = read_manifest(path)
+    found = recorded_vae(m.extraction.get("vae"), f"the manifest of {where}", base=path if path.is_dir() else path.parent)
+    if found is None and m.extraction.get("encoder"):
+        raise UserError(f"--sample-every / --fid-every need --vae DECODER here: {where} holds the features of "
+                        f"{m.extraction['encoder'].get('model')} (a feature space), which only a decoder turns into "
+                        "pixels; pass RAE's decoder (--vae model.pt or --vae model.pt,config.json)")
     if found is None:
         raise UserError(f"--sample-every needs --vae: the manifest of {where} records no VAE; pass the VAE the "
                         "shards were extracted with (a hub id, a local diffusers folder or a .safetensors file)")

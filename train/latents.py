@@ -83,9 +83,10 @@ class Pending(NamedTuple):
     seed: int                  # sample_seed: the posterior noise
     view: int = 0              # the stored view the latent comes from (1: the mirror of a flipped set)
     pixels: bytes | None = None  # the encoded crop (sets with pixels, when the trainer needs them)
+    teacher: np.ndarray | None = None  # [C', h', w'] stored: the sibling set's tokens of this view (--repa FOLDER)
 
 
-def pending(sample: LatentSample, spec: LatentSpec, base: int) -> Pending:
+def pending(sample: LatentSample, spec: LatentSpec, base: int, teacher: np.ndarray | None = None) -> Pending:
     """Pick the sample's view (from its seed; base = epoch_seed) and copy just that view out of the member
     bytes, so a shuffle buffer holds A x C x h x w stored values per sample, not every view."""
     index = key_index(sample.key)
@@ -99,7 +100,24 @@ def pending(sample: LatentSample, spec: LatentSpec, base: int) -> Pending:
     else:
         assert sample.latent is not None
         arrays = np.array(sample.latent[v:v + 1])
-    return Pending(arrays, sample.label, index, sd, v, None if sample.pixels is None else bytes(sample.pixels))
+    return Pending(arrays, sample.label, index, sd, v, None if sample.pixels is None else bytes(sample.pixels),
+                   None if teacher is None else np.array(teacher[v]))
+
+
+def build_teacher(items: Sequence[Pending], dtype: str, out: torch.Tensor | None = None) -> torch.Tensor:
+    """[B, h' * w', C'] float32: each item's cached teacher tokens (the sibling set's stored latent of the same
+    view, raw: REPA aligns to unnormalized features), in the token order of a ViT's patch sequence (row-major)."""
+    from dit_pipeline.shards.npy import widen
+
+    first = items[0].teacher
+    assert first is not None, "the reader was asked for the sibling's tokens"
+    c, h, w = first.shape
+    out = out if out is not None else torch.empty((len(items), h * w, c), dtype=torch.float32)
+    rows = out.numpy()
+    for it, row in zip(items, rows):
+        assert it.teacher is not None
+        row[...] = widen(it.teacher, dtype).reshape(c, h * w).T
+    return out
 
 
 def build_pixels(items: Sequence[Pending], image_size: int, out: torch.Tensor | None = None) -> torch.Tensor:

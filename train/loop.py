@@ -46,7 +46,7 @@ from dit_pipeline.train.net import TrainModel
 from dit_pipeline.train.partition import EpochPlan, plan_epoch
 from dit_pipeline.train.parts import Part, ProgressPart, ShardSetPart, build_parts, load_all
 from dit_pipeline.train.preflight import Preflight
-from dit_pipeline.train.repa import TeacherClock
+from dit_pipeline.train.repa import CachedTeacher, TeacherClock
 from dit_pipeline.train.speed import ema_update
 from dit_pipeline.train.state import TrainState, comm_guard, weights_fingerprint
 
@@ -170,7 +170,9 @@ class Trainer:
                              shards_in_flight=self.cfg.shards_in_flight, start_batch=s.step_in_epoch * self.batch.accum,
                              skip_bad_shards=self.cfg.skip_bad_shards, sha256=self.sha256,
                              exclude=frozenset(self.source.index_of(n) for n in s.bad_shard_names),
-                             pixels=self.p.teacher is not None)
+                             pixels=self.p.teacher is not None and not isinstance(self.p.teacher, CachedTeacher),
+                             sibling=((self.p.teacher.folder, self.p.teacher.manifest)
+                                      if isinstance(self.p.teacher, CachedTeacher) else None))
         loader = make_loader(stream, num_workers=self.cfg.num_workers or 0, prefetch_factor=self.cfg.prefetch_factor,
                              pin_memory=self.device.type == "cuda")
         try:
@@ -268,9 +270,10 @@ class Trainer:
                     terms = p.diffusion.training_losses(self._model_fn, x, t_all[sl], model_kwargs=kwargs,
                                                         noise=noise_all[sl])
                 else:  # REPA: the teacher's features of these very pixels, then the loss with the alignment term
-                    assert b.pixels is not None
-                    with self.teacher_clock:
-                        features = p.teacher(b.pixels)
+                    assert b.pixels is not None or b.teacher is not None
+                    with self.teacher_clock:  # --repa FOLDER: the cached tokens of these very views
+                        features = (b.teacher.to(self.device, non_blocking=True) if b.teacher is not None
+                                    else p.teacher(b.pixels))  # type: ignore[arg-type]
                     terms = repa.training_losses(p.diffusion, self._model_fn, x, t_all[sl], [features],
                                                  model_kwargs=kwargs, noise=noise_all[sl],
                                                  proj_coeff=self.cfg.repa_coeff)

@@ -15,6 +15,7 @@ from dit_pipeline.common import distributed as dist
 from dit_pipeline.common.log import get_logger
 from dit_pipeline.common.precision import AUTOCAST_DTYPES
 from dit_pipeline.common.teacher import Teacher
+from dit_pipeline.train.repa import CachedTeacher
 from dit_pipeline.dit.family import DiffusionTransformer
 from dit_pipeline.dit.repa import REPAModel
 from dit_pipeline.train.config import TrainConfig
@@ -42,7 +43,7 @@ class TrainModel:
     peak_tflops: float | None
     device: torch.device
     head: REPAModel | None = None        # --repa: the DiT and its projector as one module (what DDP wraps)
-    teacher: Teacher | None = None       # --repa: the frozen teacher, on `device`
+    teacher: "Teacher | CachedTeacher | None" = None  # --repa: the frozen teacher on `device`, or cached tokens
 
     @property
     def trained(self) -> torch.nn.Module:

@@ -129,8 +129,11 @@ class ShardSetPart(_NoCheck):
 
     @classmethod
     def of(cls, manifest: Manifest, fingerprint: str) -> "ShardSetPart":
-        return cls(fingerprint, {**manifest.norm.record(), "vae": manifest.extraction.get("vae"),
-                                 "class_names": list(manifest.class_names or [])}, manifest.revision_number)
+        latent = {**manifest.norm.record(), "vae": manifest.extraction.get("vae"),
+                  "class_names": list(manifest.class_names or [])}
+        if manifest.extraction.get("encoder"):  # a feature space (common/features.py): which encoder's features
+            latent["encoder"] = manifest.extraction["encoder"]
+        return cls(fingerprint, latent, manifest.revision_number)
 
     def state_dict(self) -> dict[str, Any]:
         return {"manifest_fingerprint": self.fingerprint, "latent": self.latent}

@@ -39,6 +39,7 @@ class PooledBatch(NamedTuple):
     keys: np.ndarray           # [B] int64
     skipped: list
     pixels: torch.Tensor | None = None  # [B, H, W, 3] uint8 in shared memory (the trainer asked for pixels)
+    teacher: torch.Tensor | None = None  # [B, N, D] float32 cached teacher tokens in shared memory (--repa FOLDER)
 
 
 def _release(busy: torch.Tensor, slot: int) -> None:

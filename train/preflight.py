@@ -30,7 +30,7 @@ from dit_pipeline.train.init import InitWeights, init_line, load_init
 from dit_pipeline.train.partition import DataLayout, EpochPlan, plan_epoch
 from dit_pipeline.train.optim import optimizer_line
 from dit_pipeline.train.recipes import recipe_line
-from dit_pipeline.train.repa import check_repa, repa_line
+from dit_pipeline.train.repa import CachedTeacher, check_repa, repa_line
 from dit_pipeline.train.schedule import LrSchedule, build_schedule, schedule_line
 from dit_pipeline.train.speed import compile_enabled
 
@@ -53,7 +53,7 @@ class Preflight:
     notes: dict[str, str] = dataclasses.field(default_factory=dict)  # plan line -> a default chosen for the user
     sha256: str | None = None         # shards.iter_shard's check of each shard: whole | stream | None
     sha256_bytes: int = 0             # whole shards held at once per node by the "whole" check
-    teacher: Teacher | None = None    # --repa: the teacher, loaded on the CPU (train.repa.check_repa)
+    teacher: "Teacher | CachedTeacher | None" = None  # --repa: the teacher on the CPU, or cached tokens (train.repa)
     schedule: LrSchedule | None = None  # the lr of every step (train.schedule); None only for hand-made Preflights
     latent_std: tuple[float, int, str] | None = None  # (std, samples, shard): a quick look (shards.first_samples_std)
     init: InitWeights | None = None   # --init: the weights the new run starts from (train/init.py)
@@ -169,7 +169,7 @@ def prepare(cfg: TrainConfig, world_size: int | None = None) -> Preflight:
     mode, held = sha256_mode(cfg, source, plan0, world)
     _, _, mc = param_counts(kw)
     teacher = check_repa(cfg, has_pixels=source.manifest.has_pixels, where=str(source.folder or cfg.manifest),
-                         depth=num_blocks(mc), grid=mc["input_size"] // mc["patch_size"])
+                         depth=num_blocks(mc), grid=mc["input_size"] // mc["patch_size"], manifest=source.manifest)
     schedule = build_schedule(cfg, steps_at, total)
     std = first_samples_std(source.folder, source.manifest) if source.folder is not None and dist.is_main() else None
     # --init: read and matched on the CPU, also in a dry run; not read when the run folder resumes its checkpoint

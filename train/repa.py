@@ -32,7 +32,9 @@ class RepaSettings:
     repa: str | None = setting(
         None, "Align the DiT's hidden state with a frozen teacher that sees the training pixels (REPA): "
         f"{DEFAULT_TEACHER} or dinov2_vitb14_reg (Meta's file in torch.hub's cache), a local weights file, or a "
-        "Hugging Face id such as timm/vit_base_patch14_dinov2.lvd142m; needs shards extracted with --pixels",
+        "Hugging Face id such as timm/vit_base_patch14_dinov2.lvd142m; needs shards extracted with --pixels. Or "
+        "a sibling shard folder of the teacher's cached tokens (dit-extract --encoder dinov2-b --encoder-formula "
+        "repa): no teacher forward, no pixels",
         group=REPA, shown="off")
     repa_depth: int = setting(8, "The block whose output tokens are aligned (1..depth; 8 in REPA's runs)", group=REPA)
     repa_coeff: float = setting(0.5, "Weight of the alignment term: loss = denoising + coeff x alignment",
@@ -49,11 +51,73 @@ class RepaSettings:
         return p
 
 
-def check_repa(settings: RepaSettings, *, has_pixels: bool, where: str, depth: int, grid: int) -> Teacher | None:
+class CachedTeacher:
+    """`--repa FOLDER`: the teacher's tokens read from a sibling shard set (shards/siblings.py) of the teacher's
+    features (`dit-extract --encoder ... --encoder-formula repa`): no online teacher and no pixels. The batches
+    carry the tokens (`train.data.Batch.teacher`); this object stands where the `Teacher` stands (identity,
+    width, token count, its cost: none)."""
+
+    def __init__(self, folder: str, manifest: Any):
+        self.folder, self.manifest = folder, manifest
+        c, h, w = manifest.latent_shape
+        self.dim, self.grid, self.num_tokens = int(c), int(h), int(h * w)
+        enc = dict(manifest.extraction.get("encoder") or {})
+        self.identity = {"name": f"cached {enc.get('model')} tokens in {folder}", "cached": str(folder),
+                         "encoder": enc, "weights_sha256": enc.get("weights_sha256")}
+        self.image_size = int(enc.get("input_size") or 0)
+
+    def to(self, device: Any) -> "CachedTeacher":
+        return self
+
+    def forward_macs(self) -> int:
+        return 0
+
+    def check_tokens(self, tokens: int, what: str = "the DiT") -> None:
+        if tokens != self.num_tokens:
+            raise UserError(f"--repa {self.folder}: its tokens are {self.grid}x{self.grid} per image but {what} has "
+                            f"{tokens}; extract the teacher's features at the DiT's token grid")
+
+    def __call__(self, pixels: Any) -> Any:
+        raise AssertionError("cached teacher tokens come with the batch (Batch.teacher)")
+
+
+def _cached_teacher(folder: str, manifest: Any) -> CachedTeacher:
+    from dit_pipeline.shards.siblings import read_sibling
+
+    if manifest is None:
+        raise UserError(f"--repa {folder}: cached teacher tokens need the training shards' manifest")
+    m = read_sibling(manifest, folder, "--repa")
+    enc = m.extraction.get("encoder") or {}
+    if not enc or m.store != "sample":
+        raise UserError(f"--repa {folder}: holds no teacher features (its manifest records no --encoder); extract "
+                        "them with dit-extract --encoder dinov2-b --encoder-formula repa --out FOLDER")
+    if enc.get("formula_name") != "repa":
+        raise UserError(f"--repa {folder}: its features are {enc.get('formula_name', 'rae')}'s, not the tokens REPA's "
+                        "teacher aligns to (normalize, resize, final norm with affine); extract them with "
+                        "--encoder-formula repa")
+    return CachedTeacher(folder, m)
+
+
+def is_cached(spec: str | None) -> bool:
+    """Whether --repa names a shard folder of cached teacher tokens (rather than a teacher)."""
+    from pathlib import Path
+
+    return spec is not None and (Path(spec).expanduser() / "manifest.json").is_file()
+
+
+def check_repa(settings: RepaSettings, *, has_pixels: bool, where: str, depth: int, grid: int,
+               manifest: Any = None) -> "Teacher | CachedTeacher | None":
     """Before any GPU work: the shard set has pixels, the aligned block exists, and the teacher loads (on the
-    CPU: a missing or foreign file fails here, also in a dry run) and gives one token per DiT token."""
+    CPU: a missing or foreign file fails here, also in a dry run) and gives one token per DiT token. A shard
+    folder (`--repa FOLDER`): the sibling set of cached tokens, checked against `manifest` instead."""
     if settings.repa is None:
         return None
+    if is_cached(settings.repa):
+        if settings.repa_depth > depth:
+            raise UserError(f"--repa-depth {settings.repa_depth}: the model has {depth} blocks; choose 1..{depth}")
+        cached = _cached_teacher(str(settings.repa), manifest)
+        cached.check_tokens(grid * grid)
+        return cached
     if not has_pixels:
         raise UserError(f"--repa needs the training pixels, but the shard set in {where} was extracted without "
                         "them; extract again with dit-extract --pixels (the latents are the same)")
@@ -64,12 +128,16 @@ def check_repa(settings: RepaSettings, *, has_pixels: bool, where: str, depth: i
     return teacher
 
 
-def repa_line(settings: RepaSettings, teacher: Teacher | None, depth: int, step_flops: float) -> list[str]:
+def repa_line(settings: RepaSettings, teacher: "Teacher | CachedTeacher | None", depth: int,
+              step_flops: float) -> list[str]:
     """The plan's line on the alignment (none without --repa): the teacher, the block, the weight and the
     teacher's cost next to a training step's."""
     if teacher is None:
         return []
     ident = teacher.identity
+    if isinstance(teacher, CachedTeacher):
+        return [f"  repa        {ident['name']} ({teacher.num_tokens} tokens of {teacher.dim}), no teacher forward; "
+                f"aligned after block {settings.repa_depth} of {depth}, coefficient {settings.repa_coeff:g}"]
     weights = ident.get("weights_sha256")
     fwd = 2.0 * teacher.forward_macs()
     return [f"  repa        teacher {ident.get('name')} ({teacher.image_size} px, {teacher.num_tokens} tokens of "

@@ -80,7 +80,7 @@ def test_invalid_records_are_named():
     assert normalization_problems(RECORD, 4) == ["normalization mean has 3 values for 4 latent channels",
                                                  "normalization std has 3 values for 4 latent channels"]
     assert normalization_problems({"form": "zscore"}) == [
-        "normalization form must be one of mean_std, scale_shift, got 'zscore'"]
+        "normalization form must be one of mean_std, scale_shift, mean_var, got 'zscore'"]
     assert normalization_problems({**RECORD, "multiplier": float("nan"), "source": None}, 3) == [
         "normalization multiplier must be a finite number > 0, got nan",
         "normalization source must be an object with kind one of vae_config, file, stats"]

@@ -1,0 +1,54 @@
+"""Several encodings of one image set: sibling shard sets joined by sample key (issue #32).
+
+A second space (DINOv2 tokens beside SD-VAE latents, say) is a shard set of its own, extracted from the same
+image folder with the same crop, views and samples per shard: `dit-extract --encoder ... --out SIBLING`. Its
+shard i then holds exactly the keys of the first set's shard i in the same order, so a reader walks both in
+lockstep without an index. Why siblings rather than named fields in one set: a space is added later without
+re-extracting (or rewriting the bytes of) the first one; each set keeps its own manifest, normalization,
+verify and resume; a run that needs one space reads only its bytes (a tar is read sequentially, so fields of
+an unused space would be read and skipped). The cost is one manifest check, `sibling_problems`, done before
+any GPU work.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from dit_pipeline.common.errors import UserError
+from dit_pipeline.shards.manifest import Manifest, read_manifest
+
+# What must agree for two sets to hold the same images in the same views, sample for sample.
+_SAME_EXTRACTION = ("listing_sha256", "num_images", "image_size", "views", "flip", "samples_per_shard", "crop")
+
+
+def _shards(m: Manifest) -> list[tuple[Any, ...]]:
+    return [(s.name, s.samples, s.first_key, s.last_key) for s in m.shards]
+
+
+def sibling_problems(primary: Manifest, other: Manifest) -> list[str]:
+    """Why `other` is not a sibling of `primary` (empty: the same images, views and keys, shard by shard)."""
+    out: list[str] = []
+    for k in _SAME_EXTRACTION:
+        a, b = primary.extraction.get(k), other.extraction.get(k)
+        if a != b:
+            out.append(f"{k}: {a!r} vs {b!r}")
+    if primary.views != other.views:
+        out.append(f"views: {primary.views} vs {other.views}")
+    if primary.class_names != other.class_names:
+        out.append("class names differ")
+    if not out and _shards(primary) != _shards(other):
+        out.append("the shards hold other keys (a sample skipped in one set only, or another --limit)")
+    if not out and {s["key"] for s in primary.skipped} != {s["key"] for s in other.skipped}:
+        out.append("other images were skipped")
+    return out
+
+
+def read_sibling(primary: Manifest, folder: str | Path, flag: str) -> Manifest:
+    """The sibling set's manifest, checked against `primary`; UserError naming every difference."""
+    m = read_manifest(Path(folder).expanduser())
+    problems = sibling_problems(primary, m)
+    if problems:
+        raise UserError(f"{flag} {folder}: not the same images in the same views as the training shards "
+                        f"({'; '.join(problems)}); extract both from the same --data-path with the same "
+                        "--image-size, --flip, --samples-per-shard and --limit")
+    return m
