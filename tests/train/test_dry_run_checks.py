@@ -50,8 +50,9 @@ def test_the_plan_names_latents_far_from_unit_std_and_the_command_that_fixes_the
     make_shard_set(far, samples=SHARD_SIZES, latent_shape=(4, 8, 8), scaling_factor=0.5)
     std, used, shard = first_samples_std(far, read_manifest(far))
     assert (used, shard) == (16, "shard-000000.tar") and 0.2 < std < 0.4
-    hint = (f"dit-shards stats {far} --write scalar (one factor) or --write per-channel (each channel's mean and "
-            "std) records it as a new manifest revision")
+    hint = (f"dit-shards stats {far} --write scalar (one factor), --write per-channel (each channel's mean and "
+            "std) or --write per-position (each channel and position: feature spaces) records it as a new manifest "
+            "revision")
     r = _dry_run(far, tmp_path / "run1")
     assert r.exit_code == 0, r.output
     assert f"  latents     std {std:.3g} over the first 16 samples of shard-000000.tar: NOT near 1 (DiT assumes " \
