@@ -123,9 +123,10 @@ def sample_main() -> None:
               "sharing, on a uniform schedule; 1 = every call).")
 @click.option("--cfg-scale", type=float, default=default(SampleConfig, "cfg_scale"), show_default=True,
               help="Classifier-free guidance scale (1 = none). The published FID-50K 2.27 uses 1.5.")
-@click.option("--cfg-channels", type=click.Choice(CFG_CHANNELS), default=default(SampleConfig, "cfg_channels"),
-              show_default=True,
-              help="Guide the first 3 latent channels (the reference, for its published FIDs) or all.")
+@click.option("--cfg-channels", default=default(SampleConfig, "cfg_channels"), show_default=True, metavar="|".join(CFG_CHANNELS) + "|N",
+              help="Latent channels classifier-free guidance guides: auto = the first 3 where that reproduces the "
+              "reference sampler (a 4-channel DiT/SiT, LightningDiT's release: their published FIDs), all channels "
+              "otherwise; all; or N, the first N.")
 @click.option("--guidance-interval", type=float, nargs=2, default=None, metavar="LOW HIGH",
               callback=lambda ctx, param, v: None if v is None else list(v),
               help="Guide only where the noise level is in [LOW, HIGH] (ends included), elsewhere run the "

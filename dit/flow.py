@@ -188,6 +188,10 @@ def velocity_of(out: torch.Tensor, channels: int) -> torch.Tensor:
     raise ValueError(f"model output has {out.shape[1]} channels; expected {channels} or {2 * channels}")
 
 
+# The attribute of a model function that takes the sampler's float64 grid time (and casts it for its network).
+GRID_TIME_ATTR = "takes_grid_time"
+
+
 def velocity_field(model: Model, channels: int, model_kwargs: dict[str, Any] | None,
                    convention: str = "sit") -> Callable[[torch.Tensor, float], torch.Tensor]:
     """(x [N, C, ...], t float) -> float32 v(x, t) in SiT's convention, calling model(x, t [N], **model_kwargs);
@@ -196,9 +200,12 @@ def velocity_field(model: Model, channels: int, model_kwargs: dict[str, Any] | N
         raise ValueError(f"unknown flow convention {convention!r}; choose one of: {', '.join(FLOW_CONVENTIONS)}")
     reverse = convention == "repa"
 
+    # A model function that compares the time itself (a guidance interval: sample/generate.py) is given the grid's
+    # float64 time and casts it for the network; any other model gets the float32 time (the same rounding).
+    dtype = torch.float64 if getattr(model, GRID_TIME_ATTR, False) else torch.float32
+
     def field(x: torch.Tensor, t: float) -> torch.Tensor:
-        tt = torch.full((x.shape[0],), 1.0 - float(t) if reverse else float(t), device=x.device,
-                        dtype=torch.float32)
+        tt = torch.full((x.shape[0],), 1.0 - float(t) if reverse else float(t), device=x.device, dtype=dtype)
         v = velocity_of(model(x, tt, **(model_kwargs or {})), channels).float()
         return -v if reverse else v
     return field

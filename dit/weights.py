@@ -26,8 +26,9 @@ import json
 import pickle
 import re
 import zipfile
+from collections import OrderedDict
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -38,8 +39,9 @@ from .infer import WeightsError
 from .repa import PROJECTOR_KEY
 
 _PREFIXES = ("module.", "_orig_mod.")
-__all__ = ["WeightsError", "build_model_from_weights", "check_state_dict", "infer_model_config", "load_dit_weights",
-           "make_sidecar", "read_sidecar", "read_torch_file", "sidecar_path"]
+__all__ = ["RECORD_KEY", "WeightsError", "build_model_from_weights", "check_state_dict", "embed_record",
+           "embedded_record", "infer_model_config", "load_dit_weights", "make_sidecar", "read_sidecar",
+           "read_torch_file", "sidecar_path"]
 
 
 def load_dit_weights(path: str | Path, prefer: str = "ema", hints: dict[str, Any] | None = None
@@ -63,20 +65,28 @@ def load_dit_weights(path: str | Path, prefer: str = "ema", hints: dict[str, Any
     path = Path(path)
     if not path.is_file():
         raise WeightsError(f"weight file {path} does not exist or is not a file")
+    raw: Any = None
     if path.suffix.lower() == ".safetensors":
         state_dict, info = _read_safetensors(path)
     else:
-        state_dict, info = releases.unpack(read_torch_file(path), path, prefer)
+        raw = read_torch_file(path)
+        state_dict, info = releases.unpack(raw, path, prefer)
     where = str(path)
-    if info["source"] == "official" and (sidecar := read_sidecar(path)) is not None:
+    sidecar = read_sidecar(path) if info["source"] == "official" else None
+    if sidecar is not None:
+        info["sidecar"] = str(sidecar_path(path))
+        where = f"{path} with its sidecar {sidecar_path(path).name}"
+    elif info["source"] == "official" and (sidecar := embedded_record(raw, path)) is not None:
+        info["record_from"] = "embedded"  # the trainer's EMA file copied without its sidecar
+        where = f"{path} (with the record it holds)"
+    if sidecar is not None:
         info.update(source="dit-pipeline", weights="ema", model_config=sidecar["model_config"],
-                    latent=sidecar.get("latent"), step=sidecar.get("step"), sidecar=str(sidecar_path(path)),
+                    latent=sidecar.get("latent"), step=sidecar.get("step"),
                     objective=sidecar.get("objective", "ddpm"))  # sidecars before the key: ddpm
         if sidecar.get("flow_convention") in ("sit", "repa"):
             info["flow_convention"] = sidecar["flow_convention"]
         if isinstance(sidecar.get("time_shift"), (int, float)):
             info["time_shift"] = float(sidecar["time_shift"])
-        where = f"{path} with its sidecar {sidecar_path(path).name}"
     state_dict = _strip_prefixes(state_dict, path)
     state_dict = _read_repa_format(state_dict, info, where)
     info["path"] = str(path)
@@ -160,6 +170,42 @@ def make_sidecar(model_config: dict[str, Any], latent: dict[str, Any] | None, st
     return side
 
 
+# The key under which the trainer's EMA file (a bare state_dict) holds its sidecar's record: an entry of the
+# state_dict's `_metadata` (torch's per-module version table, kept by torch.save and torch.load(weights_only=True)).
+# load_state_dict looks `_metadata` up by module prefix only, so the official DiT code's
+# torch.load + load_state_dict(strict=True) ignores it (tests/dit/test_weights.py).
+RECORD_KEY = "dit-pipeline:record"
+
+
+def embed_record(state_dict: dict[str, torch.Tensor], record: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """A copy of `state_dict` (same tensors) whose `_metadata` also holds `record` (make_sidecar's content)."""
+    out: Any = OrderedDict(state_dict)
+    out._metadata = OrderedDict(getattr(state_dict, "_metadata", None) or {})
+    out._metadata[RECORD_KEY] = json.loads(json.dumps(record))  # plain JSON types: weights_only loads them
+    return cast(dict[str, torch.Tensor], out)
+
+
+def embedded_record(obj: Any, path: str | Path) -> dict[str, Any] | None:
+    """The record a bare state_dict holds (embed_record), None when it holds none; WeightsError when it is not
+    a valid one."""
+    meta = getattr(obj, "_metadata", None)
+    if not isinstance(meta, dict) or RECORD_KEY not in meta:
+        return None
+    return _checked_record(meta[RECORD_KEY], f"{path}'s embedded record ({RECORD_KEY})",
+                           f"re-save {Path(path).name} or put its sidecar {sidecar_path(path).name} beside it")
+
+
+def _checked_record(data: Any, what: str, fix: str) -> dict[str, Any]:
+    if not isinstance(data, dict) or data.get("format") != SIDECAR_FORMAT:
+        raise WeightsError(f"{what} is not a weights record (no format {SIDECAR_FORMAT!r}); {fix}")
+    if data.get("version") != SIDECAR_VERSION:
+        raise WeightsError(f"{what} has sidecar version {data.get('version')!r}; this code reads version "
+                           f"{SIDECAR_VERSION}")
+    if not isinstance(data.get("model_config"), dict):
+        raise WeightsError(f"{what} has no model_config object; {fix}")
+    return data
+
+
 def read_sidecar(path: str | Path) -> dict[str, Any] | None:
     """The sidecar of weight file `path`, None when there is none; WeightsError for a file in the sidecar's
     place that is unreadable or not one (it is never silently ignored: it would decide the head count)."""
@@ -174,12 +220,7 @@ def read_sidecar(path: str | Path) -> dict[str, Any] | None:
     if not isinstance(data, dict) or data.get("format") != SIDECAR_FORMAT:
         raise WeightsError(f"{side} sits beside {Path(path).name} but is not a weights sidecar (no format "
                            f"{SIDECAR_FORMAT!r}); {fix}")
-    if data.get("version") != SIDECAR_VERSION:
-        raise WeightsError(f"{side} has sidecar version {data.get('version')!r}; this code reads version "
-                           f"{SIDECAR_VERSION}")
-    if not isinstance(data.get("model_config"), dict):
-        raise WeightsError(f"{side} has no model_config object; {fix}")
-    return data
+    return _checked_record(data, str(side), fix)
 
 
 def check_archive(path: str | Path) -> None:

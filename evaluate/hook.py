@@ -2,7 +2,7 @@
 
 Every `every` steps all ranks sample `num_samples` images with the EMA weights (rank 0 holds the EMA; it is
 broadcast into a sampling copy on every rank) with exactly `dit-sample`'s deterministic sampler: DDPM with
-`steps` respaced steps, guidance `cfg_scale` on the first 3 latent channels, classes chosen by
+`steps` respaced steps, guidance `cfg_scale` on the channels `--cfg-channels` picks (auto: dit-sample's rule), classes chosen by
 (seed, index) as `dit-sample --num-samples N --seed S --labels L` chooses them (`labels`: uniform draws or
 equal counts per class, sample/plan.py), noise of sample i from (seed, i). Each rank
 extracts the Inception features of its images; rank 0 gathers them, computes FID, sFID, Inception Score and
@@ -39,7 +39,7 @@ from dit_pipeline.evaluate.metrics import NEIGHBOURHOOD_K
 from dit_pipeline.evaluate.run import Side, compute_metrics, fd_dinov2
 from dit_pipeline.sample import plan
 from dit_pipeline.sample.config import FID_SAMPLER, FLOW_SAMPLERS
-from dit_pipeline.sample.generate import generate_images, guided_model_fn, make_diffusion
+from dit_pipeline.sample.generate import generate_images, guided_model_fn, make_diffusion, resolve_cfg_channels
 from dit_pipeline.sample.grid import GRIDS, DecodeSettings, run_time_shift
 
 
@@ -114,6 +114,7 @@ class FidHook:
     input_size: int = INPUT_SIZE  # test knob (299 for real numbers)
     random_inception: int | None = None  # test knob
     sampler: str = "ddpm"  # sample.config.FID_SAMPLER of the run's objective (flow: "euler")
+    cfg_channels: str = "auto"  # resolved per model (sample.generate.resolve_cfg_channels), recorded with the FID
     fd_dinov2: bool = False  # also FD_DINOv2 of the same samples (evaluate/dinov2.py, fast resize)
     dinov2: str | None = None
     _state: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
@@ -126,7 +127,7 @@ class FidHook:
         return cls(every=s.fid_every, ref=s.fid_ref, vae=vae, vae_config=vae_config, num_samples=s.fid_num_samples,
                    steps=s.fid_steps, cfg_scale=s.fid_cfg_scale, batch_size=s.fid_batch_size, seed=seed,
                    inception=s.inception, input_size=s.fid_input_size, random_inception=s.fid_random_inception,
-                   sampler=FID_SAMPLER[objective], labels=s.fid_labels, fd_dinov2=s.fd_dinov2, dinov2=s.dinov2)
+                   sampler=FID_SAMPLER[objective], labels=s.fid_labels, cfg_channels=str(s.cfg_channels), fd_dinov2=s.fd_dinov2, dinov2=s.dinov2)
 
     def setup(self, ctx: HookContext) -> None:
         """Every rank: VAE, Inception, a sampling copy of the model; the reference's features (all ranks
@@ -176,7 +177,12 @@ class FidHook:
         sampler = self.sampler
         flow = {"time_shift": run_time_shift(ctx.config)} if sampler in FLOW_SAMPLERS else {}  # the run's shift
         diffusion = make_diffusion(sampler, self.steps, learn_sigma=bool(model.learn_sigma), **flow)
-        model_fn = guided_model_fn(model, cfg_scale=cfg_scale, cfg_channels="3")
+        try:
+            channels = resolve_cfg_channels(self.cfg_channels, ctx.model_config,
+                                            "flow" if sampler in FLOW_SAMPLERS else "ddpm")
+        except ValueError as e:
+            raise UserError(str(e)) from None
+        model_fn = guided_model_fn(model, cfg_scale=cfg_scale, cfg_channels=channels)
         labels = plan.class_labels(num_samples=self.num_samples, seed=self.seed, num_classes=ctx.num_classes,
                                    sampling=self.labels)
         ws = ctx.world_size
@@ -206,7 +212,7 @@ class FidHook:
             numbers["fd_dinov2"] = fd_dinov2(gathered["dinov2"] if gathered else None, self._state["dinov2_ref"])
         names = {f"{k}_name": v for k, v in metric_names(self.num_samples).items() if numbers.get(k) is not None}
         record = {"step": ctx.step, **numbers, **names, "fid_ref": Path(self.ref).name,
-                  "fid_num_samples": self.num_samples, "fid_labels": self.labels,
+                  "fid_num_samples": self.num_samples, "fid_labels": self.labels, "fid_cfg_channels": channels,
                   "fid_seconds": time.perf_counter() - start}
         if getattr(ctx, "metrics", None) is not None:
             ctx.metrics.write(record)

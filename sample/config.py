@@ -31,7 +31,7 @@ FLOW_CONVENTIONS = ("sit", "repa")  # dit.flow: SiT's time (t = 0 noise) or REPA
 # sampler of its paper's FID-50K at the default 250 steps.
 DEFAULT_SAMPLERS = {"ddpm": "ddpm", "flow": "euler-maruyama"}
 DIFFUSION_FORMS = ("sigma", "SBDM", "constant", "linear", "decreasing", "increasing-decreasing")
-CFG_CHANNELS = ("3", "all")
+CFG_CHANNELS = ("auto", "all")  # or a channel count N: guide the first N (sample.generate.cfg_channels_for)
 WEIGHTS = ("ema", "model")
 EXPORT_TARGETS = ("diffusers", "safetensors")
 
@@ -67,7 +67,9 @@ class SampleConfig:
     # training shift (RAE samples with it), else 1. LightningDiT's timestep_shift a is 1 / a here.
     time_shift: float | None = None
     cfg_scale: float = 4.0
-    cfg_channels: str = "3"  # "3": guide the first 3 latent channels as the reference does; "all"
+    # auto: 3 where that reproduces the reference sampler (a 4-channel DiT/SiT, LightningDiT's release), else all
+    # (sample.generate.cfg_channels_for); "all"; or N: the first N channels
+    cfg_channels: str = "auto"
     # [low, high]: guide only where the noise level (1 = noise: flow 1 - t in SiT's time, i.e. REPA's t; DDPM
     # timestep index / 1000) is in [low, high], both ends included; elsewhere the conditional model alone
     guidance_interval: list[float] | None = None
@@ -127,8 +129,9 @@ class SampleConfig:
                 or self.encoder_refresh < 1:
             p.append(f"--encoder-refresh must be a positive integer (1: no reuse), got {self.encoder_refresh!r}")
         p += self._check_sampler()
-        if self.cfg_channels not in CFG_CHANNELS:
-            p.append(f"--cfg-channels must be one of {CFG_CHANNELS}, got {self.cfg_channels!r}")
+        if str(self.cfg_channels) not in CFG_CHANNELS and not (str(self.cfg_channels).isdigit()
+                                                               and int(self.cfg_channels) >= 1):
+            p.append(f"--cfg-channels must be auto, all or a channel count N >= 1, got {self.cfg_channels!r}")
         if self.weights not in WEIGHTS:
             p.append(f"--weights must be one of {WEIGHTS}, got {self.weights!r}")
         if self.precision not in PRECISIONS:

@@ -78,7 +78,10 @@ def _mask(font: Any, ch: str) -> tuple[tuple[int, int], bytes]:
 def _has_glyph(font: Any, ch: str) -> bool:
     if unicodedata.category(ch).startswith(("Z", "C")):  # spaces draw nothing in any font
         return True
-    return _mask(font, ch) != _mask(font, _NO_GLYPH)
+    try:
+        return _mask(font, ch) != _mask(font, _NO_GLYPH)
+    except UnicodeEncodeError:  # a bitmap font (Pillow's fixed one, without FreeType) encodes Latin-1 only
+        return ch.isascii() and ch.isprintable()
 
 
 def has_glyphs(font: Any, text: str) -> bool:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
@@ -25,6 +25,37 @@ from dit_pipeline.common.latent_norm import LatentNorm
 from dit_pipeline.sample.config import respacing
 from dit_pipeline.sample.plan import noise_generators
 
+
+
+def cfg_channels_for(model_config: dict[str, Any], objective: str = "ddpm", flow_convention: str = "sit",
+                     release: str | None = None) -> str:
+    """The latent channels classifier-free guidance guides by default (--cfg-channels auto): "3" only where that
+    reproduces a reference sampler, "all" otherwise. Guiding the first 3 channels is a quirk of DiT's sampler (and
+    SiT's, a copy) for SD-VAE's 4 channels, and of LightningDiT's release sampler (upstream, on 32 channels); for any
+    other model it would leave most of the latent unguided (issue #34). So: a 4-channel DiT-family model trained as
+    DiT (ddpm) or SiT (flow in SiT's time), or a LightningDiT release file: "3"; REPA's files (REPA's time; its
+    sampler guides every channel), every other family and every other channel count: "all"."""
+    if release == "LightningDiT":
+        return "3"
+    if model_config.get("family", "DiT") == "DiT" and int(model_config["in_channels"]) == 4 and release is None \
+            and (objective == "ddpm" or flow_convention == "sit"):
+        return "3"
+    return "all"
+
+
+def resolve_cfg_channels(setting: str | int, model_config: dict[str, Any], objective: str = "ddpm",
+                         flow_convention: str = "sit", release: str | None = None) -> str:
+    """--cfg-channels auto | all | N -> the value used ("3", "all", "N"); ValueError for N outside 1..channels."""
+    setting = str(setting)
+    if setting == "auto":
+        return cfg_channels_for(model_config, objective, flow_convention, release)
+    if setting == "all":
+        return "all"
+    channels = int(model_config["in_channels"])
+    if not setting.isdigit() or not 1 <= int(setting) <= channels:
+        raise ValueError(f"--cfg-channels {setting}: the model has {channels} latent channels; give auto, all or "
+                         f"1..{channels}")
+    return "all" if int(setting) == channels else str(int(setting))
 
 
 def guide_channels_arg(cfg_channels: str | int) -> int | str:
@@ -44,6 +75,13 @@ def noise_level_fn(objective: str, flow_convention: str = "sit") -> Callable[[fl
     if objective == "ddpm":
         return lambda t: t / 1000.0
     return (lambda t: t) if flow_convention == "repa" else (lambda t: 1.0 - t)
+
+
+# --guidance-interval's ends are included (README), compared with the sampler's float64 grid time (never the
+# network's float32 time: 0.8 in float32 is 0.80000001, whose noise level 1 - t falls below an end at 0.2). An end
+# that falls on a grid time is on it up to float64 rounding (1 - 0.8 = 0.19999999999999996): the slack absorbs that
+# and is far below any grid's spacing (1e-3 at 1000 steps).
+INTERVAL_SLACK = 1e-9
 
 
 def guided_model_fn(model: nn.Module, *, cfg_scale: float, cfg_channels: str | int = "3",
@@ -73,12 +111,15 @@ def guided_model_fn(model: nn.Module, *, cfg_scale: float, cfg_channels: str | i
             return False
         if guidance_interval is None:
             return True
-        level = noise_level(float(t[0]))
-        return guidance_interval[0] <= level <= guidance_interval[1]
+        level = noise_level(float(t[0]))  # the grid's own time, float64 (flow samplers: dit.flow.GRID_TIME_ATTR)
+        return guidance_interval[0] - INTERVAL_SLACK <= level <= guidance_interval[1] + INTERVAL_SLACK
 
     def model_fn(x: torch.Tensor, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        guide_here = use_guidance(t)
+        if t.dtype == torch.float64:
+            t = t.float()  # the network's time: float32, as the flow samplers always gave it
         with autocast(x.device, autocast_dtype):
-            if use_guidance(t):
+            if guide_here:
                 y_null = torch.full_like(y, null_class)
                 out = guided(torch.cat([x, x]), torch.cat([t, t]), torch.cat([y, y_null]), cfg_scale,
                              guide_channels=guide)[: x.shape[0]]
@@ -86,6 +127,7 @@ def guided_model_fn(model: nn.Module, *, cfg_scale: float, cfg_channels: str | i
                 out = plain(x, t, y)
         return out.float()  # the diffusion math stays in float32 whatever the model ran in
 
+    setattr(model_fn, dit.flow.GRID_TIME_ATTR, True)
     return model_fn
 
 

@@ -29,7 +29,7 @@ from dit_pipeline.common.rae_decoder import check_grid
 from dit_pipeline.common.vae import load_vae
 from dit_pipeline.dit.respace import TRAIN_TIMESTEPS, ddim_stride, nearest_ddim_steps
 from dit_pipeline.sample.config import GRID_SAMPLER, SAMPLERS
-from dit_pipeline.sample.generate import as_norm, generate_images, make_diffusion
+from dit_pipeline.sample.generate import as_norm, generate_images, make_diffusion, resolve_cfg_channels
 
 GRID_PADDING = 2
 
@@ -115,7 +115,7 @@ def save_grid(images: np.ndarray | torch.Tensor, path: str | Path, *, labels: Se
 @torch.no_grad()
 def sample_grid(model: nn.Module, *, vae: nn.Module, scaling_factor: float | None = None,
                 shift_factor: float | None = None, class_labels: Sequence[int], seed: int, steps: int = 50,
-                sampler: str = "ddim", cfg_scale: float = 4.0, cfg_channels: str = "3", batch_size: int | None = None,
+                sampler: str = "ddim", cfg_scale: float = 4.0, cfg_channels: str = "auto", batch_size: int | None = None,
                 precision: str = "fp32", cpu_threads: int = DEFAULT_CPU_THREADS,
                 norm: LatentNorm | None = None, time_shift: float = 1.0) -> np.ndarray:
     """Sample one image per entry of `class_labels` -> uint8 [N, H, W, 3] (numpy).
@@ -132,6 +132,8 @@ def sample_grid(model: nn.Module, *, vae: nn.Module, scaling_factor: float | Non
     if sampler not in SAMPLERS:
         raise ValueError(f"sampler must be one of {', '.join(SAMPLERS)}, got {sampler!r}")
     labels = [int(c) for c in class_labels]
+    objective = "flow" if sampler in dit.FLOW_SAMPLERS else "ddpm"
+    cfg_channels = resolve_cfg_channels(cfg_channels, model.config, objective)  # auto: the model's rule
     flow = {"time_shift": float(time_shift)} if sampler in dit.FLOW_SAMPLERS else {}
     diffusion = make_diffusion(sampler, steps, learn_sigma=bool(model.learn_sigma), **flow)
     was_training = model.training
@@ -188,6 +190,16 @@ class DecodeSettings:
                               shown="the one the manifest records, i.e. the shards were extracted with")
     vae_config: str | None = setting(None, "Diffusers config folder for a single-file --vae", group=GRIDS,
                                      shown="the SD-VAE config")
+    cfg_channels: str = setting(
+        "auto", "Latent channels guidance guides in the sample grids and FID samples: auto (the first 3 where that "
+        "reproduces the reference sampler: a 4-channel DiT/SiT; all channels otherwise), all, or N (the first N)",
+        group=GRIDS)
+
+    def cfg_channels_problems(self) -> list[str]:
+        v = str(self.cfg_channels)
+        if v in ("auto", "all") or (v.isdigit() and int(v) >= 1):
+            return []
+        return [f"--cfg-channels must be auto, all or a channel count N >= 1, got {self.cfg_channels!r}"]
 
 
 @dataclass(kw_only=True)
@@ -218,7 +230,7 @@ class GridSettings(DecodeSettings):
 
     def grid_problems(self, fid_on: bool) -> list[str]:
         """Every problem of the grid settings (`fid_on`: --fid-every is set, so --vae serves FID too)."""
-        p = choice(self, "sample_weights", SAMPLE_WEIGHTS)
+        p = choice(self, "sample_weights", SAMPLE_WEIGHTS) + self.cfg_channels_problems()
         if self.sample_every is None:
             grid_only = ("sample_classes",) if fid_on else ("vae", "vae_config", "sample_classes")
             given = [flag_name(n) for n in grid_only if getattr(self, n)]
@@ -274,7 +286,7 @@ class SampleGridHook:
     steps: int = 50
     sampler: str = "ddim"
     cfg_scale: float = 4.0
-    cfg_channels: str = "3"
+    cfg_channels: str = "auto"  # resolved per model: sample.generate.resolve_cfg_channels
     precision: str = "fp32"
     weights: str = "ema"  # ema | raw | both (raw grids are step-NNNNNNN-raw.png)
     _vae: Any = field(default=None, init=False, repr=False)
@@ -287,7 +299,15 @@ class SampleGridHook:
         assert s.sample_every is not None
         return cls(every=s.sample_every, vae=vae, vae_config=vae_config, class_labels=s.sample_classes, seed=seed,
                    steps=s.sample_steps, sampler=GRID_SAMPLER[objective], cfg_scale=s.sample_cfg_scale,
-                   weights=s.sample_weights)
+                   cfg_channels=str(s.cfg_channels), weights=s.sample_weights)
+
+    def channels_used(self, model_config: dict[str, Any]) -> str:
+        """--cfg-channels for this model ("3", "all", "N"): the run's own model is DiT's/SiT's (SiT's time)."""
+        objective = "flow" if self.sampler in dit.FLOW_SAMPLERS else "ddpm"
+        try:
+            return resolve_cfg_channels(self.cfg_channels, model_config, objective)
+        except ValueError as e:
+            raise UserError(str(e)) from None
 
     def load(self, device: torch.device | str = "cpu") -> dict[str, Any]:
         """Load the VAE now (UserError for a bad --vae); returns its identity (common.vae.load_vae)."""
@@ -307,6 +327,7 @@ class SampleGridHook:
             raise UserError(f"--vae {self.vae!r} has {identity['latent_channels']} latent channels but the model "
                             f"trains on {channels}-channel latents; pass the VAE the shards were extracted with")
         check_grid(identity, int(ctx.model_config["input_size"]), f"--vae {self.vae!r}")
+        self.channels_used(ctx.model_config)  # a bad --cfg-channels N fails before training
         bad = [c for c in self.class_labels or () if not 0 <= int(c) < ctx.num_classes]
         if bad:
             raise UserError(f"--sample-classes {bad}: the model has {ctx.num_classes} classes (ids 0.."
@@ -327,7 +348,7 @@ class SampleGridHook:
             model = ctx.ema if w == "ema" and ctx.ema is not None else ctx.model
             images = sample_grid(model, vae=self._vae, norm=LatentNorm.from_record(ctx.latent), class_labels=labels,
                                  seed=self.seed, steps=self.steps, sampler=self.sampler, cfg_scale=cfg_scale,
-                                 cfg_channels=self.cfg_channels, precision=self.precision,
+                                 cfg_channels=self.channels_used(ctx.model_config), precision=self.precision,
                                  time_shift=run_time_shift(ctx.config))
             name = f"step-{ctx.step:07d}{'-raw' if w == 'raw' else ''}.png"
             path = save_grid(images, Path(ctx.run_dir) / "samples" / name, labels=texts)

@@ -139,8 +139,11 @@ def load_model(ckpt: str | Path, *, weights: str = "ema", expect_model: str | No
 
 
 def resolve_objective(info: dict[str, Any], ckpt: str | Path, given: str | None) -> str:
-    """The model's objective: recorded in our checkpoints, sidecars and exports; else --objective; else "flow"
-    for an official SiT release file (named SiT-*), "ddpm" otherwise (DiT's files and older checkpoints).
+    """The model's objective: recorded in our checkpoints, sidecars, EMA files and exports; else --objective; else
+    "flow" for an official SiT release file (named SiT-*), "ddpm" for DiT's (DiT-*) and for the reference training
+    script's checkpoints. A bare state_dict with none of these (e.g. an EMA file written before issue #34, copied
+    without its sidecar) is refused naming the sidecar and the flags that replace it: its objective, time convention
+    and latent normalization cannot be known, and a guess samples a flow model with DDPM, exit 0.
     UserError when --objective contradicts the record."""
     if info.get("objective_from") and given is not None:  # a release's convention, not a record: --objective wins
         return given
@@ -151,7 +154,15 @@ def resolve_objective(info: dict[str, Any], ckpt: str | Path, given: str | None)
         return str(recorded)
     if given is not None:
         return given
-    return "flow" if Path(ckpt).name.lower().startswith("sit-") else "ddpm"
+    name = Path(ckpt).name.lower()
+    if name.startswith("sit-"):
+        return "flow"
+    if info.get("source") == "official" and not name.startswith("dit-"):
+        raise UserError(f"--ckpt {ckpt}: a bare state_dict with no record of how it was trained (no sidecar "
+                        f"{dit.sidecar_path(ckpt).name} beside it, none inside it); put the sidecar back, or pass "
+                        "--objective ddpm|flow (a flow model also --flow-convention sit|repa and --time-shift S if "
+                        "it trained shifted; per-channel latents --latent-stats FILE)")
+    return "ddpm"
 
 
 def resolve_flow_convention(info: dict[str, Any], ckpt: str | Path, given: str | None) -> str:

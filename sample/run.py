@@ -39,7 +39,8 @@ from dit_pipeline.common.rae_decoder import check_grid
 from dit_pipeline.common.vae import DEFAULT_VAE, load_vae, recorded_vae
 from dit_pipeline.sample import plan
 from dit_pipeline.sample.config import DDPM_SAMPLERS, DEFAULT_SAMPLERS, FLOW_SAMPLERS, SampleConfig
-from dit_pipeline.sample.generate import generate_images, guided_model_fn, make_diffusion, noise_level_fn
+from dit_pipeline.sample.generate import (generate_images, guided_model_fn, make_diffusion, noise_level_fn,
+                                          resolve_cfg_channels)
 from dit_pipeline.sample.grid import label_texts, png_bytes, save_grid
 from dit_pipeline.sample.load import (LoadedModel, latent_norm, load_model, manifest_folder, resolve_ckpt,
                                       resolve_flow_convention, resolve_objective, with_latent_stats)
@@ -105,6 +106,7 @@ def _run(cfg: SampleConfig) -> SampleResult:
             log.info("flow model in REPA's time (t = 1 noise; %s): called at 1 - t, its output negated",
                      loaded.info.get("flow_convention_from") if cfg.flow_convention is None else "--flow-convention")
         cfg = _with_time_shift(cfg, loaded, log)
+    cfg = _with_cfg_channels(cfg, loaded, log)
     image_size = int(loaded.config["input_size"]) * int(vae_id["downsample_factor"])
     if cfg.out:
         log = setup_logging(Path(cfg.out) / "logs", quiet=cfg.quiet)
@@ -160,6 +162,20 @@ def _with_time_shift(cfg: SampleConfig, loaded: LoadedModel, log: Any) -> Sample
         why = "--time-shift" if cfg.time_shift is not None else "as the checkpoint records it"
         log.info("time grid shifted toward noise by %.4g (%s; the model was trained with %.4g)", shift, why, recorded)
     return dataclasses.replace(cfg, time_shift=shift)
+
+
+def _with_cfg_channels(cfg: SampleConfig, loaded: LoadedModel, log: Any) -> SampleConfig:
+    """`cfg` with --cfg-channels resolved to the value used ("3", "all" or "N"; auto: the model's rule,
+    sample.generate.cfg_channels_for), which the outputs record."""
+    try:
+        used = resolve_cfg_channels(cfg.cfg_channels, loaded.config, loaded.info["objective"],
+                                    loaded.info.get("flow_convention", "sit"), loaded.info.get("release"))
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    if str(cfg.cfg_channels) == "auto" and cfg.guided:
+        log.info("--cfg-channels auto: guiding %s of the %s latent channels", "the first 3" if used == "3" else used,
+                 loaded.config["in_channels"])
+    return dataclasses.replace(cfg, cfg_channels=used)
 
 
 def _with_sampler(cfg: SampleConfig, objective: str) -> tuple[SampleConfig, str | None]:

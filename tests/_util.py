@@ -11,6 +11,35 @@ from typing import Sequence
 import numpy as np
 
 BIN = Path(sys.executable).parent
+
+# Float comparisons (issue #34): another CPU's kernels round float32 differently (summation order, FMA, vector
+# width), by a few units of the last place of the values' magnitude. A tolerance must therefore be relative to the
+# scale of the values compared; an absolute one that fits values near 1 fails on values near 500.
+FP32_EPS = float(np.finfo(np.float32).eps)  # 1.19e-7: one unit in the last place at magnitude 1
+
+
+def assert_close_at_scale(actual, expected, *, rel: float, scale: float | None = None, what: str = "") -> None:
+    """Assert that every element of `actual` is within `rel` x scale of `expected`, where scale is the largest
+    magnitude in `expected` (the size of the numbers compared: float32 results of a chain of operations carry an
+    error proportional to it, not to each element). Tensors, arrays and numbers; shapes must match; NaN fails; a
+    zero scale means exact equality. `rel` is stated at each call, in units of FP32_EPS where it is rounding.
+    `scale`: the magnitude of the computation when `expected` is a slice of it (e.g. the largest network output)."""
+    a, e = _as_float64(actual), _as_float64(expected)
+    assert a.shape == e.shape, f"{what}: shape {a.shape} != {e.shape}"
+    assert np.isfinite(a).all() and np.isfinite(e).all(), f"{what}: non-finite values"
+    if scale is None:
+        scale = float(np.abs(e).max()) if e.size else 0.0
+    scale = float(scale)
+    diff = float(np.abs(a - e).max()) if e.size else 0.0
+    assert diff <= rel * scale, (f"{what + ': ' if what else ''}max |difference| {diff:.3g} > {rel:.3g} x scale "
+                                 f"{scale:.4g} = {rel * scale:.3g} (relative {diff / scale if scale else float('inf'):.3g})")
+
+
+def _as_float64(x) -> np.ndarray:
+    if hasattr(x, "detach"):  # a torch tensor
+        x = x.detach().cpu().double().numpy()
+    return np.asarray(x, dtype=np.float64)
+
 REPO = Path(__file__).resolve().parent.parent
 
 # A tiny AutoencoderKL with the SD-VAE's geometry (4 blocks: 8x downsampling, 4 latent channels) but few

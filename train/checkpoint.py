@@ -26,7 +26,7 @@ from dit_pipeline.common.faults import fault_point
 from dit_pipeline.common.io import atomic_write, atomic_write_json, missing_file, remove_stale_temps
 from dit_pipeline.dit.formats import CHECKPOINT_FORMAT as FORMAT
 from dit_pipeline.dit.formats import CHECKPOINT_VERSION as VERSION
-from dit_pipeline.dit.weights import WeightsError, make_sidecar, read_torch_file, sidecar_path
+from dit_pipeline.dit.weights import WeightsError, embed_record, make_sidecar, read_torch_file, sidecar_path
 from dit_pipeline.train.parts import REQUIRED_KEYS, Part, compose
 
 FAULT_MID_SAVE = "train.ckpt_mid_save"
@@ -116,10 +116,11 @@ class CheckpointManager:
         path = self.path(step)
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            _save(state["ema"], self.folder / ema_name(step))
-            atomic_write_json(sidecar_path(self.folder / ema_name(step)),
-                              make_sidecar(state["model_config"], state.get("latent"), step,
-                                           objective=state.get("objective"), time_shift=state.get("time_shift")))
+            record = make_sidecar(state["model_config"], state.get("latent"), step,
+                                  objective=state.get("objective"), time_shift=state.get("time_shift"))
+            # the EMA file holds its record too (dit.weights.embed_record), so a copy without the sidecar loads
+            _save(embed_record(state["ema"], record), self.folder / ema_name(step))
+            atomic_write_json(sidecar_path(self.folder / ema_name(step)), record)
             fault_point("train.ckpt_ema_written")  # EMA file in place, the full checkpoint not yet
             _save(state, path, fault=True)
         except OSError as e:  # disk full, quota, I/O error: the temp file is gone, older files untouched

@@ -50,6 +50,7 @@ def ckpts(tmp_path_factory) -> dict[str, Path]:
     "pickle" (an arbitrary pickled object: must be refused)."""
     root = tmp_path_factory.mktemp("ckpts")
     paths = {k: root / f"{k}.pt" for k in ("ours", "bare", "reference", "pickle")}
+    paths["bare"] = root / "DiT-S-8.pt"  # named as DiT's release files (DiT-XL-2-256x256.pt): a ddpm model
     torch.save(our_checkpoint(random_dit(1), random_dit(2)), paths["ours"])
     # Bare state_dicts carry no head count, so they need preset dimensions: DiT-S/8 on 8x8 latents
     # (one token), stored in bfloat16 to keep the file small.

@@ -15,7 +15,7 @@ def test_valid_config_passes_and_counts_samples(tmp_path):
 
 
 def test_all_problems_reported_together():
-    cfg = SampleConfig(ckpt="", sampler="dpm++", steps=0, cfg_scale=0.5, cfg_channels="2", weights="both",
+    cfg = SampleConfig(ckpt="", sampler="dpm++", steps=0, cfg_scale=0.5, cfg_channels="two", weights="both",
                        precision="int8", seed=-1, batch_size=0, save_images=True, grid_max=-1)
     with pytest.raises(ConfigError) as e:
         cfg.validate()

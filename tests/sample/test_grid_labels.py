@@ -93,3 +93,10 @@ def test_a_font_named_by_the_environment_comes_first(monkeypatch, tmp_path):
     assert fonts.font_files() == [dejavu[-1]]
     [(font, piece)] = fonts.label_runs("Ñandú", SIZE)
     assert font.path == dejavu[-1] and piece == "Ñandú"
+
+
+def test_a_bitmap_font_is_probed_without_raising():
+    """Pillow's fixed bitmap font (its only font without FreeType) encodes Latin-1 only: probing a glyph with the
+    private-use code point raised UnicodeEncodeError and crashed every labelled grid (issue #34, at Pillow 10.0)."""
+    bitmap = ImageFont.load_default_imagefont()
+    assert fonts.has_glyphs(bitmap, "Nandu 12") and not fonts.has_glyphs(bitmap, "Ñ") and not fonts.has_glyphs(bitmap, "鳥")

@@ -95,7 +95,7 @@ def test_the_alignment_is_logged_and_trained(straight):
     recs = [r for r in read_metrics(straight) if "loss" in r]
     assert all(-1.0 <= r["proj"] <= 1.0 and "vb" not in r for r in recs)
     # loss = mse + 0.5 x proj, each averaged over all samples of all ranks
-    assert all(abs(r["loss"] - (r["mse"] + 0.5 * r["proj"])) < 1e-5 for r in recs)
+    assert all(r["loss"] == pytest.approx(r["mse"] + 0.5 * r["proj"], rel=1e-5) for r in recs)
     assert all(0.0 <= r["teacher_time"] <= 1.0 for r in recs)
     own = read_metrics(straight / "logs" / "rank1.jsonl")
     assert any("proj" in r for r in own)

@@ -56,7 +56,7 @@ def test_straight_run_outputs(straight):
     recs = read_metrics(straight)
     assert [r["step"] for r in recs] == list(range(1, STEPS + 1))
     assert recs[0]["epoch"] == 0 and recs[-1]["epoch"] == 1  # 6 steps per epoch: crossed into epoch 1
-    assert all(abs(r["loss"] - r["mse"] - r["vb"]) < 1e-5 for r in recs)
+    assert all(r["loss"] == pytest.approx(r["mse"] + r["vb"], rel=1e-5) for r in recs)
     assert CheckpointManager(straight / "checkpoints").steps() == [4, 6, 8]  # keep-last 3
     ck = load_checkpoint(straight / "checkpoints" / "step-0000008.pt")
     assert ck["model_config"]["depth"] == 2 and ck["latent"]["scaling_factor"] == 0.5
