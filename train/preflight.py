@@ -117,7 +117,11 @@ def model_kwargs(cfg: TrainConfig, source: ShardSource) -> dict[str, Any]:
     # a velocity has C channels; SiT's train.py keeps DiT's 2C (learn_sigma=True) and drops the second half
     # in its forward, which thus gets no gradient: the same training, only the checkpoint's shape differs.
     # ddpm learns its variance in the second half (DiT's learned sigma), for every family.
-    kw["learn_sigma"] = cfg.objective != "flow"
+    from dit_pipeline.dit.objectives import spec
+
+    kw["learn_sigma"] = spec(cfg.objective).learn_sigma
+    if spec(cfg.objective).conditions != "t":  # the time inputs the objective feeds (dit/conditions.py)
+        kw["conditions"] = spec(cfg.objective).conditions
     try:
         with torch.device("meta"):
             create_model(**kw)
