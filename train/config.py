@@ -246,7 +246,9 @@ class TrainConfig(GuardSettings, RepaSettings, FidSettings, GridSettings):
         p += self.repa_problems() + self.guard_problems()
         if self.wandb and importlib.util.find_spec("wandb") is None:
             p.append("--wandb needs the wandb package: pip install 'dit-pipeline[wandb]' (or drop --wandb)")
-        p += self.grid_problems(fid_on=self.fid_every is not None)
+        from dit_pipeline.sample.config import GRID_SAMPLER
+
+        p += self.grid_problems(fid_on=self.fid_every is not None, sampler=GRID_SAMPLER.get(self.objective, "ddim"))
         p += self.fid_problems()
         collect(p, "training configuration")
 
