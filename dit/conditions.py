@@ -38,7 +38,7 @@ def conditions_of(config: Mapping[str, Any]) -> str:
     return kind
 
 
-def add_conditions(model: nn.Module, kind: str) -> None:
+def add_conditions(model: Any, kind: str) -> None:
     """Give `model` (a DiffusionTransformer) the embedders of `kind`, built like its t_embedder and initialised
     (first layer normal(0.02), last layer zero); "t" adds nothing."""
     if kind not in CONDITIONS:
@@ -50,7 +50,7 @@ def add_conditions(model: nn.Module, kind: str) -> None:
         setattr(model, name, embedder)
 
 
-def _like(template: nn.Module) -> nn.Module:
+def _like(template: Any) -> nn.Module:
     """A fresh embedder of the template's class and size (no weights shared), initialised."""
     import copy
 
@@ -64,7 +64,7 @@ def _like(template: nn.Module) -> nn.Module:
     return embedder
 
 
-def check_time_input(model: nn.Module, t: torch.Tensor, n: int) -> None:
+def check_time_input(model: Any, t: torch.Tensor, n: int) -> None:
     kind = getattr(model, "conditions", "t")
     want = [n] if WIDTH[kind] == 1 else [n, WIDTH[kind]]
     if list(t.shape) != want:
@@ -76,7 +76,7 @@ def columns(kind: str) -> tuple[str, ...]:
     return {"t": ("t",), "meanflow": ("t", "h"), "imf": ("t", "h", "omega", "t_min", "t_max")}[kind]
 
 
-def embed_time(model: nn.Module, t: torch.Tensor) -> torch.Tensor:
+def embed_time(model: Any, t: torch.Tensor) -> torch.Tensor:
     """The time embedding [N, D] of the time input `t` (its shape checked by check_time_input)."""
     kind = getattr(model, "conditions", "t")
     if kind == "t":

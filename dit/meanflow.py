@@ -186,9 +186,9 @@ class MeanFlow(ObjectiveDefaults):
             return self._net(z_, time_input(self.variant, t_, r_, *extra), y, drop)
 
         with jvp_context(self.jvp_attention, z.device.type):
-            u, dudt = torch.func.jvp(u_fn, (z.float(), t.float(), r.float()),
-                                     (tangent.float(), torch.ones_like(t).float(), torch.zeros_like(r).float()))
-        return u, dudt
+            out = torch.func.jvp(u_fn, (z.float(), t.float(), r.float()),
+                                 (tangent.float(), torch.ones_like(t).float(), torch.zeros_like(r).float()))
+        return out[0], out[1]
 
     def target(self, x: torch.Tensor, noise: torch.Tensor, tr: torch.Tensor, y: torch.Tensor,
                drop: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
