@@ -81,3 +81,14 @@ def test_meanflow_settings_are_validated():
     assert "--mf-t-start and --mf-t-end must satisfy" in msg and "--cosine-loss act on the flow objective" in msg
     with pytest.raises(ConfigError, match="--jvp-attention"):
         merge_config({}, {**base, "objective": "meanflow", "jvp_attention": "flash"}).validate()
+
+
+def test_the_plan_says_what_meanflow_trains():
+    from dit_pipeline.train.preflight import objective_line
+
+    base = {"shards": "s", "run_dir": "r", "max_steps": 1}
+    line = objective_line(merge_config({}, {**base, "objective": "meanflow", "mf_omega": 0.6, "mf_kappa": 0.2}))
+    assert "meanflow (average velocity u(z, t, h = t - r); t, r logit-normal(-0.4, 1), r = t for 75% of each " \
+           "step; guidance omega 0.6, kappa 0.2 for t in [0, 1]; JVP through math attention" in line
+    line = objective_line(merge_config({}, {**base, "objective": "imf"}))
+    assert "r = t for 50% of each step; omega drawn on [1, 8] and fed to the network" in line
