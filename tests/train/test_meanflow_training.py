@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from dit_pipeline import dit
 from dit_pipeline.common.errors import ConfigError, UserError
 from dit_pipeline.sample import SampleConfig
 from dit_pipeline.sample.run import run_sampling
@@ -48,6 +49,9 @@ def test_meanflow_two_ranks_kill_resume_bit_identical_and_one_step_samples(shard
     assert a["meanflow"]["mf_omega"] == 0.6 and a["meanflow"]["mf_kappa"] == 0.2
     assert "h_embedder.mlp.0.weight" in a["ema"] and a["model_config"]["learn_sigma"] is False
     assert (straight / "samples" / f"step-{STEPS:07d}.png").is_file()  # the trainer's grid: 1-step mean flow
+    sd, info = dit.load_dit_weights(straight / "checkpoints" / f"step-{STEPS:07d}-ema.pt")  # bare EMA + sidecar
+    assert info["objective"] == "meanflow" and info["model_config"] == a["model_config"]
+    assert all(torch.equal(sd[k], a["ema"][k]) for k in sd)
 
     ckpt = straight / "checkpoints" / f"step-{STEPS:07d}.pt"
     base = dict(ckpt=str(ckpt), vae=str(tiny_vae_dir), class_labels=[0, 1, 1], quiet=True)
