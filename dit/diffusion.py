@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 import torch
 
-from .objectives import ObjectiveDefaults
+from .objective_base import ObjectiveDefaults
 from .respace import respaced_betas, space_timesteps
 
 Model = Callable[..., torch.Tensor]

@@ -44,7 +44,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .objectives import ObjectiveDefaults
+from .objective_base import ObjectiveDefaults
 from .shift import shift_time, shifted_grid
 
 Model = Callable[..., torch.Tensor]

@@ -40,7 +40,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from .flow import velocity_of
-from .objectives import ObjectiveDefaults
+from .objective_base import ObjectiveDefaults
 
 Model = Callable[..., torch.Tensor]
 MEANFLOW_SAMPLERS = ("meanflow",)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from .formats import OBJECTIVES
+from .objective_base import ObjectiveDefaults  # noqa: F401 (the shared defaults, importable from here)
 
 
 @dataclass(frozen=True)
@@ -99,14 +100,3 @@ def build_objective(name: str, settings: Mapping[str, Any]) -> Any:
 def objective_of_sampler(sampler: str) -> list[str]:
     """The objectives whose models `sampler` can sample."""
     return [name for name, s in SPECS.items() if sampler in s.samplers]
-
-
-class ObjectiveDefaults:
-    """What GaussianDiffusion and FlowMatching share with every objective: labels dropped where drawn, nothing to
-    attach."""
-
-    def drop_labels(self, drop: Any) -> Any:
-        return drop
-
-    def attach(self, model: Any) -> None:
-        return None
