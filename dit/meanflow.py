@@ -107,7 +107,8 @@ class MeanFlow(ObjectiveDefaults):
     def attach(self, model: Model) -> None:
         """The raw network (not the DDP wrapper, any compile still inside it) for the passes without gradient."""
         self.raw = model
-        self.num_classes = int(getattr(model, "num_classes"))
+        if getattr(model, "num_classes", None) is not None:
+            self.num_classes = int(getattr(model, "num_classes"))
 
     # -- random draws of a step (the trainer draws them for the rank's whole step) -------------------------------
     def draw_timesteps(self, n: int, *, generator: torch.Generator | None = None,
