@@ -96,3 +96,17 @@ def test_the_plan_says_what_meanflow_trains():
            "step; guidance omega 0.6, kappa 0.2 for t in [0, 1]; JVP through math attention" in line
     line = objective_line(merge_config({}, {**base, "objective": "imf"}))
     assert "r = t for 50% of each step; omega drawn on [1, 8] and fed to the network" in line
+
+
+def test_imf_trains_in_process_and_samples_with_its_guidance_as_inputs(shard_dir, tiny_vae_dir, tmp_path):
+    """iMF: the checkpoint records it; dit-sample's --cfg-scale is the network's omega and --guidance-interval its
+    interval (one evaluation per step, no doubled batch): other values, other pixels."""
+    ck = run_tiny(shard_dir, tmp_path / "run", max_steps=3, global_batch_size=8, objective="imf", lr=1e-2)
+    assert ck["objective"] == "imf" and ck["model_config"]["conditions"] == "imf"
+    assert ck["meanflow"]["mf_s_max"] == 7.0
+    base = dict(ckpt=str(tmp_path / "run"), vae=str(tiny_vae_dir), class_labels=[0, 1], quiet=True, steps=1,
+                weights="model")  # 3 steps: the EMA has hardly moved from the zero-initialised gates
+    outs = [np.load(run_sampling(SampleConfig(**base, cfg_scale=w, guidance_interval=iv,
+                                              npz=str(tmp_path / f"{i}.npz"))).npz)["arr_0"]
+            for i, (w, iv) in enumerate([(1.0, None), (6.0, None), (6.0, [0.0, 0.5])])]
+    assert not np.array_equal(outs[0], outs[1]) and not np.array_equal(outs[1], outs[2])
