@@ -23,6 +23,9 @@ row) the moment it is measured, so a run killed at its time limit keeps everythi
             FOLDER); images/s, MFU, peak memory, their ratios
   families  the flow training step of LightningDiT-XL/1 (VA-VAE 32x16x16 latents) and RAE's DiT-DH-XL (768x16x16
             DINOv2 features), bf16, per-block compile (bench/families.py); images/s, MFU, peak memory
+  meanflow  DiT-XL/2's --objective meanflow step (plain and with training guidance) vs its flow step, the JVP pass
+            (math attention, the only kernel with forward-mode AD) and the forward with the default and the math
+            kernel (bench/meanflow_step.py); images/s, MFU, peak memory, the ratio
 
     bash bench/gpu.sh                        # on the GPU machine (<= 8 minutes)
     python bench/gpu.py --smoke --out DIR    # tiny sizes on a CPU (the test suite runs this)
@@ -70,6 +73,7 @@ from families import families_section  # noqa: E402
 from gpu_fid import fid_section  # noqa: E402
 from gpu_sections import extract_section, loader_section, sample_section, write_shards  # noqa: E402
 from gpu_train import train_section  # noqa: E402
+from meanflow_step import meanflow_section  # noqa: E402
 from repa import repa_section  # noqa: E402
 
 
@@ -129,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="bench-gpu-out", help="folder for results.jsonl")
     p.add_argument("--smoke", action="store_true", help="tiny sizes, runs on a CPU")
     p.add_argument("--budget-s", type=float, default=450.0, help="stop starting sections after this long")
-    p.add_argument("--only", nargs="+", choices=["train", "extract", "sample", "fid", "loader", "repa", "families"],
+    p.add_argument("--only", nargs="+", choices=["train", "extract", "sample", "fid", "loader", "repa", "families", "meanflow"],
                    default=None)
     a = p.parse_args(argv)
     t_start = time.monotonic()
@@ -142,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
             device=torch.cuda.get_device_name(0) if device.type == "cuda" else f"{platform.machine()} CPU",
             cuda=torch.version.cuda, peak_tflops=peak_tflops(device), smoke=a.smoke)
     work = Path(tempfile.mkdtemp(prefix="bench-gpu-"))
-    want = set(a.only or ["train", "extract", "sample", "fid", "loader", "repa", "families"])
+    want = set(a.only or ["train", "extract", "sample", "fid", "loader", "repa", "families", "meanflow"])
     try:
         shards = work / "shards"
         write_shards(shards, shards=1, per_shard=2 * s["batch"], latent=s["latent"])
@@ -160,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
             res.section("repa", lambda: repa_section(res, s, device), 90)
         if "families" in want:
             res.section("families", lambda: families_section(res, s, device), 60)
+        if "meanflow" in want:
+            res.section("meanflow", lambda: meanflow_section(res, s, device), 60)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     res.add("env", "done", wall_s=time.monotonic() - t_start,

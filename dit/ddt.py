@@ -113,7 +113,8 @@ class DDT(DiffusionTransformer):
                 "in_channels": self.in_channels, "depth": self.depth, "encoder_depth": self.encoder_depth,
                 "hidden_size": self.hidden_size, "num_heads": self.num_heads, "patch_size": self.patch_size,
                 "class_dropout_prob": self.class_dropout_prob, "qk_norm": self.qk_norm}
-        return {"family": self.family, "model": preset_of({"family": self.family, **body}), **body}
+        return {"family": self.family, "model": preset_of({"family": self.family, **body}), **body,
+                **self.condition_config()}
 
     # -- the two halves ----------------------------------------------------------------------------------------
     def patches(self, x: torch.Tensor) -> torch.Tensor:

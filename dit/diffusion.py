@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 import torch
 
+from .objective_base import ObjectiveDefaults
 from .respace import respaced_betas, space_timesteps
 
 Model = Callable[..., torch.Tensor]
@@ -58,7 +59,7 @@ def discretized_gaussian_log_likelihood(x: torch.Tensor, means: torch.Tensor,
                        torch.where(x > 0.999, log_one_minus_cdf_min, log_cdf_delta))
 
 
-class GaussianDiffusion:
+class GaussianDiffusion(ObjectiveDefaults):
     """A (possibly respaced) diffusion process; `t` arguments index its own steps 0..num_timesteps-1."""
 
     objective = "ddpm"

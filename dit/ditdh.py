@@ -117,7 +117,8 @@ class DiTDH(DiffusionTransformer):
                 "num_heads": self.num_heads, "head_depth": self.head_depth, "head_hidden_size": self.head_hidden_size,
                 "head_num_heads": self.head_num_heads, "patch_size": self.patch_size,
                 "class_dropout_prob": self.class_dropout_prob, **self.options}
-        return {"family": self.family, "model": preset_of({"family": self.family, **body}), **body}
+        return {"family": self.family, "model": preset_of({"family": self.family, **body}), **body,
+                **self.condition_config()}
 
     def hidden_size_at(self, k: int) -> int:
         return self.hidden_size if k <= self.depth else self.head_hidden_size

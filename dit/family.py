@@ -24,6 +24,7 @@ from typing import Any, ClassVar, Iterable, Mapping, cast
 import torch
 from torch import nn
 
+from .conditions import add_conditions, check_time_input, conditions_of, embed_time
 from .layers import choose_blocks
 
 FAMILY_MODULES = ("models", "lightningdit", "ddt", "ditdh")  # imported on first use of the registry
@@ -53,6 +54,7 @@ class DiffusionTransformer(nn.Module):
     hidden_size: int
     num_heads: int
     blocks: nn.ModuleList
+    conditions: str = "t"  # what the time input holds (dit/conditions.py: "t", "meanflow", "imf")
 
     # -- what every family defines ----------------------------------------------------------------------------
     @property
@@ -118,8 +120,21 @@ class DiffusionTransformer(nn.Module):
                          generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
         """(time embedding [N, D], label embedding [N, D]): the conditioning every family starts from (each adds
         them as its release does). A further conditioning input (e.g. a second time) joins here."""
-        t_embedder, y_embedder = cast(nn.Module, self.t_embedder), cast(nn.Module, self.y_embedder)
-        return t_embedder(t), y_embedder(y, force_drop_ids, generator)
+        y_embedder = cast(nn.Module, self.y_embedder)
+        return embed_time(self, t), y_embedder(y, force_drop_ids, generator)
+
+    def condition_config(self) -> dict[str, Any]:
+        """The model_config entry of the conditions (dit/conditions.py): none for a plain model, so its config is
+        what it always was."""
+        return {} if self.conditions == "t" else {"conditions": self.conditions}
+
+    def set_conditions(self, kind: str) -> "DiffusionTransformer":
+        """Add the embedders of conditions `kind` (dit/conditions.py) to this freshly built model; returns it."""
+        if kind != self.conditions:
+            if self.conditions != "t":
+                raise ValueError(f"this {self.family} already has conditions {self.conditions!r}")
+            add_conditions(self, kind)
+        return self
 
     def check_return_hidden(self, return_hidden: int | None) -> None:
         if return_hidden is not None and (isinstance(return_hidden, bool) or not isinstance(return_hidden, int)
@@ -131,9 +146,12 @@ class DiffusionTransformer(nn.Module):
         if x.dim() != 4 or tuple(x.shape[1:]) != want:
             raise ValueError(f"{self.family} expects x of shape [N, {want[0]}, {want[1]}, {want[2]}], "
                              f"got {list(x.shape)}")
-        if t.shape != x.shape[:1] or y.shape != x.shape[:1]:
+        if y.shape != x.shape[:1]:
+            raise ValueError(f"y must have shape [{x.shape[0]}], got {list(y.shape)}")
+        if self.conditions == "t" and t.shape != x.shape[:1]:
             raise ValueError(f"t and y must have shape [{x.shape[0]}], got {list(t.shape)} and "
                              f"{list(y.shape)}")
+        check_time_input(self, t, x.shape[0])
 
     def unpatchify(self, x: torch.Tensor) -> torch.Tensor:
         """[N, T, p*p*Cout] -> [N, Cout, g*p, g*p]; out[n, c, i*p+a, j*p+b] = x[n, i*g+j, (a*p+b)*Cout+c]."""
@@ -238,13 +256,17 @@ def preset_of(config: Mapping[str, Any]) -> str | None:
 def create_model(name: str, input_size: int = 32, num_classes: int = 1000, **overrides: Any) -> DiffusionTransformer:
     """A preset of any family ('DiT-XL/2', 'LightningDiT-XL/1', 'DDT-XL/2', 'DiT-DH-XL'; '-' for '/' accepted)
     for `input_size` latents. `overrides` are the family's constructor arguments (learn_sigma,
-    class_dropout_prob, in_channels, block options, or architecture fields for small custom models)."""
+    class_dropout_prob, in_channels, block options, or architecture fields for small custom models), and
+    `conditions` (dit/conditions.py: "meanflow" adds the second time input h = t - r)."""
     cls, preset = lookup_preset(name)
-    allowed = ("input_size", "num_classes", "learn_sigma", "in_channels", "class_dropout_prob", *cls.overrides)
+    conditions = str(overrides.pop("conditions", "t"))
+    allowed = ("input_size", "num_classes", "learn_sigma", "in_channels", "class_dropout_prob", "conditions",
+               *cls.overrides)
     unknown = set(overrides) - set(allowed)
     if unknown:
         raise ValueError(f"unknown {cls.family} options {sorted(unknown)}; allowed: {', '.join(allowed)}")
-    return cls(**{**cls.presets[preset], "input_size": input_size, "num_classes": num_classes, **overrides})
+    model = cls(**{**cls.presets[preset], "input_size": input_size, "num_classes": num_classes, **overrides})
+    return model.set_conditions(conditions)
 
 
 def model_from_config(config: Mapping[str, Any]) -> DiffusionTransformer:
@@ -260,7 +282,7 @@ def model_from_config(config: Mapping[str, Any]) -> DiffusionTransformer:
         if named is not cls or any(config.get(k) != v for k, v in cls.presets[preset].items()):
             raise ValueError(f"model_config names {name!r} but has another architecture: "
                              f"{ {k: config.get(k) for k in cls.presets.get(preset, {})} }")
-    return cls.from_config(config)
+    return cls.from_config(config).set_conditions(conditions_of(config))
 
 
 def forward_macs(config: Mapping[str, Any]) -> int:

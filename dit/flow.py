@@ -44,6 +44,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from .objective_base import ObjectiveDefaults
 from .shift import shift_time, shifted_grid
 
 Model = Callable[..., torch.Tensor]
@@ -109,7 +110,7 @@ def _randn(shape: Sequence[int], device: torch.device, generator: Generators) ->
     return torch.stack(rows).to(device)
 
 
-class FlowMatching:
+class FlowMatching(ObjectiveDefaults):
     """The flow objective with the training interface of `GaussianDiffusion` (`draw_timesteps`,
     `training_losses`) and the flow samplers (`sample_loop`)."""
 

@@ -88,7 +88,8 @@ class LightningDiT(DiT):
                 "in_channels": self.in_channels, "depth": self.depth, "hidden_size": self.hidden_size,
                 "num_heads": self.num_heads, "patch_size": self.patch_size,
                 "class_dropout_prob": self.class_dropout_prob, **self.options}
-        return {"family": self.family, "model": preset_of({"family": self.family, **base}), **base}
+        return {"family": self.family, "model": preset_of({"family": self.family, **base}), **base,
+                **self.condition_config()}
 
     @staticmethod
     def forward_macs(config: Mapping[str, Any]) -> int:

@@ -129,7 +129,7 @@ class DiT(DiffusionTransformer):
             "learn_sigma": self.learn_sigma, "in_channels": self.in_channels, "depth": self.depth,
             "hidden_size": self.hidden_size, "num_heads": self.num_heads,
             "patch_size": self.patch_size, "class_dropout_prob": self.class_dropout_prob,
-            **{k: True for k, on in self.options.items() if on},
+            **{k: True for k, on in self.options.items() if on}, **self.condition_config(),
         }
 
     @classmethod

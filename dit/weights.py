@@ -28,7 +28,7 @@ import re
 import zipfile
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Mapping, cast
 
 import torch
 
@@ -361,8 +361,22 @@ def infer_model_config(state_dict: dict[str, torch.Tensor], stored: dict[str, An
     except ValueError as e:
         raise WeightsError(f"{where}: {e}") from None
     config = cls.infer_config(state_dict, stored, where, {k: v for k, v in (hints or {}).items() if v is not None})
+    config = {**config, **conditions_from_keys(state_dict, stored, where)}
     check_state_dict(state_dict, config, where)
     return config
+
+
+def conditions_from_keys(state_dict: Mapping[str, torch.Tensor], stored: Mapping[str, Any] | None,
+                         where: str) -> dict[str, str]:
+    """The model_config entry of the conditions (dit/conditions.py) the file's embedders show, checked against
+    the stored record; {} for a plain model."""
+    found = "imf" if "omega_embedder.mlp.0.weight" in state_dict else \
+        "meanflow" if "h_embedder.mlp.0.weight" in state_dict else "t"
+    recorded = str((stored or {}).get("conditions", found))
+    if recorded != found:
+        raise WeightsError(f"{where}: its model_config records conditions {recorded!r} but its tensors are those of "
+                           f"{found!r}")
+    return {} if found == "t" else {"conditions": found}
 
 
 def check_state_dict(state_dict: dict[str, torch.Tensor], config: dict[str, Any],

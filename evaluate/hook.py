@@ -194,7 +194,7 @@ class FidHook:
             for b in batches:
                 yield b, generate_images(model, self._state["vae"], diffusion, indices=b,
                                          labels=labels[b].tolist(), seed=self.seed,
-                                         norm=norm, sampler=sampler,
+                                         norm=norm, sampler=sampler, cfg_scale=cfg_scale,
                                          model_fn=model_fn)
 
         extractor = self._state["inception"]

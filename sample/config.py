@@ -15,21 +15,24 @@ from dit_pipeline.common.errors import collect
 from dit_pipeline.common.precision import PRECISIONS
 from dit_pipeline.dit.flow import FLOW_SAMPLERS  # ODE Euler / Heun, SDE Euler-Maruyama
 from dit_pipeline.dit.formats import OBJECTIVES
+from dit_pipeline.dit.meanflow import MEANFLOW_SAMPLERS  # 1- and n-step mean-flow sampling
+from dit_pipeline.dit.objectives import SPECS
 # the DDIM stride search lives in dit.respace; ddim_stride and valid_ddim_steps stay importable from here
 from dit_pipeline.dit.respace import TRAIN_TIMESTEPS, ddim_stride, nearest_ddim_steps, valid_ddim_steps  # noqa: F401
 from dit_pipeline.sample.plan import LABEL_SAMPLINGS
 
 DDPM_SAMPLERS = ("ddpm", "ddim")
-SAMPLERS = DDPM_SAMPLERS + FLOW_SAMPLERS
+SAMPLERS = DDPM_SAMPLERS + FLOW_SAMPLERS + MEANFLOW_SAMPLERS
 # The sampler of the trainer's periodic work, by objective: grids are quick deterministic previews (DDIM, Euler
 # ODE); FID samples as the papers' tables do (DDPM; flow: the Euler ODE, as the grids).
-GRID_SAMPLER = {"ddpm": "ddim", "flow": "euler"}
-FID_SAMPLER = {"ddpm": "ddpm", "flow": "euler"}
+# MeanFlow: its own one- or n-step sampler. Each objective's own (dit/objectives.py).
+GRID_SAMPLER = {name: s.grid_sampler for name, s in SPECS.items()}
+FID_SAMPLER = {name: s.fid_sampler for name, s in SPECS.items()}
 FLOW_CONVENTIONS = ("sit", "repa")  # dit.flow: SiT's time (t = 0 noise) or REPA's (t = 1 noise, sign flipped)
 # The sampler when --sampler is not given, by the model's objective: the reference DiT's DDPM, and SiT's SDE
 # (Euler-Maruyama with SiT's sample_ddp.py defaults: diffusion form sigma, norm 1, last step 0.04), each the
 # sampler of its paper's FID-50K at the default 250 steps.
-DEFAULT_SAMPLERS = {"ddpm": "ddpm", "flow": "euler-maruyama"}
+DEFAULT_SAMPLERS = {name: s.default_sampler for name, s in SPECS.items()}
 DIFFUSION_FORMS = ("sigma", "SBDM", "constant", "linear", "decreasing", "increasing-decreasing")
 CFG_CHANNELS = ("auto", "all")  # or a channel count N: guide the first N (sample.generate.cfg_channels_for)
 WEIGHTS = ("ema", "model")
@@ -178,8 +181,8 @@ class SampleConfig:
         if self.objective is not None and self.objective not in OBJECTIVES:
             p.append(f"--objective must be one of {OBJECTIVES}, got {self.objective!r}")
         elif self.objective is not None and self.sampler in SAMPLERS and \
-                (self.sampler in FLOW_SAMPLERS) != (self.objective == "flow"):
-            want = FLOW_SAMPLERS if self.objective == "flow" else DDPM_SAMPLERS
+                self.sampler not in SPECS[self.objective].samplers:
+            want = SPECS[self.objective].samplers
             p.append(f"--sampler {self.sampler} does not sample a {self.objective} model; choose one of {want}")
         if self.diffusion_form not in DIFFUSION_FORMS:
             p.append(f"--diffusion-form must be one of {DIFFUSION_FORMS}, got {self.diffusion_form!r}")

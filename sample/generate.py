@@ -22,6 +22,7 @@ from torch import nn
 
 from dit_pipeline import dit
 from dit_pipeline.common.latent_norm import LatentNorm
+from dit_pipeline.dit.meanflow import MEANFLOW_SAMPLERS, MeanFlowLoop
 from dit_pipeline.sample.config import respacing
 from dit_pipeline.sample.plan import noise_generators
 
@@ -38,7 +39,7 @@ def cfg_channels_for(model_config: dict[str, Any], objective: str = "ddpm", flow
     if release == "LightningDiT":
         return "3"
     if model_config.get("family", "DiT") == "DiT" and int(model_config["in_channels"]) == 4 and release is None \
-            and (objective == "ddpm" or flow_convention == "sit"):
+            and (objective == "ddpm" or (objective == "flow" and flow_convention == "sit")):
         return "3"
     return "all"
 
@@ -96,6 +97,8 @@ def guided_model_fn(model: nn.Module, *, cfg_scale: float, cfg_channels: str | i
     high (Kynkaanniemi et al. 2024; REPA's guidance_low/high), elsewhere one pass of the conditional model alone.
     compile: torch.compile the network call (static shapes: the one shorter last batch recompiles once).
     """
+    if getattr(model, "conditions", "t") != "t":
+        cfg_scale = 1.0  # a mean-flow model: guidance is trained in (meanflow) or an input (imf, MeanFlowLoop)
     guide = guide_channels_arg(cfg_channels)
     null_class = int(model.num_classes)
     if guidance_interval is not None and noise_level is None:
@@ -162,7 +165,9 @@ class FlowLoop:
 def make_diffusion(sampler: str, steps: int, learn_sigma: bool = True, **flow_options):
     """The respaced DiT diffusion for a sampler: "ddpm" -> "N" sections, "ddim" -> "ddimN"; a FlowLoop for the
     flow samplers (euler, heun, euler-maruyama; `flow_options` are FlowLoop's SDE settings, convention and time
-    shift)."""
+    shift); a MeanFlowLoop for "meanflow" (`flow_options`: iMF's guidance `interval`)."""
+    if sampler in MEANFLOW_SAMPLERS:
+        return MeanFlowLoop(steps, **flow_options)
     if sampler in dit.FLOW_SAMPLERS:
         return FlowLoop(sampler, steps, **flow_options)
     return dit.create_diffusion(timestep_respacing=respacing(sampler, steps), learn_sigma=learn_sigma)
@@ -182,6 +187,8 @@ def sample_latents(model: nn.Module, diffusion, labels: torch.Tensor, generators
     fn = model_fn or guided_model_fn(model, cfg_scale=cfg_scale, cfg_channels=cfg_channels,
                                      autocast_dtype=autocast_dtype)
     noise = initial_noise(generators, shape, device)
+    if isinstance(diffusion, MeanFlowLoop):  # the model's time inputs; an iMF model takes cfg_scale as its omega
+        return diffusion.bind(str(getattr(model, "conditions", "t")), cfg_scale)(fn, noise, labels, generators)
     if isinstance(diffusion, FlowLoop):
         return diffusion(fn, noise, labels, generators)
     loop = diffusion.ddim_sample_loop if sampler == "ddim" else diffusion.p_sample_loop

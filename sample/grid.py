@@ -228,8 +228,9 @@ class GridSettings(DecodeSettings):
             except ValueError:
                 pass  # grid_problems reports it
 
-    def grid_problems(self, fid_on: bool) -> list[str]:
-        """Every problem of the grid settings (`fid_on`: --fid-every is set, so --vae serves FID too)."""
+    def grid_problems(self, fid_on: bool, sampler: str = "ddim") -> list[str]:
+        """Every problem of the grid settings (`fid_on`: --fid-every is set, so --vae serves FID too; `sampler`: the
+        grids' sampler, GRID_SAMPLER of the run's objective: only DDIM restricts the step count)."""
         p = choice(self, "sample_weights", SAMPLE_WEIGHTS) + self.cfg_channels_problems()
         if self.sample_every is None:
             grid_only = ("sample_classes",) if fid_on else ("vae", "vae_config", "sample_classes")
@@ -244,8 +245,8 @@ class GridSettings(DecodeSettings):
             except ValueError as e:
                 p.append(f"--sample-classes: {e}")
         steps = self.sample_steps
-        if isinstance(steps, bool) or not isinstance(steps, int) or not (1 <= steps <= TRAIN_TIMESTEPS
-                                                                         and ddim_stride(steps)):
+        if isinstance(steps, bool) or not isinstance(steps, int) or not (1 <= steps <= TRAIN_TIMESTEPS and (
+                sampler != "ddim" or ddim_stride(steps))):
             near = nearest_ddim_steps(steps) if isinstance(steps, int) else [25, 50, 100, 250]
             p.append(f"--sample-steps {steps!r} is not a DDIM step count (DDIM takes every k-th of the 1000 "
                      f"steps); nearest valid counts: {', '.join(map(str, near))}")

@@ -38,7 +38,8 @@ from dit_pipeline.common.precision import AUTOCAST_DTYPES, set_tf32
 from dit_pipeline.common.rae_decoder import check_grid
 from dit_pipeline.common.vae import DEFAULT_VAE, load_vae, recorded_vae
 from dit_pipeline.sample import plan
-from dit_pipeline.sample.config import DDPM_SAMPLERS, DEFAULT_SAMPLERS, FLOW_SAMPLERS, SampleConfig
+from dit_pipeline.sample.config import (DDPM_SAMPLERS, DEFAULT_SAMPLERS, FLOW_SAMPLERS, MEANFLOW_SAMPLERS, SPECS,
+                                        SampleConfig)
 from dit_pipeline.sample.generate import (generate_images, guided_model_fn, make_diffusion, noise_level_fn,
                                           resolve_cfg_channels)
 from dit_pipeline.sample.grid import label_texts, png_bytes, save_grid
@@ -206,8 +207,8 @@ def label_sampling(cfg: SampleConfig) -> str:
 
 def _check_compatible(cfg: SampleConfig, loaded: LoadedModel, vae_id: dict[str, Any]) -> None:
     c, objective = loaded.config, loaded.info["objective"]
-    if (cfg.sampler in FLOW_SAMPLERS) != (objective == "flow"):
-        want = FLOW_SAMPLERS if objective == "flow" else DDPM_SAMPLERS
+    if cfg.sampler not in SPECS[objective].samplers:  # each objective's samplers (dit/objectives.py)
+        want = SPECS[objective].samplers
         raise UserError(f"--sampler {cfg.sampler}: {cfg.ckpt} is a {objective} model; pass --sampler "
                         f"{' or '.join(want)} (or --objective if the file's objective was guessed wrong: a "
                         "file without a record is ddpm unless its name starts with SiT-)")
@@ -347,6 +348,8 @@ def _sample_batches(cfg: SampleConfig, loaded: LoadedModel, vae, store: PartStor
     convention = loaded.info.get("flow_convention", "sit")
     flow = {"convention": convention, "time_shift": float(cfg.time_shift or 1.0)} if cfg.sampler in FLOW_SAMPLERS \
         else {}
+    if cfg.sampler in MEANFLOW_SAMPLERS:  # iMF's guidance interval is a network input
+        flow = {"interval": tuple(cfg.guidance_interval or (0.0, 1.0))}
     diffusion = make_diffusion(cfg.sampler, cfg.steps, learn_sigma=bool(loaded.config["learn_sigma"]),
                                **_sde_settings(cfg), **flow)
     model_fn = guided_model_fn(model, cfg_scale=cfg.cfg_scale, cfg_channels=cfg.cfg_channels,
@@ -363,7 +366,7 @@ def _sample_batches(cfg: SampleConfig, loaded: LoadedModel, vae, store: PartStor
             if isinstance(model, dit.reuse.EncoderReuse):
                 model.reset()  # a state belongs to one batch of samples
             images = generate_images(model, vae, diffusion, indices=batch, labels=labels[batch].tolist(),
-                                     seed=cfg.seed, norm=norm, sampler=cfg.sampler,
+                                     seed=cfg.seed, norm=norm, sampler=cfg.sampler, cfg_scale=cfg.cfg_scale,
                                      model_fn=model_fn).numpy()
             try:
                 if cfg.save_images:

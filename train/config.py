@@ -105,6 +105,24 @@ class TrainConfig(GuardSettings, RepaSettings, FidSettings, GridSettings):
     time_shift_base: int = setting(4096, "The latent size whose shift is 1 for --time-shift auto", group=OBJECTIVE)
     cosine_loss: bool = setting(False, "Add LightningDiT's cosine-direction term 1 - cos(v_pred, v) over the "
                                 "channels to the flow loss (logged as cos)", group=OBJECTIVE)
+    # MeanFlow and iMF (dit/meanflow.py; README "One-step generation"): the releases' defaults
+    mf_t_mean: float = setting(-0.4, "meanflow/imf: logit-normal location of t and r (t = 1 noise)", group=OBJECTIVE)
+    mf_t_scale: float = setting(1.0, "meanflow/imf: logit-normal scale of t and r", group=OBJECTIVE)
+    mf_data_proportion: float | None = setting(
+        None, "meanflow/imf: fraction of each step's samples with r = t (plain flow matching)", group=OBJECTIVE,
+        shown="0.75 for meanflow, 0.5 for imf")
+    mf_omega: float = setting(1.0, "meanflow: training guidance scale omega (1 with kappa 0: none)", group=OBJECTIVE)
+    mf_kappa: float = setting(0.0, "meanflow: training guidance kappa (weight of the conditional velocity)",
+                              group=OBJECTIVE)
+    mf_t_start: float = setting(0.0, "meanflow: training guidance applies for t in [t-start, t-end]", group=OBJECTIVE)
+    mf_t_end: float = setting(1.0, "meanflow: end of the training guidance interval", group=OBJECTIVE)
+    mf_norm_p: float = setting(1.0, "meanflow/imf: adaptive loss weight 1 / (loss + eps)^p (0: plain loss)",
+                               group=OBJECTIVE)
+    mf_norm_eps: float = setting(0.01, "meanflow/imf: eps of the adaptive loss weight", group=OBJECTIVE)
+    mf_s_max: float = setting(7.0, "imf: guidance scales omega drawn on [1, 1 + s-max] (power law)", group=OBJECTIVE)
+    jvp_attention: str = setting("math", "meanflow/imf: the attention kernel of the JVP pass (only math has "
+                                 "forward-mode AD; the ordinary forward keeps --attention)", group=OBJECTIVE,
+                                 choices=("math",))
     # length and batch
     max_steps: int | None = setting(
         None, "Stop after this many optimizer steps", group=LENGTH,
@@ -235,7 +253,9 @@ class TrainConfig(GuardSettings, RepaSettings, FidSettings, GridSettings):
         p += self.repa_problems() + self.guard_problems()
         if self.wandb and importlib.util.find_spec("wandb") is None:
             p.append("--wandb needs the wandb package: pip install 'dit-pipeline[wandb]' (or drop --wandb)")
-        p += self.grid_problems(fid_on=self.fid_every is not None)
+        from dit_pipeline.sample.config import GRID_SAMPLER
+
+        p += self.grid_problems(fid_on=self.fid_every is not None, sampler=GRID_SAMPLER.get(self.objective, "ddim"))
         p += self.fid_problems()
         collect(p, "training configuration")
 
@@ -259,18 +279,55 @@ class TrainConfig(GuardSettings, RepaSettings, FidSettings, GridSettings):
         elif self.objective == "ddpm" and (shift != 1.0 or self.cosine_loss):
             p.append("--time-shift and --cosine-loss act on the flow objective: add --objective flow")
         p += positive(self, "time_shift_base")
+        return p + self._meanflow_problems()
+
+    def _meanflow_problems(self) -> list[str]:
+        from dit_pipeline.dit.meanflow import JVP_ATTENTION
+
+        p: list[str] = []
+        defaults = {f.name: f.default for f in dataclasses.fields(self) if f.name.startswith("mf_")}
+        changed = [k for k, v in defaults.items() if getattr(self, k) != v]
+        if self.objective not in ("meanflow", "imf"):
+            if changed:
+                p.append(f"{', '.join(flag_name(k) for k in changed)} act on the MeanFlow objectives: add "
+                         "--objective meanflow (or imf)")
+            return p
+        if self.jvp_attention not in JVP_ATTENTION:
+            p.append(f"--jvp-attention {self.jvp_attention}: that kernel has no forward-mode AD, so the JVP cannot "
+                     f"run through it; use {' or '.join(JVP_ATTENTION)}")
+        if self.t_sampling != "uniform" or self.time_shift != 1.0 or self.cosine_loss:
+            p.append("--t-sampling, --time-shift and --cosine-loss act on the flow objective; MeanFlow draws its "
+                     "times with --mf-t-mean and --mf-t-scale")
+        if not self.mf_t_scale > 0:
+            p.append(f"--mf-t-scale must be > 0, got {self.mf_t_scale}")
+        if self.mf_data_proportion is not None and not 0.0 <= self.mf_data_proportion <= 1.0:
+            p.append(f"--mf-data-proportion must be in [0, 1], got {self.mf_data_proportion}")
+        if not 0.0 <= self.mf_t_start <= self.mf_t_end <= 1.0:
+            p.append(f"--mf-t-start and --mf-t-end must satisfy 0 <= start <= end <= 1, got {self.mf_t_start}, "
+                     f"{self.mf_t_end}")
+        if not self.mf_norm_eps > 0 or self.mf_norm_p < 0:
+            p.append(f"--mf-norm-eps must be > 0 and --mf-norm-p >= 0, got {self.mf_norm_eps}, {self.mf_norm_p}")
+        if not self.mf_s_max >= 0:
+            p.append(f"--mf-s-max must be >= 0, got {self.mf_s_max}")
+        guided = self.objective == "imf" or (self.mf_omega, self.mf_kappa) != (1.0, 0.0)
+        if guided and not self.class_dropout_prob > 0:
+            p.append("MeanFlow's training guidance needs the null class: --class-dropout-prob > 0")
+        if self.objective == "meanflow" and any(getattr(self, k) != defaults[k] for k in ("mf_s_max",)):
+            p.append("--mf-s-max acts on --objective imf")
+        if self.objective == "imf" and any(getattr(self, k) != defaults[k] for k in
+                                           ("mf_omega", "mf_kappa", "mf_t_start", "mf_t_end")):
+            p.append("--mf-omega, --mf-kappa, --mf-t-start, --mf-t-end are MeanFlow's fixed guidance; imf draws omega "
+                     "and the interval per sample (--mf-s-max)")
+        if self.repa:
+            p.append("--repa with MeanFlow is not supported (the alignment term is defined for the flow loss)")
         return p
 
     def make_objective(self) -> Any:
-        """The dit/ object that draws training times and computes the loss (GaussianDiffusion or FlowMatching)."""
-        from dit_pipeline import dit
+        """The dit/ object that draws training times and computes the loss (dit/objectives.py: GaussianDiffusion,
+        FlowMatching, MeanFlow)."""
+        from dit_pipeline.dit.objectives import build_objective
 
-        if self.objective == "flow":
-            if isinstance(self.time_shift, str):
-                raise ValueError("--time-shift auto is resolved against the shard set first (resolve_time_shift)")
-            return dit.create_flow(self.t_sampling, self.t_mean, self.t_scale, time_shift=float(self.time_shift),
-                                   cosine_loss=self.cosine_loss)
-        return dit.create_diffusion("")
+        return build_objective(self.objective, self.to_dict())
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -244,12 +244,13 @@ class Trainer:
     def _step_randomness(self, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         step, dev = self.state.step, self.device
         g = generator(self.cfg.seed, STREAM_TIMESTEP, step, self.rank, device=dev)
-        t = self.p.diffusion.draw_timesteps(n, generator=g, device=dev)  # ddpm: randint 0..999; flow: floats
+        t = self.p.diffusion.draw_timesteps(n, generator=g, device=dev)  # ddpm: 0..999; flow: [n]; meanflow: [n, 2]
         noise = torch.randn((n, *self.latent_shape), generator=g, device=dev)
         drop = None
         if self.cfg.class_dropout_prob > 0:
             gd = generator(self.cfg.seed, STREAM_DROPOUT, step, self.rank, device=dev)
             drop = (torch.rand(n, generator=gd, device=dev) < self.cfg.class_dropout_prob).long()
+            drop = self.p.diffusion.drop_labels(drop)  # which samples get the null class (MeanFlow: the first k)
         return t, noise, drop
 
     def train_step(self, items: list[Batch], wait: float) -> None:

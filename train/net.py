@@ -89,8 +89,10 @@ def build_model(prep: Preflight, device: torch.device, precision: str) -> TrainM
         tokens = model.grid_size ** 2
         width = model.hidden_size_at(cfg.repa_depth)
         flops += 6.0 * dit.repa.projector_macs(head.config, width, tokens) + 2.0 * teacher.forward_macs()
+    objective = cfg.make_objective()
+    objective.attach(model)  # the raw module, for an objective's passes without gradient (MeanFlow's JVP)
     return TrainModel(model=model, ema=ema, opt=opt, scaler=scaler, ddp=ddp, forward=forward,
-                      diffusion=cfg.make_objective(), amp_dtype=amp_dtype, flops_per_image=flops,
+                      diffusion=objective, amp_dtype=amp_dtype, flops_per_image=flops,
                       peak_tflops=peak_tflops(device, cfg.peak_tflops), device=device, head=head, teacher=teacher)
 
 

@@ -17,6 +17,7 @@ optimizer: its check needs the run's shapes and settings, never live state.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Mapping, Protocol, Sequence
 
@@ -65,22 +66,32 @@ def _tensors_fit(state_dict: Any, model_config: dict[str, Any], where: str) -> N
 
 @dataclass
 class ObjectivePart(_NoCheck):
-    """`objective`: what the model learns (ddpm or flow; a checkpoint without the key is ddpm), and for flow
-    `time_shift`, the shift of its training times (dit/shift.py) that its samplers use (absent: 1, none)."""
+    """`objective`: what the model learns (dit/objectives.py; a checkpoint without the key is ddpm), and what the
+    objective records beside it (`ObjectiveSpec.record`): for flow `time_shift`, the shift of its training times
+    (dit/shift.py) that its samplers use (absent: 1, none); for meanflow and imf `meanflow`, its settings, which a
+    resume must repeat."""
 
     objective: str
-    time_shift: float = 1.0
-    keys: ClassVar[tuple[str, ...]] = ("objective", "time_shift")
+    config: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    keys: ClassVar[tuple[str, ...]] = ("objective", "time_shift", "meanflow")
     required: ClassVar[tuple[str, ...]] = ()
 
     def state_dict(self) -> dict[str, Any]:
-        return {"objective": self.objective, **({"time_shift": self.time_shift} if self.objective == "flow" else {})}
+        from dit_pipeline.dit.objectives import spec
+
+        return {"objective": self.objective, **spec(self.objective).record(self.config)}
 
     def check(self, ckpt: Checkpoint, where: str) -> None:
         saved = ckpt.get("objective", "ddpm")
         if saved != self.objective:
             raise UserError(f"checkpoint {where} was trained with --objective {saved}, this run asks for "
                             f"--objective {self.objective}; resume with the same objective or use a new --run-dir")
+        want = self.state_dict().get("meanflow")
+        if want is not None and ckpt.get("meanflow") != want:
+            changed = sorted(k for k in want if (ckpt.get("meanflow") or {}).get(k) != want[k])
+            raise UserError(f"checkpoint {where} was trained with other MeanFlow settings "
+                            f"({', '.join('--' + k.replace('_', '-') for k in changed)}); resume with the recorded "
+                            "ones or use a new --run-dir")
 
     def load_state_dict(self, ckpt: Checkpoint) -> None:
         return None
@@ -375,7 +386,7 @@ def build_parts(*, objective: str, config: dict[str, Any], shard_set: ShardSetPa
     """The parts of one run, in PART_TYPES order. For checking only (no live optimizer yet), `model` (and the
     alignment `head` around it) may live on the meta device and ema/opt/scaler/progress be None."""
     trainable = sum(1 for q in (head if head is not None else model).parameters() if q.requires_grad)
-    parts: list[Part] = [ObjectivePart(objective, float(config.get("time_shift", 1.0))), ModelPart(model), shard_set,
+    parts: list[Part] = [ObjectivePart(objective, config), ModelPart(model), shard_set,
                          ConfigPart(config), EmaPart(ema, model.config), ProjectorPart(head, teacher),
                          OptimizerPart(opt, trainable, str(config.get("optimizer", "adamw"))), ScalerPart(scaler)]
     if progress is not None:

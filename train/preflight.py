@@ -121,7 +121,11 @@ def model_kwargs(cfg: TrainConfig, source: ShardSource) -> dict[str, Any]:
     # a velocity has C channels; SiT's train.py keeps DiT's 2C (learn_sigma=True) and drops the second half
     # in its forward, which thus gets no gradient: the same training, only the checkpoint's shape differs.
     # ddpm learns its variance in the second half (DiT's learned sigma), for every family.
-    kw["learn_sigma"] = cfg.objective != "flow"
+    from dit_pipeline.dit.objectives import spec
+
+    kw["learn_sigma"] = spec(cfg.objective).learn_sigma
+    if spec(cfg.objective).conditions != "t":  # the time inputs the objective feeds (dit/conditions.py)
+        kw["conditions"] = spec(cfg.objective).conditions
     try:
         with torch.device("meta"):
             create_model(**kw)
@@ -293,6 +297,15 @@ def objective_line(cfg: TrainConfig, mc: dict[str, Any] | None = None) -> str:
         shift = f", shifted by {cfg.time_shift:.4g} toward noise" if cfg.time_shift != 1.0 else ""
         loss = "; loss mse + cos (cosine direction)" if cfg.cosine_loss else ""
         what = f"flow ({implied}linear interpolant, velocity prediction; training times {times}{shift}{loss})"
+    elif cfg.objective in ("meanflow", "imf"):
+        prop = cfg.mf_data_proportion if cfg.mf_data_proportion is not None else \
+            (0.75 if cfg.objective == "meanflow" else 0.5)
+        guide = (f"guidance omega {cfg.mf_omega:g}, kappa {cfg.mf_kappa:g} for t in [{cfg.mf_t_start:g}, "
+                 f"{cfg.mf_t_end:g}]" if (cfg.mf_omega, cfg.mf_kappa) != (1.0, 0.0) else "no training guidance") \
+            if cfg.objective == "meanflow" else f"omega drawn on [1, {1 + cfg.mf_s_max:g}] and fed to the network"
+        what = (f"{cfg.objective} (average velocity u(z, t, h = t - r); t, r logit-normal({cfg.mf_t_mean:g}, "
+                f"{cfg.mf_t_scale:g}), r = t for {prop:.0%} of each step; {guide}; JVP through "
+                f"{cfg.jvp_attention} attention; adaptive weight p {cfg.mf_norm_p:g})")
     else:
         what = "ddpm (DiT: noise prediction + learned variance, 1000-step linear schedule)"
     family = (mc or {}).get("family")

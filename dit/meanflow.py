@@ -1,0 +1,262 @@
+"""MeanFlow (Geng et al. 2025, arXiv:2505.13447) and improved MeanFlow (iMF, arXiv:2512.02012): a network
+u(z_t, t, h) that predicts the AVERAGE velocity over [r, t] (h = t - r), so that one step z_r = z_t - (t - r) u maps
+noise to data.
+
+Convention (the releases', unlike dit/flow.py's SiT time): z_t = (1 - t) x + t e, v = e - x, t = 1 is noise.
+
+Training (`MeanFlow.training_losses`, the formulas of the JAX release's meanflow.py / imf.py):
+- time pairs: t and r each logit-normal (t_mean, t_scale), then t = max, r = min; the first `data_proportion` of
+  the rank's step gets r = t (`draw_timesteps` returns [n, 2] = (t, r)).
+- MeanFlow guidance (omega, kappa in [t_start, t_end]): v_g = omega v + (1 - omega - kappa) u(z_t, t, 0 | null)
+  + kappa u(z_t, t, 0 | y); v_g = v outside the interval and for label-dropped samples. Label dropout keeps the
+  release's rule (`drop_labels`): k = the number of draws below the dropout probability, and the FIRST k samples are
+  dropped (so they are among the r = t ones).
+- target u_tgt = v_g - clip(t - r, 0, 1) du/dt, (u, du/dt) = jvp(u(z, t, t - r), (z_t, t, r), (v_g, 1, 0)),
+  detached; loss per sample = ||u - u_tgt||^2 (summed over the latent) / (that, detached, + norm_eps)^norm_p.
+- iMF: data_proportion 0.5; omega drawn per sample from the power law on [1, 1 + s_max] (exp(u log(1 + s_max)));
+  guidance interval t_min ~ U(0, 0.5), t_max ~ U(0.5, 1) (0 and 1 for r = t samples); omega, t_min, t_max are
+  inputs of the network (dit/conditions.py "imf"); v_c, v_u = the network's velocities u(z, t, h=0) with y and
+  null at (omega, 0, 1) and (1, 0, 1); v_g = v + (1 - 1/omega) (v_c - v_u) for r = t samples, and with omega
+  masked to 1 outside [t_min, t_max] (v_c recomputed at the masked omega) for the others; labels dropped at random
+  (v_g = v for them); the JVP tangent is the masked conditional velocity v_c, the network sees the unmasked omega,
+  and the target has no clip (iMF's compound V = u + (t - r) sg(du/dt) against v_g is the same loss). The
+  release's auxiliary v-head is not built here (one head; see README "One-step generation").
+
+The JVP pass. Forward-mode AD has no formula for the fused attention kernels (CPU flash, CUDA flash /
+memory-efficient / cuDNN: "Trying to use forward AD with _scaled_dot_product_flash_attention..."); the math
+kernel has one. So the JVP runs as its own pass under `sdpa_kernel(jvp_attention)` without autograd (its outputs
+are detached anyway), in float32 with autocast off (as the PyTorch port), eager (`torch.compiler.set_stance
+("force_eager")`: compiled blocks run uncompiled), on the raw module (not the DDP wrapper); then the ordinary
+forward of u with gradient runs through the trainer's model function: DDP (gradients reduced once), the compiled
+blocks, activation checkpointing and the fast attention kernel, exactly as for the flow objective. Cost: one JVP
+pass (about 2-3 forwards) + one forward + one backward (bench/meanflow_step.py measures it).
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any, Callable, Sequence
+
+import torch
+
+from .flow import velocity_of
+from .objective_base import ObjectiveDefaults
+
+Model = Callable[..., torch.Tensor]
+MEANFLOW_SAMPLERS = ("meanflow",)
+JVP_ATTENTION = ("math",)  # SDPA kernels with forward-mode AD (the fused ones have none)
+
+
+def _b(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1, *([1] * (x.dim() - 1))).to(x.dtype)
+
+
+def logit_normal(n: int, mean: float, scale: float, generator: torch.Generator | None,
+                 device: torch.device | str | None) -> torch.Tensor:
+    return torch.sigmoid(mean + scale * torch.randn(n, generator=generator, device=device))
+
+
+def time_input(kind: str, t: torch.Tensor, r: torch.Tensor, omega: torch.Tensor | None = None,
+               t_min: torch.Tensor | None = None, t_max: torch.Tensor | None = None) -> torch.Tensor:
+    """The network's time input (dit/conditions.py) for times t, r [N]: (t, h) or (t, h, omega, t_min, t_max)."""
+    cols = [t, t - r]
+    if kind == "imf":
+        assert omega is not None and t_min is not None and t_max is not None
+        cols += [omega, t_min, t_max]
+    return torch.stack([c.float() for c in cols], dim=1)
+
+
+@contextlib.contextmanager
+def jvp_context(attention: str = "math", device_type: str = "cpu"):
+    """Where the JVP pass runs: no autograd, autocast off, the SDPA kernel `attention`, compiled modules eager."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if attention not in JVP_ATTENTION:
+        raise ValueError(f"the JVP needs an attention kernel with forward-mode AD ({', '.join(JVP_ATTENTION)}); "
+                         f"got {attention!r}")
+    stance = torch.compiler.set_stance("force_eager") if hasattr(torch.compiler, "set_stance") \
+        else contextlib.nullcontext()
+    with torch.no_grad(), sdpa_kernel([SDPBackend.MATH]), stance, torch.autocast(device_type, enabled=False):
+        yield
+
+
+class MeanFlow(ObjectiveDefaults):
+    """The MeanFlow / iMF objective with the trainer's interface (`draw_timesteps`, `drop_labels`, `attach`,
+    `training_losses`); `variant` "meanflow" or "imf" (module docstring)."""
+
+    def __init__(self, *, variant: str = "meanflow", t_mean: float = -0.4, t_scale: float = 1.0,
+                 data_proportion: float | None = None, omega: float = 1.0, kappa: float = 0.0, t_start: float = 0.0,
+                 t_end: float = 1.0, norm_p: float = 1.0, norm_eps: float = 0.01, s_max: float = 7.0,
+                 jvp_attention: str = "math", num_classes: int | None = None):
+        if variant not in ("meanflow", "imf"):
+            raise ValueError(f"unknown MeanFlow variant {variant!r}")
+        self.objective = self.variant = variant
+        self.t_mean, self.t_scale = float(t_mean), float(t_scale)
+        self.data_proportion = float(data_proportion if data_proportion is not None else
+                                     (0.75 if variant == "meanflow" else 0.5))
+        self.omega, self.kappa, self.t_start, self.t_end = float(omega), float(kappa), float(t_start), float(t_end)
+        self.norm_p, self.norm_eps, self.s_max = float(norm_p), float(norm_eps), float(s_max)
+        self.jvp_attention = jvp_attention
+        self.num_classes = num_classes
+        self.raw: Model | None = None  # the module itself (attach): the JVP and guidance passes run on it
+
+    @property
+    def guided(self) -> bool:
+        return self.variant == "imf" or self.omega != 1.0 or self.kappa != 0.0
+
+    def attach(self, model: Model) -> None:
+        """The raw network (not the DDP wrapper, any compile still inside it) for the passes without gradient."""
+        self.raw = model
+        if getattr(model, "num_classes", None) is not None:
+            self.num_classes = int(getattr(model, "num_classes"))
+
+    # -- random draws of a step (the trainer draws them for the rank's whole step) -------------------------------
+    def draw_timesteps(self, n: int, *, generator: torch.Generator | None = None,
+                       device: torch.device | str | None = None) -> torch.Tensor:
+        """[n, 2] float32 (t, r), t >= r, the first int(n x data_proportion) with r = t. iMF: [n, 5] with its
+        omega, t_min, t_max drawn from the same generator after (t, r)."""
+        a = logit_normal(n, self.t_mean, self.t_scale, generator, device)
+        b = logit_normal(n, self.t_mean, self.t_scale, generator, device)
+        t, r = torch.maximum(a, b), torch.minimum(a, b)
+        fm = torch.arange(n, device=t.device) < int(n * self.data_proportion)
+        r = torch.where(fm, t, r)
+        if self.variant == "meanflow":
+            return torch.stack([t, r], dim=1)
+        u = torch.rand(n, generator=generator, device=device)
+        omega = torch.exp(u * math.log1p(self.s_max))  # the power law on [1, 1 + s_max] (cfg_beta 1)
+        t_min = torch.rand(n, generator=generator, device=device) * 0.5
+        t_max = 0.5 + torch.rand(n, generator=generator, device=device) * 0.5
+        t_min, t_max = torch.where(fm, 0.0, t_min), torch.where(fm, 1.0, t_max)
+        return torch.stack([t, r, omega, t_min, t_max], dim=1)
+
+    def drop_labels(self, drop: torch.Tensor) -> torch.Tensor:
+        """The label-dropout mask [n] (1 = null class) from the trainer's per-sample draws: MeanFlow drops the FIRST
+        k samples, k = the number of draws that fell below the probability (the release's rule); iMF keeps them."""
+        if self.variant == "imf":
+            return drop
+        k = int(drop.sum())
+        return (torch.arange(drop.shape[0], device=drop.device) < k).to(drop.dtype)
+
+    # -- the loss ------------------------------------------------------------------------------------------------
+    def _net(self, z: torch.Tensor, tin: torch.Tensor, y: torch.Tensor, drop: torch.Tensor) -> torch.Tensor:
+        assert self.raw is not None, "MeanFlow.attach(model) first"
+        return velocity_of(self.raw(z, tin, y, force_drop_ids=drop), z.shape[1]).float()
+
+    def guided_velocity(self, z: torch.Tensor, v: torch.Tensor, tr: torch.Tensor, y: torch.Tensor,
+                        drop: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(v_g, the JVP tangent) of the batch, without gradient (module docstring)."""
+        t, r = tr[:, 0], tr[:, 1]
+        n = z.shape[0]
+        keep = torch.zeros_like(drop)
+        if not self.guided:
+            return v, v
+        assert self.num_classes is not None
+        null = torch.full_like(y, self.num_classes)
+        zeros, ones = torch.zeros_like(t), torch.ones_like(t)
+        with torch.no_grad(), torch.autocast(z.device.type, enabled=False):
+            if self.variant == "meanflow":
+                out = self._net(torch.cat([z, z]), time_input("meanflow", torch.cat([t, t]), torch.cat([t, t])),
+                                torch.cat([y, null]), torch.cat([keep, keep]))
+                u_c, u_u = out[:n], out[n:]
+                mix = self.omega * v + (1 - self.omega - self.kappa) * u_u + self.kappa * u_c
+                inside = (t >= self.t_start) & (t <= self.t_end) & (drop == 0)
+                v_g = torch.where(_b(inside, v) > 0, mix, v)
+                return v_g, v_g
+            omega, t_min, t_max = tr[:, 2], tr[:, 3], tr[:, 4]
+            fm = t == r
+            out = self._net(torch.cat([z, z]), time_input("imf", torch.cat([t, t]), torch.cat([t, t]),
+                                                          torch.cat([omega, ones]), torch.cat([zeros, zeros]),
+                                                          torch.cat([ones, ones])),
+                            torch.cat([y, null]), torch.cat([keep, keep]))
+            v_c, v_u = out[:n], out[n:]
+            g_fm = v + _b(1 - 1 / omega, v) * (v_c - v_u)
+            w = torch.where((t >= t_min) & (t <= t_max), omega, ones)
+            v_cm = self._net(z, time_input("imf", t, t, w, zeros, ones), y, keep)
+            g = v + _b(1 - 1 / w, v) * (v_cm - v_u)
+            v_g = torch.where(_b(fm, v) > 0, g_fm, g)
+            v_g = torch.where(_b(drop > 0, v) > 0, v, v_g)
+            return v_g, v_cm
+
+    def jvp(self, z: torch.Tensor, tr: torch.Tensor, y: torch.Tensor, drop: torch.Tensor,
+            tangent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(u, du/dt) of the network along (dz, dt, dr) = (tangent, 1, 0), in the JVP context (module docstring)."""
+        t, r = tr[:, 0], tr[:, 1]
+        extra = [tr[:, i] for i in range(2, tr.shape[1])]
+
+        def u_fn(z_: torch.Tensor, t_: torch.Tensor, r_: torch.Tensor) -> torch.Tensor:
+            return self._net(z_, time_input(self.variant, t_, r_, *extra), y, drop)
+
+        with jvp_context(self.jvp_attention, z.device.type):
+            out = torch.func.jvp(u_fn, (z.float(), t.float(), r.float()),
+                                 (tangent.float(), torch.ones_like(t).float(), torch.zeros_like(r).float()))
+        return out[0], out[1]
+
+    def target(self, x: torch.Tensor, noise: torch.Tensor, tr: torch.Tensor, y: torch.Tensor,
+               drop: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(z_t, u_tgt), both without gradient."""
+        t, r = tr[:, 0], tr[:, 1]
+        x, noise = x.float(), noise.float()
+        z = (1 - _b(t, x)) * x + _b(t, x) * noise
+        v = noise - x
+        v_g, tangent = self.guided_velocity(z, v, tr, y, drop)
+        _, dudt = self.jvp(z, tr, y, drop, tangent)
+        h = t - r
+        if self.variant == "meanflow":
+            h = h.clamp(0.0, 1.0)
+        return z, (v_g - _b(h, v) * dudt).detach()
+
+    def training_losses(self, model: Model, x_start: torch.Tensor, t: torch.Tensor,
+                        model_kwargs: dict[str, Any] | None = None,
+                        noise: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """Per-sample {"loss" (adaptively weighted), "mse" (mean squared error to the target)}; `t` is
+        draw_timesteps' [N, 2] (or iMF's [N, 5]); `model` the trainer's model function (gradient pass)."""
+        kwargs = dict(model_kwargs or {})
+        if noise is None:
+            noise = torch.randn_like(x_start)
+        y = kwargs["y"]
+        drop = kwargs.get("force_drop_ids")
+        drop = torch.zeros_like(y) if drop is None else drop
+        kwargs["force_drop_ids"] = drop
+        if self.raw is None:
+            self.attach(model)
+        z, u_tgt = self.target(x_start, noise, t, y, drop)
+        tin = time_input(self.variant, t[:, 0], t[:, 1], *[t[:, i] for i in range(2, t.shape[1])])
+        u = velocity_of(model(z, tin, **kwargs), x_start.shape[1]).float()
+        err = ((u - u_tgt) ** 2).sum(dim=list(range(1, u.dim())))
+        loss = err / (err.detach() + self.norm_eps) ** self.norm_p
+        return {"loss": loss, "mse": err.detach() / u[0].numel()}
+
+
+class MeanFlowLoop:
+    """n-step mean-flow sampling on linspace(1, 0, steps + 1): z_r = z_t - (t - r) u(z_t, t, t - r); one network
+    evaluation per step. iMF's network also takes the guidance scale omega and interval (t_min, t_max)."""
+
+    def __init__(self, steps: int = 1, *, conditions: str = "meanflow", omega: float = 1.0,
+                 interval: Sequence[float] = (0.0, 1.0)):
+        if steps < 1:
+            raise ValueError(f"mean-flow sampling needs steps >= 1, got {steps}")
+        self.sampler, self.steps, self.conditions = "meanflow", int(steps), conditions
+        self.omega, self.interval = float(omega), (float(interval[0]), float(interval[1]))
+
+    def bind(self, conditions: str, cfg_scale: float = 1.0) -> "MeanFlowLoop":
+        """This loop for a model with `conditions` (dit/conditions.py); an iMF model's omega is `cfg_scale`.
+        ValueError for a model without the mean-flow time inputs."""
+        if conditions not in ("meanflow", "imf"):
+            raise ValueError("the meanflow sampler needs a MeanFlow model (one trained with --objective meanflow "
+                             f"or imf); this model's time input is {conditions!r}")
+        return MeanFlowLoop(self.steps, conditions=conditions,
+                            omega=float(cfg_scale) if conditions == "imf" else 1.0, interval=self.interval)
+
+    def __call__(self, fn: Model, noise: torch.Tensor, labels: torch.Tensor,
+                 generators: Sequence[torch.Generator] | None = None) -> torch.Tensor:
+        z = noise.float()
+        n = z.shape[0]
+        grid = [1.0 - i / self.steps for i in range(self.steps + 1)]
+        for a, b in zip(grid[:-1], grid[1:]):
+            t = torch.full((n,), a, device=z.device)
+            r = torch.full((n,), b, device=z.device)
+            extra = [] if self.conditions != "imf" else [torch.full((n,), v, device=z.device) for v in
+                                                          (self.omega, *self.interval)]
+            u = velocity_of(fn(z, time_input(self.conditions, t, r, *extra), labels), z.shape[1]).float()
+            z = z - (a - b) * u
+        return z

@@ -1,0 +1,102 @@
+"""The objectives a model can learn, as one registry: what the trainer, checkpoints, samplers and FID ask of an
+objective, so that none of them names one.
+
+An `ObjectiveSpec` says, for one objective name (dit.formats.OBJECTIVES):
+- `build(settings)`: the object that draws a step's times and computes the loss (`GaussianDiffusion`,
+  `FlowMatching`, `MeanFlow`), from the run's settings (a TrainConfig's dict); every such object answers
+  `draw_timesteps(n, generator, device)`, `training_losses(model_fn, x, t, model_kwargs, noise)`,
+  `drop_labels(mask)` (which samples get the null class, from the per-sample draws) and `attach(model)`;
+- `record(settings)`: what a checkpoint records beside the name (flow: its time shift; meanflow: its settings),
+  which a resume must match and samplers read;
+- `conditions`: the model's time input (dit/conditions.py) the objective needs;
+- `samplers`, `default_sampler`, `grid_sampler`, `fid_sampler`: the sampler names that can sample such a model
+  (dit-sample refuses the others), the one dit-sample uses when none is given, and those of the trainer's periodic
+  grids and FID.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from .formats import OBJECTIVES
+from .objective_base import ObjectiveDefaults  # noqa: F401 (the shared defaults, importable from here)
+
+
+@dataclass(frozen=True)
+class ObjectiveSpec:
+    name: str
+    build: Callable[[Mapping[str, Any]], Any]
+    record: Callable[[Mapping[str, Any]], dict[str, Any]]
+    conditions: str
+    samplers: tuple[str, ...]
+    default_sampler: str
+    grid_sampler: str
+    fid_sampler: str
+    learn_sigma: bool = False  # the network's second half of channels learns the variance (DiT's ddpm)
+
+
+def _ddpm(settings: Mapping[str, Any]) -> Any:
+    from .diffusion import create_diffusion
+
+    return create_diffusion("")
+
+
+def _flow(settings: Mapping[str, Any]) -> Any:
+    from .flow import create_flow
+
+    shift = settings.get("time_shift", 1.0)
+    if isinstance(shift, str):
+        raise ValueError("--time-shift auto is resolved against the shard set first (resolve_time_shift)")
+    return create_flow(str(settings.get("t_sampling", "uniform")), float(settings.get("t_mean", 0.0)),
+                       float(settings.get("t_scale", 1.0)), time_shift=float(shift),
+                       cosine_loss=bool(settings.get("cosine_loss", False)))
+
+
+# The MeanFlow settings as TrainConfig names them (its --mf-* options) -> MeanFlow's arguments
+MF_SETTINGS = {"mf_t_mean": "t_mean", "mf_t_scale": "t_scale", "mf_data_proportion": "data_proportion",
+               "mf_omega": "omega", "mf_kappa": "kappa", "mf_t_start": "t_start", "mf_t_end": "t_end",
+               "mf_norm_p": "norm_p", "mf_norm_eps": "norm_eps", "mf_s_max": "s_max", "jvp_attention": "jvp_attention"}
+
+
+def _meanflow(variant: str) -> Callable[[Mapping[str, Any]], Any]:
+    def build(settings: Mapping[str, Any]) -> Any:
+        from .meanflow import MeanFlow
+
+        return MeanFlow(variant=variant, **{arg: settings[key] for key, arg in MF_SETTINGS.items() if key in settings})
+    return build
+
+
+def _mf_record(settings: Mapping[str, Any]) -> dict[str, Any]:
+    return {"meanflow": {k: settings[k] for k in MF_SETTINGS if k in settings and k != "jvp_attention"}}
+
+
+DDPM_SAMPLERS = ("ddpm", "ddim")
+FLOW_SAMPLERS = ("euler", "heun", "euler-maruyama")  # dit.flow.FLOW_SAMPLERS (imported lazily there)
+MEANFLOW_SAMPLERS = ("meanflow",)
+
+SPECS: dict[str, ObjectiveSpec] = {
+    "ddpm": ObjectiveSpec("ddpm", _ddpm, lambda s: {}, "t", DDPM_SAMPLERS, "ddpm", "ddim", "ddpm", True),
+    "flow": ObjectiveSpec("flow", _flow, lambda s: {"time_shift": float(s.get("time_shift", 1.0))}, "t",
+                          FLOW_SAMPLERS, "euler-maruyama", "euler", "euler"),
+    "meanflow": ObjectiveSpec("meanflow", _meanflow("meanflow"), _mf_record, "meanflow", MEANFLOW_SAMPLERS,
+                              "meanflow", "meanflow", "meanflow"),
+    "imf": ObjectiveSpec("imf", _meanflow("imf"), _mf_record, "imf", MEANFLOW_SAMPLERS, "meanflow", "meanflow",
+                         "meanflow"),
+}
+assert tuple(SPECS) == OBJECTIVES, "dit.formats.OBJECTIVES names the registry's objectives, in order"
+
+
+def spec(name: str) -> ObjectiveSpec:
+    if name not in SPECS:
+        raise ValueError(f"unknown objective {name!r}; choose one of: {', '.join(SPECS)}")
+    return SPECS[name]
+
+
+def build_objective(name: str, settings: Mapping[str, Any]) -> Any:
+    """The training objective `name` with the run's settings (ObjectiveSpec.build)."""
+    return spec(name).build(settings)
+
+
+def objective_of_sampler(sampler: str) -> list[str]:
+    """The objectives whose models `sampler` can sample."""
+    return [name for name, s in SPECS.items() if sampler in s.samplers]

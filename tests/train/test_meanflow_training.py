@@ -1,0 +1,112 @@
+"""--objective meanflow end to end: 2 ranks (gloo) with training guidance, a run killed with SIGKILL and resumed is
+bit-identical to a straight run, the periodic grid is drawn with the 1-step mean-flow sampler, the checkpoint records
+the objective, its settings and the second time input, dit-sample draws 1- and 2-step grids and an npz from it and
+refuses a diffusion sampler, and a resume under another objective or other MeanFlow settings is refused."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from dit_pipeline import dit
+from dit_pipeline.common.errors import ConfigError, UserError
+from dit_pipeline.sample import SampleConfig
+from dit_pipeline.sample.run import run_sampling
+from dit_pipeline.train import merge_config
+from dit_pipeline.train.checkpoint import CheckpointManager, load_checkpoint
+from dit_pipeline.train.metrics import read_metrics
+from tests._util import run_torchrun
+from tests.train.conftest import run_tiny, tiny_args
+
+STEPS = 4
+KEYS = ("step", "epoch", "loss", "mse", "grad_norm")
+MF = {"objective": "meanflow", "mf-omega": 0.6, "mf-kappa": 0.2, "mf-t-end": 0.9}
+
+
+def _args(shards, run_dir, vae):
+    return tiny_args(shards, run_dir, **{**MF, "max-steps": STEPS, "ckpt-every": 2, "num-workers": 0,
+                                         "global-batch-size": 4, "micro-batch-size": 2, "sample-every": STEPS, "sample-classes": "0,1",
+                                         "sample-steps": 1, "vae": vae})
+
+
+def test_meanflow_two_ranks_kill_resume_bit_identical_and_one_step_samples(shard_dir, tiny_vae_dir, tmp_path):
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    r = run_torchrun("dit-train", _args(shard_dir, straight, tiny_vae_dir), 2, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    args = _args(shard_dir, resumed, tiny_vae_dir)
+    r = run_torchrun("dit-train", args, 2, env={"DIT_FAULT": "train.step_end@3:kill"}, timeout=600)
+    assert r.returncode != 0 and CheckpointManager(resumed / "checkpoints").steps() == [2]
+    r = run_torchrun("dit-train", args, 2, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    want = [tuple(rec[k] for k in KEYS) for rec in read_metrics(straight)]
+    assert [w[0] for w in want] == list(range(1, STEPS + 1))
+    assert [tuple(rec[k] for k in KEYS) for rec in read_metrics(resumed)] == want  # exact floats
+    a = load_checkpoint(CheckpointManager(straight / "checkpoints").latest())
+    b = load_checkpoint(CheckpointManager(resumed / "checkpoints").latest())
+    for key in ("model", "ema"):
+        assert all(torch.equal(a[key][n], b[key][n]) for n in a[key]), key
+    assert a["objective"] == "meanflow" and a["model_config"]["conditions"] == "meanflow"
+    assert a["meanflow"]["mf_omega"] == 0.6 and a["meanflow"]["mf_kappa"] == 0.2
+    assert "h_embedder.mlp.0.weight" in a["ema"] and a["model_config"]["learn_sigma"] is False
+    assert (straight / "samples" / f"step-{STEPS:07d}.png").is_file()  # the trainer's grid: 1-step mean flow
+    sd, info = dit.load_dit_weights(straight / "checkpoints" / f"step-{STEPS:07d}-ema.pt")  # bare EMA + sidecar
+    assert info["objective"] == "meanflow" and info["model_config"] == a["model_config"]
+    assert all(torch.equal(sd[k], a["ema"][k]) for k in sd)
+
+    ckpt = straight / "checkpoints" / f"step-{STEPS:07d}.pt"
+    base = dict(ckpt=str(ckpt), vae=str(tiny_vae_dir), class_labels=[0, 1, 1], quiet=True)
+    one = run_sampling(SampleConfig(**base, sampler="meanflow", steps=1, npz=str(tmp_path / "one.npz"),
+                                    out=str(tmp_path / "one")))
+    two = run_sampling(SampleConfig(**base, steps=2, npz=str(tmp_path / "two.npz")))  # meanflow: the default
+    assert one.grid is not None and one.grid.is_file()
+    x1, x2 = (np.load(p)["arr_0"] for p in (one.npz, two.npz))
+    assert x1.shape == x2.shape == (3, 64, 64, 3) and not np.array_equal(x1, x2)
+    with pytest.raises(UserError, match=r"--sampler ddim: .* is a meanflow model; pass --sampler meanflow"):
+        run_sampling(SampleConfig(**base, sampler="ddim", steps=10, npz=str(tmp_path / "x.npz")))
+    assert not (tmp_path / "x.npz").exists()
+
+    with pytest.raises(UserError, match="was trained with --objective meanflow, this run asks for --objective flow"):
+        run_tiny(shard_dir, straight, max_steps=STEPS + 1, global_batch_size=8, objective="flow")
+    with pytest.raises(UserError, match=r"other MeanFlow settings \(--mf-omega\)"):
+        run_tiny(shard_dir, straight, max_steps=STEPS + 1, global_batch_size=8, objective="meanflow",
+                 mf_omega=0.5, mf_kappa=0.2, mf_t_end=0.9)
+
+
+def test_meanflow_settings_are_validated():
+    base = {"shards": "s", "run_dir": "r", "max_steps": 1}
+    with pytest.raises(ConfigError) as e:
+        merge_config({}, {**base, "mf_omega": 0.5}).validate()
+    assert "--mf-omega act on the MeanFlow objectives: add --objective meanflow (or imf)" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        merge_config({}, {**base, "objective": "meanflow", "mf_omega": 0.5, "class_dropout_prob": 0.0,
+                          "mf_t_start": 0.9, "mf_t_end": 0.1, "cosine_loss": True}).validate()
+    msg = str(e.value)
+    assert "MeanFlow's training guidance needs the null class" in msg
+    assert "--mf-t-start and --mf-t-end must satisfy" in msg and "--cosine-loss act on the flow objective" in msg
+    with pytest.raises(ConfigError, match="--jvp-attention"):
+        merge_config({}, {**base, "objective": "meanflow", "jvp_attention": "flash"}).validate()
+
+
+def test_the_plan_says_what_meanflow_trains():
+    from dit_pipeline.train.preflight import objective_line
+
+    base = {"shards": "s", "run_dir": "r", "max_steps": 1}
+    line = objective_line(merge_config({}, {**base, "objective": "meanflow", "mf_omega": 0.6, "mf_kappa": 0.2}))
+    assert "meanflow (average velocity u(z, t, h = t - r); t, r logit-normal(-0.4, 1), r = t for 75% of each " \
+           "step; guidance omega 0.6, kappa 0.2 for t in [0, 1]; JVP through math attention" in line
+    line = objective_line(merge_config({}, {**base, "objective": "imf"}))
+    assert "r = t for 50% of each step; omega drawn on [1, 8] and fed to the network" in line
+
+
+def test_imf_trains_in_process_and_samples_with_its_guidance_as_inputs(shard_dir, tiny_vae_dir, tmp_path):
+    """iMF: the checkpoint records it; dit-sample's --cfg-scale is the network's omega and --guidance-interval its
+    interval (one evaluation per step, no doubled batch): other values, other pixels."""
+    ck = run_tiny(shard_dir, tmp_path / "run", max_steps=3, global_batch_size=8, objective="imf", lr=1e-2)
+    assert ck["objective"] == "imf" and ck["model_config"]["conditions"] == "imf"
+    assert ck["meanflow"]["mf_s_max"] == 7.0
+    base = dict(ckpt=str(tmp_path / "run"), vae=str(tiny_vae_dir), class_labels=[0, 1], quiet=True, steps=1,
+                weights="model")  # 3 steps: the EMA has hardly moved from the zero-initialised gates
+    outs = [np.load(run_sampling(SampleConfig(**base, cfg_scale=w, guidance_interval=iv,
+                                              npz=str(tmp_path / f"{i}.npz"))).npz)["arr_0"]
+            for i, (w, iv) in enumerate([(1.0, None), (6.0, None), (6.0, [0.0, 0.5])])]
+    assert not np.array_equal(outs[0], outs[1]) and not np.array_equal(outs[1], outs[2])
