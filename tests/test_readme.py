@@ -114,11 +114,16 @@ def test_eight_gpu_training_commands_pass_every_check(tmp_path, monkeypatch):
     from dit_pipeline.cli import train_main
     others = [args for name, args in _readme_invocations()
               if name == "dit-train" and "--objective" in args and "/shared/" not in " ".join(args)]
-    assert len(others) == 2
+    assert sorted(args[args.index("--objective") + 1] for args in others) == ["flow", "flow", "meanflow"]
     for args in others:
         r = CliRunner().invoke(train_main, args, env={"DIT_DRY_RUN": "1"}, catch_exceptions=False)
         assert r.exit_code == 0 and "dit-train plan (dry run: nothing was started)" in r.output, r.output
-        assert "  objective   flow (linear interpolant, velocity prediction; training times " in r.output, r.output
+        objective = args[args.index("--objective") + 1]
+        if objective == "flow":
+            assert "  objective   flow (linear interpolant, velocity prediction; training times " in r.output, \
+                r.output
+        else:
+            assert f"  objective   {objective}" in r.output, r.output
     assert not (tmp_path / "runs").exists()
 
 

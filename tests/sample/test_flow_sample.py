@@ -67,7 +67,8 @@ def test_sit_release_file_loads_unchanged_and_heun_matches_an_independent_loop(s
     from dit_pipeline.sample.load import resolve_objective
 
     assert resolve_objective(info, sit_files["release"], None) == "flow"  # SiT-* name
-    assert resolve_objective(info, sit_files["plain_named"], None) == "ddpm"  # no record, no name: DiT
+    with pytest.raises(UserError, match="no record of how it was trained"):  # no record, no name: never a guess
+        resolve_objective(info, sit_files["plain_named"], None)
     assert resolve_objective(info, sit_files["plain_named"], "flow") == "flow"
     model = dit.build_model_from_weights(sd, info)
     y = torch.tensor([1, 7])

@@ -83,7 +83,7 @@ def test_dit_train_init_starts_from_the_weights_and_records_them(shard_dir, rele
     old = torch.load(release, weights_only=True)
     for k, v in ckpt["model"].items():  # one step of lr 1e-9 away from the file's weights
         if k != "pos_embed":
-            torch.testing.assert_close(v, old[k], rtol=0, atol=1e-6)
+            assert (v - old[k]).abs().max() <= 1e-6, k  # an Adam step moves each weight by about lr, whatever its size
     # a resume loads its checkpoint, never the init file again
     (tmp_path / "init.pt").unlink()
     r = CliRunner().invoke(train_main, [*args[:args.index("--max-steps")], "--max-steps", "2",

@@ -24,7 +24,7 @@ from dit_pipeline.extract import ExtractConfig, run_extract
 from dit_pipeline.extract.plan import bytes_per_sample
 from dit_pipeline.sample import SampleConfig
 from dit_pipeline.sample import main as sample_main
-from dit_pipeline.sample.generate import make_diffusion, sample_latents
+from dit_pipeline.sample.generate import cfg_channels_for, make_diffusion, sample_latents
 from dit_pipeline.sample.plan import noise_generators
 from dit_pipeline.shards import read_manifest, verify_shards
 from dit_pipeline.shards.info import format_info, info_dict
@@ -166,14 +166,20 @@ def test_extract_verify_stats_train_sample_end_to_end(name, extracted, tmp_path)
         assert np.array_equal(np.asarray(a), np.asarray(b))  # the trainer's grid, reproduced
     state, info = dit.load_dit_weights(run / "checkpoints" / "step-0000002.pt", prefer="model")
     model = dit.build_model_from_weights(state, info, device=DEVICE)
+    channels = cfg_channels_for(ck["model_config"], "ddpm")  # --cfg-channels auto: all but a 4-channel DiT's
+    assert channels == ("3" if shape[0] == 4 else "all")
     x = sample_latents(model, make_diffusion("ddim", 5), torch.tensor(GRID_CLASSES, device=DEVICE),
-                       noise_generators(0, range(len(GRID_CLASSES))), sampler="ddim", cfg_scale=4.0)
+                       noise_generators(0, range(len(GRID_CLASSES))), sampler="ddim", cfg_scale=4.0,
+                       cfg_channels=channels)
     vae = _load_vae_class(vae_dir)
     by_hand = _decode_by_hand(ck["latent"], x, vae)
     tiles = _tiles(out / "grid.png", len(GRID_CLASSES), size)
-    assert all(np.array_equal(t, img[size // 2:]) for t, img in zip(tiles, by_hand))
+    # one image at a time here, a batch in dit-sample: the decoder's rounding may differ, so a pixel may land on the
+    # other side of a uint8 step (seen: 1 value of 6144 off by 1); anything more is a different latent or inverse
+    diffs = [np.abs(t.astype(int) - img[size // 2:].astype(int)) for t, img in zip(tiles, by_hand)]
+    assert all(d.max() <= 1 and (d > 0).mean() < 0.01 for d in diffs), [(d.max(), (d > 0).sum()) for d in diffs]
     raw = _decode_by_hand({"scaling_factor": 1.0, "shift_factor": None}, x, vae)  # without the normalization
-    assert not all(np.array_equal(t, img[size // 2:]) for t, img in zip(tiles, raw))
+    assert max(np.abs(t.astype(int) - img[size // 2:].astype(int)).max() for t, img in zip(tiles, raw)) > 1
 
 
 def _records(run_dir):
