@@ -244,3 +244,27 @@ def make_tiny_teacher(path: Path, seed: int = 0) -> Path:
             if k.endswith("gamma"):
                 sd[k] = torch.randn(sd[k].shape, generator=g) * 0.5
     return save_teacher(path, sd, arch)
+
+
+def straight_killed_resumed(make_args, root: Path, steps: int, keys: Sequence[str], *, kill_at: int = 3,
+                            kept: Sequence[int] = (2,), timeout: float = 600) -> tuple[Path, dict, dict]:
+    """A 2-rank `dit-train` run straight through, and the same run killed with SIGKILL after step `kill_at` (the
+    checkpoints `kept` on disk) then resumed; asserts both runs logged the same values of `keys` at every step
+    (exact floats). make_args(run_dir) -> the argument list. Returns (the straight run's folder, its newest
+    checkpoint, the resumed run's newest checkpoint) for the caller's state comparisons."""
+    from dit_pipeline.train.checkpoint import CheckpointManager, load_checkpoint
+    from dit_pipeline.train.metrics import read_metrics
+
+    straight, resumed = root / "straight", root / "resumed"
+    r = run_torchrun("dit-train", make_args(straight), 2, timeout=timeout)
+    assert r.returncode == 0, r.stderr[-3000:]
+    args = make_args(resumed)
+    r = run_torchrun("dit-train", args, 2, env={"DIT_FAULT": f"train.step_end@{kill_at}:kill"}, timeout=timeout)
+    assert r.returncode != 0 and CheckpointManager(resumed / "checkpoints").steps() == list(kept), r.stderr[-3000:]
+    r = run_torchrun("dit-train", args, 2, timeout=timeout)
+    assert r.returncode == 0, r.stderr[-3000:]
+    want = [tuple(rec[k] for k in keys) for rec in read_metrics(straight)]
+    assert [w[0] for w in want] == list(range(1, steps + 1))
+    assert [tuple(rec[k] for k in keys) for rec in read_metrics(resumed)] == want  # exact floats
+    return (straight, load_checkpoint(CheckpointManager(straight / "checkpoints").latest()),
+            load_checkpoint(CheckpointManager(resumed / "checkpoints").latest()))

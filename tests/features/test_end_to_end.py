@@ -9,9 +9,7 @@ from PIL import Image
 
 from dit_pipeline.shards import read_manifest, verify_shards
 from dit_pipeline.shards.revision import revise
-from dit_pipeline.train.checkpoint import CheckpointManager, load_checkpoint
-from dit_pipeline.train.metrics import read_metrics
-from tests._util import run_cli, run_torchrun
+from tests._util import run_cli, straight_killed_resumed
 from tests.features._tiny import TINY_IMAGE, make_tiny_decoder
 
 STEPS = 4
@@ -39,19 +37,7 @@ def test_feature_space_end_to_end(extracted, tmp_path):
     m = read_manifest(shards)
     assert m.norm.is_per_position and m.extraction["encoder"]["model"] == "vit_base_patch14_reg4_dinov2"
 
-    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    r = run_torchrun("dit-train", _train_args(shards, straight, decoder), 2, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    args = _train_args(shards, resumed, decoder)
-    r = run_torchrun("dit-train", args, 2, env={"DIT_FAULT": "train.step_end@3:kill"}, timeout=600)
-    assert r.returncode != 0 and CheckpointManager(resumed / "checkpoints").steps() == [2]
-    r = run_torchrun("dit-train", args, 2, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    want = [tuple(rec[k] for k in KEYS) for rec in read_metrics(straight)]
-    assert [w[0] for w in want] == list(range(1, STEPS + 1))
-    assert [tuple(rec[k] for k in KEYS) for rec in read_metrics(resumed)] == want          # exact floats
-    a = load_checkpoint(CheckpointManager(straight / "checkpoints").latest())
-    b = load_checkpoint(CheckpointManager(resumed / "checkpoints").latest())
+    straight, a, b = straight_killed_resumed(lambda run: _train_args(shards, run, decoder), tmp_path, STEPS, KEYS)
     assert all(np.array_equal(a["ema"][k].numpy(), b["ema"][k].numpy()) for k in a["ema"])
     assert a["latent"]["encoder"]["model"] == "vit_base_patch14_reg4_dinov2"
     assert a["latent"]["normalization"]["form"] == "mean_var"

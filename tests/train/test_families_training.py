@@ -8,9 +8,7 @@ import pytest
 import torch
 
 from dit_pipeline import dit
-from dit_pipeline.train.checkpoint import CheckpointManager, load_checkpoint
-from dit_pipeline.train.metrics import read_metrics
-from tests._util import run_torchrun
+from tests._util import straight_killed_resumed
 from tests.train.conftest import tiny_args
 
 FAMILIES = {  # depth 1-2, width 32-64, on the 4x8x8 test shards
@@ -39,19 +37,8 @@ def _same_state(a, b):
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_the_family_trains_resumes_bit_identically_and_samples(family, shard_dir, tiny_vae_dir, tmp_path):
-    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    r = run_torchrun("dit-train", _args(shard_dir, straight, family, tiny_vae_dir), 2, timeout=900)
-    assert r.returncode == 0, r.stderr[-3000:]
-    args = _args(shard_dir, resumed, family, tiny_vae_dir)
-    r = run_torchrun("dit-train", args, 2, env={"DIT_FAULT": "train.step_end@3:kill"}, timeout=900)
-    assert r.returncode != 0 and CheckpointManager(resumed / "checkpoints").steps() == [2]
-    r = run_torchrun("dit-train", args, 2, timeout=900)
-    assert r.returncode == 0, r.stderr[-3000:]
-    want = [tuple(rec[k] for k in KEYS) for rec in read_metrics(straight)]
-    assert [w[0] for w in want] == list(range(1, STEPS + 1))
-    assert [tuple(rec[k] for k in KEYS) for rec in read_metrics(resumed)] == want  # exact floats
-    a = load_checkpoint(CheckpointManager(straight / "checkpoints").latest())
-    b = load_checkpoint(CheckpointManager(resumed / "checkpoints").latest())
+    straight, a, b = straight_killed_resumed(lambda run: _args(shard_dir, run, family, tiny_vae_dir), tmp_path, STEPS,
+                                             KEYS, timeout=900)
     _same_state(a, b)
     assert a["model_config"]["family"] == family and a["objective"] == "flow"
     sd, info = dit.load_dit_weights(straight / "checkpoints" / f"step-{STEPS:07d}-ema.pt")  # the bare EMA + sidecar

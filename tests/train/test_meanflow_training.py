@@ -13,9 +13,7 @@ from dit_pipeline.common.errors import ConfigError, UserError
 from dit_pipeline.sample import SampleConfig
 from dit_pipeline.sample.run import run_sampling
 from dit_pipeline.train import merge_config
-from dit_pipeline.train.checkpoint import CheckpointManager, load_checkpoint
-from dit_pipeline.train.metrics import read_metrics
-from tests._util import run_torchrun
+from tests._util import straight_killed_resumed
 from tests.train.conftest import run_tiny, tiny_args
 
 STEPS = 4
@@ -30,19 +28,7 @@ def _args(shards, run_dir, vae):
 
 
 def test_meanflow_two_ranks_kill_resume_bit_identical_and_one_step_samples(shard_dir, tiny_vae_dir, tmp_path):
-    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    r = run_torchrun("dit-train", _args(shard_dir, straight, tiny_vae_dir), 2, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    args = _args(shard_dir, resumed, tiny_vae_dir)
-    r = run_torchrun("dit-train", args, 2, env={"DIT_FAULT": "train.step_end@3:kill"}, timeout=600)
-    assert r.returncode != 0 and CheckpointManager(resumed / "checkpoints").steps() == [2]
-    r = run_torchrun("dit-train", args, 2, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    want = [tuple(rec[k] for k in KEYS) for rec in read_metrics(straight)]
-    assert [w[0] for w in want] == list(range(1, STEPS + 1))
-    assert [tuple(rec[k] for k in KEYS) for rec in read_metrics(resumed)] == want  # exact floats
-    a = load_checkpoint(CheckpointManager(straight / "checkpoints").latest())
-    b = load_checkpoint(CheckpointManager(resumed / "checkpoints").latest())
+    straight, a, b = straight_killed_resumed(lambda run: _args(shard_dir, run, tiny_vae_dir), tmp_path, STEPS, KEYS)
     for key in ("model", "ema"):
         assert all(torch.equal(a[key][n], b[key][n]) for n in a[key]), key
     assert a["objective"] == "meanflow" and a["model_config"]["conditions"] == "meanflow"
