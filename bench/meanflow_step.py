@@ -17,8 +17,8 @@ primal and the tangent, 2F), guided 7F (+ the guiding forward of two copies, 2F)
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -30,7 +30,8 @@ from _checkout import use_checkout  # noqa: E402
 use_checkout()
 
 from dit_pipeline import dit  # noqa: E402
-from dit_pipeline.dit.meanflow import MeanFlow, jvp_context, time_input  # noqa: E402
+from families import measure  # noqa: E402 (the same timing rule as the families bench)
+from dit_pipeline.dit.meanflow import MeanFlow, time_input  # noqa: E402
 
 FORWARDS = {"flow": 3, "meanflow": 5, "meanflow guided": 7}  # FLOPs per image of a step, in forwards
 
@@ -95,39 +96,13 @@ def build(name: str, *, latent: int, channels: int, batch: int, device: torch.de
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         def run() -> None:
-            with torch.no_grad(), (sdpa_kernel([SDPBackend.MATH]) if kernel == "math" else _null()):
+            with torch.no_grad(), (sdpa_kernel([SDPBackend.MATH]) if kernel == "math" else contextlib.nullcontext()):
                 fn(x, tin, y, force_drop_ids=keep)
         return run
 
     steps.update({"JVP pass (math kernel)": jvp_pass, "forward, default kernel": forward("default"),
                   "forward, math kernel": forward("math")})
     return steps, float(dit.forward_macs(model.config)) * 2, model
-
-
-class _null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *a: Any) -> None:
-        return None
-
-
-def measure(steps: dict[str, Callable[[], None]], device: torch.device, *, warmup: int, iters: int,
-            repeat: int) -> dict[str, float]:
-    """Seconds per call of each step: the fastest of `iters` timed calls over `repeat` interleaved rounds."""
-    for fn in steps.values():
-        for _ in range(warmup):
-            fn()
-    best = {k: float("inf") for k in steps}
-    for _ in range(repeat):
-        for name, fn in steps.items():
-            for _ in range(iters):
-                _sync(device)
-                t0 = time.perf_counter()
-                fn()
-                _sync(device)
-                best[name] = min(best[name], time.perf_counter() - t0)
-    return best
 
 
 def main(argv: list[str] | None = None) -> None:
