@@ -77,6 +77,26 @@ def _sampling(s: dict, device: torch.device, batch: int) -> tuple[float, float]:
     return seconds / s["fid_steps"], (time.perf_counter() - t0) / batch
 
 
+def _meanflow_sampling(s: dict, device: torch.device, batch: int, steps: int) -> float:
+    """Seconds of one batch of `steps`-step mean-flow sampling (dit-sample --sampler meanflow: one network
+    evaluation per step, no CFG doubling) with the same network as the DDPM row, its second time input added."""
+    torch.manual_seed(0)
+    model = dit.create_model(s["model"], input_size=s["latent"], num_classes=1000, learn_sigma=False,
+                             conditions="meanflow", **s["overrides"]).to(device).eval()
+    labels = torch.arange(batch, device=device) % 1000
+
+    def run() -> float:
+        _sync(device)
+        t0 = time.perf_counter()
+        sample_latents(model, make_diffusion("meanflow", steps), labels, noise_generators(0, range(batch)),
+                       sampler="meanflow", cfg_scale=1.0)
+        _sync(device)
+        return time.perf_counter() - t0
+
+    run()  # warm-up
+    return run()
+
+
 def _inception(s: dict, device: torch.device, batch: int) -> float:
     """Images/s of dit-eval's feature pass (uint8 in, pool/spatial/logits out on the CPU)."""
     model, _ = load_inception(None, device=device, random_seed=0, input_size=s["inception_size"])
@@ -109,3 +129,14 @@ def fid_section(res, s: dict, device: torch.device) -> None:
         hours = project_fid50k(step_s=step_s, decode_s=decode_s, inception_img_s=inc, batch=batch,
                                inception_batch=inc_batch, gpus=gpus)
         res.add("fid", f"FID-50K recipe projected, {gpus} GPU(s) (no file I/O)", **hours)
+    for steps in (1, 2):  # MeanFlow (issue #33): the same projection with the measured n-step mean-flow batch
+        mf_s = _meanflow_sampling(s, device, batch, steps)
+        res.add("fid", f"MeanFlow {steps}-step sampling (dit-sample --sampler meanflow)", batch=batch,
+                step_ms=mf_s / steps * 1e3, img_s=batch / mf_s)
+        hours = project_fid50k(step_s=mf_s / steps, decode_s=decode_s, inception_img_s=inc, batch=batch,
+                               inception_batch=inc_batch, gpus=8, steps=steps)
+        res.add("fid", f"FID-50K projected at MeanFlow {steps} step(s), 8 GPUs (no file I/O)",
+                vs_250_ddpm=hours["total_h"] / project_fid50k(step_s=step_s, decode_s=decode_s,
+                                                               inception_img_s=inc, batch=batch,
+                                                               inception_batch=inc_batch, gpus=8)["total_h"],
+                **hours)

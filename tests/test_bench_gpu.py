@@ -71,6 +71,15 @@ def test_gpu_bench_smoke_writes_every_row(tmp_path):
         want = project_fid50k(step_s=sampling["step_ms"] / 1e3, decode_s=1 / decode["img_s"],
                               inception_img_s=inception["img_s"], batch=2, inception_batch=4, gpus=gpus)
         assert {k: got[k] for k in want} == pytest.approx(want, rel=1e-9) and got["total_h"] > 0
+    ddpm8 = project_fid50k(step_s=sampling["step_ms"] / 1e3, decode_s=1 / decode["img_s"],
+                           inception_img_s=inception["img_s"], batch=2, inception_batch=4, gpus=8)
+    for steps in (1, 2):  # MeanFlow's 1- and 2-step FID-50K: the same projection at its measured step
+        mf = fid[f"MeanFlow {steps}-step sampling (dit-sample --sampler meanflow)"]
+        got = fid[f"FID-50K projected at MeanFlow {steps} step(s), 8 GPUs (no file I/O)"]
+        want = project_fid50k(step_s=mf["step_ms"] / 1e3, decode_s=1 / decode["img_s"],
+                              inception_img_s=inception["img_s"], batch=2, inception_batch=4, gpus=8, steps=steps)
+        assert {k: got[k] for k in want} == pytest.approx(want, rel=1e-9)
+        assert got["vs_250_ddpm"] == pytest.approx(want["total_h"] / ddpm8["total_h"], rel=1e-9) < 1
 
 
 def test_fid50k_projection_splits_the_work_as_the_tools_do():
