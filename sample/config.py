@@ -175,7 +175,7 @@ class SampleConfig:
                      "Euler-Maruyama steps and the last step); pass --steps >= 2")
         if self.flow_convention is not None and self.flow_convention not in FLOW_CONVENTIONS:
             p.append(f"--flow-convention must be one of {FLOW_CONVENTIONS}, got {self.flow_convention!r}")
-        elif self.flow_convention is not None and self.sampler in DDPM_SAMPLERS:
+        elif self.flow_convention is not None and self.sampler in DDPM_SAMPLERS + MEANFLOW_SAMPLERS:
             p.append(f"--flow-convention applies to flow models (samplers {', '.join(FLOW_SAMPLERS)}), not to "
                      f"--sampler {self.sampler}")
         if self.objective is not None and self.objective not in OBJECTIVES:
@@ -190,7 +190,7 @@ class SampleConfig:
             p.append(f"--last-step-size must be in [0, 1), got {self.last_step_size}")
         if self.time_shift is not None and not self.time_shift > 0:
             p.append(f"--time-shift must be > 0 (1 = none), got {self.time_shift}")
-        elif self.time_shift is not None and self.sampler in DDPM_SAMPLERS:
+        elif self.time_shift is not None and self.sampler in DDPM_SAMPLERS + MEANFLOW_SAMPLERS:
             p.append(f"--time-shift shifts the flow samplers' time grid ({', '.join(FLOW_SAMPLERS)}), not "
                      f"--sampler {self.sampler}'s")
         return p

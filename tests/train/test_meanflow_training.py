@@ -71,6 +71,13 @@ def test_meanflow_settings_are_validated():
     assert "--mf-t-start and --mf-t-end must satisfy" in msg and "--cosine-loss act on the flow objective" in msg
     with pytest.raises(ConfigError, match="--jvp-attention"):
         merge_config({}, {**base, "objective": "meanflow", "jvp_attention": "flash"}).validate()
+    # the flow samplers' settings are refused with the mean-flow sampler, never silently ignored
+    sample = {"ckpt": "x.pt", "num_samples": 1, "npz": "x.npz", "sampler": "meanflow", "steps": 1}
+    with pytest.raises(Exception, match=r"--time-shift shifts the flow samplers' time grid .* not --sampler meanflow"):
+        SampleConfig(**sample, time_shift=3.0).validate()
+    with pytest.raises(Exception, match=r"--flow-convention applies to flow models .* not to --sampler meanflow"):
+        SampleConfig(**sample, flow_convention="repa").validate()
+    SampleConfig(**sample).validate()
 
 
 def test_the_plan_says_what_meanflow_trains():
