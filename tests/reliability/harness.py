@@ -77,6 +77,41 @@ def run(cmd: str, args: Sequence[object], *, fault: str | None = None, rank: int
     return Result(p.returncode, p.stdout, p.stderr, time.monotonic() - t0)
 
 
+IN_PROCESS = {"dit-shards": "shards_main"}  # commands run_in_process can call (their click group in cli.py)
+
+
+def run_in_process(cmd: str, args: Sequence[object]) -> Result:
+    """`cmd args` through its click command in this process (CliRunner): the same parsing, error handling, exit
+    code and output as the installed script, without a Python start-up and torch import per case. An exception
+    that escapes the command (which the script would print as a traceback) is returned in the output, so
+    assert_clean_error fails on it as on the script's traceback."""
+    import traceback
+
+    from click.testing import CliRunner
+
+    from dit_pipeline import cli
+
+    try:
+        runner = CliRunner(mix_stderr=False)  # type: ignore[call-arg]  # click < 8.2
+    except TypeError:
+        runner = CliRunner()  # click >= 8.2 keeps stderr apart
+    t0 = time.monotonic()
+    r = runner.invoke(getattr(cli, IN_PROCESS[cmd]), [str(a) for a in args], catch_exceptions=True)
+    err = r.stderr
+    if r.exception is not None and not isinstance(r.exception, SystemExit):
+        err += "".join(traceback.format_exception(r.exception))
+    return Result(r.exit_code, r.stdout, err, time.monotonic() - t0)
+
+
+def run_cli_case(request: pytest.FixtureRequest, cmd: str, args: Sequence[object]) -> Result:
+    """One bad-input case through `cmd`: as a script (a process of its own) in the full sweep (`make
+    test-reliability`), in this process in `make test`, where each case's start-up would cost more than its
+    check."""
+    if request.config.getoption("--run-reliability"):
+        return run(cmd, args)
+    return run_in_process(cmd, args)
+
+
 def start(cmd: str, args: Sequence[object], *, fault: str | None = None, env: dict | None = None
           ) -> subprocess.Popen:
     """Start `cmd args` in the background (for faults that need the test to act while it runs)."""

@@ -19,7 +19,7 @@ from dit_pipeline.shards import ShardError, iter_shard, read_manifest
 from tests.extract.conftest import UNUSABLE, cli_args, make_odd_tree, odd_files
 from tests.reliability import corpus
 from tests.reliability.conftest import sample_args, train_args
-from tests.reliability.harness import SWEEP, assert_clean_error, run, tried
+from tests.reliability.harness import SWEEP, assert_clean_error, run, run_cli_case, tried
 from tests.shards._helpers import make_set
 from dit_pipeline.train.data import open_shards
 
@@ -75,10 +75,10 @@ def hostile_set(tmp_path, request):
 
 
 @pytest.mark.parametrize("hostile_set", sorted(SHARDS), indirect=True)
-def test_hostile_shard_is_reported_and_never_followed(hostile_set, tmp_path):
+def test_hostile_shard_is_reported_and_never_followed(hostile_set, tmp_path, request):
     folder, marker, problem = hostile_set
     before = _listing(tmp_path)
-    r = run("dit-shards", ["verify", folder, "--json"])
+    r = run_cli_case(request, "dit-shards", ["verify", folder, "--json"])
     assert r.rc == 1 and "Traceback" not in r.text, r.text[-3000:]
     report = json.loads(r.out)
     assert any(p["file"] == corpus.S1 and problem in p["problem"] for p in report["problems"]), report
@@ -127,9 +127,9 @@ def bad_manifest(tmp_path, request):
 
 
 @pytest.mark.parametrize("bad_manifest", sorted(MANIFESTS), indirect=True)
-def test_malformed_manifest_is_refused_by_verify_and_trainer(bad_manifest):
+def test_malformed_manifest_is_refused_by_verify_and_trainer(bad_manifest, request):
     folder, problem = bad_manifest
-    r = run("dit-shards", ["verify", folder])
+    r = run_cli_case(request, "dit-shards", ["verify", folder])
     assert_clean_error(r, "manifest.json", problem)
     with pytest.raises(UserError) as e:                  # the trainer's start-up check
         open_shards(str(folder))
