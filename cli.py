@@ -508,6 +508,10 @@ def report_main(run_dir: str, out: str | None, debug: bool) -> None:
 @click.option("--dinov2-resize", type=click.Choice(("torch", "pil")), default="torch", show_default=True,
               help="The 224 px resize of FD_DINOv2: torch (F.interpolate, antialiased; fast) or pil (dgm-eval's "
               "exact reference; BENCHMARKS.md: how far apart).")
+@click.option("--protocol", default=default(EvalConfig, "protocol"), show_default=True, metavar="NAME[,NAME]",
+              help="The published evaluation protocol(s) to compute (README 'Evaluation'): adm (the ADM evaluator), "
+              "nanogen (NanoGen: torch-fidelity's inception-v3-compat, the 'fidelity' extra), imf (iMF's), "
+              "comma-separated, or all. Each protocol's numbers are printed under its name.")
 @debug_option
 @handle_errors
 def eval_main(json_path: str | None, debug: bool, make_ref: str | None, image_size: int | None, out: str | None,
@@ -546,16 +550,20 @@ def _make_ref(folder: str, image_size: int | None, out: str | None, options: dic
         raise click.UsageError("--make-ref builds a reference batch; it takes no SAMPLES or --ref")
     if image_size is None or out is None:
         raise click.UsageError("--make-ref needs --image-size N (the crops' side) and --out REF.npz")
+    if options["protocol"] != "adm":
+        raise click.UsageError("--make-ref writes the ADM evaluator's statistics (protocol adm); drop --protocol")
     log = setup_logging(None, quiet=options["quiet"])
     path = check_output(out)
-    images, used, skipped = reference_images(folder, image_size)
+    images, used, skipped = reference_images(folder, image_size, quiet=options["quiet"])
     for rel, why in skipped:
         log.warning("skipped %s: %s", rel, why)
-    write_reference(images, path, inception=options["inception"], batch_size=options["batch_size"],
-                    device=options["device"] or ("cuda" if _cuda_available() else "cpu"),
-                    random_seed=options["random_inception"], input_size=options["input_size"], log=log)
+    done = write_reference(images, path, inception=options["inception"], batch_size=options["batch_size"],
+                           device=options["device"] or ("cuda" if _cuda_available() else "cpu"),
+                           random_seed=options["random_inception"], input_size=options["input_size"],
+                           quiet=options["quiet"], log=log)
     click.echo(f"wrote {path}: {len(used)} images of {image_size}x{image_size}"
-               + (f" ({len(skipped)} skipped, named in the log)" if skipped else ""))
+               + (f" ({len(skipped)} skipped, named in the log)" if skipped else "")
+               + f" and their Inception statistics ({done['extractor']['weights']}), {done['bytes'] / 2**20:.1f} MiB")
 
 
 def _cuda_available() -> bool:

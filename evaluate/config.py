@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from dit_pipeline.common.errors import collect
+from dit_pipeline.evaluate.protocols import parse_protocols
 
 INPUT_SIZE = 299  # the TF graph's input resolution
 
@@ -26,6 +27,7 @@ class EvalConfig:
     fd_dinov2: bool = False  # also FD_DINOv2 (evaluate/dinov2.py)
     dinov2: str | None = None  # its weights file; None: torch hub cache (fetched once)
     dinov2_resize: str = "torch"  # "torch" (fast, antialiased F.interpolate) or "pil" (dgm-eval's exact reference)
+    protocol: str = "adm"  # evaluate/protocols.py: adm, nanogen, imf, comma-separated, or all
 
     def validate(self) -> None:
         problems = []
@@ -39,6 +41,10 @@ class EvalConfig:
             problems.append(f"--dinov2-resize must be torch or pil, got {self.dinov2_resize!r}")
         if self.input_size < 75:
             problems.append(f"the Inception input size must be >= 75, got {self.input_size}")
+        try:
+            parse_protocols(self.protocol)
+        except ValueError as e:
+            problems.append(str(e))
         collect(problems, "dit-eval settings")
 
     def to_dict(self) -> dict[str, Any]:

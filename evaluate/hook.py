@@ -6,8 +6,15 @@ broadcast into a sampling copy on every rank) with exactly `dit-sample`'s determ
 (seed, index) as `dit-sample --num-samples N --seed S --labels L` chooses them (`labels`: uniform draws or
 equal counts per class, sample/plan.py), noise of sample i from (seed, i). Each rank
 extracts the Inception features of its images; rank 0 gathers them, computes FID, sFID, Inception Score and
-precision/recall against REF (whose features or precomputed statistics are loaded once, in `setup`) and
-writes them with the seconds the evaluation took to metrics.jsonl and TensorBoard.
+precision/recall against REF (whose features or precomputed statistics are loaded once, in `setup`) with
+`dit-eval`'s own function (evaluate.run.compute_metrics, protocol `adm`), and writes them with the seconds the
+evaluation took to metrics.jsonl and TensorBoard.
+
+Each row records what the hook ran (`fid_run`): the protocol, sampler, steps, the guidance it applied (and the scale
+asked for when it could not apply it), the guided channels, the time shift, the classes, seed and weights, the
+sampled model's architecture, the Inception network's identity and the reference (file, kind, who made its
+statistics). dit-report reads that record, never config.json, to describe the evaluation. A random Inception's
+numbers are stored and named as such (evaluate/labels.py: `fd_rand`, "FD-rand0-5K"), never as FID.
 
 Training is unchanged by it: the hook uses its own model copy and per-sample generators, draws no global
 random numbers and leaves the trained model and its optimizer untouched.
@@ -32,11 +39,12 @@ from dit_pipeline.common.rae_decoder import check_grid
 from dit_pipeline.common.vae import load_vae
 from dit_pipeline.evaluate import dinov2
 from dit_pipeline.evaluate.features import gather_rows, local_features, source_features
-from dit_pipeline.evaluate.inception import INPUT_SIZE, load_inception
+from dit_pipeline.evaluate import labels as L
+from dit_pipeline.evaluate.inception import INPUT_SIZE, describe_network, load_inception
 from dit_pipeline.evaluate.inputs import Source, check_resolution, open_source
-from dit_pipeline.evaluate.labels import metric_names
 from dit_pipeline.evaluate.metrics import NEIGHBOURHOOD_K
-from dit_pipeline.evaluate.run import Side, compute_metrics, fd_dinov2
+from dit_pipeline.evaluate.protocols import PROTOCOLS
+from dit_pipeline.evaluate.run import Side, check_network, compute_metrics, fd_dinov2
 from dit_pipeline.sample import plan
 from dit_pipeline.sample.config import FID_SAMPLER, FLOW_SAMPLERS
 from dit_pipeline.sample.generate import generate_images, guided_model_fn, make_diffusion, resolve_cfg_channels
@@ -145,12 +153,16 @@ class FidHook:
         check_resolution((size, size), ref, "--fid-ref: the FID samples (the model's latents decoded by --vae)")
         inception, inc_id = load_inception(self.inception, device=ctx.device, random_seed=self.random_inception,
                                            input_size=self.input_size)
+        note = check_network(ref, inc_id, "--fid-ref") if dist.is_main() else None
+        if note:
+            get_logger().warning("%s", note)
         feats = None
         if ref.kind != "statistics":
             feats = source_features(ref, inception, inc_id, batch_size=self.batch_size, device=ctx.device,
                                     use_cache=True, quiet=True, log=get_logger())
         sampler_model = copy.deepcopy(ctx.model).eval().requires_grad_(False)
-        self._state = {"vae": vae, "inception": inception, "ref": Side(ref, feats), "model": sampler_model}
+        self._state = {"vae": vae, "inception": inception, "ref": Side(ref, feats), "model": sampler_model,
+                       "inception_id": inc_id}
         if self.fd_dinov2:
             net, ident = dinov2.load_dinov2(self.dinov2, device=ctx.device)
             self._state.update(dinov2=net, dinov2_ref=dinov2.source_features(
@@ -172,7 +184,11 @@ class FidHook:
             self.setup(ctx)
         start = time.perf_counter()
         model = self._sync_ema(ctx)
-        cfg_scale = self.cfg_scale if float(ctx.model_config.get("class_dropout_prob", 0.1)) > 0 else 1.0
+        # what guidance can do here: nothing without a null class (no label dropout) or on a MeanFlow model (its
+        # guidance is trained in); the record says so (an iMF model takes the scale as its omega input)
+        applies = float(ctx.model_config.get("class_dropout_prob", 0.1)) > 0 and \
+            getattr(model, "conditions", "t") != "meanflow"
+        cfg_scale = self.cfg_scale if applies else 1.0
         # a flow model (dit-train --objective flow) samples with the Euler ODE, a ddpm model with DDPM
         sampler = self.sampler
         flow = {"time_shift": run_time_shift(ctx.config)} if sampler in FLOW_SAMPLERS else {}  # the run's shift
@@ -210,18 +226,63 @@ class FidHook:
         numbers = compute_metrics(samples, self._state["ref"], device=ctx.device)
         if self.fd_dinov2:
             numbers["fd_dinov2"] = fd_dinov2(gathered["dinov2"] if gathered else None, self._state["dinov2_ref"])
-        names = {f"{k}_name": v for k, v in metric_names(self.num_samples).items() if numbers.get(k) is not None}
-        record = {"step": ctx.step, **numbers, **names, "fid_ref": Path(self.ref).name,
+        seed = self.random_inception
+        stored = {L.record_key(k, seed): v for k, v in numbers.items()}
+        names = {f"{k}_name": v for k, v in L.metric_names(self.num_samples, seed).items()
+                 if stored.get(k) is not None}
+        run = self.run_record(ctx, sampler=sampler, cfg_scale=cfg_scale, channels=channels,
+                              flow=flow.get("time_shift"))
+        record = {"step": ctx.step, **stored, **names, "fid_ref": Path(self.ref).name,
                   "fid_num_samples": self.num_samples, "fid_labels": self.labels, "fid_cfg_channels": channels,
-                  "fid_seconds": time.perf_counter() - start}
+                  "fid_seconds": time.perf_counter() - start, "fid_run": run}
         if getattr(ctx, "metrics", None) is not None:
             ctx.metrics.write(record)
+        key = L.record_key("fid", seed)
+        name = names[f"{key}_name"]
         dino = f", {names['fd_dinov2_name']} {numbers['fd_dinov2']:.4g}" if "fd_dinov2_name" in names else ""
-        get_logger().info("step %d: FID %.4g [%s vs %s] (sFID %s, IS %s, precision %s, recall %s%s) from %d samples "
-                          "in %.1f s", ctx.step, numbers["fid"], names["fid_name"], record["fid_ref"],
-                          _fmt(numbers["sfid"]), _fmt(numbers["inception_score"]), _fmt(numbers["precision"]),
-                          _fmt(numbers["recall"]), dino, self.num_samples, record["fid_seconds"])
+        what = f"{name} {numbers['fid']:.4g}" if seed is None else f"{name} {numbers['fid']:.4g} ({L.random_note(seed)})"
+        get_logger().info("step %d: %s [protocol adm; %d samples vs %s; %s %d steps, guidance %s] (sFID %s, IS %s, "
+                          "precision %s, recall %s%s) in %.1f s", ctx.step, what, self.num_samples, record["fid_ref"],
+                          sampler, self.steps, run["guidance"], _fmt(numbers["sfid"]),
+                          _fmt(numbers["inception_score"]), _fmt(numbers["precision"]), _fmt(numbers["recall"]),
+                          dino, record["fid_seconds"])
         return record
+
+    def run_record(self, ctx: HookContext, *, sampler: str, cfg_scale: float, channels: str,
+                   flow: float | None) -> dict[str, Any]:
+        """What this evaluation ran, as dit-report shows it (see the module docstring)."""
+        from dit_pipeline.dit.family import family_of_config
+
+        mc = dict(ctx.model_config)
+        ref: Side = self._state["ref"]
+        guided = getattr(self._state["model"], "conditions", "t") == "t" and cfg_scale > 1.0
+        if getattr(self._state["model"], "conditions", "t") == "meanflow":
+            guidance = "none at sampling (MeanFlow trains its guidance in)"
+        elif getattr(self._state["model"], "conditions", "t") == "imf":
+            guidance = f"omega {cfg_scale:g} (iMF's network input)"
+        elif guided:
+            guidance = f"{cfg_scale:g} on {'all' if channels == 'all' else 'the first ' + channels} channel(s)"
+        else:
+            guidance = "none (1.0)"
+        why = None
+        if cfg_scale != self.cfg_scale:
+            why = (f"--fid-cfg-scale {self.cfg_scale:g} asked; not applied: "
+                   + ("MeanFlow trains its guidance in" if mc.get("conditions") == "meanflow"
+                      else "the model has no null class (trained without label dropout)"))
+        return {"protocol": "adm", "protocol_source": PROTOCOLS["adm"].source, "sampler": sampler, "steps": self.steps,
+                "cfg_scale": cfg_scale, "cfg_scale_asked": self.cfg_scale, "guidance": guidance,
+                "guidance_note": why, "cfg_channels": channels if guided else None, "time_shift": flow,
+                "labels": self.labels, "seed": self.seed, "weights": "ema" if ctx.ema is not None else "raw",
+                "num_samples": self.num_samples,
+                "model": {"name": mc.get("model"), "family": mc.get("family", "DiT"),
+                          "architecture": family_of_config(mc).describe(mc), "input_size": mc.get("input_size"),
+                          "in_channels": mc.get("in_channels"), "conditions": mc.get("conditions", "t")},
+                "inception": self._state["inception_id"], "network": describe_network(self._state["inception_id"]),
+                "random_inception": self.random_inception,
+                "reference": {"file": Path(self.ref).name, "path": str(self.ref), "kind": ref.source.kind,
+                              "count": ref.source.count, "provenance": ref.source.provenance,
+                              "statistics": "precomputed" if "pool" in ref.source.stats else "computed from its images"},
+                "image_conversion": "dit"}
 
 
 class WithDINOv2(torch.nn.Module):

@@ -14,8 +14,14 @@ from dit_pipeline.extract.files import is_image_file
 from dit_pipeline.extract.images import SkippedImage, load_and_crop
 
 
-def reference_images(folder: str | Path, size: int) -> tuple[np.ndarray, list[str], list[tuple[str, str]]]:
-    """(uint8 [N, size, size, 3], the relative paths used, the (path, reason) of each skipped file)."""
+def reference_images(folder: str | Path, size: int,
+                     quiet: bool = False) -> tuple[np.ndarray, list[str], list[tuple[str, str]]]:
+    """(uint8 [N, size, size, 3], the relative paths used, the (path, reason) of each skipped file); a progress
+    bar on a terminal unless `quiet`."""
+    from tqdm.auto import tqdm
+
+    from dit_pipeline.common.log import progress_enabled
+
     root = Path(folder).expanduser()
     if not root.is_dir():
         raise UserError(f"--make-ref {folder}: not a folder of images")
@@ -23,7 +29,7 @@ def reference_images(folder: str | Path, size: int) -> tuple[np.ndarray, list[st
                     and not any(part.startswith(".") for part in f.relative_to(root).parts)),
                    key=lambda f: f.relative_to(root).as_posix())
     crops, used, skipped = [], [], []
-    for f in files:
+    for f in tqdm(files, unit="img", desc="crop", dynamic_ncols=True, disable=not progress_enabled(quiet)):
         rel = f.relative_to(root).as_posix()
         try:
             crops.append(load_and_crop(f, size)[0])
