@@ -274,7 +274,7 @@ class FidHook:
                 "guidance_note": why, "cfg_channels": channels if guided else None, "time_shift": flow,
                 "labels": self.labels, "seed": self.seed, "weights": "ema" if ctx.ema is not None else "raw",
                 "num_samples": self.num_samples,
-                "model": {"name": mc.get("model"), "family": mc.get("family", "DiT"),
+                "model": {"name": mc.get("model") or (ctx.config or {}).get("model"), "family": mc.get("family", "DiT"),
                           "architecture": family_of_config(mc).describe(mc), "input_size": mc.get("input_size"),
                           "in_channels": mc.get("in_channels"), "conditions": mc.get("conditions", "t")},
                 "inception": self._state["inception_id"], "network": describe_network(self._state["inception_id"]),

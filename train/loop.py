@@ -360,6 +360,8 @@ class Trainer:
                "mfu": mfu(self.p.flops_per_image, images_per_s, self.world, self.p.peak_tflops),
                "fp16_skipped": s.overflow_steps, "bad_shards": s.bad_shards, "skipped_steps": self.guard.skipped,
                "rollbacks": len(self.guard.rollbacks), "world_size": self.world}
+        if self.guard.rollbacks:  # where each happened and where it went back to (dit-report marks them there)
+            rec["rollback_steps"] = [[r["step"], r["to"]] for r in self.guard.rollbacks]
         self.metrics.write(rec)
         self.metrics.write_rank({"step": s.step, **interval_record(own, elapsed)})
         mem = f" mem {rec['peak_mem_gb']:.1f}G" if rec["peak_mem_gb"] is not None else ""
