@@ -121,8 +121,10 @@ def sample_main() -> None:
 @click.option("--encoder-refresh", type=int, default=default(SampleConfig, "encoder_refresh"), show_default=True,
               help="DDT: compute the encoder every K-th network call and reuse its state in between (DDT's encoder "
               "sharing, on a uniform schedule; 1 = every call).")
-@click.option("--cfg-scale", type=float, default=default(SampleConfig, "cfg_scale"), show_default=True,
-              help="Classifier-free guidance scale (1 = none). The published FID-50K 2.27 uses 1.5.")
+@click.option("--cfg-scale", type=float, default=None,
+              help="Classifier-free guidance scale (1 = none). The published FID-50K 2.27 uses 1.5. [4.0; 1 for a "
+              "model guidance cannot act on (no null class; MeanFlow, whose guidance is trained in), where a "
+              "scale other than 1 is refused; iMF: its omega input]")
 @click.option("--cfg-channels", default=default(SampleConfig, "cfg_channels"), show_default=True, metavar="|".join(CFG_CHANNELS) + "|N",
               help="Latent channels classifier-free guidance guides: auto = the first 3 where that reproduces the "
               "reference sampler (a 4-channel DiT/SiT, LightningDiT's release: their published FIDs), all channels "

@@ -48,7 +48,9 @@ from dit_pipeline.evaluate.run import Side, check_network, compute_metrics, fd_d
 from dit_pipeline.sample import plan
 from dit_pipeline.sample.config import FID_SAMPLER, FLOW_SAMPLERS
 from dit_pipeline.sample.generate import generate_images, guided_model_fn, make_diffusion, resolve_cfg_channels
-from dit_pipeline.sample.grid import GRIDS, DecodeSettings, run_time_shift
+from dit_pipeline.sample.grid import GRIDS, DecodeSettings, effective_cfg_scale, run_time_shift
+
+FID_CFG_SCALE = 1.5  # the guidance of DiT's FID-50K 2.27, where guidance acts
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -69,7 +71,9 @@ class FidSettings(DecodeSettings):
         "images, or a statistics file", group=GRIDS)
     fid_num_samples: int = setting(5000, "Samples per FID evaluation", group=GRIDS)
     fid_steps: int = setting(250, "DDPM steps of the FID samples", group=GRIDS)
-    fid_cfg_scale: float = setting(1.5, "Guidance scale of the FID samples", group=GRIDS)
+    fid_cfg_scale: float | None = setting(
+        None, "Guidance scale of the FID samples; a scale that would do nothing (a MeanFlow model, one without "
+        "label dropout) is refused", group=GRIDS, shown=f"{FID_CFG_SCALE} where guidance acts, else 1 (none)")
     fid_batch_size: int = setting(32, "FID samples per GPU and batch", group=GRIDS)
     fid_labels: str = setting("uniform", "Classes of the FID samples: uniform draws or equal counts per class, as "
                               "dit-sample --labels", group=GRIDS, choices=plan.LABEL_SAMPLINGS)
@@ -101,7 +105,8 @@ class FidSettings(DecodeSettings):
         if isinstance(self.fid_num_samples, int) and 0 < self.fid_num_samples < 4:
             p.append(f"--fid-num-samples must be >= 4 (precision/recall use 3 nearest neighbours), got "
                      f"{self.fid_num_samples}")
-        if not (isinstance(self.fid_cfg_scale, (int, float)) and self.fid_cfg_scale >= 1.0):
+        if self.fid_cfg_scale is not None and not (isinstance(self.fid_cfg_scale, (int, float))
+                                                   and self.fid_cfg_scale >= 1.0):
             p.append(f"--fid-cfg-scale must be >= 1 (1 = no guidance), got {self.fid_cfg_scale!r}")
         return p + choice(self, "fid_labels", plan.LABEL_SAMPLINGS)
 
@@ -132,8 +137,9 @@ class FidHook:
                       objective: str) -> "FidHook":
         """The hook a TrainConfig's FID settings ask for (`vae`: the --vae or the manifest's VAE)."""
         assert s.fid_every is not None and s.fid_ref is not None
+        cfg_scale = effective_cfg_scale(s.fid_cfg_scale, FID_CFG_SCALE, objective, s, "--fid-cfg-scale")
         return cls(every=s.fid_every, ref=s.fid_ref, vae=vae, vae_config=vae_config, num_samples=s.fid_num_samples,
-                   steps=s.fid_steps, cfg_scale=s.fid_cfg_scale, batch_size=s.fid_batch_size, seed=seed,
+                   steps=s.fid_steps, cfg_scale=cfg_scale, batch_size=s.fid_batch_size, seed=seed,
                    inception=s.inception, input_size=s.fid_input_size, random_inception=s.fid_random_inception,
                    sampler=FID_SAMPLER[objective], labels=s.fid_labels, cfg_channels=str(s.cfg_channels), fd_dinov2=s.fd_dinov2, dinov2=s.dinov2)
 

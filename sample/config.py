@@ -39,6 +39,42 @@ WEIGHTS = ("ema", "model")
 EXPORT_TARGETS = ("diffusers", "safetensors")
 
 
+DEFAULT_CFG_SCALE = 4.0  # dit-sample's guidance where guidance acts (pictures; 1.5 is DiT's FID setting)
+
+
+def guidance_inert(conditions: str, has_null: bool) -> str | None:
+    """Why classifier-free guidance settings do nothing on a model (None: they act). `conditions`: the model's time
+    input (dit/conditions.py); `has_null`: whether it was trained with label dropout (so it has a null class)."""
+    if conditions == "meanflow":
+        return "a MeanFlow model trains its guidance in (omega, kappa of its training); its sampler takes none"
+    if not has_null:
+        return "the model has no null class (trained without class dropout), so classifier-free guidance is impossible"
+    return None
+
+
+def resolve_cfg_scale(given: float | None, default: float, inert: str | None, flag: str) -> float:
+    """The guidance scale used: `given`, else `default` where guidance acts, else 1 (none). ValueError for a scale
+    other than 1 that would do nothing (issue 41: accepted, recorded and ignored is worse than refused)."""
+    if inert is None:
+        return default if given is None else float(given)
+    if given is not None and float(given) != 1.0:
+        raise ValueError(f"{flag} {float(given):g} does nothing here: {inert}; drop {flag} (or pass 1)")
+    return 1.0
+
+
+def cfg_channels_inert(cfg_channels: str | int, cfg_scale: float, conditions: str) -> str | None:
+    """The error when --cfg-channels is given (not auto) where no channel is guided: no guidance, or a
+    mean-flow model (MeanFlow trains it in; iMF takes its scale as a network input, on no channels)."""
+    if str(cfg_channels) == "auto":
+        return None
+    if conditions in ("meanflow", "imf"):
+        return (f"--cfg-channels {cfg_channels} does nothing on a {'MeanFlow' if conditions == 'meanflow' else 'iMF'} "
+                "model (no channel-wise guidance); drop it")
+    if not cfg_scale > 1.0:
+        return f"--cfg-channels {cfg_channels} does nothing without guidance (cfg scale 1); drop it"
+    return None
+
+
 def respacing(sampler: str, steps: int) -> str:
     """The timestep_respacing string for dit.create_diffusion (IDDPM conventions)."""
     return f"ddim{steps}" if sampler == "ddim" else str(steps)
@@ -69,7 +105,9 @@ class SampleConfig:
     # flow samplers: SD3's shift s of the time grid toward noise (dit/shift.py); None: the checkpoint's recorded
     # training shift (RAE samples with it), else 1. LightningDiT's timestep_shift a is 1 / a here.
     time_shift: float | None = None
-    cfg_scale: float = 4.0
+    # None: DEFAULT_CFG_SCALE where guidance acts, 1 where it cannot (no null class, MeanFlow); a scale that would do
+    # nothing is refused (sample.run resolves it once the checkpoint is read)
+    cfg_scale: float | None = None
     # auto: 3 where that reproduces the reference sampler (a 4-channel DiT/SiT, LightningDiT's release), else all
     # (sample.generate.cfg_channels_for); "all"; or N: the first N channels
     cfg_channels: str = "auto"
@@ -102,7 +140,7 @@ class SampleConfig:
 
     @property
     def guided(self) -> bool:
-        return self.cfg_scale > 1.0
+        return (DEFAULT_CFG_SCALE if self.cfg_scale is None else self.cfg_scale) > 1.0
 
     def validate(self) -> "SampleConfig":
         p: list[str] = []
@@ -167,7 +205,7 @@ class SampleConfig:
             near = nearest_ddim_steps(self.steps)
             p.append(f"--steps {self.steps} is not possible with --sampler ddim (DDIM takes every k-th of the "
                      f"{TRAIN_TIMESTEPS} steps); nearest valid counts: {near}")
-        if not self.cfg_scale >= 1.0:
+        if self.cfg_scale is not None and not self.cfg_scale >= 1.0:
             p.append(f"--cfg-scale must be >= 1 (1 = no guidance), got {self.cfg_scale}")
         p += self._check_interval()
         if self.sampler == "euler-maruyama" and self.steps < 2:
@@ -201,7 +239,7 @@ class SampleConfig:
         iv = list(self.guidance_interval)
         if len(iv) != 2 or not all(isinstance(v, (int, float)) and 0.0 <= v <= 1.0 for v in iv) or iv[0] > iv[1]:
             return [f"--guidance-interval takes LOW HIGH with 0 <= LOW <= HIGH <= 1 (noise levels), got {iv}"]
-        if not self.cfg_scale > 1.0:
+        if self.cfg_scale is not None and not self.cfg_scale > 1.0:
             return [f"--guidance-interval {iv[0]} {iv[1]} limits classifier-free guidance, but --cfg-scale is "
                     f"{self.cfg_scale} (no guidance); pass --cfg-scale > 1 or drop --guidance-interval"]
         return []

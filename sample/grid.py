@@ -166,6 +166,30 @@ def run_time_shift(config: dict[str, Any] | None) -> float:
     return float(shift) if isinstance(shift, (int, float)) else 1.0
 
 
+GRID_CFG_SCALE = 4.0  # the grids' guidance where guidance acts (pictures)
+
+
+def guidance_inert_for(objective: str, settings: Any) -> str | None:
+    """Why guidance settings do nothing in a training run of `objective` (sample.config.guidance_inert), from its
+    settings' label dropout."""
+    from dit_pipeline.dit.objectives import SPECS
+    from dit_pipeline.sample.config import guidance_inert
+
+    conditions = SPECS[objective].conditions if objective in SPECS else "t"
+    return guidance_inert(conditions, float(getattr(settings, "class_dropout_prob", 0.1) or 0) > 0)
+
+
+def effective_cfg_scale(given: float | None, default: float, objective: str, settings: Any, flag: str) -> float:
+    """The grid or FID guidance a run uses: `given`, else `default` where guidance acts, else 1 (a given scale that
+    would do nothing is refused in TrainConfig.validate; here it falls back to 1 for safety)."""
+    from dit_pipeline.sample.config import resolve_cfg_scale
+
+    try:
+        return resolve_cfg_scale(given, default, guidance_inert_for(objective, settings), flag)
+    except ValueError:
+        return 1.0
+
+
 def default_grid_labels(num_classes: int, n: int = 8) -> list[int]:
     """n classes spread evenly over the label range (all of them when there are fewer)."""
     n = min(n, num_classes)
@@ -219,7 +243,9 @@ class GridSettings(DecodeSettings):
         "ema", "Weights the grids show: ema, raw (step-NNNNNNN-raw.png) or both; an EMA of decay 0.9999 averages "
         "~10,000 steps, so in a short run its grids show barely trained weights", group=GRIDS,
         choices=SAMPLE_WEIGHTS)
-    sample_cfg_scale: float = setting(4.0, "Guidance scale of the sample grids (1 = none)", group=GRIDS)
+    sample_cfg_scale: float | None = setting(
+        None, "Guidance scale of the sample grids (1 = none); a scale that would do nothing (a MeanFlow model, one "
+        "without label dropout) is refused", group=GRIDS, shown=f"{GRID_CFG_SCALE} where guidance acts, else 1 (none)")
 
     def __post_init__(self) -> None:
         if isinstance(self.sample_classes, str):  # "0,207,360" from the flag (a config file may give a list)
@@ -250,7 +276,8 @@ class GridSettings(DecodeSettings):
             near = nearest_ddim_steps(steps) if isinstance(steps, int) else [25, 50, 100, 250]
             p.append(f"--sample-steps {steps!r} is not a DDIM step count (DDIM takes every k-th of the 1000 "
                      f"steps); nearest valid counts: {', '.join(map(str, near))}")
-        if not (isinstance(self.sample_cfg_scale, (int, float)) and self.sample_cfg_scale >= 1.0):
+        if self.sample_cfg_scale is not None and not (isinstance(self.sample_cfg_scale, (int, float))
+                                                      and self.sample_cfg_scale >= 1.0):
             p.append(f"--sample-cfg-scale must be >= 1 (1 = no guidance), got {self.sample_cfg_scale!r}")
         return p
 
@@ -299,7 +326,8 @@ class SampleGridHook:
         """The hook a TrainConfig's grid settings ask for (`vae`: the --vae or the manifest's VAE)."""
         assert s.sample_every is not None
         return cls(every=s.sample_every, vae=vae, vae_config=vae_config, class_labels=s.sample_classes, seed=seed,
-                   steps=s.sample_steps, sampler=GRID_SAMPLER[objective], cfg_scale=s.sample_cfg_scale,
+                   steps=s.sample_steps, sampler=GRID_SAMPLER[objective],
+                   cfg_scale=effective_cfg_scale(s.sample_cfg_scale, GRID_CFG_SCALE, objective, s, "--sample-cfg-scale"),
                    cfg_channels=str(s.cfg_channels), weights=s.sample_weights)
 
     def channels_used(self, model_config: dict[str, Any]) -> str:

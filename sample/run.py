@@ -38,8 +38,9 @@ from dit_pipeline.common.precision import AUTOCAST_DTYPES, set_tf32
 from dit_pipeline.common.rae_decoder import check_grid
 from dit_pipeline.common.vae import DEFAULT_VAE, load_vae, recorded_vae
 from dit_pipeline.sample import plan
-from dit_pipeline.sample.config import (DDPM_SAMPLERS, DEFAULT_SAMPLERS, FLOW_SAMPLERS, MEANFLOW_SAMPLERS, SPECS,
-                                        SampleConfig)
+from dit_pipeline.sample.config import (DDPM_SAMPLERS, DEFAULT_CFG_SCALE, DEFAULT_SAMPLERS, FLOW_SAMPLERS,
+                                        MEANFLOW_SAMPLERS, SPECS, SampleConfig, cfg_channels_inert, guidance_inert,
+                                        resolve_cfg_scale)
 from dit_pipeline.sample.generate import (generate_images, guided_model_fn, make_diffusion, noise_level_fn,
                                           resolve_cfg_channels)
 from dit_pipeline.sample.grid import label_texts, png_bytes, save_grid
@@ -96,6 +97,7 @@ def _run(cfg: SampleConfig) -> SampleResult:
     labels = _labels(cfg, loaded)
     loaded.info["objective"] = resolve_objective(loaded.info, cfg.ckpt, cfg.objective)
     cfg, sampler_note = _with_sampler(cfg, loaded.info["objective"])
+    cfg = _with_cfg_scale(cfg, loaded, log)
     cfg.validate()  # the sampler's own rules (e.g. --flow-convention only for flow samplers) once it is known
     _check_compatible(cfg, loaded, vae_id)
     if cfg.encoder_refresh > 1 and not dit.reuse.can_reuse_encoder(loaded.model):
@@ -177,6 +179,30 @@ def _with_cfg_channels(cfg: SampleConfig, loaded: LoadedModel, log: Any) -> Samp
         log.info("--cfg-channels auto: guiding %s of the %s latent channels", "the first 3" if used == "3" else used,
                  loaded.config["in_channels"])
     return dataclasses.replace(cfg, cfg_channels=used)
+
+
+def _with_cfg_scale(cfg: SampleConfig, loaded: LoadedModel, log: Any) -> SampleConfig:
+    """`cfg` with --cfg-scale resolved (sample.config.resolve_cfg_scale): a setting that would do nothing on this
+    model (guidance on a MeanFlow model or one without a null class, a guidance interval or guided channels where
+    nothing is guided) is refused with the reason, never recorded and ignored."""
+    conditions = str(loaded.config.get("conditions", "t"))
+    inert = guidance_inert(conditions, float(loaded.config.get("class_dropout_prob", 0.1)) > 0)
+    try:
+        scale = resolve_cfg_scale(cfg.cfg_scale, DEFAULT_CFG_SCALE, inert, "--cfg-scale")
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    problems = []
+    if inert and cfg.guidance_interval is not None:
+        problems.append(f"--guidance-interval {cfg.guidance_interval[0]:g} {cfg.guidance_interval[1]:g} does nothing "
+                        f"here: {inert}; drop it")
+    channels = cfg_channels_inert(cfg.cfg_channels, scale, conditions)
+    if channels:
+        problems.append(channels)
+    if problems:
+        raise UserError("; ".join(problems))
+    if cfg.cfg_scale is None and inert:
+        log.info("--cfg-scale not given: 1 (no guidance): %s", inert)
+    return dataclasses.replace(cfg, cfg_scale=scale)
 
 
 def _with_sampler(cfg: SampleConfig, objective: str) -> tuple[SampleConfig, str | None]:

@@ -256,8 +256,44 @@ class TrainConfig(GuardSettings, RepaSettings, FidSettings, GridSettings):
         from dit_pipeline.sample.config import GRID_SAMPLER
 
         p += self.grid_problems(fid_on=self.fid_every is not None, sampler=GRID_SAMPLER.get(self.objective, "ddim"))
-        p += self.fid_problems()
+        p += self.fid_problems() + self._guidance_problems()
         collect(p, "training configuration")
+
+    def _guidance_problems(self) -> list[str]:
+        """Grid and FID guidance settings that would do nothing (issue 41: refused with the reason, never recorded
+        and ignored): a scale on a MeanFlow model or one without label dropout, channels where nothing is guided."""
+        from dit_pipeline.dit.objectives import SPECS
+        from dit_pipeline.evaluate.hook import FID_CFG_SCALE
+        from dit_pipeline.sample.config import cfg_channels_inert, resolve_cfg_scale
+        from dit_pipeline.sample.grid import GRID_CFG_SCALE, guidance_inert_for
+
+        if self.objective not in SPECS or not isinstance(self.class_dropout_prob, (int, float)):
+            return []
+        inert = guidance_inert_for(self.objective, self)
+        p, scales = [], []
+        for on, flag, given, default in ((self.sample_every is not None, "--sample-cfg-scale", self.sample_cfg_scale,
+                                          GRID_CFG_SCALE),
+                                         (self.fid_every is not None, "--fid-cfg-scale", self.fid_cfg_scale,
+                                          FID_CFG_SCALE)):
+            if on and (given is None or isinstance(given, (int, float))):
+                try:
+                    scales.append(resolve_cfg_scale(given, default, inert, flag))
+                except ValueError as e:
+                    p.append(str(e))
+        channels = cfg_channels_inert(self.cfg_channels, max(scales or [1.0]), SPECS[self.objective].conditions)
+        if channels and (self.sample_every is not None or self.fid_every is not None):
+            p.append(channels)
+        return p
+
+    def resolved_guidance(self) -> dict[str, float]:
+        """The grid and FID guidance scales this run uses (None resolved), as config.json records them."""
+        from dit_pipeline.evaluate.hook import FID_CFG_SCALE
+        from dit_pipeline.sample.grid import GRID_CFG_SCALE, effective_cfg_scale
+
+        return {"sample_cfg_scale": effective_cfg_scale(self.sample_cfg_scale, GRID_CFG_SCALE, self.objective, self,
+                                                        "--sample-cfg-scale"),
+                "fid_cfg_scale": effective_cfg_scale(self.fid_cfg_scale, FID_CFG_SCALE, self.objective, self,
+                                                     "--fid-cfg-scale")}
 
     def _objective_problems(self) -> list[str]:
         p = choice(self, "objective", OBJECTIVES)

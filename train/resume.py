@@ -44,7 +44,7 @@ def resolved_config(prep: Preflight, precision: str) -> TrainConfig:
     """The config as the run uses it (precision, micro-batch and the block switches the family took by default
     resolved), as saved in config.json."""
     return TrainConfig(**{**prep.cfg.to_dict(), "precision": precision, "micro_batch_size": prep.batch.micro_batch,
-                          **model_switches(prep)})
+                          **model_switches(prep), **prep.cfg.resolved_guidance()})
 
 
 def model_switches(prep: Preflight) -> dict[str, bool]:
