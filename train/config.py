@@ -200,6 +200,10 @@ class TrainConfig(GuardSettings, RepaSettings, FidSettings, GridSettings):
                                     cli=False)
     recipe: dict[str, Any] | None = setting(None, "what a recipe file (recipes/) reproduces: name, paper, FID, ...",
                                             group=CKPT, cli=False)
+    allow_departures: bool = setting(
+        False, "Run a recipe (--config recipes/...) on a shard set that is not the extraction it requires; every "
+        "departure is listed in the plan, config.json and the report, and the paper's FID is not put beside the "
+        "run", group=CKPT)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -487,6 +491,12 @@ def merge_config(file_values: dict[str, Any], flag_values: dict[str, Any]) -> Tr
     objective (`implied_objective`: SiT names, the flow families) sets it when none is given (the plan says so);
     a SiT name with `--objective ddpm` is refused."""
     merged = {**file_values, **flag_values}
+    if isinstance(file_values.get("recipe"), dict):  # what the run changes of the recipe (train/recipes.py)
+        from dit_pipeline.train.recipes import setting_departures
+
+        defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig) if f.default is not dataclasses.MISSING}
+        merged["recipe"] = {**file_values["recipe"],
+                            "departures": setting_departures(file_values, flag_values, defaults)}
     if merged.get("objective") is None and (implied := implied_objective(merged.get("model"))):
         merged["objective"] = implied
     missing = [n for n in ("shards", "run_dir") if merged.get(n) in (None, "")]

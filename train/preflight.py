@@ -135,12 +135,32 @@ def model_kwargs(cfg: TrainConfig, source: ShardSource) -> dict[str, Any]:
     return kw
 
 
+def check_recipe_extraction(cfg: TrainConfig, source: Any) -> TrainConfig:
+    """A recipe run on a shard set that is not the extraction its recipe requires (train/recipes.py): refused
+    before any work, or with --allow-departures, run with every difference added to its departures."""
+    from dit_pipeline.train.recipes import extraction_departures
+
+    recipe = cfg.recipe if isinstance(cfg.recipe, dict) else None
+    found = extraction_departures((recipe or {}).get("requires"), source.manifest)
+    if not found or recipe is None:
+        return cfg
+    where = source.folder or cfg.manifest
+    if not cfg.allow_departures:
+        raise UserError(f"the recipe {recipe.get('name')!r} needs another shard set than {where}: {'; '.join(found)}. "
+                        f"Extract as the recipe says ({recipe.get('extraction') or 'its extraction'}), or pass "
+                        "--allow-departures to train on these shards anyway (the paper's FID then does not apply)")
+    known = list(recipe.get("departures") or [])
+    return dataclasses.replace(cfg, recipe={**recipe, "departures": known + [f"shards: {d}" for d in found
+                                                                          if f"shards: {d}" not in known]})
+
+
 def prepare(cfg: TrainConfig, world_size: int | None = None) -> Preflight:
     """Validate everything that can be checked without a GPU or a process group (raises on problems)."""
     cfg.validate()
     check_writable_dir(cfg.run_dir, f"--run-dir {cfg.run_dir}")  # before any work, also in a dry run
     world = dist.world_size() if world_size is None else world_size
     source = open_shards(cfg.shards, cfg.manifest)
+    cfg = check_recipe_extraction(cfg, source)
     cfg, notes = resolve_defaults(cfg, len(source.sizes), world)
     cfg, shift_note = resolve_time_shift(cfg, list(source.manifest.latent_shape))
     if shift_note:

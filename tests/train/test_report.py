@@ -124,3 +124,28 @@ def test_a_read_only_run_folder_names_out(run_dir, tmp_path, monkeypatch):
     ok = CliRunner().invoke(report_main, [str(ro), "--out", str(tmp_path / "elsewhere")])
     assert ok.exit_code == 0 and (tmp_path / "elsewhere" / "report.md").is_file()
     assert sorted(x.name for x in ro.iterdir()) == ["metrics.jsonl"]  # nothing written into the run folder
+
+
+def test_the_paper_is_beside_the_run_only_when_nothing_departs(run_dir, tmp_path):
+    """Issue 41, item 9: the paper's FID-50K goes beside a run (table and plot) only when the run's number is FID
+    and the run departs from its recipe in nothing; departures are listed."""
+    (ev,) = [r for r in read_metrics(run_dir) if "fd_rand" in r]
+    real = {k: v for k, v in ev.items() if not k.endswith("_rand") and not k.endswith("_rand_name")}
+    real.update(fid=3.5, fid_name="FID-4", sfid=1.0, sfid_name="sFID-4", inception_score=2.0, precision=0.5,
+                recall=0.5)  # as a real Inception's record reads
+    cfg = json.loads((run_dir / "config.json").read_text())
+    for departures, beside in (([], True), (["--model DiT-XL/2 -> DiT-S/2"], False)):
+        run = tmp_path / f"run{len(departures)}"
+        run.mkdir()
+        rows = [r for r in read_metrics(run_dir) if "fd_rand" not in r] + [real]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (run / "config.json").write_text(json.dumps({**cfg, "recipe": {**RECIPE, "departures": departures}}))
+        r = CliRunner().invoke(report_main, [str(run)])
+        assert r.exit_code == 0, r.output
+        md = (run / "report.md").read_text()
+        assert "| this run | FID-4 3.5 at step 4 | 4 |" in md
+        assert ("| DiT (Peebles & Xie 2023) (DiT-XL/2 256px) | FID-50K 2.27 | 50000 |" in md) == beside
+        if not beside:
+            assert "the run departs from the recipe in 1 way(s) (below), so the paper's FID-50K 2.27 is not a " \
+                   "number to compare it with" in md
+            assert "Departures from the recipe:\n\n- --model DiT-XL/2 -> DiT-S/2" in md
