@@ -288,7 +288,26 @@ class FidHook:
                 "reference": {"file": Path(self.ref).name, "path": str(self.ref), "kind": ref.source.kind,
                               "count": ref.source.count, "provenance": ref.source.provenance,
                               "statistics": "precomputed" if "pool" in ref.source.stats else "computed from its images"},
-                "image_conversion": "dit"}
+                "image_conversion": "dit",
+                # what reproduces these samples and numbers offline (RAE #70: online and offline FID must agree):
+                # dit-sample --ckpt <this step's checkpoint> <these> --npz S.npz; dit-eval S.npz --ref <the ref> <eval>
+                "dit_sample_args": self.sample_args(sampler, cfg_scale, channels, ctx.ema is not None),
+                "dit_eval_args": self.eval_args()}
+
+    def sample_args(self, sampler: str, cfg_scale: float, channels: str, ema: bool) -> list[str]:
+        vae = ["--vae", str(self.vae)] + (["--vae-config", str(self.vae_config)] if self.vae_config else [])
+        return [*vae, "--weights", "ema" if ema else "model", "--sampler", sampler, "--steps", str(self.steps),
+                "--cfg-scale", f"{cfg_scale:g}", *(["--cfg-channels", channels] if cfg_scale > 1 else []),
+                "--num-samples", str(self.num_samples), "--labels", self.labels, "--seed", str(self.seed),
+                "--batch-size", str(self.batch_size)]
+
+    def eval_args(self) -> list[str]:
+        out = ["--protocol", "adm"]
+        if self.random_inception is not None:
+            out += ["--random-inception", str(self.random_inception)]
+        elif self.inception:
+            out += ["--inception", str(self.inception)]
+        return out + (["--input-size", str(self.input_size)] if self.input_size != INPUT_SIZE else [])
 
 
 class WithDINOv2(torch.nn.Module):

@@ -134,3 +134,25 @@ def test_a_reference_of_another_resolution_is_refused_before_the_first_step(tmp_
         "VIRTUAL_imagenet256_labeled.npz for 256x256)")
     assert not [row for row in read_metrics(tmp_path / "run") if "loss" in row]  # no step ran
     assert not list(tmp_path.glob(".ref32.npz.*.features.npz"))  # no Inception work either
+
+
+@pytest.mark.timeout(1200)
+def test_training_time_fid_equals_dit_eval_on_the_same_samples(runs, tmp_path):
+    """bytetriper/RAE #70: "online FID is very high, offline normal". The hook's record says how its samples were
+    made (`fid_run.dit_sample_args`, `dit_eval_args`); dit-sample with those settings on the checkpoint of the same
+    step, then dit-eval, give the number the hook logged."""
+    fid, _ = runs["fid"]
+    ev = [r for r in read_metrics(fid) if "fd_rand" in r][-1]
+    run = ev["fid_run"]
+    npz = tmp_path / "offline.npz"
+    r = run_cli("dit-sample", ["--ckpt", fid / "checkpoints" / f"step-{ev['step']:07d}.pt", *run["dit_sample_args"],
+                               "--npz", npz, "--quiet"], timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = run_cli("dit-eval", [npz, "--ref", run["reference"]["path"], *run["dit_eval_args"], "--quiet"], timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    import json
+
+    offline = json.loads((tmp_path / "offline.npz.eval.json").read_text())
+    assert offline["fid_name"] == ev["fd_rand_name"] and offline["protocol"] == run["protocol"] == "adm"
+    for key in ("fd_rand", "sfd_rand", "is_rand", "precision_rand", "recall_rand"):
+        assert offline[key] == pytest.approx(ev[key], rel=1e-6, abs=1e-9), key
