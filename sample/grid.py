@@ -235,7 +235,7 @@ class GridSettings(DecodeSettings):
         None, "Every N steps rank 0 writes RUN/samples/step-NNNNNNN.png, a grid of the EMA model's samples (DDIM; "
         "Euler ODE for --objective flow) of fixed classes and seeds, labelled with the class names", group=GRIDS,
         shown="off")
-    sample_classes: list[int] | None = setting(
+    sample_classes: list[int | str] | None = setting(
         None, "Classes of the sample grids, comma-separated, e.g. 207,360,387", group=GRIDS,
         shown="8 spread over the label range")
     sample_steps: int = setting(50, "DDIM (flow: Euler) steps of the sample grids", group=GRIDS)
@@ -282,16 +282,22 @@ class GridSettings(DecodeSettings):
         return p
 
 
-def parse_classes(value: Any) -> list[int]:
-    """Class ids from "0,1,2" (a flag) or a list (a config file); ValueError saying what is wrong."""
-    items = [v.strip() for v in value.split(",")] if isinstance(value, str) else value
+def parse_classes(value: Any) -> list[int | str]:
+    """Class ids or names from "0,n01440764,2" (a flag, as dit-sample --class-labels: sample/names.py) or a list (a
+    config file); ValueError saying what is wrong. Names become ids against the shard set's class names."""
+    from dit_pipeline.sample.names import parse_class_labels
+
+    if isinstance(value, str):
+        items: Any = parse_class_labels(value)
+    else:
+        items = value
     if not isinstance(items, (list, tuple)) or not items:
-        raise ValueError(f"give comma-separated class ids such as 0,207,360, got {value!r}")
-    out = []
+        raise ValueError(f"give comma-separated class ids or names such as 0,207,n01440764, got {value!r}")
+    out: list[int | str] = []
     for v in items:
-        if isinstance(v, bool) or not ((isinstance(v, int) and v >= 0) or (isinstance(v, str) and v.isdigit())):
-            raise ValueError(f"{v!r} is not a class id (a non-negative integer); give e.g. 0,207,360")
-        out.append(int(v))
+        if isinstance(v, bool) or not ((isinstance(v, int) and v >= 0) or (isinstance(v, str) and v.strip())):
+            raise ValueError(f"{v!r} is not a class id (a non-negative integer) or name; give e.g. 0,207,n01440764")
+        out.append(v if isinstance(v, int) else (int(v) if v.isdigit() and not isinstance(value, str) else v))
     return out
 
 
@@ -357,6 +363,11 @@ class SampleGridHook:
                             f"trains on {channels}-channel latents; pass the VAE the shards were extracted with")
         check_grid(identity, int(ctx.model_config["input_size"]), f"--vae {self.vae!r}")
         self.channels_used(ctx.model_config)  # a bad --cfg-channels N fails before training
+        if self.class_labels:  # names (and ambiguous numbers) as dit-sample takes them, against the shards' names
+            from dit_pipeline.sample.names import class_ids
+
+            names = (ctx.latent or {}).get("class_names") or getattr(ctx, "class_names", None)
+            self.class_labels = class_ids(list(self.class_labels), names, "the shard set", "--sample-classes")
         bad = [c for c in self.class_labels or () if not 0 <= int(c) < ctx.num_classes]
         if bad:
             raise UserError(f"--sample-classes {bad}: the model has {ctx.num_classes} classes (ids 0.."

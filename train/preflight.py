@@ -135,6 +135,19 @@ def model_kwargs(cfg: TrainConfig, source: ShardSource) -> dict[str, Any]:
     return kw
 
 
+def check_cfg_channels(cfg: TrainConfig, kw: dict[str, Any]) -> None:
+    """--cfg-channels N against the model's latent channels, before any work (issue 41: 20 of 4 passed the dry run
+    and failed at the first grid)."""
+    if cfg.sample_every is None and cfg.fid_every is None:
+        return
+    from dit_pipeline.sample.generate import resolve_cfg_channels
+
+    try:
+        resolve_cfg_channels(cfg.cfg_channels, {"in_channels": kw["in_channels"], "family": "DiT"})
+    except ValueError as e:
+        raise UserError(str(e)) from None
+
+
 def check_recipe_extraction(cfg: TrainConfig, source: Any) -> TrainConfig:
     """A recipe run on a shard set that is not the extraction its recipe requires (train/recipes.py): refused
     before any work, or with --allow-departures, run with every difference added to its departures."""
@@ -170,9 +183,16 @@ def prepare(cfg: TrainConfig, world_size: int | None = None) -> Preflight:
     assert not isinstance(micro, str)  # validate() accepts a positive integer or "auto"
     batch = batch_plan(cfg.global_batch_size, micro, world)
     n = source.manifest.num_classes
-    if cfg.sample_every and cfg.sample_classes and max(cfg.sample_classes) >= n:
-        raise UserError(f"--sample-classes {','.join(map(str, cfg.sample_classes))}: the shard set has {n} classes, "
-                        f"ids 0..{n - 1}")
+    if cfg.sample_every and cfg.sample_classes:  # names as dit-sample takes them, against the shard set's names
+        from dit_pipeline.sample.names import class_ids
+
+        ids = class_ids(list(cfg.sample_classes), source.manifest.class_names,
+                        f"the shard set {source.folder or cfg.manifest}", "--sample-classes")
+        if max(ids) >= n:
+            raise UserError(f"--sample-classes {','.join(map(str, ids))}: the shard set has {n} classes, "
+                            f"ids 0..{n - 1}")
+        cfg = dataclasses.replace(cfg, sample_classes=ids)
+    check_cfg_channels(cfg, kw)
     assert cfg.num_workers is not None  # resolve_defaults chose it
     layout = DataLayout(seed=cfg.seed, world_size=world, workers=max(1, cfg.num_workers),
                         micro_batch=batch.micro_batch, accum=batch.accum, shuffle_buffer=cfg.shuffle_buffer,
