@@ -112,7 +112,8 @@ def sample_main() -> None:
 @click.option("--last-step-size", type=float, default=default(SampleConfig, "last_step_size"), show_default=True,
               help="euler-maruyama: the final noise-free step (SiT's 'Mean' last step).")
 @click.option("--time-shift", type=float, default=None,
-              help="Flow samplers: shift the time grid toward noise, SD3's s (noise level s n / (1 + (s - 1) n)); "
+              help="Flow samplers: shift the time grid by SD3's s (noise level s n / (1 + (s - 1) n)): toward noise "
+              "for s > 1, toward data for s < 1; "
               "LightningDiT's timestep_shift a is 1/a (0.3: 3.333) [the shift the model was trained with, as its "
               "checkpoint records it; else 1, none].")
 @click.option("--latent-stats", default=None, metavar="FILE",

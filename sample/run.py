@@ -89,6 +89,9 @@ def _run(cfg: SampleConfig) -> SampleResult:
     log.info("%s", dist.launch_info().describe())
     cfg = _with_vae(cfg, loaded, log)
     vae, vae_id = load_vae(cfg.vae, config=cfg.vae_config, device=device)
+    vae_note = compare_vae(vae_id, (loaded.latent or {}).get("vae"))
+    if vae_note:
+        log.warning("%s", vae_note)
     norm = with_latent_stats(latent_norm(loaded.latent, vae_id, log), loaded.info, cfg.latent_stats,
                              int(loaded.config["in_channels"]), cfg.ckpt)
     if norm.is_per_channel:
@@ -116,6 +119,8 @@ def _run(cfg: SampleConfig) -> SampleResult:
     if sampler_note:
         log.info("%s", sampler_note)
     record = _record(cfg, loaded, vae_id, norm, labels, image_size, device) if dist.is_main() else {}
+    if record and vae_note:
+        record["vae_differs_from_shards"] = vae_note
     store = PartStore(parts_dir_for(cfg.npz, cfg.out), record.get("fingerprint", {}), cfg.total)
     state = dist.on_rank0(lambda: _prepare(cfg, store, record, log))
     if state == "complete":
@@ -148,12 +153,42 @@ def _with_vae(cfg: SampleConfig, loaded: LoadedModel, log: Any) -> SampleConfig:
     extracted with) when there is a record, else the SD-VAE the official checkpoints use."""
     if cfg.vae:
         return cfg
+    encoder = (loaded.latent or {}).get("encoder")
+    if encoder:  # a feature space: only a decoder makes pixels; the one the run's grids and FID used, if recorded
+        run = loaded.info.get("config") or {}
+        if not run.get("vae"):
+            raise UserError(f"--ckpt {cfg.ckpt} was trained on the features of {encoder.get('model')} (a feature "
+                            "space), which only a decoder turns into pixels, and its run records none; pass "
+                            "--decoder (RAE's decoder: FILE or FILE,config.json)")
+        log.info("--decoder not given: using %s, the decoder the run's grids and FID used (its config.json)",
+                 run["vae"])
+        return dataclasses.replace(cfg, vae=str(run["vae"]), vae_config=cfg.vae_config or run.get("vae_config"))
     recorded = (loaded.latent or {}).get("vae") or {}
     found = recorded_vae(recorded, f"--ckpt {cfg.ckpt}", base=manifest_folder(loaded.info))
     vae, vae_config = found if found else (DEFAULT_VAE, cfg.vae_config)
     typed = f", given as {recorded['source_given']}" if found and recorded.get("source_given") else ""
     log.info("--vae not given: using %s (%s)", vae, f"recorded in the checkpoint{typed}" if found else "the default")
     return dataclasses.replace(cfg, vae=vae, vae_config=cfg.vae_config or vae_config)
+
+
+def compare_vae(used: dict[str, Any], shards: dict[str, Any] | None) -> str | None:
+    """The VAE that decodes against the one the shards were extracted with (the checkpoint's record): their weights'
+    sha256 (a file or folder), else hub id and commit. A warning line when they differ (decoding with another
+    decoder of the same encoder, e.g. sd-vae-ft-mse for ft-ema latents, is allowed, so it is said, not refused);
+    None when they agree or the checkpoint records none."""
+    if not shards:
+        return None
+    a, b = used.get("weights_sha256"), shards.get("weights_sha256")
+    if a and b:
+        same, what = a == b, f"sha256 {str(a)[:12]}... where the shards' VAE has {str(b)[:12]}..."
+    elif used.get("commit") and shards.get("commit"):
+        same, what = used["commit"] == shards["commit"], f"commit {used['commit']} where the shards' has {shards['commit']}"
+    else:
+        return None  # nothing comparable recorded (a hub id without a commit on either side)
+    if same:
+        return None
+    return (f"the VAE decoding these samples is not the one the shards were extracted with ({what}; the shards': "
+            f"{shards.get('source_given') or shards.get('source')}): the model's latents are decoded by another VAE")
 
 
 def _with_time_shift(cfg: SampleConfig, loaded: LoadedModel, log: Any) -> SampleConfig:
@@ -163,7 +198,8 @@ def _with_time_shift(cfg: SampleConfig, loaded: LoadedModel, log: Any) -> Sample
     shift = recorded if cfg.time_shift is None else float(cfg.time_shift)
     if shift != 1.0:
         why = "--time-shift" if cfg.time_shift is not None else "as the checkpoint records it"
-        log.info("time grid shifted toward noise by %.4g (%s; the model was trained with %.4g)", shift, why, recorded)
+        log.info("time grid shifted %s by %.4g (%s; the model was trained with %.4g)", dit.shift.direction(shift), shift,
+                 why, recorded)
     return dataclasses.replace(cfg, time_shift=shift)
 
 

@@ -22,6 +22,7 @@ from dit_pipeline.common.io import check_writable_dir
 from dit_pipeline.common.teacher import Teacher
 from dit_pipeline.shards import Manifest
 from dit_pipeline.shards.stats import NEAR_ONE, first_samples_std, fix_hint
+from dit_pipeline.dit.shift import direction as shift_direction
 from dit_pipeline.train import memory
 from dit_pipeline.train.config import (ARCH_OVERRIDES, DEFAULT_MAX_STEPS, DEFAULT_NUM_WORKERS, MODEL_OPTIONS, BatchPlan,
                                        TrainConfig, batch_plan, implied_objective, resolve_time_shift)
@@ -334,7 +335,8 @@ def objective_line(cfg: TrainConfig, mc: dict[str, Any] | None = None) -> str:
         times = ("uniform" if cfg.t_sampling == "uniform"
                  else f"{cfg.t_sampling} (mean {cfg.t_mean:g}, scale {cfg.t_scale:g})")
         implied = f"as --model {cfg.model} implies; " if implied_objective(cfg.model) == "flow" else ""
-        shift = f", shifted by {cfg.time_shift:.4g} toward noise" if cfg.time_shift != 1.0 else ""
+        shift = (f", shifted by {cfg.time_shift:.4g} {shift_direction(float(cfg.time_shift))}"
+                 if cfg.time_shift != 1.0 else "")
         loss = "; loss mse + cos (cosine direction)" if cfg.cosine_loss else ""
         what = f"flow ({implied}linear interpolant, velocity prediction; training times {times}{shift}{loss})"
     elif cfg.objective in ("meanflow", "imf"):
