@@ -353,7 +353,7 @@ class Trainer:
         m, own, s = self.meter, self.own, self.state
         n, elapsed = max(1, m.steps), m.elapsed()
         images_per_s = n * self.batch.global_batch / elapsed
-        rec = {"step": s.step, "epoch": s.epoch, **interval_record(m, elapsed), "lr": self.lr_at(s.step - 1),
+        rec: dict[str, Any] = {"step": s.step, "epoch": s.epoch, **interval_record(m, elapsed), "lr": self.lr_at(s.step - 1),
                "images_per_s": images_per_s, "steps_per_s": n / elapsed,
                "peak_mem_gb": (torch.cuda.max_memory_allocated(self.device) / 2**30
                                if self.device.type == "cuda" else None),

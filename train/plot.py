@@ -56,7 +56,7 @@ def plot_metrics(run_dir: str | Path, out: str | Path | None = None, *,
     rows = 1 + has_fid + has_speed
     fig, axes = plt.subplots(rows, 1, figsize=(8, 4 if rows == 1 else 3 * rows), sharex=True, squeeze=False)
     _loss_panel(axes[0][0], records, src, objective)
-    if has_fid:
+    if key is not None:
         _fid_panel(axes[1][0], records, key, paper)
     if has_speed:
         xs, ys = _series(records, "images_per_s")

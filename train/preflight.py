@@ -187,9 +187,9 @@ def prepare(cfg: TrainConfig, world_size: int | None = None) -> Preflight:
     if cfg.sample_every and cfg.sample_classes:  # names as dit-sample takes them, against the shard set's names
         from dit_pipeline.sample.names import class_ids
 
-        ids = class_ids(list(cfg.sample_classes), source.manifest.class_names,
-                        f"the shard set {source.folder or cfg.manifest}", "--sample-classes")
-        if max(ids) >= n:
+        ids: list[int | str] = list(class_ids(list(cfg.sample_classes), source.manifest.class_names,
+                        f"the shard set {source.folder or cfg.manifest}", "--sample-classes"))
+        if max(int(i) for i in ids) >= n:
             raise UserError(f"--sample-classes {','.join(map(str, ids))}: the shard set has {n} classes, "
                             f"ids 0..{n - 1}")
         cfg = dataclasses.replace(cfg, sample_classes=ids)

@@ -118,7 +118,8 @@ def build_report(run_dir: Path, png: str) -> str:
     t = throughput(train)
     recipe: dict[str, Any] | None = cfg["recipe"] if isinstance(cfg.get("recipe"), dict) else None
     key = L.fid_key(ev) if ev is not None else None
-    ours = f"{ev.get(f'{key}_name', key)} {_num(ev[key])} at step {ev['step']}" if ev is not None else "not evaluated"
+    ours = f"{ev.get(f'{key}_name', key)} {_num(ev[key])} at step {ev['step']}" \
+        if ev is not None and key is not None else "not evaluated"
     if key not in (None, "fid"):
         ours += " (random Inception: not FID)"
     proxy = ev is not None and key == "fid" and ev.get("fid_num_samples") != 50_000
