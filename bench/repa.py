@@ -152,6 +152,16 @@ def main(argv: list[str] | None = None) -> None:
               f"{flops[name] / 1e9:.1f} |")
     print(f"# online teacher / cached tokens: {sec['repa'] / sec['cached']:.2f}x the step time")
     print(consistency_line(sec, load_before, load_after))
+    print(plain_line(sec, flops))
+
+
+def plain_line(sec: dict[str, float], flops: dict[str, float]) -> str:
+    """The second check: the cached step is the plain step plus the projector, so cached / plain is near their FLOP
+    ratio (1.28 at DiT-S/2; the projector's small matmuls run a little faster than the DiT's, so a quiet machine
+    measures a little under it); far above it, plain ran in a quieter round than the others."""
+    ratio, predicted = sec["cached"] / sec["plain"], flops["cached"] / flops["plain"]
+    verdict = "consistent" if ratio <= 1.5 * predicted else "INCONSISTENT: plain ran under another load"
+    return f"# check: cached / plain {ratio:.2f} (FLOPs predict {predicted:.2f}; {verdict})"
 
 
 def consistency_line(sec: dict[str, float], load_before: tuple[float, ...], load_after: tuple[float, ...]) -> str:

@@ -295,7 +295,9 @@ def format_result(result: dict[str, Any]) -> str:
 
 def _metric_lines(numbers: dict[str, Any], names: dict[str, str]) -> list[str]:
     out = []
-    for k in (*METRIC_NAMES, *labels.RANDOM_KEYS.values()):
+    for canonical in METRIC_NAMES:  # the ADM evaluator's order; a random Inception's keys in their places
+        k = labels.RANDOM_KEYS.get(canonical, canonical)
+        k = k if k in numbers else canonical
         if k not in numbers or (k == "fd_dinov2" and numbers.get(k) is None):
             continue
         label = f"{names.get(k, k)} (not FID)" if k in ("fd_rand", "sfd_rand") else SHOWN[k]
