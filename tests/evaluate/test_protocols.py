@@ -141,18 +141,18 @@ def test_every_protocol_from_one_set_of_samples_is_named_with_what_produced_it(t
     from dit_pipeline.evaluate import main
 
     rng = np.random.default_rng(4)
-    np.savez(tmp_path / "samples.npz", arr_0=rng.integers(0, 256, (20, 32, 32, 3), dtype=np.uint8))
-    np.savez(tmp_path / "ref.npz", arr_0=rng.integers(0, 256, (12, 32, 32, 3), dtype=np.uint8))
+    np.savez(tmp_path / "samples.npz", arr_0=rng.integers(0, 256, (10, 32, 32, 3), dtype=np.uint8))
+    np.savez(tmp_path / "ref.npz", arr_0=rng.integers(0, 256, (6, 32, 32, 3), dtype=np.uint8))
     cfg = EvalConfig(samples=str(tmp_path / "samples.npz"), ref=str(tmp_path / "ref.npz"), random_inception=0,
-                     input_size=75, batch_size=8, quiet=True, device="cpu", protocol="all")
+                     input_size=75, batch_size=10, quiet=True, device="cpu", protocol="all")
     result = main(cfg)
     out = capsys.readouterr().out
     secs = result["protocols"]
     assert list(secs) == ["adm", "nanogen", "imf"] and result["protocol"] == "adm"
     for name, sec in secs.items():
-        assert sec["protocol_record"]["name"] == name and sec["sample_count"] == 20
+        assert sec["protocol_record"]["name"] == name and sec["sample_count"] == 10
         assert sec["reference_file"] == "ref.npz" and sec["reference_statistics"] == "computed from its images"
-        assert sec["fid_name"] == "FD-rand0-20" and "fid" not in sec["numbers"]
+        assert sec["fid_name"] == "FD-rand0-10" and "fid" not in sec["numbers"]
         assert f"[{name}] " in out
     assert set(secs["adm"]["numbers"]) == {"is_rand", "fd_rand", "sfd_rand", "precision_rand", "recall_rand"}
     assert set(secs["nanogen"]["numbers"]) == set(secs["imf"]["numbers"]) == {"is_rand", "fd_rand"}

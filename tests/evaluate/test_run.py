@@ -167,7 +167,9 @@ def test_the_readme_trial_without_weights_runs_offline(tmp_path):
     res = run_cli("dit-eval", words[1:], timeout=300, cwd=tmp_path, env={"TORCH_HOME": str(tmp_path / "no-hub")})
     assert res.returncode == 0, res.stderr[-3000:]
     lines = res.stdout.splitlines()
-    assert [x.split(":")[0] for x in lines[:5]] == ["Inception Score", "FID", "sFID", "Precision", "Recall"]
-    assert abs(float(lines[1].split(": ")[1])) < 1e-3  # the samples against themselves
-    assert lines[5] == "wrote samples/trial.npz.eval.json"
+    assert lines[0].startswith("[adm] ADM evaluator") and "Inception network: RANDOM weights" in lines[0]
+    assert [x.split(":")[0] for x in lines[1:6]] == ["IS-rand (not IS)", "FD-rand0-8 (not FID)",
+                                                     "sFD-rand0-8 (not FID)", "Precision-rand", "Recall-rand"]
+    assert abs(float(lines[2].split(": ")[1])) < 1e-3  # the samples against themselves
+    assert lines[6] == "wrote samples/trial.npz.eval.json"
     assert not (tmp_path / "no-hub").exists()  # no weights file looked up or fetched
