@@ -257,8 +257,6 @@ class FidHook:
     def run_record(self, ctx: HookContext, *, sampler: str, cfg_scale: float, channels: str,
                    flow: float | None) -> dict[str, Any]:
         """What this evaluation ran, as dit-report shows it (see the module docstring)."""
-        from dit_pipeline.dit.family import family_of_config
-
         mc = dict(ctx.model_config)
         ref: Side = self._state["ref"]
         guided = getattr(self._state["model"], "conditions", "t") == "t" and cfg_scale > 1.0
@@ -281,7 +279,7 @@ class FidHook:
                 "labels": self.labels, "seed": self.seed, "weights": "ema" if ctx.ema is not None else "raw",
                 "num_samples": self.num_samples,
                 "model": {"name": mc.get("model") or (ctx.config or {}).get("model"), "family": mc.get("family", "DiT"),
-                          "architecture": family_of_config(mc).describe(mc), "input_size": mc.get("input_size"),
+                          "architecture": type(self._state["model"]).describe(mc), "input_size": mc.get("input_size"),
                           "in_channels": mc.get("in_channels"), "conditions": mc.get("conditions", "t")},
                 "inception": self._state["inception_id"], "network": describe_network(self._state["inception_id"]),
                 "random_inception": self.random_inception,

@@ -141,18 +141,18 @@ def test_every_protocol_from_one_set_of_samples_is_named_with_what_produced_it(t
     from dit_pipeline.evaluate import main
 
     rng = np.random.default_rng(4)
-    np.savez(tmp_path / "samples.npz", arr_0=rng.integers(0, 256, (10, 32, 32, 3), dtype=np.uint8))
+    np.savez(tmp_path / "samples.npz", arr_0=rng.integers(0, 256, (20, 32, 32, 3), dtype=np.uint8))
     np.savez(tmp_path / "ref.npz", arr_0=rng.integers(0, 256, (6, 32, 32, 3), dtype=np.uint8))
     cfg = EvalConfig(samples=str(tmp_path / "samples.npz"), ref=str(tmp_path / "ref.npz"), random_inception=0,
-                     input_size=75, batch_size=10, quiet=True, device="cpu", protocol="all")
+                     input_size=75, batch_size=20, quiet=True, device="cpu", protocol="all")
     result = main(cfg)
     out = capsys.readouterr().out
     secs = result["protocols"]
     assert list(secs) == ["adm", "nanogen", "imf"] and result["protocol"] == "adm"
     for name, sec in secs.items():
-        assert sec["protocol_record"]["name"] == name and sec["sample_count"] == 10
+        assert sec["protocol_record"]["name"] == name and sec["sample_count"] == 20
         assert sec["reference_file"] == "ref.npz" and sec["reference_statistics"] == "computed from its images"
-        assert sec["fid_name"] == "FD-rand0-10" and "fid" not in sec["numbers"]
+        assert sec["fid_name"] == "FD-rand0-20" and "fid" not in sec["numbers"]
         assert f"[{name}] " in out
     assert set(secs["adm"]["numbers"]) == {"is_rand", "fd_rand", "sfd_rand", "precision_rand", "recall_rand"}
     assert set(secs["nanogen"]["numbers"]) == set(secs["imf"]["numbers"]) == {"is_rand", "fd_rand"}
@@ -162,6 +162,7 @@ def test_every_protocol_from_one_set_of_samples_is_named_with_what_produced_it(t
     a, n, i = (secs[k]["numbers"]["fd_rand"] for k in ("adm", "nanogen", "imf"))
     assert_close_at_scale(n, a, rel=1e-4)
     assert abs(i - a) > 1e-4 * a
-    # each protocol's IS rule on the same logits: adm's consecutive split, nanogen's and imf's permutations
+    # each protocol's IS rule on the same logits: adm's consecutive split, nanogen's and imf's permutations (10
+    # splits of 2 rows: with 1 row per split every score would be exactly 1)
     assert len({secs[k]["numbers"]["is_rand"] for k in secs}) == 3
     assert json.loads((tmp_path / "samples.npz.eval.json").read_text())["protocols"]["imf"]["numbers"]["fd_rand"] == i
