@@ -159,8 +159,8 @@ class FidHook:
         check_resolution((size, size), ref, "--fid-ref: the FID samples (the model's latents decoded by --vae)")
         inception, inc_id = load_inception(self.inception, device=ctx.device, random_seed=self.random_inception,
                                            input_size=self.input_size)
-        note = check_network(ref, inc_id, "--fid-ref") if dist.is_main() else None
-        if note:
+        note = check_network(ref, inc_id, "--fid-ref")  # every rank holds `ref`: all refuse alike
+        if note and dist.is_main():
             get_logger().warning("%s", note)
         feats = None
         if ref.kind != "statistics":
