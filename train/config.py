@@ -19,7 +19,7 @@ from dit_pipeline.common.errors import ConfigError, UserError, collect
 from dit_pipeline.common.io import missing_file
 from dit_pipeline.common.precision import PRECISIONS_AUTO as PRECISIONS
 from dit_pipeline.common.settings import choice, flag_name, non_negative, positive, setting
-from dit_pipeline.dit.flow import T_SAMPLINGS
+from dit_pipeline.dit.flow import PREDICTIONS, T_EPS, T_SAMPLINGS
 from dit_pipeline.dit.formats import OBJECTIVES
 from dit_pipeline.evaluate.hook import FidSettings
 from dit_pipeline.sample.grid import GRIDS, GridSettings
@@ -105,6 +105,12 @@ class TrainConfig(GuardSettings, RepaSettings, FidSettings, GridSettings):
     time_shift_base: int = setting(4096, "The latent size whose shift is 1 for --time-shift auto", group=OBJECTIVE)
     cosine_loss: bool = setting(False, "Add LightningDiT's cosine-direction term 1 - cos(v_pred, v) over the "
                                 "channels to the flow loss (logged as cos)", group=OBJECTIVE)
+    prediction: str = setting("v", "flow: what the network predicts, v (the velocity) or x (the clean image, converted "
+                              "to a velocity as JiT and NanoGen do: (x_pred - x_t) / max(1 - t, --t-eps)); recorded, "
+                              "and every sampler converts through it (README 'Pixel space')", group=OBJECTIVE,
+                              choices=PREDICTIONS)
+    t_eps: float = setting(T_EPS, "--prediction x: the smallest noise level 1 - t the conversion divides by",
+                           group=OBJECTIVE)
     # MeanFlow and iMF (dit/meanflow.py; README "One-step generation"): the releases' defaults
     mf_t_mean: float = setting(-0.4, "meanflow/imf: logit-normal location of t and r (t = 1 noise)", group=OBJECTIVE)
     mf_t_scale: float = setting(1.0, "meanflow/imf: logit-normal scale of t and r", group=OBJECTIVE)
@@ -279,7 +285,16 @@ class TrainConfig(GuardSettings, RepaSettings, FidSettings, GridSettings):
         elif self.objective == "ddpm" and (shift != 1.0 or self.cosine_loss):
             p.append("--time-shift and --cosine-loss act on the flow objective: add --objective flow")
         p += positive(self, "time_shift_base")
-        return p + self._meanflow_problems()
+        return p + self._prediction_problems() + self._meanflow_problems()
+
+    def _prediction_problems(self) -> list[str]:
+        p = choice(self, "prediction", PREDICTIONS)
+        if not p and self.prediction != "v" and self.objective != "flow":
+            p.append(f"--prediction {self.prediction} acts on the flow objective (the network predicts the clean "
+                     "image, converted to a velocity): add --objective flow")
+        if not 0 < self.t_eps < 1:
+            p.append(f"--t-eps must be in (0, 1), got {self.t_eps}")
+        return p
 
     def _meanflow_problems(self) -> list[str]:
         from dit_pipeline.dit.meanflow import JVP_ATTENTION
