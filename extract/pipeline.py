@@ -75,14 +75,15 @@ class ShardSink:
         if batch.shard != self._shard:
             self.finish()
             with self._disk_errors(batch.shard):
-                self._writer = ShardWriter(self.out / shard_name(batch.shard), dtype=self.dtype, pixels=self.pixels)
+                self._writer = ShardWriter(self.out / shard_name(batch.shard), dtype=self.dtype, pixels=self.pixels,
+                                           store=self.store)
             self._shard = batch.shard
             self._skipped = []
         mean, std = pending.arrays()
         with self._disk_errors(self._shard):
             for row, index in enumerate(batch.kept):
                 arrays = ({"mean": mean[row], "std": std[row]} if self.store == "posterior"
-                          else {"latent": mean[row]})
+                          else {"latent": mean[row]} if self.store == "sample" else {})
                 if self.pixels:
                     arrays["pixels"] = batch.encoded[row]
                 self._writer.write(sample_key(index), label=self.images.labels[index], meta=batch.meta[row],

@@ -53,6 +53,8 @@ _LATENTS_POSTERIOR = "raw VAE posterior (unscaled): model latent = (z - shift_fa
 _LATENTS_DETERMINISTIC = ("raw encoder latent, deterministic (encode(x).latent, no posterior), unscaled: model "
                           "latent = (z - shift_factor) * scaling_factor")
 
+_LATENTS_PIXELS = ("the stored crop (pixels member, uint8), store 'pixels': model latent = its view mapped to "
+                   "[-1, 1] by extraction.vae.formula (common/pixels.py), the normalization the identity")
 _LATENTS_FEATURES = ("raw encoder features (extraction.encoder), deterministic, unnormalized: model latent = the "
                      "manifest's normalization of z")
 
@@ -119,6 +121,9 @@ def extraction_record(cfg: ExtractConfig, images: ImageList, vae_identity: dict,
     }
     if cfg.pixels:  # only then: the record of an extraction without pixels stays what it was
         _add_pixels_record(record)
+    if vae_identity.get("kind") == "pixels":  # the crops themselves (common/pixels.py); no VAE, no encoder run
+        record["normalize"] = vae_identity["formula"]
+        record["latents"] = _LATENTS_PIXELS
     if vae_identity.get("kind") == "features":  # only then: a VAE set's record stays what it was
         record["vae"] = None
         record["encoder"] = dict(vae_identity)
@@ -145,7 +150,7 @@ def _add_pixels_record(record: dict[str, Any]) -> None:
 def _samples_per_shard(cfg: ExtractConfig, latent_shape: list[int]) -> int:
     if cfg.samples_per_shard is not None:
         return cfg.samples_per_shard
-    arrays = 2 if cfg.store == "posterior" else 1
+    arrays = {"posterior": 2, "sample": 1, "pixels": 0}[cfg.store]
     per_sample = plan.bytes_per_sample(cfg.views, arrays, tuple(latent_shape), _ITEMSIZE[cfg.dtype])
     if cfg.pixels:
         per_sample += plan.pixel_bytes_estimate(cfg.image_size)

@@ -32,7 +32,10 @@ SHARD_DIGITS = 6
 # Stored dtype name (manifest "dtype") -> numpy storage dtype of the .npy members. numpy has no bfloat16,
 # so bfloat16 is stored as its raw 16 bits (the upper half of the float32 bit pattern) in little-endian uint16.
 STORAGE_DTYPES = {"float16": "<f2", "float32": "<f4", "bfloat16": "<u2"}
-STORES = {"posterior": ("mean.npy", "std.npy"), "sample": ("latent.npy",)}
+# "pixels": a pixel-space set (common/pixels.py): no arrays, the latent is the sample's stored crop (PIXELS_FIELD)
+STORES = {"posterior": ("mean.npy", "std.npy"), "sample": ("latent.npy",), "pixels": ()}
+PIXEL_STORE = "pixels"
+PIXEL_DTYPE = "uint8"  # the manifest dtype of a pixel-space set: its latents are the 8-bit crops
 ARRAY_FIELDS = ("mean.npy", "std.npy", "latent.npy")
 # The optional field; a sample has it exactly when the manifest records pixels (format version 2).
 PIXELS_FIELD = "pixels.webp"

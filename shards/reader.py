@@ -76,7 +76,7 @@ class Expect:
 
     @classmethod
     def from_manifest(cls, m: Manifest) -> "Expect":
-        return cls(store=m.store, dtype=m.dtype, storage=STORAGE_DTYPES[m.dtype],
+        return cls(store=m.store, dtype=m.dtype, storage=STORAGE_DTYPES.get(m.dtype, "|u1"),
                    shape=(m.views, *m.latent_shape), num_classes=m.num_classes, pixels=m.has_pixels,
                    image_size=m.image_size)
 
@@ -178,11 +178,18 @@ def _meta(data: bytes) -> dict:
     return meta
 
 
+def _store_of(fields: dict[str, Any]) -> str:
+    """The store a sample's fields show (reading without a manifest)."""
+    if "latent.npy" in fields:
+        return "sample"
+    return "posterior" if "mean.npy" in fields or PIXELS_FIELD not in fields else "pixels"
+
+
 def check_sample(key: str, fields: dict[str, Any], expect: Expect | None, *, parse_meta: bool
                  ) -> tuple[int, dict[str, np.ndarray], dict | None]:
     """Validate one sample's members: (label, stored arrays by field, meta or None); ValueError naming
     the problem. Finiteness is left to the caller (`shards.npy.all_finite` on the stored bits)."""
-    store = expect.store if expect is not None else ("sample" if "latent.npy" in fields else "posterior")
+    store = expect.store if expect is not None else _store_of(fields)
     pixels = expect.pixels if expect is not None else PIXELS_FIELD in fields
     wanted = STORES[store]
     if fields.keys() != _FIELD_SETS[store, pixels]:

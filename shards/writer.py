@@ -22,7 +22,7 @@ import numpy as np
 
 from dit_pipeline.common.faults import fault_point
 from dit_pipeline.common.io import TMP_PREFIX, HashingWriter, fsync_dir
-from dit_pipeline.shards.format import STORAGE_DTYPES, ShardError, file_mode, key_index
+from dit_pipeline.shards.format import PIXEL_DTYPE, PIXEL_STORE, STORAGE_DTYPES, ShardError, file_mode, key_index
 from dit_pipeline.shards.manifest import ShardRecord
 from dit_pipeline.shards.npy import all_finite, encode_array, decode_raw
 from dit_pipeline.shards.pixels import PIXELS_FIELD, encode_pixels, pixels_size
@@ -46,8 +46,11 @@ class ShardWriter:
     up the bytes of those members, for the manifest's pixels entry.
     """
 
-    def __init__(self, path: str | os.PathLike, *, dtype: str = "float16", pixels: bool = False):
-        if dtype not in STORAGE_DTYPES:
+    def __init__(self, path: str | os.PathLike, *, dtype: str = "float16", pixels: bool = False,
+                 store: str | None = None):
+        if store == PIXEL_STORE:  # a pixel-space set: no arrays, every sample's latent is its crop
+            dtype, pixels = PIXEL_DTYPE, True
+        elif dtype not in STORAGE_DTYPES:
             raise ValueError(f"dtype must be one of {sorted(STORAGE_DTYPES)}, got {dtype!r}")
         self.path = Path(path)
         self.dtype = dtype
@@ -58,7 +61,7 @@ class ShardWriter:
         self._samples = 0
         self._first: str | None = None
         self._last: str | None = None
-        self._store: str | None = None
+        self._store: str | None = PIXEL_STORE if store == PIXEL_STORE else None
         self._shape: tuple[int, ...] | None = None
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{self.path.name}.", dir=self.path.parent)
@@ -136,6 +139,10 @@ class ShardWriter:
         return data
 
     def _arrays(self, mean, std, latent) -> dict[str, np.ndarray]:
+        if self._store == PIXEL_STORE:
+            if mean is not None or std is not None or latent is not None:
+                raise ValueError(f"{self.path.name}: a pixel-space shard stores no arrays, only each sample's crop")
+            return {}
         if latent is not None and (mean is not None or std is not None):
             raise ValueError("pass either mean and std (posterior) or latent (a sample), not both")
         if latent is None and (mean is None or std is None):
