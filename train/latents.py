@@ -19,8 +19,10 @@ import numpy as np
 import torch
 
 from dit_pipeline.common.latent_norm import LatentNorm
+from dit_pipeline.common.pixels import to_latent
 from dit_pipeline.common.seeding import STREAM_SAMPLE, derive_seed
 from dit_pipeline.shards import LatentSample, Manifest, decode_pixels, key_index, view_pixels
+from dit_pipeline.shards.format import PIXEL_STORE
 
 
 @dataclass(frozen=True)
@@ -39,8 +41,13 @@ class LatentSpec:
 
     @property
     def arrays(self) -> int:
-        """Stored arrays a sample contributes: mean and std, or the latent."""
-        return 2 if self.store == "posterior" else 1
+        """Stored arrays a sample contributes: mean and std, or the latent (none for a pixel set: its crop)."""
+        return {"posterior": 2, "sample": 1}.get(self.store, 0)
+
+    @property
+    def from_pixels(self) -> bool:
+        """A pixel-space set (common/pixels.py): each latent is made from the sample's stored crop."""
+        return self.store == PIXEL_STORE
 
 
 _MASK64 = (1 << 64) - 1
@@ -77,7 +84,7 @@ def sample_view(sample_seed_: int, views: int) -> int:
 class Pending(NamedTuple):
     """A sample between reading and batching: its chosen view, still in the stored dtype."""
 
-    arrays: np.ndarray         # [A, C, h, w] storage dtype: (mean, std) of the chosen view, or (latent,)
+    arrays: np.ndarray | None  # [A, C, h, w] storage dtype: (mean, std) of the chosen view, or (latent,); pixel set: None
     label: int
     key: int                   # global sample index
     seed: int                  # sample_seed: the posterior noise
@@ -92,12 +99,13 @@ def pending(sample: LatentSample, spec: LatentSpec, base: int, teacher: np.ndarr
     index = key_index(sample.key)
     sd = mix_seed(base, index)
     v = sample_view(sd, spec.views)
+    arrays: np.ndarray | None = None  # a pixel set's latent is its crop (the pixels bytes, decoded per batch)
     if spec.store == "posterior":
         assert sample.mean is not None and sample.std is not None  # the reader checked the fields
         mean = sample.mean[v]
         arrays = np.empty((2, *mean.shape), dtype=mean.dtype)
         arrays[0], arrays[1] = mean, sample.std[v]
-    else:
+    elif spec.store == "sample":
         assert sample.latent is not None
         arrays = np.array(sample.latent[v:v + 1])
     return Pending(arrays, sample.label, index, sd, v, None if sample.pixels is None else bytes(sample.pixels),
@@ -170,6 +178,11 @@ def build_latents(items: Sequence[Pending], spec: LatentSpec, out: torch.Tensor 
     part runs once over the batch, one elementwise op at a time (each exactly rounded, so a sample's values
     do not depend on the batch it is in). `out`: where to write (e.g. shared memory)."""
     scratch = scratch if scratch is not None else Scratch()
+    if spec.from_pixels:  # the crop of each item's view, to [-1, 1] (common/pixels.py), normalized (identity)
+        c, h, w = spec.shape
+        crops = scratch.numpy((len(items), h, w, c), np.dtype(np.uint8))
+        build_pixels(items, h, torch.from_numpy(crops))
+        return spec.norm.apply(to_latent(crops, out))
     shape = (len(items), spec.arrays, *spec.shape)
     stored = scratch.numpy(shape, items[0].arrays.dtype)
     np.stack([it.arrays for it in items], out=stored)  # [B, A, C, h, w] as stored
