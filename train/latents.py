@@ -183,9 +183,11 @@ def build_latents(items: Sequence[Pending], spec: LatentSpec, out: torch.Tensor 
         crops = scratch.numpy((len(items), h, w, c), np.dtype(np.uint8))
         build_pixels(items, h, torch.from_numpy(crops))
         return spec.norm.apply(to_latent(crops, out))
+    arrays = [it.arrays for it in items if it.arrays is not None]
+    assert len(arrays) == len(items), "a latent set's items carry their stored arrays"
     shape = (len(items), spec.arrays, *spec.shape)
-    stored = scratch.numpy(shape, items[0].arrays.dtype)
-    np.stack([it.arrays for it in items], out=stored)  # [B, A, C, h, w] as stored
+    stored = scratch.numpy(shape, arrays[0].dtype)
+    np.stack(arrays, out=stored)  # [B, A, C, h, w] as stored
     z = out if out is not None else torch.empty(shape[:1] + shape[2:])
     if spec.store == "posterior":
         g = torch.Generator()
