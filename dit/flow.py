@@ -153,6 +153,10 @@ class VelocityPrediction:
         """The sampler's velocity in SiT's time; a REPA-time network's output (noise - data) negated."""
         return -out if reverse else out
 
+    def clean(self, out: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """The clean image the output implies: x_t + (1 - t) v."""
+        return x_t + _bcast(1 - t.to(torch.float32), x_t) * out
+
     def record(self) -> dict[str, Any] | None:
         return None
 
@@ -180,6 +184,9 @@ class CleanPrediction:
     def sit_velocity(self, out: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor, reverse: bool) -> torch.Tensor:
         """The sampler's velocity in SiT's time (a clean image is the same in either time direction)."""
         return self.velocity(out, x_t, t)
+
+    def clean(self, out: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return out
 
     def record(self) -> dict[str, Any] | None:
         return {"kind": "x", "t_eps": self.t_eps}
@@ -221,6 +228,15 @@ class FlowMatching(ObjectiveDefaults):
         self.t_sampling, self.t_mean, self.t_scale = t_sampling, float(t_mean), float(t_scale)
         self.time_shift, self.cosine_loss = float(time_shift), bool(cosine_loss)
         self.prediction = make_prediction(prediction, t_eps)
+        self.x_terms: list[Any] = []  # loss terms on the predicted clean image (add_x_terms)
+        self.x_terms_below = 1.0
+
+    def add_x_terms(self, terms: Sequence[Any], noise_below: float) -> None:
+        """Loss terms on the clean image the network predicts (PixelGen's LPIPS and DINO distances: objects with
+        `name`, `fn(x_pred, x) -> [N]` and `weight`), each weighted and counted only where the noise level 1 - t
+        is below `noise_below` (NanoGen's `t < percep_loss_t_thresh` in its time), reported under its name and
+        added to the loss."""
+        self.x_terms, self.x_terms_below = list(terms), float(noise_below)
 
     def draw_timesteps(self, n: int, *, generator: torch.Generator | None = None,
                        device: torch.device | str | None = None) -> torch.Tensor:
@@ -244,10 +260,17 @@ class FlowMatching(ObjectiveDefaults):
         v = self.prediction.velocity(velocity_of(out, x_start.shape[1]).float(), x_t, t)
         target = self.prediction.target(x_start, noise, x_t, t).float()
         mse = ((v - target) ** 2).mean(dim=list(range(1, x_start.dim())))
-        if not self.cosine_loss:
-            return {"loss": mse, "mse": mse}
-        cos = cosine_direction_loss(v, target)
-        return {"loss": mse + cos, "mse": mse, "cos": cos}
+        terms = {"loss": mse, "mse": mse}
+        if self.cosine_loss:
+            terms["cos"] = cosine_direction_loss(v, target)
+            terms["loss"] = terms["loss"] + terms["cos"]
+        if self.x_terms:
+            x_pred = self.prediction.clean(velocity_of(out, x_start.shape[1]).float(), x_t, t)
+            counted = ((1 - t.to(torch.float32)) < self.x_terms_below).to(torch.float32)  # [N]
+            for term in self.x_terms:
+                terms[term.name] = term.weight * term.fn(x_pred, x_start.float()).float() * counted
+                terms["loss"] = terms["loss"] + terms[term.name]
+        return terms
 
     @torch.no_grad()
     def sample_loop(self, model: Model, noise: torch.Tensor, *, sampler: str = "euler", steps: int = 50,

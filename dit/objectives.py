@@ -62,6 +62,10 @@ def _flow_record(settings: Mapping[str, Any]) -> dict[str, Any]:
     pred = make_prediction(str(settings.get("prediction", "v")), float(settings.get("t_eps", 0.05))).record()
     if pred is not None:
         out["prediction"] = pred
+    used = {k: settings.get(k) for k in ("lpips", "pdino") if settings.get(k)}
+    if used:  # PixelGen's perceptual terms (common/perceptual.py): a resume must add the same ones
+        out["perceptual"] = {**used, **{k: float(settings[k]) for k in ("lpips_weight", "pdino_weight",
+                                                                           "percep_t_thresh") if k in settings}}
     return out
 
 
