@@ -102,3 +102,23 @@ def test_pixel_space_xpred_end_to_end(pixel_set, tmp_path):
     r = run_cli("dit-eval", [out / "s.npz", "--ref", out / "s.npz", "--random-inception", "0", "--input-size", "75",
                              "--batch-size", "2", "--quiet"])
     assert r.returncode == 0, r.stderr[-3000:]
+
+
+def test_pixelgens_perceptual_terms_train_and_are_recorded(pixel_set, tmp_path):
+    """--lpips and --pdino (tiny networks of the real layouts, from files) join the loss where the noise level is
+    below --percep-t-thresh, are logged as their own terms and recorded in the checkpoint."""
+    from dit_pipeline.train.metrics import read_metrics
+    from tests._util import make_tiny_teacher
+    from tests.common.test_perceptual import make_tiny_lpips
+    from tests.train.conftest import run_tiny
+
+    lpips, _, _ = make_tiny_lpips(tmp_path / "lpips")
+    ck = run_tiny(pixel_set, tmp_path / "run", patch_size=8, objective="flow", prediction="x", max_steps=2,
+                  global_batch_size=4, t_sampling="logit-normal", t_mean=-0.8, t_scale=0.8, lpips=lpips,
+                  pdino=str(make_tiny_teacher(tmp_path / "dino.safetensors")), percep_t_thresh=0.9)
+    records = read_metrics(tmp_path / "run")
+    assert len(records) == 2 and all(r["lpips"] > 0 and r["pdino"] > 0 for r in records)
+    for r in records:
+        assert r["loss"] == pytest.approx(r["mse"] + r["lpips"] + r["pdino"], rel=1e-5)
+    assert ck["perceptual"] == {"lpips": lpips, "pdino": str(tmp_path / "dino.safetensors"), "lpips_weight": 0.1,
+                                "pdino_weight": 0.01, "percep_t_thresh": 0.9}
