@@ -50,9 +50,9 @@ class InContextRope(EvaRope):
 
     def __init__(self, grid: int, head_dim: int, prefix: int):
         super().__init__(grid, head_dim)
-        ones, zeros = torch.ones(prefix, head_dim), torch.zeros(prefix, head_dim)
-        self.freqs_cos = torch.cat([ones, cast(torch.Tensor, self.freqs_cos)])
-        self.freqs_sin = torch.cat([zeros, cast(torch.Tensor, self.freqs_sin)])
+        cos, sin = cast(torch.Tensor, getattr(self, "freqs_cos")), cast(torch.Tensor, getattr(self, "freqs_sin"))
+        self.register_buffer("freqs_cos", torch.cat([torch.ones(prefix, head_dim), cos]))
+        self.register_buffer("freqs_sin", torch.cat([torch.zeros(prefix, head_dim), sin]))
 
 
 @register_family
@@ -62,10 +62,9 @@ class JiT(LightningDiT):
     family = "JiT"
     presets = {f"JiT-{k}/{p}": dict(zip(_ARCH, (d, w, h, p, b, n, s))) for k, (d, w, h, b, n, s) in _SIZES.items()
                for p in (16, 32)}
-    aliases: dict[str, str] = {}
-    overrides = (*_ARCH, *OPTIONS)
-    config_keys = ("family", "model", "input_size", "num_classes", "learn_sigma", "in_channels", *_ARCH,
-                   "class_dropout_prob", *OPTIONS)
+    overrides = (*_ARCH, *OPTIONS)  # type: ignore[assignment]
+    config_keys = ("family", "model", "input_size", "num_classes", "learn_sigma",  # type: ignore[assignment]
+                   "in_channels", *_ARCH, "class_dropout_prob", *OPTIONS)
 
     def __init__(self, input_size: int = 256, patch_size: int = 16, in_channels: int = 3, hidden_size: int = 768,
                  depth: int = 12, num_heads: int = 12, bottleneck_dim: int = 128, in_context_len: int = 32,
@@ -144,7 +143,8 @@ class JiT(LightningDiT):
         if config["rope"]:
             rope = InContextRope(config["input_size"] // config["patch_size"],
                                  config["hidden_size"] // config["num_heads"], config["in_context_len"])
-            out.update({"feat_rope_incontext.freqs_cos": rope.freqs_cos, "feat_rope_incontext.freqs_sin": rope.freqs_sin})
+            out.update({"feat_rope_incontext.freqs_cos": cast(torch.Tensor, rope.freqs_cos),
+                        "feat_rope_incontext.freqs_sin": cast(torch.Tensor, rope.freqs_sin)})
         return out
 
     @classmethod
