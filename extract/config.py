@@ -17,6 +17,7 @@ from dit_pipeline.common.determinism import DEFAULT_CPU_THREADS
 from dit_pipeline.common.errors import collect
 from dit_pipeline.common.vae import DEFAULT_VAE
 from dit_pipeline.common.precision import PRECISIONS_AUTO as PRECISIONS
+from dit_pipeline.shards.pixels import ENCODING as PIXELS_ENCODING, ENCODINGS as PIXELS_ENCODINGS
 from dit_pipeline.shards.pixels import MAX_SIDE as PIXELS_MAX_SIDE
 
 STORES = ("posterior", "sample", "pixels")  # "pixels": --encoder pixels only (no arrays: the crop is the latent)
@@ -54,6 +55,7 @@ class ExtractConfig:
     limit: int | None = None               # only the first N images of the sorted list
     seed: int = 0                          # posterior-sample noise for --store sample
     pixels: bool = False                   # also store each crop as the VAE saw it (shards' pixels field, REPA)
+    pixel_encoding: str = PIXELS_ENCODING  # how: lossless WebP, or "npy-uint8" (shards/pixels.py)
     cpu_threads: int = DEFAULT_CPU_THREADS  # intra-op threads of the encoder on CPU (common/determinism.py)
     strict: bool = False                   # an unusable image is an error instead of a skip
     keep_empty_classes: bool = False       # a class folder without images keeps its label (else refused)
@@ -104,7 +106,13 @@ class ExtractConfig:
             p.append(f"--seed must be >= 0, got {self.seed}")
         if self.cpu_threads < 1:
             p.append(f"--cpu-threads must be >= 1, got {self.cpu_threads}")
-        if self.pixels and isinstance(self.image_size, int) and self.image_size > PIXELS_MAX_SIDE:
+        if self.pixel_encoding not in PIXELS_ENCODINGS:
+            p.append(f"--pixel-encoding must be one of {', '.join(PIXELS_ENCODINGS)}, got {self.pixel_encoding!r}")
+        elif self.pixel_encoding != PIXELS_ENCODING and not self.pixels:
+            p.append(f"--pixel-encoding {self.pixel_encoding} says how the crops are stored: add --pixels (or "
+                     "--encoder pixels)")
+        if self.pixels and self.pixel_encoding == PIXELS_ENCODING and isinstance(self.image_size, int) and \
+                self.image_size > PIXELS_MAX_SIDE:
             p.append(f"--pixels stores lossless WebP, whose sides are at most {PIXELS_MAX_SIDE} pixels; "
                      f"--image-size is {self.image_size}")
         collect(p, "dit-extract options")

@@ -49,9 +49,10 @@ class ShardSink:
     """Writes encoded batches into their shards, opening and finishing shards as the keys move on."""
 
     def __init__(self, out: Path, images: ImageList, *, dtype: str, store: str, strict: bool, bar: tqdm,
-                 pixels: bool = False):
+                 pixels: bool = False, pixel_encoding: str = "webp-lossless"):
         self.out, self.images, self.dtype, self.store, self.strict, self.bar = out, images, dtype, store, strict, bar
         self.pixels = pixels
+        self.pixel_encoding = pixel_encoding
         self.stats = LoopStats()
         self._writer: ShardWriter | None = None
         self._shard = -1
@@ -76,7 +77,7 @@ class ShardSink:
             self.finish()
             with self._disk_errors(batch.shard):
                 self._writer = ShardWriter(self.out / shard_name(batch.shard), dtype=self.dtype, pixels=self.pixels,
-                                           store=self.store)
+                                           store=self.store, pixels_encoding=self.pixel_encoding)
             self._shard = batch.shard
             self._skipped = []
         mean, std = pending.arrays()

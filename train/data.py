@@ -256,7 +256,7 @@ class EpochStream(IterableDataset):
         if self.pixels:  # decoded here, in the loader worker; [B, H, W, 3] uint8
             size = self.source.manifest.image_size
             pixels = build_pixels(items, size, shared_empty((len(items), size, size, 3), torch.uint8)
-                                  if in_worker else None)
+                                  if in_worker else None, self.spec.pixels_encoding)
         teacher = None
         if self.sibling is not None:  # the cached tokens, [B, N, D] float32
             c, h, w = self.sibling[1].latent_shape

@@ -23,6 +23,7 @@ from dit_pipeline.common.pixels import to_latent
 from dit_pipeline.common.seeding import STREAM_SAMPLE, derive_seed
 from dit_pipeline.shards import LatentSample, Manifest, decode_pixels, key_index, view_pixels
 from dit_pipeline.shards.format import PIXEL_STORE
+from dit_pipeline.shards.pixels import ENCODING
 
 
 @dataclass(frozen=True)
@@ -33,11 +34,12 @@ class LatentSpec:
     views: int
     shape: tuple[int, int, int]
     norm: LatentNorm                   # z -> the model's latent (the manifest's normalization)
+    pixels_encoding: str = ENCODING    # how the set stores its crops (shards/pixels.py)
 
     @classmethod
     def from_manifest(cls, m: Manifest) -> "LatentSpec":
         c, h, w = m.latent_shape
-        return cls(m.store, m.views, (c, h, w), m.norm)
+        return cls(m.store, m.views, (c, h, w), m.norm, str((m.pixels or {}).get("encoding", ENCODING)))
 
     @property
     def arrays(self) -> int:
@@ -128,7 +130,8 @@ def build_teacher(items: Sequence[Pending], dtype: str, out: torch.Tensor | None
     return out
 
 
-def build_pixels(items: Sequence[Pending], image_size: int, out: torch.Tensor | None = None) -> torch.Tensor:
+def build_pixels(items: Sequence[Pending], image_size: int, out: torch.Tensor | None = None,
+                 encoding: str = ENCODING) -> torch.Tensor:
     """[B, H, W, 3] uint8: each item's crop in the orientation of its latent's view (view 1 of a flipped set is
     the stored crop mirrored left-right, shards.view_pixels), so a teacher sees exactly the image the latent
     was encoded from. `out`: where to write (e.g. shared memory)."""
@@ -136,7 +139,7 @@ def build_pixels(items: Sequence[Pending], image_size: int, out: torch.Tensor | 
     rows = out.numpy()
     for it, row in zip(items, rows):
         assert it.pixels is not None, "the reader was asked for the pixels"
-        row[...] = view_pixels(decode_pixels(it.pixels, image_size), it.view)
+        row[...] = view_pixels(decode_pixels(it.pixels, image_size, encoding), it.view)
     return out
 
 
@@ -181,7 +184,7 @@ def build_latents(items: Sequence[Pending], spec: LatentSpec, out: torch.Tensor 
     if spec.from_pixels:  # the crop of each item's view, to [-1, 1] (common/pixels.py), normalized (identity)
         c, h, w = spec.shape
         crops = scratch.numpy((len(items), h, w, c), np.dtype(np.uint8))
-        build_pixels(items, h, torch.from_numpy(crops))
+        build_pixels(items, h, torch.from_numpy(crops), spec.pixels_encoding)
         return spec.norm.apply(to_latent(crops, out))
     arrays = [it.arrays for it in items if it.arrays is not None]
     assert len(arrays) == len(items), "a latent set's items carry their stored arrays"

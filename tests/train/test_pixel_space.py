@@ -49,6 +49,30 @@ def test_a_pixel_set_is_the_stored_crops_and_its_latents_are_nanogens(pixel_set)
     assert torch.equal(to_latent(crops), nanogen)
 
 
+def test_the_uncompressed_encoding_holds_the_same_crops(pixel_set, tmp_path):
+    """--pixel-encoding npy-uint8: the same crops as NPY uint8 members (pixels.npy), verified, read and turned into
+    the same latents as the WebP set's, bit for bit; a damaged member is named by verify."""
+    out = tmp_path / "raw"
+    r = run_cli("dit-extract", ["--data-path", read_manifest(pixel_set).extraction["data_path"], "--out", out,
+                                "--encoder", "pixels", "--image-size", SIZE, "--samples-per-shard", 2,
+                                "--pixel-encoding", "npy-uint8", "--quiet"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    m, w = read_manifest(out), read_manifest(pixel_set)
+    assert m.pixels["member"] == "pixels.npy" and m.pixels["bytes"] == 8 * (128 + SIZE * SIZE * 3)
+    assert verify_shards(out, quick=False, progress=False).ok
+    raw = [s for rec in m.shards for s in iter_shard(str(out / rec.name), m, raw=True, pixels="bytes")]
+    webp = [s for rec in w.shards for s in iter_shard(str(pixel_set / rec.name), w, raw=True, pixels="bytes")]
+    assert torch.equal(make_latents(raw, LatentSpec.from_manifest(m), seed=0, epoch=3),
+                       make_latents(webp, LatentSpec.from_manifest(w), seed=0, epoch=3))
+    tar = out / m.shards[0].name
+    data = bytearray(tar.read_bytes())
+    i = data.index(b"\x93NUMPY")
+    data[i + 70:i + 80] = b"{'descr': "  # a damaged NPY header inside the first member
+    tar.write_bytes(bytes(data))
+    report = verify_shards(out, quick=False, progress=False)
+    assert not report.ok and any("pixels.npy" in problem for _, problem in report.problems), report.problems
+
+
 def test_bad_pixel_options_are_refused_at_once(tmp_path):
     with pytest.raises(ConfigError) as e:
         ExtractConfig(data_path="x", out="y", store="pixels").validate()
@@ -56,6 +80,9 @@ def test_bad_pixel_options_are_refused_at_once(tmp_path):
     with pytest.raises(ConfigError) as e:
         ExtractConfig(data_path="x", out="y", encoder="pixels", encoder_layers=2).validate()
     assert "--encoder pixels has no weights or layers; drop --encoder-weights and --encoder-layers" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        ExtractConfig(data_path="x", out="y", pixel_encoding="npy-uint8").validate()
+    assert "--pixel-encoding npy-uint8 says how the crops are stored: add --pixels (or --encoder pixels)" in str(e.value)
 
 
 def _train_args(shards, run_dir):
