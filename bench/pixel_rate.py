@@ -9,6 +9,7 @@ Every row ends in what the trainer consumes: a batch of float32 [B, 3, 256, 256]
   shards      the trainer's own loader on a pixel-space shard set (`dit-extract --encoder pixels`: store "pixels",
               lossless WebP): train.data.EpochStream in this one process (tar streaming, manifest checks, per-reader
               shuffle buffer, the view of each sample, WebP decode, batch; --no-verify-shards' setting)
+  shards-raw  the same loader on the same crops stored uncompressed (`--pixel-encoding npy-uint8`)
   webp        the WebP members alone from memory: decode + view + batch (the shards row without the tar reader)
   raw         uncompressed uint8 [256, 256, 3] from memory (an NPY member would be this plus a 128-byte header):
               a zero-copy view + view + batch
@@ -96,20 +97,20 @@ def jpeg_decode(size: int) -> Callable[[bytes], np.ndarray]:
     return decode
 
 
-def write_shards(root: Path, crops: list[np.ndarray], size: int, per_shard: int = 64) -> Path:
+def write_shards(root: Path, crops: list[np.ndarray], size: int, encoding: str, per_shard: int = 64) -> Path:
     """A pixel-space shard set of the crops, as dit-extract --encoder pixels writes one."""
     from dit_pipeline.common.pixels import pixel_identity
 
-    folder = root / "shards"
+    folder = root / encoding
     records, total = [], 0
     for s in range(0, len(crops), per_shard):
-        with ShardWriter(folder / shard_name(s // per_shard), store="pixels") as w:
+        with ShardWriter(folder / shard_name(s // per_shard), store="pixels", pixels_encoding=encoding) as w:
             for i in range(s, min(s + per_shard, len(crops))):
-                w.write(f"{i:09d}", label=i % 10, meta={}, pixels=encode_pixels(crops[i]))
+                w.write(f"{i:09d}", label=i % 10, meta={}, pixels=encode_pixels(crops[i], encoding))
             records.append(w.close())
             total += w.pixel_bytes
     m = Manifest(format_version=2, tool_version="bench", extraction={"vae": pixel_identity(size)},
-                 pixels=pixels_entry(size, total), scaling_factor=1.0, shift_factor=None, image_size=size, views=2,
+                 pixels=pixels_entry(size, total, encoding), scaling_factor=1.0, shift_factor=None, image_size=size, views=2,
                  store="pixels", dtype="uint8", latent_shape=[3, size, size], class_names=[str(c) for c in range(10)],
                  num_classes=10, total_samples=len(crops), samples_per_shard=per_shard, shards=records, skipped=[])
     write_manifest(folder, m)
@@ -154,8 +155,10 @@ def main(argv: list[str] | None = None) -> dict:
     except ImportError:
         print("qoi not installed: its row is skipped (pip install qoi)")
     tmp = Path(tempfile.mkdtemp(prefix="pixel-rate-"))
-    rows["shards"] = shard_loader(write_shards(tmp, crops, size), batch)
+    rows["shards"] = shard_loader(write_shards(tmp, crops, size, "webp-lossless"), batch)
     sizes["shards"] = sizes["webp"]
+    rows["shards-raw"] = shard_loader(write_shards(tmp, crops, size, "npy-uint8"), batch)
+    sizes["shards-raw"] = float(size * size * 3 + 128)
     costs: dict[str, list[float]] = {k: [] for k in rows}
     for _ in range(args.repeat):
         for name, run in rows.items():
@@ -165,14 +168,14 @@ def main(argv: list[str] | None = None) -> dict:
     res = {}
     print(f"{platform.machine()}, Python {platform.python_version()}, torch {torch.__version__}, libwebp "
           f"{features.version('webp')}; {args.crops} crops of {size} px, batch {batch}, median of {args.repeat} rounds")
-    print(f"{'row':8s} {'bytes/crop':>11s} {'ms/crop':>8s} {'crops/s/core':>13s} {'ImageNet view':>14s}")
-    for name in ("jpeg", "shards", "webp", "raw", "qoi"):
+    print(f"{'row':10s} {'bytes/crop':>11s} {'ms/crop':>8s} {'crops/s/core':>13s} {'ImageNet view':>14s}")
+    for name in ("jpeg", "shards", "shards-raw", "webp", "raw", "qoi"):
         if name not in costs:
             continue
         ms = statistics.median(costs[name]) * 1e3
         gib = sizes[name] * IMAGENET_IMAGES / 2 ** 30
         res[name] = {"bytes": float(sizes[name]), "ms": ms, "per_s": 1e3 / ms, "imagenet_gib": gib}
-        print(f"{name:8s} {sizes[name]:11,.0f} {ms:8.3f} {1e3 / ms:13,.0f} {gib:11.0f} GiB")
+        print(f"{name:10s} {sizes[name]:11,.0f} {ms:8.3f} {1e3 / ms:13,.0f} {gib:11.0f} GiB")
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=2))
     return res
