@@ -110,6 +110,9 @@ def compute_stats(folder: str | Path, *, max_samples: int = 10_000, seed: int = 
         raise ValueError(f"max_samples must be >= 1, got {max_samples}")
     folder = Path(folder)
     m = read_manifest(folder)
+    if m.store == "pixels":  # nothing to normalize: the crops map to [-1, 1] by a fixed formula
+        raise UserError(f"{folder}: a pixel-space set (store pixels) holds no latent arrays; its latents are the "
+                        "crops mapped to [-1, 1] (common/pixels.py), which no statistics rescale")
     expect = Expect.from_manifest(m)
     counts = np.zeros(m.num_classes, np.int64)
     moments, raw = _Moments(m.latent_shape[0]), _Moments(m.latent_shape[0])

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from dit_pipeline import dit
-from dit_pipeline.common.errors import ConfigError
+from dit_pipeline.common.errors import ConfigError, UserError
 from dit_pipeline.common.pixels import to_latent
 from dit_pipeline.extract.config import ExtractConfig
 from dit_pipeline.shards import decode_pixels, iter_shard, read_manifest, verify_shards
@@ -47,6 +47,13 @@ def test_a_pixel_set_is_the_stored_crops_and_its_latents_are_nanogens(pixel_set)
         assert torch.equal(row, a) or torch.equal(row, b)
     assert not all(torch.equal(r, a) for r, a in zip(latents, nanogen))  # both views occur
     assert torch.equal(to_latent(crops), nanogen)
+    from dit_pipeline.shards.info import format_info, info_dict
+    from dit_pipeline.shards.stats import compute_stats
+
+    assert "  latents:  pixels (the crop itself, pixels member), uint8" in format_info(info_dict(pixel_set))
+    with pytest.raises(UserError, match="a pixel-space set \\(store pixels\\) holds no latent arrays; its latents "
+                       "are the crops mapped to \\[-1, 1\\]"):
+        compute_stats(pixel_set)
 
 
 def test_the_uncompressed_encoding_holds_the_same_crops(pixel_set, tmp_path):
