@@ -312,6 +312,8 @@ def _read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, An
     elif metadata.get("objective"):
         raise WeightsError(f"{path}: metadata 'objective' is {metadata['objective']!r}, none this code knows "
                            f"({', '.join(OBJECTIVES)})")
+    if (metadata.get("step") or "").isdigit():
+        info["step"] = int(metadata["step"])
     for key in ("model_config", "meanflow"):
         if key in metadata:
             try:

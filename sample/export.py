@@ -287,6 +287,7 @@ def export(cfg: ExportConfig) -> Path:
     info["objective"] = resolve_objective(info, cfg.ckpt, cfg.objective)
     if cfg.to == "safetensors":
         return export_safetensors(state_dict, info, output, overwrite=cfg.overwrite)
+    check_diffusers_representable(info)  # before the VAE is looked for: a model no pipeline samples is refused first
     vae, vae_config = cfg.vae, cfg.vae_config
     if not vae:
         found = recorded_vae((info.get("latent") or {}).get("vae"), f"--ckpt {cfg.ckpt}", base=manifest_folder(info))
