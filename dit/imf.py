@@ -54,6 +54,15 @@ BLOCK_INIT, EMBED_INIT, TOKEN_INIT = 0.32, 1.0, 1.0  # weight_init_constant, emb
 RELEASE_INPUT_SIZE = 32           # configs/default.py dataset.image_size: the release trains 32x32 latents only
 TOKENS = ("num_class_tokens", "num_cfg_tokens", "num_interval_tokens", "num_time_tokens")
 HEADS = ("u", "v", "uv")
+# The latents the release trains on (utils/vae_util.py LatentManager, 40-60 and 119-127): sd-vae-ft-mse posterior
+# samples (its flax port pcuenq/sd-vae-ft-mse-flax) normalized per channel, x = (z - mean) / std; the record of
+# common/latent_norm.py ("mean_std", multiplier 1), which dit-sample inverts when decoding a release file.
+RELEASE_LATENT = {
+    "scaling_factor": 1.0, "shift_factor": None,
+    "normalization": {"form": "mean_std", "mean": [0.86488, -0.27787343, 0.21616915, 0.3738409],
+                      "std": [4.85503674, 5.31922414, 3.93725398, 3.9870003], "multiplier": 1.0,
+                      "source": {"kind": "file", "path": "Lyy-iiis/imeanflow utils/vae_util.py (LatentManager)"}},
+    "vae": {"source": "stabilityai/sd-vae-ft-mse", "kind": "hub"}}
 _ARCH = ("depth", "hidden_size", "num_heads", "patch_size", "head_depth")
 # imfDiT.py 393-427: name -> (depth, hidden, heads, patch, aux_head_depth)
 _PRESETS = {"B/2": (12, 768, 12, 2, 8), "M/2": (24, 768, 12, 2, 8), "L/2": (32, 1024, 16, 2, 8),

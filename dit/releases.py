@@ -27,6 +27,7 @@ Conventions (each release's transport code; `info["flow_convention"]`, dit/flow.
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -60,10 +61,11 @@ def unpack(obj: Any, path: Path, prefer: str) -> tuple[dict[str, torch.Tensor], 
     if is_state_dict(obj):
         if _ddt_keys(obj):
             return _ddt_weights(obj, path, prefer)
-        from .imf import from_release_torch, is_release_torch
+        from .imf import RELEASE_LATENT, from_release_torch, is_release_torch
 
-        if is_release_torch(obj):  # the iMF release's PyTorch file (iMF-B-2.pth ...)
-            return from_release_torch(obj), {"source": "imf-release", "weights": "state_dict", "release": "iMF"}
+        if is_release_torch(obj):  # the iMF release's PyTorch file (iMF-B-2.pth ...) and the latents it decodes
+            return from_release_torch(obj), {"source": "imf-release", "weights": "state_dict", "release": "iMF",
+                                             "latent": json.loads(json.dumps(RELEASE_LATENT))}
         bare: dict[str, Any] = {"source": "official", "weights": "state_dict"}
         if "bn.running_var" in obj:
             bare["release"] = "REPA-E"

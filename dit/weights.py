@@ -328,7 +328,7 @@ def _read_npz(path: Path, prefer: str) -> tuple[dict[str, torch.Tensor], dict[st
     `from_flax_params`), read without pickles."""
     import numpy as np
 
-    from .imf import flax_root, from_flax_params, is_flax_params
+    from .imf import RELEASE_LATENT, flax_root, from_flax_params, is_flax_params
 
     try:
         with np.load(path, allow_pickle=False) as archive:
@@ -340,7 +340,8 @@ def _read_npz(path: Path, prefer: str) -> tuple[dict[str, torch.Tensor], dict[st
                            f"'net/shared_blocks_0/...'; found {sorted(flat)[:4]})")
     root = flax_root(flat, prefer)
     weights = {"ema_params": "ema", "params": "model", None: "state_dict"}[root]
-    return from_flax_params(flat, prefer), {"source": "imf-flax", "weights": weights, "release": "iMF"}
+    return from_flax_params(flat, prefer), {"source": "imf-flax", "weights": weights, "release": "iMF",
+                                            "latent": json.loads(json.dumps(RELEASE_LATENT))}
 
 
 def _strip_prefixes(state_dict: dict[str, torch.Tensor], path: Path) -> dict[str, torch.Tensor]:
