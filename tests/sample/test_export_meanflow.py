@@ -34,30 +34,29 @@ def _model(objective: str, seed: int):
     return m.eval()
 
 
-@pytest.fixture(scope="module")
-def files(tmp_path_factory):
-    root = tmp_path_factory.mktemp("mf-export")
-    out = {}
-    for objective in ("meanflow", "imf"):
-        ckpt = our_checkpoint(_model(objective, 1), _model(objective, 2), step=40)
-        ckpt.update(objective=objective, meanflow=RECORDS[objective])
-        out[objective] = root / f"{objective}.pt"
-        torch.save(ckpt, out[objective])
-    return out
+@pytest.fixture(scope="module", params=["meanflow", "imf"])
+def mf_file(request, tmp_path_factory):
+    """(objective, our checkpoint of a tiny random model trained with it)."""
+    objective = request.param
+    ckpt = our_checkpoint(_model(objective, 1), _model(objective, 2), step=40)
+    ckpt.update(objective=objective, meanflow=RECORDS[objective])
+    path = tmp_path_factory.mktemp("mf-export") / f"{objective}.pt"
+    torch.save(ckpt, path)
+    return objective, path
 
 
-@pytest.mark.parametrize("objective", ["meanflow", "imf"])
-def test_safetensors_export_keeps_every_record_and_samples_the_same(objective, files, tiny_vae_dir, tmp_path):
-    st = export(ExportConfig(to="safetensors", output=str(tmp_path / "w.safetensors"), ckpt=str(files[objective])))
+def test_safetensors_export_keeps_every_record_and_samples_the_same(mf_file, tiny_vae_dir, tmp_path):
+    objective, path = mf_file
+    st = export(ExportConfig(to="safetensors", output=str(tmp_path / "w.safetensors"), ckpt=str(path)))
     sd, info = dit.load_dit_weights(st)
-    _, orig = dit.load_dit_weights(files[objective])
+    _, orig = dit.load_dit_weights(path)
     assert info["objective"] == orig["objective"] == objective  # read back as ddpm before issue 41
     assert info["model_config"] == orig["model_config"] and info["meanflow"] == orig["meanflow"] == RECORDS[objective]
     assert info["model_config"]["conditions"] == ("imf" if objective == "imf" else "meanflow")
     assert info["step"] == 40 and all(torch.equal(sd[k], v) for k, v in _model(objective, 2).state_dict().items())
     guidance = dict(cfg_scale=4.0, guidance_interval=[0.2, 0.8]) if objective == "imf" else {}
     images = []
-    for i, src in enumerate((files[objective], st)):
+    for i, src in enumerate((path, st)):
         res = run_sampling(SampleConfig(ckpt=str(src), vae=str(tiny_vae_dir), class_labels=[0, 3], steps=2, seed=5,
                                         npz=str(tmp_path / f"{i}.npz"), quiet=True, **guidance))
         with np.load(res.npz) as z:
@@ -65,10 +64,10 @@ def test_safetensors_export_keeps_every_record_and_samples_the_same(objective, f
     assert np.array_equal(images[0], images[1]) and images[0].std() > 1
 
 
-@pytest.mark.parametrize("objective", ["meanflow", "imf"])
-def test_the_diffusers_refusal_names_the_sampler_that_samples_it(objective, files, tmp_path):
+def test_the_diffusers_refusal_names_the_sampler_that_samples_it(mf_file, tmp_path):
+    objective, path = mf_file
     with pytest.raises(UserError) as e:
-        export(ExportConfig(to="diffusers", output=str(tmp_path / "pipe"), ckpt=str(files[objective])))
+        export(ExportConfig(to="diffusers", output=str(tmp_path / "pipe"), ckpt=str(path)))
     msg = str(e.value)
     assert msg.startswith(f"--to diffusers: this is a {objective} model (a one-step average-velocity model")
     assert msg.endswith("Export it with --to safetensors and sample with dit-sample --sampler meanflow")

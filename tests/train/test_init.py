@@ -134,6 +134,12 @@ def test_a_meanflow_run_from_a_sit_file_and_a_flow_run_back_from_it(shard_dir, t
     assert "dropped from the file: h_embedder (the file's meanflow time inputs; this run's objective has none)" \
         in back.describe()
     assert "h_embedder" not in "".join(back.kept)
+    ddpm = load_init(str(mf), {**kw, "learn_sigma": True})  # a ddpm run: DiT's learned-sigma output starts fresh
+    assert "dropped from the file: h_embedder" in ddpm.describe() and "output layer (learned sigma on here" in \
+        ddpm.describe()
+    ours = load_init(str(path), {**kw, "conditions": "imf"})  # imf-adaln's embedders, as a new run's
+    assert ("omega_embedder, tmin_embedder, tmax_embedder (the imf time inputs, not in the file: first layers "
+            "normal(0.02), output layers zero, as a new run's)") in ours.describe()
     # the same through dit-train's plan, the objective's time inputs taken from --objective
     dry = CliRunner().invoke(train_main, [str(a) for a in tiny_args(shard_dir, tmp_path / "mf-run", **{
         "num-workers": 0, "dry-run": True, "objective": "meanflow", "init": path})])
