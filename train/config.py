@@ -21,6 +21,7 @@ from dit_pipeline.common.precision import PRECISIONS_AUTO as PRECISIONS
 from dit_pipeline.common.settings import choice, flag_name, non_negative, positive, setting
 from dit_pipeline.dit.flow import PREDICTIONS, T_EPS, T_SAMPLINGS
 from dit_pipeline.dit.formats import OBJECTIVES
+from dit_pipeline.dit.meanflow import DEFAULTS as MF, VARIANTS as MEANFLOW_OBJECTIVES
 from dit_pipeline.evaluate.hook import FidSettings
 from dit_pipeline.sample.grid import GRIDS, GridSettings
 from dit_pipeline.train.guard import GUARD, GuardSettings
@@ -124,21 +125,25 @@ class TrainConfig(GuardSettings, RepaSettings, FidSettings, GridSettings):
     pdino_weight: float = setting(0.01, "Weight of the DINOv2 feature term (PixelGen: 0.01)", group=OBJECTIVE)
     percep_t_thresh: float = setting(0.7, "The perceptual terms count only where the noise level 1 - t is below this "
                                      "(PixelGen: 0.7)", group=OBJECTIVE)
-    # MeanFlow and iMF (dit/meanflow.py; README "One-step generation"): the releases' defaults
-    mf_t_mean: float = setting(-0.4, "meanflow/imf: logit-normal location of t and r (t = 1 noise)", group=OBJECTIVE)
-    mf_t_scale: float = setting(1.0, "meanflow/imf: logit-normal scale of t and r", group=OBJECTIVE)
+    # MeanFlow and iMF (dit/meanflow.py; README "One-step generation"): the JAX releases' defaults (dit.meanflow.DEFAULTS)
+    mf_t_mean: float = setting(MF["t_mean"], "meanflow/imf: logit-normal location of t and r (t = 1 noise)",
+                               group=OBJECTIVE)
+    mf_t_scale: float = setting(MF["t_scale"], "meanflow/imf: logit-normal scale of t and r", group=OBJECTIVE)
     mf_data_proportion: float | None = setting(
         None, "meanflow/imf: fraction of each step's samples with r = t (plain flow matching)", group=OBJECTIVE,
-        shown="0.75 for meanflow, 0.5 for imf")
-    mf_omega: float = setting(1.0, "meanflow: training guidance scale omega (1 with kappa 0: none)", group=OBJECTIVE)
-    mf_kappa: float = setting(0.0, "meanflow: training guidance kappa (weight of the conditional velocity)",
-                              group=OBJECTIVE)
-    mf_t_start: float = setting(0.0, "meanflow: training guidance applies for t in [t-start, t-end]", group=OBJECTIVE)
-    mf_t_end: float = setting(1.0, "meanflow: end of the training guidance interval", group=OBJECTIVE)
-    mf_norm_p: float = setting(1.0, "meanflow/imf: adaptive loss weight 1 / (loss + eps)^p (0: plain loss)",
+        shown="0.75 for meanflow, 0.5 for imf and imf-adaln")
+    mf_omega: float = setting(MF["omega"], "meanflow: training guidance scale omega", group=OBJECTIVE)
+    mf_kappa: float = setting(MF["kappa"], "meanflow: training guidance kappa (weight of the conditional velocity): "
+                              "v_g = omega v + (1 - omega - kappa) u_null + kappa u_class; omega 1 with kappa 0: none",
+                              group=OBJECTIVE, shown="0.5, the release's configs/default.py")
+    mf_t_start: float = setting(MF["t_start"], "meanflow: training guidance applies for t in [t-start, t-end]",
+                                group=OBJECTIVE)
+    mf_t_end: float = setting(MF["t_end"], "meanflow: end of the training guidance interval", group=OBJECTIVE)
+    mf_norm_p: float = setting(MF["norm_p"], "meanflow/imf: adaptive loss weight 1 / (loss + eps)^p (0: plain loss)",
                                group=OBJECTIVE)
-    mf_norm_eps: float = setting(0.01, "meanflow/imf: eps of the adaptive loss weight", group=OBJECTIVE)
-    mf_s_max: float = setting(7.0, "imf: guidance scales omega drawn on [1, 1 + s-max] (power law)", group=OBJECTIVE)
+    mf_norm_eps: float = setting(MF["norm_eps"], "meanflow/imf: eps of the adaptive loss weight", group=OBJECTIVE)
+    mf_s_max: float = setting(MF["s_max"], "imf: guidance scales omega drawn on [1, 1 + s-max] (power law)",
+                              group=OBJECTIVE)
     jvp_attention: str = setting("math", "meanflow/imf: the attention kernel of the JVP pass (only math has "
                                  "forward-mode AD; the ordinary forward keeps --attention)", group=OBJECTIVE,
                                  choices=("math",))
@@ -266,7 +271,11 @@ class TrainConfig(GuardSettings, RepaSettings, FidSettings, GridSettings):
             p.append("--resume must be 'auto', 'none' or a checkpoint path")
         try:
             from dit_pipeline.dit.family import lookup_preset
-            lookup_preset(self.model)
+            from dit_pipeline.dit.objectives import network_problem
+
+            family = lookup_preset(self.model)[0].family
+            if self.objective in OBJECTIVES and (problem := network_problem(self.objective, family)):
+                p.append(problem)
         except ValueError as e:
             p.append(f"--model: {e}")
         p += self.repa_problems() + self.guard_problems()
@@ -323,7 +332,7 @@ class TrainConfig(GuardSettings, RepaSettings, FidSettings, GridSettings):
         p: list[str] = []
         defaults = {f.name: f.default for f in dataclasses.fields(self) if f.name.startswith("mf_")}
         changed = [k for k, v in defaults.items() if getattr(self, k) != v]
-        if self.objective not in ("meanflow", "imf"):
+        if self.objective not in MEANFLOW_OBJECTIVES:
             if changed:
                 p.append(f"{', '.join(flag_name(k) for k in changed)} act on the MeanFlow objectives: add "
                          "--objective meanflow (or imf)")
@@ -345,15 +354,15 @@ class TrainConfig(GuardSettings, RepaSettings, FidSettings, GridSettings):
             p.append(f"--mf-norm-eps must be > 0 and --mf-norm-p >= 0, got {self.mf_norm_eps}, {self.mf_norm_p}")
         if not self.mf_s_max >= 0:
             p.append(f"--mf-s-max must be >= 0, got {self.mf_s_max}")
-        guided = self.objective == "imf" or (self.mf_omega, self.mf_kappa) != (1.0, 0.0)
+        guided = self.objective != "meanflow" or (self.mf_omega, self.mf_kappa) != (1.0, 0.0)
         if guided and not self.class_dropout_prob > 0:
             p.append("MeanFlow's training guidance needs the null class: --class-dropout-prob > 0")
         if self.objective == "meanflow" and any(getattr(self, k) != defaults[k] for k in ("mf_s_max",)):
             p.append("--mf-s-max acts on --objective imf")
-        if self.objective == "imf" and any(getattr(self, k) != defaults[k] for k in
+        if self.objective != "meanflow" and any(getattr(self, k) != defaults[k] for k in
                                            ("mf_omega", "mf_kappa", "mf_t_start", "mf_t_end")):
-            p.append("--mf-omega, --mf-kappa, --mf-t-start, --mf-t-end are MeanFlow's fixed guidance; imf draws omega "
-                     "and the interval per sample (--mf-s-max)")
+            p.append(f"--mf-omega, --mf-kappa, --mf-t-start, --mf-t-end are MeanFlow's fixed guidance; {self.objective} "
+                     "draws omega and the interval per sample (--mf-s-max)")
         if self.repa:
             p.append("--repa with MeanFlow is not supported (the alignment term is defined for the flow loss)")
         return p

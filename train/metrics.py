@@ -78,6 +78,7 @@ class Metric:
 STEP_METRICS: tuple[Metric, ...] = (
     Metric("loss", "samples", own=True),
     Metric("mse", "samples", own=True, loss_term=True),
+    Metric("mse_v", "samples", own=True, loss_term=True),   # iMF: the auxiliary v head's term
     Metric("vb", "samples", own=True, loss_term=True),      # ddpm's variational bound (learned sigma)
     Metric("proj", "samples", own=True, loss_term=True),    # --repa: the alignment term (-cosine similarity)
     Metric("cos", "samples", own=True, loss_term=True),     # --cosine-loss: 1 - cos(v_pred, v) (LightningDiT)

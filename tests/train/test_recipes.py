@@ -103,6 +103,33 @@ PAPERS = {
                                              "t_mean": 1.1, "t_scale": 0.8, "time_shift": "auto",
                                              "time_shift_base": 4096, "final_lr": 2e-5, "lr_decay_start_epochs": 40,
                                              "lr_decay_end_epochs": 800, "grad_clip": 1.0}),
+    # Geng et al. 2025, arXiv:2505.13447; Gsunshine/meanflow configs/run_b4.yml (DiT_B_4, 240 epochs) over
+    # configs/default.py (batch 256, lr 1e-4, adam_b2 0.95, ema 0.9999, P_mean -0.4, P_std 1.0, data_proportion 0.75,
+    # class_dropout_prob 0.1, omega 1.0, kappa 0.5, t_start 0, t_end 1, norm_p 1, norm_eps 0.01; sampling num_steps 1);
+    # no paper FID read for this run (the README's 11.4 is its own checkpoint's)
+    "meanflow-b4.yaml": dict(model="DiT-B/4", objective="meanflow", batch=256, lr=1e-4, betas=(0.9, 0.95),
+                             ema=0.9999, steps=None, epochs=240, fid=None, sampler="meanflow", sample_steps=1, cfg=None,
+                             channels=None, interval=None, latent=SD, params_gb="0.49", unconfirmed={"fid"},
+                             extra={"mf_t_mean": -0.4, "mf_t_scale": 1.0, "mf_data_proportion": 0.75, "mf_omega": 1.0,
+                                    "mf_kappa": 0.5, "mf_t_start": 0.0, "mf_t_end": 1.0, "mf_norm_p": 1.0,
+                                    "mf_norm_eps": 0.01}),
+    # Geng et al. 2025, arXiv:2512.02012 (iMF-B/2 3.39 at 1 NFE); Lyy-iiis/imeanflow configs/train_config.yml
+    # (imfDiT_B_2, 640 epochs, batch 1024, lr 1e-4, warmup_epochs 10 warmup_const, adam_b2 0.95) over
+    # configs/default.py (ema_val 0.9999, P_mean -0.4, P_std 1.0, data_proportion 0.5, class_dropout_prob 0.1,
+    # norm_p 1, norm_eps 0.01), imf.py (s_max 7.0); configs/eval_config.yml (omega 8.0, interval [0.4, 0.65], 1 step)
+    "imf-b2.yaml": dict(model="iMF-B/2", objective="imf", batch=1024, lr=1e-4, betas=(0.9, 0.95), ema=0.9999,
+                        steps=None, epochs=640, fid=3.39, sampler="meanflow", sample_steps=1, cfg=8.0, channels=None,
+                        interval=[0.4, 0.65], latent=SD, params_gb="0.54", unconfirmed=set(),
+                        extra={"warmup_epochs": 10, "mf_t_mean": -0.4, "mf_t_scale": 1.0, "mf_data_proportion": 0.5,
+                               "mf_norm_p": 1.0, "mf_norm_eps": 0.01, "mf_s_max": 7.0}),
+    # the same release: imfDiT_XL_2; eval_config.yml (omega 8.0, interval [0.42, 0.62] for the provided XL/2); its
+    # torch branch's convert.py (commit a2ac5c55) names the checkpoint imf_xl_800ep/checkpoint_1000800 (800 epochs of
+    # 1251 steps: batch 1024); lr, warm-up, beta2 and EMA are B/2's (train_config.yml), not stated for XL/2
+    "imf-xl2.yaml": dict(model="iMF-XL/2", objective="imf", batch=1024, lr=1e-4, betas=(0.9, 0.95), ema=0.9999,
+                         steps=None, epochs=800, fid=1.72, sampler="meanflow", sample_steps=1, cfg=8.0, channels=None,
+                         interval=[0.42, 0.62], latent=SD, params_gb="2.65",
+                         unconfirmed={"lr", "warmup_epochs", "adam_beta2", "ema_decay"},
+                         extra={"warmup_epochs": 10, "mf_data_proportion": 0.5, "mf_s_max": 7.0}),
 }
 
 
@@ -127,12 +154,24 @@ def test_the_recipe_states_the_papers_values(name):
         assert getattr(cfg, key) == want, key
     recipe = cfg.recipe
     assert recipe["fid"] == row["fid"] and recipe["epochs"] == row["epochs"] and recipe["paper"]
+    if row["objective"] in ("meanflow", "imf"):  # the MeanFlow settings the recipe does not state: the defaults
+        assert {k: getattr(cfg, k) for k in ("mf_t_mean", "mf_t_scale", "mf_norm_p", "mf_norm_eps")} == \
+            {"mf_t_mean": -0.4, "mf_t_scale": 1.0, "mf_norm_p": 1.0, "mf_norm_eps": 0.01}
     assert re.fullmatch(r"\d{4}\.\d{5}", recipe["arxiv"]) and recipe["extraction"] and recipe["name"]
     s = recipe["sampling"]
-    assert (s["sampler"], s["steps"], s["cfg_scale"]) == (row["sampler"], row["sample_steps"], row["cfg"])
+    assert (s["sampler"], s["steps"], s.get("cfg_scale")) == (row["sampler"], row["sample_steps"], row["cfg"])
     assert s.get("cfg_channels") == row["channels"] and s.get("guidance_interval") == row["interval"]
     assert s.get("time_shift") == row.get("time_shift") and s.get("labels", "uniform") == row.get("labels", "uniform")
     cfg.validate()
+
+
+@pytest.mark.parametrize("name", sorted(PAPERS))
+def test_every_unconfirmed_value_says_so(name):
+    """A value no release file or paper confirms carries UNCONFIRMED on its line, and only those (the rows'
+    `unconfirmed`; rows without the key have none)."""
+    lines = (RECIPES / name).read_text(encoding="utf-8").splitlines()
+    marked = {m.group(1) for line in lines if (m := re.match(r"\s*(\w+):.*#.*UNCONFIRMED", line))}
+    assert marked == PAPERS[name].get("unconfirmed", set())
 
 
 @pytest.mark.parametrize("name", sorted(PAPERS))
@@ -188,7 +227,9 @@ def _dry_run(name, imagenet, tmp_path, **flags):
 def test_the_dry_run_plans_the_papers_run(name, imagenet, tmp_path):
     row = PAPERS[name]
     plan = _dry_run(name, imagenet, tmp_path)
-    if row["fid"] is not None:
+    if row["fid"] is None:
+        assert "the paper states FID" not in plan and f"  recipe      {load_config_file(RECIPES / name)['recipe']['name']}" in plan
+    else:
         assert f"the paper states FID {row['fid']:g} (" in plan and ", not measured here" in plan
     assert f"  batch       global {row['batch']} = 1 rank(s) x micro-batch {row['batch']} x 1" in plan
     length = re.search(r"  length      (.*) -> ([\d,]+) steps \(~([\d.]+) epochs\)", plan)
@@ -201,9 +242,10 @@ def test_the_dry_run_plans_the_papers_run(name, imagenet, tmp_path):
     assert float(length.group(3)) == pytest.approx(row["epochs"], rel=0.01)  # the readers' epochs of ImageNet
     beta = f"betas ({row['betas'][0]:g}, {row['betas'][1]:g})"
     assert f"  optimizer   AdamW, {beta}, eps 1e-08, weight decay 0; " in plan and f"EMA decay {row['ema']:g}" in plan
-    if "final_lr" not in row["extra"]:
+    if "final_lr" not in row["extra"] and "warmup_epochs" not in row["extra"]:
         assert f"  lr          {row['lr']:g}, constant\n" in plan
-    params_gb = {"DiT-DH-XL": "3.1", "DiT-DH-XL/16": "3.1"}.get(row["model"], "2.5")  # fp32 parameters: DiT-DH-XL 839M, the others 675M
+    # fp32 parameters: DiT-DH-XL 839M, DiT-B/4 131M, iMF-B/2 146M and XL/2 711M with their v heads, the others 675M
+    params_gb = row.get("params_gb", {"DiT-DH-XL": "3.1", "DiT-DH-XL/16": "3.1"}.get(row["model"], "2.5"))
     assert f"  GPU memory  (analytic estimate, unmeasured, rank 0) params {params_gb}" in plan
 
 
