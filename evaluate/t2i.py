@@ -13,11 +13,12 @@ are), gathers the per-sample results on rank 0 and names each number with its sa
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -163,11 +164,27 @@ def prepare_records(names: Sequence[str], records: list[PromptRecord], origin: s
 
 # ---- running ------------------------------------------------------------------------------------------------
 
+@contextlib.contextmanager
+def _hf_bars(enabled: bool) -> Iterator[None]:
+    """transformers' and the hub's progress bars (weight loading, downloads) only where ours are shown."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    (hf_logging.enable_progress_bar if enabled else hf_logging.disable_progress_bar)()
+    try:
+        yield
+    finally:
+        (hf_logging.enable_progress_bar if was else hf_logging.disable_progress_bar)()
+
+
 def _build(spec: T2IEvaluator, cfg: Any, device: str) -> Any:
     """Rank 0 builds (and if needed downloads) first, so a missing model is one error on every rank."""
+    def build() -> Any:
+        with _hf_bars(progress_enabled(cfg.quiet)):
+            return spec.build(cfg, device)
     first: list[Any] = []
-    dist.on_rank0(lambda: first.append(spec.build(cfg, device)))
-    return first[0] if first else spec.build(cfg, device)
+    dist.on_rank0(lambda: first.append(build()))
+    return first[0] if first else build()
 
 
 def _score_all(scorer: Any, source: Any, records: list[PromptRecord], batch_size: int, what: str,

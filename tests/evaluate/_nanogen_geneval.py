@@ -181,7 +181,9 @@ def colors_with(model, processor, image, name, objects):
         w = torch.stack(weights, dim=1)
         rgb = image.convert("RGB")
         blank = Image.new("RGB", image.size, color="#999")
-        crops = [Image.composite(rgb, blank, Image.fromarray(mask)).crop(box[:4]) for box, mask in objects]
+        # tuple(): Pillow 13's crop compares the box with a tuple, which a numpy array cannot answer
+        crops = [Image.composite(rgb, blank, Image.fromarray(mask)).crop(tuple(float(v) for v in box[:4]))
+                 for box, mask in objects]
         px = processor(images=crops, return_tensors="pt", input_data_format="channels_last")["pixel_values"]
         f = model.get_image_features(pixel_values=px)
         f = getattr(f, "pooler_output", f)
