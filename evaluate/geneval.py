@@ -18,7 +18,6 @@
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -190,31 +189,3 @@ def attach_metadata(records: list[dict[str, Any]], metadata: Sequence[dict[str, 
             raise UserError(f"GenEval: the metadata of {r['prompt'][:60]!r} is incomplete ({bad}); every include "
                             "and exclude needs class and count")
     return out
-
-
-class GenevalScorer:
-    """GenEval over images: detection (evaluate/geneval_detect.py), filtering and the rules above."""
-
-    def __init__(self, detector: str, clip: str, device: str, opts: Options = Options()):
-        from dit_pipeline.evaluate.clip import load_clip
-        from dit_pipeline.evaluate.geneval_detect import ColorClassifier, load_detector
-
-        self.opts = opts
-        self.detector = load_detector(detector, device)
-        self.colors = ColorClassifier(load_clip(clip, device), opts)
-        self.identity = {"detector": self.detector.identity, "clip": self.colors.clip.identity,
-                         "options": dataclasses.asdict(opts)}
-
-    def score(self, images: np.ndarray, records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-        from PIL import Image
-
-        pils = [Image.fromarray(np.ascontiguousarray(i)) for i in images]
-        out = []
-        for im, rec, found in zip(pils, records, self.detector.detect(pils, self.opts)):
-            kept = filter_detections(found, rec.get("tag", ""), self.opts)
-            ok, reasons = judge(rec, kept, lambda cls, dets, im=im: self.colors(im, cls, dets), self.opts)
-            out.append({"correct": ok, "tag": rec["tag"], "key": metadata_key(rec), "reasons": reasons,
-                        "boxes": {c: [[float(v) for v in d.box] + [d.score] for d in ds] for c, ds in kept.items()}})
-        return out
-
-    summarize = staticmethod(summarize)

@@ -15,14 +15,16 @@
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Sequence
 
 import numpy as np
 import torch
 
 from dit_pipeline.common.errors import UserError
-from dit_pipeline.evaluate.clip import Clip
-from dit_pipeline.evaluate.geneval import COLOR_TEMPLATES, COLORS, Detection, Options
+from dit_pipeline.evaluate.clip import Clip, load_clip
+from dit_pipeline.evaluate.geneval import (COLOR_TEMPLATES, COLORS, Detection, Options, filter_detections, judge,
+                                          metadata_key, summarize)
 
 DEFAULT_DETECTOR = "facebook/mask2former-swin-small-coco-instance"
 DETECTOR_SIZE = {"shortest_edge": 800, "longest_edge": 1333}
@@ -164,3 +166,28 @@ class ColorClassifier:
         feats = self.clip.image_embeds(self.clip.pixels_pil(self.crops(image, dets)))
         logits = self.clip.model.logit_scale.exp() * (feats @ self.weights(cls))
         return [COLORS[int(i)] for i in logits.argmax(dim=1)]
+
+
+class GenevalScorer:
+    """GenEval over images: detection, filtering and the rules (evaluate/geneval.py), colors by CLIP."""
+
+    def __init__(self, detector: str, clip: str, device: str, opts: Options = Options()):
+        self.opts = opts
+        self.detector = load_detector(detector, device)
+        self.colors = ColorClassifier(load_clip(clip, device), opts)
+        self.identity = {"detector": self.detector.identity, "clip": self.colors.clip.identity,
+                         "options": dataclasses.asdict(opts)}
+
+    def score(self, images: np.ndarray, records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        from PIL import Image
+
+        pils = [Image.fromarray(np.ascontiguousarray(i)) for i in images]
+        out = []
+        for im, rec, found in zip(pils, records, self.detector.detect(pils, self.opts)):
+            kept = filter_detections(found, rec.get("tag", ""), self.opts)
+            ok, reasons = judge(rec, kept, lambda cls, dets, im=im: self.colors(im, cls, dets), self.opts)
+            out.append({"correct": ok, "tag": rec["tag"], "key": metadata_key(rec), "reasons": reasons,
+                        "boxes": {c: [[float(v) for v in d.box] + [d.score] for d in ds] for c, ds in kept.items()}})
+        return out
+
+    summarize = staticmethod(summarize)

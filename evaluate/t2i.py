@@ -63,7 +63,7 @@ def _clip_score(cfg: Any, device: str) -> Any:
 
 
 def _geneval(cfg: Any, device: str) -> Any:
-    from dit_pipeline.evaluate.geneval import GenevalScorer
+    from dit_pipeline.evaluate.geneval_detect import GenevalScorer
 
     return GenevalScorer(cfg.detector, cfg.clip, device)
 
