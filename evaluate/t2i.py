@@ -221,7 +221,7 @@ def run_t2i(cfg: Any, source: Any, records: list[PromptRecord], device: str,
         per_sample = _score_all(scorer, source, records, cfg.batch_size, spec.short, cfg.quiet)
         if per_sample is not None:
             n = len(per_sample)
-            results[spec.key] = {"name": f"{spec.short}-{labels.count_label(n)}", "count": n,
+            results[spec.key] = {"name": labels.t2i_metric_name(spec.short, n), "count": n,
                                  **scorer.summarize(per_sample), "protocol": spec.protocol,
                                  "models": getattr(scorer, "identity", None)}
             for row, s in zip(rows, per_sample):

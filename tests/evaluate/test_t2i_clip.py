@@ -6,6 +6,8 @@ score equals NanoGen's computation (End2End-Diffusion/diffusion-bench `src/eval/
 `src/eval/generation.py` lines 171-174 and 51-61: the sum over the samples divided by their count)."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -75,3 +77,23 @@ def test_the_two_conventions_on_known_cosines():
 def test_a_folder_without_clip_is_one_clear_error(tmp_path):
     with pytest.raises(UserError, match=r"--clip .*nothing: cannot load a CLIP model"):
         load_clip(str(tmp_path / "nothing"))
+
+
+@pytest.mark.determinism
+def test_two_ranks_score_every_sample_once_and_as_one_process(clip_dir, tmp_path):
+    """5 samples in batches of 2 over 2 ranks (batches 0 and 2 on rank 0, batch 1 on rank 1): the per-sample
+    cosines gathered on rank 0 equal one process's, bit for bit (the same batches, the same threads)."""
+    from tests._util import run_cli, run_torchrun
+
+    np.savez(tmp_path / "s.npz", arr_0=np.random.default_rng(3).integers(0, 256, (5, 40, 40, 3), dtype=np.uint8))
+    (tmp_path / "p.txt").write_text("a dog\na red cat\ntwo dogs\na kite\nthe blue object\n")
+    args = [tmp_path / "s.npz", "--t2i", "clip-score", "--prompts", tmp_path / "p.txt", "--clip", clip_dir,
+            "--batch-size", "2", "--quiet"]
+    one = run_cli("dit-eval", [*args, "--json", tmp_path / "one.json"], timeout=600)
+    assert one.returncode == 0, one.stderr
+    two = run_torchrun("dit-eval", [*args, "--json", tmp_path / "two.json"], timeout=600)
+    assert two.returncode == 0, two.stderr
+    rows = [[json.loads(x) for x in (tmp_path / f"{n}.samples.jsonl").read_text().splitlines()] for n in ("one", "two")]
+    assert rows[0] == rows[1] and [r["index"] for r in rows[1]] == [0, 1, 2, 3, 4]
+    results = [json.loads((tmp_path / f"{n}.json").read_text())["t2i"]["clip_score"] for n in ("one", "two")]
+    assert results[0]["value"] == results[1]["value"] and results[1]["name"] == "CLIPScore-5"

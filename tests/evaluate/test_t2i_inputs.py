@@ -245,3 +245,10 @@ def test_dpg_and_vqascore_run_through_their_packages(tmp_path, monkeypatch):
     assert asked == [["is there a dog?", "is the cat red?"]] * 2
     rows = [json.loads(line) for line in (tmp_path / "s.npz.eval.samples.jsonl").read_text().splitlines()]
     assert [r["vqascore"]["score"] for r in rows] == [0.25, 0.75]
+
+
+def test_names_carry_the_sample_count():
+    from dit_pipeline.evaluate.labels import t2i_metric_name
+
+    assert [t2i_metric_name(s, n) for s, n in (("CLIPScore", 30_000), ("GenEval", 2212), ("DPG-Bench", 4260))] == \
+        ["CLIPScore-30K", "GenEval-2212", "DPG-Bench-4260"]
