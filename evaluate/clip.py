@@ -76,7 +76,7 @@ class Clip:
             short, long = (h, w) if h <= w else (w, h)
             new_long = int(self.short_edge * long / short)
             nh, nw = (self.short_edge, new_long) if h <= w else (new_long, self.short_edge)
-            arr = np.asarray(im.convert("RGB").resize((nw, nh), resample=Image.BICUBIC, reducing_gap=None))
+            arr = np.asarray(im.convert("RGB").resize((nw, nh), resample=Image.Resampling.BICUBIC, reducing_gap=None))
             ch, cw = self.crop
             top, left = (arr.shape[0] - ch) // 2, (arr.shape[1] - cw) // 2
             arr = arr[max(top, 0):max(top, 0) + ch, max(left, 0):max(left, 0) + cw]

@@ -185,7 +185,10 @@ class GenevalScorer:
         out = []
         for im, rec, found in zip(pils, records, self.detector.detect(pils, self.opts)):
             kept = filter_detections(found, rec.get("tag", ""), self.opts)
-            ok, reasons = judge(rec, kept, lambda cls, dets, im=im: self.colors(im, cls, dets), self.opts)
+
+            def colors_of(cls: str, dets: Sequence[Detection], im: Any = im) -> list[str]:
+                return self.colors(im, cls, dets)
+            ok, reasons = judge(rec, kept, colors_of, self.opts)
             out.append({"correct": ok, "tag": rec["tag"], "key": metadata_key(rec), "reasons": reasons,
                         "boxes": {c: [[float(v) for v in d.box] + [d.score] for d in ds] for c, ds in kept.items()}})
         return out

@@ -118,7 +118,7 @@ def _run(cfg: EvalConfig) -> dict[str, Any]:
                      "label_sampling": samples.label_sampling, "class_counts": samples.class_counts}
         if ref is not None:
             try:
-                numbers = compute_metrics(*sides, device=device)
+                numbers = compute_metrics(sides[0], sides[1], device=device)
             except ValueError as e:
                 raise UserError(f"cannot compute the metrics of {samples.path} against {ref.path}: {e}") from None
             if dino is not None:
