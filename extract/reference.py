@@ -104,8 +104,13 @@ def captioned_reference(folder: str | Path, captions: str | Path, size: int, cro
     """The captioned images of FOLDER, cut, each with one caption (see the module docstring)."""
     root = Path(folder).expanduser()
     files = _image_files(root, "--make-ref")
-    by_file = _match(root, files, read_captions(captions), captions)
+    entries = read_captions(captions)
+    by_file = _match(root, files, entries, captions)
     chosen = [f for f in files if f in by_file]
+    if not chosen:
+        raise UserError(f"--captions {captions}: none of its {len(entries)} captions names an image under {folder} "
+                        f"(of {len(files)}); an image is named by its path relative to the folder, or by its unique "
+                        "file name or stem")
     crops, used, skipped = _decode(root, chosen, size, crop)
     missing = [(key, "named in the captions file but not found under the folder") for key in by_file.get(None, [])]
     records = []

@@ -92,6 +92,14 @@ def test_captioned_reference_picks_one_caption_per_image_by_seed(tmp_path, photo
     assert refs[0].skipped == [("gone.png", "named in the captions file but not found under the folder")]
 
 
+def test_captions_that_name_no_image_are_refused(tmp_path, photos):
+    caps = write_jsonl(tmp_path / "c.jsonl", [{"file": "x/1.png", "caption": "a"}, {"file": "zz", "caption": "b"}])
+    with pytest.raises(UserError) as e:
+        captioned_reference(photos, caps, 16)
+    assert str(e.value) == (f"--captions {caps}: none of its 2 captions names an image under {photos} (of 5); an "
+                            "image is named by its path relative to the folder, or by its unique file name or stem")
+
+
 def test_ambiguous_names_are_refused(tmp_path, photos):
     Image.new("RGB", (20, 20)).save(photos / "b" / "1.png")
     caps = write_jsonl(tmp_path / "c.jsonl", [{"file": "1.png", "caption": "x"}])
@@ -151,6 +159,17 @@ def test_prompts_come_from_the_flag_or_the_samples_record(tmp_path):
     (folder / "samples.json").write_text(json.dumps({"fingerprint": {"format": "dit-pipeline.samples"},
                                                      "prompts": ["p0", "p1"]}))
     assert sample_prompts(open_source(folder, "SAMPLES"), None)[0] == [{"prompt": "p0"}, {"prompt": "p1"}]
+
+
+def test_t2i_needs_the_images(tmp_path):
+    np.savez(tmp_path / "stats.npz", mu=np.zeros(4), sigma=np.eye(4))
+    (tmp_path / "p.txt").write_text("a\n")
+    r = CliRunner().invoke(eval_main, [str(tmp_path / "stats.npz"), "--t2i", "clip-score", "--prompts",
+                                       str(tmp_path / "p.txt"), "--quiet"])
+    assert r.exit_code == 1 and (f"SAMPLES {tmp_path / 'stats.npz'} is a statistics file; the text-to-image "
+                                 "evaluators need the images (.npz or folder)") in r.output
+    r = CliRunner().invoke(eval_main, ["--make-ref", str(tmp_path), "--t2i", "clip-score"])
+    assert r.exit_code == 2 and "--make-ref builds a reference batch; it takes no SAMPLES, --ref or --t2i" in r.output
 
 
 def test_geneval_metadata_by_prompt(tmp_path):
