@@ -40,8 +40,8 @@ from dit_pipeline.extract.pipeline import LoopStats, ShardSink, disk_errors, enc
 from dit_pipeline.extract.state import LOG_DIR, STATE_DIR, ShardState, finished_shard, prepare_output, start_output
 from dit_pipeline.extract.tokenizer import (check_store, deterministic, earlier_revision, latent_shape,
                                             manifest_normalization, resolve_normalization)
-from dit_pipeline.shards import (FORMAT_VERSION, FORMAT_VERSION_PIXELS, MANIFEST_NAME, Manifest, format_version_for,
-                                 verify_shards, write_manifest)
+from dit_pipeline.shards import (FORMAT_VERSION, FORMAT_VERSION_PIXELS, FORMAT_VERSION_TEXT, MANIFEST_NAME, Manifest,
+                                 format_version_for, verify_shards, write_manifest)
 from dit_pipeline.shards.info import human_bytes
 from dit_pipeline.shards import pixels as shard_pixels
 
@@ -82,10 +82,39 @@ def tool_version() -> str:
         return "0+unknown"
 
 
+def find_images(cfg: ExtractConfig) -> ImageList:
+    """The images of --data-path (an ImageFolder tree; with --captions also a flat folder; a folder of
+    WebDataset tars) with their captions' index (--captions), before --limit."""
+    from dataclasses import replace
+
+    from dit_pipeline.extract.captions import SIDECAR, mapping_index, sidecar_index
+    from dit_pipeline.extract.files import scan_flat_folder
+    from dit_pipeline.extract.webdataset import scan_webdataset, tar_files
+
+    root = Path(cfg.data_path).expanduser()
+    if root.is_dir() and tar_files(root):
+        if cfg.captions is not None and cfg.captions != SIDECAR:
+            raise UserError(f"--captions {cfg.captions}: a WebDataset's captions are its samples' .txt / .json "
+                            "members; pass --captions sidecar")
+        images, _, index = scan_webdataset(root, captions=cfg.captions is not None, caption_keys=cfg.keys)
+        return replace(images, captions=index)
+    flat = scan_flat_folder(root) if cfg.captions is not None else None
+    images = flat if flat is not None else scan_image_folder(
+        cfg.data_path, allow_split_names=cfg.allow_split_names, keep_empty_classes=cfg.keep_empty_classes)
+    if cfg.captions is None:
+        return images
+    index = (sidecar_index(images.root, images.paths) if cfg.captions == SIDECAR
+             else mapping_index(cfg.captions, images.paths, cfg.keys))
+    return replace(images, captions=index)
+
+
 def scan_images(cfg: ExtractConfig) -> ImageList:
     """The image list (after --limit), identical on every rank or a UserError."""
-    images = scan_image_folder(cfg.data_path, allow_split_names=cfg.allow_split_names,
-                               keep_empty_classes=cfg.keep_empty_classes).head(cfg.limit)
+    images = find_images(cfg).head(cfg.limit)
+    if images.captions is not None and images.captions.unmatched["count"] and dist.is_main():
+        u = images.captions.unmatched
+        log.warning("--captions: %d caption record(s) name no image of --data-path (counted in the manifest), e.g. "
+                    "%s", u["count"], "; ".join(u["examples"][:3]))
     with dist.peer_guard("comparing the image lists of the ranks", _RANK_LOGS):
         prints = dist.all_gather_object((len(images), images.fingerprint()))
     if len(set(prints)) > 1:
@@ -119,6 +148,11 @@ def extraction_record(cfg: ExtractConfig, images: ImageList, vae_identity: dict,
     }
     if cfg.pixels:  # only then: the record of an extraction without pixels stays what it was
         _add_pixels_record(record)
+    if images.members is not None:  # a WebDataset input: the index follows (tar order, member order)
+        record["input"] = "webdataset"
+    if images.captions is not None:  # only then, as for pixels
+        record["captions"] = dict(images.captions.record)
+        record["format_version"] = FORMAT_VERSION_TEXT
     if vae_identity.get("kind") == "features":  # only then: a VAE set's record stays what it was
         record["vae"] = None
         record["encoder"] = dict(vae_identity)
@@ -236,7 +270,8 @@ def _encode(run: ExtractJob, todo: list[int]):
     log.info("rank %d: %d shard(s) to write (%d images), batch %d, %d decode worker(s), %s on %s",
              dist.rank(), len(todo), sum(len(c) for _, c in chunks), run.batch_size, workers, run.precision,
              run.device)
-    dataset = CropDataset(run.images.root, run.images.paths, cfg.image_size, pixels=cfg.pixels)
+    dataset = CropDataset(run.images.root, run.images.paths, cfg.image_size, pixels=cfg.pixels,
+                          members=run.images.members, captions=run.images.captions)
     loader = make_loader(dataset, chunks, samples_per_shard=run.samples_per_shard, num_workers=workers,
                          pin_memory=run.device.type == "cuda")
     encoder = LatentEncoder(run.vae, device=run.device, precision=run.precision, views=cfg.views,
@@ -252,7 +287,7 @@ def _encode(run: ExtractJob, todo: list[int]):
     # one thread per process that torchrun sets when it starts several ranks.
     with redirect, bar, pinned_threads(run.device, cfg.cpu_threads):
         sink = ShardSink(run.out, run.images, dtype=cfg.dtype, store=cfg.store, strict=cfg.strict, bar=bar,
-                         pixels=cfg.pixels)
+                         pixels=cfg.pixels, captions=run.images.captions is not None)
         try:
             stats = encode_and_write(loader, encoder, sink)
         except torch.OutOfMemoryError as e:
@@ -269,8 +304,16 @@ def _write_manifest(run: ExtractJob, states: dict[int, ShardState]) -> None:
         assert all(s.pixel_bytes is not None for s in shards), "a pixels folder holds only shards with pixels"
         pixels = shard_pixels.pixels_entry(cfg.image_size, sum(s.pixel_bytes for s in shards))
     norm = manifest_normalization(run.norm, run.kept, cfg)
+    captions = None
+    if run.images.captions is not None:
+        from dit_pipeline.extract.captions import captions_record
+
+        assert all(s.captions is not None for s in shards), "a captioned folder holds only shards with captions"
+        captions = captions_record(run.images.captions, [s.captions for s in shards])
     manifest = Manifest(
-        format_version=format_version_for(pixels=cfg.pixels, normalization=norm.is_per_channel),
+        captions=captions,
+        format_version=format_version_for(pixels=cfg.pixels, normalization=norm.is_per_channel,
+                                          text=captions is not None),
         tool_version=tool_version(), extraction=run.record, pixels=pixels, normalization=norm.per_channel,
         revision=run.kept.revision if run.kept is not None else None,
         scaling_factor=float(norm.scaling_factor), shift_factor=norm.shift_factor,
