@@ -416,4 +416,8 @@ def main(cfg: ExtractConfig) -> ExtractSummary:
 
     diffusers_logging.set_verbosity_error()
     with dist.leaving_group():
+        if cfg.text_encoder:  # a shard set's captions -> its text sibling set (extract/text.py)
+            from dit_pipeline.extract.text import run_text_extract
+
+            return run_text_extract(cfg)
         return run_extract(cfg)

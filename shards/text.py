@@ -154,7 +154,9 @@ def length_histogram(lengths: Sequence[int], max_length: int) -> list[int]:
 
 def encode_null(features: np.ndarray, dtype: str) -> dict[str, Any]:
     """The manifest entry of the empty prompt's features [n, D] (stored once, in the set's dtype)."""
-    data = encode_array(np.asarray(features, np.float32).reshape(features.shape[0], -1), dtype)
+    if features.ndim != 2:
+        raise ValueError(f"the empty prompt's features must be [n, D], got {list(features.shape)}")
+    data = encode_array(np.asarray(features, np.float32), dtype)
     raw = decode_raw(data)
     return {"tokens": int(features.shape[0]), "encoding": f"{STORAGE_DTYPES[dtype]}-base64",
             "data": base64.b64encode(raw.tobytes()).decode("ascii")}
