@@ -249,7 +249,7 @@ def load_text_encoder(spec: str, *, max_length: int | None = None, device: torch
     """The text encoder `spec` names (a preset, a hub id, a local folder); UserError for anything unusable.
 
     max_length: tokens per caption (default: the preset's, else the tokenizer's model_max_length when it is a
-    real limit, else 256). dtype: the model's (default: the checkpoint's, transformers' "auto")."""
+    real limit, else a CLIP tower's positions, else 256). dtype: the model's (default: the checkpoint's, transformers' "auto")."""
     source, preset, preset_len = resolve_spec(spec)
     is_local = Path(source).is_dir()
     offline = None if is_local else _hub_offline_reason()
@@ -266,8 +266,8 @@ def load_text_encoder(spec: str, *, max_length: int | None = None, device: torch
                         f"Hugging Face cache or hub; {why}. Pass a local folder saved with save_pretrained, or fill "
                         f"the cache where there is a network (huggingface-cli download {source})") from None
     tokenizer.padding_side = "right"
-    length = int(max_length or preset_len or _tokenizer_limit(tokenizer) or 256)
     limit = getattr(model.config, "max_position_embeddings", None)
+    length = int(max_length or preset_len or _tokenizer_limit(tokenizer) or (limit if family == CLIP else 0) or 256)
     if family == CLIP and limit is not None and length > int(limit):
         raise UserError(f"--text-max-length {length}: {spec} has {limit} positions; use at most {limit}")
     if tokenizer.pad_token is None:
