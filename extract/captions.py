@@ -137,8 +137,9 @@ class CaptionIndex:
         if self.kind == "webdataset":
             from dit_pipeline.extract.webdataset import tar_candidates
 
-            return tar_candidates(self, self.members, entry), (f"its caption members in {rel_path.split('/', 1)[0]}"
-                                                              if entry else "no .txt or .json member")
+            tar = rel_path.split("/", 1)[0]
+            return tar_candidates(self, self.members, entry), (f"its caption in {tar}" if entry
+                                                              else f"no .txt or .json member in {tar}")
         if not entry:
             return [], "no caption file beside it"
         return read_sidecar(os.path.join(root, entry), tuple(self.record["keys"])), f"caption file {entry}"
