@@ -56,7 +56,7 @@ def text_extract(source: Path, encoder: Path, out: Path, **overrides):
     from dit_pipeline.extract import ExtractConfig
     from dit_pipeline.extract.text import run_text_extract
 
-    kw = dict(text_max_length=24, batch_size=5, quiet=True, **overrides)
+    kw = {**dict(text_max_length=24, batch_size=5, quiet=True), **overrides}
     return run_text_extract(ExtractConfig(data_path=str(source), out=str(out), text_encoder=str(encoder), **kw))
 
 
