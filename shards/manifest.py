@@ -359,8 +359,9 @@ def write_manifest(folder: str | Path, manifest: Manifest) -> Path:
 def require_latents(m: Manifest, where: str | Path, what: str) -> Manifest:
     """`m` unless it is a text set (which holds no latents); UserError naming the folder and what to pass."""
     if m.is_text:
-        raise UserError(f"{where} is a text set (text-encoder features of {m.text_encoder.get('name') if m.text else '?'}"
-                        f", no latents); {what} needs a latent shard set (pass the text set beside it, as its sibling)")
+        name = (m.text_encoder or {}).get("name", "?")
+        raise UserError(f"{where} is a text set (text-encoder features of {name}, no latents); {what} needs a latent "
+                        "shard set (pass the text set beside it, as its sibling)")
     return m
 
 

@@ -197,7 +197,8 @@ def text_record_problems(r: Any, latent_shape: Any, dtype: str) -> list[str]:
     enc = r.get("encoder")
     if not isinstance(enc, dict) or enc.get("kind") != "text":
         out.append("text.encoder must be a text encoder's identity (kind 'text')")
-    dim, max_length = r.get("dim"), r.get("max_length")
+    dim: Any = r.get("dim")
+    max_length: Any = r.get("max_length")
     if not (_is_count(dim) and dim > 0) or latent_shape != [dim]:
         out.append(f"text.dim must be a positive integer equal to latent_shape [D], got {dim!r} and {latent_shape!r}")
     if not (_is_count(max_length) and max_length > 0):
@@ -209,7 +210,7 @@ def text_record_problems(r: Any, latent_shape: Any, dtype: str) -> list[str]:
     if not out and not (isinstance(hist, dict) and hist.get("edges") == length_edges(max_length)
                         and isinstance(hist.get("counts"), list) and len(hist["counts"]) == len(hist["edges"]) - 1):
         out.append("text.length_histogram must be {edges: length_edges(max_length), counts}")
-    null = r.get("null")
+    null: Any = r.get("null")
     if not out:
         try:
             decode_null(null, dtype, dim)

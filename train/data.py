@@ -303,7 +303,7 @@ class EpochStream(IterableDataset):
         # Rotate so the DataLoader's first worker serves rank batch start_batch (see module docstring).
         return self.reader((loader_worker + self.start_batch) % workers)
 
-    def _samples(self, slot: int) -> Iterator[Pending | SkippedShard]:
+    def _samples(self, slot: int) -> Iterator[Pending | TextPending | SkippedShard]:
         """Stages 1-3: the slot's samples, each with its view chosen (still in the stored dtype).
 
         Extraction writes shards in sorted image order, so one shard holds a few classes only. The reader
