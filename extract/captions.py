@@ -135,14 +135,22 @@ class CaptionIndex:
             file = self.record["file"]
             return (json.loads(entry), f"its record in {file}") if entry else ([], f"no record in {file}")
         if self.kind == "webdataset":
-            from dit_pipeline.extract.webdataset import tar_candidates
-
             tar = rel_path.split("/", 1)[0]
-            return tar_candidates(self, self.members, entry), (f"its caption in {tar}" if entry
-                                                              else f"no .txt or .json member in {tar}")
+            return self._tar_candidates(entry), (f"its caption in {tar}" if entry else
+                                                 f"no .txt or .json member in {tar}")
         if not entry:
             return [], "no caption file beside it"
         return read_sidecar(os.path.join(root, entry), tuple(self.record["keys"])), f"caption file {entry}"
+
+
+    def _tar_candidates(self, entry: str) -> list[str | bytes | None]:
+        """The raw captions of one tar sample from its caption members (`tar:offset:size:field;...`)."""
+        out: list[str | bytes | None] = []
+        for part in filter(None, entry.split(";")):
+            t, off, size, suffix = part.split(":")
+            data = self.members.read_at(int(t), int(off), int(size))
+            out.extend(parse_caption_member(data, suffix, tuple(self.record["keys"])))
+        return out
 
 
 def read_sidecar(path: str, keys: Sequence[str]) -> list[str | bytes | None]:

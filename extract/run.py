@@ -9,7 +9,6 @@ verify.
 from __future__ import annotations
 
 import contextlib
-import importlib.metadata
 import os
 import time
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ from dit_pipeline.extract.files import ImageList, scan_image_folder
 from dit_pipeline.extract.images import MAX_PIXELS
 from dit_pipeline.extract.loader import CropDataset, make_loader
 from dit_pipeline.extract.pipeline import LoopStats, ShardSink, disk_errors, encode_and_write
+from dit_pipeline.extract.summary import EXTRACT_DIST_TIMEOUT_S, ExtractSummary, tool_version
 from dit_pipeline.extract.state import LOG_DIR, STATE_DIR, ShardState, finished_shard, prepare_output, start_output
 from dit_pipeline.extract.tokenizer import (check_store, deterministic, earlier_revision, latent_shape,
                                             manifest_normalization, resolve_normalization)
@@ -47,7 +47,6 @@ from dit_pipeline.shards import pixels as shard_pixels
 
 log = get_logger()
 _ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4}
-EXTRACT_DIST_TIMEOUT_S = 24 * 3600
 _RANK_LOGS = "OUT/logs/rank*.log"
 _LATENTS_POSTERIOR = "raw VAE posterior (unscaled): model latent = (z - shift_factor) * scaling_factor"
 _LATENTS_DETERMINISTIC = ("raw encoder latent, deterministic (encode(x).latent, no posterior), unscaled: model "
@@ -55,31 +54,6 @@ _LATENTS_DETERMINISTIC = ("raw encoder latent, deterministic (encode(x).latent, 
 
 _LATENTS_FEATURES = ("raw encoder features (extraction.encoder), deterministic, unnormalized: model latent = the "
                      "manifest's normalization of z")
-
-
-@dataclass
-class ExtractSummary:
-    out: str
-    manifest: str
-    images: int              # encoded by this run, all ranks
-    skipped: int             # in the whole shard set
-    total_samples: int       # in the whole shard set
-    shards_written: int
-    shards_kept: int         # finished by an earlier run and kept
-    total_bytes: int
-    wall_s: float
-    fp32_retries: int
-
-    @property
-    def images_per_s(self) -> float:
-        return self.images / self.wall_s if self.wall_s > 0 else 0.0
-
-
-def tool_version() -> str:
-    try:
-        return importlib.metadata.version("dit-pipeline")
-    except importlib.metadata.PackageNotFoundError:
-        return "0+unknown"
 
 
 def find_images(cfg: ExtractConfig) -> ImageList:

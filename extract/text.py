@@ -40,7 +40,8 @@ from dit_pipeline.extract import plan
 from dit_pipeline.extract.captions import shard_digest
 from dit_pipeline.extract.config import ExtractConfig
 from dit_pipeline.extract.pipeline import disk_errors
-from dit_pipeline.extract.state import LOG_DIR, STATE_DIR, ShardState, finished_shard, prepare_output, start_output
+from dit_pipeline.extract.state import LOG_DIR, ShardState, finished_shard, prepare_output, start_output
+from dit_pipeline.extract.summary import EXTRACT_DIST_TIMEOUT_S, ExtractSummary, tool_version
 from dit_pipeline.shards import (FORMAT_VERSION_TEXT, MANIFEST_NAME, Manifest, ShardWriter, iter_shard, read_manifest,
                                  sample_key, shard_name, verify_shards, write_manifest)
 from dit_pipeline.shards.info import human_bytes
@@ -229,7 +230,7 @@ def _write_manifest(job: TextJob, states: dict[int, ShardState]) -> None:
     ordered = [states[i] for i in sorted(states)]
     src = job.source
     manifest = Manifest(
-        format_version=FORMAT_VERSION_TEXT, tool_version=_tool_version(), extraction=job.record,
+        format_version=FORMAT_VERSION_TEXT, tool_version=tool_version(), extraction=job.record,
         scaling_factor=1.0, shift_factor=None, image_size=src.image_size, views=src.views, store="text",
         dtype=job.dtype, latent_shape=[job.encoder.dim], class_names=list(src.class_names),
         num_classes=src.num_classes, total_samples=sum(s.record.samples for s in ordered),
@@ -245,17 +246,9 @@ def _write_manifest(job: TextJob, states: dict[int, ShardState]) -> None:
                         "to redo the damaged shards.")
 
 
-def _tool_version() -> str:
-    from dit_pipeline.extract.run import tool_version
-
-    return tool_version()
-
-
 def run_text_extract(cfg: ExtractConfig):
     """Encode the captions of the shard set `cfg.data_path` with `cfg.text_encoder` into the text set `cfg.out`
     (one process, or every rank of a torchrun job); returns an ExtractSummary (images = samples)."""
-    from dit_pipeline.extract.run import EXTRACT_DIST_TIMEOUT_S, ExtractSummary
-
     cfg.validate()
     check_writable_dir(cfg.out, f"--out {cfg.out}")
     dist.init(timeout_s=float(os.environ.get("DIT_DIST_TIMEOUT", EXTRACT_DIST_TIMEOUT_S)))

@@ -173,13 +173,3 @@ def scan_webdataset(root: str | Path, *, captions: bool, caption_keys: tuple[str
                   "sha256": images.fingerprint(), "note": "the tars' caption members (.txt, .json)"}
         index = CaptionIndex("webdataset", record, blob, offsets, unmatched, members=members)
     return images, members, index
-
-
-def tar_candidates(index: CaptionIndex, members: TarMembers, entry: str) -> list[str | bytes | None]:
-    """The raw captions of one sample from its caption members (`t:offset:size:field;...`)."""
-    out: list[str | bytes | None] = []
-    for part in filter(None, entry.split(";")):
-        t, off, size, suffix = part.split(":")
-        data = members.read_at(int(t), int(off), int(size))
-        out.extend(parse_caption_member(data, suffix, tuple(index.record["keys"])))
-    return out
