@@ -340,17 +340,24 @@ class EpochStream(IterableDataset):
 
     def _text_fields(self, items: list[TextPending], in_worker: bool
                      ) -> tuple[torch.Tensor | None, torch.Tensor | None, list[str] | None]:
-        """(text [B, L, D] float32, text_mask [B, L], captions) of a micro-batch's drawn captions."""
-        from dit_pipeline.common.text_encoders import pad_batch
-        from dit_pipeline.shards.npy import widen
+        """(text [B, L, D] float32 zero past each caption's length, text_mask [B, L], captions) of a micro-batch's
+        drawn captions; the stored values are widened straight into the batch (in shared memory in a worker)."""
+        from dit_pipeline.shards.npy import widen_into
 
         text = mask = None
         if self.text is not None:
             m = self.text[1]
-            rows = [widen(it.text, m.dtype) for it in items if it.text is not None]
+            rows = [it.text for it in items if it.text is not None]
             lmax = max((r.shape[0] for r in rows), default=0)
-            out = shared_empty((len(rows), lmax, m.latent_shape[0])) if in_worker else None
-            text, mask = pad_batch(rows, m.latent_shape[0], out=out)
+            shape = (len(rows), lmax, m.latent_shape[0])
+            text = shared_empty(shape) if in_worker else torch.empty(shape)
+            mask = torch.zeros(shape[:2], dtype=torch.bool)
+            out = text.numpy()
+            for i, r in enumerate(rows):
+                n = r.shape[0]
+                widen_into(out[i, :n], r, m.dtype)
+                out[i, n:] = 0
+                mask[i, :n] = True
         caps = [it.caption for it in items if it.caption is not None] if self.captions else None
         return text, mask, caps
 
