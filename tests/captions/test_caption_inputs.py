@@ -197,3 +197,47 @@ def test_webdataset_labels_and_refusals(tmp_path, tiny_vae_dir):
         scan_webdataset(two, captions=True, caption_keys=("caption",))
     assert str(e.value) == (f"--data-path {two / 'a.tar'}: key 'k0' has 2 images (jpg, png); fix the tar (nothing "
                             "was written)")
+
+
+def test_an_interrupted_captioned_extraction_resumes_to_the_same_set(tmp_path, tiny_vae_dir, monkeypatch):
+    """A failure in the middle of shard 1 (a full disk, in this process), then the same command: the finished
+    shard is kept, and the shards and the manifest's captions record and skipped list are those of one run."""
+    import hashlib
+
+    from dit_pipeline.common.errors import UserError as Refused
+
+    tree = make_image_tree(tmp_path / "images", counts=(3, 2, 4))
+    paths = sorted(p.relative_to(tree).as_posix() for p in tree.rglob("*.JPEG"))
+    lines = [{"path": p, "captions": [f"image {i}", "  " if i % 2 else f"a photo {i}"]}
+             for i, p in enumerate(paths) if i != 4]
+    (tmp_path / "caps.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    kw = dict(captions=str(tmp_path / "caps.jsonl"))
+    _extract(tree, tiny_vae_dir, tmp_path / "straight", **kw)
+    monkeypatch.setenv("DIT_FAULT", "extract.sample_written@6:enospc")
+    with pytest.raises(Refused):
+        _extract(tree, tiny_vae_dir, tmp_path / "resumed", **kw)
+    monkeypatch.delenv("DIT_FAULT")
+    assert not (tmp_path / "resumed" / "manifest.json").exists()
+    summary = _extract(tree, tiny_vae_dir, tmp_path / "resumed", **kw)
+    assert (summary.shards_kept, summary.shards_written) == (1, 2)
+
+    def digest(folder):
+        return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.glob("shard-*.tar"))}
+
+    a, b = read_manifest(tmp_path / "straight"), read_manifest(tmp_path / "resumed")
+    assert digest(tmp_path / "straight") == digest(tmp_path / "resumed")
+    assert a.captions == b.captions and a.skipped == b.skipped and a.fingerprint() == b.fingerprint()
+    assert (a.captions["captions"], a.captions["dropped_empty"], a.captions["uncaptioned"]) == (12, 4, 1)
+
+
+def test_plain_webdataset_reads_the_caption_and_text_members(captioned_set, qwen3_text_set):
+    """docs/FORMAT.md: `webdataset.WebDataset(url).decode()` reads the new members with no code of ours."""
+    import numpy as np
+    import webdataset as wds
+
+    url = str(captioned_set / "shard-000000.tar")
+    first = next(iter(wds.WebDataset(url, shardshuffle=False).decode()))
+    assert first["captions.json"] == _stored(captioned_set)["000000000"][1]
+    text = next(iter(wds.WebDataset(str(qwen3_text_set / "shard-000000.tar"), shardshuffle=False).decode()))
+    assert text["lengths.npy"].dtype == np.int32 and text["text.npy"].dtype == np.uint16  # bfloat16 bits
+    assert text["text.npy"].shape == (int(text["lengths.npy"].sum()), 32)
