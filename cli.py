@@ -302,6 +302,8 @@ def extract_main(debug: bool, **options: Any) -> None:
       dit-extract --data-path imagenet/train --out shards/in1k-256
       torchrun --nproc-per-node 8 $(which dit-extract) --data-path imagenet/train --out shards/in1k-256
       dit-extract --data-path imagenet/train --out /tmp/trial --limit 512    # a quick trial
+      dit-extract --data-path imagenet/train --out shards/in1k-cap --captions recaptions.jsonl
+      dit-extract --data-path shards/in1k-cap --out shards/in1k-qwen3 --text-encoder qwen3-0.6b
     """
     from dit_pipeline import extract
 

@@ -74,8 +74,9 @@ def test_cached_features_are_the_online_features(captioned_set, qwen3_text_set, 
             for j, (k, i, c) in enumerate(chunk):
                 cached = torch.from_numpy(widen(stored[k].caption(i), "bfloat16"))
                 assert torch.equal(cached, online.trimmed(j).float())  # bit for bit
-                alone = enc.encode([c]).trimmed(0).float()
-                assert_close_at_scale(alone, cached, rel=2 ** -6, what=f"{k} caption {i} alone")
+                if start == 0:  # the first batch's captions, one at a time
+                    alone = enc.encode([c]).trimmed(0).float()
+                    assert_close_at_scale(alone, cached, rel=2 ** -6, what=f"{k} caption {i} alone")
 
 
 @pytest.mark.parametrize("which, null_tokens", [("t5", 1), ("clip", 2)])
