@@ -68,7 +68,8 @@ def test_version_4_manifest_rules(qwen3_text_set, captioned_set):
         "text, store 'text': format version 4 only, but format_version is 1"]
     assert manifest_problems({**text, "captions": latent["captions"]}) == ["a text set has no captions"]
     assert manifest_problems({**text, "latent_shape": [4, 4, 4]}) == [
-        "latent_shape of a text set must be [D] (the feature width), got [4, 4, 4]"]
+        "latent_shape of a text set must be [D] (the feature width), got [4, 4, 4]",
+        "text.dim must be a positive integer equal to latent_shape [D], got 32 and [4, 4, 4]"]
     assert manifest_problems({**latent, "text": text["text"]}) == [
         "a text record belongs to a text set (store 'text')"]
     broken = {**text, "text": {**text["text"], "null": {"tokens": 3, "data": "AAAA"}}}
