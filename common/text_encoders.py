@@ -318,5 +318,20 @@ def identity_problems(recorded: dict[str, Any], encoder: TextEncoder) -> list[st
     return out
 
 
-__all__ = ["PRESETS", "TextEncoder", "TextFeatures", "TextPreset", "identity_problems", "load_text_encoder",
-           "pad_batch", "pad_to", "resolve_spec"]
+def from_identity(identity: dict[str, Any], *, device: torch.device | str = "cpu", where: str = "the text set"
+                  ) -> TextEncoder:
+    """The encoder a recorded identity names (a text set's `Manifest.text_encoder`, a checkpoint's record), with
+    its max length and dtype, for online encoding that must match cached features; UserError listing every
+    difference when what loads is not that encoder (other weights, tokenizer, width, dtype...)."""
+    enc = load_text_encoder(identity["name"], max_length=int(identity["max_length"]), device=device,
+                            dtype=identity.get("dtype"), revision=identity.get("revision") if not identity.get(
+                                "weights_sha256") else None)
+    problems = identity_problems(identity, enc)
+    if problems:
+        raise UserError(f"the text encoder of {where} ({identity['name']}) loads as another encoder now: "
+                        + "; ".join(problems) + ". Encode with the recorded one, or extract the text set again")
+    return enc
+
+
+__all__ = ["PRESETS", "TextEncoder", "TextFeatures", "TextPreset", "from_identity", "identity_problems",
+           "load_text_encoder", "pad_batch", "pad_to", "resolve_spec"]

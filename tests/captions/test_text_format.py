@@ -81,13 +81,18 @@ def test_identity_problems_and_a_resume_with_another_encoder(captioned_set, qwen
     import shutil
 
     from dit_pipeline.common.errors import UserError
-    from dit_pipeline.common.text_encoders import identity_problems, load_text_encoder
+    from dit_pipeline.common.text_encoders import from_identity, identity_problems, load_text_encoder
     from tests.captions.conftest import text_extract
 
     recorded = read_manifest(qwen3_text_set).text_encoder
     assert identity_problems(recorded, load_text_encoder(str(tiny_qwen3), max_length=24)) == []
     assert identity_problems(recorded, load_text_encoder(str(tiny_qwen3), max_length=16)) == [
         "max_length: 24 recorded, 16 now"]
+    assert from_identity(recorded).identity == recorded  # the online encoder of a text set
+    with pytest.raises(UserError) as e:
+        from_identity({**recorded, "dim": 64}, where="--text shards/t")
+    assert str(e.value) == (f"the text encoder of --text shards/t ({tiny_qwen3}) loads as another encoder now: dim: 64 "
+                            "recorded, 32 now. Encode with the recorded one, or extract the text set again")
     folder = tmp_path / "text"
     shutil.copytree(qwen3_text_set, folder)
     with pytest.raises(UserError) as e:
