@@ -10,7 +10,8 @@ from dit_pipeline.shards.format import (FORMAT_VERSION, FORMAT_VERSION_NORMALIZA
 from dit_pipeline.shards.manifest import (Manifest, ShardRecord, format_version_for, read_manifest, scale_latents,
                                           write_manifest)
 from dit_pipeline.shards.pixels import decode_pixels, encode_pixels, view_pixels
-from dit_pipeline.shards.reader import LatentSample, iter_shard, iter_text_shard
+from dit_pipeline.shards.reader import LatentSample, iter_shard
+from dit_pipeline.shards.text_reader import iter_text_shard
 from dit_pipeline.shards.text import TextSample
 from dit_pipeline.shards.verify import VerifyReport, quick_check, verify_shards
 from dit_pipeline.shards.writer import ShardWriter

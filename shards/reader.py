@@ -40,7 +40,7 @@ from dit_pipeline.shards.manifest import Manifest, ShardRecord
 from dit_pipeline.shards.npy import all_finite, decode_raw, widen
 from dit_pipeline.shards.pixels import pixels_filter, pixels_value
 from dit_pipeline.shards.tario import TarProblem, TarReader
-from dit_pipeline.shards.text import TEXT_FIELDS, TextSample, check_text_sample, decode_captions
+from dit_pipeline.shards.text import TEXT_FIELDS, decode_captions
 
 _DTYPE_OF_STORAGE = {v: k for k, v in STORAGE_DTYPES.items()}
 _LATENT_STORES = {k: v for k, v in STORES.items() if k != TEXT_STORE}
@@ -279,46 +279,6 @@ def iter_shard(url: str, manifest: Manifest | None = None, *, with_meta: bool = 
     want = pixels_filter(url, expect.pixels if expect is not None else None, pixels)
     yield from _stream(url, record, sha256, want, lambda reader, hasher: shard_stages(
         url, expect, record, reader, hasher, with_meta=with_meta, raw=raw, pixels=pixels, captions=captions))
-
-
-def iter_text_shard(url: str, manifest: Manifest, *, record: ShardRecord | None = None,
-                    sha256: str | None = None) -> Generator[TextSample, None, None]:
-    """Stream the samples of one shard of a text set (shards/text.py): per sample its captions' token counts and
-    stored features, checked against the manifest (fields, dtype, width, lengths within the encoder's max length,
-    finite values) and, like `iter_shard`, against the shard's record (keys, count, optionally sha256)."""
-    url = str(url)
-    if not manifest.is_text:
-        raise ShardError(url, None, "not a shard of a text set (its manifest has store "
-                         f"{manifest.store!r}); read it with shards.iter_shard")
-    expect = Expect.from_manifest(manifest)
-    record = record if record is not None else _record_of(url, manifest)
-
-    def stages(reader: TarReader, hasher: Any) -> list[Stage]:
-        out: list[Stage] = []
-        if record is not None:
-            out.append(lambda items: in_record_keys(items, url, record))
-        out.append(lambda items: checked_text(items, url, expect))
-        if record is not None:
-            out.append(lambda items: counted(items, url, record))
-            if hasher is not None:
-                out.append(lambda items: hash_checked(items, url, record, reader, hasher))
-        return out
-
-    yield from _stream(url, record, sha256, None, stages)
-
-
-def checked_text(items: Iterator[tuple[str, dict]], url: str, expect: Expect) -> Iterator[TextSample]:
-    """Stage: each text sample checked (fields, dtype, shape, lengths, finite values)."""
-    assert expect.max_length is not None
-    for key, fields in items:
-        try:
-            sample = check_text_sample(key, fields, dtype=expect.dtype, dim=expect.shape[0],
-                                       max_length=expect.max_length)
-        except ValueError as e:
-            raise ShardError(url, key, str(e)) from None
-        if not all_finite(sample.text):
-            raise ShardError(url, key, "text.npy holds NaN or Inf")
-        yield sample
 
 
 def _stream(url: str, record: ShardRecord | None, sha256: str | None, want: Callable[[str], bool] | None,
