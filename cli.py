@@ -25,7 +25,7 @@ from dit_pipeline.cli_kit import (CONTEXT, DashCommand, DashGroup, GroupedComman
 from dit_pipeline.common.precision import PRECISIONS, PRECISIONS_AUTO
 from dit_pipeline.evaluate.config import EvalConfig
 from dit_pipeline.extract.config import (CPU_DEFAULT_BATCH, DTYPES, GPU_DEFAULT_BATCH, MAX_AUTO_WORKERS, STORES,
-                                          ExtractConfig)
+                                         TEXT_DTYPES, ExtractConfig)
 from dit_pipeline.sample.config import (CFG_CHANNELS, DIFFUSION_FORMS, EXPORT_TARGETS, FLOW_CONVENTIONS, OBJECTIVES,
                                          SAMPLERS, WEIGHTS, ExportConfig, SampleConfig)
 from dit_pipeline.sample.plan import LABEL_SAMPLINGS
@@ -207,8 +207,27 @@ def sample_export_cmd(debug: bool, **options: Any) -> None:
 
 @click.command("dit-extract", cls=DashCommand, context_settings=CONTEXT)
 @version_option
-@click.option("--data-path", required=True, help="ImageFolder tree: one sub-folder per class (e.g. imagenet/train).")
+@click.option("--data-path", required=True, help="ImageFolder tree: one sub-folder per class (e.g. imagenet/train); "
+              "with --captions also a flat image folder or a folder of WebDataset tars (image + .txt/.json); with "
+              "--text-encoder a shard set with captions.")
 @click.option("--out", required=True, help="Folder for the shards, manifest.json and logs/ (rerun to resume).")
+@click.option("--captions", default=None, metavar="FILE|sidecar",
+              help="Store each image's captions: a JSONL/JSON/CSV/TSV file mapping image paths (relative to "
+              "--data-path) to one or more captions, or 'sidecar' (a .txt/.json beside each image; a WebDataset "
+              "tar's .txt/.json members). Format version 4; README 'Captions and text features'.")
+@click.option("--caption-keys", default=default(ExtractConfig, "caption_keys"), show_default=True,
+              help="The JSON keys / CSV columns that hold captions (a string or a list each), in order, e.g. "
+              "long_caption,short_caption (all kept, one drawn per sample and epoch at training time).")
+@click.option("--text-encoder", default=None, metavar="NAME|FOLDER",
+              help="Encode the captions of the shard set in --data-path into a text sibling set in --out: "
+              "qwen3-0.6b (NanoGen's), flan-t5-xl, t5-v1_1-xxl, clip-l, a hub id or a save_pretrained folder.")
+@click.option("--text-max-length", type=int, default=None,
+              help="Tokens per caption, longer ones truncated and counted [default: the encoder's: 256 for "
+              "qwen3-0.6b, 120 for T5, 77 for CLIP].")
+@click.option("--text-dtype", type=click.Choice(TEXT_DTYPES), default=default(ExtractConfig, "text_dtype"),
+              show_default=True, help="Storage of the text features: auto = the encoder's 16-bit dtype (exact), "
+              "else float16 (its error is measured and recorded in the manifest).")
+@click.option("--text-revision", default=None, help="Hub revision (branch, tag or commit) of --text-encoder.")
 @click.option("--vae", default=default(ExtractConfig, "vae"), show_default=True,
               help="Hub id, local diffusers folder, or single .safetensors/.ckpt file.")
 @click.option("--vae-config", default=None, help="For a single-file --vae: a folder with its diffusers "
@@ -288,6 +307,8 @@ def extract_main(debug: bool, **options: Any) -> None:
       dit-extract --data-path imagenet/train --out shards/in1k-256
       torchrun --nproc-per-node 8 $(which dit-extract) --data-path imagenet/train --out shards/in1k-256
       dit-extract --data-path imagenet/train --out /tmp/trial --limit 512    # a quick trial
+      dit-extract --data-path imagenet/train --out shards/in1k-cap --captions recaptions.jsonl
+      dit-extract --data-path shards/in1k-cap --out shards/in1k-qwen3 --text-encoder qwen3-0.6b
     """
     from dit_pipeline import extract
 
