@@ -11,7 +11,8 @@ An `ObjectiveSpec` says, for one objective name (dit.formats.OBJECTIVES):
 - `conditions`: the model's time input (dit/conditions.py) the objective needs;
 - `samplers`, `default_sampler`, `grid_sampler`, `fid_sampler`: the sampler names that can sample such a model
   (dit-sample refuses the others), the one dit-sample uses when none is given, and those of the trainer's periodic
-  grids and FID.
+  grids and FID; `default_steps`: the steps of dit-sample and the FID hook when none are given (a one-step
+  model's: 1).
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ class ObjectiveSpec:
     grid_sampler: str
     fid_sampler: str
     learn_sigma: bool = False  # the network's second half of channels learns the variance (DiT's ddpm)
+    default_steps: int = 250  # dit-sample's and the FID hook's steps when none are given (one-step models: 1)
 
 
 def _ddpm(settings: Mapping[str, Any]) -> Any:
@@ -79,9 +81,9 @@ SPECS: dict[str, ObjectiveSpec] = {
     "flow": ObjectiveSpec("flow", _flow, lambda s: {"time_shift": float(s.get("time_shift", 1.0))}, "t",
                           FLOW_SAMPLERS, "euler-maruyama", "euler", "euler"),
     "meanflow": ObjectiveSpec("meanflow", _meanflow("meanflow"), _mf_record, "meanflow", MEANFLOW_SAMPLERS,
-                              "meanflow", "meanflow", "meanflow"),
+                              "meanflow", "meanflow", "meanflow", default_steps=1),
     "imf": ObjectiveSpec("imf", _meanflow("imf"), _mf_record, "imf", MEANFLOW_SAMPLERS, "meanflow", "meanflow",
-                         "meanflow"),
+                         "meanflow", default_steps=1),
 }
 assert tuple(SPECS) == OBJECTIVES, "dit.formats.OBJECTIVES names the registry's objectives, in order"
 
