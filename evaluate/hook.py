@@ -73,8 +73,9 @@ class FidSettings(DecodeSettings):
     fid_cfg_scale: float | None = setting(None, "Guidance scale of the FID samples", group=GRIDS,
                                           shown="the protocol's; else 1.5")
     protocol: str | None = setting(
-        None, "Sample the FID images as a release does (dit-sample --protocol: its grid, solver, guidance rule, "
-        "image conversion; README 'Sampling protocols'); --fid-steps and --fid-cfg-scale change its values",
+        None, "Sample the FID images as a release does (as dit-sample's protocol: its grid, solver, guidance rule, "
+        "image conversion; README 'Sampling protocols'); the FID steps and guidance scale, when given, change its "
+        "values",
         group=GRIDS, choices=tuple(n for n, p in PROTOCOLS.items() if p.guidance.rule != "autoguidance"),
         shown="none: the objective's FID sampler")
     fid_batch_size: int = setting(32, "FID samples per GPU and batch", group=GRIDS)

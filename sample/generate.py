@@ -204,7 +204,8 @@ def protocol_loop(p: protocols.Protocol, *, latent_shape: tuple[int, ...], recor
     if p.solver in MEANFLOW_SAMPLERS:  # the mean-flow models' time: t = 1 noise
         return MeanFlowLoop(p.count, interval=p.guidance.interval or (0.0, 1.0), grid=[1.0 - t for t in times])
     return FlowLoop(p.solver, p.count, diffusion_form=p.diffusion_form, diffusion_norm=p.diffusion_norm,
-                    convention=convention, grid=tuple(times), mean_last=p.grid.append is not None)
+                    convention=convention, time_shift=p.grid.resolve_shift(latent_shape, recorded_shift),
+                    grid=tuple(times), mean_last=p.grid.append is not None)
 
 
 def protocol_model_fn(p: protocols.Protocol, model: nn.Module, *, objective: str, convention: str = "sit",

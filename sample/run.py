@@ -206,12 +206,12 @@ def _with_sampler(cfg: SampleConfig, objective: str) -> tuple[SampleConfig, str 
                      f"them, guidance {p.guidance.rule} {scale:g}, images by its '{p.conversion}' conversion; read "
                      f"from {p.sources[0].split(' ')[0]})")
     notes = []
-    if cfg.sampler is None:
-        cfg = dataclasses.replace(cfg, sampler=DEFAULT_SAMPLERS[objective])
-        notes.append(f"--sampler not given: {cfg.sampler}, the default for {objective} models")
     if cfg.steps is None:
         cfg = dataclasses.replace(cfg, steps=DEFAULT_STEPS[objective])
         notes.append(f"--steps not given: {cfg.steps}, the default for {objective} models")
+    if cfg.sampler is None:
+        cfg = dataclasses.replace(cfg, sampler=DEFAULT_SAMPLERS[objective])
+        notes.insert(0, f"--sampler not given: {cfg.sampler}, the default for {objective} models ({cfg.steps} steps)")
     if cfg.cfg_scale is None:
         cfg = dataclasses.replace(cfg, cfg_scale=DEFAULT_CFG_SCALE)
     return cfg, "; ".join(notes) or None
