@@ -138,7 +138,7 @@ def release_record(info: Mapping[str, Any]) -> tuple[dict[str, Any] | None, dict
 
 
 def _ddt_keys(state_dict: Mapping[str, Any]) -> bool:
-    return any(k.startswith("denoiser.") for k in state_dict)
+    return any(k.startswith(("denoiser.", "ema_denoiser.")) for k in state_dict)
 
 
 def _ddt_weights(state_dict: Mapping[str, torch.Tensor], path: Path,

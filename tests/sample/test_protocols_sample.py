@@ -21,12 +21,26 @@ from dit_pipeline.dit.family import create_model
 from dit_pipeline.dit.meanflow import time_input
 from dit_pipeline.sample import SampleConfig, run_sampling
 from dit_pipeline.sample.plan import noise_generators
-from tests.dit.test_families import build
+from tests.dit.test_families import TINY
 from tests.features._tiny import make_tiny_decoder
 from tests.sample.conftest import random_dit
 from tests.sample.test_repa_sample import repa_sampler
 
 SD_LATENT = {"scaling_factor": 0.5, "shift_factor": None}
+
+
+def tiny(family: str, seed: int, std: float = 0.05, **over):
+    """A tiny random network of `family` (tests/dit/test_families.py's sizes), every trained tensor perturbed by
+    N(0, std): small enough that the sampled latents stay O(1), so float32 rounding of a release's grid stays float32
+    noise in them (at 0.2 the random network amplifies a 1e-8 change of one time by 1e5)."""
+    torch.manual_seed(seed)
+    model = create_model(**{**TINY[family], "num_classes": 5, **over})
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(std * torch.randn(p.shape, generator=g))
+    return model.eval()
 
 
 def own_checkpoint(path, model, *, objective="flow", convention=None, latent=None):
@@ -50,8 +64,10 @@ def sample(tmp_path, name, ckpt, vae, *, n=3, seed=5, **kw):
 
 
 def noise_of(seed, n, shape):
+    """The initial noise dit-sample draws for samples 0..n-1 of `seed`, and their generators, which then give the
+    SDE samplers' step noise in order (sample/plan.py)."""
     gens = noise_generators(seed, range(n))
-    return torch.stack([torch.randn(shape, generator=g) for g in gens]), noise_generators(seed, range(n))
+    return torch.stack([torch.randn(shape, generator=g) for g in gens]), gens
 
 
 def same_pixels(got, want):
@@ -100,7 +116,7 @@ def sit_release(net, noise, y, gens, *, num_steps, cfg):
 
 
 def test_sit(tmp_path, tiny_vae_dir, sd_vae):
-    net = random_dit(61, learn_sigma=True)
+    net = random_dit(61, learn_sigma=True, std=0.05)
     ckpt = own_checkpoint(tmp_path / "sit.pt", net)
     got, y, record = sample(tmp_path, "sit", ckpt, tiny_vae_dir, steps=40)
     noise, gens = noise_of(5, 3, (4, 4, 4))
@@ -112,7 +128,7 @@ def test_sit(tmp_path, tiny_vae_dir, sd_vae):
 # ---- REPA ----------------------------------------------------------------------------------------------------------
 
 def test_repa(tmp_path, tiny_vae_dir, sd_vae):
-    net = random_dit(62, learn_sigma=False)
+    net = random_dit(62, learn_sigma=False, std=0.05)
     ckpt = own_checkpoint(tmp_path / "repa.pt", net, convention="repa")
     got, y, record = sample(tmp_path, "repa", ckpt, tiny_vae_dir, steps=30)
     noise, gens = noise_of(5, 3, (4, 4, 4))
@@ -146,7 +162,7 @@ def lightningdit_release(net, noise, y, *, num_steps, cfg, start=0.125, a=0.3):
 
 
 def test_lightningdit(tmp_path, tiny_vae_dir, sd_vae):
-    net = build("LightningDiT", seed=4)
+    net = tiny("LightningDiT", seed=4)
     ckpt = own_checkpoint(tmp_path / "ldit.pt", net)
     got, y, record = sample(tmp_path, "lightningdit", ckpt, tiny_vae_dir, steps=60)
     noise, _ = noise_of(5, 3, (4, 8, 8))
@@ -185,7 +201,7 @@ def ddt_release(net, noise, y, *, num_steps, cfg, refresh=1, low=0.3, high=1.0, 
 
 @pytest.mark.parametrize("refresh", [1, 2])
 def test_ddt(tmp_path, tiny_vae_dir, sd_vae, refresh):
-    net = build("DDT", seed=5)
+    net = tiny("DDT", seed=5)
     ckpt = own_checkpoint(tmp_path / "ddt.pt", net)
     got, y, record = sample(tmp_path, "ddt", ckpt, tiny_vae_dir, steps=10, encoder_refresh=refresh)
     noise, _ = noise_of(5, 3, (4, 8, 8))
@@ -202,7 +218,7 @@ def test_ddts_encoder_sharing_keeps_the_doubled_batch_and_its_steps():
     from dit_pipeline.dit import protocols
     from dit_pipeline.sample.generate import protocol_loop, protocol_model_fn, sample_latents
 
-    net = build("DDT", seed=5)
+    net = tiny("DDT", seed=5)
     p = protocols.protocol("ddt").with_overrides(count=10)
     reuse = dit.reuse.EncoderReuse(net, 2)
     fn = protocol_model_fn(p, reuse, objective="flow", doubled=True)
@@ -263,7 +279,7 @@ def rae_pixels(decoder, latents):
 
 def test_rae(tmp_path, rae_decoder):
     path, decoder = rae_decoder
-    net = build("DiT-DH", seed=6)
+    net = tiny("DiT-DH", seed=6)
     ckpt = own_checkpoint(tmp_path / "rae.pt", net, convention="repa", latent={"scaling_factor": 1.0,
                                                                                 "shift_factor": None})
     got, y, record = sample(tmp_path, "rae", ckpt, f"{path},{path.parent / 'config.json'}", n=2)
@@ -285,7 +301,7 @@ def test_rae(tmp_path, rae_decoder):
 
 def test_rae_autoguidance(tmp_path, rae_decoder, monkeypatch):
     path, decoder = rae_decoder
-    net, weak = build("DiT-DH", seed=6), build("DiT-DH", seed=7, depth=1)
+    net, weak = tiny("DiT-DH", seed=6), tiny("DiT-DH", seed=7, depth=1)
     latent = {"scaling_factor": 1.0, "shift_factor": None}
     ckpt = own_checkpoint(tmp_path / "rae.pt", net, convention="repa", latent=latent)
     guide = own_checkpoint(tmp_path / "rae-s.pt", weak, convention="repa", latent=latent)
@@ -316,8 +332,8 @@ def test_rae_autoguidance(tmp_path, rae_decoder, monkeypatch):
 def test_guidance_model_must_match(tmp_path, rae_decoder):
     path, _ = rae_decoder
     latent = {"scaling_factor": 1.0, "shift_factor": None}
-    ckpt = own_checkpoint(tmp_path / "rae.pt", build("DiT-DH", seed=6), convention="repa", latent=latent)
-    other = own_checkpoint(tmp_path / "sit.pt", build("DiT-DH", seed=7, depth=1), latent=latent)  # SiT's time
+    ckpt = own_checkpoint(tmp_path / "rae.pt", tiny("DiT-DH", seed=6), convention="repa", latent=latent)
+    other = own_checkpoint(tmp_path / "sit.pt", tiny("DiT-DH", seed=7, depth=1), latent=latent)  # SiT's time
     with pytest.raises(UserError, match=r"--guidance-model .*sit.pt: sit's time convention \(the model: repa's\); "
                                         r"AutoGuidance needs a weaker network of the same latents, classes and time"):
         sample(tmp_path, "rae-ag", ckpt, f"{path},{path.parent / 'config.json'}", n=2, guidance_model=str(other))
