@@ -182,3 +182,18 @@ def test_every_row_names_its_release_files_and_resolves():
     assert over.guidance.ends == "()" and PROTOCOLS["ddt"].with_overrides(count=250).overrides == ()
     with pytest.raises(ValueError, match="unknown sampling protocol 'adm'; choose one of: dit, sit, repa"):
         protocols.protocol("adm")
+
+
+def test_the_cost_of_raes_autoguidance():
+    """README 'Sampling protocols': per step and sample, one DiT-DH-XL and one DiT-DH-S forward (RAE's _AG guidance
+    model: hidden [384, 2048], depth [12, 2], heads [6, 16]), 1.30 DiT-DH-XL forwards in multiply-accumulates; CFG
+    takes 2, and the release's AutoGuidance, both networks on its doubled batch, 2.60."""
+    from dit_pipeline import dit
+    from dit_pipeline.dit.family import create_model
+
+    with torch.device("meta"):
+        xl, s = (create_model(n, input_size=16, in_channels=768, num_classes=1000) for n in ("DiT-DH-XL", "DiT-DH-S"))
+    assert (s.config["hidden_size"], s.config["depth"], s.config["head_hidden_size"], s.config["head_depth"],
+            s.num_heads, s.config["head_num_heads"]) == (384, 12, 2048, 2, 6, 16)
+    ratio = dit.forward_macs(s.config) / dit.forward_macs(xl.config)
+    assert round(1 + ratio, 2) == 1.30 and round(2 * (1 + ratio), 2) == 2.60

@@ -29,6 +29,15 @@ from tests.sample.test_repa_sample import repa_sampler
 SD_LATENT = {"scaling_factor": 0.5, "shift_factor": None}
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny networks: one intra-op thread is several times faster on the shared 2-core machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def tiny(family: str, seed: int, std: float = 0.05, **over):
     """A tiny random network of `family` (tests/dit/test_families.py's sizes), every trained tensor perturbed by
     N(0, std): small enough that the sampled latents stay O(1), so float32 rounding of a release's grid stays float32
@@ -118,11 +127,11 @@ def sit_release(net, noise, y, gens, *, num_steps, cfg):
 def test_sit(tmp_path, tiny_vae_dir, sd_vae):
     net = random_dit(61, learn_sigma=True, std=0.05)
     ckpt = own_checkpoint(tmp_path / "sit.pt", net)
-    got, y, record = sample(tmp_path, "sit", ckpt, tiny_vae_dir, steps=40)
+    got, y, record = sample(tmp_path, "sit", ckpt, tiny_vae_dir)  # SiT's 250 steps
     noise, gens = noise_of(5, 3, (4, 4, 4))
-    want = dit_pixels(decode(sd_vae, sit_release(net, noise, y, gens, num_steps=40, cfg=1.5)))
+    want = dit_pixels(decode(sd_vae, sit_release(net, noise, y, gens, num_steps=250, cfg=1.5)))
     same_pixels(got, want)
-    assert record["fingerprint"]["protocol"] == "sit" and record["protocol"]["overrides"] == ["steps 40"]
+    assert record["fingerprint"]["protocol"] == "sit" and record["protocol"]["overrides"] == []
 
 
 # ---- REPA ----------------------------------------------------------------------------------------------------------
@@ -130,9 +139,9 @@ def test_sit(tmp_path, tiny_vae_dir, sd_vae):
 def test_repa(tmp_path, tiny_vae_dir, sd_vae):
     net = random_dit(62, learn_sigma=False, std=0.05)
     ckpt = own_checkpoint(tmp_path / "repa.pt", net, convention="repa")
-    got, y, record = sample(tmp_path, "repa", ckpt, tiny_vae_dir, steps=30)
+    got, y, record = sample(tmp_path, "repa", ckpt, tiny_vae_dir)  # REPA's 250
     noise, gens = noise_of(5, 3, (4, 4, 4))
-    latents = repa_sampler(net, noise, y, gens, steps=30, cfg=1.8, low=0.0, high=0.7)  # samplers.py l.105-183
+    latents = repa_sampler(net, noise, y, gens, steps=250, cfg=1.8, low=0.0, high=0.7)  # samplers.py l.105-183
     images = decode(sd_vae, latents)
     # sihyun-yu/REPA generate.py l.151-154: (x + 1) / 2, clamp(255 x, 0, 255), truncated
     want = torch.clamp(255.0 * ((images + 1) / 2.0), 0, 255).permute(0, 2, 3, 1).to(torch.uint8).numpy().astype(int)
@@ -164,9 +173,9 @@ def lightningdit_release(net, noise, y, *, num_steps, cfg, start=0.125, a=0.3):
 def test_lightningdit(tmp_path, tiny_vae_dir, sd_vae):
     net = tiny("LightningDiT", seed=4)
     ckpt = own_checkpoint(tmp_path / "ldit.pt", net)
-    got, y, record = sample(tmp_path, "lightningdit", ckpt, tiny_vae_dir, steps=60)
+    got, y, record = sample(tmp_path, "lightningdit", ckpt, tiny_vae_dir)  # its 250 points
     noise, _ = noise_of(5, 3, (4, 8, 8))
-    want = dit_pixels(decode(sd_vae, lightningdit_release(net, noise, y, num_steps=60, cfg=6.7)))
+    want = dit_pixels(decode(sd_vae, lightningdit_release(net, noise, y, num_steps=250, cfg=6.7)))
     same_pixels(got, want)
     assert record["fingerprint"]["cfg_channels"] == "3" and record["protocol"]["guidance"]["ends"] == "[]"
 
@@ -199,13 +208,13 @@ def ddt_release(net, noise, y, *, num_steps, cfg, refresh=1, low=0.3, high=1.0, 
     return x
 
 
-@pytest.mark.parametrize("refresh", [1, 2])
-def test_ddt(tmp_path, tiny_vae_dir, sd_vae, refresh):
+@pytest.mark.parametrize("refresh,steps", [(1, 250), (2, 10)])
+def test_ddt(tmp_path, tiny_vae_dir, sd_vae, refresh, steps):
     net = tiny("DDT", seed=5)
     ckpt = own_checkpoint(tmp_path / "ddt.pt", net)
-    got, y, record = sample(tmp_path, "ddt", ckpt, tiny_vae_dir, steps=10, encoder_refresh=refresh)
+    got, y, record = sample(tmp_path, "ddt", ckpt, tiny_vae_dir, steps=steps, encoder_refresh=refresh)
     noise, _ = noise_of(5, 3, (4, 8, 8))
-    images = decode(sd_vae, ddt_release(net, noise, y, num_steps=10, cfg=2.0, refresh=refresh))
+    images = decode(sd_vae, ddt_release(net, noise, y, num_steps=steps, cfg=2.0, refresh=refresh))
     # DDT src/models/vae.py l.78-80 fp2uint8: clip((x + 1) 127.5 + 0.5, 0, 255) truncated
     want = torch.clip((images + 1) * 127.5 + 0.5, 0, 255).permute(0, 2, 3, 1).to(torch.uint8).numpy().astype(int)
     same_pixels(got, want)
@@ -316,6 +325,12 @@ def test_rae_autoguidance(tmp_path, rae_decoder, monkeypatch):
     assert record["fingerprint"]["guidance_model_sha256"] and record["guidance_model"]["model_config"]["depth"] == 1
     unguided = rae_release(net, noise, y)
     assert (unguided - want).abs().max() > 1e-2  # the weaker network matters
+    # without --protocol: AutoGuidance on the flags' own grid
+    run_sampling(SampleConfig(ckpt=str(ckpt), vae=vae, guidance_model=str(guide), cfg_scale=1.42, sampler="euler",
+                              steps=5, num_samples=2, quiet=True, npz=str(tmp_path / "custom.npz")))
+    custom = json.loads((tmp_path / "custom.npz.json").read_text())["protocol"]
+    assert (custom["name"], custom["guidance"]["rule"], custom["guidance"]["guide_model"]) == (
+        "custom", "autoguidance", "rae-s.pt")
     # the cost: two network evaluations per step and sample (one of each network), no null-label pass
     from dit_pipeline.dit import protocols
     from dit_pipeline.sample.generate import protocol_model_fn
