@@ -87,6 +87,8 @@ CONVERSIONS: dict[str, Conversion] = {c.name: c for c in (
     Conversion("ddt", "[-1, 1]", ddt_uint8, "MCG-NJU/DDT src/models/vae.py l.78-80"),
     Conversion("repa", "[-1, 1]", repa_uint8, "sihyun-yu/REPA generate.py l.151-154"),
     Conversion("rae", "[0, 1]", unit_uint8, "bytetriper/RAE src/sample_ddp.py l.276-277"),
+    # NanoGen decodes to [0, 1] ((x + 1) / 2 for a VAE, src/stage1/vae.py l.239), then RAE's arithmetic
+    Conversion("nanogen", "[0, 1]", unit_uint8, "End2End-Diffusion/diffusion-bench src/eval/generation.py l.167-168"),
 )}
 
 

@@ -94,7 +94,8 @@ class FidSettings(DecodeSettings):
         "test (README 'Trying FID without the Inception weights'); the numbers are not FID", group=GRIDS,
         shown="off")
 
-    def fid_problems(self) -> list[str]:
+    def fid_problems(self, objective: str | None = None) -> list[str]:
+        """Every problem of the FID settings (`objective`: the run's, which a --protocol's solver must sample)."""
         p: list[str] = []
         if self.fid_every is None:
             if self.fid_ref:
@@ -118,6 +119,10 @@ class FidSettings(DecodeSettings):
                      "load; sample it with dit-sample --protocol " + self.protocol + " --guidance-model FILE")
         elif self.protocol is not None and self.protocol not in PROTOCOLS:
             p.append(f"--protocol must be one of {', '.join(PROTOCOLS)}, got {self.protocol!r}")
+        elif self.protocol is not None and objective in SPECS and \
+                PROTOCOLS[self.protocol].solver not in SPECS[objective].samplers:
+            p.append(f"--protocol {self.protocol} samples with {PROTOCOLS[self.protocol].solver}, which does not sample "
+                     f"a {objective} model; choose the protocol of a {objective} release")
         return p + choice(self, "fid_labels", plan.LABEL_SAMPLINGS)
 
 

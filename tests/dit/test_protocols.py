@@ -148,11 +148,15 @@ def test_the_image_conversions_are_the_releases():
     assert torch.equal(conv["dit"](x), dit) and torch.equal(conv["ddt"](x), ddt)
     assert torch.equal(conv["repa"](x), repa) and torch.equal(conv["rae"](x, unit=unit), rae)
     assert torch.equal(conv["rae"](x), rae)  # without the decoder's own [0, 1] images: (x + 1) / 2
+    # End2End-Diffusion/diffusion-bench src/stage1/vae.py l.239 ((x + 1) / 2).clamp(0, 1), src/eval/generation.py
+    # l.167-168 .clamp(0, 1), .mul(255), .to(uint8)
+    nanogen = hwc(((x + 1.0) / 2.0).clamp(0, 1).clamp(0, 1).mul(255)).to(torch.uint8)
+    assert torch.equal(conv["nanogen"](x), nanogen)
     # the measured difference: truncating 255 u is DiT's rounding one level lower for about half the values
     differs = (rae.int() - dit.int()).abs()
     assert differs.max() == 1 and 0.3 < (differs == 1).float().mean() < 0.7
     assert {p.conversion for p in PROTOCOLS.values()} <= set(conv)
-    with pytest.raises(ValueError, match="unknown image conversion 'x'; choose one of: dit, ddt, repa, rae"):
+    with pytest.raises(ValueError, match="unknown image conversion 'x'; choose one of: dit, ddt, repa, rae, nanogen"):
         protocols.conversion("x")
 
 
