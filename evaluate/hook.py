@@ -41,10 +41,7 @@ from dit_pipeline.evaluate.labels import metric_names
 from dit_pipeline.evaluate.metrics import NEIGHBOURHOOD_K
 from dit_pipeline.evaluate.run import Side, compute_metrics, fd_dinov2
 from dit_pipeline.sample import plan
-from dit_pipeline.dit import protocols
-from dit_pipeline.dit.objectives import SPECS
-from dit_pipeline.dit.protocols import PROTOCOLS
-from dit_pipeline.sample.config import FID_SAMPLER, FLOW_SAMPLERS
+from dit_pipeline.sample.config import FID_SAMPLER, FLOW_SAMPLERS, PROTOCOLS, SPECS, protocols
 from dit_pipeline.sample.generate import generate_images, protocol_loop, protocol_model_fn, resolve_cfg_channels
 from dit_pipeline.sample.grid import GRIDS, DecodeSettings, run_time_shift
 
