@@ -19,6 +19,7 @@ if os.path.basename(sys.argv[0]) == "dit-train":
 
 import click  # noqa: E402
 
+from dit_pipeline.shards.pixels import ENCODINGS as PIXEL_ENCODINGS
 from dit_pipeline.cli_kit import (CONTEXT, DashCommand, DashGroup, GroupedCommand, config_options,  # noqa: E402,F401
                                   debug_option, default, handle_errors, version_option)
 from dit_pipeline.common.precision import PRECISIONS, PRECISIONS_AUTO
@@ -228,7 +229,8 @@ def sample_export_cmd(debug: bool, **options: Any) -> None:
 @click.option("--encoder", default=None, metavar="NAME|FILE",
               help="A feature encoder instead of the VAE (RAE): dinov2-b-reg (RAE's DINOv2-B with registers), "
               "dinov2-b, dinov3-l (RAEv2), a timm model name, a JSON encoder file or a weight file; stores its "
-              "patch tokens [C, 16, 16] as the latent (README 'Feature spaces (RAE)').")
+              "patch tokens [C, 16, 16] as the latent (README 'Feature spaces (RAE)'); or pixels: the crops "
+              "themselves are the latents, no VAE (README 'Pixel space').")
 @click.option("--encoder-weights", default=None, metavar="FILE",
               help="Offline weights (a timm state_dict) for --encoder; without it timm downloads them.")
 @click.option("--encoder-layers", type=int, default=None, metavar="K",
@@ -256,6 +258,9 @@ def sample_export_cmd(debug: bool, **options: Any) -> None:
 @click.option("--pixels/--no-pixels", default=default(ExtractConfig, "pixels"), show_default=True,
               help="Also store each crop exactly as the VAE encoded it (8-bit RGB, lossless; view 1 is its mirror), "
               "for a teacher that sees the pixels (REPA). Format version 2; see docs/FORMAT.md.")
+@click.option("--pixel-encoding", type=click.Choice(PIXEL_ENCODINGS), default=default(ExtractConfig, "pixel_encoding"),
+              show_default=True, help="How the crops are stored (--pixels, --encoder pixels): lossless WebP, or "
+              "npy-uint8, uncompressed, 1.7x the bytes for 5x the crops a loader core decodes (BENCHMARKS.md).")
 @click.option("--precision", type=click.Choice(PRECISIONS_AUTO), default=default(ExtractConfig, "precision"),
               show_default=True, help="Encoder autocast (auto: fp16 on GPU, fp32 on CPU; see BENCHMARKS.md).")
 @click.option("--batch-size", type=int, default=None,

@@ -27,7 +27,7 @@ from torch import nn
 from .conditions import add_conditions, check_time_input, conditions_of, embed_time
 from .layers import choose_blocks
 
-FAMILY_MODULES = ("models", "lightningdit", "ddt", "ditdh")  # imported on first use of the registry
+FAMILY_MODULES = ("models", "lightningdit", "ddt", "ditdh", "jit")  # imported on first use of the registry
 DEFAULT_FAMILY = "DiT"  # a model_config without "family" (every file before families existed)
 
 

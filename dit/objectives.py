@@ -51,7 +51,24 @@ def _flow(settings: Mapping[str, Any]) -> Any:
         raise ValueError("--time-shift auto is resolved against the shard set first (resolve_time_shift)")
     return create_flow(str(settings.get("t_sampling", "uniform")), float(settings.get("t_mean", 0.0)),
                        float(settings.get("t_scale", 1.0)), time_shift=float(shift),
-                       cosine_loss=bool(settings.get("cosine_loss", False)))
+                       cosine_loss=bool(settings.get("cosine_loss", False)),
+                       prediction=str(settings.get("prediction", "v")), t_eps=float(settings.get("t_eps", 0.05)))
+
+
+def _flow_record(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """A flow model's record: its training shift, and (x-prediction only, so a velocity model's record is what it
+    always was) `prediction`, which every sampler converts the network's output through (dit.flow)."""
+    from .flow import make_prediction
+
+    out: dict[str, Any] = {"time_shift": float(settings.get("time_shift", 1.0))}
+    pred = make_prediction(str(settings.get("prediction", "v")), float(settings.get("t_eps", 0.05))).record()
+    if pred is not None:
+        out["prediction"] = pred
+    used = {k: settings.get(k) for k in ("lpips", "pdino") if settings.get(k)}
+    if used:  # PixelGen's perceptual terms (common/perceptual.py): a resume must add the same ones
+        out["perceptual"] = {**used, **{k: float(settings[k]) for k in ("lpips_weight", "pdino_weight",
+                                                                           "percep_t_thresh") if k in settings}}
+    return out
 
 
 # The MeanFlow settings as TrainConfig names them (its --mf-* options) -> MeanFlow's arguments
@@ -78,7 +95,7 @@ MEANFLOW_SAMPLERS = ("meanflow",)
 
 SPECS: dict[str, ObjectiveSpec] = {
     "ddpm": ObjectiveSpec("ddpm", _ddpm, lambda s: {}, "t", DDPM_SAMPLERS, "ddpm", "ddim", "ddpm", True),
-    "flow": ObjectiveSpec("flow", _flow, lambda s: {"time_shift": float(s.get("time_shift", 1.0))}, "t",
+    "flow": ObjectiveSpec("flow", _flow, _flow_record, "t",
                           FLOW_SAMPLERS, "euler-maruyama", "euler", "euler"),
     "meanflow": ObjectiveSpec("meanflow", _meanflow("meanflow"), _mf_record, "meanflow", MEANFLOW_SAMPLERS,
                               "meanflow", "meanflow", "meanflow", default_steps=1),

@@ -94,6 +94,8 @@ def load_dit_weights(path: str | Path, prefer: str = "ema", hints: dict[str, Any
             info["flow_convention"] = sidecar["flow_convention"]
         if isinstance(sidecar.get("time_shift"), (int, float)):
             info["time_shift"] = float(sidecar["time_shift"])
+        if sidecar.get("prediction") is not None:
+            info["prediction"] = sidecar["prediction"]
     state_dict = _strip_prefixes(state_dict, path)
     state_dict = _read_repa_format(state_dict, info, where)
     info["path"] = str(path)
@@ -164,7 +166,8 @@ def sidecar_path(path: str | Path) -> Path:
 
 
 def make_sidecar(model_config: dict[str, Any], latent: dict[str, Any] | None, step: int | None,
-                 objective: str | None = None, time_shift: float | None = None) -> dict[str, Any]:
+                 objective: str | None = None, time_shift: float | None = None,
+                 prediction: dict[str, Any] | None = None) -> dict[str, Any]:
     """The sidecar content (JSON-compatible) for a bare state_dict of a model with `model_config` (DiT.config);
     `objective` ("ddpm" or "flow") is added when given (readers treat a sidecar without it as ddpm), and a flow
     model's `time_shift` (dit/shift.py; readers treat a sidecar without it as 1, no shift)."""
@@ -174,6 +177,8 @@ def make_sidecar(model_config: dict[str, Any], latent: dict[str, Any] | None, st
         side["objective"] = objective
     if time_shift is not None:
         side["time_shift"] = float(time_shift)
+    if prediction is not None:  # an x-predicting flow model (dit.flow.CleanPrediction); absent: velocity
+        side["prediction"] = dict(prediction)
     return side
 
 
@@ -302,6 +307,11 @@ def _read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, An
                 info["time_shift"] = float(metadata["time_shift"])
             except ValueError:
                 raise WeightsError(f"{path}: metadata 'time_shift' is not a number") from None
+        if metadata.get("prediction"):
+            try:
+                info["prediction"] = json.loads(metadata["prediction"])
+            except json.JSONDecodeError:
+                raise WeightsError(f"{path}: metadata 'prediction' is not valid JSON") from None
     elif metadata.get("format") == "dit-pipeline.weights":
         info["objective"] = "ddpm"  # our exports before the key existed
     if "model_config" in metadata:

@@ -43,7 +43,7 @@ from dit_pipeline.evaluate.run import Side, compute_metrics, fd_dinov2
 from dit_pipeline.sample import plan
 from dit_pipeline.sample.config import FID_SAMPLER, FLOW_SAMPLERS, PROTOCOLS, SPECS, protocols
 from dit_pipeline.sample.generate import generate_images, protocol_loop, protocol_model_fn, resolve_cfg_channels
-from dit_pipeline.sample.grid import GRIDS, DecodeSettings, run_time_shift
+from dit_pipeline.sample.grid import GRIDS, DecodeSettings, run_prediction, run_time_shift
 
 DEFAULT_FID_CFG_SCALE = 1.5  # the FID setting of DiT-XL/2's 2.27
 
@@ -205,7 +205,8 @@ class FidHook:
         shape = (int(ctx.model_config["in_channels"]), int(ctx.model_config["input_size"]),
                  int(ctx.model_config["input_size"]))
         diffusion = protocol_loop(proto, latent_shape=shape, recorded_shift=run_time_shift(ctx.config),
-                                  convention=convention, learn_sigma=bool(model.learn_sigma))
+                                  convention=convention, learn_sigma=bool(model.learn_sigma),
+                                  prediction=run_prediction(ctx.config))  # the run's
         model_fn = protocol_model_fn(proto, model, objective=self.objective, convention=convention)
         cfg_scale, channels = proto.guidance.scale, proto.guidance.channels
         labels = plan.class_labels(num_samples=self.num_samples, seed=self.seed, num_classes=ctx.num_classes,

@@ -188,6 +188,8 @@ def export_safetensors(state_dict: dict[str, torch.Tensor], info: dict[str, Any]
         metadata["flow_convention"] = "repa"  # REPA's time (dit.flow): lost, the file would sample wrongly
     if metadata["objective"] == "flow" and info.get("time_shift") not in (None, 1.0):
         metadata["time_shift"] = repr(float(info["time_shift"]))  # the shift it samples with (dit/shift.py)
+    if metadata["objective"] == "flow" and info.get("prediction") is not None:
+        metadata["prediction"] = json.dumps(info["prediction"], sort_keys=True)  # x-prediction (dit.flow)
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = output.parent / f"{TMP_PREFIX}{output.name}.{os.getpid()}"
     try:

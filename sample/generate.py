@@ -171,14 +171,17 @@ class FlowLoop:
     time_shift: float = 1.0  # SD3's shift of the time grid toward noise (dit/shift.py)
     grid: tuple[float, ...] | None = None  # a protocol's times (dit/protocols.py), in place of the four above
     mean_last: bool = True  # euler-maruyama on `grid`: its last interval is the noise-free Mean step
+    prediction: dict[str, Any] | None = None  # what the network predicts, as recorded (dit.flow; None: velocity)
 
     def __call__(self, fn: Callable, noise: torch.Tensor, labels: torch.Tensor,
                  generators: Sequence[torch.Generator]) -> torch.Tensor:
-        return dit.create_flow().sample_loop(fn, noise, sampler=self.sampler, steps=self.steps,
-                                             model_kwargs={"y": labels}, generator=list(generators),
-                                             diffusion_form=self.diffusion_form, diffusion_norm=self.diffusion_norm,
-                                             last_step_size=self.last_step_size, convention=self.convention,
-                                             time_shift=self.time_shift, grid=self.grid, mean_last=self.mean_last)
+        pred = dit.flow.prediction_from_record(self.prediction)
+        flow = dit.create_flow(prediction=pred.name, t_eps=pred.t_eps or dit.flow.T_EPS)
+        return flow.sample_loop(fn, noise, sampler=self.sampler, steps=self.steps, model_kwargs={"y": labels},
+                                generator=list(generators), diffusion_form=self.diffusion_form,
+                                diffusion_norm=self.diffusion_norm, last_step_size=self.last_step_size,
+                                convention=self.convention, time_shift=self.time_shift, grid=self.grid,
+                                mean_last=self.mean_last)
 
 
 def make_diffusion(sampler: str, steps: int, learn_sigma: bool = True, **flow_options):
@@ -193,10 +196,11 @@ def make_diffusion(sampler: str, steps: int, learn_sigma: bool = True, **flow_op
 
 
 def protocol_loop(p: protocols.Protocol, *, latent_shape: tuple[int, ...], recorded_shift: float | None = None,
-                  convention: str = "sit", learn_sigma: bool = True):
+                  convention: str = "sit", learn_sigma: bool = True, prediction: dict[str, Any] | None = None):
     """The sampling loop a protocol describes (dit/protocols.py): its solver on its time grid for a model of this
     latent shape (`recorded_shift`: the checkpoint's training shift, for grids that use it; `convention`: the
-    network's time, dit.flow); DDPM and DDIM respaced to its count."""
+    network's time, dit.flow; `prediction`: what a flow network predicts, as recorded, the objective converting it
+    to a velocity); DDPM and DDIM respaced to its count."""
     if p.solver in ("ddpm", "ddim"):
         return make_diffusion(p.solver, p.count, learn_sigma=learn_sigma)
     times = p.times(latent_shape, recorded_shift)
@@ -205,7 +209,7 @@ def protocol_loop(p: protocols.Protocol, *, latent_shape: tuple[int, ...], recor
         return MeanFlowLoop(p.count, interval=p.guidance.interval or (0.0, 1.0), grid=[1.0 - t for t in times])
     return FlowLoop(p.solver, p.count, diffusion_form=p.diffusion_form, diffusion_norm=p.diffusion_norm,
                     convention=convention, time_shift=p.grid.resolve_shift(latent_shape, recorded_shift),
-                    grid=tuple(times), mean_last=p.grid.append is not None)
+                    grid=tuple(times), mean_last=p.grid.append is not None, prediction=prediction)
 
 
 def protocol_model_fn(p: protocols.Protocol, model: nn.Module, *, objective: str, convention: str = "sit",

@@ -362,6 +362,8 @@ def _optional_settings(cfg: SampleConfig, loaded: LoadedModel) -> dict[str, Any]
         out["time_shift"] = float(cfg.time_shift)  # type: ignore[arg-type]
     if cfg.encoder_refresh > 1:
         out["encoder_refresh"] = cfg.encoder_refresh
+    if cfg.sampler in FLOW_SAMPLERS and loaded.info.get("prediction") is not None:
+        out["prediction"] = loaded.info["prediction"]  # x-prediction: the conversion decides the pixels
     return out
 
 
@@ -428,7 +430,7 @@ def _sample_batches(cfg: SampleConfig, loaded: LoadedModel, vae, store: PartStor
     convention = loaded.info.get("flow_convention", "sit")
     diffusion = protocol_loop(proto, latent_shape=_latent_shape(loaded), recorded_shift=cfg.time_shift
                               if cfg.protocol is None else loaded.info.get("time_shift"), convention=convention,
-                              learn_sigma=bool(loaded.config["learn_sigma"]))
+                              learn_sigma=bool(loaded.config["learn_sigma"]), prediction=loaded.info.get("prediction"))
     try:
         model_fn = protocol_model_fn(proto, model, objective=loaded.info["objective"], convention=convention,
                                      in_channels=int(loaded.config["in_channels"]),

@@ -19,7 +19,7 @@ from dit_pipeline.common.errors import ConfigError, UserError, collect
 from dit_pipeline.common.io import missing_file
 from dit_pipeline.common.precision import PRECISIONS_AUTO as PRECISIONS
 from dit_pipeline.common.settings import choice, flag_name, non_negative, positive, setting
-from dit_pipeline.dit.flow import T_SAMPLINGS
+from dit_pipeline.dit.flow import PREDICTIONS, T_EPS, T_SAMPLINGS
 from dit_pipeline.dit.formats import OBJECTIVES
 from dit_pipeline.evaluate.hook import FidSettings
 from dit_pipeline.sample.grid import GRIDS, GridSettings
@@ -38,7 +38,7 @@ LENGTH, OPTIM, SPEED, CKPT = "Length and batch", "Optimisation", "Speed and memo
 _PRESETS = "the family's: off for DiT, as its release for the others"
 MODEL_OPTIONS = ("qk_norm", "rms_norm", "swiglu", "rope", "wo_shift")  # block switches, passed only when given
 ARCH_OVERRIDES = ("depth", "hidden_size", "num_heads", "patch_size", "encoder_depth", "head_depth", "head_hidden_size",
-                  "head_num_heads")
+                  "head_num_heads", "bottleneck_dim", "in_context_len", "in_context_start")
 GROUPS = (DATA, MODEL, OBJECTIVE, REPA, LENGTH, OPTIM, GUARD, SPEED, CKPT, GRIDS)  # the order of dit-train --help
 
 
@@ -80,6 +80,9 @@ class TrainConfig(GuardSettings, RepaSettings, FidSettings, GridSettings):
     head_depth: int | None = setting(None, "DiT-DH: blocks of its head", group=MODEL)
     head_hidden_size: int | None = setting(None, "DiT-DH: width of its head", group=MODEL)
     head_num_heads: int | None = setting(None, "DiT-DH: attention heads of its head", group=MODEL)
+    bottleneck_dim: int | None = setting(None, "JiT: width of its bottleneck patch embedding", group=MODEL)
+    in_context_len: int | None = setting(None, "JiT: in-context class tokens", group=MODEL)
+    in_context_start: int | None = setting(None, "JiT: the block before which the class tokens join", group=MODEL)
     class_dropout_prob: float = setting(0.1, "Label dropout for classifier-free guidance", group=MODEL)
     # block options (dit/blocks.py, dit/lightningdit.py); None: the family's own (off for DiT, LightningDiT's release)
     qk_norm: bool | None = setting(None, "RMSNorm on attention queries and keys", group=MODEL, shown=_PRESETS)
@@ -105,6 +108,22 @@ class TrainConfig(GuardSettings, RepaSettings, FidSettings, GridSettings):
     time_shift_base: int = setting(4096, "The latent size whose shift is 1 for --time-shift auto", group=OBJECTIVE)
     cosine_loss: bool = setting(False, "Add LightningDiT's cosine-direction term 1 - cos(v_pred, v) over the "
                                 "channels to the flow loss (logged as cos)", group=OBJECTIVE)
+    prediction: str = setting("v", "flow: what the network predicts, v (the velocity) or x (the clean image, converted "
+                              "to a velocity as JiT and NanoGen do: (x_pred - x_t) / max(1 - t, --t-eps)); recorded, "
+                              "and every sampler converts through it (README 'Pixel space')", group=OBJECTIVE,
+                              choices=PREDICTIONS)
+    t_eps: float = setting(T_EPS, "--prediction x: the smallest noise level 1 - t the conversion divides by",
+                           group=OBJECTIVE)
+    # PixelGen's perceptual losses on the predicted clean image (common/perceptual.py; README "Pixel space")
+    lpips: str | None = setting(None, "--prediction x: add LPIPS of the predicted image, networks from VGG16_FILE,"
+                                "LIN_FILE (torchvision's vgg16 weights, the lpips package's v0.1 vgg.pth)",
+                                group=OBJECTIVE)
+    lpips_weight: float = setting(0.1, "Weight of the LPIPS term (PixelGen: 0.1)", group=OBJECTIVE)
+    pdino: str | None = setting(None, "--prediction x: add the DINOv2 feature distance of the predicted image, the "
+                                "DINOv2 weights as --repa takes them (PixelGen: dinov2_vitb14_reg)", group=OBJECTIVE)
+    pdino_weight: float = setting(0.01, "Weight of the DINOv2 feature term (PixelGen: 0.01)", group=OBJECTIVE)
+    percep_t_thresh: float = setting(0.7, "The perceptual terms count only where the noise level 1 - t is below this "
+                                     "(PixelGen: 0.7)", group=OBJECTIVE)
     # MeanFlow and iMF (dit/meanflow.py; README "One-step generation"): the releases' defaults
     mf_t_mean: float = setting(-0.4, "meanflow/imf: logit-normal location of t and r (t = 1 noise)", group=OBJECTIVE)
     mf_t_scale: float = setting(1.0, "meanflow/imf: logit-normal scale of t and r", group=OBJECTIVE)
@@ -279,7 +298,24 @@ class TrainConfig(GuardSettings, RepaSettings, FidSettings, GridSettings):
         elif self.objective == "ddpm" and (shift != 1.0 or self.cosine_loss):
             p.append("--time-shift and --cosine-loss act on the flow objective: add --objective flow")
         p += positive(self, "time_shift_base")
-        return p + self._meanflow_problems()
+        return p + self._prediction_problems() + self._meanflow_problems()
+
+    def _prediction_problems(self) -> list[str]:
+        p = choice(self, "prediction", PREDICTIONS)
+        if not p and self.prediction != "v" and self.objective != "flow":
+            p.append(f"--prediction {self.prediction} acts on the flow objective (the network predicts the clean "
+                     "image, converted to a velocity): add --objective flow")
+        if not 0 < self.t_eps < 1:
+            p.append(f"--t-eps must be in (0, 1), got {self.t_eps}")
+        if (self.lpips or self.pdino) and (self.objective != "flow" or self.prediction != "x"):
+            p.append("--lpips and --pdino compare the predicted clean image with the true one: add --objective flow "
+                     "--prediction x")
+        if not 0 < self.percep_t_thresh <= 1:
+            p.append(f"--percep-t-thresh must be in (0, 1], got {self.percep_t_thresh}")
+        for name in ("lpips_weight", "pdino_weight"):
+            if not getattr(self, name) >= 0:
+                p.append(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
+        return p
 
     def _meanflow_problems(self) -> list[str]:
         from dit_pipeline.dit.meanflow import JVP_ATTENTION

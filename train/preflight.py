@@ -296,7 +296,9 @@ def objective_line(cfg: TrainConfig, mc: dict[str, Any] | None = None) -> str:
         implied = f"as --model {cfg.model} implies; " if implied_objective(cfg.model) == "flow" else ""
         shift = f", shifted by {cfg.time_shift:.4g} toward noise" if cfg.time_shift != 1.0 else ""
         loss = "; loss mse + cos (cosine direction)" if cfg.cosine_loss else ""
-        what = f"flow ({implied}linear interpolant, velocity prediction; training times {times}{shift}{loss})"
+        pred = ("velocity prediction" if cfg.prediction == "v" else
+                f"x-prediction, v = (x_pred - x_t) / max(1 - t, {cfg.t_eps:g})")
+        what = f"flow ({implied}linear interpolant, {pred}; training times {times}{shift}{loss})"
     elif cfg.objective in ("meanflow", "imf"):
         prop = cfg.mf_data_proportion if cfg.mf_data_proportion is not None else \
             (0.75 if cfg.objective == "meanflow" else 0.5)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from dit_pipeline.common.pixels import pixel_identity
 from dit_pipeline.common.errors import ConfigError
 from dit_pipeline.sample.config import SampleConfig
 from dit_pipeline.shards import Manifest, ShardRecord, format_version_for, sample_key, shard_name, write_manifest
@@ -26,6 +27,7 @@ from tests.train.helpers import VAE_IDENTITY
 RECIPES = REPO / "recipes"
 IMAGENET = 1_281_167  # ImageNet-1k train images
 SD, VA, RAE = (4, 32, 32), (32, 16, 16), (768, 16, 16)  # SD-VAE, VA-VAE f16d32, DINOv2-B features at 256 px
+PIX = (3, 256, 256)  # pixel space (dit-extract --encoder pixels)
 
 # The papers' values. A row: model, objective, global batch, lr, (beta1, beta2), EMA decay, training length
 # (steps or epochs as the source gives it), the FID the paper states and its sampling (sampler, steps, guidance,
@@ -91,6 +93,18 @@ PAPERS = {
                                       labels="equal",
                                       extra={"repa": "dinov2_vitb14", "repa_depth": 8, "repa_coeff": 0.5,
                                              "t_sampling": "uniform"}),
+    # NanoGen (End2End-Diffusion/diffusion-bench) configs/stage2/training/imagenet/
+    # jit-ddt-en28d1152hd72-dn2d2048hd128-xpred-t4c8.yaml: DiTwDDTHead patch 16 on 3 x 256 x 256, prediction 'x',
+    # logit-normal_-1.1_0.8 on its noise level (ours at +1.1), time_dist_shift sqrt(196608 / 4096), batch 1024, lr 2e-4,
+    # betas (0.9, 0.95), EMA 0.9995, clip 1.0, 80 epochs, warmup_epochs 40 without warmup_from_zero, decay_end_epoch 800
+    # to 2e-5; sampling/...-cfg2.6-t0.0-0.9.yaml: 50 Euler steps unshifted, cfg 2.6 where t in [0, 0.9]; no FID stated
+    "jit-ddt-xl16-nanogen.yaml": dict(model="DiT-DH-XL/16", objective="flow", batch=1024, lr=2e-4, betas=(0.9, 0.95),
+                                      ema=0.9995, steps=None, epochs=80, fid=None, sampler="euler", sample_steps=50,
+                                      cfg=2.6, channels=None, interval=[0.0, 0.9], time_shift=1.0, latent=PIX,
+                                      extra={"prediction": "x", "t_eps": 0.05, "t_sampling": "logit-normal",
+                                             "t_mean": 1.1, "t_scale": 0.8, "time_shift": "auto",
+                                             "time_shift_base": 4096, "final_lr": 2e-5, "lr_decay_start_epochs": 40,
+                                             "lr_decay_end_epochs": 800, "grad_clip": 1.0}),
 }
 
 
@@ -145,9 +159,12 @@ def _imagenet(folder: Path, latent, pixels: bool) -> Path:
         i = len(records)
         records.append(ShardRecord(shard_name(i), k, sample_key(n), sample_key(n + k - 1), 1 << 20, "0" * 64))
         n += k
+    space = tuple(latent) == PIX  # a pixel-space set: the crops are the latents
     m = Manifest(format_version=format_version_for(pixels=pixels, normalization=False), tool_version="test",
-                 extraction={"vae": VAE_IDENTITY}, normalization=None, scaling_factor=0.18215, shift_factor=None,
-                 image_size=256, views=2, store="posterior", dtype="float16", latent_shape=list(latent),
+                 extraction={"vae": pixel_identity(256) if space else VAE_IDENTITY}, normalization=None,
+                 scaling_factor=1.0 if space else 0.18215, shift_factor=None, image_size=256, views=2,
+                 store="pixels" if space else "posterior", dtype="uint8" if space else "float16",
+                 latent_shape=list(latent),
                  class_names=[f"n{c:08d}" for c in range(1000)], num_classes=1000, total_samples=IMAGENET,
                  samples_per_shard=1000, shards=records, skipped=[], pixels=pixels_entry(256, 1) if pixels else None)
     folder.mkdir(parents=True)
@@ -160,7 +177,7 @@ def imagenet(tmp_path_factory):
     root = tmp_path_factory.mktemp("imagenet")
     return {"teacher": make_tiny_teacher(root / "teacher.safetensors"),
             **{shape: _imagenet(root / "x".join(map(str, shape)), shape, pixels=shape != RAE)
-               for shape in (SD, VA, RAE)}}
+               for shape in (SD, VA, RAE, PIX)}}
 
 
 def _dry_run(name, imagenet, tmp_path, **flags):
@@ -180,7 +197,8 @@ def _dry_run(name, imagenet, tmp_path, **flags):
 def test_the_dry_run_plans_the_papers_run(name, imagenet, tmp_path):
     row = PAPERS[name]
     plan = _dry_run(name, imagenet, tmp_path)
-    assert f"the paper states FID {row['fid']:g} (" in plan and ", not measured here" in plan
+    if row["fid"] is not None:
+        assert f"the paper states FID {row['fid']:g} (" in plan and ", not measured here" in plan
     assert f"  batch       global {row['batch']} = 1 rank(s) x micro-batch {row['batch']} x 1" in plan
     length = re.search(r"  length      (.*) -> ([\d,]+) steps \(~([\d.]+) epochs\)", plan)
     assert length is not None
@@ -194,7 +212,7 @@ def test_the_dry_run_plans_the_papers_run(name, imagenet, tmp_path):
     assert f"  optimizer   AdamW, {beta}, eps 1e-08, weight decay 0; " in plan and f"EMA decay {row['ema']:g}" in plan
     if "final_lr" not in row["extra"]:
         assert f"  lr          {row['lr']:g}, constant\n" in plan
-    params_gb = {"DiT-DH-XL": "3.1"}.get(row["model"], "2.5")  # fp32 parameters: DiT-DH-XL 839M, the others 675M
+    params_gb = {"DiT-DH-XL": "3.1", "DiT-DH-XL/16": "3.1"}.get(row["model"], "2.5")  # fp32 parameters: DiT-DH-XL 839M, the others 675M
     assert f"  GPU memory  (analytic estimate, unmeasured, rank 0) params {params_gb}" in plan
 
 
