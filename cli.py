@@ -28,6 +28,7 @@ from dit_pipeline.extract.config import (CPU_DEFAULT_BATCH, DTYPES, GPU_DEFAULT_
                                          TEXT_DTYPES, ExtractConfig)
 from dit_pipeline.sample.config import (CFG_CHANNELS, DIFFUSION_FORMS, EXPORT_TARGETS, FLOW_CONVENTIONS, OBJECTIVES,
                                          SAMPLERS, WEIGHTS, ExportConfig, SampleConfig)
+from dit_pipeline.dit.protocols import PROTOCOLS
 from dit_pipeline.sample.plan import LABEL_SAMPLINGS
 from dit_pipeline.train.config import GROUPS as TRAIN_GROUPS
 from dit_pipeline.train.config import TrainConfig
@@ -70,6 +71,8 @@ def _weights_options(f: Callable) -> Callable:
                      "not state them (no model_config, no QK-norm or RoPE tensors to read them from)."),
         click.option("--input-size", type=int, default=None, help="Latent side of a file that does not state it "
                      "(DDT's: it has no position table), e.g. 32 for 256 px images and an f8 VAE."),
+        click.option("--encoder-depth", type=int, default=None, help="DDT's encoder blocks, for a file of a custom "
+                     "size that does not state them (no model_config, no sidecar, no preset of its depth and width)."),
         click.option("--vae", "--decoder", "vae", default=None, help="VAE: hub id, local diffusers folder, or single "
                      ".safetensors/.ckpt file; for a feature space RAE's decoder state_dict FILE[,CONFIG] (README "
                      "'Feature spaces (RAE)') [the VAE the checkpoint records (the one its shards were extracted "
@@ -95,10 +98,18 @@ def sample_main() -> None:
 @_weights_options
 @click.option("--sampler", type=click.Choice(SAMPLERS), default=None,
               help="[from the model's objective: ddpm for ddpm models, euler-maruyama (SiT's SDE) for flow models]")
-@click.option("--steps", type=int, default=default(SampleConfig, "steps"), show_default=True,
+@click.option("--protocol", type=click.Choice(list(PROTOCOLS)), default=None,
+              help="Sample as a release does (README 'Sampling protocols'): its time grid, solver, guidance rule "
+              "and interval ends, image conversion and FID labels; --steps, --cfg-scale, --guidance-interval and "
+              "--labels change its values (recorded), the other sampler flags must agree with it.")
+@click.option("--guidance-model", default=None, metavar="FILE",
+              help="AutoGuidance's weaker network (--protocol rae-ag; or with --cfg-scale S alone: v_weak + S (v - "
+              "v_weak) on every channel), a weight file of the same latents and classes.")
+@click.option("--steps", type=int, default=None,
               help="Sampling steps: ddpm/ddim respaced steps; euler/heun integration intervals; euler-maruyama "
               "SiT's and REPA's num_steps (the points of SiT's time grid: steps - 1 SDE steps and the noise-free "
-              "last step, so 250 is their 250-step setting). Network evaluations = steps (heun: 2 per step).")
+              "last step, so 250 is their 250-step setting); with --protocol the release's own count. Network "
+              "evaluations = steps (heun: 2 per step) [the protocol's; else 250, a one-step model's 1].")
 @click.option("--objective", type=click.Choice(OBJECTIVES), default=None,
               help="ddpm or flow, for a file that does not record it [recorded; else flow for SiT-* files and REPA's "
               "files, ddpm].")
@@ -122,8 +133,9 @@ def sample_main() -> None:
 @click.option("--encoder-refresh", type=int, default=default(SampleConfig, "encoder_refresh"), show_default=True,
               help="DDT: compute the encoder every K-th network call and reuse its state in between (DDT's encoder "
               "sharing, on a uniform schedule; 1 = every call).")
-@click.option("--cfg-scale", type=float, default=default(SampleConfig, "cfg_scale"), show_default=True,
-              help="Classifier-free guidance scale (1 = none). The published FID-50K 2.27 uses 1.5.")
+@click.option("--cfg-scale", type=float, default=None,
+              help="Classifier-free guidance scale (1 = none). The published FID-50K 2.27 uses 1.5. [the "
+              "protocol's; else 4.0]")
 @click.option("--cfg-channels", default=default(SampleConfig, "cfg_channels"), show_default=True, metavar="|".join(CFG_CHANNELS) + "|N",
               help="Latent channels classifier-free guidance guides: auto = the first 3 where that reproduces the "
               "reference sampler (a 4-channel DiT/SiT, LightningDiT's release: their published FIDs), all channels "
@@ -138,10 +150,10 @@ def sample_main() -> None:
               "checkpoint records), one sample each; repeated cyclically with --num-samples.")
 @click.option("--num-samples", type=int, default=None, help="Number of samples; classes chosen by --labels "
               "unless --class-labels is given.")
-@click.option("--labels", type=click.Choice(LABEL_SAMPLINGS), default=default(SampleConfig, "labels"),
-              show_default=True, help="Classes of --num-samples: 'uniform' draws each (DiT's FID sampler), "
+@click.option("--labels", type=click.Choice(LABEL_SAMPLINGS), default=None,
+              help="Classes of --num-samples: 'uniform' draws each (DiT's FID sampler), "
               "'equal' gives every class N / C samples, counts differing by at most 1 (50 per class for 50,000 of "
-              "ImageNet, as newer papers evaluate).")
+              "ImageNet, as newer papers evaluate) [the protocol's; else uniform].")
 @click.option("--seed", type=int, default=default(SampleConfig, "seed"), show_default=True)
 @click.option("--batch-size", type=int, default=default(SampleConfig, "batch_size"), show_default=True,
               help="Images per process and batch.")
