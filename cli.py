@@ -19,14 +19,16 @@ if os.path.basename(sys.argv[0]) == "dit-train":
 
 import click  # noqa: E402
 
+from dit_pipeline.shards.pixels import ENCODINGS as PIXEL_ENCODINGS
 from dit_pipeline.cli_kit import (CONTEXT, DashCommand, DashGroup, GroupedCommand, config_options,  # noqa: E402,F401
                                   debug_option, default, handle_errors, version_option)
 from dit_pipeline.common.precision import PRECISIONS, PRECISIONS_AUTO
 from dit_pipeline.evaluate.config import EvalConfig
 from dit_pipeline.extract.config import (CPU_DEFAULT_BATCH, DTYPES, GPU_DEFAULT_BATCH, MAX_AUTO_WORKERS, STORES,
-                                          ExtractConfig)
+                                         TEXT_DTYPES, ExtractConfig)
 from dit_pipeline.sample.config import (CFG_CHANNELS, DIFFUSION_FORMS, EXPORT_TARGETS, FLOW_CONVENTIONS, OBJECTIVES,
                                          SAMPLERS, WEIGHTS, ExportConfig, SampleConfig)
+from dit_pipeline.dit.protocols import PROTOCOLS
 from dit_pipeline.sample.plan import LABEL_SAMPLINGS
 from dit_pipeline.train.config import GROUPS as TRAIN_GROUPS
 from dit_pipeline.train.config import TrainConfig
@@ -69,6 +71,8 @@ def _weights_options(f: Callable) -> Callable:
                      "not state them (no model_config, no QK-norm or RoPE tensors to read them from)."),
         click.option("--input-size", type=int, default=None, help="Latent side of a file that does not state it "
                      "(DDT's: it has no position table), e.g. 32 for 256 px images and an f8 VAE."),
+        click.option("--encoder-depth", type=int, default=None, help="DDT's encoder blocks, for a file of a custom "
+                     "size that does not state them (no model_config, no sidecar, no preset of its depth and width)."),
         click.option("--vae", "--decoder", "vae", default=None, help="VAE: hub id, local diffusers folder, or single "
                      ".safetensors/.ckpt file; for a feature space RAE's decoder state_dict FILE[,CONFIG] (README "
                      "'Feature spaces (RAE)') [the VAE the checkpoint records (the one its shards were extracted "
@@ -94,10 +98,18 @@ def sample_main() -> None:
 @_weights_options
 @click.option("--sampler", type=click.Choice(SAMPLERS), default=None,
               help="[from the model's objective: ddpm for ddpm models, euler-maruyama (SiT's SDE) for flow models]")
-@click.option("--steps", type=int, default=default(SampleConfig, "steps"), show_default=True,
+@click.option("--protocol", type=click.Choice(list(PROTOCOLS)), default=None,
+              help="Sample as a release does (README 'Sampling protocols'): its time grid, solver, guidance rule "
+              "and interval ends, image conversion and FID labels; --steps, --cfg-scale, --guidance-interval and "
+              "--labels change its values (recorded), the other sampler flags must agree with it.")
+@click.option("--guidance-model", default=None, metavar="FILE",
+              help="AutoGuidance's weaker network (--protocol rae-ag; or with --cfg-scale S alone: v_weak + S (v - "
+              "v_weak) on every channel), a weight file of the same latents and classes.")
+@click.option("--steps", type=int, default=None,
               help="Sampling steps: ddpm/ddim respaced steps; euler/heun integration intervals; euler-maruyama "
               "SiT's and REPA's num_steps (the points of SiT's time grid: steps - 1 SDE steps and the noise-free "
-              "last step, so 250 is their 250-step setting). Network evaluations = steps (heun: 2 per step).")
+              "last step, so 250 is their 250-step setting); with --protocol the release's own count. Network "
+              "evaluations = steps (heun: 2 per step) [the protocol's; else 250, a one-step model's 1].")
 @click.option("--objective", type=click.Choice(OBJECTIVES), default=None,
               help="ddpm or flow, for a file that does not record it [recorded; else flow for SiT-* files and REPA's "
               "files, ddpm].")
@@ -123,9 +135,9 @@ def sample_main() -> None:
               help="DDT: compute the encoder every K-th network call and reuse its state in between (DDT's encoder "
               "sharing, on a uniform schedule; 1 = every call).")
 @click.option("--cfg-scale", type=float, default=None,
-              help="Classifier-free guidance scale (1 = none). The published FID-50K 2.27 uses 1.5. [4.0; 1 for a "
-              "model guidance cannot act on (no null class; MeanFlow, whose guidance is trained in), where a "
-              "scale other than 1 is refused; iMF: its omega input]")
+              help="Classifier-free guidance scale (1 = none). The published FID-50K 2.27 uses 1.5. [the protocol's; "
+              "else 4.0; 1 where guidance cannot act (no null class; MeanFlow, whose guidance is trained in; a "
+              "protocol without guidance), where a scale other than 1 is refused; iMF: its omega input]")
 @click.option("--cfg-channels", default=default(SampleConfig, "cfg_channels"), show_default=True, metavar="|".join(CFG_CHANNELS) + "|N",
               help="Latent channels classifier-free guidance guides: auto = the first 3 where that reproduces the "
               "reference sampler (a 4-channel DiT/SiT, LightningDiT's release: their published FIDs), all channels "
@@ -140,10 +152,10 @@ def sample_main() -> None:
               "checkpoint records), one sample each; repeated cyclically with --num-samples.")
 @click.option("--num-samples", type=int, default=None, help="Number of samples; classes chosen by --labels "
               "unless --class-labels is given.")
-@click.option("--labels", type=click.Choice(LABEL_SAMPLINGS), default=default(SampleConfig, "labels"),
-              show_default=True, help="Classes of --num-samples: 'uniform' draws each (DiT's FID sampler), "
+@click.option("--labels", type=click.Choice(LABEL_SAMPLINGS), default=None,
+              help="Classes of --num-samples: 'uniform' draws each (DiT's FID sampler), "
               "'equal' gives every class N / C samples, counts differing by at most 1 (50 per class for 50,000 of "
-              "ImageNet, as newer papers evaluate).")
+              "ImageNet, as newer papers evaluate) [the protocol's; else uniform].")
 @click.option("--seed", type=int, default=default(SampleConfig, "seed"), show_default=True)
 @click.option("--batch-size", type=int, default=default(SampleConfig, "batch_size"), show_default=True,
               help="Images per process and batch.")
@@ -209,8 +221,27 @@ def sample_export_cmd(debug: bool, **options: Any) -> None:
 
 @click.command("dit-extract", cls=DashCommand, context_settings=CONTEXT)
 @version_option
-@click.option("--data-path", required=True, help="ImageFolder tree: one sub-folder per class (e.g. imagenet/train).")
+@click.option("--data-path", required=True, help="ImageFolder tree: one sub-folder per class (e.g. imagenet/train); "
+              "with --captions also a flat image folder or a folder of WebDataset tars (image + .txt/.json); with "
+              "--text-encoder a shard set with captions.")
 @click.option("--out", required=True, help="Folder for the shards, manifest.json and logs/ (rerun to resume).")
+@click.option("--captions", default=None, metavar="FILE|sidecar",
+              help="Store each image's captions: a JSONL/JSON/CSV/TSV file mapping image paths (relative to "
+              "--data-path) to one or more captions, or 'sidecar' (a .txt/.json beside each image; a WebDataset "
+              "tar's .txt/.json members). Format version 4; README 'Captions and text features'.")
+@click.option("--caption-keys", default=default(ExtractConfig, "caption_keys"), show_default=True,
+              help="The JSON keys / CSV columns that hold captions (a string or a list each), in order, e.g. "
+              "long_caption,short_caption (all kept, one drawn per sample and epoch at training time).")
+@click.option("--text-encoder", default=None, metavar="NAME|FOLDER",
+              help="Encode the captions of the shard set in --data-path into a text sibling set in --out: "
+              "qwen3-0.6b (NanoGen's), flan-t5-xl, t5-v1_1-xxl, clip-l, a hub id or a save_pretrained folder.")
+@click.option("--text-max-length", type=int, default=None,
+              help="Tokens per caption, longer ones truncated and counted [default: the encoder's: 256 for "
+              "qwen3-0.6b, 120 for T5, 77 for CLIP].")
+@click.option("--text-dtype", type=click.Choice(TEXT_DTYPES), default=default(ExtractConfig, "text_dtype"),
+              show_default=True, help="Storage of the text features: auto = the encoder's 16-bit dtype (exact), "
+              "else float16 (its error is measured and recorded in the manifest).")
+@click.option("--text-revision", default=None, help="Hub revision (branch, tag or commit) of --text-encoder.")
 @click.option("--vae", default=default(ExtractConfig, "vae"), show_default=True,
               help="Hub id, local diffusers folder, or single .safetensors/.ckpt file.")
 @click.option("--vae-config", default=None, help="For a single-file --vae: a folder with its diffusers "
@@ -219,7 +250,8 @@ def sample_export_cmd(debug: bool, **options: Any) -> None:
 @click.option("--encoder", default=None, metavar="NAME|FILE",
               help="A feature encoder instead of the VAE (RAE): dinov2-b-reg (RAE's DINOv2-B with registers), "
               "dinov2-b, dinov3-l (RAEv2), a timm model name, a JSON encoder file or a weight file; stores its "
-              "patch tokens [C, 16, 16] as the latent (README 'Feature spaces (RAE)').")
+              "patch tokens [C, 16, 16] as the latent (README 'Feature spaces (RAE)'); or pixels: the crops "
+              "themselves are the latents, no VAE (README 'Pixel space').")
 @click.option("--encoder-weights", default=None, metavar="FILE",
               help="Offline weights (a timm state_dict) for --encoder; without it timm downloads them.")
 @click.option("--encoder-layers", type=int, default=None, metavar="K",
@@ -247,6 +279,9 @@ def sample_export_cmd(debug: bool, **options: Any) -> None:
 @click.option("--pixels/--no-pixels", default=default(ExtractConfig, "pixels"), show_default=True,
               help="Also store each crop exactly as the VAE encoded it (8-bit RGB, lossless; view 1 is its mirror), "
               "for a teacher that sees the pixels (REPA). Format version 2; see docs/FORMAT.md.")
+@click.option("--pixel-encoding", type=click.Choice(PIXEL_ENCODINGS), default=default(ExtractConfig, "pixel_encoding"),
+              show_default=True, help="How the crops are stored (--pixels, --encoder pixels): lossless WebP, or "
+              "npy-uint8, uncompressed, 1.7x the bytes for 5x the crops a loader core decodes (BENCHMARKS.md).")
 @click.option("--precision", type=click.Choice(PRECISIONS_AUTO), default=default(ExtractConfig, "precision"),
               show_default=True, help="Encoder autocast (auto: fp16 on GPU, fp32 on CPU; see BENCHMARKS.md).")
 @click.option("--batch-size", type=int, default=None,
@@ -286,6 +321,8 @@ def extract_main(debug: bool, **options: Any) -> None:
       dit-extract --data-path imagenet/train --out shards/in1k-256
       torchrun --nproc-per-node 8 $(which dit-extract) --data-path imagenet/train --out shards/in1k-256
       dit-extract --data-path imagenet/train --out /tmp/trial --limit 512    # a quick trial
+      dit-extract --data-path imagenet/train --out shards/in1k-cap --captions recaptions.jsonl
+      dit-extract --data-path shards/in1k-cap --out shards/in1k-qwen3 --text-encoder qwen3-0.6b
     """
     from dit_pipeline import extract
 
@@ -487,6 +524,15 @@ def report_main(run_dir: str, out: str | None, debug: bool) -> None:
 @click.option("--make-ref", default=None, metavar="FOLDER",
               help="Instead of evaluating: build a reference batch from the images under FOLDER (ADM's center crop "
               "to --image-size) with their Inception statistics, written to --out REF.npz.")
+@click.option("--captions", default=None, metavar="FILE",
+              help="--make-ref: a captioned reference (COCO-30k / MJHQ-30k style): the images under FOLDER that have a "
+              "caption in FILE (JSONL, CSV, JSON: COCO captions or MJHQ meta_data.json), one caption each, written "
+              "beside --out as REF.prompts.jsonl for dit-sample --prompts and dit-eval --prompts.")
+@click.option("--crop", type=click.Choice(("adm", "resize")), default="adm", show_default=True,
+              help="--make-ref: ADM's center crop, or resize + center crop (torchvision's, as NanoGen cuts its T2I "
+              "evaluation images).")
+@click.option("--caption-seed", type=int, default=0, show_default=True,
+              help="--make-ref --captions: the seed that picks one caption of an image that has several.")
 @click.option("--image-size", type=click.IntRange(min=8), default=None, help="--make-ref: the side of the crops.")
 @click.option("--out", default=None, metavar="REF.npz", help="--make-ref: the reference batch to write.")
 @click.option("--json", "json_path", default=None, help="Where to write the metrics as JSON [SAMPLES.eval.json].")
@@ -515,12 +561,28 @@ def report_main(run_dir: str, out: str | None, debug: bool) -> None:
               help="The published evaluation protocol(s) to compute (README 'Evaluation'): adm (the ADM evaluator), "
               "nanogen (NanoGen: torch-fidelity's inception-v3-compat, the 'fidelity' extra), imf (iMF's), "
               "comma-separated, or all. Each protocol's numbers are printed under its name.")
+@click.option("--t2i", "t2i", multiple=True, metavar="NAME",
+              help="Text-to-image evaluator(s), repeatable: clip-score, geneval, dpg-bench, vqascore (without "
+              "--ref: only these). The samples need their prompts (--prompts, or dit-sample's record).")
+@click.option("--prompts", default=None, metavar="FILE",
+              help="--t2i: one prompt per sample in the samples' order (JSONL with \"prompt\", JSON, or text lines) "
+              "[the prompts dit-sample recorded with the samples].")
+@click.option("--clip", default=default(EvalConfig, "clip"), show_default=True, metavar="ID|FOLDER",
+              help="--t2i clip-score and geneval: the CLIP model (hub id or save_pretrained folder).")
+@click.option("--detector", default=default(EvalConfig, "detector"), show_default=True, metavar="ID|FOLDER",
+              help="--t2i geneval: the Mask2Former instance-segmentation model.")
+@click.option("--geneval-metadata", default=None, metavar="FILE",
+              help="--t2i geneval: GenEval's metadata (evaluation_metadata.jsonl or NanoGen's metadata.json), "
+              "looked up by prompt for prompts recorded without it.")
+@click.option("--vqa-model", default=default(EvalConfig, "vqa_model"), show_default=True,
+              help="--t2i vqascore: the t2v_metrics model name.")
 @debug_option
 @handle_errors
 def eval_main(json_path: str | None, debug: bool, make_ref: str | None, image_size: int | None, out: str | None,
-              **options: Any) -> None:
+              captions: str | None, crop: str, caption_seed: int, **options: Any) -> None:
     """FID, sFID, Inception Score, precision and recall of SAMPLES against --ref, as the ADM evaluator
-    (guided-diffusion evaluations/evaluator.py) defines them. SAMPLES: an .npz (arr_0 uint8 [N,H,W,3]), a
+    (guided-diffusion evaluations/evaluator.py) defines them; text-to-image scores with --t2i (CLIP score,
+    GenEval, DPG-Bench, VQAScore as NanoGen computes them). SAMPLES: an .npz (arr_0 uint8 [N,H,W,3]), a
     folder of images, or a features file. Runs under torchrun across GPUs.
 
     \b
@@ -528,45 +590,59 @@ def eval_main(json_path: str | None, debug: bool, make_ref: str | None, image_si
       dit-eval samples/dit-xl2-256-cfg1.5.npz --ref VIRTUAL_imagenet256_labeled.npz
       torchrun --nproc-per-node 8 $(which dit-eval) samples.npz --ref VIRTUAL_imagenet256_labeled.npz
       dit-eval --make-ref data/val --image-size 256 --out val256.npz
+      dit-eval --make-ref coco/val2014 --captions coco30k.jsonl --image-size 256 --out coco30k-256.npz
+      dit-eval samples.npz --ref coco30k-256.npz --t2i clip-score --prompts coco30k-256.prompts.jsonl
     """
     from dit_pipeline import evaluate
 
     if make_ref is not None:
-        _make_ref(make_ref, image_size, out, options)
+        _make_ref(make_ref, image_size, out, options, captions=captions, crop=crop, seed=caption_seed)
         return
     if options["samples"] is None:
         raise click.UsageError("Missing argument 'SAMPLES'.")
-    if options["ref"] is None:
-        raise click.UsageError("Missing option '--ref'.")
-    if image_size is not None or out is not None:
-        raise click.UsageError("--image-size and --out belong to --make-ref")
+    if options["ref"] is None and not options["t2i"]:
+        raise click.UsageError("Missing option '--ref' (or --t2i NAME for text-to-image scores only).")
+    if image_size is not None or out is not None or captions is not None:
+        raise click.UsageError("--image-size, --out and --captions belong to --make-ref")
+    options["t2i"] = tuple(options["t2i"])
     evaluate.main(EvalConfig(json=json_path, **options))
 
 
-def _make_ref(folder: str, image_size: int | None, out: str | None, options: dict[str, Any]) -> None:
-    """`dit-eval --make-ref FOLDER --image-size N --out REF.npz` (extract/reference.py, evaluate/reference.py)."""
+def _make_ref(folder: str, image_size: int | None, out: str | None, options: dict[str, Any], *,
+              captions: str | None = None, crop: str = "adm", seed: int = 0) -> None:
+    """`dit-eval --make-ref FOLDER [--captions FILE] --image-size N --out REF.npz` (extract/reference.py,
+    evaluate/reference.py)."""
     from dit_pipeline.common.log import setup_logging
-    from dit_pipeline.evaluate.reference import check_output, write_reference
-    from dit_pipeline.extract.reference import reference_images
+    from dit_pipeline.evaluate.reference import check_output, prompts_path, write_reference
+    from dit_pipeline.extract.reference import captioned_reference, reference_images
 
-    if options["samples"] is not None or options["ref"] is not None:
-        raise click.UsageError("--make-ref builds a reference batch; it takes no SAMPLES or --ref")
+    if options["samples"] is not None or options["ref"] is not None or options["t2i"]:
+        raise click.UsageError("--make-ref builds a reference batch; it takes no SAMPLES, --ref or --t2i")
     if image_size is None or out is None:
         raise click.UsageError("--make-ref needs --image-size N (the crops' side) and --out REF.npz")
     if options["protocol"] != "adm":
         raise click.UsageError("--make-ref writes the ADM evaluator's statistics (protocol adm); drop --protocol")
     log = setup_logging(None, quiet=options["quiet"])
-    path = check_output(out)
-    images, used, skipped = reference_images(folder, image_size, quiet=options["quiet"])
+    path = check_output(out, captioned=captions is not None)
+    records, extra = None, ""
+    if captions is not None:
+        ref = captioned_reference(folder, captions, image_size, crop=crop, seed=seed, quiet=options["quiet"])
+        images, records, skipped = ref.images, ref.records, ref.skipped
+        extra = f", {ref.uncaptioned} without a caption left out" if ref.uncaptioned else ""
+    else:
+        images, _, skipped = reference_images(folder, image_size, crop=crop, quiet=options["quiet"])
     for rel, why in skipped:
         log.warning("skipped %s: %s", rel, why)
     done = write_reference(images, path, inception=options["inception"], batch_size=options["batch_size"],
                            device=options["device"] or ("cuda" if _cuda_available() else "cpu"),
                            random_seed=options["random_inception"], input_size=options["input_size"],
-                           quiet=options["quiet"], log=log)
-    click.echo(f"wrote {path}: {len(used)} images of {image_size}x{image_size}"
-               + (f" ({len(skipped)} skipped, named in the log)" if skipped else "")
+                           quiet=options["quiet"], log=log, records=records)
+    click.echo(f"wrote {path}: {len(images)} images of {image_size}x{image_size}"
+               + (f" ({len(skipped)} skipped, named in the log{extra})" if skipped else f" ({extra[2:]})" if extra
+                  else "")
                + f" and their Inception statistics ({done['extractor']['weights']}), {done['bytes'] / 2**20:.1f} MiB")
+    if records is not None:
+        click.echo(f"wrote {prompts_path(path)}: their {len(records)} captions, one per image (dit-sample --prompts)")
 
 
 def _cuda_available() -> bool:

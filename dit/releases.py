@@ -11,6 +11,8 @@ the tensors are, and record how its time runs. Containers (facts of each release
 | LightningDiT `train.py` (hustvl/LightningDiT) | `{model, ema, opt, config}`, config = its YAML as a dict | `ema` |
 | RAE stage 2 (bytetriper/RAE src/train.py) | `{step, epoch, model, ema, optimizer, scheduler}` | `ema` |
 | DDT (MCG-NJU/DDT, a Lightning checkpoint) | `{state_dict: {denoiser.*, ema_denoiser.*, diffusion_trainer.*}, ...}` | `ema_denoiser.*` |
+| iMF, its PyTorch branch (Lyy-iiis/imeanflow `torch`: iMF-B-2.pth ...) | a bare state_dict, `net.*` with `_flax_linear` | it, renamed (dit/imf.py) |
+| iMF, its JAX TrainState flattened to `.npz` (dit/imf.py `from_flax_params`) | `params/net/...`, `ema_params/net/...` | `ema_params` |
 | this project's | `{format: "dit-pipeline.checkpoint", ...}` (docs/ARCHITECTURE.md) | `ema` |
 
 Conventions (each release's transport code; `info["flow_convention"]`, dit/flow.py):
@@ -25,6 +27,7 @@ Conventions (each release's transport code; `info["flow_convention"]`, dit/flow.
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -42,7 +45,10 @@ CONVENTIONS = {
                  "[0, 1])"),
     "RAE": (REPA, "RAE's release (its Linear path: t = 1 noise, predicts noise - data, the network sees t in [0, 1])"),
 }
-FAMILY_RELEASE = {"LightningDiT": "LightningDiT", "DDT": "DDT", "DiT-DH": "RAE"}  # a bare file of a family
+FAMILY_RELEASE = {"LightningDiT": "LightningDiT", "DDT": "DDT", "DiT-DH": "RAE", "iMF": "iMF"}  # a bare file
+# release -> (objective, why) for the one-step releases, whose files record no objective
+ONE_STEP = {"iMF": ("imf", "iMF's release (Lyy-iiis/imeanflow: its network trains only with its own objective, "
+                           "t = 1 noise, one-step sampling)")}
 
 
 def is_state_dict(obj: Any) -> bool:
@@ -55,6 +61,11 @@ def unpack(obj: Any, path: Path, prefer: str) -> tuple[dict[str, torch.Tensor], 
     if is_state_dict(obj):
         if _ddt_keys(obj):
             return _ddt_weights(obj, path, prefer)
+        from .imf import RELEASE_LATENT, from_release_torch, is_release_torch
+
+        if is_release_torch(obj):  # the iMF release's PyTorch file (iMF-B-2.pth ...) and the latents it decodes
+            return from_release_torch(obj), {"source": "imf-release", "weights": "state_dict", "release": "iMF",
+                                             "latent": json.loads(json.dumps(RELEASE_LATENT))}
         bare: dict[str, Any] = {"source": "official", "weights": "state_dict"}
         if "bn.running_var" in obj:
             bare["release"] = "REPA-E"
@@ -74,7 +85,8 @@ def unpack(obj: Any, path: Path, prefer: str) -> tuple[dict[str, torch.Tensor], 
                            f"state_dicts; found keys {sorted(map(str, obj))[:12]}")
     info: dict[str, Any] = {"source": "dit-pipeline" if own else "reference-train", "weights": chosen}
     if own:
-        for key in ("model_config", "latent", "step", "config", "objective", "flow_convention", "time_shift"):
+        for key in ("model_config", "latent", "step", "config", "objective", "flow_convention", "time_shift",
+                    "prediction", "meanflow"):
             if key in obj:
                 info[key] = obj[key]
         info.setdefault("objective", "ddpm")  # our checkpoints before the key existed
@@ -116,27 +128,29 @@ def _release_container(obj: Mapping[str, Any], info: dict[str, Any], path: Path)
 def release_record(info: Mapping[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
     """What a release's own record (LightningDiT's `config`) says about the network: (facts checked against the
     tensors: family, classes, channels, block switches; hints: the preset it names, used where the tensors are
-    silent, e.g. its head count)."""
+    silent, e.g. its head count). A model_type that is no preset of ours (LightningDiT's train.py builds any name
+    its models/lightningdit.py defines) gives no hints: the tensors, --num-heads or a sidecar say the rest."""
     config = info.get("release_config")
     if not isinstance(config, dict):
         return None, {}
-    from .family import lookup_preset
+    from .family import family_class, lookup_preset
 
     model, data = config.get("model") or {}, config.get("data") or {}
     try:
         cls, preset = lookup_preset(str(model.get("model_type")))
-    except ValueError as e:
-        raise WeightsError(f"{info.get('path', 'the file')}: its config names an unknown model: {e}") from None
+        hints = dict(cls.presets[preset])
+    except ValueError:  # a size of its own (train.py takes any model_type): the tensors, the flags or a sidecar say
+        cls, hints = family_class("LightningDiT"), {}
     facts: dict[str, Any] = {"family": cls.family, "num_classes": data.get("num_classes"),
                              "in_channels": model.get("in_chans"), "learn_sigma": model.get("learn_sigma")}
     flags = {"use_qknorm": "qk_norm", "use_swiglu": "swiglu", "use_rope": "rope", "use_rmsnorm": "rms_norm",
              "wo_shift": "wo_shift"}
     facts.update({ours: bool(model[theirs]) for theirs, ours in flags.items() if theirs in model})
-    return {k: v for k, v in facts.items() if v is not None}, dict(cls.presets[preset])
+    return {k: v for k, v in facts.items() if v is not None}, hints
 
 
 def _ddt_keys(state_dict: Mapping[str, Any]) -> bool:
-    return any(k.startswith("denoiser.") for k in state_dict)
+    return any(k.startswith(("denoiser.", "ema_denoiser.")) for k in state_dict)
 
 
 def _ddt_weights(state_dict: Mapping[str, torch.Tensor], path: Path,
@@ -167,6 +181,10 @@ def apply_conventions(info: dict[str, Any], family: str) -> None:
     if info.get("flow_convention_from") == "recorded":
         return
     release = info.get("release") or FAMILY_RELEASE.get(family)
+    if release in ONE_STEP and info.get("objective") is None:
+        objective, why = ONE_STEP[release]
+        info.update(release=release, objective=objective, objective_from=why)
+        return
     if release in CONVENTIONS:
         convention, why = CONVENTIONS[release]
         info.update(release=release, objective="flow", objective_from=why, flow_convention=convention,

@@ -7,7 +7,9 @@ release file (a bare SiT state_dict with its projector heads, `projectors.<i>.*`
 load too: the projector keys are dropped and info["flow_convention"] says the network runs REPA's time.
 A bare state_dict may have a JSON sidecar beside it (`step-0001000-ema.pt` -> `step-0001000-ema.json`, written
 by the trainer): its model_config (the head count is invisible in tensor shapes), latent scale and step are
-used, and checked against the tensors.
+used, and checked against the tensors. A release's own container (DDT's Lightning file, LightningDiT's, RAE's, a
+reference train.py file) may have one too, written by hand from make_sidecar: its model_config is read (a custom
+size's encoder split, latent side, heads) and checked against the tensors; the release's conventions stay.
 Release checkpoints of the other model families load unchanged too (dit/releases.py: LightningDiT's
 `{model, ema, opt, config}`, RAE's stage-2 `{step, epoch, model, ema, optimizer, scheduler}`, DDT's Lightning
 `state_dict` with `denoiser.*` / `ema_denoiser.*`, REPA-E's `{model, ema, vae, ...}`); the family is read from a
@@ -35,7 +37,9 @@ import torch
 from . import releases
 from .family import DiffusionTransformer, family_class, lookup_preset, model_from_config
 from .formats import SIDECAR_FORMAT, SIDECAR_VERSION
+from .formats import OBJECTIVES
 from .infer import WeightsError
+from .objectives import recorded_objective
 from .repa import PROJECTOR_KEY
 
 _PREFIXES = ("module.", "_orig_mod.")
@@ -68,12 +72,19 @@ def load_dit_weights(path: str | Path, prefer: str = "ema", hints: dict[str, Any
     raw: Any = None
     if path.suffix.lower() == ".safetensors":
         state_dict, info = _read_safetensors(path)
+    elif path.suffix.lower() == ".npz":
+        state_dict, info = _read_npz(path, prefer)
     else:
         raw = read_torch_file(path)
         state_dict, info = releases.unpack(raw, path, prefer)
     where = str(path)
-    sidecar = read_sidecar(path) if info["source"] == "official" else None
-    if sidecar is not None:
+    sidecar = read_sidecar(path) if info["source"] not in ("dit-pipeline", "safetensors") else None
+    if sidecar is not None and info["source"] != "official":
+        # a release's own container (DDT's Lightning file, ...): its sidecar states what the file cannot (the
+        # model_config: a custom size's split, latent side and heads); the release's conventions stay
+        info.update(sidecar=str(sidecar_path(path)), model_config=sidecar["model_config"])
+        where, sidecar = f"{path} with its sidecar {sidecar_path(path).name}", None
+    elif sidecar is not None:
         info["sidecar"] = str(sidecar_path(path))
         where = f"{path} with its sidecar {sidecar_path(path).name}"
     elif info["source"] == "official" and (sidecar := embedded_record(raw, path)) is not None:
@@ -87,6 +98,10 @@ def load_dit_weights(path: str | Path, prefer: str = "ema", hints: dict[str, Any
             info["flow_convention"] = sidecar["flow_convention"]
         if isinstance(sidecar.get("time_shift"), (int, float)):
             info["time_shift"] = float(sidecar["time_shift"])
+        if sidecar.get("prediction") is not None:
+            info["prediction"] = sidecar["prediction"]
+        if isinstance(sidecar.get("meanflow"), dict):
+            info["meanflow"] = dict(sidecar["meanflow"])
     state_dict = _strip_prefixes(state_dict, path)
     state_dict = _read_repa_format(state_dict, info, where)
     info["path"] = str(path)
@@ -97,6 +112,8 @@ def load_dit_weights(path: str | Path, prefer: str = "ema", hints: dict[str, Any
     info["preset"] = info["model_config"]["model"]
     info["family"] = info["model_config"].get("family", "DiT")
     releases.apply_conventions(info, info["family"])
+    if info.get("objective") is not None:  # "imf" written before the release's network existed: imf-adaln
+        info["objective"] = recorded_objective(str(info["objective"]), info["model_config"])
     return state_dict, info
 
 
@@ -157,16 +174,23 @@ def sidecar_path(path: str | Path) -> Path:
 
 
 def make_sidecar(model_config: dict[str, Any], latent: dict[str, Any] | None, step: int | None,
-                 objective: str | None = None, time_shift: float | None = None) -> dict[str, Any]:
+                 objective: str | None = None, time_shift: float | None = None,
+                 prediction: dict[str, Any] | None = None,
+                 meanflow: dict[str, Any] | None = None) -> dict[str, Any]:
     """The sidecar content (JSON-compatible) for a bare state_dict of a model with `model_config` (DiT.config);
-    `objective` ("ddpm" or "flow") is added when given (readers treat a sidecar without it as ddpm), and a flow
-    model's `time_shift` (dit/shift.py; readers treat a sidecar without it as 1, no shift)."""
+    `objective` (dit.formats.OBJECTIVES) is added when given (readers treat a sidecar without it as ddpm), a flow
+    model's `time_shift` (dit/shift.py; readers treat a sidecar without it as 1, no shift), and a MeanFlow model's
+    `meanflow` settings (dit/objectives.py's record)."""
     side = {"format": SIDECAR_FORMAT, "version": SIDECAR_VERSION, "model_config": dict(model_config),
             "latent": latent, "step": step}
     if objective is not None:
         side["objective"] = objective
     if time_shift is not None:
         side["time_shift"] = float(time_shift)
+    if prediction is not None:  # an x-predicting flow model (dit.flow.CleanPrediction); absent: velocity
+        side["prediction"] = dict(prediction)
+    if meanflow is not None:
+        side["meanflow"] = dict(meanflow)
     return side
 
 
@@ -286,7 +310,7 @@ def _read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, An
     except (SafetensorError, OSError) as e:
         raise WeightsError(f"cannot read {path}: not a valid safetensors file: {e}") from None
     info: dict[str, Any] = {"source": "safetensors", "weights": "state_dict"}
-    if metadata.get("objective") in ("ddpm", "flow"):
+    if metadata.get("objective") in OBJECTIVES:
         info["objective"] = metadata["objective"]
         if metadata.get("flow_convention") in ("sit", "repa"):
             info["flow_convention"] = metadata["flow_convention"]
@@ -295,14 +319,46 @@ def _read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, An
                 info["time_shift"] = float(metadata["time_shift"])
             except ValueError:
                 raise WeightsError(f"{path}: metadata 'time_shift' is not a number") from None
+        if metadata.get("prediction"):
+            try:
+                info["prediction"] = json.loads(metadata["prediction"])
+            except json.JSONDecodeError:
+                raise WeightsError(f"{path}: metadata 'prediction' is not valid JSON") from None
     elif metadata.get("format") == "dit-pipeline.weights":
         info["objective"] = "ddpm"  # our exports before the key existed
-    if "model_config" in metadata:
-        try:
-            info["model_config"] = json.loads(metadata["model_config"])
-        except json.JSONDecodeError:
-            raise WeightsError(f"{path}: metadata 'model_config' is not valid JSON") from None
+    elif metadata.get("objective"):
+        raise WeightsError(f"{path}: metadata 'objective' is {metadata['objective']!r}, none this code knows "
+                           f"({', '.join(OBJECTIVES)})")
+    if (metadata.get("step") or "").isdigit():
+        info["step"] = int(metadata["step"])
+    for key in ("model_config", "meanflow"):
+        if key in metadata:
+            try:
+                info[key] = json.loads(metadata[key])
+            except json.JSONDecodeError:
+                raise WeightsError(f"{path}: metadata {key!r} is not valid JSON") from None
     return state_dict, info
+
+
+def _read_npz(path: Path, prefer: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """A numpy archive of a flax parameter tree flattened with "/" (the iMF release's, dit/imf.py
+    `from_flax_params`), read without pickles."""
+    import numpy as np
+
+    from .imf import RELEASE_LATENT, flax_root, from_flax_params, is_flax_params
+
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            flat = {k: archive[k] for k in archive.files}
+    except (OSError, ValueError, zipfile.BadZipFile) as e:
+        raise WeightsError(f"cannot read {path}: not a numpy .npz archive of arrays ({e})") from None
+    if not is_flax_params(flat):
+        raise WeightsError(f"{path}: an .npz of {len(flat)} arrays, but not iMF's flax parameter tree (keys such as "
+                           f"'net/shared_blocks_0/...'; found {sorted(flat)[:4]})")
+    root = flax_root(flat, prefer)
+    weights = {"ema_params": "ema", "params": "model", None: "state_dict"}[root]
+    return from_flax_params(flat, prefer), {"source": "imf-flax", "weights": weights, "release": "iMF",
+                                            "latent": json.loads(json.dumps(RELEASE_LATENT))}
 
 
 def _strip_prefixes(state_dict: dict[str, torch.Tensor], path: Path) -> dict[str, torch.Tensor]:
@@ -319,11 +375,13 @@ def _strip_prefixes(state_dict: dict[str, torch.Tensor], path: Path) -> dict[str
 
 
 def detect_family(state_dict: dict[str, torch.Tensor], stored: dict[str, Any] | None) -> str:
-    """The family of a state_dict: a stored model_config's "family", else recognised by its keys (DiT-DH: both
-    patch embeddings and Fourier time features; DDT: both, Linear patch embeddings; LightningDiT: its RoPE buffers,
+    """The family of a state_dict: a stored model_config's "family", else recognised by its keys (iMF: its u head's
+    final layer; DiT-DH: both patch embeddings and Fourier time features; DDT: both, Linear patch embeddings; LightningDiT: its RoPE buffers,
     learned norm scales, a 4 D adaLN (wo_shift) or its unrounded SwiGLU width; DiT otherwise)."""
     if stored and stored.get("family"):
         return str(stored["family"])
+    if "u_final_layer.linear.weight" in state_dict:
+        return "iMF"
     if "s_embedder.proj.weight" in state_dict:
         return "DiT-DH" if "t_embedder.W" in state_dict else "DDT"
     if any(k in state_dict for k in ("feat_rope.freqs_cos", "blocks.0.norm1.weight", "final_layer.norm_final.weight")):

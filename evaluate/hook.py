@@ -1,20 +1,26 @@
 """FID during training (`dit-train --fid-every N --fid-ref REF`): a trainer hook (train/hooks.py protocol).
 
 Every `every` steps all ranks sample `num_samples` images with the EMA weights (rank 0 holds the EMA; it is
-broadcast into a sampling copy on every rank) with exactly `dit-sample`'s deterministic sampler: DDPM with
-`steps` respaced steps, guidance `cfg_scale` on the channels `--cfg-channels` picks (auto: dit-sample's rule), classes chosen by
-(seed, index) as `dit-sample --num-samples N --seed S --labels L` chooses them (`labels`: uniform draws or
-equal counts per class, sample/plan.py), noise of sample i from (seed, i). Each rank
-extracts the Inception features of its images; rank 0 gathers them, computes FID, sFID, Inception Score and
-precision/recall against REF (whose features or precomputed statistics are loaded once, in `setup`) with
-`dit-eval`'s own function (evaluate.run.compute_metrics, protocol `adm`), and writes them with the seconds the
-evaluation took to metrics.jsonl and TensorBoard.
+broadcast into a sampling copy on every rank) with exactly `dit-sample`'s deterministic sampler, through one
+sampling protocol (dit/protocols.py): a release's (`--protocol NAME`: its grid, solver, guidance rule and image
+conversion, with --fid-steps, --fid-cfg-scale and --fid-labels as overrides), or `custom`, the run objective's FID
+sampler (DDPM; flow: the Euler ODE; a one-step model: one mean-flow step) with `steps` steps (250, one-step models
+1), guidance `cfg_scale` (1.5) on the channels `--cfg-channels` picks (auto: dit-sample's rule); classes chosen by
+(seed, index) as `dit-sample --num-samples N --seed S --labels L` chooses them (`labels`: uniform draws or equal
+counts per class, sample/plan.py), noise of sample i from (seed, i). Each rank extracts the Inception features of
+its images; rank 0 gathers them, computes FID, sFID, Inception Score and precision/recall against REF (whose
+features or precomputed statistics are loaded once, in `setup`) with `dit-eval`'s own function
+(evaluate.run.compute_metrics, evaluation protocol `adm`), and writes them with the seconds the evaluation took to
+metrics.jsonl and TensorBoard.
 
-Each row records what the hook ran (`fid_run`): the protocol, sampler, steps, the guidance it applied (and the scale
-asked for when it could not apply it), the guided channels, the time shift, the classes, seed and weights, the
-sampled model's architecture, the Inception network's identity and the reference (file, kind, who made its
-statistics). dit-report reads that record, never config.json, to describe the evaluation. A random Inception's
-numbers are stored and named as such (evaluate/labels.py: `fd_rand`, "FD-rand0-5K"), never as FID.
+Each row records what the hook ran (`fid_run`): `sampling`, the sampling protocol's own record (Protocol.record:
+name, solver, steps, guidance scale, interval and channels, the grid with its resolved time shift, labels, image
+conversion, the values changed from the release's row), the one record of what the sampler ran; beside it what
+that record does not hold: the guidance as applied to this model (and the scale asked for when it could not apply
+it, with the reason), the evaluation protocol, seed and weights, the sampled model's architecture, the Inception
+network's identity, the reference (file, kind, who made its statistics) and the dit-sample / dit-eval arguments
+that reproduce the number. dit-report reads that record, never config.json, to describe the evaluation. A random
+Inception's numbers are stored and named as such (evaluate/labels.py: `fd_rand`, "FD-rand0-5K"), never as FID.
 
 Training is unchanged by it: the hook uses its own model copy and per-sample generators, draws no global
 random numbers and leaves the trained model and its optimizer untouched.
@@ -43,14 +49,14 @@ from dit_pipeline.evaluate import labels as L
 from dit_pipeline.evaluate.inception import INPUT_SIZE, describe_network, load_inception
 from dit_pipeline.evaluate.inputs import Source, check_resolution, open_source
 from dit_pipeline.evaluate.metrics import NEIGHBOURHOOD_K
-from dit_pipeline.evaluate.protocols import PROTOCOLS
+from dit_pipeline.evaluate.protocols import PROTOCOLS as EVAL_PROTOCOLS
 from dit_pipeline.evaluate.run import Side, check_network, compute_metrics, fd_dinov2
 from dit_pipeline.sample import plan
-from dit_pipeline.sample.config import FID_SAMPLER, FLOW_SAMPLERS
-from dit_pipeline.sample.generate import generate_images, guided_model_fn, make_diffusion, resolve_cfg_channels
-from dit_pipeline.sample.grid import GRIDS, DecodeSettings, effective_cfg_scale, run_time_shift
+from dit_pipeline.sample.config import FID_SAMPLER, FLOW_SAMPLERS, PROTOCOLS, SPECS, guidance_inert, protocols
+from dit_pipeline.sample.generate import generate_images, protocol_loop, protocol_model_fn, resolve_cfg_channels
+from dit_pipeline.sample.grid import GRIDS, DecodeSettings, effective_cfg_scale, run_prediction, run_time_shift
 
-FID_CFG_SCALE = 1.5  # the guidance of DiT's FID-50K 2.27, where guidance acts
+FID_CFG_SCALE = 1.5  # the guidance of DiT's FID-50K 2.27, where guidance acts (without --protocol)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -70,10 +76,18 @@ class FidSettings(DecodeSettings):
         None, "FID reference: the ADM reference batch (VIRTUAL_imagenet256_labeled.npz), an .npz or folder of "
         "images, or a statistics file", group=GRIDS)
     fid_num_samples: int = setting(5000, "Samples per FID evaluation", group=GRIDS)
-    fid_steps: int = setting(250, "DDPM steps of the FID samples", group=GRIDS)
+    fid_steps: int | None = setting(None, "Steps of the FID samples (the sampler's own count, as dit-sample --steps)",
+                                    group=GRIDS, shown="the protocol's; else 250, a one-step model's 1")
     fid_cfg_scale: float | None = setting(
         None, "Guidance scale of the FID samples; a scale that would do nothing (a MeanFlow model, one without "
-        "label dropout) is refused", group=GRIDS, shown=f"{FID_CFG_SCALE} where guidance acts, else 1 (none)")
+        "label dropout, a protocol without guidance) is refused", group=GRIDS,
+        shown=f"the protocol's; else {FID_CFG_SCALE}; 1 (none) where guidance cannot act")
+    protocol: str | None = setting(
+        None, "Sample the FID images as a release does (as dit-sample's protocol: its grid, solver, guidance rule, "
+        "image conversion; README 'Sampling protocols'); the FID steps and guidance scale, when given, change its "
+        "values",
+        group=GRIDS, choices=tuple(n for n, p in PROTOCOLS.items() if p.guidance.rule != "autoguidance"),
+        shown="none: the objective's FID sampler")
     fid_batch_size: int = setting(32, "FID samples per GPU and batch", group=GRIDS)
     fid_labels: str = setting("uniform", "Classes of the FID samples: uniform draws or equal counts per class, as "
                               "dit-sample --labels", group=GRIDS, choices=plan.LABEL_SAMPLINGS)
@@ -90,7 +104,8 @@ class FidSettings(DecodeSettings):
         "test (README 'Trying FID without the Inception weights'); the numbers are not FID", group=GRIDS,
         shown="off")
 
-    def fid_problems(self) -> list[str]:
+    def fid_problems(self, objective: str | None = None) -> list[str]:
+        """Every problem of the FID settings (`objective`: the run's, which a --protocol's solver must sample)."""
         p: list[str] = []
         if self.fid_every is None:
             if self.fid_ref:
@@ -108,6 +123,16 @@ class FidSettings(DecodeSettings):
         if self.fid_cfg_scale is not None and not (isinstance(self.fid_cfg_scale, (int, float))
                                                    and self.fid_cfg_scale >= 1.0):
             p.append(f"--fid-cfg-scale must be >= 1 (1 = no guidance), got {self.fid_cfg_scale!r}")
+        if self.protocol is not None and self.protocol in PROTOCOLS and \
+                PROTOCOLS[self.protocol].guidance.rule == "autoguidance":
+            p.append(f"--protocol {self.protocol} guides with a second network, which FID during training does not "
+                     "load; sample it with dit-sample --protocol " + self.protocol + " --guidance-model FILE")
+        elif self.protocol is not None and self.protocol not in PROTOCOLS:
+            p.append(f"--protocol must be one of {', '.join(PROTOCOLS)}, got {self.protocol!r}")
+        elif self.protocol is not None and objective in SPECS and \
+                PROTOCOLS[self.protocol].solver not in SPECS[objective].samplers:
+            p.append(f"--protocol {self.protocol} samples with {PROTOCOLS[self.protocol].solver}, which does not sample "
+                     f"a {objective} model; choose the protocol of a {objective} release")
         return p + choice(self, "fid_labels", plan.LABEL_SAMPLINGS)
 
 
@@ -118,8 +143,8 @@ class FidHook:
     vae: str
     vae_config: str | None = None
     num_samples: int = 5000
-    steps: int = 250
-    cfg_scale: float = 1.5
+    steps: int | None = None  # None: the protocol's, else the objective's default (250; one-step models: 1)
+    cfg_scale: float | None = None  # None: the protocol's, else 1.5
     batch_size: int = 32
     seed: int = 0
     labels: str = "uniform"  # sample.plan.LABEL_SAMPLINGS: uniform draws or equal counts per class
@@ -127,6 +152,8 @@ class FidHook:
     input_size: int = INPUT_SIZE  # test knob (299 for real numbers)
     random_inception: int | None = None  # test knob
     sampler: str = "ddpm"  # sample.config.FID_SAMPLER of the run's objective (flow: "euler")
+    objective: str = "ddpm"  # the run's
+    protocol: str | None = None  # a release's sampling protocol (dit/protocols.py); None: `custom` from the above
     cfg_channels: str = "auto"  # resolved per model (sample.generate.resolve_cfg_channels), recorded with the FID
     fd_dinov2: bool = False  # also FD_DINOv2 of the same samples (evaluate/dinov2.py, fast resize)
     dinov2: str | None = None
@@ -137,11 +164,13 @@ class FidHook:
                       objective: str) -> "FidHook":
         """The hook a TrainConfig's FID settings ask for (`vae`: the --vae or the manifest's VAE)."""
         assert s.fid_every is not None and s.fid_ref is not None
-        cfg_scale = effective_cfg_scale(s.fid_cfg_scale, FID_CFG_SCALE, objective, s, "--fid-cfg-scale")
+        cfg_scale = effective_cfg_scale(s.fid_cfg_scale, fid_default_scale(s.protocol), objective, s,
+                                        "--fid-cfg-scale", protocol=s.protocol)
         return cls(every=s.fid_every, ref=s.fid_ref, vae=vae, vae_config=vae_config, num_samples=s.fid_num_samples,
                    steps=s.fid_steps, cfg_scale=cfg_scale, batch_size=s.fid_batch_size, seed=seed,
                    inception=s.inception, input_size=s.fid_input_size, random_inception=s.fid_random_inception,
-                   sampler=FID_SAMPLER[objective], labels=s.fid_labels, cfg_channels=str(s.cfg_channels), fd_dinov2=s.fd_dinov2, dinov2=s.dinov2)
+                   sampler=FID_SAMPLER[objective], labels=s.fid_labels, cfg_channels=str(s.cfg_channels),
+                   fd_dinov2=s.fd_dinov2, dinov2=s.dinov2, objective=objective, protocol=s.protocol)
 
     def setup(self, ctx: HookContext) -> None:
         """Every rank: VAE, Inception, a sampling copy of the model; the reference's features (all ranks
@@ -190,21 +219,15 @@ class FidHook:
             self.setup(ctx)
         start = time.perf_counter()
         model = self._sync_ema(ctx)
-        # what guidance can do here: nothing without a null class (no label dropout) or on a MeanFlow model (its
-        # guidance is trained in); the record says so (an iMF model takes the scale as its omega input)
-        applies = float(ctx.model_config.get("class_dropout_prob", 0.1)) > 0 and \
-            getattr(model, "conditions", "t") != "meanflow"
-        cfg_scale = self.cfg_scale if applies else 1.0
-        # a flow model (dit-train --objective flow) samples with the Euler ODE, a ddpm model with DDPM
-        sampler = self.sampler
-        flow = {"time_shift": run_time_shift(ctx.config)} if sampler in FLOW_SAMPLERS else {}  # the run's shift
-        diffusion = make_diffusion(sampler, self.steps, learn_sigma=bool(model.learn_sigma), **flow)
-        try:
-            channels = resolve_cfg_channels(self.cfg_channels, ctx.model_config,
-                                            "flow" if sampler in FLOW_SAMPLERS else "ddpm")
-        except ValueError as e:
-            raise UserError(str(e)) from None
-        model_fn = guided_model_fn(model, cfg_scale=cfg_scale, cfg_channels=channels)
+        proto = self.resolve_protocol(ctx)
+        convention = "sit"  # the trainer's flow models run SiT's time (dit/flow.py)
+        shape = (int(ctx.model_config["in_channels"]), int(ctx.model_config["input_size"]),
+                 int(ctx.model_config["input_size"]))
+        diffusion = protocol_loop(proto, latent_shape=shape, recorded_shift=run_time_shift(ctx.config),
+                                  convention=convention, learn_sigma=bool(model.learn_sigma),
+                                  prediction=run_prediction(ctx.config))  # the run's
+        model_fn = protocol_model_fn(proto, model, objective=self.objective, convention=convention)
+        cfg_scale, channels = proto.guidance.scale, proto.guidance.channels
         labels = plan.class_labels(num_samples=self.num_samples, seed=self.seed, num_classes=ctx.num_classes,
                                    sampling=self.labels)
         ws = ctx.world_size
@@ -215,9 +238,9 @@ class FidHook:
         def images():
             for b in batches:
                 yield b, generate_images(model, self._state["vae"], diffusion, indices=b,
-                                         labels=labels[b].tolist(), seed=self.seed,
-                                         norm=norm, sampler=sampler, cfg_scale=cfg_scale,
-                                         model_fn=model_fn)
+                                         labels=labels[b].tolist(), seed=self.seed, norm=norm,
+                                         sampler=proto.solver, cfg_scale=cfg_scale, model_fn=model_fn,
+                                         conversion=proto.conversion)
 
         extractor = self._state["inception"]
         if self.fd_dinov2:  # the DINOv2 features of the same images, as an extra output
@@ -236,8 +259,7 @@ class FidHook:
         stored = {L.record_key(k, seed): v for k, v in numbers.items()}
         names = {f"{k}_name": v for k, v in L.metric_names(self.num_samples, seed).items()
                  if stored.get(k) is not None}
-        run = self.run_record(ctx, sampler=sampler, cfg_scale=cfg_scale, channels=channels,
-                              flow=flow.get("time_shift"))
+        run = self.run_record(ctx, proto, shape)
         record = {"step": ctx.step, **stored, **names, "fid_ref": Path(self.ref).name,
                   "fid_num_samples": self.num_samples, "fid_labels": self.labels, "fid_cfg_channels": channels,
                   "fid_seconds": time.perf_counter() - start, "fid_run": run}
@@ -247,37 +269,56 @@ class FidHook:
         name = names[f"{key}_name"]
         dino = f", {names['fd_dinov2_name']} {numbers['fd_dinov2']:.4g}" if "fd_dinov2_name" in names else ""
         what = f"{name} {numbers['fid']:.4g}" if seed is None else f"{name} {numbers['fid']:.4g} ({L.random_note(seed)})"
-        get_logger().info("step %d: %s [protocol adm; %d samples vs %s; %s %d steps, guidance %s] (sFID %s, IS %s, "
+        get_logger().info("step %d: %s [protocol adm; %d samples vs %s; %s, guidance %s] (sFID %s, IS %s, "
                           "precision %s, recall %s%s) in %.1f s", ctx.step, what, self.num_samples, record["fid_ref"],
-                          sampler, self.steps, run["guidance"], _fmt(numbers["sfid"]),
+                          L.sampled_by(run["sampling"]), run["guidance"], _fmt(numbers["sfid"]),
                           _fmt(numbers["inception_score"]), _fmt(numbers["precision"]), _fmt(numbers["recall"]),
                           dino, record["fid_seconds"])
         return record
 
-    def run_record(self, ctx: HookContext, *, sampler: str, cfg_scale: float, channels: str,
-                   flow: float | None) -> dict[str, Any]:
-        """What this evaluation ran, as dit-report shows it (see the module docstring)."""
+    def resolve_protocol(self, ctx: HookContext) -> protocols.Protocol:
+        """The sampling protocol of the FID samples (dit/protocols.py): --protocol's row (with --fid-steps,
+        --fid-cfg-scale and --fid-labels where they change it, recorded as overrides), or `custom`: the objective's
+        FID sampler, its default steps, guidance 1.5 on --cfg-channels' channels (auto: dit-sample's rule), the
+        run's time shift. Guidance is off (scale 1) where it cannot act (sample.config.guidance_inert: a model without
+        the null class, a MeanFlow model)."""
+        conditions = str(getattr(ctx.model, "conditions", ctx.model_config.get("conditions", "t")))
+        guided = guidance_inert(conditions, float(ctx.model_config.get("class_dropout_prob", 0.1)) > 0) is None
+        if self.protocol is not None:
+            p = protocols.protocol(self.protocol).with_overrides(count=self.steps, scale=self.cfg_scale,
+                                                                 labels=self.labels)
+            if p.solver not in SPECS[self.objective].samplers:
+                raise UserError(f"--protocol {p.name} samples with {p.solver}, which does not sample a {self.objective} "
+                                "model; choose the protocol of a release of this objective")
+            return p if guided else p.with_overrides(scale=1.0)
+        try:
+            channels = resolve_cfg_channels(self.cfg_channels, ctx.model_config,
+                                            "flow" if self.sampler in FLOW_SAMPLERS else "ddpm")
+        except ValueError as e:
+            raise UserError(str(e)) from None
+        scale = (self.cfg_scale if self.cfg_scale is not None else FID_CFG_SCALE) if guided else 1.0
+        return protocols.custom(solver=self.sampler, steps=self.steps or SPECS[self.objective].default_steps,
+                                scale=scale, channels=channels, time_shift=run_time_shift(ctx.config),
+                                labels=self.labels)
+
+    def run_record(self, ctx: HookContext, proto: protocols.Protocol, shape: tuple[int, ...]) -> dict[str, Any]:
+        """What this evaluation ran, as dit-report shows it (see the module docstring): the sampling protocol's
+        record (dit/protocols.py, resolved: solver, steps, guidance, grid and shift, labels, image conversion,
+        overrides) and what it does not hold: the guidance as applied to this model and why an asked scale was
+        not, the evaluation protocol, weights, model, Inception network, reference and the reproducing commands."""
         mc = dict(ctx.model_config)
         ref: Side = self._state["ref"]
-        guided = getattr(self._state["model"], "conditions", "t") == "t" and cfg_scale > 1.0
-        if getattr(self._state["model"], "conditions", "t") == "meanflow":
-            guidance = "none at sampling (MeanFlow trains its guidance in)"
-        elif getattr(self._state["model"], "conditions", "t") == "imf":
-            guidance = f"omega {cfg_scale:g} (iMF's network input)"
-        elif guided:
-            guidance = f"{cfg_scale:g} on {'all' if channels == 'all' else 'the first ' + channels} channel(s)"
-        else:
-            guidance = "none (1.0)"
+        conditions = str(getattr(self._state["model"], "conditions", "t"))
+        g = proto.guidance
+        asked = self.cfg_scale if self.cfg_scale is not None else fid_default_scale(self.protocol)
         why = None
-        if cfg_scale != self.cfg_scale:
-            why = (f"--fid-cfg-scale {self.cfg_scale:g} asked; not applied: "
-                   + ("MeanFlow trains its guidance in" if mc.get("conditions") == "meanflow"
-                      else "the model has no null class (trained without label dropout)"))
-        return {"protocol": "adm", "protocol_source": PROTOCOLS["adm"].source, "sampler": sampler, "steps": self.steps,
-                "cfg_scale": cfg_scale, "cfg_scale_asked": self.cfg_scale, "guidance": guidance,
-                "guidance_note": why, "cfg_channels": channels if guided else None, "time_shift": flow,
-                "labels": self.labels, "seed": self.seed, "weights": "ema" if ctx.ema is not None else "raw",
-                "num_samples": self.num_samples,
+        if asked != g.scale:
+            inert = guidance_inert(conditions, float(mc.get("class_dropout_prob", 0.1)) > 0)
+            why = f"--fid-cfg-scale {asked:g} asked; not applied: {inert or 'the model cannot be guided'}"
+        return {"protocol": "adm", "protocol_source": EVAL_PROTOCOLS["adm"].source,
+                "sampling": proto.record(shape, run_time_shift(ctx.config)),
+                "guidance": applied_guidance(proto, conditions), "guidance_note": why, "cfg_scale_asked": asked,
+                "seed": self.seed, "weights": "ema" if ctx.ema is not None else "raw", "num_samples": self.num_samples,
                 "model": {"name": mc.get("model") or (ctx.config or {}).get("model"), "family": mc.get("family", "DiT"),
                           "architecture": type(self._state["model"]).describe(mc), "input_size": mc.get("input_size"),
                           "in_channels": mc.get("in_channels"), "conditions": mc.get("conditions", "t")},
@@ -286,18 +327,22 @@ class FidHook:
                 "reference": {"file": Path(self.ref).name, "path": str(self.ref), "kind": ref.source.kind,
                               "count": ref.source.count, "provenance": ref.source.provenance,
                               "statistics": "precomputed" if "pool" in ref.source.stats else "computed from its images"},
-                "image_conversion": "dit",
                 # what reproduces these samples and numbers offline (RAE #70: online and offline FID must agree):
                 # dit-sample --ckpt <this step's checkpoint> <these> --npz S.npz; dit-eval S.npz --ref <the ref> <eval>
-                "dit_sample_args": self.sample_args(sampler, cfg_scale, channels, ctx.ema is not None),
+                "dit_sample_args": self.sample_args(proto, ctx.ema is not None),
                 "dit_eval_args": self.eval_args()}
 
-    def sample_args(self, sampler: str, cfg_scale: float, channels: str, ema: bool) -> list[str]:
+    def sample_args(self, proto: protocols.Protocol, ema: bool) -> list[str]:
+        """dit-sample's flags for the same samples: --protocol NAME with its values as run, or the sampler flags."""
         vae = ["--vae", str(self.vae)] + (["--vae-config", str(self.vae_config)] if self.vae_config else [])
-        return [*vae, "--weights", "ema" if ema else "model", "--sampler", sampler, "--steps", str(self.steps),
-                "--cfg-scale", f"{cfg_scale:g}", *(["--cfg-channels", channels] if cfg_scale > 1 else []),
-                "--num-samples", str(self.num_samples), "--labels", self.labels, "--seed", str(self.seed),
-                "--batch-size", str(self.batch_size)]
+        g = proto.guidance
+        if proto.name != "custom":
+            how = ["--protocol", proto.name, "--steps", str(proto.count), "--cfg-scale", f"{g.scale:g}"]
+        else:
+            how = ["--sampler", proto.solver, "--steps", str(proto.count), "--cfg-scale", f"{g.scale:g}",
+                   *(["--cfg-channels", g.channels] if g.scale > 1 else [])]
+        return [*vae, "--weights", "ema" if ema else "model", *how, "--num-samples", str(self.num_samples),
+                "--labels", self.labels, "--seed", str(self.seed), "--batch-size", str(self.batch_size)]
 
     def eval_args(self) -> list[str]:
         out = ["--protocol", "adm"]
@@ -306,6 +351,26 @@ class FidHook:
         elif self.inception:
             out += ["--inception", str(self.inception)]
         return out + (["--input-size", str(self.input_size)] if self.input_size != INPUT_SIZE else [])
+
+
+def fid_default_scale(protocol: str | None) -> float:
+    """The FID guidance scale when --fid-cfg-scale is not given: the protocol's, else FID_CFG_SCALE."""
+    return PROTOCOLS[protocol].guidance.scale if protocol in PROTOCOLS else FID_CFG_SCALE
+
+
+def applied_guidance(proto: protocols.Protocol, conditions: str) -> str:
+    """The guidance a protocol applies to a model with these time inputs, in words (dit-report shows it)."""
+    g = proto.guidance
+    if conditions == "meanflow":
+        return "none at sampling (MeanFlow trains its guidance in)"
+    where = "" if g.interval is None else \
+        f" where the noise level is in {g.ends[0]}{g.interval[0]:g}, {g.interval[1]:g}{g.ends[1]}"
+    if conditions == "imf":
+        return f"omega {g.scale:g} (iMF's network input){where}"
+    if g.rule not in ("cfg", "autoguidance") or not g.scale > 1.0:
+        return "none (1.0)"
+    on = "all" if g.channels == "all" else f"the first {g.channels}"
+    return f"{g.scale:g} on {on} channel(s){where}" + (" (AutoGuidance)" if g.rule == "autoguidance" else "")
 
 
 class WithDINOv2(torch.nn.Module):

@@ -59,3 +59,22 @@ def fid_key(record: dict[str, Any]) -> str | None:
 def random_note(seed: int) -> str:
     return (f"the Frechet distance of an Inception network with random weights (seed {seed}): a smoke test, not "
             "FID, comparable with nothing published")
+
+
+def t2i_metric_name(short: str, n: int) -> str:
+    """A text-to-image score named the same way: "CLIPScore-30K" for "CLIPScore" over 30000 samples,
+    "GenEval-2212" for GenEval's 553 prompts x 4 images (evaluate/t2i.py)."""
+    return f"{short}-{count_label(n)}"
+
+
+def sampled_by(sampling: dict[str, Any]) -> str:
+    """A sampling protocol record (Protocol.record) in words: "ddpm in 250 steps" or "the ddt protocol
+    (MCG-NJU/DDT): euler in 6 steps, changed: steps 6"."""
+    how = f"{sampling.get('solver')} in {sampling.get('count')} steps"
+    shift = (sampling.get("grid") or {}).get("resolved_shift")
+    if isinstance(shift, (int, float)) and shift != 1.0:
+        how += f", time shift {shift:g}"
+    if sampling.get("name") in (None, "custom"):
+        return how
+    changed = f", changed: {', '.join(sampling['overrides'])}" if sampling.get("overrides") else ""
+    return f"the {sampling['name']} protocol ({sampling.get('release')}): {how}{changed}"

@@ -25,21 +25,16 @@ choice of classes it samples with.
   1e-10 in the logs; reference `ref_mu`/`ref_sigma` (`get_reference`). Its sampler
   (`utils/sample_util.py`) converts as `clip(127.5 x + 128, 0, 255)` truncated, as DiT's.
 
-The image conversions are named as the sampling protocols (dit/protocols.py, `dit-sample --protocol`) name them;
-until that module is merged the names are this module's `IMAGE_CONVERSIONS`.
+Each protocol names its sampler's image conversion by the name the sampling protocols give it
+(dit/protocols.py `CONVERSIONS`, read here through sample.config as the import rules allow: evaluate/ imports
+common/ and sample/ only); `EvalProtocol.conversion` is that function, the one `dit-sample --protocol` applies.
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from typing import Any
 
-# name -> what the release's sampler does to its decoder output to get uint8 pixels (issue 40, item 5)
-IMAGE_CONVERSIONS = {
-    "dit": "clamp(127.5 x + 128, 0, 255), truncated to uint8 (DiT's sample_ddp.py, ADM, iMF)",
-    "rae": "x * 255 of [0, 1] images, truncated (RAE's sample_ddp.py)",
-    "nanogen": "clamp(x, 0, 1) * 255, truncated (NanoGen's src/eval/generation.py)",
-}
-
+from dit_pipeline.sample.config import CONVERSIONS, Conversion
 
 @dataclass(frozen=True)
 class ScoreRule:
@@ -67,9 +62,14 @@ class EvalProtocol:
     score: ScoreRule
     ref_keys: tuple[str, ...]        # the statistics keys the release reads from its reference file
     reference: str                   # the reference the release publishes against
-    image_conversion: str            # IMAGE_CONVERSIONS key of the release's sampler
+    image_conversion: str            # the release sampler's image conversion: a key of CONVERSIONS
     labels: str                      # how the release's sampler chooses the classes
     requires: str | None = None      # an optional extra it needs at run time
+
+    @property
+    def conversion(self) -> Conversion:
+        """The image conversion of the release's sampler (dit/protocols.py), by its name."""
+        return CONVERSIONS[self.image_conversion]
 
     def record(self) -> dict[str, Any]:
         return {**asdict(self), "score": asdict(self.score), "metrics": list(self.metrics),

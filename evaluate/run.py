@@ -23,7 +23,7 @@ from dit_pipeline.common import distributed as dist
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.io import atomic_write_json, check_writable_dir
 from dit_pipeline.common.log import setup_logging
-from dit_pipeline.evaluate import dinov2, labels
+from dit_pipeline.evaluate import dinov2, labels, t2i
 from dit_pipeline.evaluate import metrics as M
 from dit_pipeline.evaluate.config import EvalConfig
 from dit_pipeline.evaluate.features import source_features
@@ -141,57 +141,78 @@ def _run(cfg: EvalConfig) -> dict[str, Any]:
     device = torch.device(cfg.device) if cfg.device else dist.device()
     names = parse_protocols(cfg.protocol)
 
-    def inspect() -> tuple[Source, Source]:
-        pair = open_source(cfg.samples, "SAMPLES"), open_source(cfg.ref, "REF")
-        check_comparable(*pair)
+    def inspect() -> tuple[Source, Source | None, list[dict[str, Any]] | None, str | None]:
+        samples = open_source(cfg.samples, "SAMPLES")
+        ref = open_source(cfg.ref, "REF") if cfg.ref is not None else None
+        if ref is not None:
+            check_comparable(samples, ref)
+        records, origin = None, None
+        if cfg.t2i:  # the prompts and every evaluator's needs, before any model is loaded
+            if samples.kind not in ("npz", "folder"):
+                raise UserError(f"SAMPLES {samples.path} is a {samples.kind} file; the text-to-image evaluators need "
+                                "the images (.npz or folder)")
+            records, origin = t2i.sample_prompts(samples, cfg.prompts)
+            records = t2i.prepare_records(cfg.t2i, records, origin, cfg.geneval_metadata)
         check_result_path(cfg.json_path)  # before any feature work: the result must have somewhere to go
-        return pair
+        return samples, ref, records, origin
 
-    samples, ref = dist.on_rank0(inspect)
-    log.info("samples: %s\nreference: %s (%s)", samples.describe(), ref.describe(), ref.provenance)
+    samples, ref, records, origin = dist.on_rank0(inspect)
     per_protocol: dict[str, Any] = {}
-    for name in names:
-        protocol = PROTOCOLS[name]
-        model, ident = _load_model(cfg, protocol, device)
-        notes = [n for n in (check_network(samples, ident, "SAMPLES"), check_network(ref, ident, "REF")) if n]
-        for note in notes:
-            log.warning("%s", note)
-        log.info("protocol %s: Inception network %s", describe(protocol), describe_network(ident))
-        sides = []
-        for src in (samples, ref):
-            feats = None
-            if src.kind != "statistics":
-                feats = source_features(src, model, ident, batch_size=cfg.batch_size, device=device,
-                                        use_cache=cfg.cache, quiet=cfg.quiet, log=log)
-            sides.append(Side(src, feats))
-        per_protocol[name] = (protocol, ident, sides, notes)
-        del model
-    dino = _dinov2_features(cfg, samples, ref, device, log) if cfg.fd_dinov2 else None
+    dino = None
+    if ref is not None:
+        log.info("samples: %s\nreference: %s (%s)", samples.describe(), ref.describe(), ref.provenance)
+        for name in names:
+            protocol = PROTOCOLS[name]
+            model, ident = _load_model(cfg, protocol, device)
+            notes = [n for n in (check_network(samples, ident, "SAMPLES"), check_network(ref, ident, "REF")) if n]
+            for note in notes:
+                log.warning("%s", note)
+            log.info("protocol %s: Inception network %s", describe(protocol), describe_network(ident))
+            sides = []
+            for src in (samples, ref):
+                feats = None
+                if src.kind != "statistics":
+                    feats = source_features(src, model, ident, batch_size=cfg.batch_size, device=device,
+                                            use_cache=cfg.cache, quiet=cfg.quiet, log=log)
+                sides.append(Side(src, feats))
+            per_protocol[name] = (protocol, ident, sides, notes)
+            del model
+        dino = _dinov2_features(cfg, samples, ref, device, log) if cfg.fd_dinov2 else None
+    scored = t2i.run_t2i(cfg, samples, records, str(device), log) if records is not None else None
 
     def finish() -> dict[str, Any]:
-        sections = {}
-        for name, (protocol, ident, sides, notes) in per_protocol.items():
-            try:
-                numbers = protocol_metrics(protocol, *sides, device=device)
-            except ValueError as e:
-                raise UserError(f"cannot compute the metrics of {samples.path} against {ref.path} under protocol "
-                                f"{name}: {e}") from None
-            if dino is not None and name == names[0]:
-                numbers["fd_dinov2"] = fd_dinov2(*dino[:2])
-            sections[name] = protocol_section(protocol, ident, numbers, samples, ref, notes)
-        first = sections[names[0]]
-        result = {"format": RESULT_FORMAT, "version": RESULT_VERSION, **first["numbers"],
-                  **{k: first[k] for k in ("fid_name", "metric_names", "proxy", "reference_file", "protocol",
-                                           "reference_statistics")},
-                  "protocols": sections,
-                  "samples": {"path": str(samples.path), "kind": samples.kind, "count": samples.count,
-                              "label_sampling": samples.label_sampling, "class_counts": samples.class_counts},
-                  "ref": {"path": str(ref.path), "kind": ref.kind, "count": ref.count, "provenance": ref.provenance,
-                          "stats_keys": list(ref.stats_keys) if ref.stats_keys else None,
-                          "extractor": ref.extractor},
-                  "extractor": first["extractor"], **({"dinov2_extractor": dino[2]} if dino else {}),
-                  "seconds": round(time.perf_counter() - start, 3), "config": cfg.to_dict()}
+        result: dict[str, Any] = {"format": RESULT_FORMAT, "version": RESULT_VERSION}
+        described = {"path": str(samples.path), "kind": samples.kind, "count": samples.count,
+                     "label_sampling": samples.label_sampling, "class_counts": samples.class_counts}
+        if ref is not None:
+            sections = {}
+            for name, (protocol, ident, sides, notes) in per_protocol.items():
+                try:
+                    numbers = protocol_metrics(protocol, *sides, device=device)
+                except ValueError as e:
+                    raise UserError(f"cannot compute the metrics of {samples.path} against {ref.path} under "
+                                    f"protocol {name}: {e}") from None
+                if dino is not None and name == names[0]:
+                    numbers["fd_dinov2"] = fd_dinov2(*dino[:2])
+                sections[name] = protocol_section(protocol, ident, numbers, samples, ref, notes)
+            first = sections[names[0]]
+            result.update({**first["numbers"],
+                           **{k: first[k] for k in ("fid_name", "metric_names", "proxy", "reference_file", "protocol",
+                                                    "reference_statistics")},
+                           "protocols": sections, "samples": described,
+                           "ref": {"path": str(ref.path), "kind": ref.kind, "count": ref.count,
+                                   "provenance": ref.provenance,
+                                   "stats_keys": list(ref.stats_keys) if ref.stats_keys else None,
+                                   "extractor": ref.extractor},
+                           "extractor": first["extractor"], **({"dinov2_extractor": dino[2]} if dino else {})})
+        else:
+            result["samples"] = described
+        if scored is not None:
+            result.update({"t2i": scored[0], "prompts": origin, "t2i_samples": str(cfg.rows_path)})
+        result.update({"seconds": round(time.perf_counter() - start, 3), "config": cfg.to_dict()})
         try:
+            if scored is not None:
+                t2i.write_rows(cfg.rows_path, scored[1])
             atomic_write_json(cfg.json_path, result)
         except OSError as e:
             print(format_result(result), flush=True)  # the numbers are not lost with the file
@@ -282,15 +303,18 @@ DISTANCE_DECIMALS = 6  # printed FID, sFID, FD_DINOv2, IS, precision, recall: pa
 
 def format_result(result: dict[str, Any]) -> str:
     """The printout: per protocol a line naming it, its network, the sample count and the reference, then the ADM
-    evaluator's metric lines (n/a where an input lacked what it needs), FD_DINOv2 after them when computed."""
-    sections = result.get("protocols") or {result.get("protocol", "adm"): {"numbers": result, "metric_names": {}}}
+    evaluator's metric lines (n/a where an input lacked what it needs), FD_DINOv2 after them when computed (when
+    there was a reference); then one line per text-to-image evaluator."""
+    sections = result.get("protocols")
+    if sections is None and any(k in result for k in (*METRIC_NAMES, *labels.RANDOM_KEYS.values())):
+        sections = {result.get("protocol", "adm"): {"numbers": result, "metric_names": {}}}  # a version 1 result
     lines = []
-    for name, sec in sections.items():
+    for name, sec in (sections or {}).items():
         if "sample_count" in sec:
             lines.append(f"[{name}] {describe(PROTOCOLS[name])}: {sec['sample_count']} samples vs "
                          f"{sec['reference_file']} ({sec['reference_statistics']}), Inception network: {sec['network']}")
         lines += _metric_lines(sec["numbers"], sec.get("metric_names", {}))
-    return "\n".join(lines)
+    return "\n".join(lines + t2i.format_t2i(result.get("t2i") or {}))
 
 
 def _metric_lines(numbers: dict[str, Any], names: dict[str, str]) -> list[str]:
@@ -311,15 +335,17 @@ def shown_value(key: str, value: float) -> str:
 
 
 def format_names(result: dict[str, Any]) -> str:
-    """The line naming the distances with their sample count and reference (evaluate/labels.py)."""
+    """The line naming the numbers with their sample count and reference (evaluate/labels.py)."""
     names = [v for k, v in result.get("metric_names", {}).items() if result.get(k) is not None]
-    if result.get("fid_name", "").startswith("FD-rand"):
+    names += [r["name"] for r in (result.get("t2i") or {}).values()]
+    if str(result.get("fid_name") or "").startswith("FD-rand"):
         proxy = f"; a proxy: {labels.random_note(int(result['protocols'][result['protocol']]['random_inception']))}"
     else:
         proxy = f"; a proxy: papers report {labels.count_label(labels.PAPER_SAMPLES)}" if result.get("proxy") else ""
+    against = f" vs {result.get('reference_file')}" if "reference_file" in result else ""
     protocol = f", protocol {result['protocol']}" if result.get("protocol") else ""
-    return (f"names: {', '.join(names)} ({result['samples']['count']} samples vs "
-            f"{result.get('reference_file')}{protocol}{proxy})")
+    prompts = f", prompts from {result['prompts']}" if result.get("prompts") else ""
+    return f"names: {', '.join(names)} ({result['samples']['count']} samples{against}{protocol}{proxy}{prompts})"
 
 
 def main(cfg: EvalConfig) -> dict[str, Any]:
@@ -327,6 +353,6 @@ def main(cfg: EvalConfig) -> dict[str, Any]:
     result = run_eval(cfg)
     if dist.rank() == 0:
         print(format_result(result))
-        print(f"wrote {cfg.json_path}")
+        print(f"wrote {cfg.json_path}" + (f" and {cfg.rows_path}" if result.get("t2i") else ""))
         print(format_names(result))
     return result

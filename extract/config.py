@@ -12,14 +12,17 @@ from typing import Any
 
 import torch
 
+from dit_pipeline.common.pixels import is_pixel_space
 from dit_pipeline.common.determinism import DEFAULT_CPU_THREADS
 from dit_pipeline.common.errors import collect
 from dit_pipeline.common.vae import DEFAULT_VAE
 from dit_pipeline.common.precision import PRECISIONS_AUTO as PRECISIONS
+from dit_pipeline.shards.pixels import ENCODING as PIXELS_ENCODING, ENCODINGS as PIXELS_ENCODINGS
 from dit_pipeline.shards.pixels import MAX_SIDE as PIXELS_MAX_SIDE
 
-STORES = ("posterior", "sample")
-DTYPES = ("float16", "float32", "bfloat16")
+STORES = ("posterior", "sample", "pixels")  # "pixels": --encoder pixels only (no arrays: the crop is the latent)
+DTYPES = ("float16", "float32", "bfloat16", "uint8")
+TEXT_DTYPES = ("auto", "float16", "bfloat16", "float32")
 # Measured (BENCHMARKS.md, "Extraction"): fp16 autocast is ~8x closer to fp32 than bf16 on the SD-VAE
 # encoder and runs at the same tensor-core rate on A100/H100/H200, so it is the GPU default. A batch that
 # comes out non-finite under fp16 is re-encoded in fp32 (see encode.py), so overflow cannot corrupt a shard.
@@ -53,15 +56,28 @@ class ExtractConfig:
     limit: int | None = None               # only the first N images of the sorted list
     seed: int = 0                          # posterior-sample noise for --store sample
     pixels: bool = False                   # also store each crop as the VAE saw it (shards' pixels field, REPA)
+    pixel_encoding: str = PIXELS_ENCODING  # how: lossless WebP, or "npy-uint8" (shards/pixels.py)
     cpu_threads: int = DEFAULT_CPU_THREADS  # intra-op threads of the encoder on CPU (common/determinism.py)
     strict: bool = False                   # an unusable image is an error instead of a skip
     keep_empty_classes: bool = False       # a class folder without images keeps its label (else refused)
     allow_split_names: bool = False        # class folders named train/val/... are accepted (else refused)
     overwrite: bool = False                # replace a shard set made with another config
     quiet: bool = False
+    # Captions (issue 37, extract/captions.py): a mapping file (.jsonl, .json, .csv, .tsv) or "sidecar" (a caption
+    # file beside each image; a WebDataset tar's .txt/.json members); the keys/columns that hold captions.
+    captions: str | None = None
+    caption_keys: str = "caption,captions"
+    # Text features (extract/text.py): with --text-encoder, --data-path is a shard set with captions and --out
+    # becomes its text sibling set (the captions' features at their true lengths).
+    text_encoder: str | None = None
+    text_max_length: int | None = None     # tokens per caption (default: the encoder's preset, e.g. 256 for Qwen3)
+    text_dtype: str = "auto"               # storage of the features: auto = the encoder's 16-bit dtype, else float16
+    text_revision: str | None = None       # hub revision of --text-encoder
 
     def __post_init__(self) -> None:
-        if self.encoder and self.store == "posterior":
+        if is_pixel_space(self.encoder):  # pixels as the latent space (common/pixels.py): the crops are the store
+            self.store, self.dtype, self.pixels = "pixels", "uint8", True
+        elif self.encoder and self.store == "posterior":
             self.store = "sample"  # features are deterministic, without a posterior: stored as the latent
 
     def validate(self) -> "ExtractConfig":
@@ -74,8 +90,15 @@ class ExtractConfig:
             p.append(f"--image-size must be a positive multiple of 8 (e.g. 256 or 512), got {self.image_size}")
         if self.store not in STORES:
             p.append(f"--store must be one of {', '.join(STORES)}, got {self.store!r}")
+        elif (self.store == "pixels") != is_pixel_space(self.encoder):
+            p.append("--store pixels is the store of a pixel-space set: pass --encoder pixels (and no --store)")
         if self.dtype not in DTYPES:
             p.append(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        elif (self.dtype == "uint8") != (self.store == "pixels"):
+            p.append("--dtype uint8 is the dtype of a pixel-space set (--encoder pixels); latents are stored as "
+                     "float16, float32 or bfloat16")
+        if is_pixel_space(self.encoder) and (self.encoder_weights or self.encoder_layers is not None):
+            p.append("--encoder pixels has no weights or layers; drop --encoder-weights and --encoder-layers")
         if self.precision not in PRECISIONS:
             p.append(f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         for name in ("batch_size", "samples_per_shard", "limit"):
@@ -94,11 +117,46 @@ class ExtractConfig:
             p.append(f"--seed must be >= 0, got {self.seed}")
         if self.cpu_threads < 1:
             p.append(f"--cpu-threads must be >= 1, got {self.cpu_threads}")
-        if self.pixels and isinstance(self.image_size, int) and self.image_size > PIXELS_MAX_SIDE:
+        p.extend(self._text_problems())
+        if self.pixel_encoding not in PIXELS_ENCODINGS:
+            p.append(f"--pixel-encoding must be one of {', '.join(PIXELS_ENCODINGS)}, got {self.pixel_encoding!r}")
+        elif self.pixel_encoding != PIXELS_ENCODING and not self.pixels:
+            p.append(f"--pixel-encoding {self.pixel_encoding} says how the crops are stored: add --pixels (or "
+                     "--encoder pixels)")
+        if self.pixels and self.pixel_encoding == PIXELS_ENCODING and isinstance(self.image_size, int) and \
+                self.image_size > PIXELS_MAX_SIDE:
             p.append(f"--pixels stores lossless WebP, whose sides are at most {PIXELS_MAX_SIDE} pixels; "
                      f"--image-size is {self.image_size}")
         collect(p, "dit-extract options")
         return self
+
+    def _text_problems(self) -> list[str]:
+        p: list[str] = []
+        if self.captions is not None and not str(self.captions).strip():
+            p.append("--captions needs a mapping file (.jsonl, .json, .csv, .tsv) or 'sidecar'")
+        if not [k for k in self.caption_keys.split(",") if k.strip()]:
+            p.append("--caption-keys needs at least one key, e.g. caption or long_caption,short_caption")
+        if self.text_dtype not in TEXT_DTYPES:
+            p.append(f"--text-dtype must be one of {', '.join(TEXT_DTYPES)}, got {self.text_dtype!r}")
+        if self.text_max_length is not None and self.text_max_length < 1:
+            p.append(f"--text-max-length must be >= 1, got {self.text_max_length}")
+        if (self.text_max_length is not None or self.text_revision) and not self.text_encoder:
+            p.append("--text-max-length and --text-revision need --text-encoder")
+        if self.text_encoder:
+            given = [flag for flag, on in (("--captions", self.captions is not None), ("--pixels", self.pixels),
+                                           ("--encoder", self.encoder is not None),
+                                           ("--latent-stats", self.latent_stats is not None),
+                                           ("--limit", self.limit is not None),
+                                           ("--samples-per-shard", self.samples_per_shard is not None)) if on]
+            if given:
+                p.append(f"--text-encoder encodes the captions of the shard set in --data-path into a sibling set "
+                         f"with its keys and shards; {', '.join(given)} do not apply (drop them)")
+        return p
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """--caption-keys as a tuple."""
+        return tuple(k.strip() for k in self.caption_keys.split(",") if k.strip())
 
     @property
     def views(self) -> int:

@@ -117,7 +117,8 @@ def sample_grid(model: nn.Module, *, vae: nn.Module, scaling_factor: float | Non
                 shift_factor: float | None = None, class_labels: Sequence[int], seed: int, steps: int = 50,
                 sampler: str = "ddim", cfg_scale: float = 4.0, cfg_channels: str = "auto", batch_size: int | None = None,
                 precision: str = "fp32", cpu_threads: int = DEFAULT_CPU_THREADS,
-                norm: LatentNorm | None = None, time_shift: float = 1.0) -> np.ndarray:
+                norm: LatentNorm | None = None, time_shift: float = 1.0,
+                prediction: dict[str, Any] | None = None) -> np.ndarray:
     """Sample one image per entry of `class_labels` -> uint8 [N, H, W, 3] (numpy).
 
     model: a DiT (not DDP-wrapped; pass the EMA copy) on its device; `vae` on the same device.
@@ -128,13 +129,14 @@ def sample_grid(model: nn.Module, *, vae: nn.Module, scaling_factor: float | Non
     batch_size: images per batch (default: all in one). Bit-identical to `dit-sample` with the same batch
     size and `--cpu-threads` on the same machine; another batch size changes the last float bits.
     time_shift: a flow sampler's grid shift (dit/shift.py; the run's, as dit-sample reads it from the checkpoint).
+    prediction: a flow model's recorded prediction (dit.flow.prediction_from_record; None: velocity).
     """
     if sampler not in SAMPLERS:
         raise ValueError(f"sampler must be one of {', '.join(SAMPLERS)}, got {sampler!r}")
     labels = [int(c) for c in class_labels]
     objective = "flow" if sampler in dit.FLOW_SAMPLERS else "ddpm"
     cfg_channels = resolve_cfg_channels(cfg_channels, model.config, objective)  # auto: the model's rule
-    flow = {"time_shift": float(time_shift)} if sampler in dit.FLOW_SAMPLERS else {}
+    flow = {"time_shift": float(time_shift), "prediction": prediction} if sampler in dit.FLOW_SAMPLERS else {}
     diffusion = make_diffusion(sampler, steps, learn_sigma=bool(model.learn_sigma), **flow)
     was_training = model.training
     model.eval()
@@ -169,25 +171,36 @@ def run_time_shift(config: dict[str, Any] | None) -> float:
 GRID_CFG_SCALE = 4.0  # the grids' guidance where guidance acts (pictures)
 
 
-def guidance_inert_for(objective: str, settings: Any) -> str | None:
+def guidance_inert_for(objective: str, settings: Any, protocol: str | None = None) -> str | None:
     """Why guidance settings do nothing in a training run of `objective` (sample.config.guidance_inert), from its
-    settings' label dropout."""
+    settings' label dropout and, for the FID samples, the sampling protocol they follow."""
     from dit_pipeline.dit.objectives import SPECS
     from dit_pipeline.sample.config import guidance_inert
 
     conditions = SPECS[objective].conditions if objective in SPECS else "t"
-    return guidance_inert(conditions, float(getattr(settings, "class_dropout_prob", 0.1) or 0) > 0)
+    return guidance_inert(conditions, float(getattr(settings, "class_dropout_prob", 0.1) or 0) > 0, protocol)
 
 
-def effective_cfg_scale(given: float | None, default: float, objective: str, settings: Any, flag: str) -> float:
+def effective_cfg_scale(given: float | None, default: float, objective: str, settings: Any, flag: str,
+                        protocol: str | None = None) -> float:
     """The grid or FID guidance a run uses: `given`, else `default` where guidance acts, else 1 (a given scale that
     would do nothing is refused in TrainConfig.validate; here it falls back to 1 for safety)."""
     from dit_pipeline.sample.config import resolve_cfg_scale
 
     try:
-        return resolve_cfg_scale(given, default, guidance_inert_for(objective, settings), flag)
+        return resolve_cfg_scale(given, default, guidance_inert_for(objective, settings, protocol), flag)
     except ValueError:
         return 1.0
+
+
+def run_prediction(config: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What a training run's flow model predicts, as its checkpoints record it (dit.objectives: None for velocity)."""
+    from dit_pipeline.dit.objectives import spec
+
+    c = config or {}
+    if c.get("objective") != "flow":
+        return None
+    return spec("flow").record({k: c[k] for k in ("prediction", "t_eps") if k in c}).get("prediction")
 
 
 def default_grid_labels(num_classes: int, n: int = 8) -> list[int]:
@@ -389,7 +402,7 @@ class SampleGridHook:
             images = sample_grid(model, vae=self._vae, norm=LatentNorm.from_record(ctx.latent), class_labels=labels,
                                  seed=self.seed, steps=self.steps, sampler=self.sampler, cfg_scale=cfg_scale,
                                  cfg_channels=self.channels_used(ctx.model_config), precision=self.precision,
-                                 time_shift=run_time_shift(ctx.config))
+                                 time_shift=run_time_shift(ctx.config), prediction=run_prediction(ctx.config))
             name = f"step-{ctx.step:07d}{'-raw' if w == 'raw' else ''}.png"
             path = save_grid(images, Path(ctx.run_dir) / "samples" / name, labels=texts)
         return path

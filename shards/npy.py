@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import struct
+import tokenize
 
 import numpy as np
 
@@ -73,7 +74,8 @@ def _parse_header(head: bytes) -> tuple[str, tuple[int, ...], int, int] | str:
             shape, fortran, dtype = np.lib.format.read_array_header_2_0(stream)
         else:
             return f"unsupported NPY version {major}.{minor}"
-    except (ValueError, SyntaxError, TypeError, struct.error) as e:
+    except (ValueError, SyntaxError, TypeError, struct.error, tokenize.TokenError) as e:
+        # numpy's header reader tokenizes the dict literal: a damaged one can end inside a string (TokenError)
         return f"unreadable NPY header ({e})"
     if dtype.hasobject:
         return "pickle payload (NPY array of Python objects; refused, never unpickled)"
@@ -125,3 +127,12 @@ def widen(raw: np.ndarray, dtype: str) -> np.ndarray:
     if dtype == "bfloat16":
         return from_bfloat16_bits(raw)
     return raw.astype(np.float32)
+
+
+def widen_into(out: np.ndarray, raw: np.ndarray, dtype: str) -> None:
+    """Write the float32 values of a stored array into `out` (a float32 array of its shape), exactly, with at
+    most one temporary (the loader widens text features straight into the batch)."""
+    if dtype == "bfloat16":
+        np.left_shift(raw.astype(np.uint32), np.uint32(16), out=out.view(np.uint32))
+    else:
+        out[...] = raw

@@ -143,6 +143,9 @@ def _fid_panel(ax, records: list[dict], key: str, paper: tuple[str, float] | Non
     label = name or (f"FID ({n} samples)" if n else "FID")
     ax.set_ylabel(label + ("\n(not FID)" if key != "fid" else ""))
     where = f"; protocol {protocol}, {n} samples vs {last.get('fid_ref')}" if protocol else ""
+    sampling = (run.get("sampling") or {}).get("name")
+    if sampling not in (None, "custom"):
+        where += f", sampled by the {sampling} protocol"
     ax.set_title(f"best {label} {min(ys):.4g} at step {xs[ys.index(min(ys))]}{where}", fontsize=8)
     lo, hi = min(ys), max(ys)
     if hi - lo < 1e-3 * max(abs(hi), 1e-12):  # a flat curve: a readable range, not 7 digits of rounding noise

@@ -12,7 +12,7 @@ here); the plan prints it.
       fid_setting: cfg 6.7 on 3 channels, guidance where t >= 0.125, Euler 250-point grid shifted by 0.3
       epochs: 800
       extraction: dit-extract ... (the shard set the recipe needs)
-      sampling: {sampler: euler, steps: 249, ...}   # dit-sample settings that gave the number
+      sampling: {protocol: lightningdit, ...}   # dit-sample settings that gave the number (a release's protocol)
       gpu_hours: null                # as the paper states them, when it does
       requires:                      # the extraction, compared with the shard set's manifest
         latent_shape: [32, 16, 16]
@@ -47,7 +47,7 @@ NOT_DEPARTURES = frozenset((
     "shuffle_buffer", "shards_in_flight", "prefetch_factor", "skip_bad_shards", "verify_shards", "micro_batch_size",
     "seed", "precision", "tf32", "grad_checkpointing", "compile", "attention", "jvp_attention", "ddp_bucket_mb",
     "log_every", "ckpt_every", "keep_last", "keep_every", "resume", "peak_tflops", "tensorboard", "wandb",
-    "wandb_project", "quiet", "dry_run", "extra", "recipe", "allow_departures"))
+    "wandb_project", "quiet", "dry_run", "extra", "recipe", "allow_departures", "protocol"))
 TEXT_KEYS = ("name", "paper", "arxiv", "source", "fid_setting", "extraction", "notes")
 NUMBER_KEYS = ("fid", "epochs", "gpu_hours")
 

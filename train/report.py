@@ -72,14 +72,15 @@ def _evaluation(cfg: dict[str, Any], ev: dict[str, Any] | None) -> list[str]:
                 "here; config.json says only what was asked.")
         return [head, "", "| metric | value |", "|---|---|", *rows]
     ref, model = run.get("reference") or {}, run.get("model") or {}
+    sampling = run.get("sampling") or {}  # the sampling protocol's record (dit/protocols.py), resolved
     note = f" ({run['guidance_note']})" if run.get("guidance_note") else ""
-    shift = f", time shift {run['time_shift']:g}" if isinstance(run.get("time_shift"), (int, float)) else ""
+    made = "" if ref.get("provenance") in (None, "images") else f"; {ref.get('provenance')}"
     lines = [f"Step {ev['step']}, protocol {run.get('protocol')} ({run.get('protocol_source')}): "
-             f"{run.get('num_samples')} samples against `{ref.get('file')}` ({ref.get('statistics')}"
-             f"{'' if ref.get('provenance') in (None, 'images') else '; ' + str(ref.get('provenance'))}), sampled with the {run.get('weights')} weights of the model "
-             f"{model.get('name')} as built ({model.get('architecture')}) by {run.get('sampler')} in "
-             f"{run.get('steps')} steps{shift}, guidance {run.get('guidance')}{note}, classes {run.get('labels')}, "
-             f"seed {run.get('seed')}; the evaluation took {_num(ev.get('fid_seconds'), '.1f')} s.", "",
+             f"{run.get('num_samples')} samples against `{ref.get('file')}` ({ref.get('statistics')}{made}), sampled "
+             f"with the {run.get('weights')} weights of the model {model.get('name')} as built "
+             f"({model.get('architecture')}) by {L.sampled_by(sampling)}, guidance {run.get('guidance')}{note}, "
+             f"classes {sampling.get('labels')}, images by the '{sampling.get('conversion')}' conversion, seed "
+             f"{run.get('seed')}; the evaluation took {_num(ev.get('fid_seconds'), '.1f')} s.", "",
              f"Inception network: {run.get('network')}."]
     if key != "fid":
         lines += ["", f"These numbers are not FID: {L.random_note(int(run.get('random_inception') or 0))}."]

@@ -135,6 +135,29 @@ def test_protocol_names_are_checked():
         parse_protocols("fid")
 
 
+def test_each_protocol_names_its_samplers_image_conversion_from_the_sampling_protocols():
+    """The evaluation protocols take their samplers' image conversions by name from dit/protocols.py (the function
+    dit-sample --protocol applies), and each is the release's arithmetic, transcribed here: ADM's reference
+    sampler, DiT's sample_ddp.py l.132 (clamp(127.5 x + 128, 0, 255), truncated); NanoGen's
+    src/eval/generation.py l.167-168 (its decoder's [0, 1] images clamp(0, 1), mul(255), truncated); iMF's
+    utils/sample_util.py l.28-29 (127.5 x + 128, clip to [0, 255], astype(uint8))."""
+    from dit_pipeline.dit.protocols import CONVERSIONS
+
+    x = torch.linspace(-1.2, 1.2, 3 * 4 * 5, dtype=torch.float32).reshape(1, 3, 4, 5)
+    x[0, 0, 0, 0] = 0.0039  # 127.5 x + 128 = 128.497...: truncated, not rounded
+    unit = (x + 1) / 2  # a [0, 1] decoder's images of the same pixels
+    want = {
+        "adm": torch.clamp(127.5 * x + 128.0, 0, 255).permute(0, 2, 3, 1).to(torch.uint8),
+        "nanogen": unit.clamp(0, 1).mul(255).permute(0, 2, 3, 1).to(torch.uint8),
+        "imf": torch.from_numpy(np.clip(127.5 * x.permute(0, 2, 3, 1).numpy() + 128.0, 0, 255).astype(np.uint8)),
+    }
+    assert {n: p.image_conversion for n, p in PROTOCOLS.items()} == {"adm": "dit", "nanogen": "nanogen", "imf": "dit"}
+    for name, p in PROTOCOLS.items():
+        assert p.conversion is CONVERSIONS[p.image_conversion]
+        assert torch.equal(p.conversion(x, unit), want[name]), name
+    assert want["adm"][0, 0, 0, 0].item() == 128 and not torch.equal(want["adm"], want["nanogen"])
+
+
 # --- one set of samples, every protocol ---------------------------------------------------------------------------
 
 def test_every_protocol_from_one_set_of_samples_is_named_with_what_produced_it(tmp_path, capsys):

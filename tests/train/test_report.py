@@ -69,8 +69,10 @@ def test_the_report_describes_what_the_hook_ran_not_what_config_json_asked(run_d
     applied 1.0, "model SiT-XL/2" for a depth-2 model); now from the hook's record in metrics.jsonl."""
     (ev,) = [r for r in read_metrics(run_dir) if "fd_rand" in r]
     run = ev["fid_run"]
-    assert (run["protocol"], run["sampler"], run["steps"], run["cfg_scale"], run["labels"], run["seed"]) == \
-        ("adm", "ddpm", 2, 1.5, "uniform", 0)
+    sampling = run["sampling"]  # the sampling protocol's record (dit/protocols.py): the one record of what ran
+    assert (run["protocol"], sampling["name"], sampling["solver"], sampling["count"], sampling["guidance"]["scale"],
+            sampling["guidance"]["channels"], sampling["labels"], sampling["conversion"], run["seed"]) == \
+        ("adm", "custom", "ddpm", 2, 1.5, "3", "uniform", "dit", 0)
     assert run["model"]["architecture"] == "depth 2, hidden 32, heads 2, patch 2" and run["num_samples"] == 4
     assert run["inception"]["random_seed"] == 0 and run["reference"]["file"] == "ref.npz"
     assert run["reference"]["statistics"] == "computed from its images"
@@ -85,7 +87,7 @@ def test_the_report_describes_what_the_hook_ran_not_what_config_json_asked(run_d
     assert ("Step 4, protocol adm (openai/guided-diffusion evaluations/evaluator.py): 4 samples against `ref.npz` "
             "(computed from its images), sampled with the ema weights of the model DiT-S/2 as built (depth 2, "
             "hidden 32, heads 2, patch 2) by ddpm in 2 steps, guidance 1.5 on the first 3 channel(s), classes "
-            "uniform, seed 0") in md
+            "uniform, images by the 'dit' conversion, seed 0") in md
     assert "guidance 4" not in md and "250 steps" not in md
     assert "Inception network: RANDOM weights (random-seed-0: not FID), input 75" in md
 
