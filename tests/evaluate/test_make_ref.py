@@ -144,3 +144,12 @@ def test_make_ref_onto_a_full_disk_is_one_line_and_leaves_nothing(tmp_path, monk
         f"error: cannot write --out {out}: No space left on device (injected at eval.make_ref_write) (the disk is "
         "full); nothing was written. Free space or pass --out on another disk (it needs about 0 MiB)")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["val"]
+    # a captioned reference: its prompts file, written first, goes too
+    captions = tmp_path / "c.jsonl"
+    captions.write_text("".join(f'{{"file": "{i}.png", "caption": "gray {i}"}}\n' for i in range(3)))
+    faults._counts.clear()
+    r = CliRunner().invoke(eval_main, ["--make-ref", str(val), "--captions", str(captions), "--image-size", "16",
+                                       "--out", str(out), "--quiet", *FAST])
+    assert r.exit_code == 1 and r.output.strip().splitlines()[-1].startswith(f"error: cannot write --out {out}: No "
+                                                                             "space left on device")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.jsonl", "val"]

@@ -133,6 +133,13 @@ def test_protocol_names_are_checked():
     assert parse_protocols("all") == ["adm", "nanogen", "imf"] and parse_protocols("imf, adm") == ["imf", "adm"]
     with pytest.raises(ValueError, match=r"--protocol fid: known protocols are adm, nanogen, imf \(or all\)"):
         parse_protocols("fid")
+    from dit_pipeline.common.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:  # text-to-image scores only: an evaluation protocol would do nothing
+        EvalConfig(samples="s.npz", t2i=("clip-score",), protocol="nanogen").validate()
+    assert ("--protocol nanogen chooses how FID is computed against --ref, and there is no --ref (the text-to-image "
+            "evaluators do not use it); add --ref or drop --protocol") in str(e.value)
+    EvalConfig(samples="s.npz", t2i=("clip-score",)).validate()
 
 
 def test_each_protocol_names_its_samplers_image_conversion_from_the_sampling_protocols():
