@@ -282,7 +282,7 @@ class FidHook:
         FID sampler, its default steps, guidance 1.5 on --cfg-channels' channels (auto: dit-sample's rule), the
         run's time shift. Guidance is off (scale 1) where it cannot act (sample.config.guidance_inert: a model without
         the null class, a MeanFlow model)."""
-        conditions = str(getattr(ctx.model, "conditions", ctx.model_config.get("conditions", "t")))
+        conditions = str(getattr(self._state["model"], "conditions", ctx.model_config.get("conditions", "t")))
         guided = guidance_inert(conditions, float(ctx.model_config.get("class_dropout_prob", 0.1)) > 0) is None
         if self.protocol is not None:
             p = protocols.protocol(self.protocol).with_overrides(count=self.steps, scale=self.cfg_scale,

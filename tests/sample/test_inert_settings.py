@@ -101,5 +101,5 @@ def test_dit_train_fid_guidance_follows_the_protocol(tiny_vae_dir):
     scales = {name: build_hooks(TrainConfig(**base, protocol=name))[-1].cfg_scale for name in ("ddt", "rae", None)}
     assert scales == {"ddt": 2.0, "rae": 1.0, None: 1.5}
     assert TrainConfig(**base, protocol="ddt").resolved_guidance()["fid_cfg_scale"] == 2.0
-    _, fid = build_hooks(TrainConfig(**base, protocol="ddt", class_dropout_prob=0.0))
+    (fid,) = build_hooks(TrainConfig(**base, protocol="ddt", class_dropout_prob=0.0))
     assert fid.cfg_scale == 1.0  # no null class: none, whatever the protocol's scale
