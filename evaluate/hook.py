@@ -84,8 +84,8 @@ class FidSettings(DecodeSettings):
         shown=f"the protocol's; else {FID_CFG_SCALE}; 1 (none) where guidance cannot act")
     protocol: str | None = setting(
         None, "Sample the FID images as a release does (as dit-sample's protocol: its grid, solver, guidance rule, "
-        "image conversion; README 'Sampling protocols'); the FID steps and guidance scale, when given, change its "
-        "values",
+        "image conversion; README 'Sampling protocols'); the FID steps and guidance scale, when given, and the FID "
+        "labels change its values (recorded as overrides)",
         group=GRIDS, choices=tuple(n for n, p in PROTOCOLS.items() if p.guidance.rule != "autoguidance"),
         shown="none: the objective's FID sampler")
     fid_batch_size: int = setting(32, "FID samples per GPU and batch", group=GRIDS)
