@@ -124,7 +124,8 @@ def sample_main() -> None:
 @click.option("--last-step-size", type=float, default=default(SampleConfig, "last_step_size"), show_default=True,
               help="euler-maruyama: the final noise-free step (SiT's 'Mean' last step).")
 @click.option("--time-shift", type=float, default=None,
-              help="Flow samplers: shift the time grid toward noise, SD3's s (noise level s n / (1 + (s - 1) n)); "
+              help="Flow samplers: shift the time grid by SD3's s (noise level s n / (1 + (s - 1) n)): toward noise "
+              "for s > 1, toward data for s < 1; "
               "LightningDiT's timestep_shift a is 1/a (0.3: 3.333) [the shift the model was trained with, as its "
               "checkpoint records it; else 1, none].")
 @click.option("--latent-stats", default=None, metavar="FILE",
@@ -134,8 +135,9 @@ def sample_main() -> None:
               help="DDT: compute the encoder every K-th network call and reuse its state in between (DDT's encoder "
               "sharing, on a uniform schedule; 1 = every call).")
 @click.option("--cfg-scale", type=float, default=None,
-              help="Classifier-free guidance scale (1 = none). The published FID-50K 2.27 uses 1.5. [the "
-              "protocol's; else 4.0]")
+              help="Classifier-free guidance scale (1 = none). The published FID-50K 2.27 uses 1.5. [the protocol's; "
+              "else 4.0; 1 where guidance cannot act (no null class; MeanFlow, whose guidance is trained in; a "
+              "protocol without guidance), where a scale other than 1 is refused; iMF: its omega input]")
 @click.option("--cfg-channels", default=default(SampleConfig, "cfg_channels"), show_default=True, metavar="|".join(CFG_CHANNELS) + "|N",
               help="Latent channels classifier-free guidance guides: auto = the first 3 where that reproduces the "
               "reference sampler (a 4-channel DiT/SiT, LightningDiT's release: their published FIDs), all channels "
@@ -555,6 +557,10 @@ def report_main(run_dir: str, out: str | None, debug: bool) -> None:
 @click.option("--dinov2-resize", type=click.Choice(("torch", "pil")), default="torch", show_default=True,
               help="The 224 px resize of FD_DINOv2: torch (F.interpolate, antialiased; fast) or pil (dgm-eval's "
               "exact reference; BENCHMARKS.md: how far apart).")
+@click.option("--protocol", default=default(EvalConfig, "protocol"), show_default=True, metavar="NAME[,NAME]",
+              help="The published evaluation protocol(s) to compute (README 'Evaluation'): adm (the ADM evaluator), "
+              "nanogen (NanoGen: torch-fidelity's inception-v3-compat, the 'fidelity' extra), imf (iMF's), "
+              "comma-separated, or all. Each protocol's numbers are printed under its name.")
 @click.option("--t2i", "t2i", multiple=True, metavar="NAME",
               help="Text-to-image evaluator(s), repeatable: clip-score, geneval, dpg-bench, vqascore (without "
               "--ref: only these). The samples need their prompts (--prompts, or dit-sample's record).")
@@ -614,24 +620,27 @@ def _make_ref(folder: str, image_size: int | None, out: str | None, options: dic
         raise click.UsageError("--make-ref builds a reference batch; it takes no SAMPLES, --ref or --t2i")
     if image_size is None or out is None:
         raise click.UsageError("--make-ref needs --image-size N (the crops' side) and --out REF.npz")
+    if options["protocol"] != "adm":
+        raise click.UsageError("--make-ref writes the ADM evaluator's statistics (protocol adm); drop --protocol")
     log = setup_logging(None, quiet=options["quiet"])
     path = check_output(out, captioned=captions is not None)
     records, extra = None, ""
     if captions is not None:
-        ref = captioned_reference(folder, captions, image_size, crop=crop, seed=seed)
+        ref = captioned_reference(folder, captions, image_size, crop=crop, seed=seed, quiet=options["quiet"])
         images, records, skipped = ref.images, ref.records, ref.skipped
         extra = f", {ref.uncaptioned} without a caption left out" if ref.uncaptioned else ""
     else:
-        images, _, skipped = reference_images(folder, image_size, crop=crop)
+        images, _, skipped = reference_images(folder, image_size, crop=crop, quiet=options["quiet"])
     for rel, why in skipped:
         log.warning("skipped %s: %s", rel, why)
-    write_reference(images, path, inception=options["inception"], batch_size=options["batch_size"],
-                    device=options["device"] or ("cuda" if _cuda_available() else "cpu"),
-                    random_seed=options["random_inception"], input_size=options["input_size"], log=log,
-                    records=records)
+    done = write_reference(images, path, inception=options["inception"], batch_size=options["batch_size"],
+                           device=options["device"] or ("cuda" if _cuda_available() else "cpu"),
+                           random_seed=options["random_inception"], input_size=options["input_size"],
+                           quiet=options["quiet"], log=log, records=records)
     click.echo(f"wrote {path}: {len(images)} images of {image_size}x{image_size}"
                + (f" ({len(skipped)} skipped, named in the log{extra})" if skipped else f" ({extra[2:]})" if extra
-                  else ""))
+                  else "")
+               + f" and their Inception statistics ({done['extractor']['weights']}), {done['bytes'] / 2**20:.1f} MiB")
     if records is not None:
         click.echo(f"wrote {prompts_path(path)}: their {len(records)} captions, one per image (dit-sample --prompts)")
 

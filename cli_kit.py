@@ -159,6 +159,17 @@ def _rank_prefix() -> str:
     return f"[rank {info.rank}] " if info.world_size > 1 else ""
 
 
+def _other_rank() -> bool:
+    """Whether this process is a rank other than 0 of a multi-process launch (torchrun, srun)."""
+    from dit_pipeline.common import distributed as dist
+
+    try:
+        info = dist.launch_info()
+    except UserError:
+        return False
+    return info.world_size > 1 and info.rank != 0
+
+
 def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Turn user mistakes into one clear line and the right exit code (see RELIABILITY.md)."""
 
@@ -172,6 +183,8 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except ConfigError as e:
             if debug:
                 traceback.print_exc()
+            if _other_rank():  # every rank validates the same settings: rank 0 says it once (issue 41)
+                sys.exit(2)
             raise click.UsageError(str(e)) from None
         except UserError as e:
             if debug:

@@ -16,6 +16,7 @@ real DINOv2 features were not available offline, see BENCHMARKS.md).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -51,18 +52,51 @@ def encoders(device: torch.device, precision: str, views: int) -> dict[str, tupl
 
 
 def time_encodes(encs: dict[str, tuple[LatentEncoder, str]], pixels: torch.Tensor, repeat: int,
-                 device: torch.device) -> dict[str, float]:
-    best = {name: float("inf") for name in encs}
+                 device: torch.device) -> tuple[dict[str, float], list[dict[str, float]]]:
+    """(images/s of each encoder: its fastest round; every round's images/s, for the consistency check)."""
+    rounds: list[dict[str, float]] = []
     for name, (enc, _) in encs.items():  # warm-up
         enc.submit(pixels, list(range(len(pixels)))).arrays()
     for _ in range(repeat):
+        rounds.append({})
         for name, (enc, _) in encs.items():
             _sync(device)
             t0 = time.perf_counter()
             enc.submit(pixels, list(range(len(pixels)))).arrays()
             _sync(device)
-            best[name] = min(best[name], time.perf_counter() - t0)
-    return {name: len(pixels) / t for name, t in best.items()}
+            rounds[-1][name] = len(pixels) / (time.perf_counter() - t0)
+    return {name: max(r[name] for r in rounds) for name in encs}, rounds
+
+
+def _sdpa_flops(q: Any, k: Any, v: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+    """FLOPs of a fused attention call from its shapes: Q K^T and the weighted sum of V, 2 per multiply-add."""
+    b, h, length, e = q
+    return 2 * b * h * length * k[-2] * e + 2 * b * h * length * k[-2] * v[-1]
+
+
+def gflop_per_image(enc: LatentEncoder, pixels: torch.Tensor) -> float:
+    """GFLOP of one image through the encoder as dit-extract runs it (every view), counted by
+    torch.utils.flop_counter (2 per multiply-accumulate: convolutions, matmuls), with the fused attention of the
+    CPU (which the counter leaves at 0) counted from its shapes: DINOv2-B's 12 blocks of 261 tokens (256 patches,
+    the class token, 4 registers) add 2.5 GFLOP per view to the 44.6 of its matmuls."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    ops = torch.ops.aten
+    mapping = {op: _sdpa_flops for op in (getattr(ops, "_scaled_dot_product_flash_attention_for_cpu", None),)
+               if op is not None}
+    with FlopCounterMode(display=False, custom_mapping=mapping) as counter:
+        enc.submit(pixels[:1], [0]).arrays()
+    return counter.get_total_flops() / 1e9
+
+
+def consistency_line(rounds: list[dict[str, float]], names: list[str], load: tuple[float, float]) -> str:
+    """The bench's own check: the ratio of the two encoders in each round (both ran back to back in it). On a
+    steady machine the rounds agree; a spread over 15% means the load changed within a round."""
+    ratios = [r[names[1]] / r[names[0]] for r in rounds]
+    spread = max(ratios) / min(ratios)
+    verdict = "consistent" if spread <= 1.15 else "INCONSISTENT: the load changed within a round"
+    return (f"# check: ratio per round {', '.join(f'{x:.2f}x' for x in ratios)} (spread {spread:.2f}, {verdict}); "
+            f"load average {load[0]:.1f} before, {load[1]:.1f} after")
 
 
 def sample_bytes(arrays: dict[str, np.ndarray], dtype: str, folder: Path, name: str) -> int:
@@ -108,13 +142,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     g = torch.Generator().manual_seed(0)
     pixels = torch.randint(0, 256, (a.batch, 256, 256, 3), dtype=torch.uint8, generator=g)
     encs = encoders(device, precision, a.views)
-    rates = time_encodes(encs, pixels, a.repeat, device)
+    load_before = os.getloadavg()[0]
+    rates, rounds = time_encodes(encs, pixels, a.repeat, device)
+    load_after = os.getloadavg()[0]
     names = list(rates)
+    gflops = {name: gflop_per_image(enc, pixels) for name, (enc, _) in encs.items()}
     print(f"# encodes on {device} ({precision}), batch {a.batch} x {a.views} view(s), best of {a.repeat}, "
           f"{a.threads} thread(s)")
     for name in names:
-        print(f"{name:30s} {rates[name]:8.2f} images/s")
-    print(f"{'DINOv2-B / SD-VAE':30s} {rates[names[1]] / rates[names[0]]:8.2f} x (encodes/s ratio)")
+        print(f"{name:30s} {rates[name]:8.2f} images/s  {gflops[name]:8.1f} GFLOP/image ({a.views} view(s))")
+    print(f"{'DINOv2-B / SD-VAE':30s} {rates[names[1]] / rates[names[0]]:8.2f} x the images/s "
+          f"(by FLOPs {gflops[names[0]] / gflops[names[1]]:.2f} x)")
+    print(consistency_line(rounds, names, (load_before, load_after)))
 
     import tempfile
 
@@ -129,7 +168,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             ("DINOv2-B features", {"latent": feats[0]}, "float16"),
             ("DINOv3-L features (1024x16x16)", {"latent": np.zeros((a.views, 1024, 16, 16), np.float32)}, "bfloat16")]
     print(f"# bytes per sample ({a.views} view(s)) and ImageNet-1k train totals ({IMAGENET_TRAIN:,} images)")
-    out: dict[str, Any] = {"rates": rates, "bytes": {}}
+    out: dict[str, Any] = {"rates": rates, "rounds": rounds, "gflop_per_image": gflops, "bytes": {}}
     for i, (label, arrays, dtype) in enumerate(rows):
         b = sample_bytes(arrays, dtype, folder, f"probe{i}")
         out["bytes"][f"{label} {dtype}"] = b

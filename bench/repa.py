@@ -15,6 +15,7 @@ the DiT and the projector (forward + backward), 1 x forward for the teacher.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -137,7 +138,9 @@ def main(argv: list[str] | None = None) -> None:
     device = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     steps, flops = build_steps(a.model, a.image_size, a.batch, device, teacher=a.teacher,
                                compile_backend="inductor" if a.compile else None)
+    load_before = os.getloadavg()
     sec = measure(steps, device, warmup=a.warmup, iters=a.iters, repeat=a.repeat)
+    load_after = os.getloadavg()
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else \
         f"CPU, {torch.get_num_threads()} threads"
     print(f"# {a.model} {a.image_size}px batch {a.batch}, teacher {a.teacher} (random weights), {where}, "
@@ -148,6 +151,28 @@ def main(argv: list[str] | None = None) -> None:
         print(f"| {name} | {sec[name]:.3f} | {a.batch / sec[name]:.2f} | {sec[name] / sec['plain']:.2f} | "
               f"{flops[name] / 1e9:.1f} |")
     print(f"# online teacher / cached tokens: {sec['repa'] / sec['cached']:.2f}x the step time")
+    print(consistency_line(sec, load_before, load_after))
+    print(plain_line(sec, flops))
+
+
+def plain_line(sec: dict[str, float], flops: dict[str, float]) -> str:
+    """The second check: the cached step is the plain step plus the projector, so cached / plain is near their FLOP
+    ratio (1.28 at DiT-S/2; the projector's small matmuls run a little faster than the DiT's, so a quiet machine
+    measures a little under it); far above it, plain ran in a quieter round than the others."""
+    ratio, predicted = sec["cached"] / sec["plain"], flops["cached"] / flops["plain"]
+    verdict = "consistent" if ratio <= 1.5 * predicted else "INCONSISTENT: plain ran under another load"
+    return f"# check: cached / plain {ratio:.2f} (FLOPs predict {predicted:.2f}; {verdict})"
+
+
+def consistency_line(sec: dict[str, float], load_before: tuple[float, ...], load_after: tuple[float, ...]) -> str:
+    """The bench's own check: the online step is the cached step plus the teacher forward (the host copy of the
+    tokens is negligible), so online / (cached + teacher) is about 1 on a steady machine; far from 1, the load
+    changed between the rounds and the ratios above are not to be trusted. With the load averages (1 min)
+    before and after the timed rounds."""
+    ratio = sec["repa"] / (sec["cached"] + sec["teacher"])
+    verdict = "consistent" if 0.85 <= ratio <= 1.15 else "INCONSISTENT: the load changed between rounds"
+    return (f"# check: online {sec['repa']:.3f} s vs cached + teacher {sec['cached'] + sec['teacher']:.3f} s = "
+            f"{ratio:.2f} ({verdict}); load average {load_before[0]:.1f} before, {load_after[0]:.1f} after")
 
 
 if __name__ == "__main__":

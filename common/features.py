@@ -188,15 +188,49 @@ def _create(model_name: str, *, model_args: dict[str, Any], input_size: int, wei
     kw.setdefault("num_classes", 0)
     try:
         if weights is not None:
+            _check_weights_fit(model_name, kw, weights, spec)
             return timm.create_model(model_name, pretrained=True, pretrained_cfg_overlay={"file": str(weights)}, **kw)
         return timm.create_model(model_name, pretrained=pretrained, **kw)
     except UserError:
         raise
-    except Exception as e:  # no network, wrong weights: one line
-        what = f"the weights {weights}" if weights is not None else ("its pretrained weights" if pretrained
-                                                                    else "it")
+    except Exception as e:  # no network, wrong weights: one line, the whole reason
+        reason = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
+        reason = reason if len(reason) <= 400 else reason[:400] + " ..."
+        if weights is not None:
+            raise UserError(f"--encoder-weights {weights}: timm {model_name!r} (--encoder {spec!r}) cannot load it "
+                            f"({type(e).__name__}: {reason}); pass the weights of that model, or the --encoder "
+                            "whose architecture the file holds") from None
+        what = "its pretrained weights" if pretrained else "it"
         raise UserError(f"--encoder {spec!r}: cannot build timm {model_name!r} with {what} ({type(e).__name__}: "
-                        f"{str(e).splitlines()[0] if str(e) else ''}). Offline: pass --encoder-weights FILE") from None
+                        f"{reason}). Offline: pass --encoder-weights FILE") from None
+
+
+def _check_weights_fit(model_name: str, kw: dict[str, Any], weights: Path, spec: str) -> None:
+    """UserError (complete, one line) when the file's tensors do not fit the model --encoder names: which tensors
+    differ, and the preset the file's architecture is, if any. pos_embed may differ (timm resamples it)."""
+    import timm
+
+    with torch.device("meta"):
+        want = {k: tuple(v.shape) for k, v in timm.create_model(model_name, pretrained=False, **kw).state_dict().items()}
+    try:
+        have = _read_state_dict(weights)
+    except UserError:
+        raise
+    except Exception as e:  # noqa: BLE001 - an unreadable file: one line
+        raise UserError(f"--encoder-weights {weights}: not a readable state_dict ({type(e).__name__})") from None
+    shapes = [f"{k} {list(have[k].shape)} where it needs {list(want[k])}" for k in want
+              if k in have and k != "pos_embed" and tuple(have[k].shape) != want[k]]
+    missing = [k for k in want if k not in have]
+    if not shapes and not missing:
+        return
+    try:
+        guess = f"; the file is {_preset_of_weights(have, str(weights))}'s architecture: pass --encoder " \
+                f"{_preset_of_weights(have, str(weights))}"
+    except UserError:
+        guess = "; pass the --encoder (a timm model name or a JSON encoder file) of the file's architecture"
+    first = (shapes or [f"{missing[0]} missing"])[0]
+    raise UserError(f"--encoder-weights {weights} does not fit --encoder {spec} (timm {model_name}): {len(shapes)} "
+                    f"tensor(s) of other shapes, {len(missing)} missing (first: {first}){guess}")
 
 
 def load_feature_encoder(spec: str, *, weights: str | None = None, layers: int | None = None,

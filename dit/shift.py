@@ -5,7 +5,7 @@ noise level sigma in [0, 1] (1 = pure noise) to
 
     sigma' = s sigma / (1 + (s - 1) sigma),        s > 0,
 
-which keeps both ends and, for s > 1, moves every interior level toward noise. RAE (Zheng et al. 2025,
+which keeps both ends and, for s > 1, moves every interior level toward noise (s < 1: toward data; `direction`). RAE (Zheng et al. 2025,
 arXiv:2510.11690; bytetriper/RAE stage2/transport) applies it to its training times and to its Euler grid
 (its t is the noise level: t = 1 noise) with s = sqrt(dim / base), dim = C x H x W of the latent and base 4096
 (sqrt(768 x 16 x 16 / 4096) = sqrt(48) for DINOv2-B features).
@@ -59,3 +59,8 @@ def shifted_grid(t0: float, t1: float, steps: int, s: float = 1.0) -> list[float
     if s == 1.0:  # the unshifted grid, computed exactly as dit.flow.time_grid always has
         return [t0 + (t1 - t0) * i / steps for i in range(steps + 1)]
     return [t0 + (t1 - t0) * shift_time(i / steps, s) for i in range(steps + 1)]
+
+
+def direction(s: float) -> str:
+    """Where a shift s moves the interior noise levels, in words: "toward noise" (s > 1), "toward data" (s < 1)."""
+    return "toward noise" if s > 1 else ("toward data" if s < 1 else "nowhere (no shift)")

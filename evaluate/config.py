@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from dit_pipeline.common.errors import collect
+from dit_pipeline.evaluate.protocols import parse_protocols
 from dit_pipeline.evaluate.t2i import DEFAULTS, EVALUATORS
 
 INPUT_SIZE = 299  # the TF graph's input resolution
@@ -28,6 +29,7 @@ class EvalConfig:
     fd_dinov2: bool = False  # also FD_DINOv2 (evaluate/dinov2.py)
     dinov2: str | None = None  # its weights file; None: torch hub cache (fetched once)
     dinov2_resize: str = "torch"  # "torch" (fast, antialiased F.interpolate) or "pil" (dgm-eval's exact reference)
+    protocol: str = "adm"  # evaluate/protocols.py: adm, nanogen, imf, comma-separated, or all
     t2i: tuple[str, ...] = ()  # text-to-image evaluators (evaluate/t2i.py EVALUATORS), in order
     prompts: str | None = None  # one prompt per sample; None: the prompts dit-sample recorded with the samples
     clip: str = DEFAULTS["clip"]  # CLIP score and GenEval's colors
@@ -61,6 +63,14 @@ class EvalConfig:
             problems.append(f"--dinov2-resize must be torch or pil, got {self.dinov2_resize!r}")
         if self.input_size < 75:
             problems.append(f"the Inception input size must be >= 75, got {self.input_size}")
+        try:
+            parse_protocols(self.protocol)
+        except ValueError as e:
+            problems.append(str(e))
+        else:
+            if self.ref is None and self.protocol != "adm":
+                problems.append(f"--protocol {self.protocol} chooses how FID is computed against --ref, and there is "
+                                "no --ref (the text-to-image evaluators do not use it); add --ref or drop --protocol")
         collect(problems, "dit-eval settings")
 
     def to_dict(self) -> dict[str, Any]:

@@ -8,8 +8,8 @@ the result; the other ranks get None.
 The cache: `.NAME.<sha256[:16]>.<extractor>.features.npz` beside the input (NAME is the file or folder name),
 keyed by the content hash of the input and the extractor identity (version and weights), written atomically by
 rank 0. A second evaluation of the same input is a file read. Arrays: `pool` [N, 2048], `spatial` [N, 2023],
-`logits` [N, 1008] float32, `format`, and `meta` (JSON: source, hash, extractor). Such a file can also be
-passed to `dit-eval` directly.
+`logits` [N, 1008] float32 (no `spatial` from torch-fidelity's network), `format`, and `meta` (JSON: source, hash,
+extractor). Such a file can also be passed to `dit-eval` directly.
 """
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def local_features(model: torch.nn.Module, batches: Iterable[tuple[list[int], np
                    progress: Callable[[int], None] | None = None) -> tuple[list[int], dict[str, np.ndarray]]:
     """This rank's (indices, features) for its (indices, images) batches."""
     idx: list[int] = []
-    parts: dict[str, list[np.ndarray]] = {k: [] for k in KEYS}
+    parts: dict[str, list[np.ndarray]] = {}  # the network's outputs (torch-fidelity's has no "spatial")
     for indices, images in batches:
         feats = batch_features(model, images, device)
         idx.extend(indices)
@@ -65,6 +65,8 @@ def local_features(model: torch.nn.Module, batches: Iterable[tuple[list[int], np
         if progress is not None:
             progress(len(indices))
     dims = {"pool": POOL_DIM, "spatial": SPATIAL_DIM, "logits": LOGITS_DIM}
+    if not parts:  # no batch on this rank
+        parts = {k: [] for k in KEYS}
     arrays = {k: (np.concatenate(v) if v else np.zeros((0, dims.get(k, 0)), np.float32)) for k, v in parts.items()}
     return idx, arrays
 
@@ -100,7 +102,7 @@ def gather_rows(indices: list[int], arrays: dict[str, np.ndarray], total: int,
 def write_features(path: Path, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
     with atomic_write(path) as f:
         np.savez(f, format=np.array(FEATURES_FORMAT), meta=np.array(json.dumps(meta, sort_keys=True)),
-                 **{k: np.ascontiguousarray(arrays[k], np.float32) for k in KEYS})
+                 **{k: np.ascontiguousarray(arrays[k], np.float32) for k in KEYS if k in arrays})
 
 
 def source_features(source: Source, model: torch.nn.Module, ident: dict[str, Any], *, batch_size: int,

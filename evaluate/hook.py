@@ -1,16 +1,26 @@
 """FID during training (`dit-train --fid-every N --fid-ref REF`): a trainer hook (train/hooks.py protocol).
 
 Every `every` steps all ranks sample `num_samples` images with the EMA weights (rank 0 holds the EMA; it is
-broadcast into a sampling copy on every rank) with exactly `dit-sample`'s deterministic sampler: a release's
-protocol (`--protocol`, dit/protocols.py: its grid, solver, guidance rule and image conversion), or the run
-objective's FID sampler (DDPM; flow: the Euler ODE; a one-step model: one mean-flow step) with
-`steps` steps (250, one-step models 1), guidance `cfg_scale` on the channels `--cfg-channels` picks (auto:
-dit-sample's rule), classes chosen by
-(seed, index) as `dit-sample --num-samples N --seed S --labels L` chooses them (`labels`: uniform draws or
-equal counts per class, sample/plan.py), noise of sample i from (seed, i). Each rank
-extracts the Inception features of its images; rank 0 gathers them, computes FID, sFID, Inception Score and
-precision/recall against REF (whose features or precomputed statistics are loaded once, in `setup`) and
-writes them with the seconds the evaluation took to metrics.jsonl and TensorBoard.
+broadcast into a sampling copy on every rank) with exactly `dit-sample`'s deterministic sampler, through one
+sampling protocol (dit/protocols.py): a release's (`--protocol NAME`: its grid, solver, guidance rule and image
+conversion, with --fid-steps, --fid-cfg-scale and --fid-labels as overrides), or `custom`, the run objective's FID
+sampler (DDPM; flow: the Euler ODE; a one-step model: one mean-flow step) with `steps` steps (250, one-step models
+1), guidance `cfg_scale` (1.5) on the channels `--cfg-channels` picks (auto: dit-sample's rule); classes chosen by
+(seed, index) as `dit-sample --num-samples N --seed S --labels L` chooses them (`labels`: uniform draws or equal
+counts per class, sample/plan.py), noise of sample i from (seed, i). Each rank extracts the Inception features of
+its images; rank 0 gathers them, computes FID, sFID, Inception Score and precision/recall against REF (whose
+features or precomputed statistics are loaded once, in `setup`) with `dit-eval`'s own function
+(evaluate.run.compute_metrics, evaluation protocol `adm`), and writes them with the seconds the evaluation took to
+metrics.jsonl and TensorBoard.
+
+Each row records what the hook ran (`fid_run`): `sampling`, the sampling protocol's own record (Protocol.record:
+name, solver, steps, guidance scale, interval and channels, the grid with its resolved time shift, labels, image
+conversion, the values changed from the release's row), the one record of what the sampler ran; beside it what
+that record does not hold: the guidance as applied to this model (and the scale asked for when it could not apply
+it, with the reason), the evaluation protocol, seed and weights, the sampled model's architecture, the Inception
+network's identity, the reference (file, kind, who made its statistics) and the dit-sample / dit-eval arguments
+that reproduce the number. dit-report reads that record, never config.json, to describe the evaluation. A random
+Inception's numbers are stored and named as such (evaluate/labels.py: `fd_rand`, "FD-rand0-5K"), never as FID.
 
 Training is unchanged by it: the hook uses its own model copy and per-sample generators, draws no global
 random numbers and leaves the trained model and its optimizer untouched.
@@ -35,17 +45,18 @@ from dit_pipeline.common.rae_decoder import check_grid
 from dit_pipeline.common.vae import load_vae
 from dit_pipeline.evaluate import dinov2
 from dit_pipeline.evaluate.features import gather_rows, local_features, source_features
-from dit_pipeline.evaluate.inception import INPUT_SIZE, load_inception
+from dit_pipeline.evaluate import labels as L
+from dit_pipeline.evaluate.inception import INPUT_SIZE, describe_network, load_inception
 from dit_pipeline.evaluate.inputs import Source, check_resolution, open_source
-from dit_pipeline.evaluate.labels import metric_names
 from dit_pipeline.evaluate.metrics import NEIGHBOURHOOD_K
-from dit_pipeline.evaluate.run import Side, compute_metrics, fd_dinov2
+from dit_pipeline.evaluate.protocols import PROTOCOLS as EVAL_PROTOCOLS
+from dit_pipeline.evaluate.run import Side, check_network, compute_metrics, fd_dinov2
 from dit_pipeline.sample import plan
-from dit_pipeline.sample.config import FID_SAMPLER, FLOW_SAMPLERS, PROTOCOLS, SPECS, protocols
+from dit_pipeline.sample.config import FID_SAMPLER, FLOW_SAMPLERS, PROTOCOLS, SPECS, guidance_inert, protocols
 from dit_pipeline.sample.generate import generate_images, protocol_loop, protocol_model_fn, resolve_cfg_channels
-from dit_pipeline.sample.grid import GRIDS, DecodeSettings, run_prediction, run_time_shift
+from dit_pipeline.sample.grid import GRIDS, DecodeSettings, effective_cfg_scale, run_prediction, run_time_shift
 
-DEFAULT_FID_CFG_SCALE = 1.5  # the FID setting of DiT-XL/2's 2.27
+FID_CFG_SCALE = 1.5  # the guidance of DiT's FID-50K 2.27, where guidance acts (without --protocol)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -67,12 +78,14 @@ class FidSettings(DecodeSettings):
     fid_num_samples: int = setting(5000, "Samples per FID evaluation", group=GRIDS)
     fid_steps: int | None = setting(None, "Steps of the FID samples (the sampler's own count, as dit-sample --steps)",
                                     group=GRIDS, shown="the protocol's; else 250, a one-step model's 1")
-    fid_cfg_scale: float | None = setting(None, "Guidance scale of the FID samples", group=GRIDS,
-                                          shown="the protocol's; else 1.5")
+    fid_cfg_scale: float | None = setting(
+        None, "Guidance scale of the FID samples; a scale that would do nothing (a MeanFlow model, one without "
+        "label dropout, a protocol without guidance) is refused", group=GRIDS,
+        shown=f"the protocol's; else {FID_CFG_SCALE}; 1 (none) where guidance cannot act")
     protocol: str | None = setting(
         None, "Sample the FID images as a release does (as dit-sample's protocol: its grid, solver, guidance rule, "
-        "image conversion; README 'Sampling protocols'); the FID steps and guidance scale, when given, change its "
-        "values",
+        "image conversion; README 'Sampling protocols'); the FID steps and guidance scale, when given, and the FID "
+        "labels change its values (recorded as overrides)",
         group=GRIDS, choices=tuple(n for n, p in PROTOCOLS.items() if p.guidance.rule != "autoguidance"),
         shown="none: the objective's FID sampler")
     fid_batch_size: int = setting(32, "FID samples per GPU and batch", group=GRIDS)
@@ -151,8 +164,10 @@ class FidHook:
                       objective: str) -> "FidHook":
         """The hook a TrainConfig's FID settings ask for (`vae`: the --vae or the manifest's VAE)."""
         assert s.fid_every is not None and s.fid_ref is not None
+        cfg_scale = effective_cfg_scale(s.fid_cfg_scale, fid_default_scale(s.protocol), objective, s,
+                                        "--fid-cfg-scale", protocol=s.protocol)
         return cls(every=s.fid_every, ref=s.fid_ref, vae=vae, vae_config=vae_config, num_samples=s.fid_num_samples,
-                   steps=s.fid_steps, cfg_scale=s.fid_cfg_scale, batch_size=s.fid_batch_size, seed=seed,
+                   steps=s.fid_steps, cfg_scale=cfg_scale, batch_size=s.fid_batch_size, seed=seed,
                    inception=s.inception, input_size=s.fid_input_size, random_inception=s.fid_random_inception,
                    sampler=FID_SAMPLER[objective], labels=s.fid_labels, cfg_channels=str(s.cfg_channels),
                    fd_dinov2=s.fd_dinov2, dinov2=s.dinov2, objective=objective, protocol=s.protocol)
@@ -173,12 +188,16 @@ class FidHook:
         check_resolution((size, size), ref, "--fid-ref: the FID samples (the model's latents decoded by --vae)")
         inception, inc_id = load_inception(self.inception, device=ctx.device, random_seed=self.random_inception,
                                            input_size=self.input_size)
+        note = check_network(ref, inc_id, "--fid-ref")  # every rank holds `ref`: all refuse alike
+        if note and dist.is_main():
+            get_logger().warning("%s", note)
         feats = None
         if ref.kind != "statistics":
             feats = source_features(ref, inception, inc_id, batch_size=self.batch_size, device=ctx.device,
                                     use_cache=True, quiet=True, log=get_logger())
         sampler_model = copy.deepcopy(ctx.model).eval().requires_grad_(False)
-        self._state = {"vae": vae, "inception": inception, "ref": Side(ref, feats), "model": sampler_model}
+        self._state = {"vae": vae, "inception": inception, "ref": Side(ref, feats), "model": sampler_model,
+                       "inception_id": inc_id}
         if self.fd_dinov2:
             net, ident = dinov2.load_dinov2(self.dinov2, device=ctx.device)
             self._state.update(dinov2=net, dinov2_ref=dinov2.source_features(
@@ -236,30 +255,38 @@ class FidHook:
         numbers = compute_metrics(samples, self._state["ref"], device=ctx.device)
         if self.fd_dinov2:
             numbers["fd_dinov2"] = fd_dinov2(gathered["dinov2"] if gathered else None, self._state["dinov2_ref"])
-        names = {f"{k}_name": v for k, v in metric_names(self.num_samples).items() if numbers.get(k) is not None}
-        record = {"step": ctx.step, **numbers, **names, "fid_ref": Path(self.ref).name,
+        seed = self.random_inception
+        stored = {L.record_key(k, seed): v for k, v in numbers.items()}
+        names = {f"{k}_name": v for k, v in L.metric_names(self.num_samples, seed).items()
+                 if stored.get(k) is not None}
+        run = self.run_record(ctx, proto, shape)
+        record = {"step": ctx.step, **stored, **names, "fid_ref": Path(self.ref).name,
                   "fid_num_samples": self.num_samples, "fid_labels": self.labels, "fid_cfg_channels": channels,
-                  "fid_sampler": proto.solver, "fid_steps": proto.count, "fid_cfg_scale": cfg_scale,
-                  **({"fid_protocol": proto.name, "fid_protocol_overrides": list(proto.overrides)}
-                     if self.protocol else {}),
-                  "fid_seconds": time.perf_counter() - start}
+                  "fid_seconds": time.perf_counter() - start, "fid_run": run}
         if getattr(ctx, "metrics", None) is not None:
             ctx.metrics.write(record)
+        key = L.record_key("fid", seed)
+        name = names[f"{key}_name"]
         dino = f", {names['fd_dinov2_name']} {numbers['fd_dinov2']:.4g}" if "fd_dinov2_name" in names else ""
-        get_logger().info("step %d: FID %.4g [%s vs %s] (sFID %s, IS %s, precision %s, recall %s%s) from %d samples "
-                          "in %.1f s", ctx.step, numbers["fid"], names["fid_name"], record["fid_ref"],
-                          _fmt(numbers["sfid"]), _fmt(numbers["inception_score"]), _fmt(numbers["precision"]),
-                          _fmt(numbers["recall"]), dino, self.num_samples, record["fid_seconds"])
+        what = f"{name} {numbers['fid']:.4g}" if seed is None else f"{name} {numbers['fid']:.4g} ({L.random_note(seed)})"
+        get_logger().info("step %d: %s [protocol adm; %d samples vs %s; %s, guidance %s] (sFID %s, IS %s, "
+                          "precision %s, recall %s%s) in %.1f s", ctx.step, what, self.num_samples, record["fid_ref"],
+                          L.sampled_by(run["sampling"]), run["guidance"], _fmt(numbers["sfid"]),
+                          _fmt(numbers["inception_score"]), _fmt(numbers["precision"]), _fmt(numbers["recall"]),
+                          dino, record["fid_seconds"])
         return record
 
-
     def resolve_protocol(self, ctx: HookContext) -> protocols.Protocol:
-        """The protocol of the FID samples: --protocol's row (with --fid-steps and --fid-cfg-scale as given), or
-        `custom`: the objective's FID sampler, its default steps, guidance 1.5 on --cfg-channels' channels (auto:
-        dit-sample's rule), the run's time shift. Guidance is off for a model without the null class."""
-        guided = float(ctx.model_config.get("class_dropout_prob", 0.1)) > 0
+        """The sampling protocol of the FID samples (dit/protocols.py): --protocol's row (with --fid-steps,
+        --fid-cfg-scale and --fid-labels where they change it, recorded as overrides), or `custom`: the objective's
+        FID sampler, its default steps, guidance 1.5 on --cfg-channels' channels (auto: dit-sample's rule), the
+        run's time shift. Guidance is off (scale 1) where it cannot act (sample.config.guidance_inert: a model without
+        the null class, a MeanFlow model)."""
+        conditions = str(getattr(self._state["model"], "conditions", ctx.model_config.get("conditions", "t")))
+        guided = guidance_inert(conditions, float(ctx.model_config.get("class_dropout_prob", 0.1)) > 0) is None
         if self.protocol is not None:
-            p = protocols.protocol(self.protocol).with_overrides(count=self.steps, scale=self.cfg_scale)
+            p = protocols.protocol(self.protocol).with_overrides(count=self.steps, scale=self.cfg_scale,
+                                                                 labels=self.labels)
             if p.solver not in SPECS[self.objective].samplers:
                 raise UserError(f"--protocol {p.name} samples with {p.solver}, which does not sample a {self.objective} "
                                 "model; choose the protocol of a release of this objective")
@@ -269,10 +296,81 @@ class FidHook:
                                             "flow" if self.sampler in FLOW_SAMPLERS else "ddpm")
         except ValueError as e:
             raise UserError(str(e)) from None
-        scale = (self.cfg_scale if self.cfg_scale is not None else DEFAULT_FID_CFG_SCALE) if guided else 1.0
+        scale = (self.cfg_scale if self.cfg_scale is not None else FID_CFG_SCALE) if guided else 1.0
         return protocols.custom(solver=self.sampler, steps=self.steps or SPECS[self.objective].default_steps,
                                 scale=scale, channels=channels, time_shift=run_time_shift(ctx.config),
                                 labels=self.labels)
+
+    def run_record(self, ctx: HookContext, proto: protocols.Protocol, shape: tuple[int, ...]) -> dict[str, Any]:
+        """What this evaluation ran, as dit-report shows it (see the module docstring): the sampling protocol's
+        record (dit/protocols.py, resolved: solver, steps, guidance, grid and shift, labels, image conversion,
+        overrides) and what it does not hold: the guidance as applied to this model and why an asked scale was
+        not, the evaluation protocol, weights, model, Inception network, reference and the reproducing commands."""
+        mc = dict(ctx.model_config)
+        ref: Side = self._state["ref"]
+        conditions = str(getattr(self._state["model"], "conditions", "t"))
+        g = proto.guidance
+        asked = self.cfg_scale if self.cfg_scale is not None else fid_default_scale(self.protocol)
+        why = None
+        if asked != g.scale:
+            inert = guidance_inert(conditions, float(mc.get("class_dropout_prob", 0.1)) > 0)
+            why = f"--fid-cfg-scale {asked:g} asked; not applied: {inert or 'the model cannot be guided'}"
+        return {"protocol": "adm", "protocol_source": EVAL_PROTOCOLS["adm"].source,
+                "sampling": proto.record(shape, run_time_shift(ctx.config)),
+                "guidance": applied_guidance(proto, conditions), "guidance_note": why, "cfg_scale_asked": asked,
+                "seed": self.seed, "weights": "ema" if ctx.ema is not None else "raw", "num_samples": self.num_samples,
+                "model": {"name": mc.get("model") or (ctx.config or {}).get("model"), "family": mc.get("family", "DiT"),
+                          "architecture": type(self._state["model"]).describe(mc), "input_size": mc.get("input_size"),
+                          "in_channels": mc.get("in_channels"), "conditions": mc.get("conditions", "t")},
+                "inception": self._state["inception_id"], "network": describe_network(self._state["inception_id"]),
+                "random_inception": self.random_inception,
+                "reference": {"file": Path(self.ref).name, "path": str(self.ref), "kind": ref.source.kind,
+                              "count": ref.source.count, "provenance": ref.source.provenance,
+                              "statistics": "precomputed" if "pool" in ref.source.stats else "computed from its images"},
+                # what reproduces these samples and numbers offline (RAE #70: online and offline FID must agree):
+                # dit-sample --ckpt <this step's checkpoint> <these> --npz S.npz; dit-eval S.npz --ref <the ref> <eval>
+                "dit_sample_args": self.sample_args(proto, ctx.ema is not None),
+                "dit_eval_args": self.eval_args()}
+
+    def sample_args(self, proto: protocols.Protocol, ema: bool) -> list[str]:
+        """dit-sample's flags for the same samples: --protocol NAME with its values as run, or the sampler flags."""
+        vae = ["--vae", str(self.vae)] + (["--vae-config", str(self.vae_config)] if self.vae_config else [])
+        g = proto.guidance
+        if proto.name != "custom":
+            how = ["--protocol", proto.name, "--steps", str(proto.count), "--cfg-scale", f"{g.scale:g}"]
+        else:
+            how = ["--sampler", proto.solver, "--steps", str(proto.count), "--cfg-scale", f"{g.scale:g}",
+                   *(["--cfg-channels", g.channels] if g.scale > 1 else [])]
+        return [*vae, "--weights", "ema" if ema else "model", *how, "--num-samples", str(self.num_samples),
+                "--labels", self.labels, "--seed", str(self.seed), "--batch-size", str(self.batch_size)]
+
+    def eval_args(self) -> list[str]:
+        out = ["--protocol", "adm"]
+        if self.random_inception is not None:
+            out += ["--random-inception", str(self.random_inception)]
+        elif self.inception:
+            out += ["--inception", str(self.inception)]
+        return out + (["--input-size", str(self.input_size)] if self.input_size != INPUT_SIZE else [])
+
+
+def fid_default_scale(protocol: str | None) -> float:
+    """The FID guidance scale when --fid-cfg-scale is not given: the protocol's, else FID_CFG_SCALE."""
+    return PROTOCOLS[protocol].guidance.scale if protocol in PROTOCOLS else FID_CFG_SCALE
+
+
+def applied_guidance(proto: protocols.Protocol, conditions: str) -> str:
+    """The guidance a protocol applies to a model with these time inputs, in words (dit-report shows it)."""
+    g = proto.guidance
+    if conditions == "meanflow":
+        return "none at sampling (MeanFlow trains its guidance in)"
+    where = "" if g.interval is None else \
+        f" where the noise level is in {g.ends[0]}{g.interval[0]:g}, {g.interval[1]:g}{g.ends[1]}"
+    if conditions == "imf":
+        return f"omega {g.scale:g} (iMF's network input){where}"
+    if g.rule not in ("cfg", "autoguidance") or not g.scale > 1.0:
+        return "none (1.0)"
+    on = "all" if g.channels == "all" else f"the first {g.channels}"
+    return f"{g.scale:g} on {on} channel(s){where}" + (" (AutoGuidance)" if g.rule == "autoguidance" else "")
 
 
 class WithDINOv2(torch.nn.Module):

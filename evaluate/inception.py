@@ -10,7 +10,8 @@ ADM evaluator reads (openai/guided-diffusion `evaluations/evaluator.py`).
 
 Images enter as uint8 NHWC [0, 255] of any size and are resized to 299x299 with TensorFlow 1.x's bilinear rule
 (`resize_bilinear`, align_corners=False: source = destination * in/out, no half-pixel offset), then mapped to
-[-1, 1] as (x - 128) / 128, as inside the TF graph. The network follows the TF graph's deviations from the
+[-1, 1] as (x - 128) / 128, as inside the TF graph. `resize="imf"` resizes as iMF's evaluation does instead
+(`imf_resize`, evaluate/protocols.py). The network follows the TF graph's deviations from the
 paper, documented by pytorch-fid and torch-fidelity: average pools ignore padding, the last block max-pools.
 
 Weights: the TF graph's parameters converted to a PyTorch state_dict, published by torch-fidelity as
@@ -37,6 +38,10 @@ WEIGHTS_FILE = "weights-inception-2015-12-05-6726825d.pth"
 WEIGHTS_URL = f"https://github.com/toshas/torch-fidelity/releases/download/v0.2.0/{WEIGHTS_FILE}"
 # Bump when anything changes what `InceptionFeatures` returns for the same pixels; cached features carry it.
 EXTRACTOR_VERSION = "tf-inception-2015-12-05.v1"
+NETWORK = "inception-2015-12-05"  # the TF graph whose weights every FID protocol here runs (by whatever code)
+# torch.hub names a file by the first 8 hex digits of its sha256: the published weights' hash starts so
+PUBLISHED_SHA256_PREFIX = "6726825d"
+RESIZES = ("tf1", "imf")
 SPATIAL_CHANNELS = 7
 POOL_DIM, SPATIAL_DIM, LOGITS_DIM = 2048, 17 * 17 * SPATIAL_CHANNELS, 1008
 
@@ -58,6 +63,18 @@ def tf1_resize_bilinear(x: torch.Tensor, size: int) -> torch.Tensor:
     top = top[..., x_lo] + (top[..., x_hi] - top[..., x_lo]) * x_frac
     bottom = bottom[..., x_lo] + (bottom[..., x_hi] - bottom[..., x_lo]) * x_frac
     return top + (bottom - top) * y_frac[:, None]
+
+
+def imf_resize(x: torch.Tensor, size: int) -> torch.Tensor:
+    """[N, C, H, W] float -> [N, C, size, size] as Lyy-iiis/imeanflow `utils/jax_fid/resize.py` resizes: an
+    identity affine grid through `grid_sample` (bilinear, border padding, align_corners=False). That file
+    computes the TF1 offset 1/W - 1/size for the grid's translation but never writes it into theta (`torch.add`,
+    not `add_`), so its sampling is the half-pixel rule (source = (dst + 0.5) * in / out - 0.5, clamped to the
+    border), not TF1's (source = dst * in / out)."""
+    n, c = x.shape[:2]
+    theta = torch.eye(2, 3, dtype=x.dtype, device=x.device).unsqueeze(0).repeat(n, 1, 1)
+    grid = F.affine_grid(theta, [n, c, size, size], align_corners=False)
+    return F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
 
 
 class BasicConv2d(nn.Module):
@@ -185,11 +202,14 @@ class InceptionE(nn.Module):
 class InceptionFeatures(nn.Module):
     """uint8 images [N, H, W, 3] -> {"pool": [N, 2048], "spatial": [N, 2023], "logits": [N, 1008]} (float32)."""
 
-    def __init__(self, input_size: int = INPUT_SIZE) -> None:
+    def __init__(self, input_size: int = INPUT_SIZE, resize: str = "tf1") -> None:
         super().__init__()
         if input_size < 75:
             raise ValueError(f"InceptionV3 needs inputs of at least 75x75, got {input_size}")
+        if resize not in RESIZES:
+            raise ValueError(f"resize must be one of {RESIZES}, got {resize!r}")
         self.input_size = input_size  # 299 for every real use; smaller only to make plumbing tests cheap
+        self.resize = resize
         self.Conv2d_1a_3x3 = BasicConv2d(3, 32, 3, stride=2)
         self.Conv2d_2a_3x3 = BasicConv2d(32, 32, 3)
         self.Conv2d_2b_3x3 = BasicConv2d(32, 64, 3, padding=1)
@@ -214,7 +234,8 @@ class InceptionFeatures(nn.Module):
         if images.dtype != torch.uint8 or images.ndim != 4 or images.shape[-1] != 3:
             raise ValueError(f"expected uint8 images [N, H, W, 3], got {images.dtype} {list(images.shape)}")
         x = images.permute(0, 3, 1, 2).float()
-        x = (tf1_resize_bilinear(x, self.input_size) - 128) / 128
+        resized = tf1_resize_bilinear(x, self.input_size) if self.resize == "tf1" else imf_resize(x, self.input_size)
+        x = (resized - 128) / 128
         for name in ("Conv2d_1a_3x3", "Conv2d_2a_3x3", "Conv2d_2b_3x3"):
             x = getattr(self, name)(x)
         x = F.max_pool2d(x, 3, stride=2)
@@ -274,17 +295,24 @@ def _fetch() -> Path:
 
 
 def load_inception(path: str | Path | None = None, *, device: torch.device | str = "cpu",
-                   random_seed: int | None = None,
-                   input_size: int = INPUT_SIZE) -> tuple[InceptionFeatures, dict[str, Any]]:
-    """The feature network and its identity {"extractor", "weights", "weights_sha256"} (part of cache keys).
+                   random_seed: int | None = None, input_size: int = INPUT_SIZE,
+                   resize: str = "tf1") -> tuple[InceptionFeatures, dict[str, Any]]:
+    """The feature network and its identity (part of cache keys, recorded beside every number): "extractor" (the
+    code's version, input size and resize), "weights" (file name or "random-seed-N"), "weights_sha256", and
+    "network", "input_size", "resize", "random_seed" (`network_key` compares two identities by them).
 
     path: a local weights file; None: the hub cache (fetched once). random_seed: random weights instead (tests).
+    resize: "tf1" (the TF graph's) or "imf" (iMF's evaluation, `imf_resize`).
     """
-    model = InceptionFeatures(input_size)
+    model = InceptionFeatures(input_size, resize)
     version = EXTRACTOR_VERSION if input_size == INPUT_SIZE else f"{EXTRACTOR_VERSION}.input{input_size}"
+    version += "" if resize == "tf1" else f".resize-{resize}"
+    common = {"network": NETWORK, "implementation": "dit-pipeline evaluate/inception.py", "input_size": input_size,
+              "resize": resize}
     if random_seed is not None:
         randomize_(model, random_seed)
-        ident = {"extractor": version, "weights": f"random-seed-{random_seed}", "weights_sha256": None}
+        ident = {"extractor": version, "weights": f"random-seed-{random_seed}", "weights_sha256": None,
+                 "random_seed": random_seed, **common}
         return model.to(device), ident
     file = Path(path).expanduser() if path is not None else _fetch()
     if not file.is_file():
@@ -295,8 +323,45 @@ def load_inception(path: str | Path | None = None, *, device: torch.device | str
         raise UserError(f"--inception {file} is not a readable PyTorch weights file ({type(e).__name__}: "
                         f"{str(e).splitlines()[0][:200] if str(e) else ''}); expected {WEIGHTS_FILE}") from None
     _load_state(model, state, file)
-    ident = {"extractor": version, "weights": file.name, "weights_sha256": sha256_file(file)}
+    ident = {"extractor": version, "weights": file.name, "weights_sha256": sha256_file(file), "random_seed": None,
+             **common}
     return model.to(device), ident
+
+
+def is_random(ident: dict[str, Any] | None) -> bool:
+    """Whether an extractor identity is of random weights (a smoke test: its numbers are not FID)."""
+    return bool(ident) and (ident.get("random_seed") is not None
+                            or str(ident.get("weights", "")).startswith("random-seed-"))
+
+
+def network_key(ident: dict[str, Any]) -> tuple[str, int]:
+    """What must agree between the network that made a reference's statistics and the one evaluating against
+    them: the weights (their sha256, or the random seed) and the input size. The code that ran them may differ
+    (ours, torch-fidelity's, iMF's JAX port: the same graph and weights, equal to float rounding)."""
+    size = int(ident.get("input_size") or _input_size_of(str(ident.get("extractor", ""))))
+    if is_random(ident):
+        seed = ident.get("random_seed")
+        return (str(ident.get("weights")) if seed is None else f"random-seed-{seed}", size)
+    sha = str(ident.get("weights_sha256") or "")
+    return ("published" if sha.startswith(PUBLISHED_SHA256_PREFIX) or not sha else f"sha256:{sha}", size)
+
+
+def _input_size_of(extractor: str) -> int:
+    """The input size an older identity names in its extractor version ("....input75"), else 299."""
+    for part in extractor.split("."):
+        if part.startswith("input") and part[5:].isdigit():
+            return int(part[5:])
+    return INPUT_SIZE
+
+
+def describe_network(ident: dict[str, Any]) -> str:
+    """"inception-2015-12-05 (weights-...pth, sha256 6726825d...)" or "random weights (seed 0), input 75"."""
+    size = int(ident.get("input_size") or _input_size_of(str(ident.get("extractor", ""))))
+    where = f"{ident.get('implementation', 'dit-pipeline evaluate/inception.py')}, resize {ident.get('resize', 'tf1')}"
+    if is_random(ident):
+        return f"RANDOM weights ({ident.get('weights')}: not FID), input {size}, {where}"
+    sha = str(ident.get("weights_sha256") or "")[:8]
+    return f"{ident.get('network', NETWORK)} ({ident.get('weights')}, sha256 {sha}...), input {size}, {where}"
 
 
 def _load_state(model: InceptionFeatures, state: Any, file: Path) -> None:

@@ -9,8 +9,17 @@
 - A folder: every .png/.jpg/.jpeg/.webp/.bmp under it (recursively, sorted by relative path), all of one size,
   converted to RGB. A folder `dit-sample --out` wrote gives the images of its `images/` (never its grid.png).
 - A features file written by `dit-eval` (`*.features.npz`, see evaluate/features.py): used as is.
-- A statistics-only `.npz` (`mu`, `sigma`, optionally `mu_s`, `sigma_s`, no `arr_0`): FID (and sFID) only.
+- A statistics-only `.npz` (`mu`, `sigma`, optionally `mu_s`, `sigma_s`, no `arr_0`): FID (and sFID) only; iMF's
+  and JiT's statistics files name them `ref_mu`, `ref_sigma` (read as `mu`, `sigma`; `Source.stats_keys` says
+  which).
 Every problem is a `UserError` naming the file and what to do.
+
+Which network made a file's statistics or features (`Source.extractor`, `Source.provenance`): a file `dit-eval
+--make-ref` wrote records its extractor's identity (member `extractor`, JSON), a features file in its meta; the ADM
+evaluator's reference batches are known by their members (`arr_0` with `mu`, `sigma`, `mu_s`, `sigma_s` of 2023
+spatial values: the TF graph with its published weights), iMF's and JiT's statistics by `ref_mu`/`ref_sigma` (the
+same graph's published weights, through their own code). evaluate/run.py refuses a reference whose network differs
+from the evaluation's (`check_network`).
 """
 from __future__ import annotations
 
@@ -46,6 +55,9 @@ class Source:
     stats: dict[str, Statistics] = field(default_factory=dict)  # precomputed: "pool", "spatial"
     label_sampling: str | None = None              # npz: "uniform", "equal" or "given", from dit-sample's record
     class_counts: dict[str, int] | None = None     # npz with arr_1: classes present, min and max samples per class
+    stats_keys: tuple[str, str] | None = None       # the keys the pool statistics were read from (mu, sigma or ref_*)
+    extractor: dict[str, Any] | None = None         # the identity of the network that made its statistics/features
+    provenance: str = "images"                      # who made its statistics, in words (recorded with the numbers)
     _data_offset: int = 0
 
     def describe(self) -> str:
@@ -186,14 +198,46 @@ def _finite(path: Path, name: str, arr: np.ndarray) -> np.ndarray:
 
 def _statistics(path: Path, z: Any) -> dict[str, Statistics]:
     stats = {}
-    for key, mu, sigma, dim in (("pool", "mu", "sigma", None), ("spatial", "mu_s", "sigma_s", None)):
-        if mu in z.files and sigma in z.files:
+    for key, mu, sigma in (("pool", "mu", "sigma"), ("pool", "ref_mu", "ref_sigma"), ("spatial", "mu_s", "sigma_s")):
+        if key not in stats and mu in z.files and sigma in z.files:
             m, s = _finite(path, mu, z[mu]), _finite(path, sigma, z[sigma])
             if m.ndim != 1 or s.shape != (len(m), len(m)):
                 raise UserError(f"{path}: {mu} {list(m.shape)} and {sigma} {list(s.shape)} do not form statistics "
                                 "(need [D] and [D, D])")
             stats[key] = Statistics(m, s)
     return stats
+
+
+ADM_REFERENCE_NAMES = ("VIRTUAL_imagenet64_labeled.npz", "VIRTUAL_imagenet128_labeled.npz",
+                       "VIRTUAL_imagenet256_labeled.npz", "VIRTUAL_imagenet512_labeled.npz",
+                       "VIRTUAL_lsun_bedroom256.npz", "VIRTUAL_lsun_cat256.npz", "VIRTUAL_lsun_horse256.npz")
+# The network of a file that records none but is known by its layout: the TF graph with its published weights.
+PUBLISHED_NETWORK = {"network": "inception-2015-12-05", "weights": "published (TF graph)", "weights_sha256": None,
+                     "random_seed": None, "input_size": 299}
+
+
+def _provenance(p: Path, z: Any, names: set[str], stats: dict[str, Statistics]) -> tuple[dict[str, Any] | None, str]:
+    """(the identity of the network that made the file's statistics, or None when unknown; the words for it)."""
+    if "extractor" in names:
+        try:
+            ident = json.loads(str(z["extractor"]))
+        except (ValueError, TypeError):
+            ident = None
+        if isinstance(ident, dict):
+            return ident, f"dit-eval --make-ref, {ident.get('extractor')} with {ident.get('weights')}"
+    if "pool" not in stats:
+        return None, "images"
+    spatial = stats.get("spatial")
+    adm_layout = {"arr_0", "mu", "sigma"} <= names and spatial is not None and len(spatial.mu) == 2023
+    if adm_layout and p.name in ADM_REFERENCE_NAMES:
+        return dict(PUBLISHED_NETWORK), f"the ADM evaluator's reference batch {p.name}: TF graph inception-2015-12-05"
+    if adm_layout:
+        return None, ("ADM's layout without a network record (an ADM reference batch under another name, or a "
+                      "dit-eval --make-ref file from before it recorded its network)")
+    if "ref_mu" in names:
+        return dict(PUBLISHED_NETWORK), ("iMF's / JiT's statistics layout (ref_mu, ref_sigma): inception-2015-12-05's "
+                                         "published weights through their own code")
+    return None, "statistics of an unrecorded network (no extractor record in the file)"
 
 
 def _arr0_header(path: Path) -> tuple[tuple[int, ...], np.dtype, bool, int]:
@@ -216,18 +260,24 @@ def open_source(path: str | Path, what: str) -> Source:
         with np.load(p, allow_pickle=False) as z:
             names = set(z.files)
             if "format" in names and str(z["format"]) == FEATURES_FORMAT:
-                return Source(p, "features", count=int(z["pool"].shape[0]))
+                meta = _features_meta(z)
+                return Source(p, "features", count=int(z["pool"].shape[0]), extractor=meta.get("extractor"),
+                              provenance=f"a dit-eval features file ({(meta.get('extractor') or {}).get('extractor')})")
             stats = _statistics(p, z)
             labels = _optional(z, "arr_1") if "arr_0" in names else None
+            extractor, provenance = _provenance(p, z, names, stats)
+            keys = ("ref_mu", "ref_sigma") if "pool" in stats and "mu" not in names else ("mu", "sigma")
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
         raise UserError(f"{what} {p} is not a readable .npz ({str(e)[:200]})") from None
     if "arr_0" not in names:
         if "pool" not in stats:
-            raise UserError(f"{what} {p} has neither images (arr_0) nor statistics (mu, sigma): found "
-                            f"{sorted(names) or 'nothing'}")
-        return Source(p, "statistics", stats=stats)
+            raise UserError(f"{what} {p} has neither images (arr_0) nor statistics (mu, sigma or ref_mu, ref_sigma): "
+                            f"found {sorted(names) or 'nothing'}")
+        return Source(p, "statistics", stats=stats, stats_keys=keys, extractor=extractor, provenance=provenance)
     src = _open_npz(p, what, stats)
     src.label_sampling, src.class_counts = _label_sampling(p, src.count), _class_counts(labels, src.count)
+    if stats:
+        src.stats_keys, src.extractor, src.provenance = keys, extractor, provenance
     return src
 
 
@@ -310,11 +360,21 @@ def _open_folder(p: Path, what: str) -> Source:
     return Source(p, "folder", count=len(files), image_hw=(first.shape[0], first.shape[1]), files=files)
 
 
+def _features_meta(z: Any) -> dict[str, Any]:
+    try:
+        meta = json.loads(str(z["meta"]))
+    except (KeyError, ValueError, TypeError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
 def read_features_file(path: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """(arrays {"pool", "spatial", "logits"}, meta) of a features file."""
+    """(arrays {"pool", "logits"} and "spatial" where the network gives it, meta) of a features file."""
     try:
         with np.load(path, allow_pickle=False) as z:
-            arrays = {k: np.asarray(z[k], np.float32) for k in ("pool", "spatial", "logits")}
+            arrays = {k: np.asarray(z[k], np.float32) for k in ("pool", "spatial", "logits") if k in z.files}
+            if "pool" not in arrays or "logits" not in arrays:
+                raise KeyError("pool and logits")
             meta = json.loads(str(z["meta"]))
     except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as e:
         raise UserError(f"{path} is not a readable features file ({str(e)[:200]}); delete it to recompute") from None

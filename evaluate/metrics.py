@@ -159,6 +159,41 @@ def inception_score(logits: np.ndarray, split_size: int = IS_SPLIT_SIZE) -> floa
     return float(np.mean(scores))
 
 
+def inception_score_permuted(logits: np.ndarray, *, num_splits: int = 10, seed: int = 0, eps: float = 1e-10,
+                             dtype: str = "float64") -> float:
+    """Inception Score as NanoGen (seed 0, float32) and iMF (seed 2020, float64) compute it (evaluate/protocols.py):
+    the softmax of the logits in float32, its rows permuted by np.random.RandomState(seed), `num_splits` splits of
+    N // num_splits rows (the remainder dropped), per split exp(mean_i sum_c p log((p + eps) / (mean p + eps)))
+    in `dtype`, the mean over splits."""
+    logits = np.asarray(logits, np.float32)
+    n = len(logits)
+    if logits.ndim != 2 or n < num_splits:
+        raise ValueError(f"the Inception Score in {num_splits} splits needs logits [N >= {num_splits}, C], got shape "
+                         f"{list(logits.shape)}")
+    probs = torch.softmax(torch.from_numpy(logits), dim=1).numpy().astype(dtype)
+    probs = probs[np.random.RandomState(seed).permutation(n)]
+    size = n // num_splits
+    scores = []
+    for i in range(num_splits):
+        part = probs[i * size:(i + 1) * size]
+        marginal = part.mean(axis=0, keepdims=True)
+        kl = part * (np.log(part + eps) - np.log(marginal + eps))
+        scores.append(float(np.exp(kl.sum(axis=1).mean())))
+    return float(np.mean(scores))
+
+
+def frechet_distance_eigvals(a: Statistics, b: Statistics) -> float:
+    """iMF's Fréchet distance (Lyy-iiis/imeanflow utils/fid_util.py `compute_fid`): tr((S1 S2)^(1/2)) as the sum
+    of the real parts of the complex square roots of `np.linalg.eigvals(S1 S2)`, float64, no retry and no clamp."""
+    mu1, mu2 = np.atleast_1d(np.asarray(a.mu, np.float64)), np.atleast_1d(np.asarray(b.mu, np.float64))
+    s1, s2 = np.atleast_2d(np.asarray(a.sigma, np.float64)), np.atleast_2d(np.asarray(b.sigma, np.float64))
+    if mu1.shape != mu2.shape or s1.shape != s2.shape:
+        raise ValueError(f"statistics of different dimensions: mean {list(mu1.shape)} vs {list(mu2.shape)}")
+    diff = mu1 - mu2
+    tr_covmean = np.sum(np.sqrt(np.linalg.eigvals(s1 @ s2).astype(np.complex128)).real)
+    return float(diff @ diff + np.trace(s1) + np.trace(s2) - 2 * tr_covmean)
+
+
 def _sq_dists(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Pairwise squared Euclidean distances [len(u), len(v)], clamped at 0 (the reference's formula)."""
     return ((u * u).sum(1)[:, None] - 2 * (u @ v.T) + (v * v).sum(1)[None, :]).clamp_min_(0)

@@ -62,10 +62,16 @@ def _image_files(root: Path, flag: str) -> list[Path]:
                   key=lambda f: f.relative_to(root).as_posix())
 
 
-def _decode(root: Path, files: list[Path], size: int, crop: str) -> tuple[list[np.ndarray], list[str],
-                                                                           list[tuple[str, str]]]:
+def _decode(root: Path, files: list[Path], size: int, crop: str,
+            quiet: bool = False) -> tuple[list[np.ndarray], list[str], list[tuple[str, str]]]:
+    """The cut images, their relative paths and the (path, reason) of each skipped file; a progress bar on a
+    terminal unless `quiet`."""
+    from tqdm.auto import tqdm
+
+    from dit_pipeline.common.log import progress_enabled
+
     crops, used, skipped = [], [], []
-    for f in files:
+    for f in tqdm(files, unit="img", desc="crop", dynamic_ncols=True, disable=not progress_enabled(quiet)):
         rel = f.relative_to(root).as_posix()
         try:
             crops.append(cut(load_rgb(f)[0], size, crop))
@@ -82,12 +88,13 @@ def _enough(folder: str | Path, crops: list[np.ndarray], total: int) -> np.ndarr
     return np.stack(crops)
 
 
-def reference_images(folder: str | Path, size: int, crop: str = "adm") -> tuple[np.ndarray, list[str],
-                                                                                 list[tuple[str, str]]]:
-    """(uint8 [N, size, size, 3], the relative paths used, the (path, reason) of each skipped file)."""
+def reference_images(folder: str | Path, size: int, crop: str = "adm",
+                     quiet: bool = False) -> tuple[np.ndarray, list[str], list[tuple[str, str]]]:
+    """(uint8 [N, size, size, 3], the relative paths used, the (path, reason) of each skipped file); a progress
+    bar on a terminal unless `quiet`."""
     root = Path(folder).expanduser()
     files = _image_files(root, "--make-ref")
-    crops, used, skipped = _decode(root, files, size, crop)
+    crops, used, skipped = _decode(root, files, size, crop, quiet)
     return _enough(folder, crops, len(files)), used, skipped
 
 
@@ -100,7 +107,7 @@ class CaptionedReference:
 
 
 def captioned_reference(folder: str | Path, captions: str | Path, size: int, crop: str = "adm",
-                        seed: int = 0) -> CaptionedReference:
+                        seed: int = 0, quiet: bool = False) -> CaptionedReference:
     """The captioned images of FOLDER, cut, each with one caption (see the module docstring)."""
     root = Path(folder).expanduser()
     files = _image_files(root, "--make-ref")
@@ -111,7 +118,7 @@ def captioned_reference(folder: str | Path, captions: str | Path, size: int, cro
         raise UserError(f"--captions {captions}: none of its {len(entries)} captions names an image under {folder} "
                         f"(of {len(files)}); an image is named by its path relative to the folder, or by its unique "
                         "file name or stem")
-    crops, used, skipped = _decode(root, chosen, size, crop)
+    crops, used, skipped = _decode(root, chosen, size, crop, quiet)
     missing = [(key, "named in the captions file but not found under the folder") for key in by_file.get(None, [])]
     records = []
     for i, rel in enumerate(used):

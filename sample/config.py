@@ -18,7 +18,7 @@ from dit_pipeline.dit.formats import OBJECTIVES
 from dit_pipeline.dit.meanflow import MEANFLOW_SAMPLERS  # 1- and n-step mean-flow sampling
 from dit_pipeline.dit.objectives import SPECS
 from dit_pipeline.dit import protocols  # noqa: F401 (the releases' sampling protocols: evaluate/ reads them here)
-from dit_pipeline.dit.protocols import CONVERSIONS, PROTOCOLS  # noqa: F401 (image conversions by name, likewise)
+from dit_pipeline.dit.protocols import CONVERSIONS, PROTOCOLS, Conversion  # noqa: F401 (image conversions by name, likewise)
 # the DDIM stride search lives in dit.respace; ddim_stride and valid_ddim_steps stay importable from here
 from dit_pipeline.dit.respace import TRAIN_TIMESTEPS, ddim_stride, nearest_ddim_steps, valid_ddim_steps  # noqa: F401
 from dit_pipeline.sample.plan import LABEL_SAMPLINGS
@@ -37,11 +37,50 @@ FLOW_CONVENTIONS = ("sit", "repa")  # dit.flow: SiT's time (t = 0 noise) or REPA
 DEFAULT_SAMPLERS = {name: s.default_sampler for name, s in SPECS.items()}
 # The steps when --steps is not given (no --protocol): 250 (the papers' FID-50K setting), one for a one-step model
 DEFAULT_STEPS = {name: s.default_steps for name, s in SPECS.items()}
-DEFAULT_CFG_SCALE = 4.0  # the guidance scale when --cfg-scale is not given (no --protocol): pictures, not FID
+# the guidance scale when --cfg-scale is not given (no --protocol) and guidance acts: pictures (1.5 is DiT's FID
+# setting)
+DEFAULT_CFG_SCALE = 4.0
 DIFFUSION_FORMS = ("sigma", "SBDM", "constant", "linear", "decreasing", "increasing-decreasing")
 CFG_CHANNELS = ("auto", "all")  # or a channel count N: guide the first N (sample.generate.cfg_channels_for)
 WEIGHTS = ("ema", "model")
 EXPORT_TARGETS = ("diffusers", "safetensors")
+
+
+def guidance_inert(conditions: str, has_null: bool, protocol: str | None = None) -> str | None:
+    """Why classifier-free guidance settings do nothing (None: they act). `conditions`: the model's time input
+    (dit/conditions.py); `has_null`: whether it was trained with label dropout (so it has a null class);
+    `protocol`: the sampling protocol (dit/protocols.py) whose guidance rule may be none."""
+    if conditions == "meanflow":
+        return "a MeanFlow model trains its guidance in (omega, kappa of its training); its sampler takes none"
+    if not has_null and conditions != "imf":  # iMF's guidance is its network's omega input, not the null class
+        return "the model has no null class (trained without class dropout), so classifier-free guidance is impossible"
+    if protocol in PROTOCOLS and PROTOCOLS[protocol].guidance.rule == "none":
+        return f"--protocol {protocol} samples without guidance ({PROTOCOLS[protocol].release}'s sampler)"
+    return None
+
+
+def resolve_cfg_scale(given: float | None, default: float, inert: str | None, flag: str) -> float:
+    """The guidance scale used: `given`, else `default` where guidance acts, else 1 (none). ValueError for a scale
+    other than 1 that would do nothing (issue 41: accepted, recorded and ignored is worse than refused)."""
+    if inert is None:
+        return default if given is None else float(given)
+    if given is not None and float(given) != 1.0:
+        other = ", or drop --protocol to choose every setting" if inert.startswith("--protocol") else ""
+        raise ValueError(f"{flag} {float(given):g} does nothing here: {inert}; drop {flag} (or pass 1){other}")
+    return 1.0
+
+
+def cfg_channels_inert(cfg_channels: str | int, cfg_scale: float, conditions: str) -> str | None:
+    """The error when --cfg-channels is given (not auto) where no channel is guided: no guidance, or a
+    mean-flow model (MeanFlow trains it in; iMF takes its scale as a network input, on no channels)."""
+    if str(cfg_channels) == "auto":
+        return None
+    if conditions in ("meanflow", "imf"):
+        return (f"--cfg-channels {cfg_channels} does nothing on a {'MeanFlow' if conditions == 'meanflow' else 'iMF'} "
+                "model (no channel-wise guidance); drop it")
+    if not cfg_scale > 1.0:
+        return f"--cfg-channels {cfg_channels} does nothing without guidance (cfg scale 1); drop it"
+    return None
 
 
 def respacing(sampler: str, steps: int) -> str:
@@ -80,7 +119,10 @@ class SampleConfig:
     # flow samplers: SD3's shift s of the time grid toward noise (dit/shift.py); None: the checkpoint's recorded
     # training shift (RAE samples with it), else 1. LightningDiT's timestep_shift a is 1 / a here.
     time_shift: float | None = None
-    cfg_scale: float | None = None  # None: the protocol's, else DEFAULT_CFG_SCALE
+    # None: the protocol's, else DEFAULT_CFG_SCALE, where guidance acts; 1 where it cannot (no null class, MeanFlow,
+    # a protocol without guidance); a scale that would do nothing is refused (sample.run resolves it once the
+    # checkpoint is read)
+    cfg_scale: float | None = None
     # auto: 3 where that reproduces the reference sampler (a 4-channel DiT/SiT, LightningDiT's release), else all
     # (sample.generate.cfg_channels_for); "all"; or N: the first N
     cfg_channels: str = "auto"

@@ -168,6 +168,31 @@ def run_time_shift(config: dict[str, Any] | None) -> float:
     return float(shift) if isinstance(shift, (int, float)) else 1.0
 
 
+GRID_CFG_SCALE = 4.0  # the grids' guidance where guidance acts (pictures)
+
+
+def guidance_inert_for(objective: str, settings: Any, protocol: str | None = None) -> str | None:
+    """Why guidance settings do nothing in a training run of `objective` (sample.config.guidance_inert), from its
+    settings' label dropout and, for the FID samples, the sampling protocol they follow."""
+    from dit_pipeline.dit.objectives import SPECS
+    from dit_pipeline.sample.config import guidance_inert
+
+    conditions = SPECS[objective].conditions if objective in SPECS else "t"
+    return guidance_inert(conditions, float(getattr(settings, "class_dropout_prob", 0.1) or 0) > 0, protocol)
+
+
+def effective_cfg_scale(given: float | None, default: float, objective: str, settings: Any, flag: str,
+                        protocol: str | None = None) -> float:
+    """The grid or FID guidance a run uses: `given`, else `default` where guidance acts, else 1 (a given scale that
+    would do nothing is refused in TrainConfig.validate; here it falls back to 1 for safety)."""
+    from dit_pipeline.sample.config import resolve_cfg_scale
+
+    try:
+        return resolve_cfg_scale(given, default, guidance_inert_for(objective, settings, protocol), flag)
+    except ValueError:
+        return 1.0
+
+
 def run_prediction(config: dict[str, Any] | None) -> dict[str, Any] | None:
     """What a training run's flow model predicts, as its checkpoints record it (dit.objectives: None for velocity)."""
     from dit_pipeline.dit.objectives import spec
@@ -223,7 +248,7 @@ class GridSettings(DecodeSettings):
         None, "Every N steps rank 0 writes RUN/samples/step-NNNNNNN.png, a grid of the EMA model's samples (DDIM; "
         "Euler ODE for --objective flow) of fixed classes and seeds, labelled with the class names", group=GRIDS,
         shown="off")
-    sample_classes: list[int] | None = setting(
+    sample_classes: list[int | str] | None = setting(
         None, "Classes of the sample grids, comma-separated, e.g. 207,360,387", group=GRIDS,
         shown="8 spread over the label range")
     sample_steps: int = setting(50, "DDIM (flow: Euler) steps of the sample grids", group=GRIDS)
@@ -231,7 +256,9 @@ class GridSettings(DecodeSettings):
         "ema", "Weights the grids show: ema, raw (step-NNNNNNN-raw.png) or both; an EMA of decay 0.9999 averages "
         "~10,000 steps, so in a short run its grids show barely trained weights", group=GRIDS,
         choices=SAMPLE_WEIGHTS)
-    sample_cfg_scale: float = setting(4.0, "Guidance scale of the sample grids (1 = none)", group=GRIDS)
+    sample_cfg_scale: float | None = setting(
+        None, "Guidance scale of the sample grids (1 = none); a scale that would do nothing (a MeanFlow model, one "
+        "without label dropout) is refused", group=GRIDS, shown=f"{GRID_CFG_SCALE} where guidance acts, else 1 (none)")
 
     def __post_init__(self) -> None:
         if isinstance(self.sample_classes, str):  # "0,207,360" from the flag (a config file may give a list)
@@ -262,21 +289,28 @@ class GridSettings(DecodeSettings):
             near = nearest_ddim_steps(steps) if isinstance(steps, int) else [25, 50, 100, 250]
             p.append(f"--sample-steps {steps!r} is not a DDIM step count (DDIM takes every k-th of the 1000 "
                      f"steps); nearest valid counts: {', '.join(map(str, near))}")
-        if not (isinstance(self.sample_cfg_scale, (int, float)) and self.sample_cfg_scale >= 1.0):
+        if self.sample_cfg_scale is not None and not (isinstance(self.sample_cfg_scale, (int, float))
+                                                      and self.sample_cfg_scale >= 1.0):
             p.append(f"--sample-cfg-scale must be >= 1 (1 = no guidance), got {self.sample_cfg_scale!r}")
         return p
 
 
-def parse_classes(value: Any) -> list[int]:
-    """Class ids from "0,1,2" (a flag) or a list (a config file); ValueError saying what is wrong."""
-    items = [v.strip() for v in value.split(",")] if isinstance(value, str) else value
+def parse_classes(value: Any) -> list[int | str]:
+    """Class ids or names from "0,n01440764,2" (a flag, as dit-sample --class-labels: sample/names.py) or a list (a
+    config file); ValueError saying what is wrong. Names become ids against the shard set's class names."""
+    from dit_pipeline.sample.names import parse_class_labels
+
+    if isinstance(value, str):
+        items: Any = parse_class_labels(value)
+    else:
+        items = value
     if not isinstance(items, (list, tuple)) or not items:
-        raise ValueError(f"give comma-separated class ids such as 0,207,360, got {value!r}")
-    out = []
+        raise ValueError(f"give comma-separated class ids or names such as 0,207,n01440764, got {value!r}")
+    out: list[int | str] = []
     for v in items:
-        if isinstance(v, bool) or not ((isinstance(v, int) and v >= 0) or (isinstance(v, str) and v.isdigit())):
-            raise ValueError(f"{v!r} is not a class id (a non-negative integer); give e.g. 0,207,360")
-        out.append(int(v))
+        if isinstance(v, bool) or not ((isinstance(v, int) and v >= 0) or (isinstance(v, str) and v.strip())):
+            raise ValueError(f"{v!r} is not a class id (a non-negative integer) or name; give e.g. 0,207,n01440764")
+        out.append(v if isinstance(v, int) else (int(v) if v.isdigit() and not isinstance(value, str) else v))
     return out
 
 
@@ -311,7 +345,8 @@ class SampleGridHook:
         """The hook a TrainConfig's grid settings ask for (`vae`: the --vae or the manifest's VAE)."""
         assert s.sample_every is not None
         return cls(every=s.sample_every, vae=vae, vae_config=vae_config, class_labels=s.sample_classes, seed=seed,
-                   steps=s.sample_steps, sampler=GRID_SAMPLER[objective], cfg_scale=s.sample_cfg_scale,
+                   steps=s.sample_steps, sampler=GRID_SAMPLER[objective],
+                   cfg_scale=effective_cfg_scale(s.sample_cfg_scale, GRID_CFG_SCALE, objective, s, "--sample-cfg-scale"),
                    cfg_channels=str(s.cfg_channels), weights=s.sample_weights)
 
     def channels_used(self, model_config: dict[str, Any]) -> str:
@@ -341,6 +376,11 @@ class SampleGridHook:
                             f"trains on {channels}-channel latents; pass the VAE the shards were extracted with")
         check_grid(identity, int(ctx.model_config["input_size"]), f"--vae {self.vae!r}")
         self.channels_used(ctx.model_config)  # a bad --cfg-channels N fails before training
+        if self.class_labels:  # names (and ambiguous numbers) as dit-sample takes them, against the shards' names
+            from dit_pipeline.sample.names import class_ids
+
+            names = (ctx.latent or {}).get("class_names") or getattr(ctx, "class_names", None)
+            self.class_labels = class_ids(list(self.class_labels), names, "the shard set", "--sample-classes")
         bad = [c for c in self.class_labels or () if not 0 <= int(c) < ctx.num_classes]
         if bad:
             raise UserError(f"--sample-classes {bad}: the model has {ctx.num_classes} classes (ids 0.."

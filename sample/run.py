@@ -40,7 +40,7 @@ from dit_pipeline.common.vae import DEFAULT_VAE, load_vae, recorded_vae
 from dit_pipeline.sample import plan
 from dit_pipeline.dit import protocols
 from dit_pipeline.sample.config import (DEFAULT_CFG_SCALE, DEFAULT_SAMPLERS, DEFAULT_STEPS, FLOW_SAMPLERS, SPECS,
-                                        SampleConfig)
+                                        SampleConfig, cfg_channels_inert, guidance_inert, resolve_cfg_scale)
 from dit_pipeline.sample.generate import generate_images, protocol_loop, protocol_model_fn, resolve_cfg_channels
 from dit_pipeline.sample.grid import label_texts, png_bytes, save_grid
 from dit_pipeline.sample.load import (LoadedModel, latent_norm, load_model, manifest_folder, resolve_ckpt,
@@ -88,6 +88,9 @@ def _run(cfg: SampleConfig) -> SampleResult:
     log.info("%s", dist.launch_info().describe())
     cfg = _with_vae(cfg, loaded, log)
     vae, vae_id = load_vae(cfg.vae, config=cfg.vae_config, device=device)
+    vae_note = compare_vae(vae_id, (loaded.latent or {}).get("vae"))
+    if vae_note:
+        log.warning("%s", vae_note)
     norm = with_latent_stats(latent_norm(loaded.latent, vae_id, log), loaded.info, cfg.latent_stats,
                              int(loaded.config["in_channels"]), cfg.ckpt)
     if norm.is_per_channel:
@@ -98,6 +101,7 @@ def _run(cfg: SampleConfig) -> SampleResult:
     labels = _labels(cfg, loaded)
     loaded.info["objective"] = resolve_objective(loaded.info, cfg.ckpt, cfg.objective)
     cfg, sampler_note = _with_sampler(cfg, loaded.info["objective"])
+    cfg = _with_cfg_scale(cfg, loaded, log)
     cfg.validate()  # the sampler's own rules (e.g. --flow-convention only for flow samplers) once it is known
     _check_compatible(cfg, loaded, vae_id)
     if cfg.encoder_refresh > 1 and not dit.reuse.can_reuse_encoder(loaded.model):
@@ -119,6 +123,8 @@ def _run(cfg: SampleConfig) -> SampleResult:
     if sampler_note:
         log.info("%s", sampler_note)
     record = _record(cfg, loaded, vae_id, norm, labels, image_size, device, proto, guide) if dist.is_main() else {}
+    if record and vae_note:
+        record["vae_differs_from_shards"] = vae_note
     store = PartStore(parts_dir_for(cfg.npz, cfg.out), record.get("fingerprint", {}), cfg.total)
     state = dist.on_rank0(lambda: _prepare(cfg, store, record, log))
     if state == "complete":
@@ -153,12 +159,42 @@ def _with_vae(cfg: SampleConfig, loaded: LoadedModel, log: Any) -> SampleConfig:
     extracted with) when there is a record, else the SD-VAE the official checkpoints use."""
     if cfg.vae:
         return cfg
+    encoder = (loaded.latent or {}).get("encoder")
+    if encoder:  # a feature space: only a decoder makes pixels; the one the run's grids and FID used, if recorded
+        run = loaded.info.get("config") or {}
+        if not run.get("vae"):
+            raise UserError(f"--ckpt {cfg.ckpt} was trained on the features of {encoder.get('model')} (a feature "
+                            "space), which only a decoder turns into pixels, and its run records none; pass "
+                            "--decoder (RAE's decoder: FILE or FILE,config.json)")
+        log.info("--decoder not given: using %s, the decoder the run's grids and FID used (its config.json)",
+                 run["vae"])
+        return dataclasses.replace(cfg, vae=str(run["vae"]), vae_config=cfg.vae_config or run.get("vae_config"))
     recorded = (loaded.latent or {}).get("vae") or {}
     found = recorded_vae(recorded, f"--ckpt {cfg.ckpt}", base=manifest_folder(loaded.info))
     vae, vae_config = found if found else (DEFAULT_VAE, cfg.vae_config)
     typed = f", given as {recorded['source_given']}" if found and recorded.get("source_given") else ""
     log.info("--vae not given: using %s (%s)", vae, f"recorded in the checkpoint{typed}" if found else "the default")
     return dataclasses.replace(cfg, vae=vae, vae_config=cfg.vae_config or vae_config)
+
+
+def compare_vae(used: dict[str, Any], shards: dict[str, Any] | None) -> str | None:
+    """The VAE that decodes against the one the shards were extracted with (the checkpoint's record): their weights'
+    sha256 (a file or folder), else hub id and commit. A warning line when they differ (decoding with another
+    decoder of the same encoder, e.g. sd-vae-ft-mse for ft-ema latents, is allowed, so it is said, not refused);
+    None when they agree or the checkpoint records none."""
+    if not shards:
+        return None
+    a, b = used.get("weights_sha256"), shards.get("weights_sha256")
+    if a and b:
+        same, what = a == b, f"sha256 {str(a)[:12]}... where the shards' VAE has {str(b)[:12]}..."
+    elif used.get("commit") and shards.get("commit"):
+        same, what = used["commit"] == shards["commit"], f"commit {used['commit']} where the shards' has {shards['commit']}"
+    else:
+        return None  # nothing comparable recorded (a hub id without a commit on either side)
+    if same:
+        return None
+    return (f"the VAE decoding these samples is not the one the shards were extracted with ({what}; the shards': "
+            f"{shards.get('source_given') or shards.get('source')}): the model's latents are decoded by another VAE")
 
 
 def _with_time_shift(cfg: SampleConfig, loaded: LoadedModel, log: Any) -> SampleConfig:
@@ -168,7 +204,8 @@ def _with_time_shift(cfg: SampleConfig, loaded: LoadedModel, log: Any) -> Sample
     shift = recorded if cfg.time_shift is None else float(cfg.time_shift)
     if shift != 1.0:
         why = "--time-shift" if cfg.time_shift is not None else "as the checkpoint records it"
-        log.info("time grid shifted toward noise by %.4g (%s; the model was trained with %.4g)", shift, why, recorded)
+        log.info("time grid shifted %s by %.4g (%s; the model was trained with %.4g)", dit.shift.direction(shift), shift,
+                 why, recorded)
     return dataclasses.replace(cfg, time_shift=shift)
 
 
@@ -189,10 +226,39 @@ def _with_cfg_channels(cfg: SampleConfig, loaded: LoadedModel, log: Any) -> Samp
     return dataclasses.replace(cfg, cfg_channels=used)
 
 
+def _with_cfg_scale(cfg: SampleConfig, loaded: LoadedModel, log: Any) -> SampleConfig:
+    """`cfg` with --cfg-scale resolved (sample.config.resolve_cfg_scale): given, else the protocol's, else
+    DEFAULT_CFG_SCALE, where guidance acts, else 1. A setting that would do nothing on this model or protocol
+    (guidance on a MeanFlow model, one without a null class, or under a protocol without guidance; a guidance
+    interval or guided channels where nothing is guided) is refused with the reason, never recorded and ignored."""
+    conditions = str(loaded.config.get("conditions", "t"))
+    # AutoGuidance (--guidance-model) guides with a weaker network, not the null class
+    has_null = float(loaded.config.get("class_dropout_prob", 0.1)) > 0 or bool(cfg.guidance_model)
+    inert = guidance_inert(conditions, has_null, cfg.protocol)
+    default = protocols.protocol(cfg.protocol).guidance.scale if cfg.protocol is not None else DEFAULT_CFG_SCALE
+    try:
+        scale = resolve_cfg_scale(cfg.cfg_scale, default, inert, "--cfg-scale")
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    problems = []
+    if inert and cfg.guidance_interval is not None:
+        other = ", or drop --protocol to choose every setting" if inert.startswith("--protocol") else ""
+        problems.append(f"--guidance-interval {cfg.guidance_interval[0]:g} {cfg.guidance_interval[1]:g} does nothing "
+                        f"here: {inert}; drop it{other}")
+    channels = cfg_channels_inert(cfg.cfg_channels, scale, conditions)
+    if channels:
+        problems.append(channels)
+    if problems:
+        raise UserError("; ".join(problems))
+    if cfg.cfg_scale is None and inert and default != 1.0:
+        log.info("--cfg-scale not given: 1 (no guidance): %s", inert)
+    return dataclasses.replace(cfg, cfg_scale=scale)
+
+
 def _with_sampler(cfg: SampleConfig, objective: str) -> tuple[SampleConfig, str | None]:
-    """`cfg` with --sampler, --steps and --cfg-scale filled in when not given (recorded as if given): the protocol's
+    """`cfg` with --sampler and --steps filled in when not given (recorded as if given): the protocol's
     (dit/protocols.py), else the defaults for the model's objective (a flow checkpoint samples with SiT's SDE, a
-    one-step model in one step); and the line that says so."""
+    one-step model in one step); and the line that says so. --cfg-scale: `_with_cfg_scale`."""
     if cfg.protocol is not None:
         p = protocols.protocol(cfg.protocol)
         if p.solver not in SPECS[objective].samplers:
@@ -200,10 +266,9 @@ def _with_sampler(cfg: SampleConfig, objective: str) -> tuple[SampleConfig, str 
                             f"({cfg.ckpt}); choose a protocol of a {objective} release, or pass --objective if the "
                             "file's objective was guessed wrong")
         steps = cfg.steps if cfg.steps is not None else p.count
-        scale = cfg.cfg_scale if cfg.cfg_scale is not None else p.guidance.scale
-        cfg = dataclasses.replace(cfg, sampler=p.solver, steps=steps, cfg_scale=scale)
+        cfg = dataclasses.replace(cfg, sampler=p.solver, steps=steps)
         return cfg, (f"--protocol {p.name}: {p.release}'s sampler ({p.solver}, {steps} steps as its num_steps counts "
-                     f"them, guidance {p.guidance.rule} {scale:g}, images by its '{p.conversion}' conversion; read "
+                     f"them, guidance rule {p.guidance.rule}, images by its '{p.conversion}' conversion; read "
                      f"from {p.sources[0].split(' ')[0]})")
     notes = []
     if cfg.steps is None:
@@ -212,8 +277,6 @@ def _with_sampler(cfg: SampleConfig, objective: str) -> tuple[SampleConfig, str 
     if cfg.sampler is None:
         cfg = dataclasses.replace(cfg, sampler=DEFAULT_SAMPLERS[objective])
         notes.insert(0, f"--sampler not given: {cfg.sampler}, the default for {objective} models ({cfg.steps} steps)")
-    if cfg.cfg_scale is None:
-        cfg = dataclasses.replace(cfg, cfg_scale=DEFAULT_CFG_SCALE)
     return cfg, "; ".join(notes) or None
 
 

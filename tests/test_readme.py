@@ -249,7 +249,7 @@ def test_fid_recipe_runs_as_pasted(tmp_path, tiny_vae_dir):
     with np.load(tmp_path / "samples/dit-xl2-256-cfg1.5.npz") as z:
         assert z["arr_0"].shape == (8, 64, 64, 3) and z["arr_1"].shape == (8,)
     result = json.loads((tmp_path / "samples/dit-xl2-256-cfg1.5.npz.eval.json").read_text())
-    assert all(np.isfinite(result[k]) for k in ("fid", "sfid", "inception_score", "precision", "recall"))
+    assert all(np.isfinite(result[k]) for k in ("fd_rand", "sfd_rand", "is_rand", "precision_rand", "recall_rand"))
     assert result["samples"]["label_sampling"] == "uniform" and result["samples"]["count"] == 8
 
 

@@ -224,6 +224,10 @@ class TrainConfig(GuardSettings, RepaSettings, FidSettings, GridSettings):
                                     cli=False)
     recipe: dict[str, Any] | None = setting(None, "what a recipe file (recipes/) reproduces: name, paper, FID, ...",
                                             group=CKPT, cli=False)
+    allow_departures: bool = setting(
+        False, "Run a recipe (--config recipes/...) on a shard set that is not the extraction it requires; every "
+        "departure is listed in the plan, config.json and the report, and the paper's FID is not put beside the "
+        "run", group=CKPT)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -284,8 +288,47 @@ class TrainConfig(GuardSettings, RepaSettings, FidSettings, GridSettings):
         from dit_pipeline.sample.config import GRID_SAMPLER
 
         p += self.grid_problems(fid_on=self.fid_every is not None, sampler=GRID_SAMPLER.get(self.objective, "ddim"))
-        p += self.fid_problems(objective=self.objective)
+        p += self.fid_problems(objective=self.objective) + self._guidance_problems()
         collect(p, "training configuration")
+
+    def _guidance_problems(self) -> list[str]:
+        """Grid and FID guidance settings that would do nothing (issue 41: refused with the reason, never recorded
+        and ignored): a scale on a MeanFlow model or one without label dropout, channels where nothing is guided."""
+        from dit_pipeline.dit.objectives import SPECS
+        from dit_pipeline.evaluate.hook import fid_default_scale
+        from dit_pipeline.sample.config import PROTOCOLS, cfg_channels_inert, resolve_cfg_scale
+        from dit_pipeline.sample.grid import GRID_CFG_SCALE, guidance_inert_for
+
+        if self.objective not in SPECS or not isinstance(self.class_dropout_prob, (int, float)):
+            return []
+        protocol = self.protocol if self.protocol in PROTOCOLS else None
+        p, scales = [], []
+        for on, flag, given, default, inert in (
+                (self.sample_every is not None, "--sample-cfg-scale", self.sample_cfg_scale, GRID_CFG_SCALE,
+                 guidance_inert_for(self.objective, self)),
+                (self.fid_every is not None, "--fid-cfg-scale", self.fid_cfg_scale, fid_default_scale(protocol),
+                 guidance_inert_for(self.objective, self, protocol))):
+            if on and (given is None or isinstance(given, (int, float))):
+                try:
+                    scales.append(resolve_cfg_scale(given, default, inert, flag))
+                except ValueError as e:
+                    p.append(str(e))
+        channels = cfg_channels_inert(self.cfg_channels, max(scales or [1.0]), SPECS[self.objective].conditions)
+        if channels and (self.sample_every is not None or self.fid_every is not None):
+            p.append(channels)
+        return p
+
+    def resolved_guidance(self) -> dict[str, float]:
+        """The grid and FID guidance scales this run uses (None resolved), as config.json records them."""
+        from dit_pipeline.evaluate.hook import fid_default_scale
+        from dit_pipeline.sample.config import PROTOCOLS
+        from dit_pipeline.sample.grid import GRID_CFG_SCALE, effective_cfg_scale
+
+        protocol = self.protocol if self.protocol in PROTOCOLS else None
+        return {"sample_cfg_scale": effective_cfg_scale(self.sample_cfg_scale, GRID_CFG_SCALE, self.objective, self,
+                                                        "--sample-cfg-scale"),
+                "fid_cfg_scale": effective_cfg_scale(self.fid_cfg_scale, fid_default_scale(protocol), self.objective,
+                                                     self, "--fid-cfg-scale", protocol=protocol)}
 
     def _objective_problems(self) -> list[str]:
         p = choice(self, "objective", OBJECTIVES)
@@ -496,6 +539,12 @@ def merge_config(file_values: dict[str, Any], flag_values: dict[str, Any]) -> Tr
     objective (`implied_objective`: SiT names, the flow families) sets it when none is given (the plan says so);
     a SiT name with `--objective ddpm` is refused."""
     merged = {**file_values, **flag_values}
+    if isinstance(file_values.get("recipe"), dict):  # what the run changes of the recipe (train/recipes.py)
+        from dit_pipeline.train.recipes import setting_departures
+
+        defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig) if f.default is not dataclasses.MISSING}
+        merged["recipe"] = {**file_values["recipe"],
+                            "departures": setting_departures(file_values, flag_values, defaults)}
     if merged.get("objective") is None and (implied := implied_objective(merged.get("model"))):
         merged["objective"] = implied
     missing = [n for n in ("shards", "run_dir") if merged.get(n) in (None, "")]

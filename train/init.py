@@ -1,7 +1,8 @@
 """`dit-train --init WEIGHTS`: start a new run from pretrained weights (fine-tuning, 256 -> 512 px, SiT from a
 DiT), with a fresh optimizer, EMA = the initial weights, step 0.
 
-WEIGHTS is any file `dit-sample` reads (`dit.load_dit_weights`): our checkpoints (their EMA weights), EMA files
+WEIGHTS is any file `dit-sample` reads (`dit.load_dit_weights`), or a run folder (its newest checkpoint, as
+`dit-sample --ckpt RUN`): our checkpoints (their EMA weights), EMA files
 with their sidecar, the official DiT / SiT / REPA release files, the release files of LightningDiT, DDT and
 RAE's DiT-DH, or .safetensors. Every tensor of the new model must be in the file with its shape, except
 - the family's fixed tables (`fixed_tensors`: DiT's 2-D sin-cos `pos_embed`, RoPE tables): never trained, so
@@ -53,10 +54,26 @@ class InitWeights:
                 f"{len(self.state_dict)} tensors copied{own}{gone}; optimizer fresh, EMA = these weights, step 0")
 
 
+def resolve_init(spec: str) -> Path:
+    """The file `--init` means: the file itself, or for a run folder (or its checkpoints/ folder) its newest full
+    checkpoint, as dit-sample --ckpt takes run folders; UserError for a folder without one."""
+    from dit_pipeline.train.checkpoint import CheckpointManager
+
+    path = Path(spec).expanduser()
+    if not path.is_dir():
+        return path
+    folder = path / "checkpoints" if (path / "checkpoints").is_dir() else path
+    newest = CheckpointManager(folder).latest()
+    if newest is None:
+        raise UserError(f"--init {spec}: a folder without checkpoints (expected a run folder holding "
+                        "checkpoints/step-NNNNNNN.pt, or a weight file)")
+    return newest
+
+
 def load_init(spec: str, model_kwargs: dict[str, Any]) -> InitWeights:
     """Read `spec` and match it to the model `model_kwargs` builds (see the module docstring); UserError naming
     every mismatch."""
-    path = Path(spec).expanduser()
+    path = resolve_init(spec)
     with torch.device("meta"):
         model = dit.create_model(**model_kwargs)
     new = dict(model.config)

@@ -353,13 +353,15 @@ class Trainer:
         m, own, s = self.meter, self.own, self.state
         n, elapsed = max(1, m.steps), m.elapsed()
         images_per_s = n * self.batch.global_batch / elapsed
-        rec = {"step": s.step, "epoch": s.epoch, **interval_record(m, elapsed), "lr": self.lr_at(s.step - 1),
+        rec: dict[str, Any] = {"step": s.step, "epoch": s.epoch, **interval_record(m, elapsed), "lr": self.lr_at(s.step - 1),
                "images_per_s": images_per_s, "steps_per_s": n / elapsed,
                "peak_mem_gb": (torch.cuda.max_memory_allocated(self.device) / 2**30
                                if self.device.type == "cuda" else None),
                "mfu": mfu(self.p.flops_per_image, images_per_s, self.world, self.p.peak_tflops),
                "fp16_skipped": s.overflow_steps, "bad_shards": s.bad_shards, "skipped_steps": self.guard.skipped,
                "rollbacks": len(self.guard.rollbacks), "world_size": self.world}
+        if self.guard.rollbacks:  # where each happened and where it went back to (dit-report marks them there)
+            rec["rollback_steps"] = [[r["step"], r["to"]] for r in self.guard.rollbacks]
         self.metrics.write(rec)
         self.metrics.write_rank({"step": s.step, **interval_record(own, elapsed)})
         mem = f" mem {rec['peak_mem_gb']:.1f}G" if rec["peak_mem_gb"] is not None else ""

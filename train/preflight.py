@@ -23,6 +23,7 @@ from dit_pipeline.common.teacher import Teacher
 from dit_pipeline.dit.meanflow import VARIANTS as MEANFLOW_OBJECTIVES
 from dit_pipeline.shards import Manifest
 from dit_pipeline.shards.stats import NEAR_ONE, first_samples_std, fix_hint
+from dit_pipeline.dit.shift import direction as shift_direction
 from dit_pipeline.train import memory
 from dit_pipeline.train.config import (ARCH_OVERRIDES, DEFAULT_MAX_STEPS, DEFAULT_NUM_WORKERS, MODEL_OPTIONS, BatchPlan,
                                        TrainConfig, batch_plan, implied_objective, resolve_time_shift)
@@ -136,12 +137,45 @@ def model_kwargs(cfg: TrainConfig, source: ShardSource) -> dict[str, Any]:
     return kw
 
 
+def check_cfg_channels(cfg: TrainConfig, kw: dict[str, Any]) -> None:
+    """--cfg-channels N against the model's latent channels, before any work (issue 41: 20 of 4 passed the dry run
+    and failed at the first grid)."""
+    if cfg.sample_every is None and cfg.fid_every is None:
+        return
+    from dit_pipeline.sample.generate import resolve_cfg_channels
+
+    try:
+        resolve_cfg_channels(cfg.cfg_channels, {"in_channels": kw["in_channels"], "family": "DiT"})
+    except ValueError as e:
+        raise UserError(str(e)) from None
+
+
+def check_recipe_extraction(cfg: TrainConfig, source: Any) -> TrainConfig:
+    """A recipe run on a shard set that is not the extraction its recipe requires (train/recipes.py): refused
+    before any work, or with --allow-departures, run with every difference added to its departures."""
+    from dit_pipeline.train.recipes import extraction_departures
+
+    recipe = cfg.recipe if isinstance(cfg.recipe, dict) else None
+    found = extraction_departures((recipe or {}).get("requires"), source.manifest)
+    if not found or recipe is None:
+        return cfg
+    where = source.folder or cfg.manifest
+    if not cfg.allow_departures:
+        raise UserError(f"the recipe {recipe.get('name')!r} needs another shard set than {where}: {'; '.join(found)}. "
+                        f"Extract as the recipe says ({recipe.get('extraction') or 'its extraction'}), or pass "
+                        "--allow-departures to train on these shards anyway (the paper's FID then does not apply)")
+    known = list(recipe.get("departures") or [])
+    return dataclasses.replace(cfg, recipe={**recipe, "departures": known + [f"shards: {d}" for d in found
+                                                                          if f"shards: {d}" not in known]})
+
+
 def prepare(cfg: TrainConfig, world_size: int | None = None) -> Preflight:
     """Validate everything that can be checked without a GPU or a process group (raises on problems)."""
     cfg.validate()
     check_writable_dir(cfg.run_dir, f"--run-dir {cfg.run_dir}")  # before any work, also in a dry run
     world = dist.world_size() if world_size is None else world_size
     source = open_shards(cfg.shards, cfg.manifest)
+    cfg = check_recipe_extraction(cfg, source)
     cfg, notes = resolve_defaults(cfg, len(source.sizes), world)
     cfg, shift_note = resolve_time_shift(cfg, list(source.manifest.latent_shape))
     if shift_note:
@@ -151,9 +185,16 @@ def prepare(cfg: TrainConfig, world_size: int | None = None) -> Preflight:
     assert not isinstance(micro, str)  # validate() accepts a positive integer or "auto"
     batch = batch_plan(cfg.global_batch_size, micro, world)
     n = source.manifest.num_classes
-    if cfg.sample_every and cfg.sample_classes and max(cfg.sample_classes) >= n:
-        raise UserError(f"--sample-classes {','.join(map(str, cfg.sample_classes))}: the shard set has {n} classes, "
-                        f"ids 0..{n - 1}")
+    if cfg.sample_every and cfg.sample_classes:  # names as dit-sample takes them, against the shard set's names
+        from dit_pipeline.sample.names import class_ids
+
+        ids: list[int | str] = list(class_ids(list(cfg.sample_classes), source.manifest.class_names,
+                        f"the shard set {source.folder or cfg.manifest}", "--sample-classes"))
+        if max(int(i) for i in ids) >= n:
+            raise UserError(f"--sample-classes {','.join(map(str, ids))}: the shard set has {n} classes, "
+                            f"ids 0..{n - 1}")
+        cfg = dataclasses.replace(cfg, sample_classes=ids)
+    check_cfg_channels(cfg, kw)
     assert cfg.num_workers is not None  # resolve_defaults chose it
     layout = DataLayout(seed=cfg.seed, world_size=world, workers=max(1, cfg.num_workers),
                         micro_batch=batch.micro_batch, accum=batch.accum, shuffle_buffer=cfg.shuffle_buffer,
@@ -295,7 +336,8 @@ def objective_line(cfg: TrainConfig, mc: dict[str, Any] | None = None) -> str:
         times = ("uniform" if cfg.t_sampling == "uniform"
                  else f"{cfg.t_sampling} (mean {cfg.t_mean:g}, scale {cfg.t_scale:g})")
         implied = f"as --model {cfg.model} implies; " if implied_objective(cfg.model) == "flow" else ""
-        shift = f", shifted by {cfg.time_shift:.4g} toward noise" if cfg.time_shift != 1.0 else ""
+        shift = (f", shifted by {cfg.time_shift:.4g} {shift_direction(float(cfg.time_shift))}"
+                 if cfg.time_shift != 1.0 else "")
         loss = "; loss mse + cos (cosine direction)" if cfg.cosine_loss else ""
         pred = ("velocity prediction" if cfg.prediction == "v" else
                 f"x-prediction, v = (x_pred - x_t) / max(1 - t, {cfg.t_eps:g})")

@@ -1,13 +1,16 @@
 """`dit-report RUN`: one Markdown page and one PNG for a run folder (`RUN/report.md`, `RUN/report.png`).
 
-The page reads only what the run wrote: `config.json` (the settings; `recipe` = {name, paper, fid, ...} when the
-run follows a published recipe), `metrics.jsonl` (loss, throughput, the divergence guard's counters, FID during
-training with its sample count and reference) and `config-history.jsonl` (each start of the run). It shows the
-config, the loss and FID-vs-step curves (train/plot.py, with the paper's FID as a line when the recipe has one),
-the last evaluation with its sample count, reference and sampler settings, the throughput and device-hours
-(the logged intervals' durations x the world size: time in checkpoints, hooks and start-up is not counted), what
-the divergence guard did, and the paper's number beside ours. An FID of fewer than 50,000 samples is named
-with its count ("FID-5K", evaluate/labels.py) and called a proxy, so it is not read as the paper metric.
+The page reads only what the run wrote: `config.json` (the settings; `recipe` = {name, paper, fid, departures,
+...} when the run follows a published recipe), `metrics.jsonl` (loss, throughput, the divergence guard's counters,
+FID during training with what the hook ran: `fid_run`, evaluate/hook.py) and `config-history.jsonl` (each start of
+the run). It shows the config (the model as built: its preset and every override), the loss and FID-vs-step curves
+(train/plot.py), the last evaluation described from the hook's own record (protocol, network, reference, sample
+count, sampler, steps, the guidance applied; never from config.json, which says what was asked), the throughput
+and device-hours (the logged intervals' durations x the world size: time in checkpoints, hooks and start-up is not
+counted), what the divergence guard did, and the paper's number beside ours only when the two can be compared: the
+number is FID (not a random Inception's distance) and the run departs from its recipe in nothing (train/recipes.py).
+An FID of fewer than 50,000 samples is named with its count ("FID-5K", evaluate/labels.py) and called a proxy, so
+it is not read as the paper metric.
 """
 from __future__ import annotations
 
@@ -16,7 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from dit_pipeline.common.errors import UserError
-from dit_pipeline.common.io import atomic_write_bytes
+from dit_pipeline.common.io import atomic_write_bytes, check_writable_dir
+from dit_pipeline.evaluate import labels as L
+from dit_pipeline.train.config import ARCH_OVERRIDES, MODEL_OPTIONS
 from dit_pipeline.train.metrics import read_metrics
 from dit_pipeline.train.plot import plot_metrics
 
@@ -53,22 +58,53 @@ def _evaluation(cfg: dict[str, Any], ev: dict[str, Any] | None) -> list[str]:
     if ev is None:
         return ["No evaluation was logged (`--fid-every N --fid-ref REF` evaluates during training; `dit-eval` "
                 "evaluates a sample file)."]
-    from dit_pipeline.sample.config import FID_SAMPLER
+    key = L.fid_key(ev) or "fid"
+    names = {k: ev.get(f"{k}_name", k) for k in (key, L.record_key("sfid", 0) if key != "fid" else "sfid",
+                                                   "fd_dinov2")}
+    rows = [f"| {names[k]} | {_num(ev.get(k))} |" for k in names if ev.get(k) is not None]
+    score = ("inception_score", "precision", "recall") if key == "fid" else ("is_rand", "precision_rand",
+                                                                            "recall_rand")
+    rows += [f"| {label} | {_num(ev.get(k))} |" for k, label in zip(score, ("Inception Score", "Precision", "Recall"))]
+    run = ev.get("fid_run")
+    if not isinstance(run, dict):
+        head = (f"Step {ev['step']}: {ev.get('fid_num_samples')} samples against `{ev.get('fid_ref')}`. This run "
+                "predates the hook's record of what it ran (sampler, steps, guidance, network): those are unknown "
+                "here; config.json says only what was asked.")
+        return [head, "", "| metric | value |", "|---|---|", *rows]
+    ref, model = run.get("reference") or {}, run.get("model") or {}
+    sampling = run.get("sampling") or {}  # the sampling protocol's record (dit/protocols.py), resolved
+    note = f" ({run['guidance_note']})" if run.get("guidance_note") else ""
+    made = "" if ref.get("provenance") in (None, "images") else f"; {ref.get('provenance')}"
+    lines = [f"Step {ev['step']}, protocol {run.get('protocol')} ({run.get('protocol_source')}): "
+             f"{run.get('num_samples')} samples against `{ref.get('file')}` ({ref.get('statistics')}{made}), sampled "
+             f"with the {run.get('weights')} weights of the model {model.get('name')} as built "
+             f"({model.get('architecture')}) by {L.sampled_by(sampling)}, guidance {run.get('guidance')}{note}, "
+             f"classes {sampling.get('labels')}, images by the '{sampling.get('conversion')}' conversion, seed "
+             f"{run.get('seed')}; the evaluation took {_num(ev.get('fid_seconds'), '.1f')} s.", "",
+             f"Inception network: {run.get('network')}."]
+    if key != "fid":
+        lines += ["", f"These numbers are not FID: {L.random_note(int(run.get('random_inception') or 0))}."]
+    return [*lines, "", "| metric | value |", "|---|---|", *rows]
 
-    n = ev.get("fid_num_samples")
-    names = {k: ev.get(f"{k}_name", k) for k in ("fid", "sfid", "fd_dinov2")}
-    rows = [f"| {names[k]} | {_num(ev.get(k))} |" for k in ("fid", "sfid", "fd_dinov2") if ev.get(k) is not None]
-    rows += [f"| {label} | {_num(ev.get(k))} |" for k, label in (("inception_score", "Inception Score"),
-                                                                 ("precision", "Precision"), ("recall", "Recall"))]
-    sampler = ev.get("fid_sampler") or FID_SAMPLER.get(cfg.get("objective", "ddpm"), "?")
-    if ev.get("fid_protocol"):
-        sampler = f"{sampler} (--protocol {ev['fid_protocol']})"
-    steps = ev.get("fid_steps", cfg.get("fid_steps"))
-    scale = ev.get("fid_cfg_scale", cfg.get("fid_cfg_scale"))
-    return [f"Step {ev['step']}: {n} samples against `{ev.get('fid_ref') or cfg.get('fid_ref')}`, sampled with the "
-            f"EMA weights by {sampler} in {steps} steps, guidance {scale}, classes "
-            f"{ev.get('fid_labels', cfg.get('fid_labels'))}, seed {cfg.get('seed')}; the evaluation took "
-            f"{_num(ev.get('fid_seconds'), '.1f')} s.", "", "| metric | value |", "|---|---|", *rows]
+
+def model_as_built(cfg: dict[str, Any]) -> str:
+    """The model row: the preset with every override the run gave it ("SiT-XL/2 with depth 2, hidden_size 384")."""
+    given = [f"{k} {cfg[k]}" for k in ARCH_OVERRIDES if cfg.get(k) is not None]
+    given += [k for k in MODEL_OPTIONS if cfg.get(k) is True]
+    return f"`{cfg.get('model')}`" + (f" with {', '.join(given)}" if given else "")
+
+
+def comparable(ev: dict[str, Any] | None, recipe: dict[str, Any] | None) -> tuple[bool, str]:
+    """(whether the paper's number goes beside this run's, why not)."""
+    if recipe is None or recipe.get("fid") is None:
+        return False, ""
+    if recipe.get("departures"):
+        return False, (f"the run departs from the recipe in {len(recipe['departures'])} way(s) (below), so the "
+                       f"paper's FID-50K {_num(recipe.get('fid'))} is not a number to compare it with")
+    if ev is not None and L.fid_key(ev) not in (None, "fid"):
+        return False, (f"this run's number is not FID (random Inception weights), so the paper's FID-50K "
+                       f"{_num(recipe.get('fid'))} is not shown beside it")
+    return True, ""
 
 
 def build_report(run_dir: Path, png: str) -> str:
@@ -77,25 +113,34 @@ def build_report(run_dir: Path, png: str) -> str:
     cfg = json.loads(cfg_path.read_text(encoding="utf-8")) if cfg_path.is_file() else {}
     records = [r for r in read_metrics(run_dir) if isinstance(r.get("step"), int)]
     train = [r for r in records if "loss" in r or "steps_per_s" in r]
-    evals = [r for r in records if r.get("fid") is not None]
+    evals = [r for r in records if L.fid_key(r) is not None]
     ev = evals[-1] if evals else None
     last = train[-1] if train else {}
     t = throughput(train)
     recipe: dict[str, Any] | None = cfg["recipe"] if isinstance(cfg.get("recipe"), dict) else None
-    ours = f"{ev.get('fid_name', 'FID')} {_num(ev['fid'])} at step {ev['step']}" if ev is not None else "not evaluated"
-    proxy = ev is not None and ev.get("fid_num_samples") != 50_000
+    key = L.fid_key(ev) if ev is not None else None
+    ours = f"{ev.get(f'{key}_name', key)} {_num(ev[key])} at step {ev['step']}" \
+        if ev is not None and key is not None else "not evaluated"
+    if key not in (None, "fid"):
+        ours += " (random Inception: not FID)"
+    proxy = ev is not None and key == "fid" and ev.get("fid_num_samples") != 50_000
     of = f" of {cfg['max_steps']}" if cfg.get("max_steps") else ""
+    beside, why_not = comparable(ev, recipe)
     lines = [f"# Run report: {run_dir.name}", "",
              f"`{run_dir}`, step {last.get('step', 0)}{of}, epoch {last.get('epoch', 0)}, last loss "
              f"{_num(last.get('loss'))}.", "",
-             "## Result against the paper", "", "| | FID | samples |", "|---|---|---|",
+             "## Result against the paper", "", "| | number | samples |", "|---|---|---|",
              f"| this run | {ours} | {ev.get('fid_num_samples') if ev is not None else 'n/a'} |"]
-    if recipe is not None:
+    if beside and recipe is not None:
         lines.append(f"| {recipe.get('paper', 'paper')} ({recipe.get('name', 'recipe')}) | FID-50K "
                      f"{_num(recipe.get('fid'))} | 50000 |")
+    if why_not:
+        lines += ["", f"Not compared with the paper: {why_not}."]
     if proxy and ev is not None:
         lines += ["", f"This run's number is a proxy ({ev.get('fid_name')}): the paper metric is FID-50K (50,000 "
                   "samples); run `dit-sample --num-samples 50000` and `dit-eval` for it."]
+    if recipe is not None and recipe.get("departures"):
+        lines += ["", "Departures from the recipe:", "", *[f"- {d}" for d in recipe["departures"]]]
     lines += ["", "## Curves", "", f"![loss, FID and throughput against the step]({png})", "",
               "## Last evaluation", "", *_evaluation(cfg, ev), "",
               "## Throughput", "", "| | |", "|---|---|",
@@ -106,28 +151,39 @@ def build_report(run_dir: Path, png: str) -> str:
               f"| {t['device']}-hours | {t['device_hours']:.3g} |"]
     if t["mfu"] is not None:
         lines.append(f"| MFU (last interval) | {t['mfu']:.1%} |")
+    settings = [f"| model | {model_as_built(cfg)} |"] if cfg.get("model") else []
+    settings += [f"| {k} | `{cfg[k]}` |" for k in KEY_SETTINGS if k != "model" and cfg.get(k) not in (None, False)]
     lines += ["", "## Divergence guard", "",
               f"Policy `{cfg.get('on_divergence', 'stop')}`: {last.get('skipped_steps', 0)} step(s) skipped, "
               f"{last.get('rollbacks', 0)} rollback(s) (RUN/log.txt names each).", "",
-              "## Config", "", "| setting | value |", "|---|---|",
-              *[f"| {k} | `{cfg[k]}` |" for k in KEY_SETTINGS if cfg.get(k) not in (None, False)],
+              "## Config", "", "| setting | value |", "|---|---|", *settings,
               "", "<details><summary>config.json</summary>", "", "```json",
               json.dumps(cfg, indent=1, sort_keys=True), "```", "</details>", ""]
     return "\n".join(lines)
 
 
 def write_report(run_dir: str | Path, out: str | Path | None = None) -> tuple[Path, Path]:
-    """Write RUN/report.md and RUN/report.png (or into `out`); returns both paths."""
+    """Write RUN/report.md and RUN/report.png (or into `out`); returns both paths. A folder that cannot be
+    written is one line naming --out, before any work."""
     run = Path(run_dir).expanduser()
     if not (run / "metrics.jsonl").is_file():
         raise UserError(f"{run} has no metrics.jsonl: pass a run folder written by dit-train")
     folder = Path(out).expanduser() if out is not None else run
+    try:
+        check_writable_dir(folder, "the report" if out is None else f"--out {out}")
+    except UserError as e:
+        raise UserError(f"{e}{', or --out DIR for the report' if out is None else ''}") from None
     folder.mkdir(parents=True, exist_ok=True)
     cfg = json.loads((run / "config.json").read_text(encoding="utf-8")) if (run / "config.json").is_file() else {}
-    recipe: dict[str, Any] = cfg["recipe"] if isinstance(cfg.get("recipe"), dict) else {}
+    recipe: dict[str, Any] | None = cfg["recipe"] if isinstance(cfg.get("recipe"), dict) else None
+    records = [r for r in read_metrics(run) if isinstance(r.get("step"), int) and L.fid_key(r)]
+    beside, _ = comparable(records[-1] if records else None, recipe)
     paper = (f"{recipe.get('paper', 'paper')}: FID-50K {recipe['fid']}", float(recipe["fid"])) \
-        if isinstance(recipe.get("fid"), (int, float)) else None
-    png = plot_metrics(run, folder / "report.png", paper=paper)
+        if beside and recipe is not None and isinstance(recipe.get("fid"), (int, float)) else None
+    png = plot_metrics(run, folder / "report.png", paper=paper, objective=cfg.get("objective"))
     md = folder / "report.md"
-    atomic_write_bytes(md, build_report(run, png.name if folder == run else str(png)).encode("utf-8"))
+    try:
+        atomic_write_bytes(md, build_report(run, png.name if folder == run else str(png)).encode("utf-8"))
+    except OSError as e:
+        raise UserError(f"cannot write {md} ({e.strerror or e}); pass --out DIR, a writable folder") from None
     return md, png

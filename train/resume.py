@@ -5,6 +5,10 @@ existing run, finds the checkpoint to resume from, loads it once and checks it a
 objective, shard set, global batch, tensors, optimizer layout: the checks of train.parts) and lists the settings changed since
 it. A refused resume therefore stops before the run folder is touched (config.json stays byte-identical);
 allowed changes are logged old -> new and appended, with the full config, to RUN/config-history.jsonl.
+
+`--init` names the weights a run started from; a resume never reads it. So a resume with another `--init` is
+refused (it would do nothing, and config.json and the checkpoints would name a file the run never loaded), and a
+resume without `--init` keeps the file the run started from in its config (issue 41, item 6).
 """
 from __future__ import annotations
 
@@ -38,13 +42,14 @@ class StartPoint:
     step: int = 0
     changes: dict[str, list] = field(default_factory=dict)
     checkpoint: dict[str, Any] | None = field(default=None, repr=False)  # loaded once; dropped after use
+    kept: dict[str, Any] = field(default_factory=dict)  # settings of the checkpoint's run this one keeps (init)
 
 
 def resolved_config(prep: Preflight, precision: str) -> TrainConfig:
     """The config as the run uses it (precision, micro-batch and the block switches the family took by default
     resolved), as saved in config.json."""
     return TrainConfig(**{**prep.cfg.to_dict(), "precision": precision, "micro_batch_size": prep.batch.micro_batch,
-                          **model_switches(prep)})
+                          **model_switches(prep), **prep.cfg.resolved_guidance()})
 
 
 def model_switches(prep: Preflight) -> dict[str, bool]:
@@ -97,14 +102,28 @@ def check_resume(prep: Preflight) -> StartPoint:
         raise UserError(f"{e}; to start a new run from the weights of a file, pass --init {cfg.resume} "
                         "instead of --resume") from None
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
-    new = resolved_config(prep, resolve_precision(cfg.precision, device)).to_dict()
+    old = ckpt.get("config") or {}
+    kept = _kept_init(cfg, old, path, int(ckpt["step"]))
+    new = {**resolved_config(prep, resolve_precision(cfg.precision, device)).to_dict(), **kept}
     with torch.device("meta"):  # the shapes and settings the checkpoint must fit; no weights allocated
         model = dit.create_model(**prep.model_kwargs)
         head = (dit.repa.REPAModel(model, encoder_depth=cfg.repa_depth, z_dims=(prep.teacher.dim,))
                 if prep.teacher is not None else None)
     check_all(build_parts(objective=cfg.objective, config=new, model=model, head=head,
                           shard_set=ShardSetPart.of(prep.source.manifest, prep.source.fingerprint)), ckpt, str(path))
-    return StartPoint(path, int(ckpt["step"]), config_changes(ckpt.get("config") or {}, new), ckpt)
+    return StartPoint(path, int(ckpt["step"]), config_changes(old, new), ckpt, kept)
+
+
+def _kept_init(cfg: TrainConfig, old: dict[str, Any], path: Path, step: int) -> dict[str, Any]:
+    """The `init` a resumed run records: the one it started from. Another --init is refused: a resume never
+    reads it (UserError naming both files and the two ways on)."""
+    was = old.get("init")
+    if cfg.init is None or cfg.init == was:
+        return {"init": was} if cfg.init is None and was is not None else {}
+    started = f"started from {was}" if was else "started from scratch (no --init)"
+    raise UserError(f"--init {cfg.init} does nothing here: {cfg.run_dir} resumes {path.name} (step {step}) of a run "
+                    f"that {started}, and a resume never reads --init. Drop --init (or pass the run's own) to "
+                    f"resume, or use a new --run-dir to start a run from {cfg.init}")
 
 
 def append_history(run_dir: Path, start: StartPoint, resolved: TrainConfig) -> None:

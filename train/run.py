@@ -42,6 +42,8 @@ def _start_run_dir(prep: Preflight, precision: str, start: StartPoint
     run_dir = Path(cfg.run_dir).expanduser()
     ckpts = CheckpointManager(run_dir / "checkpoints", cfg.keep_last, cfg.keep_every)
     resolved = resolved_config(prep, precision)
+    if start.kept:  # what the checkpoint's run records and this invocation did not restate (its --init)
+        resolved = dataclasses.replace(resolved, **start.kept)
     removed = []
     if dist.is_main():
         run_dir.mkdir(parents=True, exist_ok=True)

@@ -43,6 +43,22 @@ def test_config_error_lists_all_problems_exit_2():
     assert "--batch-size must be > 0" in res.output and "--lr must be > 0" in res.output
 
 
+def test_a_config_error_is_said_once_under_torchrun(monkeypatch):
+    """Issue 41: every rank validates the same settings, and each printed the error (twice with 2 ranks); now rank
+    0 says it and the others exit 2 silently."""
+    for k, v in {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
+                 "TORCHELASTIC_RUN_ID": "t"}.items():
+        monkeypatch.setenv(k, v)
+    said = []
+    for rank in ("0", "1"):
+        monkeypatch.setenv("RANK", rank)
+        monkeypatch.setenv("LOCAL_RANK", rank)
+        res = CliRunner().invoke(demo_cmd, ["--data-path", "x", "--fail", "config"])
+        assert res.exit_code == 2
+        said.append(res.output)
+    assert "--lr must be > 0" in said[0] and said[1] == ""
+
+
 def _cli(main, args):
     return CliRunner().invoke(main, args)
 

@@ -106,3 +106,16 @@ def test_the_cosine_direction_loss_is_lightningdits():
     xt = flow.interpolate(x1, x0, t)
     torch.testing.assert_close(terms["cos"], flow.cosine_direction_loss(0.5 * xt, x1 - x0), rtol=0, atol=0)
     torch.testing.assert_close(terms["loss"], terms["mse"] + terms["cos"], rtol=0, atol=0)
+
+
+def test_a_shift_below_one_is_said_to_move_toward_data():
+    """Issue 41: `--time-shift auto` of 0.25 (a small latent) was described as "toward noise"; s < 1 moves the
+    levels toward data (shift_time(0.5, 0.25) > 0.5 in SiT's time, t = 1 data)."""
+    from dit_pipeline.dit.shift import direction
+    from dit_pipeline.train.config import TrainConfig
+    from dit_pipeline.train.preflight import objective_line
+
+    assert shift_time(0.5, 0.25) > 0.5 and shift_time(0.5, 4.0) < 0.5
+    assert (direction(0.25), direction(4.0), direction(1.0)) == ("toward data", "toward noise", "nowhere (no shift)")
+    line = objective_line(TrainConfig(shards="s", run_dir="r", objective="flow", time_shift=0.25))
+    assert "shifted by 0.25 toward data" in line and "toward noise" not in line

@@ -83,12 +83,14 @@ def test_fd_dinov2_equals_the_direct_computation_and_is_labelled(inputs, resize,
     assert abs(result["fd_dinov2"] - _frechet(*cached)) <= 1e-10 * scale
     assert abs(result["fd_dinov2"] - _frechet(*direct)) <= 1e-5 * scale
     assert result["dinov2_extractor"]["resize"] == resize
-    assert (result["fid_name"], result["proxy"], result["reference_file"]) == ("FID-40", True, "ref.npz")
-    assert result["metric_names"] == {"fid": "FID-40", "sfid": "sFID-40", "fd_dinov2": "FD_DINOv2-40"}
+    assert (result["fid_name"], result["proxy"], result["reference_file"]) == ("FD-rand0-40", True, "ref.npz")
+    assert result["metric_names"] == {"fd_rand": "FD-rand0-40", "sfd_rand": "sFD-rand0-40",
+                                      "fd_dinov2": "FD_DINOv2-40"}
     assert json.loads(samples.with_name("samples.npz.eval.json").read_text())["fd_dinov2"] == result["fd_dinov2"]
     assert format_result(result).splitlines()[-1] == f"FD_DINOv2: {round(result['fd_dinov2'], 6)!r}"
-    assert format_names(result) == "names: FID-40, sFID-40, FD_DINOv2-40 (40 samples vs ref.npz; a proxy: papers " \
-        "report 50K)"
+    assert format_names(result) == "names: FD-rand0-40, sFD-rand0-40, FD_DINOv2-40 (40 samples vs ref.npz, " \
+        "protocol adm; a proxy: the Frechet distance of an Inception network with random weights (seed 0): a smoke " \
+        "test, not FID, comparable with nothing published)"
     from dit_pipeline.evaluate import dinov2
 
     monkeypatch.setattr(dinov2.DINOv2Features, "forward", lambda *a: pytest.fail("features recomputed"))

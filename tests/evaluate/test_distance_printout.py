@@ -22,5 +22,6 @@ def test_distances_of_identical_inputs_are_never_negative():
 def test_the_printout_rounds_distances_and_shows_no_negative_zero():
     result = {"inception_score": 1.0000123456789, "fid": 12.3456789012345, "sfid": -6.9e-18, "precision": 0.5,
               "recall": None, "fd_dinov2": 3.0000000004}
-    assert format_result(result).splitlines() == ["Inception Score: 1.0000123456789", "FID: 12.345679", "sFID: 0.0",
+    # issue 41: the Inception Score was printed unrounded; every metric now to 6 decimals (the JSON keeps all)
+    assert format_result(result).splitlines() == ["Inception Score: 1.000012", "FID: 12.345679", "sFID: 0.0",
                                                   "Precision: 0.5", "Recall: n/a", "FD_DINOv2: 3.0"]

@@ -40,8 +40,11 @@ def test_the_metrics_are_printed_when_the_result_file_fails_late(pair, monkeypat
         run.main(_cfg(samples, ref))
     assert "the metrics are printed above; pass --json elsewhere" in str(e.value)
     lines = capsys.readouterr().out.splitlines()
-    assert [x.split(":")[0] for x in lines[:5]] == ["Inception Score", "FID", "sFID", "Precision", "Recall"]
-    assert float(lines[1].split(": ")[1]) > 0
+    assert lines[0].startswith("[adm] ADM evaluator (openai/guided-diffusion evaluations/evaluator.py): 5 samples vs "
+                               "ref.npz (computed from its images), Inception network: RANDOM weights")
+    assert [x.split(":")[0] for x in lines[1:6]] == ["IS-rand (not IS)", "FD-rand0-5 (not FID)",
+                                                     "sFD-rand0-5 (not FID)", "Precision-rand", "Recall-rand"]
+    assert float(lines[2].split(": ")[1]) > 0
 
 
 def _sample_out(folder, images, *, record=True, save_images=True):

@@ -35,13 +35,13 @@ def test_fid_is_logged_and_training_is_unchanged(runs):
     (plain, _), (fid, log) = runs["plain"], runs["fid"]
     losses = [(r["step"], r["loss"]) for r in read_metrics(plain) if "loss" in r]
     assert losses == [(r["step"], r["loss"]) for r in read_metrics(fid) if "loss" in r]
-    evals = [r for r in read_metrics(fid) if "fid" in r]
+    evals = [r for r in read_metrics(fid) if "fd_rand" in r]
     assert [r["step"] for r in evals] == [2, 4]
     for r in evals:
-        assert np.isfinite(r["fid"]) and r["fid"] >= 0 and r["inception_score"] >= 1 - 1e-9
-        assert 0 <= r["precision"] <= 1 and 0 <= r["recall"] <= 1 and r["fid_seconds"] > 0
+        assert np.isfinite(r["fd_rand"]) and r["fd_rand"] >= 0 and r["is_rand"] >= 1 - 1e-9 and "fid" not in r
+        assert 0 <= r["precision_rand"] <= 1 and 0 <= r["recall_rand"] <= 1 and r["fid_seconds"] > 0
         assert r["fid_num_samples"] == 4
-    assert "step 2: FID " in log and " from 4 samples in " in log
+    assert "step 2: FD-rand0-4 " in log and "not FID" in log and "step 2: FID" not in log
     # the reference's features were cached beside it, once
     assert len(list(fid.parent.glob(".ref.npz.*.features.npz"))) == 1
 
@@ -103,7 +103,7 @@ def test_fid_samples_take_the_classes_dit_sample_gives_them(tmp_path, tiny_vae_d
     assert [seen[i] for i in range(20)] == want.tolist()
     if labels == "equal":
         assert np.bincount(want, minlength=10).tolist() == [2] * 10
-    assert record["fid_labels"] == labels and record["fid_num_samples"] == 20 and np.isfinite(record["fid"])
+    assert record["fid_labels"] == labels and record["fid_num_samples"] == 20 and np.isfinite(record["fd_rand"])
 
 
 def test_fid_labels_reach_the_hook_and_are_checked():
@@ -134,3 +134,25 @@ def test_a_reference_of_another_resolution_is_refused_before_the_first_step(tmp_
         "VIRTUAL_imagenet256_labeled.npz for 256x256)")
     assert not [row for row in read_metrics(tmp_path / "run") if "loss" in row]  # no step ran
     assert not list(tmp_path.glob(".ref32.npz.*.features.npz"))  # no Inception work either
+
+
+@pytest.mark.timeout(1200)
+def test_training_time_fid_equals_dit_eval_on_the_same_samples(runs, tmp_path):
+    """bytetriper/RAE #70: "online FID is very high, offline normal". The hook's record says how its samples were
+    made (`fid_run.dit_sample_args`, `dit_eval_args`); dit-sample with those settings on the checkpoint of the same
+    step, then dit-eval, give the number the hook logged."""
+    fid, _ = runs["fid"]
+    ev = [r for r in read_metrics(fid) if "fd_rand" in r][-1]
+    run = ev["fid_run"]
+    npz = tmp_path / "offline.npz"
+    r = run_cli("dit-sample", ["--ckpt", fid / "checkpoints" / f"step-{ev['step']:07d}.pt", *run["dit_sample_args"],
+                               "--npz", npz, "--quiet"], timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = run_cli("dit-eval", [npz, "--ref", run["reference"]["path"], *run["dit_eval_args"], "--quiet"], timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    import json
+
+    offline = json.loads((tmp_path / "offline.npz.eval.json").read_text())
+    assert offline["fid_name"] == ev["fd_rand_name"] and offline["protocol"] == run["protocol"] == "adm"
+    for key in ("fd_rand", "sfd_rand", "is_rand", "precision_rand", "recall_rand"):
+        assert offline[key] == pytest.approx(ev[key], rel=1e-6, abs=1e-9), key

@@ -31,5 +31,5 @@ def test_fid_samples_with_the_runs_time_shift(tmp_path, tiny_vae_dir, monkeypatc
                           run_dir=tmp_path, metrics=None)
     hook = FidHook(every=2, ref=str(tmp_path / "ref.npz"), vae=str(tiny_vae_dir), num_samples=4, steps=2,
                    batch_size=4, seed=3, input_size=75, random_inception=0, sampler="euler")
-    assert np.isfinite(hook(ctx)["fid"])
+    assert np.isfinite(hook(ctx)["fd_rand"])
     assert loops and all(isinstance(d, FlowLoop) and d.time_shift == want for d in loops)

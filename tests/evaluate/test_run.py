@@ -44,17 +44,19 @@ def test_metrics_follow_from_the_cached_features_and_rerun_reads_the_cache(pair,
     s, r = _features(samples), _features(ref)
     # spatial: 7 channels of mixed_6/conv, 3x3 at this input size (17x17 at 299)
     assert {k: v.shape for k, v in s.items()} == {"pool": (5, 2048), "spatial": (5, 63), "logits": (5, 1008)}
-    assert result["fid"] == metrics.frechet_distance_of_features(s["pool"], r["pool"])
-    assert result["sfid"] == pytest.approx(metrics.frechet_distance(metrics.statistics(s["spatial"]),
-                                                                    metrics.statistics(r["spatial"])), rel=1e-6)
-    assert result["inception_score"] == metrics.inception_score(s["logits"])
-    assert (result["precision"], result["recall"]) == metrics.precision_recall(r["pool"], s["pool"])
-    assert json.loads(Path(str(samples) + ".eval.json").read_text())["fid"] == result["fid"]
+    # random weights: the numbers are stored under their own keys (evaluate/labels.py), never as FID
+    assert "fid" not in result and result["fid_name"] == "FD-rand0-5" and result["protocol"] == "adm"
+    assert result["fd_rand"] == metrics.frechet_distance_of_features(s["pool"], r["pool"])
+    assert result["sfd_rand"] == pytest.approx(metrics.frechet_distance(metrics.statistics(s["spatial"]),
+                                                                        metrics.statistics(r["spatial"])), rel=1e-6)
+    assert result["is_rand"] == metrics.inception_score(s["logits"])
+    assert (result["precision_rand"], result["recall_rand"]) == metrics.precision_recall(r["pool"], s["pool"])
+    assert json.loads(Path(str(samples) + ".eval.json").read_text())["fd_rand"] == result["fd_rand"]
     # a second evaluation never runs the network
     from dit_pipeline.evaluate import features
 
     monkeypatch.setattr(features, "batch_features", lambda *a, **k: pytest.fail("features recomputed"))
-    assert run_eval(_cfg(samples, ref))["fid"] == result["fid"]
+    assert run_eval(_cfg(samples, ref))["fd_rand"] == result["fd_rand"]
 
 
 def test_a_folder_gives_the_features_of_the_same_npz(pair, tmp_path):
@@ -69,12 +71,15 @@ def test_a_folder_gives_the_features_of_the_same_npz(pair, tmp_path):
 
 def test_precomputed_reference_statistics_are_used(pair, tmp_path):
     samples, ref = pair
+    from dit_pipeline.evaluate.inception import load_inception
+
     mu, sigma = np.zeros(2048), np.eye(2048)
-    np.savez(tmp_path / "stats.npz", mu=mu, sigma=sigma)
+    made_by = load_inception(random_seed=0, input_size=75)[1]  # the network that made them, as --make-ref records it
+    np.savez(tmp_path / "stats.npz", mu=mu, sigma=sigma, extractor=json.dumps(made_by))
     result = run_eval(_cfg(samples, tmp_path / "stats.npz", json=str(tmp_path / "a.json")))
     s = _features(samples)
-    assert result["fid"] == metrics.frechet_distance_to_statistics(s["pool"], metrics.Statistics(mu, sigma))
-    assert result["sfid"] is None and result["precision"] is None and result["inception_score"] is not None
+    assert result["fd_rand"] == metrics.frechet_distance_to_statistics(s["pool"], metrics.Statistics(mu, sigma))
+    assert result["sfd_rand"] is None and result["precision_rand"] is None and result["is_rand"] is not None
     assert result["reference_statistics"] == "precomputed"
 
 
@@ -83,7 +88,7 @@ def test_two_ranks_give_the_features_and_metrics_of_one(pair, tmp_path):
     samples, ref = pair
     one = run_cli("dit-eval", [samples, "--ref", ref, "--json", tmp_path / "one.json", *FAST], timeout=600)
     assert one.returncode == 0, one.stderr
-    assert "FID: " in one.stdout and "Recall: " in one.stdout
+    assert "FD-rand0-5 (not FID): " in one.stdout and "Recall-rand: " in one.stdout and "FID:" not in one.stdout
     single = _features(samples)
     for cache in tmp_path.glob(".*.features.npz"):
         cache.unlink()
@@ -95,7 +100,7 @@ def test_two_ranks_give_the_features_and_metrics_of_one(pair, tmp_path):
 
 
 def metrics_names():
-    return ("inception_score", "fid", "sfid", "precision", "recall")
+    return ("is_rand", "fd_rand", "sfd_rand", "precision_rand", "recall_rand")
 
 
 @pytest.mark.parametrize("arr, message", [
@@ -162,7 +167,9 @@ def test_the_readme_trial_without_weights_runs_offline(tmp_path):
     res = run_cli("dit-eval", words[1:], timeout=300, cwd=tmp_path, env={"TORCH_HOME": str(tmp_path / "no-hub")})
     assert res.returncode == 0, res.stderr[-3000:]
     lines = res.stdout.splitlines()
-    assert [x.split(":")[0] for x in lines[:5]] == ["Inception Score", "FID", "sFID", "Precision", "Recall"]
-    assert abs(float(lines[1].split(": ")[1])) < 1e-3  # the samples against themselves
-    assert lines[5] == "wrote samples/trial.npz.eval.json"
+    assert lines[0].startswith("[adm] ADM evaluator") and "Inception network: RANDOM weights" in lines[0]
+    assert [x.split(":")[0] for x in lines[1:6]] == ["IS-rand (not IS)", "FD-rand0-8 (not FID)",
+                                                     "sFD-rand0-8 (not FID)", "Precision-rand", "Recall-rand"]
+    assert abs(float(lines[2].split(": ")[1])) < 1e-3  # the samples against themselves
+    assert lines[6] == "wrote samples/trial.npz.eval.json"
     assert not (tmp_path / "no-hub").exists()  # no weights file looked up or fetched

@@ -113,7 +113,8 @@ def test_captioned_reference_to_fid_clip_score_and_geneval(tmp_path, models):
         warnings.simplefilter("ignore")  # 4 samples: a singular covariance, as in every tiny FID
         covmean = scipy.linalg.sqrtm(sigma @ sigma_r).real
     fid = float((mu - mu_r) @ (mu - mu_r) + np.trace(sigma + sigma_r - 2 * covmean))
-    assert result["fid"] == pytest.approx(fid, rel=1e-4)
+    # a random Inception's distance is stored under its own key, never as fid (evaluate/labels.py)
+    assert "fid" not in result and result["fd_rand"] == pytest.approx(fid, rel=1e-4)
 
     # the CLIP score: NanoGen's computation through transformers
     from transformers import CLIPModel, CLIPProcessor
@@ -138,8 +139,12 @@ def test_captioned_reference_to_fid_clip_score_and_geneval(tmp_path, models):
         ("GenEval-4", expected["nanogen"], expected["overall"], expected["tasks"], expected["correct_prompts"])
     assert ge["models"]["detector"]["name"] == str(detector_dir) and ge["models"]["clip"]["name"] == str(clip_dir)
     lines = r.output.splitlines()
-    assert lines[0].startswith("Inception Score: ") and lines[1] == f"FID: {round(result['fid'], 6) + 0.0!r}"
-    assert lines[5] == f"CLIPScore-4: {cs['value']:.6f} (mean cosine; 100 x max(cos, 0): {cs['x100_clamped']:.4f})"
-    assert lines[6].startswith(f"GenEval-4: {ge['value']:.6f} (correct images, NanoGen's number); overall ")
-    assert lines[-1] == (f"names: FID-4, sFID-4, CLIPScore-4, GenEval-4 (4 samples vs ref.npz; a proxy: papers "
-                         f"report 50K, prompts from --prompts {prompts})")
+    assert lines[0].startswith("[adm] ADM evaluator (openai/guided-diffusion evaluations/evaluator.py): 4 samples "
+                               "vs ref.npz (precomputed), Inception network: RANDOM weights")
+    assert lines[1].startswith("IS-rand (not IS): ") and \
+        lines[2] == f"FD-rand0-4 (not FID): {round(result['fd_rand'], 6) + 0.0!r}"
+    assert lines[6] == f"CLIPScore-4: {cs['value']:.6f} (mean cosine; 100 x max(cos, 0): {cs['x100_clamped']:.4f})"
+    assert lines[7].startswith(f"GenEval-4: {ge['value']:.6f} (correct images, NanoGen's number); overall ")
+    assert lines[-1] == ("names: FD-rand0-4, sFD-rand0-4, CLIPScore-4, GenEval-4 (4 samples vs ref.npz, protocol adm; "
+                         "a proxy: the Frechet distance of an Inception network with random weights (seed 0): a smoke "
+                         f"test, not FID, comparable with nothing published, prompts from --prompts {prompts})")

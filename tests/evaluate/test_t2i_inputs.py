@@ -116,7 +116,9 @@ def test_make_ref_with_captions_writes_the_prompts_in_image_order(tmp_path, phot
     r = CliRunner().invoke(eval_main, ["--make-ref", str(photos), "--captions", str(caps), "--image-size", "16",
                                        "--crop", "resize", "--out", str(out), *FAST])
     assert r.exit_code == 0, r.output
-    assert r.output.splitlines()[-2:] == [f"wrote {out}: 4 images of 16x16 (1 without a caption left out)",
+    size = out.stat().st_size / 2**20
+    assert r.output.splitlines()[-2:] == [f"wrote {out}: 4 images of 16x16 (1 without a caption left out) and their "
+                                          f"Inception statistics (random-seed-0), {size:.1f} MiB",
                                           f"wrote {tmp_path / 'ref.prompts.jsonl'}: their 4 captions, one per "
                                           "image (dit-sample --prompts)"]
     order = ["4.png", "5.png", "a/2.jpg", "b/3.png"]

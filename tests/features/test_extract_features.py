@@ -99,3 +99,24 @@ def test_layer_sum_and_bad_inputs(tree, encoder, tmp_path):
     with pytest.raises(UserError, match="no model 'vit_nonexistent'"):
         run_extract(ExtractConfig(data_path=str(tree), out=str(tmp_path / "y"), encoder="vit_nonexistent", **BASE))
     assert not (tmp_path / "x").exists() or not any((tmp_path / "x").glob("shard-*"))
+
+
+def test_encoder_weights_of_another_size_are_one_complete_line(encoder, tmp_path):
+    """Issue 41, item 7: a file of the wrong size gave a cut-off error that suggested --encoder-weights, the flag
+    just given; now every mismatch is counted, the first named, and the way on is the encoder, not the flag."""
+    from dit_pipeline.common.features import load_feature_encoder
+
+    weights = encoder.parent / "encoder.pth"  # the tiny DINOv2 (width 32, 2 blocks) for DINOv2-B's preset
+    with pytest.raises(UserError) as e:
+        load_feature_encoder("dinov2-b-reg", weights=str(weights), pretrained=False)
+    msg = str(e.value)
+    assert msg.startswith(f"--encoder-weights {weights} does not fit --encoder dinov2-b-reg (timm "
+                          "vit_base_patch14_reg4_dinov2): ")
+    assert "missing (first: cls_token [1, 1, 32] where it needs [1, 1, 768]); pass the --encoder (a timm model " \
+           "name or a JSON encoder file) of the file's architecture" in msg
+    assert "\n" not in msg and "pass --encoder-weights" not in msg
+    # the file's own preset is named when it is one: DINOv2-B without registers read as dinov2-b-reg
+    plain = tmp_path / "plain.pth"  # what identifies it: patch 14, width 768, no register tokens
+    torch.save({"cls_token": torch.zeros(1, 1, 768), "patch_embed.proj.weight": torch.zeros(768, 3, 14, 14)}, plain)
+    with pytest.raises(UserError, match=r"the file is dinov2-b's architecture: pass --encoder dinov2-b$"):
+        load_feature_encoder("dinov2-b-reg", weights=str(plain), pretrained=False)

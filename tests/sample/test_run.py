@@ -4,6 +4,7 @@ format; grid and PNG outputs; refusals that lose nothing."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import signal
 
 import numpy as np
@@ -247,10 +248,17 @@ def test_bad_inputs_are_clear_errors_that_write_nothing(ckpts, tiny_vae_dir, tmp
     no_null = tmp_path / "no_null.pt"
     model = random_dit(1, class_dropout_prob=0.0)
     torch.save(our_checkpoint(model, model), no_null)
-    with pytest.raises(UserError, match="no null class.*--cfg-scale 1"):
-        run_sampling(SampleConfig(**base_args(no_null, tiny_vae_dir, num_samples=1, npz=str(npz))))
-    run_sampling(SampleConfig(**base_args(no_null, tiny_vae_dir, num_samples=1, npz=str(npz), cfg_scale=1.0)))
+    # issue 41 item 4: a guidance scale that would do nothing is refused with the reason; without one, none is used
+    with pytest.raises(UserError) as e:
+        run_sampling(SampleConfig(**base_args(no_null, tiny_vae_dir, num_samples=1, npz=str(npz), cfg_scale=4.0)))
+    assert str(e.value) == ("--cfg-scale 4 does nothing here: the model has no null class (trained without class "
+                            "dropout), so classifier-free guidance is impossible; drop --cfg-scale (or pass 1)")
+    with pytest.raises(UserError, match=r"^--cfg-channels all does nothing without guidance \(cfg scale 1\); drop it$"):
+        run_sampling(SampleConfig(**base_args(no_null, tiny_vae_dir, num_samples=1, npz=str(npz), cfg_channels="all")))
+    assert not npz.exists()
+    run_sampling(SampleConfig(**base_args(no_null, tiny_vae_dir, num_samples=1, npz=str(npz))))
     assert load(npz)[0].shape == (1, 32, 32, 3)
+    assert json.loads(Path(str(npz) + ".json").read_text())["fingerprint"]["cfg_scale"] == 1.0
 
 
 def test_unguided_sampling_agrees_across_batch_sizes_too(ckpts, tiny_vae_dir, tmp_path):

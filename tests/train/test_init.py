@@ -90,8 +90,31 @@ def test_dit_train_init_starts_from_the_weights_and_records_them(shard_dir, rele
                                         *args[args.index("--max-steps") + 2:]])
     assert r.exit_code == 0, r.output
     assert (run / "checkpoints" / "step-0000002.pt").is_file()
+    # issue 41 item 6: another --init on a resume does nothing: refused, config.json untouched (it named a file the
+    # run never loaded, calling it an allowed change); a resume without --init keeps the run's own
+    before = (run / "config.json").read_bytes()
+    other = [*args[:args.index("--max-steps")], "--max-steps", "3", *args[args.index("--max-steps") + 2:]]
+    other[other.index("--init") + 1] = str(release)
+    r = CliRunner().invoke(train_main, other)
+    assert r.exit_code == 1 and "allowed" not in r.output
+    assert r.output.strip().splitlines()[-1] == (
+        f"error: --init {release} does nothing here: {run} resumes step-0000002.pt (step 2) of a run that started from "
+        f"{copy}, and a resume never reads --init. Drop --init (or pass the run's own) to resume, or use a new "
+        f"--run-dir to start a run from {release}")
+    assert (run / "config.json").read_bytes() == before and not (run / "checkpoints" / "step-0000003.pt").exists()
+    no_init = other[:other.index("--init")] + other[other.index("--init") + 2:]
+    r = CliRunner().invoke(train_main, no_init)
+    assert r.exit_code == 0, r.output
+    assert json.loads((run / "config.json").read_text())["init"] == str(copy)
+    assert torch.load(run / "checkpoints" / "step-0000003.pt", weights_only=True)["config"]["init"] == str(copy)
+    assert "init" not in json.loads((run / "config-history.jsonl").read_text().splitlines()[-1])["changes"]
+    # --init RUN_FOLDER: its newest checkpoint, as dit-sample --ckpt RUN
+    dry = CliRunner().invoke(train_main, [str(a) for a in tiny_args(shard_dir, tmp_path / "from-run", **{
+        "num-workers": 0, "dry-run": True, "init": run})])
+    assert dry.exit_code == 0, dry.output
+    assert f"  init        {run / 'checkpoints' / 'step-0000003.pt'} (custom, dit-pipeline, sha256 " in dry.output
     # our checkpoints and EMA files init too, and a flow run from a ddpm init
-    for weights, source in (("step-0000002.pt", "dit-pipeline"), ("step-0000002-ema.pt", "dit-pipeline")):
+    for weights, source in (("step-0000003.pt", "dit-pipeline"), ("step-0000003-ema.pt", "dit-pipeline")):
         dry = CliRunner().invoke(train_main, [str(a) for a in tiny_args(shard_dir, tmp_path / weights, **{
             "num-workers": 0, "dry-run": True, "objective": "flow", "init": run / "checkpoints" / weights})])
         assert dry.exit_code == 0 and f"(custom, {source}, sha256 " in dry.output, dry.output

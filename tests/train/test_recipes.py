@@ -135,8 +135,27 @@ PAPERS = {
 }
 
 
+# The extraction each recipe requires (its `requires:`, compared with the shard set's manifest by dit-train): views
+# (2: both flips), normalization, feature encoder, crops stored beside the latents (REPA's online teacher); the
+# latent shape is the row's `latent`, the image size 256. Sources: the rows' above.
+EXTRACTION = {
+    "dit-xl2.yaml": (2, "scalar", None, False),  # DiT extract_features / train.py: horizontal flips, x 0.18215
+    "sit-xl2.yaml": (2, "scalar", None, False),  # SiT: DiT's data pipeline
+    "repa-sit-xl2.yaml": (1, "scalar", None, True),  # REPA: the encoder sees the crops themselves
+    "lightningdit-xl1-64ep.yaml": (2, "per-channel", None, False),  # VA-VAE latents, latents_stats.pt
+    "lightningdit-xl1-800ep.yaml": (2, "per-channel", None, False),
+    "ddt-xl2.yaml": (1, "scalar", None, True),  # DDT: REPA's teacher on the crops
+    "dit-dh-xl-rae.yaml": (2, "per-position", "vit_base_patch14_reg4_dinov2", False),  # RAE: DINOv2-B, normalized
+    "repae-sit-xl1-e2evae.yaml": (1, "per-channel", None, True),
+    "jit-ddt-xl16-nanogen.yaml": (2, "scalar", None, False),  # pixel space: the crops are the latents
+    "meanflow-b4.yaml": (2, "scalar", None, False),  # sd-vae-ft-mse, x 0.18215, flips
+    "imf-b2.yaml": (2, "per-channel", None, False),  # utils/vae_util.py: (z - mean) / std per channel
+    "imf-xl2.yaml": (2, "per-channel", None, False),
+}
+
+
 def test_there_is_a_row_for_every_recipe_file():
-    assert sorted(p.name for p in RECIPES.glob("*.yaml")) == sorted(PAPERS)
+    assert sorted(p.name for p in RECIPES.glob("*.yaml")) == sorted(PAPERS) == sorted(EXTRACTION)
 
 
 @pytest.mark.parametrize("name", sorted(PAPERS))
@@ -160,6 +179,10 @@ def test_the_recipe_states_the_papers_values(name):
         assert {k: getattr(cfg, k) for k in ("mf_t_mean", "mf_t_scale", "mf_norm_p", "mf_norm_eps")} == \
             {"mf_t_mean": -0.4, "mf_t_scale": 1.0, "mf_norm_p": 1.0, "mf_norm_eps": 0.01}
     assert re.fullmatch(r"\d{4}\.\d{5}", recipe["arxiv"]) and recipe["extraction"] and recipe["name"]
+    views, normalization, encoder, pixels = EXTRACTION[name]  # what the shards must be (train/recipes.py)
+    assert recipe["requires"] == {"latent_shape": list(row["latent"]), "image_size": 256, "views": views,
+                                  "normalization": normalization, "encoder": encoder, **({"pixels": True} if pixels
+                                                                                         else {})}
     s = recipe["sampling"]  # a release's protocol (dit/protocols.py), with the values the paper changed
     if "protocol" not in s:  # a release without a protocol row: dit-sample's own flags
         assert (s["sampler"], s["steps"], s["cfg_scale"]) == (row["sampler"], row["sample_steps"], row["cfg"])
@@ -197,20 +220,34 @@ def test_the_sampling_settings_are_dit_samples(name):
     SampleConfig(ckpt="model.pt", npz="samples.npz", **sampling).validate()
 
 
-def _imagenet(folder: Path, latent, pixels: bool) -> Path:
-    """A manifest of ImageNet-1k's size (1282 shards of up to 1000 samples) for a URL-list dry run."""
+def _imagenet(folder: Path, latent, pixels: bool, views: int = 2, normalization: str = "scalar",
+              encoder: str | None = None) -> Path:
+    """A manifest of ImageNet-1k's size (1282 shards of up to 1000 samples) for a URL-list dry run, of the
+    extraction a recipe requires (latent shape, views, stored pixels, normalization, feature encoder; 3 x 256 x 256:
+    a pixel-space set, whose crops are the latents)."""
+    import numpy as np
+
+    from dit_pipeline.common.latent_norm import mean_var_record, stats_record
+
+    norm = None
+    if normalization == "per-channel":
+        norm = stats_record([0.0] * latent[0], [1.0] * latent[0], {"kind": "stats"})
+    elif normalization == "per-position":
+        norm = mean_var_record(np.zeros(latent, np.float32), np.ones(latent, np.float32), {"kind": "stats"})
+    space = tuple(latent) == PIX
+    pixels = pixels or space  # a pixel-space set keeps its latents in the pixels member
+    extraction = {"vae": None, "encoder": {"kind": "features", "model": encoder}} if encoder else \
+        {"vae": pixel_identity(256) if space else VAE_IDENTITY}
     records, n = [], 0
     while n < IMAGENET:
         k = min(1000, IMAGENET - n)
         i = len(records)
         records.append(ShardRecord(shard_name(i), k, sample_key(n), sample_key(n + k - 1), 1 << 20, "0" * 64))
         n += k
-    space = tuple(latent) == PIX  # a pixel-space set: the crops are the latents
-    m = Manifest(format_version=format_version_for(pixels=pixels, normalization=False), tool_version="test",
-                 extraction={"vae": pixel_identity(256) if space else VAE_IDENTITY}, normalization=None,
-                 scaling_factor=1.0 if space else 0.18215, shift_factor=None, image_size=256, views=2,
-                 store="pixels" if space else "posterior", dtype="uint8" if space else "float16",
-                 latent_shape=list(latent),
+    m = Manifest(format_version=format_version_for(pixels=pixels, normalization=norm is not None), tool_version="test",
+                 extraction=extraction, normalization=norm, scaling_factor=1.0 if space else 0.18215,
+                 shift_factor=None, image_size=256, views=views, store="pixels" if space else "posterior",
+                 dtype="uint8" if space else "float16", latent_shape=list(latent),
                  class_names=[f"n{c:08d}" for c in range(1000)], num_classes=1000, total_samples=IMAGENET,
                  samples_per_shard=1000, shards=records, skipped=[], pixels=pixels_entry(256, 1) if pixels else None)
     folder.mkdir(parents=True)
@@ -218,24 +255,37 @@ def _imagenet(folder: Path, latent, pixels: bool) -> Path:
     return folder / "manifest.json"
 
 
+def _requires(name: str) -> tuple:
+    req = load_config_file(RECIPES / name)["recipe"]["requires"]
+    return (tuple(req["latent_shape"]), bool(req.get("pixels", False)), req["views"], req["normalization"],
+            req["encoder"])
+
+
 @pytest.fixture(scope="module")
 def imagenet(tmp_path_factory):
+    """One ImageNet-sized manifest per extraction the recipes require, keyed by recipe file, and the SD-VAE set of
+    DiT's recipe under "sd" (the wrong set for the others)."""
     root = tmp_path_factory.mktemp("imagenet")
-    return {"teacher": make_tiny_teacher(root / "teacher.safetensors"),
-            **{shape: _imagenet(root / "x".join(map(str, shape)), shape, pixels=shape != RAE)
-               for shape in (SD, VA, RAE, PIX)}}
+    sets: dict = {}
+    for name in PAPERS:
+        key = _requires(name)
+        if key not in sets:
+            shape, pixels, views, norm, enc = key
+            sets[key] = _imagenet(root / f"set{len(sets)}", shape, pixels, views, norm, enc)
+    return {"teacher": make_tiny_teacher(root / "teacher.safetensors"), "sd": sets[_requires("dit-xl2.yaml")],
+            **{name: sets[_requires(name)] for name in PAPERS}}
 
 
-def _dry_run(name, imagenet, tmp_path, **flags):
-    manifest = imagenet[PAPERS[name]["latent"]]
+def _dry_run(name, imagenet, tmp_path, manifest=None, ok=True, **flags):
+    manifest = manifest or imagenet[name]
     args = ["--config", RECIPES / name, "--shards", "shard-{000000..001281}.tar", "--manifest", manifest,
             "--run-dir", tmp_path / "run", "--dry-run", "--quiet"]
     if PAPERS[name]["extra"].get("repa"):  # the recipe's teacher, DINOv2-B, cannot be fetched here
         args += ["--repa", imagenet["teacher"]]
     for k, v in flags.items():
-        args += [f"--{k}", v]
+        args += [f"--{k}"] if v is None else [f"--{k}", v]
     r = invoke_train(args)
-    assert r.exit_code == 0, r.output
+    assert (r.exit_code == 0) == ok, r.output
     return r.output
 
 
@@ -243,10 +293,15 @@ def _dry_run(name, imagenet, tmp_path, **flags):
 def test_the_dry_run_plans_the_papers_run(name, imagenet, tmp_path):
     row = PAPERS[name]
     plan = _dry_run(name, imagenet, tmp_path)
-    if row["fid"] is None:
-        assert "the paper states FID" not in plan and f"  recipe      {load_config_file(RECIPES / name)['recipe']['name']}" in plan
-    else:
+    if row["extra"].get("repa"):  # a tiny teacher for DINOv2-B (not fetchable here): the one departure
+        assert "this run departs from it in 1 way(s), so the paper's number does not apply to it:\n  departs     " \
+               f"--repa {row['extra']['repa']} -> {imagenet['teacher']}\n" in plan
+    elif row["fid"] is None:  # nothing to state
+        assert "the paper states FID" not in plan and "departs" not in plan
+        assert f"  recipe      {load_config_file(RECIPES / name)['recipe']['name']}" in plan
+    else:  # the recipe's own extraction and settings: the paper's number applies
         assert f"the paper states FID {row['fid']:g} (" in plan and ", not measured here" in plan
+        assert "departs" not in plan
     assert f"  batch       global {row['batch']} = 1 rank(s) x micro-batch {row['batch']} x 1" in plan
     length = re.search(r"  length      (.*) -> ([\d,]+) steps \(~([\d.]+) epochs\)", plan)
     assert length is not None
@@ -298,3 +353,35 @@ def test_flow_option_recipe_and_sampler_mistakes_are_named():
         SampleConfig(ckpt="m.pt", npz="s.npz", class_labels=[0], time_shift=0.0).validate()
     with pytest.raises(ConfigError, match="--time-shift shifts the flow samplers' time grid .* not --sampler ddim's"):
         SampleConfig(ckpt="m.pt", npz="s.npz", class_labels=[0], sampler="ddim", steps=50, time_shift=3.0).validate()
+
+
+def test_a_recipe_on_the_wrong_shards_is_refused_and_departures_are_listed(imagenet, tmp_path):
+    """Issue 41, item 9: RAE's recipe on SD-VAE latents and LightningDiT's on 4-channel latents were accepted without
+    a word, and with the model overridden the plan still stated the paper's FID. Now the extraction is compared with
+    the manifest (refused, or run with --allow-departures), and every departure is in the plan and config.json, the
+    paper's number only where nothing departs."""
+    import json
+
+    out = _dry_run("dit-dh-xl-rae.yaml", imagenet, tmp_path, manifest=imagenet["sd"], ok=False)
+    assert out.strip().splitlines()[-1] == (
+        "error: the recipe 'DiT-DH-XL on RAE DINOv2-B, 800 epochs' needs another shard set than "
+        f"{imagenet['sd']}: latent shape 4x32x32 where the recipe needs 768x16x16; normalization scalar where the "
+        "recipe needs per-position; feature encoder none (a VAE) where the recipe needs vit_base_patch14_reg4_dinov2. "
+        "Extract as the recipe says (DINOv2-B with registers, final norm without affine, 256 patch tokens -> "
+        "768x16x16, normalized per channel and position (issue 32's feature extraction, dit-extract with a feature "
+        "encoder); both flips), or pass --allow-departures to train on these shards anyway (the paper's FID then "
+        "does not apply)")
+    out = _dry_run("lightningdit-xl1-64ep.yaml", imagenet, tmp_path, manifest=imagenet["sd"], ok=False)
+    assert "latent shape 4x32x32 where the recipe needs 32x16x16; normalization scalar where the recipe needs " \
+           "per-channel." in out
+    plan = _dry_run("dit-xl2.yaml", imagenet, tmp_path, manifest=imagenet["repa-sit-xl2.yaml"], **{
+        "allow-departures": None, "model": "DiT-B/2", "max-steps": 100, "num-workers": 2})
+    assert "the paper states FID" not in plan
+    assert "this run departs from it in 3 way(s), so the paper's number does not apply to it:" in plan
+    for line in ("--model DiT-XL/2 -> DiT-B/2", "--max-steps 7000000 -> 100", "shards: views (2: both flips) 1 where "
+                 "the recipe needs 2"):
+        assert f"\n  departs     {line}" in plan
+    assert "--num-workers" not in plan.split("departs from it")[1]  # bookkeeping, not a departure
+    cfg = merge_config(load_config_file(RECIPES / "repa-sit-xl2.yaml"), {"shards": "s", "run_dir": "r", "lr": 2e-4})
+    assert cfg.recipe["departures"] == ["--lr 0.0001 -> 0.0002"]
+    assert json.loads(json.dumps(cfg.to_dict()))["recipe"]["departures"] == ["--lr 0.0001 -> 0.0002"]

@@ -65,7 +65,8 @@ def _invoke(args):
     ({"sample-every": 2}, 1, "records the VAE 'tests/tiny-vae', a local folder that does not exist here ("),
     ({"vae": "VAE"}, 2, "--vae only serve the sample grids: add --sample-every N"),
     ({"sample-every": 2, "vae": "VAE", "sample-steps": 51}, 2, "nearest valid counts: 46, 48, 50, 53"),
-    ({"sample-every": 2, "vae": "VAE", "sample-classes": "0,x"}, 2, "--sample-classes: 'x' is not a class id"),
+    ({"sample-every": 2, "vae": "VAE", "sample-classes": "0,x"}, 1, "--sample-classes: no class named 'x' in the "
+                                                                    "shard set"),  # a name, as dit-sample takes
     ({"sample-every": 2, "vae": "VAE", "sample-cfg-scale": 0.5}, 2, "--sample-cfg-scale must be >= 1"),
     ({"sample-every": 0, "vae": "VAE"}, 2, "--sample-every must be a positive integer"),
     ({"sample-every": 2, "vae": "/nope/vae"}, 1, "--vae '/nope/vae': no such file or folder"),
