@@ -77,6 +77,59 @@ class Attention(nn.Module):
         return self.proj(out.transpose(1, 2).reshape(n, tokens, dim))
 
 
+def key_padding_mask(keep: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """[N, L] bool (True = attend to this key) -> the additive mask [N, 1, 1, L] SDPA takes: 0 where kept, the
+    dtype's most negative finite value elsewhere (NanoGen's `_build_attn_mask`); None stays None (no mask)."""
+    if keep is None:
+        return None
+    return (1.0 - keep[:, None, None, :].to(dtype)) * torch.finfo(dtype).min
+
+
+class SplitAttention(nn.Module):
+    """Multi-head self-attention with separate q, k, v projections and a per-head learned RMSNorm of q and k
+    (NanoGen's `NormAttention`); `rope` rotates q and k after the norm; `keep` [N, T] bool masks the keys that are
+    False (padding), as an additive mask in the attention's dtype (key_padding_mask), or None."""
+
+    def __init__(self, dim: int, num_heads: int):
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"hidden size {dim} is not divisible by num_heads {num_heads}")
+        self.num_heads, self.head_dim = num_heads, dim // num_heads
+        self.q = nn.Linear(dim, dim)
+        self.k = nn.Linear(dim, dim)
+        self.v = nn.Linear(dim, dim)
+        self.proj = nn.Linear(dim, dim)
+        self.q_norm = RMSNorm(self.head_dim)
+        self.k_norm = RMSNorm(self.head_dim)
+
+    def forward(self, x: torch.Tensor, rope: Rope | None = None, keep: torch.Tensor | None = None) -> torch.Tensor:
+        n, tokens, dim = x.shape
+
+        def heads(t: torch.Tensor) -> torch.Tensor:  # [N, T, D] -> [N, heads, T, head_dim]
+            return t.reshape(n, tokens, self.num_heads, self.head_dim).transpose(1, 2)
+
+        q, k, v = self.q_norm(heads(self.q(x))), self.k_norm(heads(self.k(x))), heads(self.v(x))
+        if rope is not None:
+            q, k = rope(q), rope(k)
+        if q.dtype != v.dtype:  # a float32 norm scale or RoPE table promoted q and k; attention runs in v's dtype
+            q, k = q.to(v.dtype), k.to(v.dtype)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=key_padding_mask(keep, v.dtype))
+        return self.proj(out.transpose(1, 2).reshape(n, tokens, dim))
+
+
+class SplitSwiGLU(nn.Module):
+    """w3(silu(w1 x) * w2 x) with biases, the gate and value as two Linears (NanoGen's `SwiGLUFFN`)."""
+
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden)
+        self.w2 = nn.Linear(dim, hidden)
+        self.w3 = nn.Linear(hidden, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w3(F.silu(self.w1(x)) * self.w2(x))
+
+
 class Mlp(nn.Module):
     """fc2(GELU_tanh(fc1(x))), DiT's (timm's) MLP."""
 

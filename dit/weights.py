@@ -88,6 +88,7 @@ def load_dit_weights(path: str | Path, prefer: str = "ema", hints: dict[str, Any
         if isinstance(sidecar.get("time_shift"), (int, float)):
             info["time_shift"] = float(sidecar["time_shift"])
     state_dict = _strip_prefixes(state_dict, path)
+    state_dict = releases.drop_unbuilt(state_dict, info)
     state_dict = _read_repa_format(state_dict, info, where)
     info["path"] = str(path)
     stored, release_hints = releases.release_record(info)
@@ -321,10 +322,13 @@ def _strip_prefixes(state_dict: dict[str, torch.Tensor], path: Path) -> dict[str
 def detect_family(state_dict: dict[str, torch.Tensor], stored: dict[str, Any] | None) -> str:
     """The family of a state_dict: a stored model_config's "family", else recognised by its keys (DiT-DH: both
     patch embeddings and Fourier time features; DDT: both, Linear patch embeddings; LightningDiT: its RoPE buffers,
-    learned norm scales, a 4 D adaLN (wo_shift) or its unrounded SwiGLU width; DiT otherwise)."""
+    learned norm scales, a 4 D adaLN (wo_shift) or its unrounded SwiGLU width; DiT-DH-IC: NanoGen's time tokens;
+    DiT otherwise)."""
     if stored and stored.get("family"):
         return str(stored["family"])
     if "s_embedder.proj.weight" in state_dict:
+        if "t_embedder.learnable_tokens" in state_dict:
+            return "DiT-DH-IC"  # NanoGen's in-context DiT-DH: time tokens
         return "DiT-DH" if "t_embedder.W" in state_dict else "DDT"
     if any(k in state_dict for k in ("feat_rope.freqs_cos", "blocks.0.norm1.weight", "final_layer.norm_final.weight")):
         return "LightningDiT"
@@ -371,7 +375,7 @@ def conditions_from_keys(state_dict: Mapping[str, torch.Tensor], stored: Mapping
     """The model_config entry of the conditions (dit/conditions.py) the file's embedders show, checked against
     the stored record; {} for a plain model."""
     found = "imf" if "omega_embedder.mlp.0.weight" in state_dict else \
-        "meanflow" if "h_embedder.mlp.0.weight" in state_dict else "t"
+        "meanflow" if "h_embedder.mlp.0.weight" in state_dict or "t_abs_embedder.mlp.0.weight" in state_dict else "t"
     recorded = str((stored or {}).get("conditions", found))
     if recorded != found:
         raise WeightsError(f"{where}: its model_config records conditions {recorded!r} but its tensors are those of "
