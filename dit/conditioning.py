@@ -50,6 +50,9 @@ class ClassLabels:
     def describe(self) -> str:
         return f"{self.num_classes} classes"
 
+    def describe_null(self) -> str:
+        return f"the null label {self.num_classes}"
+
     def model_config(self) -> dict[str, Any]:
         return {}
 
@@ -90,6 +93,9 @@ class TextTokens:
 
     def describe(self) -> str:
         return f"text features of width {self.dim}"
+
+    def describe_null(self) -> str:
+        return "the empty prompt's features"
 
     def model_config(self) -> dict[str, Any]:
         return {"conditioning": self.name, "text_dim": self.dim}
@@ -133,6 +139,9 @@ class NoCondition:
 
     def describe(self) -> str:
         return "unconditional"
+
+    def describe_null(self) -> str:
+        return "nothing"
 
     def model_config(self) -> dict[str, Any]:
         return {"conditioning": self.name}

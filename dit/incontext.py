@@ -165,7 +165,7 @@ class InContextDiTDH(DiffusionTransformer):
 
     def __init__(self, input_size: int = 32, patch_size: int = 2, in_channels: int = 4, hidden_size: int = 1152,
                  depth: int = 28, num_heads: int = 16, head_depth: int = 2, head_hidden_size: int = 2048,
-                 head_num_heads: int = 16, num_t_tokens: int = 4, num_c_tokens: int = 8,
+                 head_num_heads: int = 16, num_t_tokens: int = 4, num_c_tokens: int | None = None,
                  class_dropout_prob: float = NULL_DROPOUT, num_classes: int = 1000, learn_sigma: bool = False,
                  conditioning: str = "class", text_dim: int = 0):
         super().__init__()
@@ -173,6 +173,8 @@ class InContextDiTDH(DiffusionTransformer):
                    class_dropout_prob, num_classes, head_depth=head_depth, head_hidden_size=head_hidden_size,
                    head_num_heads=head_num_heads, num_t_tokens=num_t_tokens)
         kind = kind_of({"conditioning": conditioning})
+        if num_c_tokens is None:  # NanoGen's c8 for labels; none for an unconditional model; text: its longest
+            num_c_tokens = {"class": 8, "none": 0}.get(kind, 0)
         problems = []
         if head_hidden_size % head_num_heads or hidden_size // num_heads % 4 or head_hidden_size // head_num_heads % 4:
             problems.append(f"head_hidden_size {head_hidden_size} must divide into {head_num_heads} heads, and both "

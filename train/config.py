@@ -19,6 +19,7 @@ from dit_pipeline.common.errors import ConfigError, UserError, collect
 from dit_pipeline.common.io import missing_file
 from dit_pipeline.common.precision import PRECISIONS_AUTO as PRECISIONS
 from dit_pipeline.common.settings import choice, flag_name, non_negative, positive, setting
+from dit_pipeline.dit.conditioning import CONDITIONINGS
 from dit_pipeline.dit.flow import T_SAMPLINGS
 from dit_pipeline.dit.formats import OBJECTIVES
 from dit_pipeline.evaluate.hook import FidSettings
@@ -28,6 +29,7 @@ from dit_pipeline.train.optim import MUON_ADJUST_LR, OPTIMIZERS, optimizer_probl
 from dit_pipeline.train.recipes import recipe_problems
 from dit_pipeline.train.repa import REPA, RepaSettings
 from dit_pipeline.train.schedule import schedule_problems
+from dit_pipeline.train.text import TEXT_FEATURES
 
 ATTENTION_BACKENDS = ("auto", "cudnn", "flash", "efficient", "math")  # train.speed applies them
 DEFAULT_MAX_STEPS = 400_000   # neither --max-steps nor --epochs: the DiT paper's length for its comparisons
@@ -38,7 +40,8 @@ LENGTH, OPTIM, SPEED, CKPT = "Length and batch", "Optimisation", "Speed and memo
 _PRESETS = "the family's: off for DiT, as its release for the others"
 MODEL_OPTIONS = ("qk_norm", "rms_norm", "swiglu", "rope", "wo_shift")  # block switches, passed only when given
 ARCH_OVERRIDES = ("depth", "hidden_size", "num_heads", "patch_size", "encoder_depth", "head_depth", "head_hidden_size",
-                  "head_num_heads")
+                  "head_num_heads", "num_t_tokens", "num_c_tokens")
+RUN_CONDITIONINGS = ("auto", *CONDITIONINGS)  # --conditioning; auto: text when the shards carry text features
 GROUPS = (DATA, MODEL, OBJECTIVE, REPA, LENGTH, OPTIM, GUARD, SPEED, CKPT, GRIDS)  # the order of dit-train --help
 
 
@@ -80,7 +83,18 @@ class TrainConfig(GuardSettings, RepaSettings, FidSettings, GridSettings):
     head_depth: int | None = setting(None, "DiT-DH: blocks of its head", group=MODEL)
     head_hidden_size: int | None = setting(None, "DiT-DH: width of its head", group=MODEL)
     head_num_heads: int | None = setting(None, "DiT-DH: attention heads of its head", group=MODEL)
-    class_dropout_prob: float = setting(0.1, "Label dropout for classifier-free guidance", group=MODEL)
+    num_t_tokens: int | None = setting(None, "DiT-DH-IC: time tokens in context (NanoGen's t4: 4)", group=MODEL)
+    num_c_tokens: int | None = setting(None, "DiT-DH-IC: class tokens in context (NanoGen's c8: 8), or the longest "
+                                       "text", group=MODEL, shown="8; text: the encoder's max length")
+    class_dropout_prob: float = setting(0.1, "Condition dropout for classifier-free guidance: a label becomes the "
+                                        "null label, a caption's features the empty prompt's (NanoGen's 0.1)",
+                                        group=MODEL)
+    conditioning: str = setting("auto", "What the model is conditioned on: class, text (the shards' caption "
+                                "features) or none; auto: text when the shards carry text features, else class",
+                                group=MODEL, choices=RUN_CONDITIONINGS)
+    text_features: str = setting("cached", "Text features from the shards (cached), or the captions encoded while "
+                                 "training by the shard set's text encoder (online)", group=MODEL,
+                                 choices=TEXT_FEATURES)
     # block options (dit/blocks.py, dit/lightningdit.py); None: the family's own (off for DiT, LightningDiT's release)
     qk_norm: bool | None = setting(None, "RMSNorm on attention queries and keys", group=MODEL, shown=_PRESETS)
     rms_norm: bool | None = setting(None, "RMSNorm instead of LayerNorm in the blocks", group=MODEL, shown=_PRESETS)
@@ -235,7 +249,8 @@ class TrainConfig(GuardSettings, RepaSettings, FidSettings, GridSettings):
             p.append(f"--ema-decay must be in [0, 1], got {self.ema_decay}")
         if not 0.0 <= self.class_dropout_prob < 1.0:
             p.append(f"--class-dropout-prob must be in [0, 1), got {self.class_dropout_prob}")
-        p += self._objective_problems()
+        p += self._objective_problems() + choice(self, "conditioning", RUN_CONDITIONINGS)
+        p += choice(self, "text_features", TEXT_FEATURES)
         if self.grad_clip is not None and not self.grad_clip > 0:
             p.append(f"--grad-clip must be > 0 (omit it to disable clipping), got {self.grad_clip}")
         if self.peak_tflops is not None and not self.peak_tflops > 0:
