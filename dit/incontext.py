@@ -221,8 +221,9 @@ class InContextDiTDH(DiffusionTransformer):
         if isinstance(self.ctx_embedder, ClassTokens):
             nn.init.normal_(self.ctx_embedder.embedding_table.weight, std=0.02)
         for block in self.blocks[self.depth:]:
-            nn.init.zeros_(cast(DecoderBlock, block).adaln_modulation[-1].weight)
-            nn.init.zeros_(cast(DecoderBlock, block).adaln_modulation[-1].bias)
+            layer = cast(nn.Linear, cast(DecoderBlock, block).adaln_modulation[-1])
+            nn.init.zeros_(layer.weight)
+            nn.init.zeros_(layer.bias)
         nn.init.normal_(cast(nn.Linear, self.t_embedder.mlp[0]).weight, std=0.02)
         nn.init.normal_(cast(nn.Linear, self.t_embedder.mlp[2]).weight, std=0.02)
         for layer in (cast(nn.Linear, self.final_layer.adaln_modulation[-1]), self.final_layer.linear):
@@ -274,7 +275,7 @@ class InContextDiTDH(DiffusionTransformer):
         if self.conditions == "t":
             return self.t_embedder.tokens(t)
         base, tokens = self.t_embedder.tokens(t[:, 1])  # NanoGen's network time is h = t - r ...
-        _, absolute = cast(TimeTokens, self.t_abs_embedder).tokens(t[:, 0])  # ... and t_abs = t
+        _, absolute = self.t_abs_embedder.tokens(t[:, 0])  # ... and t_abs = t
         return base, torch.cat([tokens, absolute], dim=1)
 
     def _condition_tokens(self, n: int, y: torch.Tensor | None, force_drop_ids: torch.Tensor | None,
@@ -363,11 +364,12 @@ class InContextDiTDH(DiffusionTransformer):
     def fixed_tensors(cls, config: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         grid = config["input_size"] // config["patch_size"]
         extra = (2 if conditions_of(config) == "meanflow" else 1) * config["num_t_tokens"] + config["num_c_tokens"]
-        out = {}
+        out: dict[str, torch.Tensor] = {}
         for name, width, n, rows in (("enc", "hidden_size", "num_heads", extra),
                                      ("dec", "head_hidden_size", "head_num_heads", 0)):
             rope = TokenRope(grid, config[width] // config[n], rows)
-            out.update({f"{name}_rope.freqs_cos": rope.freqs_cos, f"{name}_rope.freqs_sin": rope.freqs_sin})
+            out.update({f"{name}_rope.freqs_cos": cast(torch.Tensor, rope.freqs_cos),
+                        f"{name}_rope.freqs_sin": cast(torch.Tensor, rope.freqs_sin)})
         return out
 
     @classmethod
