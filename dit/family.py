@@ -28,7 +28,7 @@ from .conditioning import DEFAULT_CONDITIONING, Conditioning, conditioning_of
 from .conditions import add_conditions, check_time_input, conditions_of, embed_time
 from .layers import choose_blocks
 
-FAMILY_MODULES = ("models", "lightningdit", "ddt", "ditdh", "incontext")  # imported on first use of the registry
+FAMILY_MODULES = ("models", "lightningdit", "ddt", "ditdh", "incontext", "pixart")  # imported on first use of the registry
 DEFAULT_FAMILY = "DiT"  # a model_config without "family" (every file before families existed)
 
 

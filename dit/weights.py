@@ -323,9 +323,11 @@ def detect_family(state_dict: dict[str, torch.Tensor], stored: dict[str, Any] | 
     """The family of a state_dict: a stored model_config's "family", else recognised by its keys (DiT-DH: both
     patch embeddings and Fourier time features; DDT: both, Linear patch embeddings; LightningDiT: its RoPE buffers,
     learned norm scales, a 4 D adaLN (wo_shift) or its unrounded SwiGLU width; DiT-DH-IC: NanoGen's time tokens;
-    DiT otherwise)."""
+    PixArt: its adaLN-single t_block; DiT otherwise)."""
     if stored and stored.get("family"):
         return str(stored["family"])
+    if "t_block.1.weight" in state_dict:
+        return "PixArt"  # adaLN-single
     if "s_embedder.proj.weight" in state_dict:
         if "t_embedder.learnable_tokens" in state_dict:
             return "DiT-DH-IC"  # NanoGen's in-context DiT-DH: time tokens
