@@ -80,7 +80,7 @@ def unpack(obj: Any, path: Path, prefer: str) -> tuple[dict[str, torch.Tensor], 
                            f"state_dicts; found keys {sorted(map(str, obj))[:12]}")
     info: dict[str, Any] = {"source": "dit-pipeline" if own else "reference-train", "weights": chosen}
     if own:
-        for key in ("model_config", "latent", "step", "config", "objective", "flow_convention", "time_shift"):
+        for key in ("model_config", "latent", "step", "config", "objective", "flow_convention", "time_shift", "text"):
             if key in obj:
                 info[key] = obj[key]
         info.setdefault("objective", "ddpm")  # our checkpoints before the key existed

@@ -41,7 +41,7 @@ from .repa import PROJECTOR_KEY
 _PREFIXES = ("module.", "_orig_mod.")
 __all__ = ["RECORD_KEY", "WeightsError", "build_model_from_weights", "check_state_dict", "embed_record",
            "embedded_record", "infer_model_config", "load_dit_weights", "make_sidecar", "read_sidecar",
-           "read_torch_file", "sidecar_path"]
+           "read_torch_file", "sidecar_path", "text_record"]
 
 
 def load_dit_weights(path: str | Path, prefer: str = "ema", hints: dict[str, Any] | None = None
@@ -87,6 +87,8 @@ def load_dit_weights(path: str | Path, prefer: str = "ema", hints: dict[str, Any
             info["flow_convention"] = sidecar["flow_convention"]
         if isinstance(sidecar.get("time_shift"), (int, float)):
             info["time_shift"] = float(sidecar["time_shift"])
+        if isinstance(sidecar.get("text"), dict):
+            info["text"] = sidecar["text"]
     state_dict = _strip_prefixes(state_dict, path)
     state_dict = releases.drop_unbuilt(state_dict, info)
     state_dict = _read_repa_format(state_dict, info, where)
@@ -158,17 +160,29 @@ def sidecar_path(path: str | Path) -> Path:
 
 
 def make_sidecar(model_config: dict[str, Any], latent: dict[str, Any] | None, step: int | None,
-                 objective: str | None = None, time_shift: float | None = None) -> dict[str, Any]:
+                 objective: str | None = None, time_shift: float | None = None,
+                 text: dict[str, Any] | None = None) -> dict[str, Any]:
     """The sidecar content (JSON-compatible) for a bare state_dict of a model with `model_config` (DiT.config);
     `objective` ("ddpm" or "flow") is added when given (readers treat a sidecar without it as ddpm), and a flow
-    model's `time_shift` (dit/shift.py; readers treat a sidecar without it as 1, no shift)."""
+    model's `time_shift` (dit/shift.py; readers treat a sidecar without it as 1, no shift); a text model's `text`
+    (text_record: its text encoder's identity, which dit-sample --prompt loads)."""
     side = {"format": SIDECAR_FORMAT, "version": SIDECAR_VERSION, "model_config": dict(model_config),
             "latent": latent, "step": step}
     if objective is not None:
         side["objective"] = objective
     if time_shift is not None:
         side["time_shift"] = float(time_shift)
+    if text is not None:
+        side["text"] = text
     return side
+
+
+def text_record(text: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The JSON part of a checkpoint's `text` record (its text encoder's identity and how its features were made;
+    not the empty prompt's tensors): what sidecars and dit-sample's records keep."""
+    if not text:
+        return None
+    return {k: json.loads(json.dumps(v)) for k, v in text.items() if k in ("encoder", "features")}
 
 
 # The key under which the trainer's EMA file (a bare state_dict) holds its sidecar's record: an entry of the

@@ -42,7 +42,8 @@ from dit_pipeline.sample.config import (DDPM_SAMPLERS, DEFAULT_SAMPLERS, FLOW_SA
                                         SampleConfig)
 from dit_pipeline.sample.generate import (generate_images, guided_model_fn, make_diffusion, noise_level_fn,
                                           resolve_cfg_channels)
-from dit_pipeline.sample.grid import label_texts, png_bytes, save_grid
+from dit_pipeline.sample.conditions import Sampling, sampling_for
+from dit_pipeline.sample.grid import png_bytes, save_grid
 from dit_pipeline.sample.load import (LoadedModel, latent_norm, load_model, manifest_folder, resolve_ckpt,
                                       resolve_flow_convention, resolve_objective, with_latent_stats)
 from dit_pipeline.sample.names import with_class_ids
@@ -93,7 +94,9 @@ def _run(cfg: SampleConfig) -> SampleResult:
     if norm.is_per_channel:
         log.info("latents: %s", norm.describe())
     cfg = with_class_ids(cfg, loaded.latent)  # names given in --class-labels -> ids (sample/names.py)
-    labels = _labels(cfg, loaded)
+    # each sample's condition: its class, or its prompt (sample/conditions.py, by the model's conditioning)
+    cfg, conds = sampling_for(cfg, loaded, device)
+    labels = conds.ids
     loaded.info["objective"] = resolve_objective(loaded.info, cfg.ckpt, cfg.objective)
     cfg, sampler_note = _with_sampler(cfg, loaded.info["objective"])
     cfg.validate()  # the sampler's own rules (e.g. --flow-convention only for flow samplers) once it is known
@@ -113,7 +116,7 @@ def _run(cfg: SampleConfig) -> SampleResult:
         log = setup_logging(Path(cfg.out) / "logs", quiet=cfg.quiet)
     if sampler_note:
         log.info("%s", sampler_note)
-    record = _record(cfg, loaded, vae_id, norm, labels, image_size, device) if dist.is_main() else {}
+    record = _record(cfg, loaded, vae_id, norm, labels, image_size, device, conds) if dist.is_main() else {}
     store = PartStore(parts_dir_for(cfg.npz, cfg.out), record.get("fingerprint", {}), cfg.total)
     state = dist.on_rank0(lambda: _prepare(cfg, store, record, log))
     if state == "complete":
@@ -128,7 +131,7 @@ def _run(cfg: SampleConfig) -> SampleResult:
              f" where the noise level is in [{cfg.guidance_interval[0]}, {cfg.guidance_interval[1]}]")
     sampling_start = time.perf_counter()
     with pinned_threads(device, cfg.cpu_threads):  # the pixels must not depend on OMP_NUM_THREADS or torchrun
-        produced = _sample_batches(cfg, loaded, vae, store, labels, remaining, norm)
+        produced = _sample_batches(cfg, loaded, vae, store, labels, remaining, norm, conds)
     with dist.peer_guard("waiting for every rank's samples"):
         dist.barrier()
     sampling = time.perf_counter() - sampling_start
@@ -136,7 +139,7 @@ def _run(cfg: SampleConfig) -> SampleResult:
     if dist.is_main():
         log.info("sampled %d images in %.1f s: %.3g images/s over %d process(es)", len(remaining), sampling,
                  len(remaining) / max(sampling, 1e-9), dist.world_size())
-        result.npz, result.grid = _finish(cfg, store, labels, record, log)
+        result.npz, result.grid = _finish(cfg, store, labels, record, log, conds)
     result.seconds = time.perf_counter() - start
     return result
 
@@ -189,17 +192,6 @@ def _with_sampler(cfg: SampleConfig, objective: str) -> tuple[SampleConfig, str 
             f"--sampler not given: {sampler}, the default for {objective} models ({cfg.steps} steps)")
 
 
-def _labels(cfg: SampleConfig, loaded: LoadedModel) -> np.ndarray:
-    num_classes = int(loaded.config["num_classes"])
-    bad = sorted({int(c) for c in cfg.class_labels or [] if int(c) >= num_classes})
-    if bad:
-        raise UserError(f"--class-labels {bad} out of range: the model has {num_classes} classes "
-                        f"(0..{num_classes - 1})")
-    given = None if cfg.class_labels is None else [int(c) for c in cfg.class_labels]
-    return plan.class_labels(num_samples=cfg.total, seed=cfg.seed, num_classes=num_classes, given=given,
-                             sampling=cfg.labels)
-
-
 def label_sampling(cfg: SampleConfig) -> str:
     """How the run's classes were chosen: "given" (--class-labels), "uniform" or "equal" (--labels)."""
     return "given" if cfg.class_labels else cfg.labels
@@ -222,7 +214,7 @@ def _check_compatible(cfg: SampleConfig, loaded: LoadedModel, vae_id: dict[str, 
 
 
 def _record(cfg: SampleConfig, loaded: LoadedModel, vae_id: dict[str, Any], norm: LatentNorm,
-            labels: np.ndarray, image_size: int, device: torch.device) -> dict[str, Any]:
+            labels: np.ndarray, image_size: int, device: torch.device, conds: Sampling) -> dict[str, Any]:
     """What the outputs record: the fingerprint (what the samples are) and context.
 
     `numerics` (batch size, CPU threads, device) change only the last float bits, so they stay out of
@@ -239,14 +231,14 @@ def _record(cfg: SampleConfig, loaded: LoadedModel, vae_id: dict[str, Any], norm
         "cfg_channels": cfg.cfg_channels,
         "seed": cfg.seed, "num_samples": cfg.total, "image_size": image_size, **_label_settings(cfg),
         "labels_sha256": hashlib.sha256(np.ascontiguousarray(labels, dtype="<i8").tobytes()).hexdigest(),
-        "precision": cfg.precision, "tf32": cfg.tf32, "compile": cfg.compile,
+        "precision": cfg.precision, "tf32": cfg.tf32, "compile": cfg.compile, **conds.fingerprint(),
     }
     numerics = {"batch_size": cfg.batch_size, "cpu_threads": cfg.cpu_threads if device.type == "cpu" else None,
                 "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}
     return {"fingerprint": json.loads(json.dumps(fingerprint)), "numerics": numerics, "config": cfg.to_dict(),
             "checkpoint": {"path": str(cfg.ckpt), "source": loaded.info["source"], "step": loaded.info.get("step")},
             "vae": vae_id, "label_sampling": label_sampling(cfg), "labels": labels.tolist(),
-            "class_names": (loaded.latent or {}).get("class_names")}
+            "class_names": (loaded.latent or {}).get("class_names"), **conds.record()}
 
 
 def _normalization_key(norm: LatentNorm) -> dict[str, Any]:
@@ -338,7 +330,7 @@ def _prepare(cfg: SampleConfig, store: PartStore, record: dict[str, Any], log) -
 
 
 def _sample_batches(cfg: SampleConfig, loaded: LoadedModel, vae, store: PartStore, labels: np.ndarray,
-                     remaining: list[int], norm: LatentNorm) -> int:
+                     remaining: list[int], norm: LatentNorm, conds: Sampling) -> int:
     """This rank's share of the missing samples, one part file per batch; returns images produced."""
     from tqdm.auto import tqdm
 
@@ -355,7 +347,8 @@ def _sample_batches(cfg: SampleConfig, loaded: LoadedModel, vae, store: PartStor
     model_fn = guided_model_fn(model, cfg_scale=cfg.cfg_scale, cfg_channels=cfg.cfg_channels,
                                autocast_dtype=AUTOCAST_DTYPES[cfg.precision], compile=cfg.compile,
                                guidance_interval=cfg.guidance_interval,
-                               noise_level=noise_level_fn(loaded.info["objective"], convention))
+                               noise_level=noise_level_fn(loaded.info["objective"], convention),
+                               conditioning=conds.conditioning(loaded.model))
     batches = plan.rank_batches(remaining, cfg.batch_size, dist.rank(), dist.world_size())
     ws = dist.world_size()
     produced = 0
@@ -367,7 +360,7 @@ def _sample_batches(cfg: SampleConfig, loaded: LoadedModel, vae, store: PartStor
                 model.reset()  # a state belongs to one batch of samples
             images = generate_images(model, vae, diffusion, indices=batch, labels=labels[batch].tolist(),
                                      seed=cfg.seed, norm=norm, sampler=cfg.sampler, cfg_scale=cfg.cfg_scale,
-                                     model_fn=model_fn).numpy()
+                                     model_fn=model_fn, condition=conds.condition(batch)).numpy()
             try:
                 if cfg.save_images:
                     _write_pngs(Path(cfg.out) / "images", batch, images, cfg.total)
@@ -402,7 +395,7 @@ def _writing(path: Path, store: PartStore) -> Iterator[None]:
 
 
 def _finish(cfg: SampleConfig, store: PartStore, labels: np.ndarray, record: dict[str, Any],
-            log) -> tuple[Path | None, Path | None]:
+            log, conds: Sampling) -> tuple[Path | None, Path | None]:
     """Rank 0 after every rank finished: npz, grid, run records; then the parts go."""
     npz_path = grid_path = None
     if cfg.npz:
@@ -417,7 +410,7 @@ def _finish(cfg: SampleConfig, store: PartStore, labels: np.ndarray, record: dic
         pairs = list(store.iter_images(range(k)))
         with _writing(grid_path, store):
             save_grid(np.stack([p[0] for p in pairs]), grid_path, ncol=cfg.grid_cols,
-                      labels=label_texts([p[1] for p in pairs], record.get("class_names")))
+                      labels=conds.grid_labels([p[1] for p in pairs]))
         log.info("wrote %s (%d samples)", grid_path, k)
     for path in _record_paths(cfg):
         with _writing(path, store):

@@ -1,0 +1,127 @@
+"""Prompts for `dit-sample --prompt TEXT` (repeatable) and `--prompts FILE`, and what sampling a text model needs.
+
+A prompts file is either plain text, one prompt per line (blank lines skipped), or JSON Lines whose every line is an
+object with a "prompt" (GenEval's evaluation_metadata.jsonl: "tag", "include", "prompt", ...; every key is kept in
+the run's record, so an evaluator can read the metadata back). Every sample's prompt is a pure function of its
+index: with P prompts and N samples (N a multiple of P), prompt k gets the N / P consecutive samples from k N / P
+(GenEval's 4 images per prompt are 4 neighbours).
+
+`TextSampling` is what `dit-sample` asks of a text-conditional model: each batch's prompt features (encoded by the
+run's text encoder, common/text_encoders.py, which the checkpoint records or --text-encoder names), the empty
+prompt's features as the null condition of classifier-free guidance (NanoGen encodes "" with the same encoder:
+src/stage2/utils.py `sample_and_decode`), the grid's labels (the prompts, wrapped) and the record of prompts and
+encoder.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import textwrap
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from dit_pipeline.common.errors import UserError
+from dit_pipeline.common.io import missing_file
+
+GRID_WRAP = 28  # characters per line of a prompt in a grid tile
+GRID_LINES = 3  # lines of it shown
+
+
+def read_prompts(path: str | Path) -> list[dict[str, Any]]:
+    """The prompts of a file as {"prompt": text, **metadata} (module docstring); UserError naming the line."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise UserError(f"--prompts {path}: {missing_file(path)}")
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"--prompts {path}: cannot read it as UTF-8 text ({e})") from None
+    filled = [(i + 1, line) for i, line in enumerate(lines) if line.strip()]
+    if not filled:
+        raise UserError(f"--prompts {path}: no prompt in it (one per line, or JSON Lines with a \"prompt\" each)")
+    if path.suffix.lower() != ".jsonl" and not filled[0][1].lstrip().startswith("{"):
+        return [{"prompt": line.strip()} for _, line in filled]
+    out = []
+    for number, line in filled:
+        try:
+            item = json.loads(line)
+        except ValueError as e:
+            raise UserError(f"--prompts {path}, line {number}: not a JSON object ({e}); a JSON Lines file holds one "
+                            "object with a \"prompt\" per line") from None
+        if not isinstance(item, dict) or not isinstance(item.get("prompt"), str):
+            raise UserError(f"--prompts {path}, line {number}: no \"prompt\" text in it (GenEval's metadata lines "
+                            "have \"tag\", \"include\" and \"prompt\")")
+        out.append(item)
+    return out
+
+
+def prompt_ids(num_prompts: int, num_samples: int) -> np.ndarray:
+    """The prompt of every sample: k for samples k n .. (k + 1) n - 1, n = num_samples / num_prompts."""
+    if num_prompts < 1 or num_samples % num_prompts:
+        raise ValueError(f"{num_samples} samples cannot be split evenly over {num_prompts} prompts")
+    return np.repeat(np.arange(num_prompts, dtype=np.int64), num_samples // num_prompts)
+
+
+def grid_text(prompt: str) -> str:
+    """A prompt as a grid tile's label: wrapped, at most GRID_LINES lines (the last one cut with ...)."""
+    lines = textwrap.wrap(prompt, GRID_WRAP) or [""]
+    if len(lines) > GRID_LINES:
+        lines = lines[:GRID_LINES]
+        lines[-1] = lines[-1][: GRID_WRAP - 3] + "..."
+    return "\n".join(lines)
+
+
+class TextSampling:
+    """The prompts of a run and the encoder that turns them into the model's condition (module docstring)."""
+
+    def __init__(self, prompts: Sequence[dict[str, Any]], ids: np.ndarray, encoder: Any, device: torch.device):
+        self.prompts, self.ids, self.encoder, self.device = list(prompts), ids, encoder, device
+        null = self._encode([""])
+        self.null_text, self.null_mask = null["text"][0], null["text_mask"][0]
+
+    def _encode(self, texts: list[str]) -> dict[str, torch.Tensor]:
+        with torch.no_grad():
+            features = self.encoder.encode(texts)
+        return {"text": features.tokens.float().to(self.device), "text_mask": features.mask.bool().to(self.device)}
+
+    def conditioning(self, model: Any) -> Any:
+        """The model's conditioning with the empty prompt as its null (dit/conditioning.py)."""
+        return model.conditioning(self.null_text, self.null_mask)
+
+    def condition(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
+        """The features of the prompts of samples `indices` (right-padded to the batch's longest)."""
+        return self._encode([self.prompts[int(self.ids[i])]["prompt"] for i in indices])
+
+    def grid_labels(self, ids: Sequence[int]) -> list[str]:
+        return [grid_text(self.prompts[int(k)]["prompt"]) for k in ids]
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What the pixels depend on: the prompts and the encoder."""
+        text = json.dumps([p["prompt"] for p in self.prompts], ensure_ascii=False).encode()
+        return {"prompts_sha256": hashlib.sha256(text).hexdigest(), "text_encoder": dict(self.encoder.identity)}
+
+    def record(self) -> dict[str, Any]:
+        return {"prompts": self.prompts, "text_encoder": dict(self.encoder.identity)}
+
+
+def load_sampling_encoder(spec: str | None, recorded: dict[str, Any] | None, text_dim: int, ckpt: str,
+                          device: torch.device) -> Any:
+    """The text encoder of dit-sample --prompt: --text-encoder, else the one the checkpoint records (rebuilt from its
+    identity, common/text_encoders.py); UserError when neither names one or its width is not the model's."""
+    identity = (recorded or {}).get("encoder") or {}
+    name = spec or identity.get("name")
+    if not name:
+        raise UserError(f"--ckpt {ckpt} is a text-conditional model whose file records no text encoder (a release "
+                        "file); pass --text-encoder (NanoGen's models: qwen3-0.6b)")
+    try:
+        from dit_pipeline.common.text_encoders import load_text_encoder  # type: ignore[import-not-found]
+    except ImportError:
+        raise UserError("--prompt needs the text encoders (dit_pipeline.common.text_encoders)") from None
+    encoder = load_text_encoder(name, max_length=identity.get("max_length") if not spec else None, device=str(device))
+    if int(encoder.dim) != int(text_dim):
+        raise UserError(f"--text-encoder {name}: its features are {encoder.dim} wide, the model takes {text_dim}; pass "
+                        "the encoder the model was trained with")
+    return encoder
