@@ -1,0 +1,85 @@
+"""The trainer's side of the condition (train/text.py, train/preflight.py): what a run is conditioned on, the shard
+set's empty prompt as the null condition, the checkpoint key `text` and its resume checks, and the refusals (text
+asked of a set without text features, a class checkpoint resumed on text, another text encoder, MeanFlow or the
+periodic class grids with text) with their messages."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from dit_pipeline.common.errors import ConfigError, UserError
+from dit_pipeline.dit.conditioning import TextTokens
+from dit_pipeline.dit.family import create_model
+from dit_pipeline.train import merge_config
+from dit_pipeline.train.text import BatchText, TextPart, run_conditioning, text_set
+from tests.train.conftest import invoke_train, tiny_args
+
+IDENTITY = {"name": "qwen3-0.6b", "revision": "abc", "max_length": 256, "hidden_state": "last", "dim": 8}
+
+
+def _manifest(identity=IDENTITY):
+    return SimpleNamespace(text_encoder=identity, empty_prompt=(torch.zeros(0, 8), torch.zeros(0, dtype=torch.bool)))
+
+
+def test_a_text_set_gives_the_model_its_width_and_the_empty_prompt():
+    text = text_set(_manifest())
+    assert (text.dim, text.max_length, text.null_text.shape) == (8, 256, (0, 8))
+    assert text_set(SimpleNamespace()) is None  # a class-label shard set
+    model = create_model("ddt-en28d1152hd72-dn2d2048hd128", input_size=4, depth=1, hidden_size=32, num_heads=2,
+                         head_depth=1, head_hidden_size=32, head_num_heads=2, conditioning="text", text_dim=8,
+                         num_c_tokens=256)
+    cond = run_conditioning(model, _manifest())
+    assert isinstance(cond, TextTokens) and cond.can_guide and cond.null_text.shape == (0, 8)
+    rec = text.record("cached")
+    assert rec["encoder"] == IDENTITY and rec["features"] == "cached" and rec["null_mask"].dtype == torch.bool
+
+
+def test_online_features_encode_the_captions_of_each_batch():
+    class Encoder:
+        def encode(self, captions):
+            return SimpleNamespace(tokens=torch.ones(len(captions), 3, 8) * len(captions[0]),
+                                   mask=torch.ones(len(captions), 3, dtype=torch.bool))
+
+    out = BatchText(Encoder())(SimpleNamespace(captions=["abcd", "x"]))
+    assert out.text.shape == (2, 3, 8) and float(out.text[0, 0, 0]) == 4.0 and out.text_mask.all()
+    cached = SimpleNamespace(text=torch.zeros(1))
+    assert BatchText()(cached) is cached
+    with pytest.raises(UserError, match="--text-features online needs the captions in the batches"):
+        BatchText(Encoder())(SimpleNamespace(latents=None))
+
+
+def test_the_checkpoint_key_text_refuses_another_condition_or_encoder():
+    text = text_set(_manifest())
+    mine = TextPart(text.record("cached"))
+    assert mine.state_dict()["text"]["encoder"]["name"] == "qwen3-0.6b" and TextPart(None).state_dict() == {}
+    mine.check({"text": text.record("online")}, "c.pt")  # the same encoder, cached or online: the same features
+    with pytest.raises(UserError, match=r"checkpoint c.pt was trained on class labels; this run's shard set gives "
+                                        r"text features"):
+        mine.check({}, "c.pt")
+    with pytest.raises(UserError, match=r"checkpoint c.pt was trained on text features; this run's shard set gives "
+                                        r"class labels"):
+        TextPart(None).check({"text": text.record("cached")}, "c.pt")
+    other = text_set(_manifest({**IDENTITY, "revision": "def"})).record("cached")
+    with pytest.raises(UserError, match=r"trained with the text encoder 'qwen3-0.6b' \(revision 'def'\); this run's is "
+                                        r"'qwen3-0.6b' \(revision 'abc'\)"):
+        mine.check({"text": other}, "c.pt")
+
+
+def test_text_asked_of_class_shards_is_refused_before_any_work(shard_dir, tmp_path):
+    r = invoke_train(tiny_args(shard_dir, tmp_path / "run", **{"conditioning": "text", "dry-run": True}))
+    assert r.exit_code != 0
+    assert "--conditioning text: the shard set in" in r.output and "has no text features" in r.output
+    assert not (tmp_path / "run" / "checkpoints").exists()
+    with pytest.raises(ConfigError, match="--conditioning must be one of auto, class, text, none"):
+        merge_config({}, {"shards": "s", "run_dir": "r", "conditioning": "captions"}).validate()
+
+
+def test_the_plan_names_the_condition(shard_dir, tmp_path):
+    r = invoke_train(tiny_args(shard_dir, tmp_path / "run", **{
+        "model": "ddt-en28d1152hd72-dn2d2048hd128", "depth": 1, "hidden-size": 32, "num-heads": 2, "head-depth": 1,
+        "head-hidden-size": 32, "head-num-heads": 2, "dry-run": True}))
+    assert r.exit_code == 0, r.output
+    assert "in context: 4 time tokens, 8 class tokens" in r.output
+    assert "  condition   2 classes; dropout 0.1 to the null label 2" in r.output
