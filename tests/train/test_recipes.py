@@ -104,8 +104,41 @@ PAPERS = {
 }
 
 
+# Text-to-image recipes (trained on captioned shards, so no ImageNet-sized dry run): Leng et al. 2026,
+# arXiv:2606.24888 (NanoGen); End2End-Diffusion/diffusion-bench
+# configs/stage2/training/t2i/t2i-ddt-en28d1152hd72-dn2d2048hd128-sdvae-ema-vpred-t4.yaml (conditioning text, Qwen3-0.6B,
+# max_length 256 = num_c_tokens, t4; batch 1024, lr 2e-4, betas (0.9, 0.95), EMA 0.9995, clip 1.0, 10 virtual epochs of
+# 10000 steps, warmup_epochs 5 constant, decay_end_epoch 100 to 2e-5) and its sampling config (Euler 50, cfg 6.0 on
+# [0, 1])
+TEXT_PAPERS = {
+    "nanogen-t2i-ddt-t4-sdvae-ema.yaml": dict(
+        model="ddt-en28d1152hd72-dn2d2048hd128", batch=1024, lr=2e-4, betas=(0.9, 0.95), ema=0.9995, steps=100_000,
+        sampler="euler", sample_steps=50, cfg=6.0,
+        extra={"conditioning": "text", "num_t_tokens": 4, "num_c_tokens": 256, "t_sampling": "logit-normal",
+               "time_shift": 1.0, "final_lr": 2e-5, "lr_decay_start_steps": 50_000, "lr_decay_end_steps": 1_000_000,
+               "grad_clip": 1.0, "class_dropout_prob": 0.1}),
+}
+
+
 def test_there_is_a_row_for_every_recipe_file():
-    assert sorted(p.name for p in RECIPES.glob("*.yaml")) == sorted(PAPERS)
+    assert sorted(p.name for p in RECIPES.glob("*.yaml")) == sorted({**PAPERS, **TEXT_PAPERS})
+
+
+@pytest.mark.parametrize("name", sorted(TEXT_PAPERS))
+def test_the_text_recipe_states_the_releases_values(name):
+    row, values = TEXT_PAPERS[name], load_config_file(RECIPES / name)
+    cfg = merge_config(values, {"shards": "s", "run_dir": "r"})
+    assert (cfg.model, cfg.objective, cfg.global_batch_size, cfg.lr, cfg.max_steps) == (
+        row["model"], "flow", row["batch"], row["lr"], row["steps"])
+    assert (cfg.adam_beta1, cfg.adam_beta2, cfg.ema_decay, cfg.weight_decay) == (*row["betas"], row["ema"], 0.0)
+    for key, want in row["extra"].items():
+        assert getattr(cfg, key) == want, key
+    s = cfg.recipe["sampling"]
+    assert (s["sampler"], s["steps"], s["cfg_scale"], s.get("guidance_interval")) == (
+        row["sampler"], row["sample_steps"], row["cfg"], None)
+    assert re.fullmatch(r"\d{4}\.\d{5}", cfg.recipe["arxiv"]) and cfg.recipe["fid"] is None
+    cfg.validate()
+    SampleConfig(ckpt="model.pt", npz="samples.npz", **s).validate()
 
 
 @pytest.mark.parametrize("name", sorted(PAPERS))
