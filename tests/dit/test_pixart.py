@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -107,3 +108,11 @@ def test_a_fresh_pixart_outputs_zero_and_its_cost_counts_the_text():
     # per text token: the caption MLP (12 x 32 + 32 x 32) and, in each of 2 blocks, its keys and values (2 x 32 x 32)
     # and its share of the two attention products (2 x 16 image tokens x 32)
     assert text_macs(c, 10) == 10 * (12 * 32 + 32 * 32) + 2 * (10 * 2 * 32 * 32 + 2 * 16 * 10 * 32)
+
+
+def test_pixart_is_a_text_family_of_ddpm():
+    from dit_pipeline.train.config import implied_objective
+
+    assert implied_objective("PixArt-XL/2") is None  # DiT's ddpm, PixArt-alpha's objective (the default)
+    with pytest.raises(ValueError, match="a PixArt is conditioned on text, not class"):
+        create_model("PixArt-XL/2")
