@@ -164,8 +164,8 @@ def condition_kwargs(cfg: TrainConfig, source: ShardSource) -> dict[str, Any]:
     if cfg.objective in ("meanflow", "imf"):
         problems.append(f"--objective {cfg.objective} trains class-conditional models here")
     if cfg.sample_every or cfg.fid_every:
-        problems.append("the periodic grids and FID (--sample-every, --fid-every) sample class labels; sample a "
-                        "text model's checkpoints with dit-sample --prompt")
+        problems.append("the periodic grids and FID (--sample-every, --fid-every) sample class labels; sample this "
+                        "model's checkpoints with dit-sample (a text model: --prompt)")
     if problems:
         raise UserError(f"--conditioning {kind}: " + "; ".join(problems))
     return out

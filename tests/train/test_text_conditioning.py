@@ -83,3 +83,20 @@ def test_the_plan_names_the_condition(shard_dir, tmp_path):
     assert r.exit_code == 0, r.output
     assert "in context: 4 time tokens, 8 class tokens" in r.output
     assert "  condition   2 classes; dropout 0.1 to the null label 2" in r.output
+
+
+def test_a_text_set_builds_a_text_model_and_refuses_meanflow_and_the_class_grids():
+    from pathlib import Path
+
+    from dit_pipeline.train.preflight import condition_kwargs
+
+    base = {"shards": "s", "run_dir": "r", "model": "ddt-en28d1152hd72-dn2d2048hd128"}
+    source = SimpleNamespace(manifest=_manifest(), folder=Path("s"))
+    assert condition_kwargs(merge_config({}, base), source) == {"conditioning": "text", "text_dim": 8,
+                                                                "num_c_tokens": 256}  # the encoder's max length
+    assert condition_kwargs(merge_config({}, {**base, "conditioning": "class"}), source) == {}
+    with pytest.raises(UserError) as e:
+        condition_kwargs(merge_config({}, {**base, "objective": "meanflow", "sample_every": 10}), source)
+    assert str(e.value) == ("--conditioning text: --objective meanflow trains class-conditional models here; the "
+                            "periodic grids and FID (--sample-every, --fid-every) sample class labels; sample this "
+                            "model's checkpoints with dit-sample (a text model: --prompt)")
