@@ -89,6 +89,6 @@ def test_a_text_models_loss_sees_the_empty_prompt_where_dropped():
     # the same rows of other batches: equal up to float32 rounding (padded keys add exact zeros to the softmax)
     assert_close_at_scale(dropped[0], empty[0], rel=64 * 2.0 ** -23)
     assert_close_at_scale(dropped[1], kept[1], rel=64 * 2.0 ** -23)
-    assert abs(float(dropped[0].detach() - kept[0])) > 1e-4 * float(kept[0])
+    assert abs(float(dropped[0].detach() - kept[0].detach())) > 1e-4 * float(kept[0].detach())
     dropped.mean().backward()
     assert model.ctx_embedder.proj.weight.grad.abs().sum() > 0
