@@ -19,6 +19,7 @@ if os.path.basename(sys.argv[0]) == "dit-train":
 
 import click  # noqa: E402
 
+from dit_pipeline.shards.pixels import ENCODINGS as PIXEL_ENCODINGS
 from dit_pipeline.cli_kit import (CONTEXT, DashCommand, DashGroup, GroupedCommand, config_options,  # noqa: E402,F401
                                   debug_option, default, handle_errors, version_option)
 from dit_pipeline.common.precision import PRECISIONS, PRECISIONS_AUTO
@@ -223,7 +224,8 @@ def sample_export_cmd(debug: bool, **options: Any) -> None:
 @click.option("--encoder", default=None, metavar="NAME|FILE",
               help="A feature encoder instead of the VAE (RAE): dinov2-b-reg (RAE's DINOv2-B with registers), "
               "dinov2-b, dinov3-l (RAEv2), a timm model name, a JSON encoder file or a weight file; stores its "
-              "patch tokens [C, 16, 16] as the latent (README 'Feature spaces (RAE)').")
+              "patch tokens [C, 16, 16] as the latent (README 'Feature spaces (RAE)'); or pixels: the crops "
+              "themselves are the latents, no VAE (README 'Pixel space').")
 @click.option("--encoder-weights", default=None, metavar="FILE",
               help="Offline weights (a timm state_dict) for --encoder; without it timm downloads them.")
 @click.option("--encoder-layers", type=int, default=None, metavar="K",
@@ -251,6 +253,9 @@ def sample_export_cmd(debug: bool, **options: Any) -> None:
 @click.option("--pixels/--no-pixels", default=default(ExtractConfig, "pixels"), show_default=True,
               help="Also store each crop exactly as the VAE encoded it (8-bit RGB, lossless; view 1 is its mirror), "
               "for a teacher that sees the pixels (REPA). Format version 2; see docs/FORMAT.md.")
+@click.option("--pixel-encoding", type=click.Choice(PIXEL_ENCODINGS), default=default(ExtractConfig, "pixel_encoding"),
+              show_default=True, help="How the crops are stored (--pixels, --encoder pixels): lossless WebP, or "
+              "npy-uint8, uncompressed, 1.7x the bytes for 5x the crops a loader core decodes (BENCHMARKS.md).")
 @click.option("--precision", type=click.Choice(PRECISIONS_AUTO), default=default(ExtractConfig, "precision"),
               show_default=True, help="Encoder autocast (auto: fp16 on GPU, fp32 on CPU; see BENCHMARKS.md).")
 @click.option("--batch-size", type=int, default=None,
@@ -491,6 +496,15 @@ def report_main(run_dir: str, out: str | None, debug: bool) -> None:
 @click.option("--make-ref", default=None, metavar="FOLDER",
               help="Instead of evaluating: build a reference batch from the images under FOLDER (ADM's center crop "
               "to --image-size) with their Inception statistics, written to --out REF.npz.")
+@click.option("--captions", default=None, metavar="FILE",
+              help="--make-ref: a captioned reference (COCO-30k / MJHQ-30k style): the images under FOLDER that have a "
+              "caption in FILE (JSONL, CSV, JSON: COCO captions or MJHQ meta_data.json), one caption each, written "
+              "beside --out as REF.prompts.jsonl for dit-sample --prompts and dit-eval --prompts.")
+@click.option("--crop", type=click.Choice(("adm", "resize")), default="adm", show_default=True,
+              help="--make-ref: ADM's center crop, or resize + center crop (torchvision's, as NanoGen cuts its T2I "
+              "evaluation images).")
+@click.option("--caption-seed", type=int, default=0, show_default=True,
+              help="--make-ref --captions: the seed that picks one caption of an image that has several.")
 @click.option("--image-size", type=click.IntRange(min=8), default=None, help="--make-ref: the side of the crops.")
 @click.option("--out", default=None, metavar="REF.npz", help="--make-ref: the reference batch to write.")
 @click.option("--json", "json_path", default=None, help="Where to write the metrics as JSON [SAMPLES.eval.json].")
@@ -515,12 +529,28 @@ def report_main(run_dir: str, out: str | None, debug: bool) -> None:
 @click.option("--dinov2-resize", type=click.Choice(("torch", "pil")), default="torch", show_default=True,
               help="The 224 px resize of FD_DINOv2: torch (F.interpolate, antialiased; fast) or pil (dgm-eval's "
               "exact reference; BENCHMARKS.md: how far apart).")
+@click.option("--t2i", "t2i", multiple=True, metavar="NAME",
+              help="Text-to-image evaluator(s), repeatable: clip-score, geneval, dpg-bench, vqascore (without "
+              "--ref: only these). The samples need their prompts (--prompts, or dit-sample's record).")
+@click.option("--prompts", default=None, metavar="FILE",
+              help="--t2i: one prompt per sample in the samples' order (JSONL with \"prompt\", JSON, or text lines) "
+              "[the prompts dit-sample recorded with the samples].")
+@click.option("--clip", default=default(EvalConfig, "clip"), show_default=True, metavar="ID|FOLDER",
+              help="--t2i clip-score and geneval: the CLIP model (hub id or save_pretrained folder).")
+@click.option("--detector", default=default(EvalConfig, "detector"), show_default=True, metavar="ID|FOLDER",
+              help="--t2i geneval: the Mask2Former instance-segmentation model.")
+@click.option("--geneval-metadata", default=None, metavar="FILE",
+              help="--t2i geneval: GenEval's metadata (evaluation_metadata.jsonl or NanoGen's metadata.json), "
+              "looked up by prompt for prompts recorded without it.")
+@click.option("--vqa-model", default=default(EvalConfig, "vqa_model"), show_default=True,
+              help="--t2i vqascore: the t2v_metrics model name.")
 @debug_option
 @handle_errors
 def eval_main(json_path: str | None, debug: bool, make_ref: str | None, image_size: int | None, out: str | None,
-              **options: Any) -> None:
+              captions: str | None, crop: str, caption_seed: int, **options: Any) -> None:
     """FID, sFID, Inception Score, precision and recall of SAMPLES against --ref, as the ADM evaluator
-    (guided-diffusion evaluations/evaluator.py) defines them. SAMPLES: an .npz (arr_0 uint8 [N,H,W,3]), a
+    (guided-diffusion evaluations/evaluator.py) defines them; text-to-image scores with --t2i (CLIP score,
+    GenEval, DPG-Bench, VQAScore as NanoGen computes them). SAMPLES: an .npz (arr_0 uint8 [N,H,W,3]), a
     folder of images, or a features file. Runs under torchrun across GPUs.
 
     \b
@@ -528,41 +558,56 @@ def eval_main(json_path: str | None, debug: bool, make_ref: str | None, image_si
       dit-eval samples/dit-xl2-256-cfg1.5.npz --ref VIRTUAL_imagenet256_labeled.npz
       torchrun --nproc-per-node 8 $(which dit-eval) samples.npz --ref VIRTUAL_imagenet256_labeled.npz
       dit-eval --make-ref data/val --image-size 256 --out val256.npz
+      dit-eval --make-ref coco/val2014 --captions coco30k.jsonl --image-size 256 --out coco30k-256.npz
+      dit-eval samples.npz --ref coco30k-256.npz --t2i clip-score --prompts coco30k-256.prompts.jsonl
     """
     from dit_pipeline import evaluate
 
     if make_ref is not None:
-        _make_ref(make_ref, image_size, out, options)
+        _make_ref(make_ref, image_size, out, options, captions=captions, crop=crop, seed=caption_seed)
         return
     if options["samples"] is None:
         raise click.UsageError("Missing argument 'SAMPLES'.")
-    if options["ref"] is None:
-        raise click.UsageError("Missing option '--ref'.")
-    if image_size is not None or out is not None:
-        raise click.UsageError("--image-size and --out belong to --make-ref")
+    if options["ref"] is None and not options["t2i"]:
+        raise click.UsageError("Missing option '--ref' (or --t2i NAME for text-to-image scores only).")
+    if image_size is not None or out is not None or captions is not None:
+        raise click.UsageError("--image-size, --out and --captions belong to --make-ref")
+    options["t2i"] = tuple(options["t2i"])
     evaluate.main(EvalConfig(json=json_path, **options))
 
 
-def _make_ref(folder: str, image_size: int | None, out: str | None, options: dict[str, Any]) -> None:
-    """`dit-eval --make-ref FOLDER --image-size N --out REF.npz` (extract/reference.py, evaluate/reference.py)."""
+def _make_ref(folder: str, image_size: int | None, out: str | None, options: dict[str, Any], *,
+              captions: str | None = None, crop: str = "adm", seed: int = 0) -> None:
+    """`dit-eval --make-ref FOLDER [--captions FILE] --image-size N --out REF.npz` (extract/reference.py,
+    evaluate/reference.py)."""
     from dit_pipeline.common.log import setup_logging
-    from dit_pipeline.evaluate.reference import check_output, write_reference
-    from dit_pipeline.extract.reference import reference_images
+    from dit_pipeline.evaluate.reference import check_output, prompts_path, write_reference
+    from dit_pipeline.extract.reference import captioned_reference, reference_images
 
-    if options["samples"] is not None or options["ref"] is not None:
-        raise click.UsageError("--make-ref builds a reference batch; it takes no SAMPLES or --ref")
+    if options["samples"] is not None or options["ref"] is not None or options["t2i"]:
+        raise click.UsageError("--make-ref builds a reference batch; it takes no SAMPLES, --ref or --t2i")
     if image_size is None or out is None:
         raise click.UsageError("--make-ref needs --image-size N (the crops' side) and --out REF.npz")
     log = setup_logging(None, quiet=options["quiet"])
-    path = check_output(out)
-    images, used, skipped = reference_images(folder, image_size)
+    path = check_output(out, captioned=captions is not None)
+    records, extra = None, ""
+    if captions is not None:
+        ref = captioned_reference(folder, captions, image_size, crop=crop, seed=seed)
+        images, records, skipped = ref.images, ref.records, ref.skipped
+        extra = f", {ref.uncaptioned} without a caption left out" if ref.uncaptioned else ""
+    else:
+        images, _, skipped = reference_images(folder, image_size, crop=crop)
     for rel, why in skipped:
         log.warning("skipped %s: %s", rel, why)
     write_reference(images, path, inception=options["inception"], batch_size=options["batch_size"],
                     device=options["device"] or ("cuda" if _cuda_available() else "cpu"),
-                    random_seed=options["random_inception"], input_size=options["input_size"], log=log)
-    click.echo(f"wrote {path}: {len(used)} images of {image_size}x{image_size}"
-               + (f" ({len(skipped)} skipped, named in the log)" if skipped else ""))
+                    random_seed=options["random_inception"], input_size=options["input_size"], log=log,
+                    records=records)
+    click.echo(f"wrote {path}: {len(images)} images of {image_size}x{image_size}"
+               + (f" ({len(skipped)} skipped, named in the log{extra})" if skipped else f" ({extra[2:]})" if extra
+                  else ""))
+    if records is not None:
+        click.echo(f"wrote {prompts_path(path)}: their {len(records)} captions, one per image (dit-sample --prompts)")
 
 
 def _cuda_available() -> bool:

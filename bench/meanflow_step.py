@@ -61,7 +61,7 @@ def build(name: str, *, latent: int, channels: int, batch: int, device: torch.de
     keep = torch.zeros_like(y)
     amp = torch.bfloat16 if device.type == "cuda" else None
     flow = dit.create_flow()
-    plain, guided = MeanFlow(), MeanFlow(omega=0.6, kappa=0.2)
+    plain, guided = MeanFlow(kappa=0.0), MeanFlow(omega=0.6, kappa=0.2)  # plain: no training guidance
     for mf in (plain, guided):
         mf.attach(model)
     tr = plain.draw_timesteps(batch, generator=torch.Generator(device="cpu").manual_seed(1)).to(device)

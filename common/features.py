@@ -208,6 +208,10 @@ def load_feature_encoder(spec: str, *, weights: str | None = None, layers: int |
     extract/ reads from a VAE's (`latent_channels`, `downsample_factor` = image_size / token grid,
     `encoder_output`, `scaling_factor` 1) plus the encoder's own (`kind: "features"`, model, input size, patch,
     layers, the formula, the weights' sha256)."""
+    from dit_pipeline.common.pixels import is_pixel_space, load_pixel_space
+
+    if is_pixel_space(spec):  # pixels as the latent space: the identity encoder (common/pixels.py)
+        return load_pixel_space(image_size, device)  # type: ignore[return-value]
     with torch.random.fork_rng(devices=[]):
         return _load(spec, weights, layers, device, pretrained, image_size, formula)
 

@@ -173,6 +173,8 @@ def recorded_vae(identity: dict[str, Any] | None, where: str, base: str | Path |
     if not identity or not identity.get("source"):
         return None
     source, kind = str(identity["source"]), identity.get("kind")
+    if kind == "pixels":  # nothing to find: the identity decoder (common/pixels.py)
+        return source, None
     config = identity.get("config")
     config = None if config in (None, "builtin:sd-vae") else str(config)
     if kind == "hub":
@@ -226,6 +228,10 @@ def load_vae(spec: str = DEFAULT_VAE, *, config: str | Path | None = None, revis
     """
     from dit_pipeline.common.rae_decoder import is_rae_decoder, load_rae_decoder
 
+    from dit_pipeline.common.pixels import is_pixel_space, load_pixel_space
+
+    if is_pixel_space(spec):  # a pixel-space model decodes by the identity (common/pixels.py)
+        return load_pixel_space(device=device)
     if is_rae_decoder(spec):  # RAE's pixel decoder of a feature space (FILE or FILE,CONFIG; common/rae_decoder.py)
         return load_rae_decoder(spec, config=config, device=device, dtype=dtype)
     with torch.random.fork_rng(devices=[]):

@@ -3,7 +3,7 @@
 Pure math (no torch.distributed, no logging setup); `dit.weights` is the only module reading files.
 The calling conventions follow the DiT reference scripts, so they port with an import change:
 
-    model = dit.create_model("DiT-XL/2", input_size=32)   # or "LightningDiT-XL/1", "DDT-XL/2", "DiT-DH-XL"
+    model = dit.create_model("DiT-XL/2", input_size=32)   # or "LightningDiT-XL/1", "DDT-XL/2", "DiT-DH-XL", "iMF-B/2"
     diffusion = dit.create_diffusion("250")     # or dit.create_flow() for SiT's flow matching
     state_dict, info = dit.load_dit_weights("DiT-XL-2-256x256.pt")
 """
@@ -16,6 +16,7 @@ from .models import (MODEL_PRESETS, DiT, DiT_models, canonical_model_name, creat
                      model_from_config, pos_embed_2d, timestep_embedding)
 from .ddt import DDT
 from .ditdh import DiTDH
+from .imf import IMF
 from .incontext import InContextDiTDH
 from .pixart import PixArt
 from .lightningdit import LightningDiT
@@ -24,7 +25,8 @@ from .weights import (WeightsError, build_model_from_weights, check_state_dict, 
                       load_dit_weights, make_sidecar, read_sidecar, sidecar_path)
 
 __all__ = [
-    "DDT", "DiTDH", "DiffusionTransformer", "InContextDiTDH", "PixArt", "LightningDiT", "MODEL_PRESETS", "DiT", "DiT_models", "families",
+    "DDT", "DiTDH", "DiffusionTransformer", "IMF", "InContextDiTDH", "PixArt", "LightningDiT", "MODEL_PRESETS", "DiT",
+    "DiT_models", "families",
     "preset_names", "GaussianDiffusion", "WeightsError", "build_model_from_weights",
     "FLOW_SAMPLERS", "FlowMatching", "canonical_model_name", "check_state_dict", "create_diffusion",
     "create_flow", "create_model", "forward_macs",

@@ -6,17 +6,20 @@ A model's `conditions` (recorded in its model_config when not "t") says what its
 - "meanflow" (MeanFlow, Geng et al. 2025): t [N, 2] = (t, h) with h = t - r, the length of the interval whose
   average velocity the network predicts. The time embedding is t_embedder(t) + h_embedder(h): h_embedder is a
   second timestep embedder of the family's own kind (DiT's sinusoidal MLP, DiT-DH's Fourier one).
-- "imf" (improved MeanFlow, arXiv:2512.02012): t [N, 5] = (t, h, omega, t_min, t_max). The network is conditioned
-  on h, not on t: t_embedder(h) (the t embedder's weights serve the one time input, so no parameter is left without
-  a gradient under DDP), plus one embedder for each of the guidance scale omega and the guidance interval's ends.
-  The release feeds these as in-context tokens; here they are embeddings added to the time embedding, because
-  that is the one conditioning path every family shares (`DiffusionTransformer.embed_conditions`): tokens would
-  need each family's token streams (DDT and DiT-DH have two) and change the attention's token count, the position
-  tables and the release-compatible layouts. omega is embedded as 1 - 1 / omega (0 = no guidance), as the release's imfDiT does.
+- "imf" (improved MeanFlow, arXiv:2512.02012): t [N, 5] = (t, h, omega, t_min, t_max). iMF's own network (dit/imf.py,
+  the release's) takes them as in-context tokens and adds nothing here. On the adaLN families (objective
+  imf-adaln, this project's variant) the network is conditioned on h, not on t: t_embedder(h) (the t embedder's
+  weights serve the one time input, so no parameter is left without a gradient under DDP), plus one embedder for
+  each of the guidance scale omega and the guidance interval's ends, added to the time embedding (the one
+  conditioning path every family shares, `DiffusionTransformer.embed_conditions`). omega is embedded as
+  1 - 1 / omega (0 = no guidance), as the release's imfDiT does.
 
 The added embedders are created by `add_conditions` after the family's own construction and initialisation, so a
-plain model's parameters and their random initialisation are exactly those of before; their output layers start
-at zero (the model starts as if it had no further input), their first layers as DiT initialises its t embedder.
+plain model's parameters and their random initialisation are exactly those of before. MeanFlow's h_embedder
+starts as the MeanFlow release starts it (Gsunshine/meanflow models/models_dit.py `TimestepEmbedder`: both Linear
+weights normal(0.02), biases zero; the same when `dit-train --init` brings the rest from a SiT/DiT file); imf-adaln's
+embedders start with their output layers at zero (the model starts as if it had no further input) and their first
+layers as DiT initialises its t embedder.
 """
 from __future__ import annotations
 
@@ -46,12 +49,13 @@ def add_conditions(model: Any, kind: str) -> None:
     model.conditions = kind
     template = model.t_embedder
     for name in EXTRA_EMBEDDERS[kind]:
-        embedder = _like(template)
+        embedder = _like(template, last_zero=kind != "meanflow")
         setattr(model, name, embedder)
 
 
-def _like(template: Any) -> nn.Module:
-    """A fresh embedder of the template's class and size (no weights shared), initialised."""
+def _like(template: Any, last_zero: bool) -> nn.Module:
+    """A fresh embedder of the template's class and size (no weights shared): biases zero, the first Linear's weight
+    normal(0.02), the last one's zero (`last_zero`) or normal(0.02) (module docstring)."""
     import copy
 
     embedder = copy.deepcopy(template)
@@ -61,6 +65,8 @@ def _like(template: Any) -> nn.Module:
                 if p.requires_grad:
                     nn.init.zeros_(p)
             nn.init.normal_(embedder.mlp[0].weight, std=0.02)
+            if not last_zero:
+                nn.init.normal_(embedder.mlp[2].weight, std=0.02)
     return embedder
 
 

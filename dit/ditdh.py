@@ -35,8 +35,11 @@ from .models import LN_EPS, check_dims
 from .rope import EvaRope, eva_angles
 
 _ARCH = ("depth", "hidden_size", "num_heads", "head_depth", "head_hidden_size", "head_num_heads", "patch_size")
-# RAE's configs/training/ImageNet256/DiTDH-{S,XL}_DINOv2-B.yaml
-_PRESETS = {"DiT-DH-S": (12, 384, 6, 2, 2048, 16, 1), "DiT-DH-XL": (28, 1152, 16, 2, 2048, 16, 1)}
+# RAE's configs/training/ImageNet256/DiTDH-{S,XL}_DINOv2-B.yaml; "/16": the same on 256 x 256 x 3 pixels in 16 x 16
+# patches, NanoGen's jit-ddt / pixelgen configs (End2End-Diffusion/diffusion-bench configs/stage2/training/imagenet/
+# jit-ddt-en28d1152hd72-dn2d2048hd128-xpred-t4c8.yaml: hidden [1152, 2048], depth [28, 2], heads [16, 16], patch 16)
+_PRESETS = {"DiT-DH-S": (12, 384, 6, 2, 2048, 16, 1), "DiT-DH-XL": (28, 1152, 16, 2, 2048, 16, 1),
+            "DiT-DH-S/16": (12, 384, 6, 2, 2048, 16, 16), "DiT-DH-XL/16": (28, 1152, 16, 2, 2048, 16, 16)}
 
 
 @register_family

@@ -28,7 +28,8 @@ from .conditioning import DEFAULT_CONDITIONING, Conditioning, conditioning_of
 from .conditions import add_conditions, check_time_input, conditions_of, embed_time
 from .layers import choose_blocks
 
-FAMILY_MODULES = ("models", "lightningdit", "ddt", "ditdh", "incontext", "pixart")  # imported on first use of the registry
+FAMILY_MODULES = ("models", "lightningdit", "ddt", "ditdh", "jit", "imf", "incontext",
+                  "pixart")  # imported on first use of the registry
 DEFAULT_FAMILY = "DiT"  # a model_config without "family" (every file before families existed)
 
 
@@ -274,7 +275,7 @@ def create_model(name: str, input_size: int = 32, num_classes: int = 1000, **ove
     class_dropout_prob, in_channels, block options, or architecture fields for small custom models), and
     `conditions` (dit/conditions.py: "meanflow" adds the second time input h = t - r)."""
     cls, preset = lookup_preset(name)
-    conditions = str(overrides.pop("conditions", "t"))
+    conditions = str(overrides.pop("conditions", cls.conditions))  # the family's own (iMF: "imf"), else "t"
     kind = str(overrides.get("conditioning", DEFAULT_CONDITIONING))
     if kind not in cls.conditionings:
         able = [f.family for f in families().values() if kind in f.conditionings]

@@ -32,6 +32,20 @@ Samplers:
   sigma w (1 - t); linear w (1 - t); decreasing 0.25 (w cos(pi t) + 1)^2; increasing-decreasing w sin(pi t)^2.
 All noise comes from the generators given (one per sample: each sample's draws come from its own only).
 
+x-prediction (`prediction="x"`; Li & He 2025, "Back to Basics: Let Denoising Generative Models Denoise",
+arXiv:2511.13720, JiT; NanoGen, End2End-Diffusion/diffusion-bench src/stage2/transport/transport.py): the network
+outputs the clean image; its velocity is (x_pred - x_t) / max(1 - t, t_eps) and the target (x - x_t) /
+max(1 - t, t_eps) (`CleanPrediction`), t_eps 0.05; the loss is still the mean over all elements, and every
+sampler converts through the same rule (`velocity_field`), so the samplers are unchanged. Where the two
+releases differ (both clamp the noise level at 0.05 and average the loss over all elements):
+- time: NanoGen's t is the noise level, drawn sigmoid(-1.1 + 0.8 n) and shifted by sqrt(C H W / 4096) (sqrt(48)
+  at 256 x 256 x 3) toward noise: here t_mean 1.1, t_scale 0.8, time_shift sqrt(48). JiT's t is ours (t = 1
+  data), drawn sigmoid(-0.8 + 0.8 n) (P_mean -0.8, P_std 0.8), unshifted, and its noise is scaled by
+  noise_scale (1 at 256 px, 2 at 512 px; not supported here: 1 only);
+- sampling: NanoGen integrates 50 Euler steps on the unshifted grid (`euler`, time_shift 1); JiT takes Heun
+  (49 Heun steps, then one Euler step to t = 1, so the field is never evaluated at the data end) with CFG
+  only where 0.1 <= t <= 1 (its interval is in its time, ours).
+
 Networks trained in REPA's convention (x_t = (1 - t) x_data + t eps, t = 1 noise, predicting eps - x_data;
 Yu et al. 2024, the released REPA checkpoints) sample with `convention="repa"`: the field calls the network at
 1 - t and negates its output, so every sampler above runs unchanged in SiT's time. With D = sigma (norm 1),
@@ -110,6 +124,93 @@ def _randn(shape: Sequence[int], device: torch.device, generator: Generators) ->
     return torch.stack(rows).to(device)
 
 
+# ----------------------------------------------------------------------------------------------------------
+# What the network predicts (contract: the flow objective's `prediction` setting; samplers convert through it)
+
+PREDICTIONS = ("v", "x")
+T_EPS = 0.05  # NanoGen's Transport t_eps and JiT's --t_eps: the smallest noise level a conversion divides by
+
+
+def noise_level(t: torch.Tensor, x: torch.Tensor, t_eps: float) -> torch.Tensor:
+    """max(1 - t, t_eps) broadcast to x: the noise level of SiT's time t (NanoGen's t, JiT's 1 - t), clamped as
+    both releases clamp the denominator of their velocity."""
+    return _bcast(1 - t.to(torch.float32), x).clamp_min(t_eps)
+
+
+class VelocityPrediction:
+    """The network outputs the velocity itself (SiT, REPA, LightningDiT, RAE): the identity conversion."""
+
+    name = "v"
+    t_eps = None
+
+    def velocity(self, out: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return out
+
+    def target(self, x_data: torch.Tensor, noise: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return target_velocity(x_data, noise)
+
+    def sit_velocity(self, out: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor, reverse: bool) -> torch.Tensor:
+        """The sampler's velocity in SiT's time; a REPA-time network's output (noise - data) negated."""
+        return -out if reverse else out
+
+    def clean(self, out: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """The clean image the output implies: x_t + (1 - t) v."""
+        return x_t + _bcast(1 - t.to(torch.float32), x_t) * out
+
+    def record(self) -> dict[str, Any] | None:
+        return None
+
+
+class CleanPrediction:
+    """The network outputs the clean image x (JiT; NanoGen's `prediction: 'x'`), turned into a velocity as both
+    releases turn it: v = (x_pred - x_t) / max(1 - t, t_eps) in SiT's time (NanoGen's (x_t - x_pred) / max(t, t_eps)
+    in its own, t = 1 noise; JiT's (x_pred - z) / (1 - t).clamp_min(t_eps)); the training target is made from
+    x_t the same way, (x - x_t) / max(1 - t, t_eps), so the loss is the squared x error weighted by
+    1 / max(1 - t, t_eps)^2."""
+
+    name = "x"
+
+    def __init__(self, t_eps: float = T_EPS):
+        if not 0 < t_eps < 1:
+            raise ValueError(f"t_eps must be in (0, 1), got {t_eps}")
+        self.t_eps = float(t_eps)
+
+    def velocity(self, out: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return (out - x_t) / noise_level(t, x_t, self.t_eps)
+
+    def target(self, x_data: torch.Tensor, noise: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return (x_data - x_t) / noise_level(t, x_t, self.t_eps)
+
+    def sit_velocity(self, out: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor, reverse: bool) -> torch.Tensor:
+        """The sampler's velocity in SiT's time (a clean image is the same in either time direction)."""
+        return self.velocity(out, x_t, t)
+
+    def clean(self, out: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return out
+
+    def record(self) -> dict[str, Any] | None:
+        return {"kind": "x", "t_eps": self.t_eps}
+
+
+Prediction = VelocityPrediction | CleanPrediction
+
+
+def make_prediction(kind: str = "v", t_eps: float = T_EPS) -> Prediction:
+    if kind not in PREDICTIONS:
+        raise ValueError(f"unknown prediction {kind!r}; choose one of: {', '.join(PREDICTIONS)}")
+    return CleanPrediction(t_eps) if kind == "x" else VelocityPrediction()
+
+
+def prediction_from_record(record: Any) -> Prediction:
+    """The prediction a checkpoint, sidecar or export records (`prediction`: {"kind": "x", "t_eps"}); absent or
+    None: velocity. ValueError for a record this code does not know."""
+    if record is None:
+        return VelocityPrediction()
+    if not isinstance(record, dict) or record.get("kind") not in PREDICTIONS:
+        raise ValueError(f"unknown prediction record {record!r} (expected {{'kind': 'x', 't_eps': 0.05}} or none)")
+    return make_prediction(str(record["kind"]), float(record.get("t_eps", T_EPS)))
+
+
 class FlowMatching(ObjectiveDefaults):
     """The flow objective with the training interface of `GaussianDiffusion` (`draw_timesteps`,
     `training_losses`) and the flow samplers (`sample_loop`)."""
@@ -117,7 +218,7 @@ class FlowMatching(ObjectiveDefaults):
     objective = "flow"
 
     def __init__(self, *, t_sampling: str = "uniform", t_mean: float = 0.0, t_scale: float = 1.0,
-                 time_shift: float = 1.0, cosine_loss: bool = False):
+                 time_shift: float = 1.0, cosine_loss: bool = False, prediction: str = "v", t_eps: float = T_EPS):
         if t_sampling not in T_SAMPLINGS:
             raise ValueError(f"unknown t sampling {t_sampling!r}; choose one of: {', '.join(T_SAMPLINGS)}")
         if not t_scale > 0:
@@ -126,6 +227,16 @@ class FlowMatching(ObjectiveDefaults):
             raise ValueError(f"the time shift must be > 0, got {time_shift}")
         self.t_sampling, self.t_mean, self.t_scale = t_sampling, float(t_mean), float(t_scale)
         self.time_shift, self.cosine_loss = float(time_shift), bool(cosine_loss)
+        self.prediction = make_prediction(prediction, t_eps)
+        self.x_terms: list[Any] = []  # loss terms on the predicted clean image (add_x_terms)
+        self.x_terms_below = 1.0
+
+    def add_x_terms(self, terms: Sequence[Any], noise_below: float) -> None:
+        """Loss terms on the clean image the network predicts (PixelGen's LPIPS and DINO distances: objects with
+        `name`, `fn(x_pred, x) -> [N]` and `weight`), each weighted and counted only where the noise level 1 - t
+        is below `noise_below` (NanoGen's `t < percep_loss_t_thresh` in its time), reported under its name and
+        added to the loss."""
+        self.x_terms, self.x_terms_below = list(terms), float(noise_below)
 
     def draw_timesteps(self, n: int, *, generator: torch.Generator | None = None,
                        device: torch.device | str | None = None) -> torch.Tensor:
@@ -146,13 +257,20 @@ class FlowMatching(ObjectiveDefaults):
             noise = torch.randn_like(x_start)
         x_t = interpolate(x_start, noise, t)
         out = model(x_t, t, **(model_kwargs or {}))
-        v = velocity_of(out, x_start.shape[1]).float()
-        target = target_velocity(x_start, noise).float()
+        v = self.prediction.velocity(velocity_of(out, x_start.shape[1]).float(), x_t, t)
+        target = self.prediction.target(x_start, noise, x_t, t).float()
         mse = ((v - target) ** 2).mean(dim=list(range(1, x_start.dim())))
-        if not self.cosine_loss:
-            return {"loss": mse, "mse": mse}
-        cos = cosine_direction_loss(v, target)
-        return {"loss": mse + cos, "mse": mse, "cos": cos}
+        terms = {"loss": mse, "mse": mse}
+        if self.cosine_loss:
+            terms["cos"] = cosine_direction_loss(v, target)
+            terms["loss"] = terms["loss"] + terms["cos"]
+        if self.x_terms:
+            x_pred = self.prediction.clean(velocity_of(out, x_start.shape[1]).float(), x_t, t)
+            counted = ((1 - t.to(torch.float32)) < self.x_terms_below).to(torch.float32)  # [N]
+            for term in self.x_terms:
+                terms[term.name] = term.weight * term.fn(x_pred, x_start.float()).float() * counted
+                terms["loss"] = terms["loss"] + terms[term.name]
+        return terms
 
     @torch.no_grad()
     def sample_loop(self, model: Model, noise: torch.Tensor, *, sampler: str = "euler", steps: int = 50,
@@ -163,7 +281,7 @@ class FlowMatching(ObjectiveDefaults):
         """Integrate from noise (t = 0) to data (t = 1) -> float32 samples shaped like `noise`; `convention`
         is the network's ("sit", or "repa": called at 1 - t, output negated); `time_shift` shifts the grid
         (dit/shift.py)."""
-        field = velocity_field(model, noise.shape[1], model_kwargs, convention=convention)
+        field = velocity_field(model, noise.shape[1], model_kwargs, convention=convention, prediction=self.prediction)
         if sampler in ODE_SAMPLERS:
             return ode_solve(field, noise, steps=steps, method=sampler, time_shift=time_shift)
         if sampler in SDE_SAMPLERS:
@@ -194,9 +312,13 @@ GRID_TIME_ATTR = "takes_grid_time"
 
 
 def velocity_field(model: Model, channels: int, model_kwargs: dict[str, Any] | None,
-                   convention: str = "sit") -> Callable[[torch.Tensor, float], torch.Tensor]:
+                   convention: str = "sit", prediction: Prediction | None = None
+                   ) -> Callable[[torch.Tensor, float], torch.Tensor]:
     """(x [N, C, ...], t float) -> float32 v(x, t) in SiT's convention, calling model(x, t [N], **model_kwargs);
-    a "repa" network is called at 1 - t (computed in float64 before the float32 cast) and its output negated."""
+    a "repa" network is called at 1 - t (computed in float64 before the float32 cast) and its output negated.
+    `prediction` turns the network's output into the velocity (an x-predicting network's clean image: at the
+    float32 time t, as the releases convert it)."""
+    pred = prediction if prediction is not None else VelocityPrediction()
     if convention not in FLOW_CONVENTIONS:
         raise ValueError(f"unknown flow convention {convention!r}; choose one of: {', '.join(FLOW_CONVENTIONS)}")
     reverse = convention == "repa"
@@ -207,8 +329,8 @@ def velocity_field(model: Model, channels: int, model_kwargs: dict[str, Any] | N
 
     def field(x: torch.Tensor, t: float) -> torch.Tensor:
         tt = torch.full((x.shape[0],), 1.0 - float(t) if reverse else float(t), device=x.device, dtype=dtype)
-        v = velocity_of(model(x, tt, **(model_kwargs or {})), channels).float()
-        return -v if reverse else v
+        out = velocity_of(model(x, tt, **(model_kwargs or {})), channels).float()
+        return pred.sit_velocity(out, x, torch.full((x.shape[0],), float(t), device=x.device), reverse)
     return field
 
 
@@ -269,7 +391,8 @@ def sde_solve(field: Callable[[torch.Tensor, float], torch.Tensor], x: torch.Ten
 
 
 def create_flow(t_sampling: str = "uniform", t_mean: float = 0.0, t_scale: float = 1.0, *,
-                time_shift: float = 1.0, cosine_loss: bool = False) -> FlowMatching:
+                time_shift: float = 1.0, cosine_loss: bool = False, prediction: str = "v",
+                t_eps: float = T_EPS) -> FlowMatching:
     """The flow objective as `dit.create_diffusion` gives the DDPM one."""
     return FlowMatching(t_sampling=t_sampling, t_mean=t_mean, t_scale=t_scale, time_shift=time_shift,
-                        cosine_loss=cosine_loss)
+                        cosine_loss=cosine_loss, prediction=prediction, t_eps=t_eps)

@@ -6,7 +6,7 @@ resumes training checkpoints (train.checkpoint, train.parts) and dit.weights rea
 """
 from __future__ import annotations
 
-OBJECTIVES = ("ddpm", "flow", "meanflow", "imf")  # dit/objectives.py: the registry of each one
+OBJECTIVES = ("ddpm", "flow", "meanflow", "imf", "imf-adaln")  # dit/objectives.py: the registry of each one
 #  # what a model learns, as checkpoints, sidecars and exports record it ("objective")
 
 CHECKPOINT_FORMAT = "dit-pipeline.checkpoint"   # RUN/checkpoints/step-NNNNNNN.pt

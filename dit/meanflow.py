@@ -13,14 +13,20 @@ Training (`MeanFlow.training_losses`, the formulas of the JAX release's meanflow
   dropped (so they are among the r = t ones).
 - target u_tgt = v_g - clip(t - r, 0, 1) du/dt, (u, du/dt) = jvp(u(z, t, t - r), (z_t, t, r), (v_g, 1, 0)),
   detached; loss per sample = ||u - u_tgt||^2 (summed over the latent) / (that, detached, + norm_eps)^norm_p.
-- iMF: data_proportion 0.5; omega drawn per sample from the power law on [1, 1 + s_max] (exp(u log(1 + s_max)));
-  guidance interval t_min ~ U(0, 0.5), t_max ~ U(0.5, 1) (0 and 1 for r = t samples); omega, t_min, t_max are
-  inputs of the network (dit/conditions.py "imf"); v_c, v_u = the network's velocities u(z, t, h=0) with y and
-  null at (omega, 0, 1) and (1, 0, 1); v_g = v + (1 - 1/omega) (v_c - v_u) for r = t samples, and with omega
-  masked to 1 outside [t_min, t_max] (v_c recomputed at the masked omega) for the others; labels dropped at random
-  (v_g = v for them); the JVP tangent is the masked conditional velocity v_c, the network sees the unmasked omega,
-  and the target has no clip (iMF's compound V = u + (t - r) sg(du/dt) against v_g is the same loss). The
-  release's auxiliary v-head is not built here (one head; see README "One-step generation").
+- iMF (`variant` "imf", the release's: Lyy-iiis/imeanflow imf.py): data_proportion 0.5; omega drawn per sample
+  from the power law on [1, 1 + s_max] (exp(u log(1 + s_max))); guidance interval t_min ~ U(0, 0.5), t_max ~
+  U(0.5, 1) (0 and 1 for r = t samples); omega, t_min, t_max are inputs of the network (dit/imf.py: in-context
+  tokens). v_c, v_u = the network's auxiliary v head at h = 0, (t_min, t_max) = (0, 1), with y and null at omega
+  and 1 (`v_fn`, `v_cond_fn`); v_g = v + (1 - 1/omega) (v_c - v_u) for r = t samples, and with omega masked to 1
+  outside [t_min, t_max] (v_c recomputed at the masked omega) for the others (`guidance_fn`); labels dropped as
+  MeanFlow's (`cond_drop`: the FIRST k samples, v_g = v for them); the JVP tangent is the masked conditional
+  velocity v_c, the network sees the unmasked omega; loss = w(||u + (t - r) sg(du/dt) - v_g||^2) + w(||v - v_g||^2)
+  with both heads at the sample's own inputs, w the adaptive weight of each term (`forward`; the first term is
+  the target form above without the clip). Logged: "mse" of the u term, "mse_v" of the v term.
+- "imf-adaln" (this project's variant, the only iMF before the release's network was built): the same draws and
+  guidance on a network of any adaLN family with the conditions added to its time embedding (dit/conditions.py
+  "imf"), no v head (v_c, v_u read from u at h = 0, one loss term), and labels dropped per sample where the
+  trainer's draw says (not the release's first k).
 
 The JVP pass. Forward-mode AD has no formula for the fused attention kernels (CPU flash, CUDA flash /
 memory-efficient / cuDNN: "Trying to use forward AD with _scaled_dot_product_flash_attention..."); the math
@@ -45,6 +51,14 @@ from .objective_base import ObjectiveDefaults
 Model = Callable[..., torch.Tensor]
 MEANFLOW_SAMPLERS = ("meanflow",)
 JVP_ATTENTION = ("math",)  # SDPA kernels with forward-mode AD (the fused ones have none)
+VARIANTS = ("meanflow", "imf", "imf-adaln")
+CONDITIONS = {"meanflow": "meanflow", "imf": "imf", "imf-adaln": "imf"}  # the network's time input (dit/conditions)
+# The JAX releases' defaults: Gsunshine/meanflow configs/default.py (P_mean, P_std, data_proportion 0.75, omega 1.0,
+# kappa 0.5, t_start 0, t_end 1, norm_p 1, norm_eps 0.01) and Lyy-iiis/imeanflow configs/default.py, imf.py
+# (data_proportion 0.5, cfg_beta 1, s_max 7.0)
+DEFAULTS = {"t_mean": -0.4, "t_scale": 1.0, "omega": 1.0, "kappa": 0.5, "t_start": 0.0, "t_end": 1.0, "norm_p": 1.0,
+            "norm_eps": 0.01, "s_max": 7.0}
+DATA_PROPORTION = {"meanflow": 0.75, "imf": 0.5, "imf-adaln": 0.5}
 
 
 def _b(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -82,18 +96,21 @@ def jvp_context(attention: str = "math", device_type: str = "cpu"):
 
 class MeanFlow(ObjectiveDefaults):
     """The MeanFlow / iMF objective with the trainer's interface (`draw_timesteps`, `drop_labels`, `attach`,
-    `training_losses`); `variant` "meanflow" or "imf" (module docstring)."""
+    `training_losses`); `variant` "meanflow", "imf" or "imf-adaln" (module docstring); defaults the releases'."""
 
-    def __init__(self, *, variant: str = "meanflow", t_mean: float = -0.4, t_scale: float = 1.0,
-                 data_proportion: float | None = None, omega: float = 1.0, kappa: float = 0.0, t_start: float = 0.0,
-                 t_end: float = 1.0, norm_p: float = 1.0, norm_eps: float = 0.01, s_max: float = 7.0,
+    def __init__(self, *, variant: str = "meanflow", t_mean: float = DEFAULTS["t_mean"],
+                 t_scale: float = DEFAULTS["t_scale"], data_proportion: float | None = None,
+                 omega: float = DEFAULTS["omega"], kappa: float = DEFAULTS["kappa"], t_start: float = DEFAULTS["t_start"],
+                 t_end: float = DEFAULTS["t_end"], norm_p: float = DEFAULTS["norm_p"],
+                 norm_eps: float = DEFAULTS["norm_eps"], s_max: float = DEFAULTS["s_max"],
                  jvp_attention: str = "math", num_classes: int | None = None):
-        if variant not in ("meanflow", "imf"):
-            raise ValueError(f"unknown MeanFlow variant {variant!r}")
+        if variant not in VARIANTS:
+            raise ValueError(f"unknown MeanFlow variant {variant!r}; known: {', '.join(VARIANTS)}")
         self.objective = self.variant = variant
+        self.conditions = CONDITIONS[variant]
+        self.v_head = variant == "imf"  # the release's network: an auxiliary v head with its own loss term
         self.t_mean, self.t_scale = float(t_mean), float(t_scale)
-        self.data_proportion = float(data_proportion if data_proportion is not None else
-                                     (0.75 if variant == "meanflow" else 0.5))
+        self.data_proportion = float(data_proportion if data_proportion is not None else DATA_PROPORTION[variant])
         self.omega, self.kappa, self.t_start, self.t_end = float(omega), float(kappa), float(t_start), float(t_end)
         self.norm_p, self.norm_eps, self.s_max = float(norm_p), float(norm_eps), float(s_max)
         self.jvp_attention = jvp_attention
@@ -102,7 +119,7 @@ class MeanFlow(ObjectiveDefaults):
 
     @property
     def guided(self) -> bool:
-        return self.variant == "imf" or self.omega != 1.0 or self.kappa != 0.0
+        return self.variant != "meanflow" or self.omega != 1.0 or self.kappa != 0.0
 
     def attach(self, model: Model) -> None:
         """The raw network (not the DDP wrapper, any compile still inside it) for the passes without gradient."""
@@ -130,17 +147,21 @@ class MeanFlow(ObjectiveDefaults):
         return torch.stack([t, r, omega, t_min, t_max], dim=1)
 
     def drop_labels(self, drop: torch.Tensor) -> torch.Tensor:
-        """The label-dropout mask [n] (1 = null class) from the trainer's per-sample draws: MeanFlow drops the FIRST
-        k samples, k = the number of draws that fell below the probability (the release's rule); iMF keeps them."""
-        if self.variant == "imf":
+        """The label-dropout mask [n] (1 = null class) from the trainer's per-sample draws: MeanFlow and iMF drop the
+        FIRST k samples, k = the number of draws that fell below the probability (both releases' `cond_drop`);
+        imf-adaln (ours) keeps the per-sample draws."""
+        if self.variant == "imf-adaln":
             return drop
         k = int(drop.sum())
         return (torch.arange(drop.shape[0], device=drop.device) < k).to(drop.dtype)
 
     # -- the loss ------------------------------------------------------------------------------------------------
-    def _net(self, z: torch.Tensor, tin: torch.Tensor, y: torch.Tensor, drop: torch.Tensor) -> torch.Tensor:
+    def _net(self, z: torch.Tensor, tin: torch.Tensor, y: torch.Tensor, drop: torch.Tensor,
+             head: str = "u") -> torch.Tensor:
+        """u (or, with the release's network, its v head: `head` "v") of the raw module, float32."""
         assert self.raw is not None, "MeanFlow.attach(model) first"
-        return velocity_of(self.raw(z, tin, y, force_drop_ids=drop), z.shape[1]).float()
+        extra = {"heads": head} if self.v_head else {}
+        return velocity_of(self.raw(z, tin, y, force_drop_ids=drop, **extra), z.shape[1]).float()
 
     def guided_velocity(self, z: torch.Tensor, v: torch.Tensor, tr: torch.Tensor, y: torch.Tensor,
                         drop: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -167,11 +188,11 @@ class MeanFlow(ObjectiveDefaults):
             out = self._net(torch.cat([z, z]), time_input("imf", torch.cat([t, t]), torch.cat([t, t]),
                                                           torch.cat([omega, ones]), torch.cat([zeros, zeros]),
                                                           torch.cat([ones, ones])),
-                            torch.cat([y, null]), torch.cat([keep, keep]))
+                            torch.cat([y, null]), torch.cat([keep, keep]), head="v")
             v_c, v_u = out[:n], out[n:]
             g_fm = v + _b(1 - 1 / omega, v) * (v_c - v_u)
             w = torch.where((t >= t_min) & (t <= t_max), omega, ones)
-            v_cm = self._net(z, time_input("imf", t, t, w, zeros, ones), y, keep)
+            v_cm = self._net(z, time_input("imf", t, t, w, zeros, ones), y, keep, head="v")
             g = v + _b(1 - 1 / w, v) * (v_cm - v_u)
             v_g = torch.where(_b(fm, v) > 0, g_fm, g)
             v_g = torch.where(_b(drop > 0, v) > 0, v, v_g)
@@ -184,7 +205,7 @@ class MeanFlow(ObjectiveDefaults):
         extra = [tr[:, i] for i in range(2, tr.shape[1])]
 
         def u_fn(z_: torch.Tensor, t_: torch.Tensor, r_: torch.Tensor) -> torch.Tensor:
-            return self._net(z_, time_input(self.variant, t_, r_, *extra), y, drop)
+            return self._net(z_, time_input(self.conditions, t_, r_, *extra), y, drop)
 
         with jvp_context(self.jvp_attention, z.device.type):
             out = torch.func.jvp(u_fn, (z.float(), t.float(), r.float()),
@@ -192,8 +213,8 @@ class MeanFlow(ObjectiveDefaults):
         return out[0], out[1]
 
     def target(self, x: torch.Tensor, noise: torch.Tensor, tr: torch.Tensor, y: torch.Tensor,
-               drop: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(z_t, u_tgt), both without gradient."""
+               drop: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(z_t, u_tgt, v_g), without gradient: v_g is the guided velocity, the v head's target."""
         t, r = tr[:, 0], tr[:, 1]
         x, noise = x.float(), noise.float()
         z = (1 - _b(t, x)) * x + _b(t, x) * noise
@@ -203,13 +224,14 @@ class MeanFlow(ObjectiveDefaults):
         h = t - r
         if self.variant == "meanflow":
             h = h.clamp(0.0, 1.0)
-        return z, (v_g - _b(h, v) * dudt).detach()
+        return z, (v_g - _b(h, v) * dudt).detach(), v_g.detach()
 
     def training_losses(self, model: Model, x_start: torch.Tensor, t: torch.Tensor,
                         model_kwargs: dict[str, Any] | None = None,
                         noise: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-        """Per-sample {"loss" (adaptively weighted), "mse" (mean squared error to the target)}; `t` is
-        draw_timesteps' [N, 2] (or iMF's [N, 5]); `model` the trainer's model function (gradient pass)."""
+        """Per-sample {"loss" (adaptively weighted), "mse" (mean squared error to the target), and with the v head
+        "mse_v" (its term's)}; `t` is draw_timesteps' [N, 2] (or iMF's [N, 5]); `model` the trainer's model function
+        (gradient pass: with the v head, one forward of both heads)."""
         kwargs = dict(model_kwargs or {})
         if noise is None:
             noise = torch.randn_like(x_start)
@@ -219,12 +241,26 @@ class MeanFlow(ObjectiveDefaults):
         kwargs["force_drop_ids"] = drop
         if self.raw is None:
             self.attach(model)
-        z, u_tgt = self.target(x_start, noise, t, y, drop)
-        tin = time_input(self.variant, t[:, 0], t[:, 1], *[t[:, i] for i in range(2, t.shape[1])])
-        u = velocity_of(model(z, tin, **kwargs), x_start.shape[1]).float()
-        err = ((u - u_tgt) ** 2).sum(dim=list(range(1, u.dim())))
-        loss = err / (err.detach() + self.norm_eps) ** self.norm_p
-        return {"loss": loss, "mse": err.detach() / u[0].numel()}
+        z, u_tgt, v_g = self.target(x_start, noise, t, y, drop)
+        tin = time_input(self.conditions, t[:, 0], t[:, 1], *[t[:, i] for i in range(2, t.shape[1])])
+        c = x_start.shape[1]
+        if not self.v_head:
+            u = velocity_of(model(z, tin, **kwargs), c).float()
+            err = self._sq(u, u_tgt)
+            return {"loss": self._weighted(err), "mse": err.detach() / u[0].numel()}
+        out = model(z, tin, heads="uv", **kwargs).float()  # [u; v] along the channels (dit/imf.py)
+        u, v = out[:, :c], out[:, c:]
+        err, err_v = self._sq(u, u_tgt), self._sq(v, v_g)
+        return {"loss": self._weighted(err) + self._weighted(err_v), "mse": err.detach() / u[0].numel(),
+                "mse_v": err_v.detach() / v[0].numel()}
+
+    @staticmethod
+    def _sq(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return ((a - b) ** 2).sum(dim=list(range(1, a.dim())))
+
+    def _weighted(self, err: torch.Tensor) -> torch.Tensor:
+        """The releases' adaptive weight: err / sg(err + eps)^p."""
+        return err / (err.detach() + self.norm_eps) ** self.norm_p
 
 
 class MeanFlowLoop:

@@ -33,6 +33,7 @@ class ObjectiveSpec:
     grid_sampler: str
     fid_sampler: str
     learn_sigma: bool = False  # the network's second half of channels learns the variance (DiT's ddpm)
+    network: str | None = None  # "iMF": only the iMF family; "adaLN": every family but it; None: any family
 
 
 def _ddpm(settings: Mapping[str, Any]) -> Any:
@@ -49,7 +50,24 @@ def _flow(settings: Mapping[str, Any]) -> Any:
         raise ValueError("--time-shift auto is resolved against the shard set first (resolve_time_shift)")
     return create_flow(str(settings.get("t_sampling", "uniform")), float(settings.get("t_mean", 0.0)),
                        float(settings.get("t_scale", 1.0)), time_shift=float(shift),
-                       cosine_loss=bool(settings.get("cosine_loss", False)))
+                       cosine_loss=bool(settings.get("cosine_loss", False)),
+                       prediction=str(settings.get("prediction", "v")), t_eps=float(settings.get("t_eps", 0.05)))
+
+
+def _flow_record(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """A flow model's record: its training shift, and (x-prediction only, so a velocity model's record is what it
+    always was) `prediction`, which every sampler converts the network's output through (dit.flow)."""
+    from .flow import make_prediction
+
+    out: dict[str, Any] = {"time_shift": float(settings.get("time_shift", 1.0))}
+    pred = make_prediction(str(settings.get("prediction", "v")), float(settings.get("t_eps", 0.05))).record()
+    if pred is not None:
+        out["prediction"] = pred
+    used = {k: settings.get(k) for k in ("lpips", "pdino") if settings.get(k)}
+    if used:  # PixelGen's perceptual terms (common/perceptual.py): a resume must add the same ones
+        out["perceptual"] = {**used, **{k: float(settings[k]) for k in ("lpips_weight", "pdino_weight",
+                                                                           "percep_t_thresh") if k in settings}}
+    return out
 
 
 # The MeanFlow settings as TrainConfig names them (its --mf-* options) -> MeanFlow's arguments
@@ -66,8 +84,15 @@ def _meanflow(variant: str) -> Callable[[Mapping[str, Any]], Any]:
     return build
 
 
-def _mf_record(settings: Mapping[str, Any]) -> dict[str, Any]:
-    return {"meanflow": {k: settings[k] for k in MF_SETTINGS if k in settings and k != "jvp_attention"}}
+# the settings each variant acts on (what its checkpoints record and a resume must repeat)
+MF_RECORDED = {"meanflow": ("mf_t_mean", "mf_t_scale", "mf_data_proportion", "mf_omega", "mf_kappa", "mf_t_start",
+                            "mf_t_end", "mf_norm_p", "mf_norm_eps"),
+               "imf": ("mf_t_mean", "mf_t_scale", "mf_data_proportion", "mf_norm_p", "mf_norm_eps", "mf_s_max")}
+
+
+def _mf_record(variant: str) -> Callable[[Mapping[str, Any]], dict[str, Any]]:
+    keys = MF_RECORDED["meanflow" if variant == "meanflow" else "imf"]
+    return lambda settings: {"meanflow": {k: settings[k] for k in keys if k in settings}}
 
 
 DDPM_SAMPLERS = ("ddpm", "ddim")
@@ -76,12 +101,16 @@ MEANFLOW_SAMPLERS = ("meanflow",)
 
 SPECS: dict[str, ObjectiveSpec] = {
     "ddpm": ObjectiveSpec("ddpm", _ddpm, lambda s: {}, "t", DDPM_SAMPLERS, "ddpm", "ddim", "ddpm", True),
-    "flow": ObjectiveSpec("flow", _flow, lambda s: {"time_shift": float(s.get("time_shift", 1.0))}, "t",
+    "flow": ObjectiveSpec("flow", _flow, _flow_record, "t",
                           FLOW_SAMPLERS, "euler-maruyama", "euler", "euler"),
-    "meanflow": ObjectiveSpec("meanflow", _meanflow("meanflow"), _mf_record, "meanflow", MEANFLOW_SAMPLERS,
-                              "meanflow", "meanflow", "meanflow"),
-    "imf": ObjectiveSpec("imf", _meanflow("imf"), _mf_record, "imf", MEANFLOW_SAMPLERS, "meanflow", "meanflow",
-                         "meanflow"),
+    "meanflow": ObjectiveSpec("meanflow", _meanflow("meanflow"), _mf_record("meanflow"), "meanflow",
+                              MEANFLOW_SAMPLERS, "meanflow", "meanflow", "meanflow"),
+    # the release's iMF: its own network (the iMF family, dit/imf.py) with the auxiliary v head
+    "imf": ObjectiveSpec("imf", _meanflow("imf"), _mf_record("imf"), "imf", MEANFLOW_SAMPLERS, "meanflow", "meanflow",
+                         "meanflow", network="iMF"),
+    # this project's variant: iMF's draws and guidance on an adaLN family, conditions added to the time embedding
+    "imf-adaln": ObjectiveSpec("imf-adaln", _meanflow("imf-adaln"), _mf_record("imf-adaln"), "imf",
+                               MEANFLOW_SAMPLERS, "meanflow", "meanflow", "meanflow", network="adaLN"),
 }
 assert tuple(SPECS) == OBJECTIVES, "dit.formats.OBJECTIVES names the registry's objectives, in order"
 
@@ -95,6 +124,29 @@ def spec(name: str) -> ObjectiveSpec:
 def build_objective(name: str, settings: Mapping[str, Any]) -> Any:
     """The training objective `name` with the run's settings (ObjectiveSpec.build)."""
     return spec(name).build(settings)
+
+
+def network_problem(name: str, family: str) -> str | None:
+    """Why objective `name` cannot train a network of `family` (None: it can)."""
+    network = spec(name).network
+    if network == "iMF" and family != "iMF":
+        return (f"--objective {name} is the release's iMF, whose network is its own (an auxiliary v head, the "
+                f"conditions as in-context tokens): use --model iMF-B/2 (or M/2, L/2, XL/2), or --objective imf-adaln "
+                f"for this project's variant on a {family}")
+    if network == "adaLN" and family == "iMF":
+        return (f"--objective {name} is this project's iMF variant for the adaLN families; the iMF network trains "
+                "with --objective imf")
+    if network is None and family == "iMF":
+        return f"iMF's network (--model iMF-*) trains with --objective imf, not {name}"
+    return None
+
+
+def recorded_objective(name: str | None, model_config: Mapping[str, Any] | None) -> str | None:
+    """The objective a file's record means today: "imf" recorded with a network that is not iMF's is this project's
+    variant, named imf-adaln since the release's network was built (such files were written before)."""
+    if name == "imf" and (model_config or {}).get("family") != "iMF":
+        return "imf-adaln"
+    return name
 
 
 def objective_of_sampler(sampler: str) -> list[str]:

@@ -12,6 +12,8 @@ the tensors are, and record how its time runs. Containers (facts of each release
 | RAE stage 2 (bytetriper/RAE src/train.py) | `{step, epoch, model, ema, optimizer, scheduler}` | `ema` |
 | NanoGen stage 2 (End2End-Diffusion/diffusion-bench src/utils/checkpoint.py) | the same as RAE's | `ema` |
 | DDT (MCG-NJU/DDT, a Lightning checkpoint) | `{state_dict: {denoiser.*, ema_denoiser.*, diffusion_trainer.*}, ...}` | `ema_denoiser.*` |
+| iMF, its PyTorch branch (Lyy-iiis/imeanflow `torch`: iMF-B-2.pth ...) | a bare state_dict, `net.*` with `_flax_linear` | it, renamed (dit/imf.py) |
+| iMF, its JAX TrainState flattened to `.npz` (dit/imf.py `from_flax_params`) | `params/net/...`, `ema_params/net/...` | `ema_params` |
 | this project's | `{format: "dit-pipeline.checkpoint", ...}` (docs/ARCHITECTURE.md) | `ema` |
 
 Conventions (each release's transport code; `info["flow_convention"]`, dit/flow.py):
@@ -26,6 +28,7 @@ Conventions (each release's transport code; `info["flow_convention"]`, dit/flow.
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -45,7 +48,11 @@ CONVENTIONS = {
     "NanoGen": (REPA, "NanoGen's release (its Transport: x_t = (1 - t) x + t noise, t = 1 noise, predicts noise - "
                       "data, the network sees t in [0, 1])"),
 }
-FAMILY_RELEASE = {"LightningDiT": "LightningDiT", "DDT": "DDT", "DiT-DH": "RAE", "DiT-DH-IC": "NanoGen"}
+FAMILY_RELEASE = {"LightningDiT": "LightningDiT", "DDT": "DDT", "DiT-DH": "RAE", "iMF": "iMF",
+                  "DiT-DH-IC": "NanoGen"}  # a bare file
+# release -> (objective, why) for the one-step releases, whose files record no objective
+ONE_STEP = {"iMF": ("imf", "iMF's release (Lyy-iiis/imeanflow: its network trains only with its own objective, "
+                           "t = 1 noise, one-step sampling)")}
 # Keys of NanoGen's networks that this project does not build: REPA's projector (it only trains) and internal
 # guidance's base head (DiTwDDTHeadIG: sampling without internal guidance does not use it).
 NANOGEN_UNBUILT = ("repa_projector.", "base_final_layer.")
@@ -61,6 +68,11 @@ def unpack(obj: Any, path: Path, prefer: str) -> tuple[dict[str, torch.Tensor], 
     if is_state_dict(obj):
         if _ddt_keys(obj):
             return _ddt_weights(obj, path, prefer)
+        from .imf import RELEASE_LATENT, from_release_torch, is_release_torch
+
+        if is_release_torch(obj):  # the iMF release's PyTorch file (iMF-B-2.pth ...) and the latents it decodes
+            return from_release_torch(obj), {"source": "imf-release", "weights": "state_dict", "release": "iMF",
+                                             "latent": json.loads(json.dumps(RELEASE_LATENT))}
         bare: dict[str, Any] = {"source": "official", "weights": "state_dict"}
         if "bn.running_var" in obj:
             bare["release"] = "REPA-E"
@@ -80,7 +92,8 @@ def unpack(obj: Any, path: Path, prefer: str) -> tuple[dict[str, torch.Tensor], 
                            f"state_dicts; found keys {sorted(map(str, obj))[:12]}")
     info: dict[str, Any] = {"source": "dit-pipeline" if own else "reference-train", "weights": chosen}
     if own:
-        for key in ("model_config", "latent", "step", "config", "objective", "flow_convention", "time_shift", "text"):
+        for key in ("model_config", "latent", "step", "config", "objective", "flow_convention", "time_shift",
+                    "prediction", "meanflow", "text"):
             if key in obj:
                 info[key] = obj[key]
         info.setdefault("objective", "ddpm")  # our checkpoints before the key existed
@@ -187,6 +200,10 @@ def apply_conventions(info: dict[str, Any], family: str) -> None:
     if info.get("flow_convention_from") == "recorded":
         return
     release = info.get("release") or FAMILY_RELEASE.get(family)
+    if release in ONE_STEP and info.get("objective") is None:
+        objective, why = ONE_STEP[release]
+        info.update(release=release, objective=objective, objective_from=why)
+        return
     if release in CONVENTIONS:
         convention, why = CONVENTIONS[release]
         info.update(release=release, objective="flow", objective_from=why, flow_convention=convention,

@@ -35,7 +35,9 @@ import torch
 from . import releases
 from .family import DiffusionTransformer, family_class, lookup_preset, model_from_config
 from .formats import SIDECAR_FORMAT, SIDECAR_VERSION
+from .formats import OBJECTIVES
 from .infer import WeightsError
+from .objectives import recorded_objective
 from .repa import PROJECTOR_KEY
 
 _PREFIXES = ("module.", "_orig_mod.")
@@ -68,6 +70,8 @@ def load_dit_weights(path: str | Path, prefer: str = "ema", hints: dict[str, Any
     raw: Any = None
     if path.suffix.lower() == ".safetensors":
         state_dict, info = _read_safetensors(path)
+    elif path.suffix.lower() == ".npz":
+        state_dict, info = _read_npz(path, prefer)
     else:
         raw = read_torch_file(path)
         state_dict, info = releases.unpack(raw, path, prefer)
@@ -87,6 +91,10 @@ def load_dit_weights(path: str | Path, prefer: str = "ema", hints: dict[str, Any
             info["flow_convention"] = sidecar["flow_convention"]
         if isinstance(sidecar.get("time_shift"), (int, float)):
             info["time_shift"] = float(sidecar["time_shift"])
+        if sidecar.get("prediction") is not None:
+            info["prediction"] = sidecar["prediction"]
+        if isinstance(sidecar.get("meanflow"), dict):
+            info["meanflow"] = dict(sidecar["meanflow"])
         if isinstance(sidecar.get("text"), dict):
             info["text"] = sidecar["text"]
     state_dict = _strip_prefixes(state_dict, path)
@@ -100,6 +108,8 @@ def load_dit_weights(path: str | Path, prefer: str = "ema", hints: dict[str, Any
     info["preset"] = info["model_config"]["model"]
     info["family"] = info["model_config"].get("family", "DiT")
     releases.apply_conventions(info, info["family"])
+    if info.get("objective") is not None:  # "imf" written before the release's network existed: imf-adaln
+        info["objective"] = recorded_objective(str(info["objective"]), info["model_config"])
     return state_dict, info
 
 
@@ -161,17 +171,24 @@ def sidecar_path(path: str | Path) -> Path:
 
 def make_sidecar(model_config: dict[str, Any], latent: dict[str, Any] | None, step: int | None,
                  objective: str | None = None, time_shift: float | None = None,
+                 prediction: dict[str, Any] | None = None,
+                 meanflow: dict[str, Any] | None = None,
                  text: dict[str, Any] | None = None) -> dict[str, Any]:
     """The sidecar content (JSON-compatible) for a bare state_dict of a model with `model_config` (DiT.config);
-    `objective` ("ddpm" or "flow") is added when given (readers treat a sidecar without it as ddpm), and a flow
-    model's `time_shift` (dit/shift.py; readers treat a sidecar without it as 1, no shift); a text model's `text`
-    (text_record: its text encoder's identity, which dit-sample --prompt loads)."""
+    `objective` (dit.formats.OBJECTIVES) is added when given (readers treat a sidecar without it as ddpm), a flow
+    model's `time_shift` (dit/shift.py; readers treat a sidecar without it as 1, no shift), a MeanFlow model's
+    `meanflow` settings (dit/objectives.py's record), and a text model's `text` (text_record: its text encoder's
+    identity, which dit-sample --prompt loads)."""
     side = {"format": SIDECAR_FORMAT, "version": SIDECAR_VERSION, "model_config": dict(model_config),
             "latent": latent, "step": step}
     if objective is not None:
         side["objective"] = objective
     if time_shift is not None:
         side["time_shift"] = float(time_shift)
+    if prediction is not None:  # an x-predicting flow model (dit.flow.CleanPrediction); absent: velocity
+        side["prediction"] = dict(prediction)
+    if meanflow is not None:
+        side["meanflow"] = dict(meanflow)
     if text is not None:
         side["text"] = text
     return side
@@ -301,7 +318,7 @@ def _read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, An
     except (SafetensorError, OSError) as e:
         raise WeightsError(f"cannot read {path}: not a valid safetensors file: {e}") from None
     info: dict[str, Any] = {"source": "safetensors", "weights": "state_dict"}
-    if metadata.get("objective") in ("ddpm", "flow"):
+    if metadata.get("objective") in OBJECTIVES:
         info["objective"] = metadata["objective"]
         if metadata.get("flow_convention") in ("sit", "repa"):
             info["flow_convention"] = metadata["flow_convention"]
@@ -310,14 +327,46 @@ def _read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, An
                 info["time_shift"] = float(metadata["time_shift"])
             except ValueError:
                 raise WeightsError(f"{path}: metadata 'time_shift' is not a number") from None
+        if metadata.get("prediction"):
+            try:
+                info["prediction"] = json.loads(metadata["prediction"])
+            except json.JSONDecodeError:
+                raise WeightsError(f"{path}: metadata 'prediction' is not valid JSON") from None
     elif metadata.get("format") == "dit-pipeline.weights":
         info["objective"] = "ddpm"  # our exports before the key existed
-    if "model_config" in metadata:
-        try:
-            info["model_config"] = json.loads(metadata["model_config"])
-        except json.JSONDecodeError:
-            raise WeightsError(f"{path}: metadata 'model_config' is not valid JSON") from None
+    elif metadata.get("objective"):
+        raise WeightsError(f"{path}: metadata 'objective' is {metadata['objective']!r}, none this code knows "
+                           f"({', '.join(OBJECTIVES)})")
+    if (metadata.get("step") or "").isdigit():
+        info["step"] = int(metadata["step"])
+    for key in ("model_config", "meanflow"):
+        if key in metadata:
+            try:
+                info[key] = json.loads(metadata[key])
+            except json.JSONDecodeError:
+                raise WeightsError(f"{path}: metadata {key!r} is not valid JSON") from None
     return state_dict, info
+
+
+def _read_npz(path: Path, prefer: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """A numpy archive of a flax parameter tree flattened with "/" (the iMF release's, dit/imf.py
+    `from_flax_params`), read without pickles."""
+    import numpy as np
+
+    from .imf import RELEASE_LATENT, flax_root, from_flax_params, is_flax_params
+
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            flat = {k: archive[k] for k in archive.files}
+    except (OSError, ValueError, zipfile.BadZipFile) as e:
+        raise WeightsError(f"cannot read {path}: not a numpy .npz archive of arrays ({e})") from None
+    if not is_flax_params(flat):
+        raise WeightsError(f"{path}: an .npz of {len(flat)} arrays, but not iMF's flax parameter tree (keys such as "
+                           f"'net/shared_blocks_0/...'; found {sorted(flat)[:4]})")
+    root = flax_root(flat, prefer)
+    weights = {"ema_params": "ema", "params": "model", None: "state_dict"}[root]
+    return from_flax_params(flat, prefer), {"source": "imf-flax", "weights": weights, "release": "iMF",
+                                            "latent": json.loads(json.dumps(RELEASE_LATENT))}
 
 
 def _strip_prefixes(state_dict: dict[str, torch.Tensor], path: Path) -> dict[str, torch.Tensor]:
@@ -334,12 +383,14 @@ def _strip_prefixes(state_dict: dict[str, torch.Tensor], path: Path) -> dict[str
 
 
 def detect_family(state_dict: dict[str, torch.Tensor], stored: dict[str, Any] | None) -> str:
-    """The family of a state_dict: a stored model_config's "family", else recognised by its keys (DiT-DH: both
-    patch embeddings and Fourier time features; DDT: both, Linear patch embeddings; LightningDiT: its RoPE buffers,
-    learned norm scales, a 4 D adaLN (wo_shift) or its unrounded SwiGLU width; DiT-DH-IC: NanoGen's time tokens;
-    PixArt: its adaLN-single t_block; DiT otherwise)."""
+    """The family of a state_dict: a stored model_config's "family", else recognised by its keys (iMF: its u head's
+    final layer; DiT-DH: both patch embeddings and Fourier time features; DDT: both, Linear patch embeddings;
+    LightningDiT: its RoPE buffers, learned norm scales, a 4 D adaLN (wo_shift) or its unrounded SwiGLU width;
+    DiT-DH-IC: NanoGen's time tokens; PixArt: its adaLN-single t_block; DiT otherwise)."""
     if stored and stored.get("family"):
         return str(stored["family"])
+    if "u_final_layer.linear.weight" in state_dict:
+        return "iMF"
     if "t_block.1.weight" in state_dict:
         return "PixArt"  # adaLN-single
     if "s_embedder.proj.weight" in state_dict:

@@ -40,7 +40,7 @@ from dit_pipeline.evaluate.run import Side, compute_metrics, fd_dinov2
 from dit_pipeline.sample import plan
 from dit_pipeline.sample.config import FID_SAMPLER, FLOW_SAMPLERS
 from dit_pipeline.sample.generate import generate_images, guided_model_fn, make_diffusion, resolve_cfg_channels
-from dit_pipeline.sample.grid import GRIDS, DecodeSettings, run_time_shift
+from dit_pipeline.sample.grid import GRIDS, DecodeSettings, run_prediction, run_time_shift
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -175,7 +175,8 @@ class FidHook:
         cfg_scale = self.cfg_scale if float(ctx.model_config.get("class_dropout_prob", 0.1)) > 0 else 1.0
         # a flow model (dit-train --objective flow) samples with the Euler ODE, a ddpm model with DDPM
         sampler = self.sampler
-        flow = {"time_shift": run_time_shift(ctx.config)} if sampler in FLOW_SAMPLERS else {}  # the run's shift
+        flow = ({"time_shift": run_time_shift(ctx.config), "prediction": run_prediction(ctx.config)}  # the run's
+                if sampler in FLOW_SAMPLERS else {})
         diffusion = make_diffusion(sampler, self.steps, learn_sigma=bool(model.learn_sigma), **flow)
         try:
             channels = resolve_cfg_channels(self.cfg_channels, ctx.model_config,

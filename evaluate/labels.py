@@ -23,3 +23,9 @@ def metric_name(key: str, n: int) -> str:
 
 def metric_names(n: int) -> dict[str, str]:
     return {k: metric_name(k, n) for k in LABELLED}
+
+
+def t2i_metric_name(short: str, n: int) -> str:
+    """A text-to-image score named the same way: "CLIPScore-30K" for "CLIPScore" over 30000 samples,
+    "GenEval-2212" for GenEval's 553 prompts x 4 images (evaluate/t2i.py)."""
+    return f"{short}-{count_label(n)}"

@@ -19,7 +19,7 @@ from dit_pipeline.common import distributed as dist
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.io import atomic_write_json, check_writable_dir
 from dit_pipeline.common.log import setup_logging
-from dit_pipeline.evaluate import dinov2, labels
+from dit_pipeline.evaluate import dinov2, labels, t2i
 from dit_pipeline.evaluate import metrics as M
 from dit_pipeline.evaluate.features import source_features
 from dit_pipeline.evaluate.config import EvalConfig
@@ -79,39 +79,62 @@ def _run(cfg: EvalConfig) -> dict[str, Any]:
     start = time.perf_counter()
     device = torch.device(cfg.device) if cfg.device else dist.device()
 
-    def inspect() -> tuple[Source, Source]:
-        pair = open_source(cfg.samples, "SAMPLES"), open_source(cfg.ref, "REF")
-        check_comparable(*pair)
+    def inspect() -> tuple[Source, Source | None, list[dict[str, Any]] | None, str | None]:
+        samples = open_source(cfg.samples, "SAMPLES")
+        ref = open_source(cfg.ref, "REF") if cfg.ref is not None else None
+        if ref is not None:
+            check_comparable(samples, ref)
+        records, origin = None, None
+        if cfg.t2i:  # the prompts and every evaluator's needs, before any model is loaded
+            if samples.kind not in ("npz", "folder"):
+                raise UserError(f"SAMPLES {samples.path} is a {samples.kind} file; the text-to-image evaluators need "
+                                "the images (.npz or folder)")
+            records, origin = t2i.sample_prompts(samples, cfg.prompts)
+            records = t2i.prepare_records(cfg.t2i, records, origin, cfg.geneval_metadata)
         check_result_path(cfg.json_path)  # before any feature work: the result must have somewhere to go
-        return pair
+        return samples, ref, records, origin
 
-    samples, ref = dist.on_rank0(inspect)
-    model, ident = _load_model(cfg, device)
-    log.info("samples: %s\nreference: %s\nInception: %s (%s)", samples.describe(), ref.describe(),
-             ident["extractor"], ident["weights"])
-    sides = []
-    for src in (samples, ref):
-        feats = None
-        if src.kind != "statistics":
-            feats = source_features(src, model, ident, batch_size=cfg.batch_size, device=device,
-                                    use_cache=cfg.cache, quiet=cfg.quiet, log=log)
-        sides.append(Side(src, feats))
-    dino = _dinov2_features(cfg, samples, ref, device, log) if cfg.fd_dinov2 else None
+    samples, ref, records, origin = dist.on_rank0(inspect)
+    sides: list[Side] = []
+    ident: dict[str, Any] = {}
+    dino = None
+    if ref is not None:
+        model, ident = _load_model(cfg, device)
+        log.info("samples: %s\nreference: %s\nInception: %s (%s)", samples.describe(), ref.describe(),
+                 ident["extractor"], ident["weights"])
+        for src in (samples, ref):
+            feats = None
+            if src.kind != "statistics":
+                feats = source_features(src, model, ident, batch_size=cfg.batch_size, device=device,
+                                        use_cache=cfg.cache, quiet=cfg.quiet, log=log)
+            sides.append(Side(src, feats))
+        del model
+        dino = _dinov2_features(cfg, samples, ref, device, log) if cfg.fd_dinov2 else None
+    scored = t2i.run_t2i(cfg, samples, records, str(device), log) if records is not None else None
 
     def finish() -> dict[str, Any]:
+        result: dict[str, Any] = {"format": RESULT_FORMAT, "version": 1}
+        described = {"path": str(samples.path), "kind": samples.kind, "count": samples.count,
+                     "label_sampling": samples.label_sampling, "class_counts": samples.class_counts}
+        if ref is not None:
+            try:
+                numbers = compute_metrics(sides[0], sides[1], device=device)
+            except ValueError as e:
+                raise UserError(f"cannot compute the metrics of {samples.path} against {ref.path}: {e}") from None
+            if dino is not None:
+                numbers["fd_dinov2"] = fd_dinov2(*dino[:2])
+            result.update({**numbers, **sample_labels(samples.count, ref.path),
+                           "reference_statistics": "precomputed" if "pool" in ref.stats else "computed from its images",
+                           "samples": described, "ref": {"path": str(ref.path), "kind": ref.kind, "count": ref.count},
+                           "extractor": ident, **({"dinov2_extractor": dino[2]} if dino else {})})
+        else:
+            result["samples"] = described
+        if scored is not None:
+            result.update({"t2i": scored[0], "prompts": origin, "t2i_samples": str(cfg.rows_path)})
+        result.update({"seconds": round(time.perf_counter() - start, 3), "config": cfg.to_dict()})
         try:
-            numbers = compute_metrics(*sides, device=device)
-        except ValueError as e:
-            raise UserError(f"cannot compute the metrics of {samples.path} against {ref.path}: {e}") from None
-        if dino is not None:
-            numbers["fd_dinov2"] = fd_dinov2(*dino[:2])
-        result = {"format": RESULT_FORMAT, "version": 1, **numbers, **sample_labels(samples.count, ref.path),
-                  "reference_statistics": "precomputed" if "pool" in ref.stats else "computed from its images",
-                  "samples": {"path": str(samples.path), "kind": samples.kind, "count": samples.count,
-                              "label_sampling": samples.label_sampling, "class_counts": samples.class_counts},
-                  "ref": {"path": str(ref.path), "kind": ref.kind, "count": ref.count},
-                  "extractor": ident, **({"dinov2_extractor": dino[2]} if dino else {}), "seconds": round(time.perf_counter() - start, 3), "config": cfg.to_dict()}
-        try:
+            if scored is not None:
+                t2i.write_rows(cfg.rows_path, scored[1])
             atomic_write_json(cfg.json_path, result)
         except OSError as e:
             print(format_result(result), flush=True)  # the numbers are not lost with the file
@@ -165,12 +188,13 @@ def _load_model(cfg: EvalConfig, device: torch.device) -> tuple[torch.nn.Module,
 
 
 def format_result(result: dict[str, Any]) -> str:
-    """The ADM evaluator's printout, one metric per line (n/a where an input lacked what it needs); FD_DINOv2
-    after them when it was computed."""
+    """The ADM evaluator's printout, one metric per line (n/a where an input lacked what it needs), when there
+    was a reference; FD_DINOv2 after them when it was computed; then one line per text-to-image evaluator."""
     shown = {"inception_score": "Inception Score", "fid": "FID", "sfid": "sFID", "precision": "Precision",
              "recall": "Recall", "fd_dinov2": "FD_DINOv2"}
-    return "\n".join(f"{shown[k]}: {'n/a' if result.get(k) is None else shown_value(k, result[k])}"
-                     for k in METRIC_NAMES if k != "fd_dinov2" or result.get(k) is not None)
+    lines = [f"{shown[k]}: {'n/a' if result.get(k) is None else shown_value(k, result[k])}"
+             for k in METRIC_NAMES if "fid" in result and (k != "fd_dinov2" or result.get(k) is not None)]
+    return "\n".join(lines + t2i.format_t2i(result.get("t2i") or {}))
 
 
 DISTANCE_DECIMALS = 6  # printed FID, sFID, FD_DINOv2: papers give 2 decimals; the JSON keeps every digit
@@ -184,10 +208,13 @@ def shown_value(key: str, value: float) -> str:
 
 
 def format_names(result: dict[str, Any]) -> str:
-    """The line naming the distances with their sample count and reference (evaluate/labels.py)."""
+    """The line naming the numbers with their sample count and reference (evaluate/labels.py)."""
     names = [v for k, v in result.get("metric_names", {}).items() if result.get(k) is not None]
+    names += [r["name"] for r in (result.get("t2i") or {}).values()]
     proxy = f"; a proxy: papers report {labels.count_label(labels.PAPER_SAMPLES)}" if result.get("proxy") else ""
-    return f"names: {', '.join(names)} ({result['samples']['count']} samples vs {result.get('reference_file')}{proxy})"
+    against = f" vs {result.get('reference_file')}" if "reference_file" in result else ""
+    prompts = f", prompts from {result['prompts']}" if result.get("prompts") else ""
+    return f"names: {', '.join(names)} ({result['samples']['count']} samples{against}{proxy}{prompts})"
 
 
 def main(cfg: EvalConfig) -> dict[str, Any]:
@@ -195,6 +222,6 @@ def main(cfg: EvalConfig) -> dict[str, Any]:
     result = run_eval(cfg)
     if dist.rank() == 0:
         print(format_result(result))
-        print(f"wrote {cfg.json_path}")
+        print(f"wrote {cfg.json_path}" + (f" and {cfg.rows_path}" if result.get("t2i") else ""))
         print(format_names(result))
     return result

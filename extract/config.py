@@ -12,14 +12,16 @@ from typing import Any
 
 import torch
 
+from dit_pipeline.common.pixels import is_pixel_space
 from dit_pipeline.common.determinism import DEFAULT_CPU_THREADS
 from dit_pipeline.common.errors import collect
 from dit_pipeline.common.vae import DEFAULT_VAE
 from dit_pipeline.common.precision import PRECISIONS_AUTO as PRECISIONS
+from dit_pipeline.shards.pixels import ENCODING as PIXELS_ENCODING, ENCODINGS as PIXELS_ENCODINGS
 from dit_pipeline.shards.pixels import MAX_SIDE as PIXELS_MAX_SIDE
 
-STORES = ("posterior", "sample")
-DTYPES = ("float16", "float32", "bfloat16")
+STORES = ("posterior", "sample", "pixels")  # "pixels": --encoder pixels only (no arrays: the crop is the latent)
+DTYPES = ("float16", "float32", "bfloat16", "uint8")
 # Measured (BENCHMARKS.md, "Extraction"): fp16 autocast is ~8x closer to fp32 than bf16 on the SD-VAE
 # encoder and runs at the same tensor-core rate on A100/H100/H200, so it is the GPU default. A batch that
 # comes out non-finite under fp16 is re-encoded in fp32 (see encode.py), so overflow cannot corrupt a shard.
@@ -53,6 +55,7 @@ class ExtractConfig:
     limit: int | None = None               # only the first N images of the sorted list
     seed: int = 0                          # posterior-sample noise for --store sample
     pixels: bool = False                   # also store each crop as the VAE saw it (shards' pixels field, REPA)
+    pixel_encoding: str = PIXELS_ENCODING  # how: lossless WebP, or "npy-uint8" (shards/pixels.py)
     cpu_threads: int = DEFAULT_CPU_THREADS  # intra-op threads of the encoder on CPU (common/determinism.py)
     strict: bool = False                   # an unusable image is an error instead of a skip
     keep_empty_classes: bool = False       # a class folder without images keeps its label (else refused)
@@ -61,7 +64,9 @@ class ExtractConfig:
     quiet: bool = False
 
     def __post_init__(self) -> None:
-        if self.encoder and self.store == "posterior":
+        if is_pixel_space(self.encoder):  # pixels as the latent space (common/pixels.py): the crops are the store
+            self.store, self.dtype, self.pixels = "pixels", "uint8", True
+        elif self.encoder and self.store == "posterior":
             self.store = "sample"  # features are deterministic, without a posterior: stored as the latent
 
     def validate(self) -> "ExtractConfig":
@@ -74,8 +79,15 @@ class ExtractConfig:
             p.append(f"--image-size must be a positive multiple of 8 (e.g. 256 or 512), got {self.image_size}")
         if self.store not in STORES:
             p.append(f"--store must be one of {', '.join(STORES)}, got {self.store!r}")
+        elif (self.store == "pixels") != is_pixel_space(self.encoder):
+            p.append("--store pixels is the store of a pixel-space set: pass --encoder pixels (and no --store)")
         if self.dtype not in DTYPES:
             p.append(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        elif (self.dtype == "uint8") != (self.store == "pixels"):
+            p.append("--dtype uint8 is the dtype of a pixel-space set (--encoder pixels); latents are stored as "
+                     "float16, float32 or bfloat16")
+        if is_pixel_space(self.encoder) and (self.encoder_weights or self.encoder_layers is not None):
+            p.append("--encoder pixels has no weights or layers; drop --encoder-weights and --encoder-layers")
         if self.precision not in PRECISIONS:
             p.append(f"--precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         for name in ("batch_size", "samples_per_shard", "limit"):
@@ -94,7 +106,13 @@ class ExtractConfig:
             p.append(f"--seed must be >= 0, got {self.seed}")
         if self.cpu_threads < 1:
             p.append(f"--cpu-threads must be >= 1, got {self.cpu_threads}")
-        if self.pixels and isinstance(self.image_size, int) and self.image_size > PIXELS_MAX_SIDE:
+        if self.pixel_encoding not in PIXELS_ENCODINGS:
+            p.append(f"--pixel-encoding must be one of {', '.join(PIXELS_ENCODINGS)}, got {self.pixel_encoding!r}")
+        elif self.pixel_encoding != PIXELS_ENCODING and not self.pixels:
+            p.append(f"--pixel-encoding {self.pixel_encoding} says how the crops are stored: add --pixels (or "
+                     "--encoder pixels)")
+        if self.pixels and self.pixel_encoding == PIXELS_ENCODING and isinstance(self.image_size, int) and \
+                self.image_size > PIXELS_MAX_SIDE:
             p.append(f"--pixels stores lossless WebP, whose sides are at most {PIXELS_MAX_SIDE} pixels; "
                      f"--image-size is {self.image_size}")
         collect(p, "dit-extract options")

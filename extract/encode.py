@@ -142,7 +142,7 @@ class LatentEncoder:
     @torch.inference_mode()
     def submit(self, pixels: torch.Tensor | None, indices: list[int]) -> Pending:
         """Start encoding `pixels` (uint8 [b, H, W, 3], pinned on CUDA) of the images `indices`."""
-        if pixels is None or len(indices) == 0:
+        if pixels is None or len(indices) == 0 or self.store == "pixels":  # a pixel-space set stores no encoding
             return Pending(None, [], None, None, None, None, None)
         x = to_model_input(pixels.to(self.device, non_blocking=True), self.views, self.unit_range)
         mean, std, finite = self._outputs(x, indices, self.precision)

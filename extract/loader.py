@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from dit_pipeline.common.workers import worker_context
 from dit_pipeline.extract.images import MAX_PIXELS, SkippedImage, load_and_crop
-from dit_pipeline.shards.pixels import encode_pixels
+from dit_pipeline.shards.pixels import ENCODING, encode_pixels
 
 
 def printable_path(rel: str) -> str:
@@ -59,7 +59,7 @@ class CropDataset(Dataset):
     """Global index -> `Decoded` (decode, convert to RGB, ADM center crop)."""
 
     def __init__(self, root: str | Path, paths: Sequence[str], image_size: int, max_pixels: int = MAX_PIXELS,
-                 pixels: bool = False):
+                 pixels: bool = False, pixel_encoding: str = ENCODING):
         self.root = str(root)
         # One byte buffer + offsets instead of a list of 1.28M str objects: forked workers share it without
         # copy-on-write page faults from reference counting, and it pickles compactly for spawned ones.
@@ -69,6 +69,7 @@ class CropDataset(Dataset):
         self.image_size = image_size
         self.max_pixels = max_pixels
         self.pixels = pixels
+        self.pixel_encoding = pixel_encoding
 
     def __len__(self) -> int:
         return len(self._offsets) - 1
@@ -87,7 +88,8 @@ class CropDataset(Dataset):
                 "orig_format": info.format}
         # Encoded here, in the worker, from the very array the encoder gets: the shard's pixels are the
         # VAE's input, and the encode cost runs in parallel with decoding instead of in the writer.
-        return Decoded(index, pixels, meta, encoded=encode_pixels(pixels) if self.pixels else None)
+        encoded = encode_pixels(pixels, self.pixel_encoding) if self.pixels else None
+        return Decoded(index, pixels, meta, encoded=encoded)
 
 
 class ShardBatches:

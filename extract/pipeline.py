@@ -49,9 +49,10 @@ class ShardSink:
     """Writes encoded batches into their shards, opening and finishing shards as the keys move on."""
 
     def __init__(self, out: Path, images: ImageList, *, dtype: str, store: str, strict: bool, bar: tqdm,
-                 pixels: bool = False):
+                 pixels: bool = False, pixel_encoding: str = "webp-lossless"):
         self.out, self.images, self.dtype, self.store, self.strict, self.bar = out, images, dtype, store, strict, bar
         self.pixels = pixels
+        self.pixel_encoding = pixel_encoding
         self.stats = LoopStats()
         self._writer: ShardWriter | None = None
         self._shard = -1
@@ -75,14 +76,15 @@ class ShardSink:
         if batch.shard != self._shard:
             self.finish()
             with self._disk_errors(batch.shard):
-                self._writer = ShardWriter(self.out / shard_name(batch.shard), dtype=self.dtype, pixels=self.pixels)
+                self._writer = ShardWriter(self.out / shard_name(batch.shard), dtype=self.dtype, pixels=self.pixels,
+                                           store=self.store, pixels_encoding=self.pixel_encoding)
             self._shard = batch.shard
             self._skipped = []
         mean, std = pending.arrays()
         with self._disk_errors(self._shard):
             for row, index in enumerate(batch.kept):
                 arrays = ({"mean": mean[row], "std": std[row]} if self.store == "posterior"
-                          else {"latent": mean[row]})
+                          else {"latent": mean[row]} if self.store == "sample" else {})
                 if self.pixels:
                     arrays["pixels"] = batch.encoded[row]
                 self._writer.write(sample_key(index), label=self.images.labels[index], meta=batch.meta[row],

@@ -56,10 +56,11 @@ def bytes_per_sample(views: int, arrays: int, latent_shape: tuple[int, int, int]
     return arrays * (_TAR_BLOCK + padded) + 2 * (2 * _TAR_BLOCK)
 
 
-def pixel_bytes_estimate(image_size: int) -> int:
-    """Approximate tar bytes of one sample's pixels member at `image_size` (an estimate: the real size
-    depends on the image content)."""
-    payload = math.ceil(PIXEL_BYTES_PER_PIXEL * image_size * image_size)
+def pixel_bytes_estimate(image_size: int, encoding: str = "webp-lossless") -> int:
+    """Approximate tar bytes of one sample's pixels member at `image_size` (an estimate for WebP: the real size
+    depends on the image content; exact for "npy-uint8": 3 bytes a pixel and the 128-byte NPY header)."""
+    per_pixel = 3 if encoding == "npy-uint8" else PIXEL_BYTES_PER_PIXEL
+    payload = math.ceil(per_pixel * image_size * image_size) + (128 if encoding == "npy-uint8" else 0)
     return _TAR_BLOCK + _TAR_BLOCK * math.ceil(payload / _TAR_BLOCK)
 
 

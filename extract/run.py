@@ -53,6 +53,8 @@ _LATENTS_POSTERIOR = "raw VAE posterior (unscaled): model latent = (z - shift_fa
 _LATENTS_DETERMINISTIC = ("raw encoder latent, deterministic (encode(x).latent, no posterior), unscaled: model "
                           "latent = (z - shift_factor) * scaling_factor")
 
+_LATENTS_PIXELS = ("the stored crop (pixels member, uint8), store 'pixels': model latent = its view mapped to "
+                   "[-1, 1] by extraction.vae.formula (common/pixels.py), the normalization the identity")
 _LATENTS_FEATURES = ("raw encoder features (extraction.encoder), deterministic, unnormalized: model latent = the "
                      "manifest's normalization of z")
 
@@ -118,7 +120,10 @@ def extraction_record(cfg: ExtractConfig, images: ImageList, vae_identity: dict,
         "versions": {"torch": torch.__version__, "diffusers": diffusers.__version__, "pillow": PIL.__version__},
     }
     if cfg.pixels:  # only then: the record of an extraction without pixels stays what it was
-        _add_pixels_record(record)
+        _add_pixels_record(record, cfg.pixel_encoding)
+    if vae_identity.get("kind") == "pixels":  # the crops themselves (common/pixels.py); no VAE, no encoder run
+        record["normalize"] = vae_identity["formula"]
+        record["latents"] = _LATENTS_PIXELS
     if vae_identity.get("kind") == "features":  # only then: a VAE set's record stays what it was
         record["vae"] = None
         record["encoder"] = dict(vae_identity)
@@ -134,21 +139,22 @@ def _timm_version() -> str:
     return str(timm.__version__)
 
 
-def _add_pixels_record(record: dict[str, Any]) -> None:
+def _add_pixels_record(record: dict[str, Any], encoding: str) -> None:
     """--pixels in the extraction record: the encoding (a folder of the other setting is refused on resume),
-    the format version of a set with pixels, and the codec library that decides the pixels' bytes."""
-    record["pixels"] = shard_pixels.ENCODING
+    the format version of a set with pixels, and the codec library that decides the pixels' bytes (WebP)."""
+    record["pixels"] = encoding
     record["format_version"] = FORMAT_VERSION_PIXELS
-    record["versions"]["libwebp"] = shard_pixels.codec_version()
+    if encoding == shard_pixels.ENCODING:
+        record["versions"]["libwebp"] = shard_pixels.codec_version()
 
 
 def _samples_per_shard(cfg: ExtractConfig, latent_shape: list[int]) -> int:
     if cfg.samples_per_shard is not None:
         return cfg.samples_per_shard
-    arrays = 2 if cfg.store == "posterior" else 1
+    arrays = {"posterior": 2, "sample": 1, "pixels": 0}[cfg.store]
     per_sample = plan.bytes_per_sample(cfg.views, arrays, tuple(latent_shape), _ITEMSIZE[cfg.dtype])
     if cfg.pixels:
-        per_sample += plan.pixel_bytes_estimate(cfg.image_size)
+        per_sample += plan.pixel_bytes_estimate(cfg.image_size, cfg.pixel_encoding)
     return plan.default_samples_per_shard(per_sample)
 
 
@@ -198,7 +204,7 @@ def _claim_output(out: Path, record: dict[str, Any], cfg: ExtractConfig, held: l
 def _setup(cfg: ExtractConfig, held: list[RunLock]) -> ExtractJob:
     """Everything checked before a byte is written: images, VAE, sizes, the output folder (leased by rank 0
     into `held`; every rank learns a refusal)."""
-    if cfg.pixels and shard_pixels.codec_problem():
+    if cfg.pixels and cfg.pixel_encoding == shard_pixels.ENCODING and shard_pixels.codec_problem():
         raise UserError(f"--pixels: {shard_pixels.codec_problem()}")
     images = scan_images(cfg)
     device = dist.device()
@@ -236,7 +242,8 @@ def _encode(run: ExtractJob, todo: list[int]):
     log.info("rank %d: %d shard(s) to write (%d images), batch %d, %d decode worker(s), %s on %s",
              dist.rank(), len(todo), sum(len(c) for _, c in chunks), run.batch_size, workers, run.precision,
              run.device)
-    dataset = CropDataset(run.images.root, run.images.paths, cfg.image_size, pixels=cfg.pixels)
+    dataset = CropDataset(run.images.root, run.images.paths, cfg.image_size, pixels=cfg.pixels,
+                          pixel_encoding=cfg.pixel_encoding)
     loader = make_loader(dataset, chunks, samples_per_shard=run.samples_per_shard, num_workers=workers,
                          pin_memory=run.device.type == "cuda")
     encoder = LatentEncoder(run.vae, device=run.device, precision=run.precision, views=cfg.views,
@@ -252,7 +259,7 @@ def _encode(run: ExtractJob, todo: list[int]):
     # one thread per process that torchrun sets when it starts several ranks.
     with redirect, bar, pinned_threads(run.device, cfg.cpu_threads):
         sink = ShardSink(run.out, run.images, dtype=cfg.dtype, store=cfg.store, strict=cfg.strict, bar=bar,
-                         pixels=cfg.pixels)
+                         pixels=cfg.pixels, pixel_encoding=cfg.pixel_encoding)
         try:
             stats = encode_and_write(loader, encoder, sink)
         except torch.OutOfMemoryError as e:
@@ -267,7 +274,7 @@ def _write_manifest(run: ExtractJob, states: dict[int, ShardState]) -> None:
     pixels = None
     if cfg.pixels:
         assert all(s.pixel_bytes is not None for s in shards), "a pixels folder holds only shards with pixels"
-        pixels = shard_pixels.pixels_entry(cfg.image_size, sum(s.pixel_bytes for s in shards))
+        pixels = shard_pixels.pixels_entry(cfg.image_size, sum(s.pixel_bytes for s in shards), cfg.pixel_encoding)
     norm = manifest_normalization(run.norm, run.kept, cfg)
     manifest = Manifest(
         format_version=format_version_for(pixels=cfg.pixels, normalization=norm.is_per_channel),

@@ -188,6 +188,10 @@ def export_safetensors(state_dict: dict[str, torch.Tensor], info: dict[str, Any]
         metadata["flow_convention"] = "repa"  # REPA's time (dit.flow): lost, the file would sample wrongly
     if metadata["objective"] == "flow" and info.get("time_shift") not in (None, 1.0):
         metadata["time_shift"] = repr(float(info["time_shift"]))  # the shift it samples with (dit/shift.py)
+    if metadata["objective"] == "flow" and info.get("prediction") is not None:
+        metadata["prediction"] = json.dumps(info["prediction"], sort_keys=True)  # x-prediction (dit.flow)
+    if isinstance(info.get("meanflow"), dict):  # a MeanFlow model's training settings (dit/objectives.py record)
+        metadata["meanflow"] = json.dumps(info["meanflow"], sort_keys=True)
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = output.parent / f"{TMP_PREFIX}{output.name}.{os.getpid()}"
     try:
@@ -252,10 +256,14 @@ def check_diffusers_representable(info: dict[str, Any]) -> None:
     """UserError naming what a diffusers DiTPipeline cannot represent (see the module docstring)."""
     objective = info.get("objective") or "ddpm"
     if objective != "ddpm":
-        raise UserError(f"--to diffusers: this is a {objective} model (SiT's velocity objective); no diffusers "
-                        "pipeline samples it correctly (DiTPipeline is epsilon/DDIM; FlowMatchEulerDiscreteScheduler "
-                        "passes t = 1000 sigma, noise at sigma = 1, and expects noise - data). Export it with "
-                        "--to safetensors and sample with dit-sample --sampler euler|heun|euler-maruyama")
+        from dit_pipeline.dit.objectives import spec
+
+        what = ("SiT's velocity objective; DiTPipeline is epsilon/DDIM, FlowMatchEulerDiscreteScheduler passes "
+                "t = 1000 sigma, noise at sigma = 1, and expects noise - data" if objective == "flow" else
+                "a one-step average-velocity model with its own time inputs; diffusers has no pipeline for it")
+        raise UserError(f"--to diffusers: this is a {objective} model ({what}), so no diffusers pipeline samples "
+                        f"it correctly. Export it with --to safetensors and sample with dit-sample --sampler "
+                        f"{'|'.join(spec(objective).samplers)}")
     family = dit.family.family_of_config(info["model_config"])
     if family.diffusers_class is None:
         raise UserError(f"--to diffusers: diffusers has no {family.family} transformer (its DiTPipeline holds DiT's "
@@ -281,6 +289,7 @@ def export(cfg: ExportConfig) -> Path:
     info["objective"] = resolve_objective(info, cfg.ckpt, cfg.objective)
     if cfg.to == "safetensors":
         return export_safetensors(state_dict, info, output, overwrite=cfg.overwrite)
+    check_diffusers_representable(info)  # before the VAE is looked for: a model no pipeline samples is refused first
     vae, vae_config = cfg.vae, cfg.vae_config
     if not vae:
         found = recorded_vae((info.get("latent") or {}).get("vae"), f"--ckpt {cfg.ckpt}", base=manifest_folder(info))

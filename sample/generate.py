@@ -163,10 +163,12 @@ class FlowLoop:
     last_step_size: float = dit.flow.LAST_STEP_SIZE
     convention: str = "sit"  # the network's time convention (dit.flow; "repa" for REPA's checkpoints)
     time_shift: float = 1.0  # SD3's shift of the time grid toward noise (dit/shift.py)
+    prediction: dict[str, Any] | None = None  # what the network predicts, as recorded (dit.flow; None: velocity)
 
     def __call__(self, fn: Callable, noise: torch.Tensor, labels: torch.Tensor | Mapping[str, torch.Tensor],
                  generators: Sequence[torch.Generator]) -> torch.Tensor:
-        return dit.create_flow().sample_loop(fn, noise, sampler=self.sampler, steps=self.steps,
+        pred = dit.flow.prediction_from_record(self.prediction)
+        return dit.create_flow(prediction=pred.name, t_eps=pred.t_eps or dit.flow.T_EPS).sample_loop(fn, noise, sampler=self.sampler, steps=self.steps,
                                              model_kwargs=condition_kwargs(labels), generator=list(generators),
                                              diffusion_form=self.diffusion_form, diffusion_norm=self.diffusion_norm,
                                              last_step_size=self.last_step_size, convention=self.convention,

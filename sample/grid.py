@@ -125,7 +125,8 @@ def sample_grid(model: nn.Module, *, vae: nn.Module, scaling_factor: float | Non
                 shift_factor: float | None = None, class_labels: Sequence[int], seed: int, steps: int = 50,
                 sampler: str = "ddim", cfg_scale: float = 4.0, cfg_channels: str = "auto", batch_size: int | None = None,
                 precision: str = "fp32", cpu_threads: int = DEFAULT_CPU_THREADS,
-                norm: LatentNorm | None = None, time_shift: float = 1.0) -> np.ndarray:
+                norm: LatentNorm | None = None, time_shift: float = 1.0,
+                prediction: dict[str, Any] | None = None) -> np.ndarray:
     """Sample one image per entry of `class_labels` -> uint8 [N, H, W, 3] (numpy).
 
     model: a DiT (not DDP-wrapped; pass the EMA copy) on its device; `vae` on the same device.
@@ -136,13 +137,14 @@ def sample_grid(model: nn.Module, *, vae: nn.Module, scaling_factor: float | Non
     batch_size: images per batch (default: all in one). Bit-identical to `dit-sample` with the same batch
     size and `--cpu-threads` on the same machine; another batch size changes the last float bits.
     time_shift: a flow sampler's grid shift (dit/shift.py; the run's, as dit-sample reads it from the checkpoint).
+    prediction: a flow model's recorded prediction (dit.flow.prediction_from_record; None: velocity).
     """
     if sampler not in SAMPLERS:
         raise ValueError(f"sampler must be one of {', '.join(SAMPLERS)}, got {sampler!r}")
     labels = [int(c) for c in class_labels]
     objective = "flow" if sampler in dit.FLOW_SAMPLERS else "ddpm"
     cfg_channels = resolve_cfg_channels(cfg_channels, model.config, objective)  # auto: the model's rule
-    flow = {"time_shift": float(time_shift)} if sampler in dit.FLOW_SAMPLERS else {}
+    flow = {"time_shift": float(time_shift), "prediction": prediction} if sampler in dit.FLOW_SAMPLERS else {}
     diffusion = make_diffusion(sampler, steps, learn_sigma=bool(model.learn_sigma), **flow)
     was_training = model.training
     model.eval()
@@ -172,6 +174,16 @@ def run_time_shift(config: dict[str, Any] | None) -> float:
     """The time shift a training run's flow samples use: its resolved --time-shift (dit/shift.py), else 1."""
     shift = (config or {}).get("time_shift", 1.0)
     return float(shift) if isinstance(shift, (int, float)) else 1.0
+
+
+def run_prediction(config: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What a training run's flow model predicts, as its checkpoints record it (dit.objectives: None for velocity)."""
+    from dit_pipeline.dit.objectives import spec
+
+    c = config or {}
+    if c.get("objective") != "flow":
+        return None
+    return spec("flow").record({k: c[k] for k in ("prediction", "t_eps") if k in c}).get("prediction")
 
 
 def default_grid_labels(num_classes: int, n: int = 8) -> list[int]:
@@ -358,7 +370,7 @@ class SampleGridHook:
             images = sample_grid(model, vae=self._vae, norm=LatentNorm.from_record(ctx.latent), class_labels=labels,
                                  seed=self.seed, steps=self.steps, sampler=self.sampler, cfg_scale=cfg_scale,
                                  cfg_channels=self.channels_used(ctx.model_config), precision=self.precision,
-                                 time_shift=run_time_shift(ctx.config))
+                                 time_shift=run_time_shift(ctx.config), prediction=run_prediction(ctx.config))
             name = f"step-{ctx.step:07d}{'-raw' if w == 'raw' else ''}.png"
             path = save_grid(images, Path(ctx.run_dir) / "samples" / name, labels=texts)
         return path

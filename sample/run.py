@@ -276,6 +276,8 @@ def _optional_settings(cfg: SampleConfig, loaded: LoadedModel) -> dict[str, Any]
         out["time_shift"] = float(cfg.time_shift)  # type: ignore[arg-type]
     if cfg.encoder_refresh > 1:
         out["encoder_refresh"] = cfg.encoder_refresh
+    if cfg.sampler in FLOW_SAMPLERS and loaded.info.get("prediction") is not None:
+        out["prediction"] = loaded.info["prediction"]  # x-prediction: the conversion decides the pixels
     return out
 
 
@@ -338,8 +340,8 @@ def _sample_batches(cfg: SampleConfig, loaded: LoadedModel, vae, store: PartStor
     if cfg.encoder_refresh > 1:  # DDT's encoder sharing across neighbouring steps (dit/reuse.py)
         model = dit.reuse.EncoderReuse(model, cfg.encoder_refresh)
     convention = loaded.info.get("flow_convention", "sit")
-    flow = {"convention": convention, "time_shift": float(cfg.time_shift or 1.0)} if cfg.sampler in FLOW_SAMPLERS \
-        else {}
+    flow = {"convention": convention, "time_shift": float(cfg.time_shift or 1.0),
+            "prediction": loaded.info.get("prediction")} if cfg.sampler in FLOW_SAMPLERS else {}
     if cfg.sampler in MEANFLOW_SAMPLERS:  # iMF's guidance interval is a network input
         flow = {"interval": tuple(cfg.guidance_interval or (0.0, 1.0))}
     diffusion = make_diffusion(cfg.sampler, cfg.steps, learn_sigma=bool(loaded.config["learn_sigma"]),

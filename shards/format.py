@@ -32,12 +32,18 @@ SHARD_DIGITS = 6
 # Stored dtype name (manifest "dtype") -> numpy storage dtype of the .npy members. numpy has no bfloat16,
 # so bfloat16 is stored as its raw 16 bits (the upper half of the float32 bit pattern) in little-endian uint16.
 STORAGE_DTYPES = {"float16": "<f2", "float32": "<f4", "bfloat16": "<u2"}
-STORES = {"posterior": ("mean.npy", "std.npy"), "sample": ("latent.npy",)}
+# "pixels": a pixel-space set (common/pixels.py): no arrays, the latent is the sample's stored crop (PIXELS_FIELD)
+STORES = {"posterior": ("mean.npy", "std.npy"), "sample": ("latent.npy",), "pixels": ()}
+PIXEL_STORE = "pixels"
+PIXEL_DTYPE = "uint8"  # the manifest dtype of a pixel-space set: its latents are the 8-bit crops
 ARRAY_FIELDS = ("mean.npy", "std.npy", "latent.npy")
 # The optional field; a sample has it exactly when the manifest records pixels (format version 2).
 PIXELS_FIELD = "pixels.webp"
+# The same crop uncompressed (the manifest's pixels encoding "npy-uint8": an NPY uint8 [H, W, 3] array)
+PIXELS_RAW_FIELD = "pixels.npy"
+PIXELS_FIELDS = (PIXELS_FIELD, PIXELS_RAW_FIELD)
 # Every member of a sample, in the order the writer emits them (sorted by field name).
-FIELD_ORDER = ("cls", "json", "latent.npy", "mean.npy", PIXELS_FIELD, "std.npy")
+FIELD_ORDER = ("cls", "json", "latent.npy", "mean.npy", PIXELS_RAW_FIELD, PIXELS_FIELD, "std.npy")
 REQUIRED_COMMON = ("cls", "json")
 # Suffixes whose usual decoders unpickle: such a member is reported, never decoded.
 PICKLE_SUFFIXES = ("pyd", "pickle", "pkl", "pth", "pt", "ckpt", "joblib")
@@ -49,7 +55,7 @@ MAX_JSON_BYTES = 1 << 20
 _SHARD_RE = re.compile(r"shard-([0-9]{%d,})\.tar" % SHARD_DIGITS)
 _MEMBER_RE = re.compile(r"([0-9]{%d,18})\.([a-z0-9.]+)" % KEY_DIGITS)
 # The names a valid shard consists of (digits, one dot-separated known field): matched first, in one step.
-_VALID_RE = re.compile(r"([0-9]{%d})\.(cls|json|mean\.npy|std\.npy|latent\.npy|pixels\.webp)" % KEY_DIGITS)
+_VALID_RE = re.compile(r"([0-9]{%d})\.(cls|json|mean\.npy|std\.npy|latent\.npy|pixels\.webp|pixels\.npy)" % KEY_DIGITS)
 
 
 class ShardError(UserError):

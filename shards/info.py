@@ -9,6 +9,9 @@ from dit_pipeline.shards.manifest import Manifest, read_manifest
 from dit_pipeline.shards.verify import VerifyReport
 
 
+# what each store keeps per sample (docs/FORMAT.md)
+_STORED = {"posterior": "mean.npy + std.npy", "sample": "latent.npy", "pixels": "the crop itself, pixels member"}
+
 def human_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
@@ -86,7 +89,7 @@ def format_info(d: dict[str, Any]) -> str:
         f"  samples:  {d['samples']} in {d['shards']} shards of up to {d['samples_per_shard']}, "
         f"{human_bytes(d['bytes'])} ({human_bytes(per)}/sample)",
         f"  classes:  {d['classes']}",
-        f"  latents:  {d['store']} ({'mean.npy + std.npy' if d['store'] == 'posterior' else 'latent.npy'}), "
+        f"  latents:  {d['store']} ({_STORED[d['store']]}), "
         f"{d['dtype']}, [{d['views']}, {', '.join(map(str, d['latent_shape']))}] per sample "
         f"({d['views']} view{'s' if d['views'] != 1 else ''}), from {d['image_size']}px images",
         _pixels_line(d),

@@ -22,7 +22,8 @@ from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.io import atomic_write_json
 from dit_pipeline.common.latent_norm import LatentNorm, normalization_problems
 from dit_pipeline.shards.format import (FORMAT_VERSION, FORMAT_VERSION_NORMALIZATION, FORMAT_VERSION_PIXELS,
-                                        FORMAT_VERSIONS, MANIFEST_NAME, STORAGE_DTYPES, STORES, file_mode, key_index,
+                                        FORMAT_VERSIONS, MANIFEST_NAME, PIXEL_DTYPE, PIXEL_STORE, STORAGE_DTYPES,
+                                        STORES, file_mode, key_index,
                                         shard_index)
 from dit_pipeline.shards.pixels import pixels_entry_problems
 
@@ -223,8 +224,10 @@ def manifest_problems(d: Any) -> list[str]:
         out.append(f"scaling_factor must be > 0, got {d['scaling_factor']}")
     if d["store"] not in STORES:
         out.append(f"store must be one of {sorted(STORES)}, got {d['store']!r}")
-    if d["dtype"] not in STORAGE_DTYPES:
-        out.append(f"dtype must be one of {sorted(STORAGE_DTYPES)}, got {d['dtype']!r}")
+    if (d["dtype"] == PIXEL_DTYPE) != (d["store"] == PIXEL_STORE) or \
+            (d["dtype"] not in STORAGE_DTYPES and d["dtype"] != PIXEL_DTYPE):
+        out.append(f"dtype must be one of {sorted(STORAGE_DTYPES)} (or {PIXEL_DTYPE!r} exactly when store is "
+                   f"{PIXEL_STORE!r}), got {d['dtype']!r} with store {d['store']!r}")
     shape = d["latent_shape"]
     if len(shape) != 3 or not all(_is_int(v) and v > 0 for v in shape):
         out.append(f"latent_shape must be 3 positive integers [C, h, w], got {shape!r}")
@@ -253,6 +256,9 @@ def manifest_problems(d: Any) -> list[str]:
 def _pixels_problems(d: dict[str, Any]) -> list[str]:
     """The pixels field is there exactly in version 2 (FORMAT_VERSION_PIXELS), may be in version 3, and is
     valid."""
+    if d["store"] == PIXEL_STORE and "pixels" not in d:
+        return [f"store {PIXEL_STORE!r} keeps each sample's latent in its pixels member, but the manifest has no "
+                "pixels field"]
     if d["format_version"] == FORMAT_VERSION:
         return ["pixels is a format version 2 field, but format_version is 1"] if "pixels" in d else []
     if "pixels" not in d:

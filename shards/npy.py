@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import struct
+import tokenize
 
 import numpy as np
 
@@ -73,7 +74,8 @@ def _parse_header(head: bytes) -> tuple[str, tuple[int, ...], int, int] | str:
             shape, fortran, dtype = np.lib.format.read_array_header_2_0(stream)
         else:
             return f"unsupported NPY version {major}.{minor}"
-    except (ValueError, SyntaxError, TypeError, struct.error) as e:
+    except (ValueError, SyntaxError, TypeError, struct.error, tokenize.TokenError) as e:
+        # numpy's header reader tokenizes the dict literal: a damaged one can end inside a string (TokenError)
         return f"unreadable NPY header ({e})"
     if dtype.hasobject:
         return "pickle payload (NPY array of Python objects; refused, never unpickled)"

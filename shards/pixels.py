@@ -21,9 +21,15 @@ from typing import Any, Callable
 
 import numpy as np
 
-from dit_pipeline.shards.format import PIXELS_FIELD, ShardError
+from dit_pipeline.shards.format import PIXELS_FIELD, PIXELS_RAW_FIELD, ShardError
 
 ENCODING = "webp-lossless"
+# The uncompressed alternative (pixel-space sets: `dit-extract --encoder pixels --pixel-encoding npy-uint8`): the
+# crop as an NPY uint8 [H, W, 3] array, decoded for free (bench/pixel_rate.py: 5x WebP's crops per core, 1.7x the
+# bytes). The encoding names its member.
+RAW_ENCODING = "npy-uint8"
+ENCODINGS = {ENCODING: PIXELS_FIELD, RAW_ENCODING: PIXELS_RAW_FIELD}
+_RAW_DESCR = "|u1"
 MODE = "RGB"
 # libwebp's lossless effort settings (0 = fastest): bench/pixels.py measured methods 0-6 and qualities 0-100
 # side by side (BENCHMARKS.md, "Pixels"); more effort bought a few percent of size for many times the time.
@@ -51,15 +57,27 @@ def codec_version() -> str | None:
     return features.version("webp")
 
 
-def encode_pixels(pixels: np.ndarray) -> bytes:
-    """uint8 [H, W, 3] -> lossless WebP bytes. The same array gives the same bytes (fixed settings, no
-    metadata, one library build: the libwebp version is recorded with the extraction)."""
+def member_of(encoding: str) -> str:
+    """The member name of a pixels encoding; ValueError for an unknown one."""
+    if encoding not in ENCODINGS:
+        raise ValueError(f"unknown pixels encoding {encoding!r}; choose one of: {', '.join(ENCODINGS)}")
+    return ENCODINGS[encoding]
+
+
+def encode_pixels(pixels: np.ndarray, encoding: str = ENCODING) -> bytes:
+    """uint8 [H, W, 3] -> lossless WebP bytes (or, `encoding` "npy-uint8", the NPY array). The same array gives
+    the same bytes (fixed settings, no metadata, one library build: the libwebp version is recorded with the
+    extraction)."""
     from PIL import Image
 
     a = np.asarray(pixels)
     if a.dtype != np.uint8 or a.ndim != 3 or a.shape[2] != 3 or 0 in a.shape or max(a.shape[:2]) > MAX_SIDE:
         raise ValueError(f"pixels must be a uint8 array [H, W, 3] with sides up to {MAX_SIDE}, got {a.dtype} "
                          f"{list(a.shape)}")
+    if member_of(encoding) == PIXELS_RAW_FIELD:
+        from dit_pipeline.shards.npy import npy_header
+
+        return npy_header(_RAW_DESCR, a.shape) + np.ascontiguousarray(a).tobytes()
     buf = io.BytesIO()
     Image.fromarray(np.ascontiguousarray(a), MODE).save(buf, "WEBP", lossless=True, exact=True,
                                                         method=WEBP_METHOD, quality=WEBP_QUALITY)
@@ -86,24 +104,41 @@ def pixels_size(data: bytes) -> tuple[int, int]:
     return w, h
 
 
-def header_problem(data: bytes, image_size: int | None) -> str | None:
-    """What is wrong with a pixels member's header (None when it is a complete RGB lossless WebP of
-    image_size x image_size); reads the first 25 bytes and the member's length only."""
+def raw_size(data: bytes) -> tuple[int, int]:
+    """(width, height) of an "npy-uint8" member; ValueError unless a complete NPY uint8 [H, W, 3] array."""
+    from dit_pipeline.shards.npy import decode_raw
+
+    a = decode_raw(data)
+    if a.dtype.str != _RAW_DESCR or a.ndim != 3 or a.shape[2] != 3:
+        raise ValueError(f"not an NPY uint8 [H, W, 3] array (dtype {a.dtype.str}, shape {list(a.shape)})")
+    return int(a.shape[1]), int(a.shape[0])
+
+
+def header_problem(data: bytes, image_size: int | None, encoding: str = ENCODING) -> str | None:
+    """What is wrong with a pixels member's header (None when it is a complete RGB lossless WebP, or NPY uint8
+    array, of image_size x image_size); reads the header and the member's length only."""
     try:
-        w, h = pixels_size(data)
+        w, h = raw_size(data) if member_of(encoding) == PIXELS_RAW_FIELD else pixels_size(data)
     except ValueError as e:
         return str(e)
     if image_size is not None and (w, h) != (image_size, image_size):
-        return f"WebP is {w}x{h}, the manifest says {image_size}x{image_size}"
+        return f"{'crop' if encoding != ENCODING else 'WebP'} is {w}x{h}, the manifest says {image_size}x{image_size}"
     return None
 
 
-def decode_pixels(data: bytes, image_size: int | None) -> np.ndarray:
-    """A pixels member -> uint8 [H, W, 3] (writable, C-contiguous), the crop exactly as the VAE encoded it;
-    ValueError naming the problem (not lossless WebP, wrong size or mode, corrupt data). With image_size
-    None any size is accepted."""
+def decode_pixels(data: bytes, image_size: int | None, encoding: str = ENCODING) -> np.ndarray:
+    """A pixels member -> uint8 [H, W, 3] (C-contiguous; writable for WebP, a read-only view of the bytes for
+    "npy-uint8"), the crop exactly as the VAE encoded it; ValueError naming the problem (not lossless WebP, wrong
+    size or mode, corrupt data). With image_size None any size is accepted."""
     from PIL import Image, ImageFile
 
+    if member_of(encoding) == PIXELS_RAW_FIELD:
+        problem = header_problem(data, image_size, encoding)
+        if problem:
+            raise ValueError(problem)
+        from dit_pipeline.shards.npy import decode_raw
+
+        return decode_raw(data)
     problem = header_problem(data, image_size) or codec_problem()
     if problem:
         raise ValueError(problem)
@@ -135,9 +170,9 @@ def view_pixels(pixels: np.ndarray, view: int) -> np.ndarray:
     raise ValueError(f"view must be 0 or 1, got {view}")
 
 
-def pixels_entry(image_size: int, total_bytes: int) -> dict[str, Any]:
+def pixels_entry(image_size: int, total_bytes: int, encoding: str = ENCODING) -> dict[str, Any]:
     """The manifest's `pixels` object of a set whose pixels members add up to `total_bytes` bytes."""
-    return {"member": PIXELS_FIELD, "encoding": ENCODING, "mode": MODE, "size": [image_size, image_size],
+    return {"member": member_of(encoding), "encoding": encoding, "mode": MODE, "size": [image_size, image_size],
             "bytes": int(total_bytes)}
 
 
@@ -150,7 +185,10 @@ def pixels_entry_problems(entry: Any, image_size: Any) -> list[str]:
     if missing:
         return [f"pixels lacks {', '.join(missing)}"]
     out = []
-    for k, v in (("member", PIXELS_FIELD), ("encoding", ENCODING), ("mode", MODE)):
+    if entry["encoding"] not in ENCODINGS:
+        out.append(f"pixels.encoding must be one of {', '.join(map(repr, ENCODINGS))}, got {entry['encoding']!r}")
+    wanted = (("member", ENCODINGS[entry["encoding"]]),) if entry["encoding"] in ENCODINGS else ()
+    for k, v in (*wanted, ("mode", MODE)):
         if entry[k] != v:
             out.append(f"pixels.{k} must be {v!r}, got {entry[k]!r}")
     if entry["size"] != [image_size, image_size]:
@@ -165,12 +203,12 @@ def pixels_entry_problems(entry: Any, image_size: Any) -> list[str]:
 # What a reader takes of the pixels (shards.iter_shard's `pixels` mode)
 
 PIXELS_MODES = ("bytes", "decoded")
-_PIXELS_SUFFIX = "." + PIXELS_FIELD
+_PIXELS_SUFFIXES = ("." + PIXELS_FIELD, "." + PIXELS_RAW_FIELD)
 
 
 def _not_pixels(name: str) -> bool:
     """TarReader's `want` of a reader that does not need the pixels: their bytes are skipped, not copied."""
-    return not name.endswith(_PIXELS_SUFFIX)
+    return not name.endswith(_PIXELS_SUFFIXES)
 
 
 def pixels_filter(url: str, has_pixels: bool | None, mode: str | None) -> Callable[[str], bool] | None:
@@ -184,20 +222,22 @@ def pixels_filter(url: str, has_pixels: bool | None, mode: str | None) -> Callab
     return _not_pixels if mode is None and has_pixels else None
 
 
-def pixels_value(fields: dict[str, Any], image_size: int | None, mode: str | None) -> bytes | np.ndarray | None:
-    """A sample's pixels as `iter_shard(pixels=mode)` yields them: None, the WebP bytes (header checked
+def pixels_value(fields: dict[str, Any], image_size: int | None, mode: str | None,
+                 encoding: str = ENCODING) -> bytes | np.ndarray | None:
+    """A sample's pixels as `iter_shard(pixels=mode)` yields them: None, the member's bytes (header checked
     against the manifest: size, 8-bit RGB) or the decoded crop; ValueError naming the problem."""
     if mode is None:
         return None
-    data = fields.get(PIXELS_FIELD)
+    member = member_of(encoding)
+    data = fields.get(member)
     if data is None:
-        raise ValueError(f"no {PIXELS_FIELD} member")
+        raise ValueError(f"no {member} member")
     try:
         if mode == "decoded":
-            return decode_pixels(data, image_size)
-        problem = header_problem(data, image_size)
+            return decode_pixels(data, image_size, encoding)
+        problem = header_problem(data, image_size, encoding)
         if problem:
             raise ValueError(problem)
     except ValueError as e:
-        raise ValueError(f"{PIXELS_FIELD}: {e}") from None
+        raise ValueError(f"{member}: {e}") from None
     return bytes(data)

@@ -34,16 +34,17 @@ from urllib.parse import urlparse
 
 import numpy as np
 
-from dit_pipeline.shards.format import (ARRAY_FIELDS, MAX_JSON_BYTES, PIXELS_FIELD, REQUIRED_COMMON, STORAGE_DTYPES,
+from dit_pipeline.shards.format import (ARRAY_FIELDS, MAX_JSON_BYTES, PIXELS_FIELD, PIXELS_FIELDS, PIXELS_RAW_FIELD,
+                                        REQUIRED_COMMON, STORAGE_DTYPES,
                                         STORES, ShardError, key_index, split_member)
 from dit_pipeline.shards.manifest import Manifest, ShardRecord
 from dit_pipeline.shards.npy import all_finite, decode_raw, widen
-from dit_pipeline.shards.pixels import pixels_filter, pixels_value
+from dit_pipeline.shards.pixels import ENCODING, ENCODINGS, RAW_ENCODING, pixels_filter, pixels_value
 from dit_pipeline.shards.tario import TarProblem, TarReader
 
 _DTYPE_OF_STORAGE = {v: k for k, v in STORAGE_DTYPES.items()}
-_FIELD_SETS = {(store, px): frozenset((*REQUIRED_COMMON, *arrays, *((PIXELS_FIELD,) if px else ())))
-               for store, arrays in STORES.items() for px in (False, True)}
+_FIELD_SETS = {(store, px): frozenset((*REQUIRED_COMMON, *arrays, *((px,) if px else ())))
+               for store, arrays in STORES.items() for px in (None, *PIXELS_FIELDS)}
 
 
 @dataclass
@@ -73,12 +74,17 @@ class Expect:
     num_classes: int
     pixels: bool = False                # every sample has a pixels member
     image_size: int | None = None
+    pixels_encoding: str = ENCODING     # which member: pixels.webp, or pixels.npy ("npy-uint8")
 
     @classmethod
     def from_manifest(cls, m: Manifest) -> "Expect":
-        return cls(store=m.store, dtype=m.dtype, storage=STORAGE_DTYPES[m.dtype],
+        return cls(store=m.store, dtype=m.dtype, storage=STORAGE_DTYPES.get(m.dtype, "|u1"),
                    shape=(m.views, *m.latent_shape), num_classes=m.num_classes, pixels=m.has_pixels,
-                   image_size=m.image_size)
+                   image_size=m.image_size, pixels_encoding=str((m.pixels or {}).get("encoding", ENCODING)))
+
+    @property
+    def pixels_member(self) -> str | None:
+        return ENCODINGS.get(self.pixels_encoding, PIXELS_FIELD) if self.pixels else None
 
 
 def open_url(url: str) -> IO[bytes]:
@@ -149,9 +155,11 @@ def _array(field: str, data: bytes, expect: Expect | None) -> np.ndarray:
     return raw
 
 
-def field_problem(fields: dict[str, Any], store: str, pixels: bool = False) -> str | None:
+def field_problem(fields: dict[str, Any], store: str, pixels: bool | str | None = False) -> str | None:
     """What is wrong with the set of fields of a sample (missing or foreign ones), or None. `pixels`: the
-    manifest records pixels, so every sample has a pixels member (and no sample has one otherwise)."""
+    manifest records pixels (True: pixels.webp; or the member's name), so every sample has that pixels member
+    (and no sample has one otherwise)."""
+    member = (PIXELS_FIELD if pixels is True else pixels) or None
     wanted = STORES[store]
     missing = [f for f in (*REQUIRED_COMMON, *wanted) if f not in fields]
     if missing:
@@ -159,10 +167,12 @@ def field_problem(fields: dict[str, Any], store: str, pixels: bool = False) -> s
     extra = [f for f in ARRAY_FIELDS if f in fields and f not in wanted]
     if extra:
         return f"unexpected field(s) {', '.join(extra)} for store {store!r}"
-    if pixels and PIXELS_FIELD not in fields:
-        return f"missing field {PIXELS_FIELD} (the manifest records pixels)"
-    if not pixels and PIXELS_FIELD in fields:
-        return f"unexpected field {PIXELS_FIELD} (the manifest records no pixels)"
+    if member and member not in fields:
+        return f"missing field {member} (the manifest records pixels)"
+    foreign = [f for f in PIXELS_FIELDS if f in fields and f != member]
+    if foreign:
+        return (f"unexpected field {foreign[0]} (the manifest records no pixels)" if not member else
+                f"unexpected field {foreign[0]} (the manifest records pixels as {member})")
     return None
 
 
@@ -178,12 +188,24 @@ def _meta(data: bytes) -> dict:
     return meta
 
 
+def _encoding_of(fields: dict[str, Any]) -> str:
+    """The pixels encoding a sample's members show (reading without a manifest)."""
+    return RAW_ENCODING if PIXELS_RAW_FIELD in fields else ENCODING
+
+
+def _store_of(fields: dict[str, Any]) -> str:
+    """The store a sample's fields show (reading without a manifest)."""
+    if "latent.npy" in fields:
+        return "sample"
+    return "posterior" if "mean.npy" in fields or not any(f in fields for f in PIXELS_FIELDS) else "pixels"
+
+
 def check_sample(key: str, fields: dict[str, Any], expect: Expect | None, *, parse_meta: bool
                  ) -> tuple[int, dict[str, np.ndarray], dict | None]:
     """Validate one sample's members: (label, stored arrays by field, meta or None); ValueError naming
     the problem. Finiteness is left to the caller (`shards.npy.all_finite` on the stored bits)."""
-    store = expect.store if expect is not None else ("sample" if "latent.npy" in fields else "posterior")
-    pixels = expect.pixels if expect is not None else PIXELS_FIELD in fields
+    store = expect.store if expect is not None else _store_of(fields)
+    pixels = expect.pixels_member if expect is not None else next((f for f in PIXELS_FIELDS if f in fields), None)
     wanted = STORES[store]
     if fields.keys() != _FIELD_SETS[store, pixels]:
         raise ValueError(field_problem(fields, store, pixels))
@@ -322,7 +344,8 @@ def checked_samples(items: Iterator[tuple[str, dict]], url: str, expect: Expect 
     for key, fields in items:
         try:
             label, arrays, meta = check_sample(key, fields, expect, parse_meta=with_meta)
-            px = pixels_value(fields, expect.image_size if expect is not None else None, pixels)
+            px = pixels_value(fields, expect.image_size if expect is not None else None, pixels,
+                              expect.pixels_encoding if expect is not None else _encoding_of(fields))
         except ValueError as e:
             raise ShardError(url, key, str(e)) from None
         yield Checked(key, label, arrays, meta, px)

@@ -76,7 +76,7 @@ def _shard_pass(path: Path, m: Manifest, expect: Expect, quota: int, stride: int
             current[0], current[1] = key, current[1] + 1
         if name.endswith(".cls"):
             return True
-        if name.endswith((".json", ".pixels.webp")):
+        if name.endswith((".json", ".pixels.webp", ".pixels.npy")):
             return False
         o = int(current[1])
         return o % stride == 0 and o // stride < quota
@@ -110,6 +110,9 @@ def compute_stats(folder: str | Path, *, max_samples: int = 10_000, seed: int = 
         raise ValueError(f"max_samples must be >= 1, got {max_samples}")
     folder = Path(folder)
     m = read_manifest(folder)
+    if m.store == "pixels":  # nothing to normalize: the crops map to [-1, 1] by a fixed formula
+        raise UserError(f"{folder}: a pixel-space set (store pixels) holds no latent arrays; its latents are the "
+                        "crops mapped to [-1, 1] (common/pixels.py), which no statistics rescale")
     expect = Expect.from_manifest(m)
     counts = np.zeros(m.num_classes, np.int64)
     moments, raw = _Moments(m.latent_shape[0]), _Moments(m.latent_shape[0])
@@ -171,7 +174,7 @@ def _position_partial(path: Path, m: Manifest, expect: Expect) -> tuple[int, np.
     n, total, sq = 0, np.zeros(m.latent_shape), np.zeros(m.latent_shape)
     with open(path, "rb") as f:
         for key, fields in iter_members(TarReader(f, seekable=True, chunk=1 << 16), str(path),
-                                        lambda name: not name.endswith((".json", ".pixels.webp"))):
+                                        lambda name: not name.endswith((".json", ".pixels.webp", ".pixels.npy"))):
             try:
                 _, arrays, _ = check_sample(key, fields, expect, parse_meta=False)
                 z = widen(arrays["latent.npy"], m.dtype).astype(np.float64)

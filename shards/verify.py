@@ -100,7 +100,7 @@ def _walk(path: Path, rec: ShardRecord, expect: Expect, sps: int, quick: bool) -
                                     f"{sample_key(hi)}) (samples_per_shard {sps})")
                 try:
                     if quick:
-                        problem = field_problem(fields, expect.store, expect.pixels)
+                        problem = field_problem(fields, expect.store, expect.pixels_member)
                         if problem:
                             raise ValueError(problem)
                     else:
@@ -108,7 +108,8 @@ def _walk(path: Path, rec: ShardRecord, expect: Expect, sps: int, quick: bool) -
                             if not all_finite(raw):
                                 raise ValueError(f"{name} holds NaN or Inf")
                         # decodable, 8-bit RGB, image_size x image_size (shards/pixels.py)
-                        pixels_value(fields, expect.image_size, "decoded" if expect.pixels else None)
+                        pixels_value(fields, expect.image_size, "decoded" if expect.pixels else None,
+                                     expect.pixels_encoding)
                 except ValueError as e:
                     problems.append(f"sample {key}: {e}")
             read_to_end = True

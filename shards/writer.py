@@ -22,10 +22,11 @@ import numpy as np
 
 from dit_pipeline.common.faults import fault_point
 from dit_pipeline.common.io import TMP_PREFIX, HashingWriter, fsync_dir
-from dit_pipeline.shards.format import STORAGE_DTYPES, ShardError, file_mode, key_index
+from dit_pipeline.shards.format import PIXEL_DTYPE, PIXEL_STORE, STORAGE_DTYPES, ShardError, file_mode, key_index
 from dit_pipeline.shards.manifest import ShardRecord
 from dit_pipeline.shards.npy import all_finite, encode_array, decode_raw
-from dit_pipeline.shards.pixels import PIXELS_FIELD, encode_pixels, pixels_size
+from dit_pipeline.shards.pixels import (ENCODING, PIXELS_RAW_FIELD, encode_pixels, member_of, pixels_size,
+                                        raw_size)
 from dit_pipeline.shards.tario import end_of_archive, member_bytes
 
 
@@ -46,19 +47,24 @@ class ShardWriter:
     up the bytes of those members, for the manifest's pixels entry.
     """
 
-    def __init__(self, path: str | os.PathLike, *, dtype: str = "float16", pixels: bool = False):
-        if dtype not in STORAGE_DTYPES:
+    def __init__(self, path: str | os.PathLike, *, dtype: str = "float16", pixels: bool = False,
+                 store: str | None = None, pixels_encoding: str = ENCODING):
+        if store == PIXEL_STORE:  # a pixel-space set: no arrays, every sample's latent is its crop
+            dtype, pixels = PIXEL_DTYPE, True
+        elif dtype not in STORAGE_DTYPES:
             raise ValueError(f"dtype must be one of {sorted(STORAGE_DTYPES)}, got {dtype!r}")
         self.path = Path(path)
         self.dtype = dtype
         self.pixels = bool(pixels)
+        self.pixels_member = member_of(pixels_encoding)  # ValueError for an unknown encoding
+        self.pixels_encoding = pixels_encoding
         self.pixel_bytes = 0
         self._pixel_size: tuple[int, int] | None = None
         self.record: ShardRecord | None = None
         self._samples = 0
         self._first: str | None = None
         self._last: str | None = None
-        self._store: str | None = None
+        self._store: str | None = PIXEL_STORE if store == PIXEL_STORE else None
         self._shape: tuple[int, ...] | None = None
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{self.path.name}.", dir=self.path.parent)
@@ -103,7 +109,7 @@ class ShardWriter:
                                  "refusing to store it")
             members[field] = data
         if self.pixels or pixels is not None:
-            members[PIXELS_FIELD] = self._pixels_member(key, pixels)
+            members[self.pixels_member] = self._pixels_member(key, pixels)
         # Fields in sorted order (cls, json, latent.npy | mean.npy, std.npy): fixed bytes, and the key's
         # members stay contiguous, which is what WebDataset's grouping needs.
         blob = memoryview(b"".join(member_bytes(f"{key}.{f}", members[f]) for f in sorted(members)))
@@ -116,7 +122,7 @@ class ShardWriter:
         self._samples += 1
         self._first = self._first or key
         self._last = key
-        self.pixel_bytes += len(members.get(PIXELS_FIELD, b""))
+        self.pixel_bytes += len(members.get(self.pixels_member, b""))
 
     def _pixels_member(self, key: str, pixels: np.ndarray | bytes | None) -> bytes:
         """The WebP bytes of a sample's pixels, checked: given exactly when the writer stores pixels, 8-bit RGB,
@@ -127,8 +133,10 @@ class ShardWriter:
         if pixels is None:
             raise ValueError(f"{self.path.name}: key {key} has no pixels; a writer made with pixels=True stores "
                              "them for every sample")
-        data = bytes(pixels) if isinstance(pixels, (bytes, bytearray, memoryview)) else encode_pixels(pixels)
-        size = pixels_size(data)  # ValueError unless a complete RGB lossless WebP
+        raw = isinstance(pixels, (bytes, bytearray, memoryview))
+        data = bytes(pixels) if raw else encode_pixels(pixels, self.pixels_encoding)  # type: ignore[arg-type]
+        size = (raw_size(data) if self.pixels_member == PIXELS_RAW_FIELD  # ValueError unless complete RGB
+                else pixels_size(data))
         if self._pixel_size not in (None, size):
             raise ValueError(f"{self.path.name}: pixels of key {key} are {size[0]}x{size[1]}, earlier samples "
                              f"{self._pixel_size[0]}x{self._pixel_size[1]}")
@@ -136,6 +144,10 @@ class ShardWriter:
         return data
 
     def _arrays(self, mean, std, latent) -> dict[str, np.ndarray]:
+        if self._store == PIXEL_STORE:
+            if mean is not None or std is not None or latent is not None:
+                raise ValueError(f"{self.path.name}: a pixel-space shard stores no arrays, only each sample's crop")
+            return {}
         if latent is not None and (mean is not None or std is not None):
             raise ValueError("pass either mean and std (posterior) or latent (a sample), not both")
         if latent is None and (mean is None or std is None):

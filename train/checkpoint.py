@@ -119,6 +119,7 @@ class CheckpointManager:
             self.folder.mkdir(parents=True, exist_ok=True)
             record = make_sidecar(state["model_config"], state.get("latent"), step,
                                   objective=state.get("objective"), time_shift=state.get("time_shift"),
+                                  prediction=state.get("prediction"), meanflow=state.get("meanflow"),
                                   text=text_record(state.get("text")))
             # the EMA file holds its record too (dit.weights.embed_record), so a copy without the sidecar loads
             _save(embed_record(state["ema"], record), self.folder / ema_name(step))

@@ -20,8 +20,9 @@ from dit_pipeline.common.io import missing_file
 from dit_pipeline.common.precision import PRECISIONS_AUTO as PRECISIONS
 from dit_pipeline.common.settings import choice, flag_name, non_negative, positive, setting
 from dit_pipeline.dit.conditioning import CONDITIONINGS
-from dit_pipeline.dit.flow import T_SAMPLINGS
+from dit_pipeline.dit.flow import PREDICTIONS, T_EPS, T_SAMPLINGS
 from dit_pipeline.dit.formats import OBJECTIVES
+from dit_pipeline.dit.meanflow import DEFAULTS as MF, VARIANTS as MEANFLOW_OBJECTIVES
 from dit_pipeline.evaluate.hook import FidSettings
 from dit_pipeline.sample.grid import GRIDS, GridSettings
 from dit_pipeline.train.guard import GUARD, GuardSettings
@@ -40,7 +41,7 @@ LENGTH, OPTIM, SPEED, CKPT = "Length and batch", "Optimisation", "Speed and memo
 _PRESETS = "the family's: off for DiT, as its release for the others"
 MODEL_OPTIONS = ("qk_norm", "rms_norm", "swiglu", "rope", "wo_shift")  # block switches, passed only when given
 ARCH_OVERRIDES = ("depth", "hidden_size", "num_heads", "patch_size", "encoder_depth", "head_depth", "head_hidden_size",
-                  "head_num_heads", "num_t_tokens", "num_c_tokens")
+                  "head_num_heads", "bottleneck_dim", "in_context_len", "in_context_start", "num_t_tokens", "num_c_tokens")
 RUN_CONDITIONINGS = ("auto", *CONDITIONINGS)  # --conditioning; auto: text when the shards carry text features
 GROUPS = (DATA, MODEL, OBJECTIVE, REPA, LENGTH, OPTIM, GUARD, SPEED, CKPT, GRIDS)  # the order of dit-train --help
 
@@ -83,6 +84,9 @@ class TrainConfig(GuardSettings, RepaSettings, FidSettings, GridSettings):
     head_depth: int | None = setting(None, "DiT-DH: blocks of its head", group=MODEL)
     head_hidden_size: int | None = setting(None, "DiT-DH: width of its head", group=MODEL)
     head_num_heads: int | None = setting(None, "DiT-DH: attention heads of its head", group=MODEL)
+    bottleneck_dim: int | None = setting(None, "JiT: width of its bottleneck patch embedding", group=MODEL)
+    in_context_len: int | None = setting(None, "JiT: in-context class tokens", group=MODEL)
+    in_context_start: int | None = setting(None, "JiT: the block before which the class tokens join", group=MODEL)
     num_t_tokens: int | None = setting(None, "DiT-DH-IC: time tokens in context (NanoGen's t4: 4)", group=MODEL)
     num_c_tokens: int | None = setting(None, "DiT-DH-IC: class tokens in context (NanoGen's c8: 8), or the longest "
                                        "text", group=MODEL, shown="8; text: the encoder's max length")
@@ -119,21 +123,41 @@ class TrainConfig(GuardSettings, RepaSettings, FidSettings, GridSettings):
     time_shift_base: int = setting(4096, "The latent size whose shift is 1 for --time-shift auto", group=OBJECTIVE)
     cosine_loss: bool = setting(False, "Add LightningDiT's cosine-direction term 1 - cos(v_pred, v) over the "
                                 "channels to the flow loss (logged as cos)", group=OBJECTIVE)
-    # MeanFlow and iMF (dit/meanflow.py; README "One-step generation"): the releases' defaults
-    mf_t_mean: float = setting(-0.4, "meanflow/imf: logit-normal location of t and r (t = 1 noise)", group=OBJECTIVE)
-    mf_t_scale: float = setting(1.0, "meanflow/imf: logit-normal scale of t and r", group=OBJECTIVE)
+    prediction: str = setting("v", "flow: what the network predicts, v (the velocity) or x (the clean image, converted "
+                              "to a velocity as JiT and NanoGen do: (x_pred - x_t) / max(1 - t, --t-eps)); recorded, "
+                              "and every sampler converts through it (README 'Pixel space')", group=OBJECTIVE,
+                              choices=PREDICTIONS)
+    t_eps: float = setting(T_EPS, "--prediction x: the smallest noise level 1 - t the conversion divides by",
+                           group=OBJECTIVE)
+    # PixelGen's perceptual losses on the predicted clean image (common/perceptual.py; README "Pixel space")
+    lpips: str | None = setting(None, "--prediction x: add LPIPS of the predicted image, networks from VGG16_FILE,"
+                                "LIN_FILE (torchvision's vgg16 weights, the lpips package's v0.1 vgg.pth)",
+                                group=OBJECTIVE)
+    lpips_weight: float = setting(0.1, "Weight of the LPIPS term (PixelGen: 0.1)", group=OBJECTIVE)
+    pdino: str | None = setting(None, "--prediction x: add the DINOv2 feature distance of the predicted image, the "
+                                "DINOv2 weights as --repa takes them (PixelGen: dinov2_vitb14_reg)", group=OBJECTIVE)
+    pdino_weight: float = setting(0.01, "Weight of the DINOv2 feature term (PixelGen: 0.01)", group=OBJECTIVE)
+    percep_t_thresh: float = setting(0.7, "The perceptual terms count only where the noise level 1 - t is below this "
+                                     "(PixelGen: 0.7)", group=OBJECTIVE)
+    # MeanFlow and iMF (dit/meanflow.py; README "One-step generation"): the JAX releases' defaults (dit.meanflow.DEFAULTS)
+    mf_t_mean: float = setting(MF["t_mean"], "meanflow/imf: logit-normal location of t and r (t = 1 noise)",
+                               group=OBJECTIVE)
+    mf_t_scale: float = setting(MF["t_scale"], "meanflow/imf: logit-normal scale of t and r", group=OBJECTIVE)
     mf_data_proportion: float | None = setting(
         None, "meanflow/imf: fraction of each step's samples with r = t (plain flow matching)", group=OBJECTIVE,
-        shown="0.75 for meanflow, 0.5 for imf")
-    mf_omega: float = setting(1.0, "meanflow: training guidance scale omega (1 with kappa 0: none)", group=OBJECTIVE)
-    mf_kappa: float = setting(0.0, "meanflow: training guidance kappa (weight of the conditional velocity)",
-                              group=OBJECTIVE)
-    mf_t_start: float = setting(0.0, "meanflow: training guidance applies for t in [t-start, t-end]", group=OBJECTIVE)
-    mf_t_end: float = setting(1.0, "meanflow: end of the training guidance interval", group=OBJECTIVE)
-    mf_norm_p: float = setting(1.0, "meanflow/imf: adaptive loss weight 1 / (loss + eps)^p (0: plain loss)",
+        shown="0.75 for meanflow, 0.5 for imf and imf-adaln")
+    mf_omega: float = setting(MF["omega"], "meanflow: training guidance scale omega", group=OBJECTIVE)
+    mf_kappa: float = setting(MF["kappa"], "meanflow: training guidance kappa (weight of the conditional velocity): "
+                              "v_g = omega v + (1 - omega - kappa) u_null + kappa u_class; omega 1 with kappa 0: none",
+                              group=OBJECTIVE, shown="0.5, the release's configs/default.py")
+    mf_t_start: float = setting(MF["t_start"], "meanflow: training guidance applies for t in [t-start, t-end]",
+                                group=OBJECTIVE)
+    mf_t_end: float = setting(MF["t_end"], "meanflow: end of the training guidance interval", group=OBJECTIVE)
+    mf_norm_p: float = setting(MF["norm_p"], "meanflow/imf: adaptive loss weight 1 / (loss + eps)^p (0: plain loss)",
                                group=OBJECTIVE)
-    mf_norm_eps: float = setting(0.01, "meanflow/imf: eps of the adaptive loss weight", group=OBJECTIVE)
-    mf_s_max: float = setting(7.0, "imf: guidance scales omega drawn on [1, 1 + s-max] (power law)", group=OBJECTIVE)
+    mf_norm_eps: float = setting(MF["norm_eps"], "meanflow/imf: eps of the adaptive loss weight", group=OBJECTIVE)
+    mf_s_max: float = setting(MF["s_max"], "imf: guidance scales omega drawn on [1, 1 + s-max] (power law)",
+                              group=OBJECTIVE)
     jvp_attention: str = setting("math", "meanflow/imf: the attention kernel of the JVP pass (only math has "
                                  "forward-mode AD; the ordinary forward keeps --attention)", group=OBJECTIVE,
                                  choices=("math",))
@@ -262,7 +286,11 @@ class TrainConfig(GuardSettings, RepaSettings, FidSettings, GridSettings):
             p.append("--resume must be 'auto', 'none' or a checkpoint path")
         try:
             from dit_pipeline.dit.family import lookup_preset
-            lookup_preset(self.model)
+            from dit_pipeline.dit.objectives import network_problem
+
+            family = lookup_preset(self.model)[0].family
+            if self.objective in OBJECTIVES and (problem := network_problem(self.objective, family)):
+                p.append(problem)
         except ValueError as e:
             p.append(f"--model: {e}")
         p += self.repa_problems() + self.guard_problems()
@@ -294,7 +322,24 @@ class TrainConfig(GuardSettings, RepaSettings, FidSettings, GridSettings):
         elif self.objective == "ddpm" and (shift != 1.0 or self.cosine_loss):
             p.append("--time-shift and --cosine-loss act on the flow objective: add --objective flow")
         p += positive(self, "time_shift_base")
-        return p + self._meanflow_problems()
+        return p + self._prediction_problems() + self._meanflow_problems()
+
+    def _prediction_problems(self) -> list[str]:
+        p = choice(self, "prediction", PREDICTIONS)
+        if not p and self.prediction != "v" and self.objective != "flow":
+            p.append(f"--prediction {self.prediction} acts on the flow objective (the network predicts the clean "
+                     "image, converted to a velocity): add --objective flow")
+        if not 0 < self.t_eps < 1:
+            p.append(f"--t-eps must be in (0, 1), got {self.t_eps}")
+        if (self.lpips or self.pdino) and (self.objective != "flow" or self.prediction != "x"):
+            p.append("--lpips and --pdino compare the predicted clean image with the true one: add --objective flow "
+                     "--prediction x")
+        if not 0 < self.percep_t_thresh <= 1:
+            p.append(f"--percep-t-thresh must be in (0, 1], got {self.percep_t_thresh}")
+        for name in ("lpips_weight", "pdino_weight"):
+            if not getattr(self, name) >= 0:
+                p.append(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
+        return p
 
     def _meanflow_problems(self) -> list[str]:
         from dit_pipeline.dit.meanflow import JVP_ATTENTION
@@ -302,7 +347,7 @@ class TrainConfig(GuardSettings, RepaSettings, FidSettings, GridSettings):
         p: list[str] = []
         defaults = {f.name: f.default for f in dataclasses.fields(self) if f.name.startswith("mf_")}
         changed = [k for k, v in defaults.items() if getattr(self, k) != v]
-        if self.objective not in ("meanflow", "imf"):
+        if self.objective not in MEANFLOW_OBJECTIVES:
             if changed:
                 p.append(f"{', '.join(flag_name(k) for k in changed)} act on the MeanFlow objectives: add "
                          "--objective meanflow (or imf)")
@@ -324,15 +369,15 @@ class TrainConfig(GuardSettings, RepaSettings, FidSettings, GridSettings):
             p.append(f"--mf-norm-eps must be > 0 and --mf-norm-p >= 0, got {self.mf_norm_eps}, {self.mf_norm_p}")
         if not self.mf_s_max >= 0:
             p.append(f"--mf-s-max must be >= 0, got {self.mf_s_max}")
-        guided = self.objective == "imf" or (self.mf_omega, self.mf_kappa) != (1.0, 0.0)
+        guided = self.objective != "meanflow" or (self.mf_omega, self.mf_kappa) != (1.0, 0.0)
         if guided and not self.class_dropout_prob > 0:
             p.append("MeanFlow's training guidance needs the null class: --class-dropout-prob > 0")
         if self.objective == "meanflow" and any(getattr(self, k) != defaults[k] for k in ("mf_s_max",)):
             p.append("--mf-s-max acts on --objective imf")
-        if self.objective == "imf" and any(getattr(self, k) != defaults[k] for k in
+        if self.objective != "meanflow" and any(getattr(self, k) != defaults[k] for k in
                                            ("mf_omega", "mf_kappa", "mf_t_start", "mf_t_end")):
-            p.append("--mf-omega, --mf-kappa, --mf-t-start, --mf-t-end are MeanFlow's fixed guidance; imf draws omega "
-                     "and the interval per sample (--mf-s-max)")
+            p.append(f"--mf-omega, --mf-kappa, --mf-t-start, --mf-t-end are MeanFlow's fixed guidance; {self.objective} "
+                     "draws omega and the interval per sample (--mf-s-max)")
         if self.repa:
             p.append("--repa with MeanFlow is not supported (the alignment term is defined for the flow loss)")
         return p

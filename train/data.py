@@ -235,7 +235,7 @@ class EpochStream(IterableDataset):
             return str(Path(sib[0]) / sib[1].shards[i].name), sib[1], sib[1].shards[i]
 
         shards = (read_shard(src.urls[i], src.manifest, self.skip_bad_shards, record=src.manifest.shards[i],
-                             sha256=self.sha256, pixels=self.pixels, sibling=joined(i))
+                             sha256=self.sha256, pixels=self.pixels or spec.from_pixels, sibling=joined(i))
                   for i in self.plan.slot_shards[slot] if i not in self.exclude)
         for item in interleave(shards, self.shards_in_flight, interleave_seed(self.seed, self.plan.epoch, slot)):
             if isinstance(item, SkippedShard):
@@ -256,7 +256,7 @@ class EpochStream(IterableDataset):
         if self.pixels:  # decoded here, in the loader worker; [B, H, W, 3] uint8
             size = self.source.manifest.image_size
             pixels = build_pixels(items, size, shared_empty((len(items), size, size, 3), torch.uint8)
-                                  if in_worker else None)
+                                  if in_worker else None, self.spec.pixels_encoding)
         teacher = None
         if self.sibling is not None:  # the cached tokens, [B, N, D] float32
             c, h, w = self.sibling[1].latent_shape

@@ -9,7 +9,11 @@ RAE's DiT-DH, or .safetensors. Every tensor of the new model must be in the file
   would only approximate); this is how the input size may change (256 -> 512 px);
 - the label table, when the class count differs (a new data set): the new model's fresh initialisation;
 - the output projection, when learned sigma differs (a flow run from a DiT file: C outputs where the file has
-  DiT's 2C): the family's initialisation, zero for DiT (SiT's own train.py keeps 2C and drops half instead).
+  DiT's 2C): the family's initialisation, zero for DiT (SiT's own train.py keeps 2C and drops half instead);
+- the embedders a MeanFlow objective adds (dit/conditions.py: MeanFlow's `h_embedder`, imf-adaln's omega and
+  interval embedders), when the file has none (a MeanFlow run from a SiT/DiT file): initialised as a fresh run's
+  (h_embedder as the MeanFlow release initialises it). The reverse, a flow or ddpm run from a MeanFlow file: the
+  file's added embedders are dropped, and the plan lists them.
 Anything else that differs (family, width, depth, patch, channels, learned sigma) is one UserError listing it,
 before any GPU work (also in `--dry-run`). The path is recorded in the run's config.json (`init`); a resume
 loads its checkpoint and never the init file again.
@@ -40,11 +44,13 @@ class InitWeights:
     preset: str | None
     sha256: str
     kept: list[str] = field(default_factory=list)  # the new model's own tensors and why
+    dropped: list[str] = field(default_factory=list)  # the file's tensors this model has no place for, and why
 
     def describe(self) -> str:
         own = f"; the new model's own {', '.join(self.kept)}" if self.kept else ""
+        gone = f"; dropped from the file: {', '.join(self.dropped)}" if self.dropped else ""
         return (f"{self.path} ({self.preset or 'custom'}, {self.source}, sha256 {self.sha256[:12]}...): "
-                f"{len(self.state_dict)} tensors copied{own}; optimizer fresh, EMA = these weights, step 0")
+                f"{len(self.state_dict)} tensors copied{own}{gone}; optimizer fresh, EMA = these weights, step 0")
 
 
 def load_init(spec: str, model_kwargs: dict[str, Any]) -> InitWeights:
@@ -67,11 +73,14 @@ def load_init(spec: str, model_kwargs: dict[str, Any]) -> InitWeights:
     expected = model.state_dict()
     fixed = set(type(model).fixed_tensors(new))
     learned = bool(info["model_config"].get("learn_sigma"))
+    fresh, spare = _added(new), _added(info["model_config"])
     kept, take, problems = [], {}, []
     for key, want in expected.items():
         have = state_dict.get(key)
         if key in fixed:
             continue  # recomputed for the new grid: the same table whatever the file held
+        if have is None and key.split(".", 1)[0] in fresh:
+            continue  # a MeanFlow objective's embedder the file has not (listed below)
         if have is None:
             problems.append(f"missing {key}")
         elif tuple(have.shape) == tuple(want.shape):
@@ -88,7 +97,13 @@ def load_init(spec: str, model_kwargs: dict[str, Any]) -> InitWeights:
     if fixed:
         kept.insert(0, f"{', '.join(sorted(fixed))} (fixed sin-cos/RoPE tables, computed for {new['input_size']}x"
                        f"{new['input_size']} latents)")
-    unused = sorted(set(state_dict) - set(expected))
+    new_embedders = [name for name in fresh if not any(k.startswith(name + ".") for k in state_dict)]
+    if new_embedders:
+        kept.append(_fresh_line(new_embedders, str(new.get("conditions"))))
+    gone = [name for name in spare if name not in fresh and any(k.startswith(name + ".") for k in state_dict)]
+    dropped = [f"{', '.join(gone)} (the file's {info['model_config'].get('conditions')} time inputs; this run's "
+               "objective has none)"] if gone else []
+    unused = sorted(k for k in set(state_dict) - set(expected) if k.split(".", 1)[0] not in gone)
     if unused:
         problems.append(f"tensors this model has no place for: {unused[:4]}{' ...' if len(unused) > 4 else ''}")
     if problems:
@@ -98,7 +113,25 @@ def load_init(spec: str, model_kwargs: dict[str, Any]) -> InitWeights:
                         f"not fit this run's {new.get('model') or 'custom'} model: {'; '.join(problems[:6])}"
                         f"{' ...' if len(problems) > 6 else ''}. Only the input size (the position table) and the "
                         "class count (the label table) may differ")
-    return InitWeights(path, take, str(info.get("source")), info.get("preset"), sha256_file(path), kept)
+    return InitWeights(path, take, str(info.get("source")), info.get("preset"), sha256_file(path), kept, dropped)
+
+
+def _added(config: dict[str, Any]) -> tuple[str, ...]:
+    """The embedders dit/conditions.py adds to a model of `config` (none for a family with its own time inputs)."""
+    from dit_pipeline.dit.conditions import EXTRA_EMBEDDERS, conditions_of
+    from dit_pipeline.dit.family import family_of_config
+
+    if family_of_config(config).conditions != "t":
+        return ()
+    return EXTRA_EMBEDDERS[conditions_of(config)]
+
+
+def _fresh_line(names: list[str], conditions: str) -> str:
+    if conditions == "meanflow":
+        return (f"{', '.join(names)} (MeanFlow's time input h = t - r, not in the file: initialised as the MeanFlow "
+                "release initialises it, weights normal(0.02), biases zero)")
+    return (f"{', '.join(names)} (the {conditions} time inputs, not in the file: first layers normal(0.02), output "
+            "layers zero, as a new run's)")
 
 
 @torch.no_grad()

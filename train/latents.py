@@ -19,8 +19,11 @@ import numpy as np
 import torch
 
 from dit_pipeline.common.latent_norm import LatentNorm
+from dit_pipeline.common.pixels import to_latent
 from dit_pipeline.common.seeding import STREAM_SAMPLE, derive_seed
 from dit_pipeline.shards import LatentSample, Manifest, decode_pixels, key_index, view_pixels
+from dit_pipeline.shards.format import PIXEL_STORE
+from dit_pipeline.shards.pixels import ENCODING
 
 
 @dataclass(frozen=True)
@@ -31,16 +34,22 @@ class LatentSpec:
     views: int
     shape: tuple[int, int, int]
     norm: LatentNorm                   # z -> the model's latent (the manifest's normalization)
+    pixels_encoding: str = ENCODING    # how the set stores its crops (shards/pixels.py)
 
     @classmethod
     def from_manifest(cls, m: Manifest) -> "LatentSpec":
         c, h, w = m.latent_shape
-        return cls(m.store, m.views, (c, h, w), m.norm)
+        return cls(m.store, m.views, (c, h, w), m.norm, str((m.pixels or {}).get("encoding", ENCODING)))
 
     @property
     def arrays(self) -> int:
-        """Stored arrays a sample contributes: mean and std, or the latent."""
-        return 2 if self.store == "posterior" else 1
+        """Stored arrays a sample contributes: mean and std, or the latent (none for a pixel set: its crop)."""
+        return {"posterior": 2, "sample": 1}.get(self.store, 0)
+
+    @property
+    def from_pixels(self) -> bool:
+        """A pixel-space set (common/pixels.py): each latent is made from the sample's stored crop."""
+        return self.store == PIXEL_STORE
 
 
 _MASK64 = (1 << 64) - 1
@@ -77,7 +86,7 @@ def sample_view(sample_seed_: int, views: int) -> int:
 class Pending(NamedTuple):
     """A sample between reading and batching: its chosen view, still in the stored dtype."""
 
-    arrays: np.ndarray         # [A, C, h, w] storage dtype: (mean, std) of the chosen view, or (latent,)
+    arrays: np.ndarray | None  # [A, C, h, w] storage dtype: (mean, std) of the chosen view, or (latent,); pixel set: None
     label: int
     key: int                   # global sample index
     seed: int                  # sample_seed: the posterior noise
@@ -92,12 +101,13 @@ def pending(sample: LatentSample, spec: LatentSpec, base: int, teacher: np.ndarr
     index = key_index(sample.key)
     sd = mix_seed(base, index)
     v = sample_view(sd, spec.views)
+    arrays: np.ndarray | None = None  # a pixel set's latent is its crop (the pixels bytes, decoded per batch)
     if spec.store == "posterior":
         assert sample.mean is not None and sample.std is not None  # the reader checked the fields
         mean = sample.mean[v]
         arrays = np.empty((2, *mean.shape), dtype=mean.dtype)
         arrays[0], arrays[1] = mean, sample.std[v]
-    else:
+    elif spec.store == "sample":
         assert sample.latent is not None
         arrays = np.array(sample.latent[v:v + 1])
     return Pending(arrays, sample.label, index, sd, v, None if sample.pixels is None else bytes(sample.pixels),
@@ -120,7 +130,8 @@ def build_teacher(items: Sequence[Pending], dtype: str, out: torch.Tensor | None
     return out
 
 
-def build_pixels(items: Sequence[Pending], image_size: int, out: torch.Tensor | None = None) -> torch.Tensor:
+def build_pixels(items: Sequence[Pending], image_size: int, out: torch.Tensor | None = None,
+                 encoding: str = ENCODING) -> torch.Tensor:
     """[B, H, W, 3] uint8: each item's crop in the orientation of its latent's view (view 1 of a flipped set is
     the stored crop mirrored left-right, shards.view_pixels), so a teacher sees exactly the image the latent
     was encoded from. `out`: where to write (e.g. shared memory)."""
@@ -128,7 +139,7 @@ def build_pixels(items: Sequence[Pending], image_size: int, out: torch.Tensor | 
     rows = out.numpy()
     for it, row in zip(items, rows):
         assert it.pixels is not None, "the reader was asked for the pixels"
-        row[...] = view_pixels(decode_pixels(it.pixels, image_size), it.view)
+        row[...] = view_pixels(decode_pixels(it.pixels, image_size, encoding), it.view)
     return out
 
 
@@ -170,9 +181,16 @@ def build_latents(items: Sequence[Pending], spec: LatentSpec, out: torch.Tensor 
     part runs once over the batch, one elementwise op at a time (each exactly rounded, so a sample's values
     do not depend on the batch it is in). `out`: where to write (e.g. shared memory)."""
     scratch = scratch if scratch is not None else Scratch()
+    if spec.from_pixels:  # the crop of each item's view, to [-1, 1] (common/pixels.py), normalized (identity)
+        c, h, w = spec.shape
+        crops = scratch.numpy((len(items), h, w, c), np.dtype(np.uint8))
+        build_pixels(items, h, torch.from_numpy(crops), spec.pixels_encoding)
+        return spec.norm.apply(to_latent(crops, out))
+    arrays = [it.arrays for it in items if it.arrays is not None]
+    assert len(arrays) == len(items), "a latent set's items carry their stored arrays"
     shape = (len(items), spec.arrays, *spec.shape)
-    stored = scratch.numpy(shape, items[0].arrays.dtype)
-    np.stack([it.arrays for it in items], out=stored)  # [B, A, C, h, w] as stored
+    stored = scratch.numpy(shape, arrays[0].dtype)
+    np.stack(arrays, out=stored)  # [B, A, C, h, w] as stored
     z = out if out is not None else torch.empty(shape[:1] + shape[2:])
     if spec.store == "posterior":
         g = torch.Generator()

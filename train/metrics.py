@@ -78,9 +78,12 @@ class Metric:
 STEP_METRICS: tuple[Metric, ...] = (
     Metric("loss", "samples", own=True),
     Metric("mse", "samples", own=True, loss_term=True),
+    Metric("mse_v", "samples", own=True, loss_term=True),   # iMF: the auxiliary v head's term
     Metric("vb", "samples", own=True, loss_term=True),      # ddpm's variational bound (learned sigma)
     Metric("proj", "samples", own=True, loss_term=True),    # --repa: the alignment term (-cosine similarity)
     Metric("cos", "samples", own=True, loss_term=True),     # --cosine-loss: 1 - cos(v_pred, v) (LightningDiT)
+    Metric("lpips", "samples", own=True, loss_term=True),   # --lpips: PixelGen's weighted LPIPS term
+    Metric("pdino", "samples", own=True, loss_term=True),   # --pdino: PixelGen's weighted DINOv2 feature term
     Metric("grad_norm", "rank0"),
     Metric("wait", "ranks", interval="fraction", own=True, record="data_wait"),  # waiting for the loader
     Metric("teacher", "ranks", interval="fraction", own=True, record="teacher_time"),  # --repa: its forward

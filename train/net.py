@@ -90,6 +90,10 @@ def build_model(prep: Preflight, device: torch.device, precision: str) -> TrainM
         width = model.hidden_size_at(cfg.repa_depth)
         flops += 6.0 * dit.repa.projector_macs(head.config, width, tokens) + 2.0 * teacher.forward_macs()
     objective = cfg.make_objective()
+    if cfg.lpips or cfg.pdino:  # PixelGen's perceptual terms, their networks from the given files
+        from dit_pipeline.common.perceptual import perceptual_terms
+
+        objective.add_x_terms(perceptual_terms(cfg.to_dict(), model.input_size, device), cfg.percep_t_thresh)
     objective.attach(model)  # the raw module, for an objective's passes without gradient (MeanFlow's JVP)
     return TrainModel(model=model, ema=ema, opt=opt, scaler=scaler, ddp=ddp, forward=forward,
                       diffusion=objective, amp_dtype=amp_dtype, flops_per_image=flops,

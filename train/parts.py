@@ -74,7 +74,7 @@ class ObjectivePart(_NoCheck):
 
     objective: str
     config: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    keys: ClassVar[tuple[str, ...]] = ("objective", "time_shift", "meanflow")
+    keys: ClassVar[tuple[str, ...]] = ("objective", "time_shift", "meanflow", "prediction", "perceptual")
     required: ClassVar[tuple[str, ...]] = ()
 
     def state_dict(self) -> dict[str, Any]:
@@ -83,16 +83,30 @@ class ObjectivePart(_NoCheck):
         return {"objective": self.objective, **spec(self.objective).record(self.config)}
 
     def check(self, ckpt: Checkpoint, where: str) -> None:
-        saved = ckpt.get("objective", "ddpm")
+        from dit_pipeline.dit.objectives import recorded_objective
+
+        # "imf" of a network other than iMF's: this project's variant, recorded so before it was named imf-adaln
+        saved = recorded_objective(ckpt.get("objective", "ddpm"), ckpt.get("model_config"))
         if saved != self.objective:
             raise UserError(f"checkpoint {where} was trained with --objective {saved}, this run asks for "
                             f"--objective {self.objective}; resume with the same objective or use a new --run-dir")
+        if ckpt.get("prediction") != self.state_dict().get("prediction"):
+            raise UserError(f"checkpoint {where} was trained with --prediction "
+                            f"{(ckpt.get('prediction') or {}).get('kind', 'v')} (recorded {ckpt.get('prediction')}), this "
+                            f"run asks for {self.state_dict().get('prediction') or 'v'}; resume with the recorded "
+                            "--prediction and --t-eps or use a new --run-dir")
+        if ckpt.get("perceptual") != self.state_dict().get("perceptual"):
+            raise UserError(f"checkpoint {where} was trained with perceptual terms {ckpt.get('perceptual')}, this run "
+                            f"asks for {self.state_dict().get('perceptual')}; resume with the recorded --lpips, --pdino "
+                            "and their weights, or use a new --run-dir")
         want = self.state_dict().get("meanflow")
         if want is not None and ckpt.get("meanflow") != want:
-            changed = sorted(k for k in want if (ckpt.get("meanflow") or {}).get(k) != want[k])
-            raise UserError(f"checkpoint {where} was trained with other MeanFlow settings "
-                            f"({', '.join('--' + k.replace('_', '-') for k in changed)}); resume with the recorded "
-                            "ones or use a new --run-dir")
+            have = ckpt.get("meanflow") or {}
+            changed = sorted(k for k in want if have.get(k) != want[k])
+            if changed:
+                diffs = [f"--{k.replace('_', '-')} {have.get(k)} there, {want[k]} here" for k in changed]
+                raise UserError(f"checkpoint {where} was trained with other MeanFlow settings ({'; '.join(diffs)}); "
+                                "resume with the recorded ones or use a new --run-dir")
 
     def load_state_dict(self, ckpt: Checkpoint) -> None:
         return None

@@ -20,6 +20,7 @@ from dit_pipeline.common import distributed as dist
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.io import check_writable_dir
 from dit_pipeline.common.teacher import Teacher
+from dit_pipeline.dit.meanflow import VARIANTS as MEANFLOW_OBJECTIVES
 from dit_pipeline.shards import Manifest
 from dit_pipeline.shards.stats import NEAR_ONE, first_samples_std, fix_hint
 from dit_pipeline.train import memory
@@ -339,15 +340,21 @@ def objective_line(cfg: TrainConfig, mc: dict[str, Any] | None = None) -> str:
         implied = f"as --model {cfg.model} implies; " if implied_objective(cfg.model) == "flow" else ""
         shift = f", shifted by {cfg.time_shift:.4g} toward noise" if cfg.time_shift != 1.0 else ""
         loss = "; loss mse + cos (cosine direction)" if cfg.cosine_loss else ""
-        what = f"flow ({implied}linear interpolant, velocity prediction; training times {times}{shift}{loss})"
-    elif cfg.objective in ("meanflow", "imf"):
-        prop = cfg.mf_data_proportion if cfg.mf_data_proportion is not None else \
-            (0.75 if cfg.objective == "meanflow" else 0.5)
+        pred = ("velocity prediction" if cfg.prediction == "v" else
+                f"x-prediction, v = (x_pred - x_t) / max(1 - t, {cfg.t_eps:g})")
+        what = f"flow ({implied}linear interpolant, {pred}; training times {times}{shift}{loss})"
+    elif cfg.objective in MEANFLOW_OBJECTIVES:
+        from dit_pipeline.dit.meanflow import DATA_PROPORTION
+
+        prop = cfg.mf_data_proportion if cfg.mf_data_proportion is not None else DATA_PROPORTION[cfg.objective]
         guide = (f"guidance omega {cfg.mf_omega:g}, kappa {cfg.mf_kappa:g} for t in [{cfg.mf_t_start:g}, "
                  f"{cfg.mf_t_end:g}]" if (cfg.mf_omega, cfg.mf_kappa) != (1.0, 0.0) else "no training guidance") \
             if cfg.objective == "meanflow" else f"omega drawn on [1, {1 + cfg.mf_s_max:g}] and fed to the network"
+        heads = {"imf": "; the u and v heads' loss terms (the release's iMF)",
+                 "imf-adaln": "; this project's iMF variant: conditions added to the time embedding, v read from u "
+                              "at h = 0, labels dropped per sample"}.get(cfg.objective, "")
         what = (f"{cfg.objective} (average velocity u(z, t, h = t - r); t, r logit-normal({cfg.mf_t_mean:g}, "
-                f"{cfg.mf_t_scale:g}), r = t for {prop:.0%} of each step; {guide}; JVP through "
+                f"{cfg.mf_t_scale:g}), r = t for {prop:.0%} of each step; {guide}{heads}; JVP through "
                 f"{cfg.jvp_attention} attention; adaptive weight p {cfg.mf_norm_p:g})")
     else:
         what = "ddpm (DiT: noise prediction + learned variance, 1000-step linear schedule)"

@@ -43,12 +43,14 @@ def ddt_angle(r, c, j, hd, grid):
     return (pos[c] if axis == 0 else pos[r]) * 10000.0 ** (-4 * k / hd)
 
 
-def rotate(x, angle_of, grid):
-    """x [N, H, T, hd]: feature pair (2j, 2j+1) of token r*grid+c turned by angle_of(r, c, j)."""
+def rotate(x, angle_of, grid, prefix=0):
+    """x [N, H, T, hd]: feature pair (2j, 2j+1) of token prefix + r*grid+c turned by angle_of(r, c, j); the first
+    `prefix` tokens (JiT's in-context tokens) are not turned."""
     out = x.clone()
     hd = x.shape[-1]
-    for tok in range(grid * grid):
-        r, c = divmod(tok, grid)
+    for i in range(grid * grid):
+        r, c = divmod(i, grid)
+        tok = prefix + i
         for j in range(hd // 2):
             w = angle_of(r, c, j)
             a, b = x[..., tok, 2 * j], x[..., tok, 2 * j + 1]
@@ -57,7 +59,7 @@ def rotate(x, angle_of, grid):
     return out
 
 
-def attention(sd, p, x, heads, angle_of=None, grid=None, qk=None):
+def attention(sd, p, x, heads, angle_of=None, grid=None, qk=None, prefix=0):
     n, tokens, d = x.shape
     hd = d // heads
     qkv = lin(sd, p + "qkv", x).reshape(n, tokens, 3, heads, hd)
@@ -65,7 +67,7 @@ def attention(sd, p, x, heads, angle_of=None, grid=None, qk=None):
     if qk is not None:
         q, k = qk(q, sd[p + "q_norm.weight"]), qk(k, sd[p + "k_norm.weight"])
     if angle_of is not None:
-        q, k = rotate(q, angle_of, grid), rotate(k, angle_of, grid)
+        q, k = rotate(q, angle_of, grid, prefix), rotate(k, angle_of, grid, prefix)
     w = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(hd), dim=-1)
     return lin(sd, p + "proj", (w @ v).transpose(1, 2).reshape(n, tokens, d))
 
@@ -80,7 +82,7 @@ def mlp(sd, p, x):
     return lin(sd, p + "fc2", F.gelu(lin(sd, p + "fc1", x), approximate="tanh"))
 
 
-def block(sd, p, x, c, heads, *, silu_mod, angle_of=None, grid=None, qk=None):
+def block(sd, p, x, c, heads, *, silu_mod, angle_of=None, grid=None, qk=None, prefix=0):
     """adaLN-Zero; c [N, D] or [N, T, D]; learned RMSNorm when the block has norm scales, else LayerNorm."""
     cc = c * torch.sigmoid(c) if silu_mod else c
     key = p + ("adaLN_modulation.1" if silu_mod else "adaLN_modulation.0")
@@ -94,7 +96,7 @@ def block(sd, p, x, c, heads, *, silu_mod, angle_of=None, grid=None, qk=None):
         sh1 = sh2 = 0
     norm1 = (lambda h: rms(h, sd[p + "norm1.weight"])) if p + "norm1.weight" in sd else layer_norm
     norm2 = (lambda h: rms(h, sd[p + "norm2.weight"])) if p + "norm2.weight" in sd else layer_norm
-    x = x + g1 * attention(sd, p + "attn.", norm1(x) * (1 + sc1) + sh1, heads, angle_of, grid, qk)
+    x = x + g1 * attention(sd, p + "attn.", norm1(x) * (1 + sc1) + sh1, heads, angle_of, grid, qk, prefix)
     return x + g2 * mlp(sd, p + "mlp.", norm2(x) * (1 + sc2) + sh2)
 
 
@@ -192,3 +194,25 @@ def ditdh_forward(sd, cfg, x, t, y):
         h = block(sd, f"blocks.{i}.", h, s, hh, silu_mod=True, angle_of=dec_angle, grid=grid)
     out_ch = cfg["in_channels"] * (2 if cfg["learn_sigma"] else 1)
     return unpatchify_dit(final(sd, h, s, silu_mod=True), out_ch, p, grid)
+
+
+def jit_forward(sd, cfg, x, t, y):
+    """JiT (LTH14/JiT model_jit.py, as dit/jit.py states it): LightningDiT's blocks with RMSNorm QK-norm; the patch
+    embedding proj2(proj1(x)) (p x p without bias to the bottleneck, then 1 x 1 with bias); before block
+    in_context_start, in_context_len copies of the class embedding plus in_context_posemb in front, not rotated;
+    the final layer on the image tokens."""
+    sd = {k: v.double() for k, v in sd.items()}
+    p, heads, grid = cfg["patch_size"], cfg["num_heads"], cfg["input_size"] // cfg["patch_size"]
+    hd, d, b = cfg["hidden_size"] // heads, cfg["hidden_size"], cfg["bottleneck_dim"]
+    angle = lambda r, c, j: eva_angle(r, c, j, hd)  # noqa: E731
+    low = patchify(x.double(), p) @ sd["x_embedder.proj1.weight"].reshape(b, -1).T  # no bias
+    h = low @ sd["x_embedder.proj2.weight"].reshape(d, b).T + sd["x_embedder.proj2.bias"] + sd["pos_embed"]
+    y_emb = sd["y_embedder.embedding_table.weight"][y]
+    c = _mlp_t(sd, sinusoid(t, 10000.0)) + y_emb
+    prefix = 0
+    for i in range(cfg["depth"]):
+        if i == cfg["in_context_start"] and cfg["in_context_len"]:
+            prefix = cfg["in_context_len"]
+            h = torch.cat([y_emb[:, None] + sd["in_context_posemb"], h], dim=1)
+        h = block(sd, f"blocks.{i}.", h, c, heads, silu_mod=True, angle_of=angle, grid=grid, qk=rms, prefix=prefix)
+    return unpatchify_dit(final(sd, h[:, prefix:], c, silu_mod=True), cfg["in_channels"], p, grid)

@@ -9,6 +9,7 @@ import torch
 
 from dit_pipeline import dit
 from dit_pipeline.dit.family import create_model, lookup_preset, model_from_config
+from dit_pipeline.dit.jit import JiT
 from dit_pipeline.dit.rope import DDTRope, EvaRope
 from tests.dit import _releases_reference as ref
 
@@ -17,8 +18,11 @@ TINY = {
     "DDT": dict(name="DDT-XL/2", input_size=8, in_channels=4, depth=2, encoder_depth=1, hidden_size=64, num_heads=4),
     "DiT-DH": dict(name="DiT-DH-S", input_size=4, in_channels=8, depth=2, hidden_size=32, num_heads=2, head_depth=1,
                    head_hidden_size=64, head_num_heads=4),
+    "JiT": dict(name="JiT-B/16", input_size=8, in_channels=3, patch_size=2, depth=3, hidden_size=32, num_heads=2,
+                bottleneck_dim=5, in_context_len=3, in_context_start=1),
 }
-FORWARD = {"LightningDiT": ref.lightningdit_forward, "DDT": ref.ddt_forward, "DiT-DH": ref.ditdh_forward}
+FORWARD = {"LightningDiT": ref.lightningdit_forward, "DDT": ref.ddt_forward, "DiT-DH": ref.ditdh_forward,
+           "JiT": ref.jit_forward}
 
 
 def build(family: str, seed: int = 0, **over):
@@ -41,7 +45,7 @@ def inputs(model, n=2, seed=3):
 
 @pytest.mark.parametrize("family,over", [("LightningDiT", {}), ("LightningDiT", {"qk_norm": True, "wo_shift": True}),
                                          ("LightningDiT", {"rms_norm": False, "swiglu": False, "rope": False}),
-                                         ("DDT", {}), ("DiT-DH", {}), ("DiT-DH", {"learn_sigma": True})])
+                                         ("DDT", {}), ("DiT-DH", {}), ("DiT-DH", {"learn_sigma": True}), ("JiT", {})])
 def test_forward_is_the_release_definition(family, over):
     """Our float32 forward equals the float64 re-computation from the release's facts: the norms and MLPs, the RoPE
     layout, the conditioning (DiT-DH's head and DDT's decoder modulated token by token by the encoder's output),
@@ -103,6 +107,21 @@ def test_the_releases_names_widths_and_sizes():
     assert sd["dec_feat_rope.freqs_cos"].shape == (256, 128) and sd["final_layer.linear.weight"].shape == (768, 2048)
     assert not dh.t_embedder.W.requires_grad
     assert lookup_preset("DiTDH-XL")[1] == "DiT-DH-XL" and lookup_preset("lightningdit-xl-1")[1] == "LightningDiT-XL/1"
+    with torch.device("meta"):  # JiT (LTH14/JiT model_jit.py JiT_models): bottleneck 128, 32 in-context tokens at 4
+        jb = create_model("JiT-B/16", input_size=256, in_channels=3)
+        pix = create_model("DiT-DH-XL/16", input_size=256, in_channels=3)
+    sd = jb.state_dict()
+    assert sd["x_embedder.proj1.weight"].shape == (128, 3, 16, 16) and "x_embedder.proj1.bias" not in sd
+    assert sd["x_embedder.proj2.weight"].shape == (768, 128, 1, 1) and sd["in_context_posemb"].shape == (1, 32, 768)
+    assert sd["blocks.0.attn.q_norm.weight"].shape == (64,) and sd["blocks.11.mlp.w3.weight"].shape == (768, 2048)
+    assert sd["feat_rope_incontext.freqs_cos"].shape == (32 + 256, 64) and jb.in_context_start == 4
+    rope = JiT.fixed_tensors(jb.config)  # the class tokens are not rotated: identity rows in front
+    assert torch.equal(rope["feat_rope_incontext.freqs_cos"][:32], torch.ones(32, 64))
+    assert torch.equal(rope["feat_rope_incontext.freqs_sin"][32:], rope["feat_rope.freqs_sin"])
+    assert (lookup_preset("jit-h-32")[1], create_model("JiT-H/32", input_size=64, depth=11).bottleneck_dim) == \
+        ("JiT-H/32", 256)
+    sd = pix.state_dict()  # NanoGen's jit-ddt: DiT-DH-XL in 16 x 16 patches of pixels
+    assert sd["s_embedder.proj.weight"].shape == (1152, 3, 16, 16) and sd["final_layer.linear.weight"].shape == (768, 2048)
 
 
 @pytest.mark.parametrize("family", list(TINY))

@@ -142,6 +142,32 @@ def test_the_loss_and_its_gradient_are_the_formulas(norm_p):
         assert torch.allclose(ours["loss"], torch.ones(4), atol=0.05)
 
 
+def test_the_defaults_are_the_releases():
+    """Gsunshine/meanflow configs/default.py (method.*: P_mean -0.4, P_std 1.0, data_proportion 0.75,
+    class_dropout_prob 0.1, omega 1.0, kappa 0.5, t_start 0.0, t_end 1.0, norm_p 1.0, norm_eps 0.01), which
+    configs/run_b4.yml leaves unchanged: the objective and `dit-train --objective meanflow` train guided,
+    v_g = v + 0.5 (v_c - v_u). Lyy-iiis/imeanflow configs/default.py: data_proportion 0.5, s_max 7 (imf.py 141)."""
+    from dit_pipeline.train import merge_config
+
+    release = {"t_mean": -0.4, "t_scale": 1.0, "data_proportion": 0.75, "omega": 1.0, "kappa": 0.5, "t_start": 0.0,
+               "t_end": 1.0, "norm_p": 1.0, "norm_eps": 0.01}
+    cfg = merge_config({}, {"shards": "s", "run_dir": "r", "objective": "meanflow"})
+    for built in (MeanFlow(), cfg.make_objective()):
+        assert {k: getattr(built, k) for k in release} == release and built.guided
+    assert cfg.class_dropout_prob == 0.1
+    imf = merge_config({}, {"shards": "s", "run_dir": "r", "model": "iMF-B/2"}).make_objective()
+    assert (imf.variant, imf.data_proportion, imf.s_max, imf.t_mean, imf.norm_eps) == ("imf", 0.5, 7.0, -0.4, 0.01)
+
+
+def test_the_h_embedder_starts_as_the_releases():
+    """models/models_dit.py TimestepEmbedder (38-44): both Linear weights normal(0.02), biases zero, for h as for t."""
+    torch.manual_seed(0)
+    m = dit.create_model("DiT-S/2", input_size=8, depth=1, hidden_size=384, num_heads=6, conditions="meanflow")
+    for layer in (m.h_embedder.mlp[0], m.h_embedder.mlp[2]):
+        assert layer.weight.std().item() == pytest.approx(0.02, rel=0.05) and not layer.bias.any()
+    assert not torch.equal(m.h_embedder.mlp[2].weight, m.t_embedder.mlp[2].weight)  # its own draw
+
+
 def test_time_pairs_and_label_dropout_follow_the_release():
     mf = MeanFlow()
     tr = mf.draw_timesteps(1000, generator=torch.Generator().manual_seed(0))
@@ -151,12 +177,14 @@ def test_time_pairs_and_label_dropout_follow_the_release():
     assert drop.tolist() == [1, 1, 1, 0, 0, 0, 0, 0]  # k = 3 draws fell below p: the FIRST 3 samples
     imf = MeanFlow(variant="imf")
     tr = imf.draw_timesteps(1000, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(tr, MeanFlow(variant="imf-adaln").draw_timesteps(1000, generator=torch.Generator().manual_seed(0)))
     t, r, omega, lo, hi = tr.unbind(1)
     assert (t[:500] == r[:500]).all() and (lo[:500] == 0).all() and (hi[:500] == 1).all()
     assert omega.min() >= 1.0 and omega.max() <= 8.0 and (lo[500:] <= 0.5).all() and (hi[500:] >= 0.5).all()
     # the power law on [1, 1 + s_max]: log(omega) / log(8) is uniform
     assert (torch.log(omega) / math.log(8.0)).mean().item() == pytest.approx(0.5, abs=0.03)
-    assert imf.drop_labels(torch.tensor([0, 1, 0])).tolist() == [0, 1, 0]
+    assert imf.drop_labels(torch.tensor([0, 1, 0])).tolist() == [1, 0, 0]  # the release's first k (test_imf.py)
+    assert MeanFlow(variant="imf-adaln").drop_labels(torch.tensor([0, 1, 0])).tolist() == [0, 1, 0]  # ours
 
 
 class GaussianMeanFlow(nn.Module):
@@ -209,10 +237,10 @@ def test_the_exact_average_velocity_satisfies_the_meanflow_identity():
     torch.testing.assert_close(u, v - (t - r)[:, None, None, None] * dudt, rtol=1e-4, atol=1e-4)
 
 
-def test_imf_trains_and_samples_with_its_conditions():
+def test_our_imf_variant_trains_and_samples_with_its_conditions():
     m = _tiny("imf")
     assert m.config["conditions"] == "imf" and not hasattr(m, "h_embedder")
-    imf = MeanFlow(variant="imf")
+    imf = MeanFlow(variant="imf-adaln")
     imf.attach(m)
     x, e, _, y = _batch()
     tr = imf.draw_timesteps(4, generator=torch.Generator().manual_seed(3))

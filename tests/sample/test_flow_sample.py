@@ -121,7 +121,8 @@ def test_without_sampler_a_flow_checkpoint_samples_with_sits_sde(sit_files, ckpt
     as if given: the same record and pixels as the explicit flag, said in the log."""
     from dit_pipeline.sample.config import DEFAULT_SAMPLERS
 
-    assert DEFAULT_SAMPLERS == {"ddpm": "ddpm", "flow": "euler-maruyama", "meanflow": "meanflow", "imf": "meanflow"}
+    assert DEFAULT_SAMPLERS == {"ddpm": "ddpm", "flow": "euler-maruyama", "meanflow": "meanflow", "imf": "meanflow",
+                                "imf-adaln": "meanflow"}
     for name, sampler in (("ours", "euler-maruyama"), ("release", "euler-maruyama")):
         files = {"ours": sit_files["ours"], "release": sit_files["release"]}
         base = dict(ckpt=str(files[name]), vae=str(tiny_vae_dir), steps=3, class_labels=[1, 2], quiet=True)

@@ -79,8 +79,9 @@ def test_damaged_manifests_have_exact_messages(tmp_path):
     path.write_text(good)
     edit_manifest(folder, store="latents", dtype="int8", num_classes=2, latent_shape=[4, 4])
     assert _read_error(folder) == (
-        f"{path}: invalid manifest: store must be one of ['posterior', 'sample'], got 'latents'; dtype must be one "
-        "of ['bfloat16', 'float16', 'float32'], got 'int8'; latent_shape must be 3 positive integers [C, h, w], "
+        f"{path}: invalid manifest: store must be one of ['pixels', 'posterior', 'sample'], got 'latents'; dtype "
+        "must be one of ['bfloat16', 'float16', 'float32'] (or 'uint8' exactly when store is 'pixels'), got 'int8' "
+        "with store 'latents'; latent_shape must be 3 positive integers [C, h, w], "
         "got [4, 4]; class_names must be 2 strings (num_classes), got 3")
 
     path.write_text(good)

@@ -71,7 +71,8 @@ def test_pixels_field_rules_in_the_manifest(pix, tmp_path):
     path.write_text(json.dumps({**d, "pixels": {**d["pixels"], "size": [64, 64], "encoding": "png", "bytes": -1}}))
     with pytest.raises(Exception) as e:
         read_manifest(pix)
-    assert str(e.value).endswith("invalid manifest: pixels.encoding must be 'webp-lossless', got 'png'; pixels.size "
+    assert str(e.value).endswith("invalid manifest: pixels.encoding must be one of 'webp-lossless', 'npy-uint8', got "
+                                 "'png'; pixels.size "
                                  "must be [image_size, image_size] = [32, 32], got [64, 64]; pixels.bytes must be a "
                                  "non-negative integer, got -1")
 

@@ -104,3 +104,44 @@ def test_dit_train_init_starts_from_the_weights_and_records_them(shard_dir, rele
     assert f"; to start a new run from the weights of a file, pass --init {release} instead of --resume" in r.output
     r = CliRunner().invoke(train_main, [*args, "--resume", str(release)])
     assert r.exit_code == 2 and "--init starts a new run from weights and --resume" in r.output
+
+
+def test_a_meanflow_run_from_a_sit_file_and_a_flow_run_back_from_it(shard_dir, tmp_path):
+    """Issue 41 item 10: `--init` a MeanFlow run from a SiT (or DiT) file: every tensor of the file copied, the second
+    time embedder h_embedder started as the MeanFlow release starts it (Gsunshine/meanflow models/models_dit.py
+    TimestepEmbedder 38-44: both weights normal(0.02), biases zero); and the reverse, a flow run from the MeanFlow
+    file: its h_embedder dropped, the plan says so."""
+    sit = _weights(8, learn_sigma=False)
+    path = tmp_path / "sit-tiny.pt"
+    torch.save(sit.state_dict(), path)
+    kw = {"name": "DiT-S/2", "input_size": 8, "num_classes": 2, "learn_sigma": False, **TINY}
+    init = load_init(str(path), {**kw, "conditions": "meanflow"})
+    torch.manual_seed(0)
+    model = dit.create_model(**kw, conditions="meanflow")
+    apply_init(model, init)
+    sd = model.state_dict()
+    assert set(init.state_dict) == set(sit.state_dict()) - {"pos_embed"}
+    assert all(torch.equal(sd[k], v) for k, v in sit.state_dict().items())
+    for layer in (model.h_embedder.mlp[0], model.h_embedder.mlp[2]):
+        assert layer.weight.std().item() == pytest.approx(0.02, rel=0.15) and not layer.bias.any()
+    assert ("the new model's own pos_embed (fixed sin-cos/RoPE tables, computed for 8x8 latents), h_embedder "
+            "(MeanFlow's time input h = t - r, not in the file: initialised as the MeanFlow release initialises it, "
+            "weights normal(0.02), biases zero)") in init.describe()
+    mf = tmp_path / "meanflow-tiny.pt"
+    torch.save(sd, mf)
+    back = load_init(str(mf), kw)
+    assert set(back.state_dict) == set(sit.state_dict()) - {"pos_embed"}
+    assert "dropped from the file: h_embedder (the file's meanflow time inputs; this run's objective has none)" \
+        in back.describe()
+    assert "h_embedder" not in "".join(back.kept)
+    ddpm = load_init(str(mf), {**kw, "learn_sigma": True})  # a ddpm run: DiT's learned-sigma output starts fresh
+    assert "dropped from the file: h_embedder" in ddpm.describe() and "output layer (learned sigma on here" in \
+        ddpm.describe()
+    ours = load_init(str(path), {**kw, "conditions": "imf"})  # imf-adaln's embedders, as a new run's
+    assert ("omega_embedder, tmin_embedder, tmax_embedder (the imf time inputs, not in the file: first layers "
+            "normal(0.02), output layers zero, as a new run's)") in ours.describe()
+    # the same through dit-train's plan, the objective's time inputs taken from --objective
+    dry = CliRunner().invoke(train_main, [str(a) for a in tiny_args(shard_dir, tmp_path / "mf-run", **{
+        "num-workers": 0, "dry-run": True, "objective": "meanflow", "init": path})])
+    assert dry.exit_code == 0, dry.output
+    assert "h_embedder (MeanFlow's time input h = t - r, not in the file" in dry.output

@@ -55,7 +55,7 @@ def test_meanflow_two_ranks_kill_resume_bit_identical_and_one_step_samples(shard
 
     with pytest.raises(UserError, match="was trained with --objective meanflow, this run asks for --objective flow"):
         run_tiny(shard_dir, straight, max_steps=STEPS + 1, global_batch_size=8, objective="flow")
-    with pytest.raises(UserError, match=r"other MeanFlow settings \(--mf-omega\)"):
+    with pytest.raises(UserError, match=r"other MeanFlow settings \(--mf-omega 0.6 there, 0.5 here\)"):
         run_tiny(shard_dir, straight, max_steps=STEPS + 1, global_batch_size=8, objective="meanflow",
                  mf_omega=0.5, mf_kappa=0.2, mf_t_end=0.9)
 
@@ -94,14 +94,36 @@ def test_the_plan_says_what_meanflow_trains():
 
 
 def test_imf_trains_in_process_and_samples_with_its_guidance_as_inputs(shard_dir, tiny_vae_dir, tmp_path):
-    """iMF: the checkpoint records it; dit-sample's --cfg-scale is the network's omega and --guidance-interval its
-    interval (one evaluation per step, no doubled batch): other values, other pixels."""
-    ck = run_tiny(shard_dir, tmp_path / "run", max_steps=3, global_batch_size=8, objective="imf", lr=1e-2)
-    assert ck["objective"] == "imf" and ck["model_config"]["conditions"] == "imf"
-    assert ck["meanflow"]["mf_s_max"] == 7.0
+    """The release's iMF (its network, --model iMF-B/2 implying --objective imf): the checkpoint and the EMA file
+    record it, both heads' terms are logged; dit-sample's --cfg-scale is the network's omega and --guidance-interval
+    its interval (one evaluation per step, no doubled batch): other values, other pixels."""
+    import json
+
+    ck = run_tiny(shard_dir, tmp_path / "run", max_steps=3, global_batch_size=8, model="iMF-B/2", head_depth=1,
+                  lr=1e-2)
+    assert ck["objective"] == "imf" and ck["model_config"]["family"] == "iMF" and ck["model_config"]["v_head"]
+    assert ck["meanflow"]["mf_s_max"] == 7.0 and "mf_kappa" not in ck["meanflow"]
+    _, info = dit.load_dit_weights(tmp_path / "run" / "checkpoints" / "step-0000003-ema.pt")
+    assert (info["objective"], info["meanflow"]) == ("imf", ck["meanflow"])
+    logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["mse_v"] > 0 for r in logged if "loss" in r)
     base = dict(ckpt=str(tmp_path / "run"), vae=str(tiny_vae_dir), class_labels=[0, 1], quiet=True, steps=1,
                 weights="model")  # 3 steps: the EMA has hardly moved from the zero-initialised gates
     outs = [np.load(run_sampling(SampleConfig(**base, cfg_scale=w, guidance_interval=iv,
                                               npz=str(tmp_path / f"{i}.npz"))).npz)["arr_0"]
             for i, (w, iv) in enumerate([(1.0, None), (6.0, None), (6.0, [0.0, 0.5])])]
     assert not np.array_equal(outs[0], outs[1]) and not np.array_equal(outs[1], outs[2])
+    with pytest.raises(UserError, match="was trained with --objective imf, this run asks for --objective imf-adaln"):
+        run_tiny(shard_dir, tmp_path / "run", max_steps=4, global_batch_size=8, objective="imf-adaln")
+
+
+def test_our_imf_variant_is_its_own_objective():
+    base = {"shards": "s", "run_dir": "r", "max_steps": 1}
+    with pytest.raises(ConfigError) as e:
+        merge_config({}, {**base, "model": "DiT-S/2", "objective": "imf"}).validate()
+    assert ("--objective imf is the release's iMF, whose network is its own (an auxiliary v head, the conditions as "
+            "in-context tokens): use --model iMF-B/2 (or M/2, L/2, XL/2), or --objective imf-adaln for this "
+            "project's variant on a DiT") in str(e.value)
+    with pytest.raises(ConfigError, match="iMF's network \\(--model iMF-\\*\\) trains with --objective imf, not flow"):
+        merge_config({}, {**base, "model": "iMF-B/2", "objective": "flow"}).validate()
+    merge_config({}, {**base, "model": "LightningDiT-B/1", "objective": "imf-adaln"}).validate()

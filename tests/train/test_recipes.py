@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from dit_pipeline.common.pixels import pixel_identity
 from dit_pipeline.common.errors import ConfigError
 from dit_pipeline.sample.config import SampleConfig
 from dit_pipeline.shards import Manifest, ShardRecord, format_version_for, sample_key, shard_name, write_manifest
@@ -25,6 +26,7 @@ from tests.train.helpers import VAE_IDENTITY
 RECIPES = REPO / "recipes"
 IMAGENET = 1_281_167  # ImageNet-1k train images
 SD, VA, RAE = (4, 32, 32), (32, 16, 16), (768, 16, 16)  # SD-VAE, VA-VAE f16d32, DINOv2-B features at 256 px
+PIX = (3, 256, 256)  # pixel space (dit-extract --encoder pixels)
 
 # The papers' values. A row: model, objective, global batch, lr, (beta1, beta2), EMA decay, training length
 # (steps or epochs as the source gives it), the FID the paper states and its sampling (sampler, steps, guidance,
@@ -89,6 +91,45 @@ PAPERS = {
                                       labels="equal",
                                       extra={"repa": "dinov2_vitb14", "repa_depth": 8, "repa_coeff": 0.5,
                                              "t_sampling": "uniform"}),
+    # NanoGen (End2End-Diffusion/diffusion-bench) configs/stage2/training/imagenet/
+    # jit-ddt-en28d1152hd72-dn2d2048hd128-xpred-t4c8.yaml: DiTwDDTHead patch 16 on 3 x 256 x 256, prediction 'x',
+    # logit-normal_-1.1_0.8 on its noise level (ours at +1.1), time_dist_shift sqrt(196608 / 4096), batch 1024, lr 2e-4,
+    # betas (0.9, 0.95), EMA 0.9995, clip 1.0, 80 epochs, warmup_epochs 40 without warmup_from_zero, decay_end_epoch 800
+    # to 2e-5; sampling/...-cfg2.6-t0.0-0.9.yaml: 50 Euler steps unshifted, cfg 2.6 where t in [0, 0.9]; no FID stated
+    "jit-ddt-xl16-nanogen.yaml": dict(model="DiT-DH-XL/16", objective="flow", batch=1024, lr=2e-4, betas=(0.9, 0.95),
+                                      ema=0.9995, steps=None, epochs=80, fid=None, sampler="euler", sample_steps=50,
+                                      cfg=2.6, channels=None, interval=[0.0, 0.9], time_shift=1.0, latent=PIX,
+                                      extra={"prediction": "x", "t_eps": 0.05, "t_sampling": "logit-normal",
+                                             "t_mean": 1.1, "t_scale": 0.8, "time_shift": "auto",
+                                             "time_shift_base": 4096, "final_lr": 2e-5, "lr_decay_start_epochs": 40,
+                                             "lr_decay_end_epochs": 800, "grad_clip": 1.0}),
+    # Geng et al. 2025, arXiv:2505.13447; Gsunshine/meanflow configs/run_b4.yml (DiT_B_4, 240 epochs) over
+    # configs/default.py (batch 256, lr 1e-4, adam_b2 0.95, ema 0.9999, P_mean -0.4, P_std 1.0, data_proportion 0.75,
+    # class_dropout_prob 0.1, omega 1.0, kappa 0.5, t_start 0, t_end 1, norm_p 1, norm_eps 0.01; sampling num_steps 1);
+    # no paper FID read for this run (the README's 11.4 is its own checkpoint's)
+    "meanflow-b4.yaml": dict(model="DiT-B/4", objective="meanflow", batch=256, lr=1e-4, betas=(0.9, 0.95),
+                             ema=0.9999, steps=None, epochs=240, fid=None, sampler="meanflow", sample_steps=1, cfg=None,
+                             channels=None, interval=None, latent=SD, params_gb="0.49", unconfirmed={"fid"},
+                             extra={"mf_t_mean": -0.4, "mf_t_scale": 1.0, "mf_data_proportion": 0.75, "mf_omega": 1.0,
+                                    "mf_kappa": 0.5, "mf_t_start": 0.0, "mf_t_end": 1.0, "mf_norm_p": 1.0,
+                                    "mf_norm_eps": 0.01}),
+    # Geng et al. 2025, arXiv:2512.02012 (iMF-B/2 3.39 at 1 NFE); Lyy-iiis/imeanflow configs/train_config.yml
+    # (imfDiT_B_2, 640 epochs, batch 1024, lr 1e-4, warmup_epochs 10 warmup_const, adam_b2 0.95) over
+    # configs/default.py (ema_val 0.9999, P_mean -0.4, P_std 1.0, data_proportion 0.5, class_dropout_prob 0.1,
+    # norm_p 1, norm_eps 0.01), imf.py (s_max 7.0); configs/eval_config.yml (omega 8.0, interval [0.4, 0.65], 1 step)
+    "imf-b2.yaml": dict(model="iMF-B/2", objective="imf", batch=1024, lr=1e-4, betas=(0.9, 0.95), ema=0.9999,
+                        steps=None, epochs=640, fid=3.39, sampler="meanflow", sample_steps=1, cfg=8.0, channels=None,
+                        interval=[0.4, 0.65], latent=SD, params_gb="0.54", unconfirmed=set(),
+                        extra={"warmup_epochs": 10, "mf_t_mean": -0.4, "mf_t_scale": 1.0, "mf_data_proportion": 0.5,
+                               "mf_norm_p": 1.0, "mf_norm_eps": 0.01, "mf_s_max": 7.0}),
+    # the same release: imfDiT_XL_2; eval_config.yml (omega 8.0, interval [0.42, 0.62] for the provided XL/2); its
+    # torch branch's convert.py (commit a2ac5c55) names the checkpoint imf_xl_800ep/checkpoint_1000800 (800 epochs of
+    # 1251 steps: batch 1024); lr, warm-up, beta2 and EMA are B/2's (train_config.yml), not stated for XL/2
+    "imf-xl2.yaml": dict(model="iMF-XL/2", objective="imf", batch=1024, lr=1e-4, betas=(0.9, 0.95), ema=0.9999,
+                         steps=None, epochs=800, fid=1.72, sampler="meanflow", sample_steps=1, cfg=8.0, channels=None,
+                         interval=[0.42, 0.62], latent=SD, params_gb="2.65",
+                         unconfirmed={"lr", "warmup_epochs", "adam_beta2", "ema_decay"},
+                         extra={"warmup_epochs": 10, "mf_data_proportion": 0.5, "mf_s_max": 7.0}),
     # Leng et al. 2026, arXiv:2606.24888 (NanoGen); End2End-Diffusion/diffusion-bench
     # configs/stage2/training/imagenet/ddt-en28d1152hd72-dn2d2048hd128-sdvae-ema-vpred-t4c8.yaml (batch 1024, lr 2e-4,
     # betas (0.9, 0.95), EMA 0.9995, clip 1.0, logit-normal_0_1, shift sqrt(4096 / 4096), 80 epochs, linear schedule:
@@ -100,7 +141,8 @@ PAPERS = {
                                             interval=[0.0, 0.9], latent=SD,
                                             extra={"t_sampling": "logit-normal", "time_shift": 1.0, "final_lr": 2e-5,
                                                    "lr_decay_start_epochs": 40, "lr_decay_end_epochs": 800,
-                                                   "grad_clip": 1.0, "num_t_tokens": 4, "num_c_tokens": 8}),
+                                                   "grad_clip": 1.0, "num_t_tokens": 4, "num_c_tokens": 8},
+                                            unconfirmed={"fid"}),
 }
 
 
@@ -158,12 +200,24 @@ def test_the_recipe_states_the_papers_values(name):
         assert getattr(cfg, key) == want, key
     recipe = cfg.recipe
     assert recipe["fid"] == row["fid"] and recipe["epochs"] == row["epochs"] and recipe["paper"]
+    if row["objective"] in ("meanflow", "imf"):  # the MeanFlow settings the recipe does not state: the defaults
+        assert {k: getattr(cfg, k) for k in ("mf_t_mean", "mf_t_scale", "mf_norm_p", "mf_norm_eps")} == \
+            {"mf_t_mean": -0.4, "mf_t_scale": 1.0, "mf_norm_p": 1.0, "mf_norm_eps": 0.01}
     assert re.fullmatch(r"\d{4}\.\d{5}", recipe["arxiv"]) and recipe["extraction"] and recipe["name"]
     s = recipe["sampling"]
-    assert (s["sampler"], s["steps"], s["cfg_scale"]) == (row["sampler"], row["sample_steps"], row["cfg"])
+    assert (s["sampler"], s["steps"], s.get("cfg_scale")) == (row["sampler"], row["sample_steps"], row["cfg"])
     assert s.get("cfg_channels") == row["channels"] and s.get("guidance_interval") == row["interval"]
     assert s.get("time_shift") == row.get("time_shift") and s.get("labels", "uniform") == row.get("labels", "uniform")
     cfg.validate()
+
+
+@pytest.mark.parametrize("name", sorted(PAPERS))
+def test_every_unconfirmed_value_says_so(name):
+    """A value no release file or paper confirms carries UNCONFIRMED on its line, and only those (the rows'
+    `unconfirmed`; rows without the key have none)."""
+    lines = (RECIPES / name).read_text(encoding="utf-8").splitlines()
+    marked = {m.group(1) for line in lines if (m := re.match(r"\s*(\w+):.*#.*UNCONFIRMED", line))}
+    assert marked == PAPERS[name].get("unconfirmed", set())
 
 
 @pytest.mark.parametrize("name", sorted(PAPERS))
@@ -181,9 +235,12 @@ def _imagenet(folder: Path, latent, pixels: bool) -> Path:
         i = len(records)
         records.append(ShardRecord(shard_name(i), k, sample_key(n), sample_key(n + k - 1), 1 << 20, "0" * 64))
         n += k
+    space = tuple(latent) == PIX  # a pixel-space set: the crops are the latents
     m = Manifest(format_version=format_version_for(pixels=pixels, normalization=False), tool_version="test",
-                 extraction={"vae": VAE_IDENTITY}, normalization=None, scaling_factor=0.18215, shift_factor=None,
-                 image_size=256, views=2, store="posterior", dtype="float16", latent_shape=list(latent),
+                 extraction={"vae": pixel_identity(256) if space else VAE_IDENTITY}, normalization=None,
+                 scaling_factor=1.0 if space else 0.18215, shift_factor=None, image_size=256, views=2,
+                 store="pixels" if space else "posterior", dtype="uint8" if space else "float16",
+                 latent_shape=list(latent),
                  class_names=[f"n{c:08d}" for c in range(1000)], num_classes=1000, total_samples=IMAGENET,
                  samples_per_shard=1000, shards=records, skipped=[], pixels=pixels_entry(256, 1) if pixels else None)
     folder.mkdir(parents=True)
@@ -196,7 +253,7 @@ def imagenet(tmp_path_factory):
     root = tmp_path_factory.mktemp("imagenet")
     return {"teacher": make_tiny_teacher(root / "teacher.safetensors"),
             **{shape: _imagenet(root / "x".join(map(str, shape)), shape, pixels=shape != RAE)
-               for shape in (SD, VA, RAE)}}
+               for shape in (SD, VA, RAE, PIX)}}
 
 
 def _dry_run(name, imagenet, tmp_path, **flags):
@@ -216,10 +273,10 @@ def _dry_run(name, imagenet, tmp_path, **flags):
 def test_the_dry_run_plans_the_papers_run(name, imagenet, tmp_path):
     row = PAPERS[name]
     plan = _dry_run(name, imagenet, tmp_path)
-    if row["fid"] is not None:
-        assert f"the paper states FID {row['fid']:g} (" in plan and ", not measured here" in plan
-    else:  # a recipe whose FID could not be confirmed states none
+    if row["fid"] is None:
         assert "the paper states FID" not in plan and f"  recipe      {load_config_file(RECIPES / name)['recipe']['name']}" in plan
+    else:
+        assert f"the paper states FID {row['fid']:g} (" in plan and ", not measured here" in plan
     assert f"  batch       global {row['batch']} = 1 rank(s) x micro-batch {row['batch']} x 1" in plan
     length = re.search(r"  length      (.*) -> ([\d,]+) steps \(~([\d.]+) epochs\)", plan)
     assert length is not None
@@ -231,10 +288,12 @@ def test_the_dry_run_plans_the_papers_run(name, imagenet, tmp_path):
     assert float(length.group(3)) == pytest.approx(row["epochs"], rel=0.01)  # the readers' epochs of ImageNet
     beta = f"betas ({row['betas'][0]:g}, {row['betas'][1]:g})"
     assert f"  optimizer   AdamW, {beta}, eps 1e-08, weight decay 0; " in plan and f"EMA decay {row['ema']:g}" in plan
-    if "final_lr" not in row["extra"]:
+    if "final_lr" not in row["extra"] and "warmup_epochs" not in row["extra"]:
         assert f"  lr          {row['lr']:g}, constant\n" in plan
-    # fp32 parameters: DiT-DH-XL 839M, NanoGen's DiT-DH 611M (its report's "~615M-parameter DiT"), the others 675M
-    params_gb = {"DiT-DH-XL": "3.1", "ddt-en28d1152hd72-dn2d2048hd128": "2.28"}.get(row["model"], "2.5")
+    # fp32 parameters: DiT-DH-XL 839M, DiT-B/4 131M, iMF-B/2 146M and XL/2 711M with their v heads, NanoGen's
+    # in-context DiT-DH 611M (its report's "~615M-parameter DiT"), the others 675M
+    params_gb = row.get("params_gb", {"DiT-DH-XL": "3.1", "DiT-DH-XL/16": "3.1",
+                                      "ddt-en28d1152hd72-dn2d2048hd128": "2.28"}.get(row["model"], "2.5"))
     assert f"  GPU memory  (analytic estimate, unmeasured, rank 0) params {params_gb}" in plan
 
 
