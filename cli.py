@@ -25,9 +25,10 @@ from dit_pipeline.cli_kit import (CONTEXT, DashCommand, DashGroup, GroupedComman
 from dit_pipeline.common.precision import PRECISIONS, PRECISIONS_AUTO
 from dit_pipeline.evaluate.config import EvalConfig
 from dit_pipeline.extract.config import (CPU_DEFAULT_BATCH, DTYPES, GPU_DEFAULT_BATCH, MAX_AUTO_WORKERS, STORES,
-                                          ExtractConfig)
+                                         TEXT_DTYPES, ExtractConfig)
 from dit_pipeline.sample.config import (CFG_CHANNELS, DIFFUSION_FORMS, EXPORT_TARGETS, FLOW_CONVENTIONS, OBJECTIVES,
                                          SAMPLERS, WEIGHTS, ExportConfig, SampleConfig)
+from dit_pipeline.dit.protocols import PROTOCOLS
 from dit_pipeline.sample.plan import LABEL_SAMPLINGS
 from dit_pipeline.train.config import GROUPS as TRAIN_GROUPS
 from dit_pipeline.train.config import TrainConfig
@@ -70,6 +71,8 @@ def _weights_options(f: Callable) -> Callable:
                      "not state them (no model_config, no QK-norm or RoPE tensors to read them from)."),
         click.option("--input-size", type=int, default=None, help="Latent side of a file that does not state it "
                      "(DDT's: it has no position table), e.g. 32 for 256 px images and an f8 VAE."),
+        click.option("--encoder-depth", type=int, default=None, help="DDT's encoder blocks, for a file of a custom "
+                     "size that does not state them (no model_config, no sidecar, no preset of its depth and width)."),
         click.option("--vae", "--decoder", "vae", default=None, help="VAE: hub id, local diffusers folder, or single "
                      ".safetensors/.ckpt file; for a feature space RAE's decoder state_dict FILE[,CONFIG] (README "
                      "'Feature spaces (RAE)') [the VAE the checkpoint records (the one its shards were extracted "
@@ -95,10 +98,18 @@ def sample_main() -> None:
 @_weights_options
 @click.option("--sampler", type=click.Choice(SAMPLERS), default=None,
               help="[from the model's objective: ddpm for ddpm models, euler-maruyama (SiT's SDE) for flow models]")
-@click.option("--steps", type=int, default=default(SampleConfig, "steps"), show_default=True,
+@click.option("--protocol", type=click.Choice(list(PROTOCOLS)), default=None,
+              help="Sample as a release does (README 'Sampling protocols'): its time grid, solver, guidance rule "
+              "and interval ends, image conversion and FID labels; --steps, --cfg-scale, --guidance-interval and "
+              "--labels change its values (recorded), the other sampler flags must agree with it.")
+@click.option("--guidance-model", default=None, metavar="FILE",
+              help="AutoGuidance's weaker network (--protocol rae-ag; or with --cfg-scale S alone: v_weak + S (v - "
+              "v_weak) on every channel), a weight file of the same latents and classes.")
+@click.option("--steps", type=int, default=None,
               help="Sampling steps: ddpm/ddim respaced steps; euler/heun integration intervals; euler-maruyama "
               "SiT's and REPA's num_steps (the points of SiT's time grid: steps - 1 SDE steps and the noise-free "
-              "last step, so 250 is their 250-step setting). Network evaluations = steps (heun: 2 per step).")
+              "last step, so 250 is their 250-step setting); with --protocol the release's own count. Network "
+              "evaluations = steps (heun: 2 per step) [the protocol's; else 250, a one-step model's 1].")
 @click.option("--objective", type=click.Choice(OBJECTIVES), default=None,
               help="ddpm or flow, for a file that does not record it [recorded; else flow for SiT-* files and REPA's "
               "files, ddpm].")
@@ -122,8 +133,9 @@ def sample_main() -> None:
 @click.option("--encoder-refresh", type=int, default=default(SampleConfig, "encoder_refresh"), show_default=True,
               help="DDT: compute the encoder every K-th network call and reuse its state in between (DDT's encoder "
               "sharing, on a uniform schedule; 1 = every call).")
-@click.option("--cfg-scale", type=float, default=default(SampleConfig, "cfg_scale"), show_default=True,
-              help="Classifier-free guidance scale (1 = none). The published FID-50K 2.27 uses 1.5.")
+@click.option("--cfg-scale", type=float, default=None,
+              help="Classifier-free guidance scale (1 = none). The published FID-50K 2.27 uses 1.5. [the "
+              "protocol's; else 4.0]")
 @click.option("--cfg-channels", default=default(SampleConfig, "cfg_channels"), show_default=True, metavar="|".join(CFG_CHANNELS) + "|N",
               help="Latent channels classifier-free guidance guides: auto = the first 3 where that reproduces the "
               "reference sampler (a 4-channel DiT/SiT, LightningDiT's release: their published FIDs), all channels "
@@ -144,10 +156,10 @@ def sample_main() -> None:
               help="A text model's prompts: one per line, or JSON Lines with a \"prompt\" (GenEval's metadata).")
 @click.option("--text-encoder", default=None, help="A text model's encoder (preset, hub id or folder) [the one "
               "its checkpoint records].")
-@click.option("--labels", type=click.Choice(LABEL_SAMPLINGS), default=default(SampleConfig, "labels"),
-              show_default=True, help="Classes of --num-samples: 'uniform' draws each (DiT's FID sampler), "
+@click.option("--labels", type=click.Choice(LABEL_SAMPLINGS), default=None,
+              help="Classes of --num-samples: 'uniform' draws each (DiT's FID sampler), "
               "'equal' gives every class N / C samples, counts differing by at most 1 (50 per class for 50,000 of "
-              "ImageNet, as newer papers evaluate).")
+              "ImageNet, as newer papers evaluate) [the protocol's; else uniform].")
 @click.option("--seed", type=int, default=default(SampleConfig, "seed"), show_default=True)
 @click.option("--batch-size", type=int, default=default(SampleConfig, "batch_size"), show_default=True,
               help="Images per process and batch.")
@@ -214,8 +226,27 @@ def sample_export_cmd(debug: bool, **options: Any) -> None:
 
 @click.command("dit-extract", cls=DashCommand, context_settings=CONTEXT)
 @version_option
-@click.option("--data-path", required=True, help="ImageFolder tree: one sub-folder per class (e.g. imagenet/train).")
+@click.option("--data-path", required=True, help="ImageFolder tree: one sub-folder per class (e.g. imagenet/train); "
+              "with --captions also a flat image folder or a folder of WebDataset tars (image + .txt/.json); with "
+              "--text-encoder a shard set with captions.")
 @click.option("--out", required=True, help="Folder for the shards, manifest.json and logs/ (rerun to resume).")
+@click.option("--captions", default=None, metavar="FILE|sidecar",
+              help="Store each image's captions: a JSONL/JSON/CSV/TSV file mapping image paths (relative to "
+              "--data-path) to one or more captions, or 'sidecar' (a .txt/.json beside each image; a WebDataset "
+              "tar's .txt/.json members). Format version 4; README 'Captions and text features'.")
+@click.option("--caption-keys", default=default(ExtractConfig, "caption_keys"), show_default=True,
+              help="The JSON keys / CSV columns that hold captions (a string or a list each), in order, e.g. "
+              "long_caption,short_caption (all kept, one drawn per sample and epoch at training time).")
+@click.option("--text-encoder", default=None, metavar="NAME|FOLDER",
+              help="Encode the captions of the shard set in --data-path into a text sibling set in --out: "
+              "qwen3-0.6b (NanoGen's), flan-t5-xl, t5-v1_1-xxl, clip-l, a hub id or a save_pretrained folder.")
+@click.option("--text-max-length", type=int, default=None,
+              help="Tokens per caption, longer ones truncated and counted [default: the encoder's: 256 for "
+              "qwen3-0.6b, 120 for T5, 77 for CLIP].")
+@click.option("--text-dtype", type=click.Choice(TEXT_DTYPES), default=default(ExtractConfig, "text_dtype"),
+              show_default=True, help="Storage of the text features: auto = the encoder's 16-bit dtype (exact), "
+              "else float16 (its error is measured and recorded in the manifest).")
+@click.option("--text-revision", default=None, help="Hub revision (branch, tag or commit) of --text-encoder.")
 @click.option("--vae", default=default(ExtractConfig, "vae"), show_default=True,
               help="Hub id, local diffusers folder, or single .safetensors/.ckpt file.")
 @click.option("--vae-config", default=None, help="For a single-file --vae: a folder with its diffusers "
@@ -295,6 +326,8 @@ def extract_main(debug: bool, **options: Any) -> None:
       dit-extract --data-path imagenet/train --out shards/in1k-256
       torchrun --nproc-per-node 8 $(which dit-extract) --data-path imagenet/train --out shards/in1k-256
       dit-extract --data-path imagenet/train --out /tmp/trial --limit 512    # a quick trial
+      dit-extract --data-path imagenet/train --out shards/in1k-cap --captions recaptions.jsonl
+      dit-extract --data-path shards/in1k-cap --out shards/in1k-qwen3 --text-encoder qwen3-0.6b
     """
     from dit_pipeline import extract
 

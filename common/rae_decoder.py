@@ -115,7 +115,8 @@ class DecoderLayer(nn.Module):
 
 @dataclass
 class _Decoded:
-    sample: torch.Tensor
+    sample: torch.Tensor  # [-1, 1], as a diffusers VAE's decode(z).sample
+    unit: torch.Tensor | None = None  # the decoder's own [0, 1] images (RAE's decode; its FID conversion reads these)
 
 
 class RAEDecoder(nn.Module):
@@ -157,7 +158,7 @@ class RAEDecoder(nn.Module):
                             f"features, got {list(z.shape[1:])}")
         x = self.unpatchify(self(z.flatten(2).transpose(1, 2)), h)
         x = x * self.pix_std.to(x.dtype) + self.pix_mean.to(x.dtype)   # [0, 1], as RAE's decode returns
-        return _Decoded(x * 2 - 1)
+        return _Decoded(x * 2 - 1, unit=x)
 
 
 def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
@@ -233,8 +234,9 @@ def decoder_config(sd: dict[str, torch.Tensor], cfg: dict[str, Any], where: str)
     if math.isqrt(n) ** 2 != n:
         raise UserError(f"{where}: decoder_pos_embed holds {n} tokens, not a square grid")
     heads = int(cfg.get("decoder_num_attention_heads", 16 if d == 1152 else max(1, d // 64)))
-    stated = {"decoder_hidden_size": d, "decoder_num_hidden_layers": layers, "decoder_intermediate_size": mlp,
-              "hidden_size": c}
+    # not "hidden_size": RAE overwrites it with the encoder's width before building the decoder (bytetriper/RAE
+    # src/stage1/rae.py l.51, decoder_config.hidden_size = self.latent_dim), so its released configs all say 768
+    stated = {"decoder_hidden_size": d, "decoder_num_hidden_layers": layers, "decoder_intermediate_size": mlp}
     wrong = [f"{k} {cfg[k]} (the tensors: {v})" for k, v in stated.items()
              if isinstance(cfg.get(k), int) and cfg[k] != v]
     if wrong or d % heads:

@@ -8,7 +8,7 @@ The calling conventions follow the DiT reference scripts, so they port with an i
     state_dict, info = dit.load_dit_weights("DiT-XL-2-256x256.pt")
 """
 from .diffusion import GaussianDiffusion, create_diffusion, linear_betas
-from . import conditioning, repa, reuse
+from . import conditioning, protocols, repa, reuse
 from .flow import FLOW_SAMPLERS, FlowMatching, create_flow
 from .family import DiffusionTransformer, families, preset_names
 from .flops import forward_macs, train_flops_per_image
@@ -31,5 +31,6 @@ __all__ = [
     "FLOW_SAMPLERS", "FlowMatching", "canonical_model_name", "check_state_dict", "create_diffusion",
     "create_flow", "create_model", "forward_macs",
     "infer_model_config", "linear_betas", "load_dit_weights", "make_sidecar", "model_from_config", "pos_embed_2d",
-    "read_sidecar", "repa", "reuse", "conditioning", "sidecar_path", "space_timesteps", "timestep_embedding", "train_flops_per_image",
+    "protocols", "read_sidecar", "repa", "reuse", "conditioning", "sidecar_path", "space_timesteps",
+    "timestep_embedding", "train_flops_per_image",
 ]

@@ -38,6 +38,10 @@ from .rope import DDTRope
 
 MAX_PERIOD = 10.0
 _ARCH = ("depth", "encoder_depth", "hidden_size", "num_heads", "patch_size")
+# the patch size of a DDT file that states none (no model_config, no preset of its size): the release's default and
+# the one of both its configs (MCG-NJU/DDT src/models/denoiser/decoupled_improved_dit.py DDT(patch_size=2),
+# configs/repa_improved_ddt_xlen22de6_*.yaml); a file of another patch size needs its sidecar or --model
+RELEASE_PATCH = 2
 
 
 def ffn_width(dim: int) -> int:
@@ -201,11 +205,12 @@ class DDT(DiffusionTransformer):
         check_stored(config, stored, list(config), where)
         preset = next((a for a in cls.presets.values() if (a["depth"], a["hidden_size"]) == (depth, hidden)), {})
         for key in ("encoder_depth", "patch_size"):
-            config[key] = next((v for v in (stored.get(key), preset.get(key), hints.get(key)) if v is not None), None)
+            config[key] = next((v for v in (stored.get(key), preset.get(key), hints.get(key),
+                                            RELEASE_PATCH if key == "patch_size" else None) if v is not None), None)
             if config[key] is None:
                 raise WeightsError(f"{where}: a DDT of depth {depth} x width {hidden} is no preset and the file has no "
-                                   f"model_config, so its {key} is unknown; pass --model with its preset or put a "
-                                   "JSON sidecar with the model_config beside the file")
+                                   f"model_config, so its {key} is unknown; pass --model with its preset, "
+                                   "--encoder-depth, or put a JSON sidecar with the model_config beside the file")
         p = int(config["patch_size"])
         if features % (p * p):
             raise WeightsError(f"{where}: x_embedder takes {features} features, not C x {p} x {p}")

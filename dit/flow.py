@@ -277,17 +277,20 @@ class FlowMatching(ObjectiveDefaults):
                     model_kwargs: dict[str, Any] | None = None, generator: Generators = None,
                     diffusion_form: str = "sigma", diffusion_norm: float = 1.0,
                     last_step_size: float = LAST_STEP_SIZE, sample_eps: float = SAMPLE_EPS,
-                    convention: str = "sit", time_shift: float = 1.0) -> torch.Tensor:
+                    convention: str = "sit", time_shift: float = 1.0,
+                    grid: Sequence[float] | None = None, mean_last: bool = True) -> torch.Tensor:
         """Integrate from noise (t = 0) to data (t = 1) -> float32 samples shaped like `noise`; `convention`
         is the network's ("sit", or "repa": called at 1 - t, output negated); `time_shift` shifts the grid
-        (dit/shift.py)."""
+        (dit/shift.py). `grid`: the times themselves (a release's protocol, dit/protocols.py), in place of `steps`,
+        `time_shift`, `last_step_size` and `sample_eps` (the SDE's last interval is then its noise-free step where
+        `mean_last`)."""
         field = velocity_field(model, noise.shape[1], model_kwargs, convention=convention, prediction=self.prediction)
         if sampler in ODE_SAMPLERS:
-            return ode_solve(field, noise, steps=steps, method=sampler, time_shift=time_shift)
+            return ode_solve(field, noise, steps=steps, method=sampler, time_shift=time_shift, grid=grid)
         if sampler in SDE_SAMPLERS:
             return sde_solve(field, noise, steps=steps, generator=generator, form=diffusion_form,
                              norm=diffusion_norm, last_step_size=last_step_size, sample_eps=sample_eps,
-                             time_shift=time_shift)
+                             time_shift=time_shift, grid=grid, mean_last=mean_last)
         raise ValueError(f"unknown flow sampler {sampler!r}; choose one of: {', '.join(FLOW_SAMPLERS)}")
 
 
@@ -340,11 +343,13 @@ def time_grid(t0: float, t1: float, steps: int, time_shift: float = 1.0) -> list
 
 
 def ode_solve(field: Callable[[torch.Tensor, float], torch.Tensor], x: torch.Tensor, *, steps: int,
-              method: str = "euler", t0: float = 0.0, t1: float = 1.0, time_shift: float = 1.0) -> torch.Tensor:
-    """Fixed-step Euler or Heun (explicit trapezoid) for dx/dt = field(x, t) from t0 to t1 on time_grid."""
+              method: str = "euler", t0: float = 0.0, t1: float = 1.0, time_shift: float = 1.0,
+              grid: Sequence[float] | None = None) -> torch.Tensor:
+    """Fixed-step Euler or Heun (explicit trapezoid) for dx/dt = field(x, t) from t0 to t1 on time_grid, or on
+    `grid` (float64 times, e.g. a release's: dit/protocols.py) when given."""
     if method not in ODE_SAMPLERS:
         raise ValueError(f"unknown ODE method {method!r}; choose one of: {', '.join(ODE_SAMPLERS)}")
-    ts = time_grid(t0, t1, steps, time_shift)
+    ts = [float(t) for t in grid] if grid is not None else time_grid(t0, t1, steps, time_shift)
     x = x.float()
     for a, b in zip(ts[:-1], ts[1:]):
         h = b - a
@@ -360,16 +365,27 @@ def ode_solve(field: Callable[[torch.Tensor, float], torch.Tensor], x: torch.Ten
 def sde_solve(field: Callable[[torch.Tensor, float], torch.Tensor], x: torch.Tensor, *, steps: int,
               generator: Generators = None, form: str = "sigma", norm: float = 1.0,
               last_step_size: float = LAST_STEP_SIZE, sample_eps: float = SAMPLE_EPS,
-              time_shift: float = 1.0) -> torch.Tensor:
+              time_shift: float = 1.0, grid: Sequence[float] | None = None,
+              mean_last: bool = True) -> torch.Tensor:
     """Euler-Maruyama for dx = [v + D s] dt + sqrt(2 D) dW on SiT's grid of `steps` points (steps - 1 steps),
     then the "Mean" last step: `steps` field evaluations (steps - 1 when last_step_size is 0), as SiT's. With
-    time_shift the grid's points move as the ODE's (dit/shift.shifted_grid; its ends and the last step stay)."""
-    if not 0 <= last_step_size < 1:
-        raise ValueError(f"last_step_size must be in [0, 1), got {last_step_size}")
-    if steps < 2:
-        raise ValueError(f"the SDE needs steps >= 2 (SiT's num_steps: points of its time grid), got {steps}")
-    t0 = sample_eps if form == "SBDM" else 0.0
-    t1 = 1.0 - last_step_size
+    time_shift the grid's points move as the ODE's (dit/shift.shifted_grid; its ends and the last step stay).
+    `grid`: the times themselves (float64; a release's, dit/protocols.py): Euler-Maruyama over every interval but
+    the last, which is the noise-free Mean step (`mean_last`; otherwise Euler-Maruyama over every interval)."""
+    if grid is not None:
+        ts = [float(t) for t in grid]
+        if len(ts) < 2:
+            raise ValueError(f"the SDE needs a grid of >= 2 times, got {len(ts)}")
+        t1, last_step_size = (ts[-2], ts[-1] - ts[-2]) if mean_last else (ts[-1], 0.0)
+        ts = ts[:-1] if mean_last else ts
+    else:
+        if not 0 <= last_step_size < 1:
+            raise ValueError(f"last_step_size must be in [0, 1), got {last_step_size}")
+        if steps < 2:
+            raise ValueError(f"the SDE needs steps >= 2 (SiT's num_steps: points of its time grid), got {steps}")
+        t0 = sample_eps if form == "SBDM" else 0.0
+        t1 = 1.0 - last_step_size
+        ts = time_grid(t0, t1, steps - 1, time_shift)
     x = x.float()
 
     def drift(x: torch.Tensor, t: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -378,7 +394,6 @@ def sde_solve(field: Callable[[torch.Tensor, float], torch.Tensor], x: torch.Ten
         v = field(x, t)
         return v + d * score_from_velocity(v, x, tt), d
 
-    ts = time_grid(t0, t1, steps - 1, time_shift)
     for a, b in zip(ts[:-1], ts[1:]):
         h = b - a
         dw = _randn(x.shape, x.device, generator) * math.sqrt(h)

@@ -268,11 +268,15 @@ class MeanFlowLoop:
     evaluation per step. iMF's network also takes the guidance scale omega and interval (t_min, t_max)."""
 
     def __init__(self, steps: int = 1, *, conditions: str = "meanflow", omega: float = 1.0,
-                 interval: Sequence[float] = (0.0, 1.0)):
+                 interval: Sequence[float] = (0.0, 1.0), grid: Sequence[float] | None = None):
         if steps < 1:
             raise ValueError(f"mean-flow sampling needs steps >= 1, got {steps}")
         self.sampler, self.steps, self.conditions = "meanflow", int(steps), conditions
         self.omega, self.interval = float(omega), (float(interval[0]), float(interval[1]))
+        # the times from 1 (noise) to 0 (a protocol's, dit/protocols.py); by default linspace(1, 0, steps + 1)
+        self.grid = [float(t) for t in grid] if grid is not None else [1.0 - i / self.steps for i in range(steps + 1)]
+        if len(self.grid) != self.steps + 1:
+            raise ValueError(f"a mean-flow grid of {self.steps} steps has {self.steps + 1} times, got {len(self.grid)}")
 
     def bind(self, conditions: str, cfg_scale: float = 1.0) -> "MeanFlowLoop":
         """This loop for a model with `conditions` (dit/conditions.py); an iMF model's omega is `cfg_scale`.
@@ -281,14 +285,14 @@ class MeanFlowLoop:
             raise ValueError("the meanflow sampler needs a MeanFlow model (one trained with --objective meanflow "
                              f"or imf); this model's time input is {conditions!r}")
         return MeanFlowLoop(self.steps, conditions=conditions,
-                            omega=float(cfg_scale) if conditions == "imf" else 1.0, interval=self.interval)
+                            omega=float(cfg_scale) if conditions == "imf" else 1.0, interval=self.interval,
+                            grid=self.grid)
 
     def __call__(self, fn: Model, noise: torch.Tensor, labels: torch.Tensor,
                  generators: Sequence[torch.Generator] | None = None) -> torch.Tensor:
         z = noise.float()
         n = z.shape[0]
-        grid = [1.0 - i / self.steps for i in range(self.steps + 1)]
-        for a, b in zip(grid[:-1], grid[1:]):
+        for a, b in zip(self.grid[:-1], self.grid[1:]):
             t = torch.full((n,), a, device=z.device)
             r = torch.full((n,), b, device=z.device)
             extra = [] if self.conditions != "imf" else [torch.full((n,), v, device=z.device) for v in

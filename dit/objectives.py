@@ -11,7 +11,8 @@ An `ObjectiveSpec` says, for one objective name (dit.formats.OBJECTIVES):
 - `conditions`: the model's time input (dit/conditions.py) the objective needs;
 - `samplers`, `default_sampler`, `grid_sampler`, `fid_sampler`: the sampler names that can sample such a model
   (dit-sample refuses the others), the one dit-sample uses when none is given, and those of the trainer's periodic
-  grids and FID.
+  grids and FID; `default_steps`: the steps of dit-sample and the FID hook when none are given (a one-step
+  model's: 1).
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ class ObjectiveSpec:
     fid_sampler: str
     learn_sigma: bool = False  # the network's second half of channels learns the variance (DiT's ddpm)
     network: str | None = None  # "iMF": only the iMF family; "adaLN": every family but it; None: any family
+    default_steps: int = 250  # dit-sample's and the FID hook's steps when none are given (one-step models: 1)
 
 
 def _ddpm(settings: Mapping[str, Any]) -> Any:
@@ -104,13 +106,13 @@ SPECS: dict[str, ObjectiveSpec] = {
     "flow": ObjectiveSpec("flow", _flow, _flow_record, "t",
                           FLOW_SAMPLERS, "euler-maruyama", "euler", "euler"),
     "meanflow": ObjectiveSpec("meanflow", _meanflow("meanflow"), _mf_record("meanflow"), "meanflow",
-                              MEANFLOW_SAMPLERS, "meanflow", "meanflow", "meanflow"),
+                              MEANFLOW_SAMPLERS, "meanflow", "meanflow", "meanflow", default_steps=1),
     # the release's iMF: its own network (the iMF family, dit/imf.py) with the auxiliary v head
     "imf": ObjectiveSpec("imf", _meanflow("imf"), _mf_record("imf"), "imf", MEANFLOW_SAMPLERS, "meanflow", "meanflow",
-                         "meanflow", network="iMF"),
+                         "meanflow", network="iMF", default_steps=1),
     # this project's variant: iMF's draws and guidance on an adaLN family, conditions added to the time embedding
     "imf-adaln": ObjectiveSpec("imf-adaln", _meanflow("imf-adaln"), _mf_record("imf-adaln"), "imf",
-                               MEANFLOW_SAMPLERS, "meanflow", "meanflow", "meanflow", network="adaLN"),
+                               MEANFLOW_SAMPLERS, "meanflow", "meanflow", "meanflow", network="adaLN", default_steps=1),
 }
 assert tuple(SPECS) == OBJECTIVES, "dit.formats.OBJECTIVES names the registry's objectives, in order"
 

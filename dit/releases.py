@@ -149,27 +149,29 @@ def drop_unbuilt(state_dict: dict[str, torch.Tensor], info: dict[str, Any]) -> d
 def release_record(info: Mapping[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
     """What a release's own record (LightningDiT's `config`) says about the network: (facts checked against the
     tensors: family, classes, channels, block switches; hints: the preset it names, used where the tensors are
-    silent, e.g. its head count)."""
+    silent, e.g. its head count). A model_type that is no preset of ours (LightningDiT's train.py builds any name
+    its models/lightningdit.py defines) gives no hints: the tensors, --num-heads or a sidecar say the rest."""
     config = info.get("release_config")
     if not isinstance(config, dict):
         return None, {}
-    from .family import lookup_preset
+    from .family import family_class, lookup_preset
 
     model, data = config.get("model") or {}, config.get("data") or {}
     try:
         cls, preset = lookup_preset(str(model.get("model_type")))
-    except ValueError as e:
-        raise WeightsError(f"{info.get('path', 'the file')}: its config names an unknown model: {e}") from None
+        hints = dict(cls.presets[preset])
+    except ValueError:  # a size of its own (train.py takes any model_type): the tensors, the flags or a sidecar say
+        cls, hints = family_class("LightningDiT"), {}
     facts: dict[str, Any] = {"family": cls.family, "num_classes": data.get("num_classes"),
                              "in_channels": model.get("in_chans"), "learn_sigma": model.get("learn_sigma")}
     flags = {"use_qknorm": "qk_norm", "use_swiglu": "swiglu", "use_rope": "rope", "use_rmsnorm": "rms_norm",
              "wo_shift": "wo_shift"}
     facts.update({ours: bool(model[theirs]) for theirs, ours in flags.items() if theirs in model})
-    return {k: v for k, v in facts.items() if v is not None}, dict(cls.presets[preset])
+    return {k: v for k, v in facts.items() if v is not None}, hints
 
 
 def _ddt_keys(state_dict: Mapping[str, Any]) -> bool:
-    return any(k.startswith("denoiser.") for k in state_dict)
+    return any(k.startswith(("denoiser.", "ema_denoiser.")) for k in state_dict)
 
 
 def _ddt_weights(state_dict: Mapping[str, torch.Tensor], path: Path,

@@ -1,12 +1,16 @@
 """Encoder-state reuse across neighbouring sampling steps (DDT, Wang et al. 2025, Sec. "encoder sharing"): a model
 with an encoder/decoder split (`encode(x, t, y) -> s`, `decode(x, s)`: dit/ddt.py) recomputes its encoder only
 every `every`-th network call and decodes the other calls with the last state, so a sampler pays one decoder
-pass for those steps. DDT's release chooses the recompute steps by a dynamic programme over a probe run; this
-wrapper recomputes uniformly (every k-th call), the release's `state_refresh_rate` without its schedule search.
+pass for those steps. This is DDT's release sampler's `state_refresh_rate` K (MCG-NJU/DDT
+src/diffusion/stateful_flow_matching/sampling.py l.88-92: the state is reset where the step index i % K == 0, and
+its Euler sampler makes one network call per step); the release's paper also searches the recompute steps by a
+dynamic programme over a probe run, which is not done here.
 
 `EncoderReuse(model, every)` is called like the model (forward, forward_with_cfg and the attributes samplers
-read), so every sampler runs it unchanged; a call with another batch shape (guidance switched on or off by a
-guidance interval) recomputes, since a state belongs to one batch. `every=1` is the model itself.
+read), so every sampler runs it unchanged. A state belongs to the batch it was computed on: the release runs the
+doubled [uncond; cond] batch at every step, also outside its guidance interval, and so does sample/generate.py
+whenever the encoder is reused; a call with another batch shape before the next recompute is an error (it would
+decode one batch with another's state). `reset()` starts a new batch of samples. `every=1` is the model itself.
 """
 from __future__ import annotations
 
@@ -33,6 +37,7 @@ class EncoderReuse(nn.Module):
         self.model: Any = model  # the wrapped model (encode / decode), typed loosely: any family with the split
         self.every = every
         self.calls, self.computed = 0, 0
+        self.steps: list[int] = []  # the calls (since reset) whose encoder was computed
         self._state: torch.Tensor | None = None
         self._shape: tuple[int, ...] | None = None
 
@@ -44,13 +49,17 @@ class EncoderReuse(nn.Module):
 
     def reset(self) -> None:
         """Forget the state (a new batch of samples starts)."""
-        self.calls, self._state, self._shape = 0, None, None
+        self.calls, self._state, self._shape, self.steps = 0, None, None, []
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        fresh = self._state is None or tuple(x.shape) != self._shape or self.calls % self.every == 0
-        if fresh:
+        if self._state is None or self.calls % self.every == 0:  # the release's i % state_refresh_rate == 0
             self._state, self._shape = self.model.encode(x, t, y, **kwargs), tuple(x.shape)
-            self.calls, self.computed = 0, self.computed + 1
+            self.computed += 1
+            self.steps.append(self.calls)
+        elif tuple(x.shape) != self._shape:
+            raise ValueError(f"encoder reuse: call {self.calls} has a batch of shape {tuple(x.shape)} but the encoder "
+                             f"state was computed on {self._shape}; a state belongs to one batch (run the doubled "
+                             "batch at every step, as DDT's release does, or reset() for a new batch)")
         self.calls += 1
         assert self._state is not None
         return self.model.decode(x, self._state)

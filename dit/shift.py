@@ -50,7 +50,8 @@ def shift_for_dim(dim: int, base: int = DIM_BASE) -> float:
 def shifted_grid(t0: float, t1: float, steps: int, s: float = 1.0) -> list[float]:
     """steps + 1 times from t0 to t1 (float64): the uniform grid u_i = i / steps mapped through shift_time
     and stretched onto [t0, t1], so both ends stay where they are. With t0 = 0, t1 = 1 it is exactly the
-    shifted uniform grid of RAE's and LightningDiT's Euler samplers."""
+    shifted uniform grid of LightningDiT's Euler sampler; RAE's stops at t = 0.001 before its shift (its protocol,
+    dit/protocols.py, shifts the linspace's points themselves)."""
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
     if not s > 0:

@@ -7,7 +7,9 @@ release file (a bare SiT state_dict with its projector heads, `projectors.<i>.*`
 load too: the projector keys are dropped and info["flow_convention"] says the network runs REPA's time.
 A bare state_dict may have a JSON sidecar beside it (`step-0001000-ema.pt` -> `step-0001000-ema.json`, written
 by the trainer): its model_config (the head count is invisible in tensor shapes), latent scale and step are
-used, and checked against the tensors.
+used, and checked against the tensors. A release's own container (DDT's Lightning file, LightningDiT's, RAE's, a
+reference train.py file) may have one too, written by hand from make_sidecar: its model_config is read (a custom
+size's encoder split, latent side, heads) and checked against the tensors; the release's conventions stay.
 Release checkpoints of the other model families load unchanged too (dit/releases.py: LightningDiT's
 `{model, ema, opt, config}`, RAE's stage-2 `{step, epoch, model, ema, optimizer, scheduler}`, DDT's Lightning
 `state_dict` with `denoiser.*` / `ema_denoiser.*`, REPA-E's `{model, ema, vae, ...}`); the family is read from a
@@ -76,8 +78,13 @@ def load_dit_weights(path: str | Path, prefer: str = "ema", hints: dict[str, Any
         raw = read_torch_file(path)
         state_dict, info = releases.unpack(raw, path, prefer)
     where = str(path)
-    sidecar = read_sidecar(path) if info["source"] == "official" else None
-    if sidecar is not None:
+    sidecar = read_sidecar(path) if info["source"] not in ("dit-pipeline", "safetensors") else None
+    if sidecar is not None and info["source"] != "official":
+        # a release's own container (DDT's Lightning file, ...): its sidecar states what the file cannot (the
+        # model_config: a custom size's split, latent side and heads); the release's conventions stay
+        info.update(sidecar=str(sidecar_path(path)), model_config=sidecar["model_config"])
+        where, sidecar = f"{path} with its sidecar {sidecar_path(path).name}", None
+    elif sidecar is not None:
         info["sidecar"] = str(sidecar_path(path))
         where = f"{path} with its sidecar {sidecar_path(path).name}"
     elif info["source"] == "official" and (sidecar := embedded_record(raw, path)) is not None:

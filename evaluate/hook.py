@@ -1,8 +1,11 @@
 """FID during training (`dit-train --fid-every N --fid-ref REF`): a trainer hook (train/hooks.py protocol).
 
 Every `every` steps all ranks sample `num_samples` images with the EMA weights (rank 0 holds the EMA; it is
-broadcast into a sampling copy on every rank) with exactly `dit-sample`'s deterministic sampler: DDPM with
-`steps` respaced steps, guidance `cfg_scale` on the channels `--cfg-channels` picks (auto: dit-sample's rule), classes chosen by
+broadcast into a sampling copy on every rank) with exactly `dit-sample`'s deterministic sampler: a release's
+protocol (`--protocol`, dit/protocols.py: its grid, solver, guidance rule and image conversion), or the run
+objective's FID sampler (DDPM; flow: the Euler ODE; a one-step model: one mean-flow step) with
+`steps` steps (250, one-step models 1), guidance `cfg_scale` on the channels `--cfg-channels` picks (auto:
+dit-sample's rule), classes chosen by
 (seed, index) as `dit-sample --num-samples N --seed S --labels L` chooses them (`labels`: uniform draws or
 equal counts per class, sample/plan.py), noise of sample i from (seed, i). Each rank
 extracts the Inception features of its images; rank 0 gathers them, computes FID, sFID, Inception Score and
@@ -38,9 +41,11 @@ from dit_pipeline.evaluate.labels import metric_names
 from dit_pipeline.evaluate.metrics import NEIGHBOURHOOD_K
 from dit_pipeline.evaluate.run import Side, compute_metrics, fd_dinov2
 from dit_pipeline.sample import plan
-from dit_pipeline.sample.config import FID_SAMPLER, FLOW_SAMPLERS
-from dit_pipeline.sample.generate import generate_images, guided_model_fn, make_diffusion, resolve_cfg_channels
+from dit_pipeline.sample.config import FID_SAMPLER, FLOW_SAMPLERS, PROTOCOLS, SPECS, protocols
+from dit_pipeline.sample.generate import generate_images, protocol_loop, protocol_model_fn, resolve_cfg_channels
 from dit_pipeline.sample.grid import GRIDS, DecodeSettings, run_prediction, run_time_shift
+
+DEFAULT_FID_CFG_SCALE = 1.5  # the FID setting of DiT-XL/2's 2.27
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -60,8 +65,16 @@ class FidSettings(DecodeSettings):
         None, "FID reference: the ADM reference batch (VIRTUAL_imagenet256_labeled.npz), an .npz or folder of "
         "images, or a statistics file", group=GRIDS)
     fid_num_samples: int = setting(5000, "Samples per FID evaluation", group=GRIDS)
-    fid_steps: int = setting(250, "DDPM steps of the FID samples", group=GRIDS)
-    fid_cfg_scale: float = setting(1.5, "Guidance scale of the FID samples", group=GRIDS)
+    fid_steps: int | None = setting(None, "Steps of the FID samples (the sampler's own count, as dit-sample --steps)",
+                                    group=GRIDS, shown="the protocol's; else 250, a one-step model's 1")
+    fid_cfg_scale: float | None = setting(None, "Guidance scale of the FID samples", group=GRIDS,
+                                          shown="the protocol's; else 1.5")
+    protocol: str | None = setting(
+        None, "Sample the FID images as a release does (as dit-sample's protocol: its grid, solver, guidance rule, "
+        "image conversion; README 'Sampling protocols'); the FID steps and guidance scale, when given, change its "
+        "values",
+        group=GRIDS, choices=tuple(n for n, p in PROTOCOLS.items() if p.guidance.rule != "autoguidance"),
+        shown="none: the objective's FID sampler")
     fid_batch_size: int = setting(32, "FID samples per GPU and batch", group=GRIDS)
     fid_labels: str = setting("uniform", "Classes of the FID samples: uniform draws or equal counts per class, as "
                               "dit-sample --labels", group=GRIDS, choices=plan.LABEL_SAMPLINGS)
@@ -78,7 +91,8 @@ class FidSettings(DecodeSettings):
         "test (README 'Trying FID without the Inception weights'); the numbers are not FID", group=GRIDS,
         shown="off")
 
-    def fid_problems(self) -> list[str]:
+    def fid_problems(self, objective: str | None = None) -> list[str]:
+        """Every problem of the FID settings (`objective`: the run's, which a --protocol's solver must sample)."""
         p: list[str] = []
         if self.fid_every is None:
             if self.fid_ref:
@@ -93,8 +107,19 @@ class FidSettings(DecodeSettings):
         if isinstance(self.fid_num_samples, int) and 0 < self.fid_num_samples < 4:
             p.append(f"--fid-num-samples must be >= 4 (precision/recall use 3 nearest neighbours), got "
                      f"{self.fid_num_samples}")
-        if not (isinstance(self.fid_cfg_scale, (int, float)) and self.fid_cfg_scale >= 1.0):
+        if self.fid_cfg_scale is not None and not (isinstance(self.fid_cfg_scale, (int, float))
+                                                   and self.fid_cfg_scale >= 1.0):
             p.append(f"--fid-cfg-scale must be >= 1 (1 = no guidance), got {self.fid_cfg_scale!r}")
+        if self.protocol is not None and self.protocol in PROTOCOLS and \
+                PROTOCOLS[self.protocol].guidance.rule == "autoguidance":
+            p.append(f"--protocol {self.protocol} guides with a second network, which FID during training does not "
+                     "load; sample it with dit-sample --protocol " + self.protocol + " --guidance-model FILE")
+        elif self.protocol is not None and self.protocol not in PROTOCOLS:
+            p.append(f"--protocol must be one of {', '.join(PROTOCOLS)}, got {self.protocol!r}")
+        elif self.protocol is not None and objective in SPECS and \
+                PROTOCOLS[self.protocol].solver not in SPECS[objective].samplers:
+            p.append(f"--protocol {self.protocol} samples with {PROTOCOLS[self.protocol].solver}, which does not sample "
+                     f"a {objective} model; choose the protocol of a {objective} release")
         return p + choice(self, "fid_labels", plan.LABEL_SAMPLINGS)
 
 
@@ -105,8 +130,8 @@ class FidHook:
     vae: str
     vae_config: str | None = None
     num_samples: int = 5000
-    steps: int = 250
-    cfg_scale: float = 1.5
+    steps: int | None = None  # None: the protocol's, else the objective's default (250; one-step models: 1)
+    cfg_scale: float | None = None  # None: the protocol's, else 1.5
     batch_size: int = 32
     seed: int = 0
     labels: str = "uniform"  # sample.plan.LABEL_SAMPLINGS: uniform draws or equal counts per class
@@ -114,6 +139,8 @@ class FidHook:
     input_size: int = INPUT_SIZE  # test knob (299 for real numbers)
     random_inception: int | None = None  # test knob
     sampler: str = "ddpm"  # sample.config.FID_SAMPLER of the run's objective (flow: "euler")
+    objective: str = "ddpm"  # the run's
+    protocol: str | None = None  # a release's sampling protocol (dit/protocols.py); None: `custom` from the above
     cfg_channels: str = "auto"  # resolved per model (sample.generate.resolve_cfg_channels), recorded with the FID
     fd_dinov2: bool = False  # also FD_DINOv2 of the same samples (evaluate/dinov2.py, fast resize)
     dinov2: str | None = None
@@ -127,7 +154,8 @@ class FidHook:
         return cls(every=s.fid_every, ref=s.fid_ref, vae=vae, vae_config=vae_config, num_samples=s.fid_num_samples,
                    steps=s.fid_steps, cfg_scale=s.fid_cfg_scale, batch_size=s.fid_batch_size, seed=seed,
                    inception=s.inception, input_size=s.fid_input_size, random_inception=s.fid_random_inception,
-                   sampler=FID_SAMPLER[objective], labels=s.fid_labels, cfg_channels=str(s.cfg_channels), fd_dinov2=s.fd_dinov2, dinov2=s.dinov2)
+                   sampler=FID_SAMPLER[objective], labels=s.fid_labels, cfg_channels=str(s.cfg_channels),
+                   fd_dinov2=s.fd_dinov2, dinov2=s.dinov2, objective=objective, protocol=s.protocol)
 
     def setup(self, ctx: HookContext) -> None:
         """Every rank: VAE, Inception, a sampling copy of the model; the reference's features (all ranks
@@ -172,18 +200,15 @@ class FidHook:
             self.setup(ctx)
         start = time.perf_counter()
         model = self._sync_ema(ctx)
-        cfg_scale = self.cfg_scale if float(ctx.model_config.get("class_dropout_prob", 0.1)) > 0 else 1.0
-        # a flow model (dit-train --objective flow) samples with the Euler ODE, a ddpm model with DDPM
-        sampler = self.sampler
-        flow = ({"time_shift": run_time_shift(ctx.config), "prediction": run_prediction(ctx.config)}  # the run's
-                if sampler in FLOW_SAMPLERS else {})
-        diffusion = make_diffusion(sampler, self.steps, learn_sigma=bool(model.learn_sigma), **flow)
-        try:
-            channels = resolve_cfg_channels(self.cfg_channels, ctx.model_config,
-                                            "flow" if sampler in FLOW_SAMPLERS else "ddpm")
-        except ValueError as e:
-            raise UserError(str(e)) from None
-        model_fn = guided_model_fn(model, cfg_scale=cfg_scale, cfg_channels=channels)
+        proto = self.resolve_protocol(ctx)
+        convention = "sit"  # the trainer's flow models run SiT's time (dit/flow.py)
+        shape = (int(ctx.model_config["in_channels"]), int(ctx.model_config["input_size"]),
+                 int(ctx.model_config["input_size"]))
+        diffusion = protocol_loop(proto, latent_shape=shape, recorded_shift=run_time_shift(ctx.config),
+                                  convention=convention, learn_sigma=bool(model.learn_sigma),
+                                  prediction=run_prediction(ctx.config))  # the run's
+        model_fn = protocol_model_fn(proto, model, objective=self.objective, convention=convention)
+        cfg_scale, channels = proto.guidance.scale, proto.guidance.channels
         labels = plan.class_labels(num_samples=self.num_samples, seed=self.seed, num_classes=ctx.num_classes,
                                    sampling=self.labels)
         ws = ctx.world_size
@@ -194,9 +219,9 @@ class FidHook:
         def images():
             for b in batches:
                 yield b, generate_images(model, self._state["vae"], diffusion, indices=b,
-                                         labels=labels[b].tolist(), seed=self.seed,
-                                         norm=norm, sampler=sampler, cfg_scale=cfg_scale,
-                                         model_fn=model_fn)
+                                         labels=labels[b].tolist(), seed=self.seed, norm=norm,
+                                         sampler=proto.solver, cfg_scale=cfg_scale, model_fn=model_fn,
+                                         conversion=proto.conversion)
 
         extractor = self._state["inception"]
         if self.fd_dinov2:  # the DINOv2 features of the same images, as an extra output
@@ -214,6 +239,9 @@ class FidHook:
         names = {f"{k}_name": v for k, v in metric_names(self.num_samples).items() if numbers.get(k) is not None}
         record = {"step": ctx.step, **numbers, **names, "fid_ref": Path(self.ref).name,
                   "fid_num_samples": self.num_samples, "fid_labels": self.labels, "fid_cfg_channels": channels,
+                  "fid_sampler": proto.solver, "fid_steps": proto.count, "fid_cfg_scale": cfg_scale,
+                  **({"fid_protocol": proto.name, "fid_protocol_overrides": list(proto.overrides)}
+                     if self.protocol else {}),
                   "fid_seconds": time.perf_counter() - start}
         if getattr(ctx, "metrics", None) is not None:
             ctx.metrics.write(record)
@@ -223,6 +251,28 @@ class FidHook:
                           _fmt(numbers["sfid"]), _fmt(numbers["inception_score"]), _fmt(numbers["precision"]),
                           _fmt(numbers["recall"]), dino, self.num_samples, record["fid_seconds"])
         return record
+
+
+    def resolve_protocol(self, ctx: HookContext) -> protocols.Protocol:
+        """The protocol of the FID samples: --protocol's row (with --fid-steps and --fid-cfg-scale as given), or
+        `custom`: the objective's FID sampler, its default steps, guidance 1.5 on --cfg-channels' channels (auto:
+        dit-sample's rule), the run's time shift. Guidance is off for a model without the null class."""
+        guided = float(ctx.model_config.get("class_dropout_prob", 0.1)) > 0
+        if self.protocol is not None:
+            p = protocols.protocol(self.protocol).with_overrides(count=self.steps, scale=self.cfg_scale)
+            if p.solver not in SPECS[self.objective].samplers:
+                raise UserError(f"--protocol {p.name} samples with {p.solver}, which does not sample a {self.objective} "
+                                "model; choose the protocol of a release of this objective")
+            return p if guided else p.with_overrides(scale=1.0)
+        try:
+            channels = resolve_cfg_channels(self.cfg_channels, ctx.model_config,
+                                            "flow" if self.sampler in FLOW_SAMPLERS else "ddpm")
+        except ValueError as e:
+            raise UserError(str(e)) from None
+        scale = (self.cfg_scale if self.cfg_scale is not None else DEFAULT_FID_CFG_SCALE) if guided else 1.0
+        return protocols.custom(solver=self.sampler, steps=self.steps or SPECS[self.objective].default_steps,
+                                scale=scale, channels=channels, time_shift=run_time_shift(ctx.config),
+                                labels=self.labels)
 
 
 class WithDINOv2(torch.nn.Module):

@@ -22,6 +22,7 @@ from dit_pipeline.shards.pixels import MAX_SIDE as PIXELS_MAX_SIDE
 
 STORES = ("posterior", "sample", "pixels")  # "pixels": --encoder pixels only (no arrays: the crop is the latent)
 DTYPES = ("float16", "float32", "bfloat16", "uint8")
+TEXT_DTYPES = ("auto", "float16", "bfloat16", "float32")
 # Measured (BENCHMARKS.md, "Extraction"): fp16 autocast is ~8x closer to fp32 than bf16 on the SD-VAE
 # encoder and runs at the same tensor-core rate on A100/H100/H200, so it is the GPU default. A batch that
 # comes out non-finite under fp16 is re-encoded in fp32 (see encode.py), so overflow cannot corrupt a shard.
@@ -62,6 +63,16 @@ class ExtractConfig:
     allow_split_names: bool = False        # class folders named train/val/... are accepted (else refused)
     overwrite: bool = False                # replace a shard set made with another config
     quiet: bool = False
+    # Captions (issue 37, extract/captions.py): a mapping file (.jsonl, .json, .csv, .tsv) or "sidecar" (a caption
+    # file beside each image; a WebDataset tar's .txt/.json members); the keys/columns that hold captions.
+    captions: str | None = None
+    caption_keys: str = "caption,captions"
+    # Text features (extract/text.py): with --text-encoder, --data-path is a shard set with captions and --out
+    # becomes its text sibling set (the captions' features at their true lengths).
+    text_encoder: str | None = None
+    text_max_length: int | None = None     # tokens per caption (default: the encoder's preset, e.g. 256 for Qwen3)
+    text_dtype: str = "auto"               # storage of the features: auto = the encoder's 16-bit dtype, else float16
+    text_revision: str | None = None       # hub revision of --text-encoder
 
     def __post_init__(self) -> None:
         if is_pixel_space(self.encoder):  # pixels as the latent space (common/pixels.py): the crops are the store
@@ -106,6 +117,7 @@ class ExtractConfig:
             p.append(f"--seed must be >= 0, got {self.seed}")
         if self.cpu_threads < 1:
             p.append(f"--cpu-threads must be >= 1, got {self.cpu_threads}")
+        p.extend(self._text_problems())
         if self.pixel_encoding not in PIXELS_ENCODINGS:
             p.append(f"--pixel-encoding must be one of {', '.join(PIXELS_ENCODINGS)}, got {self.pixel_encoding!r}")
         elif self.pixel_encoding != PIXELS_ENCODING and not self.pixels:
@@ -117,6 +129,34 @@ class ExtractConfig:
                      f"--image-size is {self.image_size}")
         collect(p, "dit-extract options")
         return self
+
+    def _text_problems(self) -> list[str]:
+        p: list[str] = []
+        if self.captions is not None and not str(self.captions).strip():
+            p.append("--captions needs a mapping file (.jsonl, .json, .csv, .tsv) or 'sidecar'")
+        if not [k for k in self.caption_keys.split(",") if k.strip()]:
+            p.append("--caption-keys needs at least one key, e.g. caption or long_caption,short_caption")
+        if self.text_dtype not in TEXT_DTYPES:
+            p.append(f"--text-dtype must be one of {', '.join(TEXT_DTYPES)}, got {self.text_dtype!r}")
+        if self.text_max_length is not None and self.text_max_length < 1:
+            p.append(f"--text-max-length must be >= 1, got {self.text_max_length}")
+        if (self.text_max_length is not None or self.text_revision) and not self.text_encoder:
+            p.append("--text-max-length and --text-revision need --text-encoder")
+        if self.text_encoder:
+            given = [flag for flag, on in (("--captions", self.captions is not None), ("--pixels", self.pixels),
+                                           ("--encoder", self.encoder is not None),
+                                           ("--latent-stats", self.latent_stats is not None),
+                                           ("--limit", self.limit is not None),
+                                           ("--samples-per-shard", self.samples_per_shard is not None)) if on]
+            if given:
+                p.append(f"--text-encoder encodes the captions of the shard set in --data-path into a sibling set "
+                         f"with its keys and shards; {', '.join(given)} do not apply (drop them)")
+        return p
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """--caption-keys as a tuple."""
+        return tuple(k.strip() for k in self.caption_keys.split(",") if k.strip())
 
     @property
     def views(self) -> int:

@@ -23,6 +23,7 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from dit_pipeline.common.errors import UserError
 
@@ -40,8 +41,10 @@ class ImageList:
 
     root: Path
     class_names: tuple[str, ...]
-    paths: tuple[str, ...]      # relative to root, "/"-separated
+    paths: tuple[str, ...]      # relative to root, "/"-separated (a WebDataset tar's: "<tar name>/<member>")
     labels: tuple[int, ...]
+    members: Any = None         # WebDataset input: where each image's bytes are (extract/webdataset.TarMembers)
+    captions: Any = None        # --captions: where each image's captions are (extract/captions.CaptionIndex)
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -50,7 +53,9 @@ class ImageList:
         """The first n images (all of them for None): `--limit` keeps the global indices unchanged."""
         if n is None or n >= len(self.paths):
             return self
-        return ImageList(self.root, self.class_names, self.paths[:n], self.labels[:n])
+        return ImageList(self.root, self.class_names, self.paths[:n], self.labels[:n],
+                         self.members.head(n) if self.members is not None else None,
+                         self.captions.head(n) if self.captions is not None else None)
 
     def fingerprint(self) -> str:
         """sha256 over the class names and the (label, path) list: equal iff the index -> image map is."""
@@ -158,6 +163,21 @@ def _check_empty_classes(root: Path, classes: list[str], labels: list[int], flag
                     "torchvision's ImageFolder refuses this too. Remove them or add their images, or pass "
                     "--keep-empty-classes to keep their labels (each keeps its index in sorted order, so the other "
                     "labels stay those of ImageFolder(allow_empty=True)).")
+
+
+def scan_flat_folder(root: str | Path, flag: str = "--data-path") -> ImageList | None:
+    """A captioned folder without class folders: the images directly in `root`, sorted by name, all label 0 of
+    one class "unlabeled" (T2I data has no classes); None when `root` has class folders (then it is an
+    ImageFolder tree, whose labels are kept) or no loose images."""
+    root = Path(root).expanduser()
+    _check_root(root, flag)
+    entries = _list_dir(root, flag)
+    if any(_is_dir(e) and not e.name.startswith(".") for e in entries):
+        return None
+    names = sorted(e.name for e in entries if e.is_file() and is_image_file(e.name))
+    if not names:
+        return None
+    return ImageList(root.resolve(), ("unlabeled",), tuple(names), (0,) * len(names))
 
 
 def scan_image_folder(root: str | Path, flag: str = "--data-path", *, allow_split_names: bool = False,

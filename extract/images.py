@@ -14,6 +14,7 @@ header, before any pixel is decoded.
 """
 from __future__ import annotations
 
+import io
 import os
 import stat
 import warnings
@@ -60,15 +61,16 @@ def _special_file(path: str | os.PathLike) -> str | None:
     return next((name for test, name in kinds if test(mode)), "not a regular file")
 
 
-def _open(path: str | os.PathLike) -> Image.Image:
-    special = _special_file(path)
+def _open(path: str | os.PathLike | bytes) -> Image.Image:
+    """`path` is a file, or the bytes of one (a member of a WebDataset tar, extract/webdataset.py)."""
+    special = None if isinstance(path, bytes) else _special_file(path)
     if special is not None:
         raise SkippedImage(f"not a regular file ({special}), not read")
     try:
         with warnings.catch_warnings():
             # PIL only warns between 1x and 2x its pixel limit; a warning is a refusal here.
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            return Image.open(path)
+            return Image.open(io.BytesIO(path) if isinstance(path, bytes) else path)
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
         raise SkippedImage(f"decompression bomb, not decoded: {e}") from None
     except UnidentifiedImageError:
@@ -82,7 +84,9 @@ def _open(path: str | os.PathLike) -> Image.Image:
         raise SkippedImage(f"malformed image header: {type(e).__name__}: {e}") from None
 
 
-def _file_size(path: str | os.PathLike) -> int:
+def _file_size(path: str | os.PathLike | bytes) -> int:
+    if isinstance(path, bytes):
+        return len(path)
     try:
         return os.path.getsize(path)
     except OSError:
@@ -102,7 +106,7 @@ def _to_rgb(im: Image.Image) -> Image.Image:
         return im.convert("RGB")
 
 
-def load_rgb(path: str | os.PathLike, max_pixels: int = MAX_PIXELS) -> tuple[Image.Image, ImageInfo]:
+def load_rgb(path: str | os.PathLike | bytes, max_pixels: int = MAX_PIXELS) -> tuple[Image.Image, ImageInfo]:
     """Decode an image file to an RGB PIL image; SkippedImage if it is unusable."""
     im = _open(path)
     try:
@@ -145,7 +149,7 @@ def adm_center_crop(image: Image.Image, size: int) -> np.ndarray:
     return np.ascontiguousarray(arr[top:top + size, left:left + size])
 
 
-def load_and_crop(path: str | os.PathLike, size: int, max_pixels: int = MAX_PIXELS) -> tuple[np.ndarray, ImageInfo]:
+def load_and_crop(path: str | os.PathLike | bytes, size: int, max_pixels: int = MAX_PIXELS) -> tuple[np.ndarray, ImageInfo]:
     """Decode + ADM crop one file: (uint8 [size, size, 3], info); SkippedImage if unusable."""
     rgb, info = load_rgb(path, max_pixels)
     return adm_center_crop(rgb, size), info

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 from dit_pipeline.common.workers import worker_context
+from dit_pipeline.extract.captions import CaptionCounts, CaptionIndex, clean
 from dit_pipeline.extract.images import MAX_PIXELS, SkippedImage, load_and_crop
 from dit_pipeline.shards.pixels import ENCODING, encode_pixels
 
@@ -35,6 +36,7 @@ class Decoded:
     meta: dict | None
     reason: str | None = None
     encoded: bytes | None = None       # with --pixels: `pixels` as the shard stores them (shards.encode_pixels)
+    captions: CaptionCounts | None = None  # with --captions: the image's captions after the caption policy
 
 
 @dataclass
@@ -48,6 +50,8 @@ class Batch:
     meta: list[dict]                                   # per kept index
     skipped: list[tuple[int, str]] = field(default_factory=list)   # (index, reason)
     encoded: list[bytes] | None = None                 # with --pixels: per kept index, its stored pixels
+    captions: list[list[str]] | None = None            # with --captions: per kept index, its captions
+    dropped: tuple[int, int] = (0, 0)                  # captions dropped in the chunk: (empty, undecodable)
 
     def pin_memory(self) -> "Batch":  # called by the DataLoader's pin-memory thread
         if self.pixels is not None:
@@ -59,8 +63,11 @@ class CropDataset(Dataset):
     """Global index -> `Decoded` (decode, convert to RGB, ADM center crop)."""
 
     def __init__(self, root: str | Path, paths: Sequence[str], image_size: int, max_pixels: int = MAX_PIXELS,
-                 pixels: bool = False, pixel_encoding: str = ENCODING):
+                 pixels: bool = False, pixel_encoding: str = ENCODING, members: Any = None,
+                 captions: CaptionIndex | None = None):
         self.root = str(root)
+        self.members = members      # WebDataset input: the tar members holding the images (extract/webdataset.py)
+        self.captions = captions    # --captions: where each image's captions are
         # One byte buffer + offsets instead of a list of 1.28M str objects: forked workers share it without
         # copy-on-write page faults from reference counting, and it pickles compactly for spawned ones.
         encoded = [p.encode("utf-8", "surrogateescape") for p in paths]
@@ -80,8 +87,15 @@ class CropDataset(Dataset):
 
     def __getitem__(self, index: int) -> Decoded:
         rel = self.rel_path(index)
+        caps = None
+        if self.captions is not None:  # first: an image without a caption is skipped without being decoded
+            raw, what = self.captions.candidates(self.root, rel, index)
+            caps = clean(raw, what)
+            if caps.problem is not None:
+                return Decoded(index, None, None, caps.problem, captions=caps)
         try:
-            pixels, info = load_and_crop(f"{self.root}/{rel}", self.image_size, self.max_pixels)
+            source = self.members.read(index) if self.members is not None else f"{self.root}/{rel}"
+            pixels, info = load_and_crop(source, self.image_size, self.max_pixels)
         except SkippedImage as e:
             return Decoded(index, None, None, e.reason)
         meta = {"path": printable_path(rel), "orig_size": [info.width, info.height], "orig_mode": info.mode,
@@ -89,7 +103,7 @@ class CropDataset(Dataset):
         # Encoded here, in the worker, from the very array the encoder gets: the shard's pixels are the
         # VAE's input, and the encode cost runs in parallel with decoding instead of in the writer.
         encoded = encode_pixels(pixels, self.pixel_encoding) if self.pixels else None
-        return Decoded(index, pixels, meta, encoded=encoded)
+        return Decoded(index, pixels, meta, encoded=encoded, captions=caps)
 
 
 class ShardBatches:
@@ -118,7 +132,11 @@ class _Collate:
         return Batch(shard=items[0].index // self.samples_per_shard, indices=[d.index for d in items],
                      kept=[d.index for d in kept], pixels=pixels, meta=[d.meta for d in kept],
                      skipped=[(d.index, d.reason) for d in items if d.pixels is None],
-                     encoded=[d.encoded for d in kept] if kept and kept[0].encoded is not None else None)
+                     encoded=[d.encoded for d in kept] if kept and kept[0].encoded is not None else None,
+                     captions=[d.captions.captions for d in kept if d.captions is not None] if any(
+                         d.captions is not None for d in items) else None,
+                     dropped=(sum(d.captions.dropped_empty for d in items if d.captions is not None),
+                              sum(d.captions.dropped_undecodable for d in items if d.captions is not None)))
 
 
 def make_loader(dataset: CropDataset, chunks: Sequence[tuple[int, range]], *, samples_per_shard: int,

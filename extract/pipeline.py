@@ -18,6 +18,7 @@ from tqdm import tqdm
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.faults import fault_point
 from dit_pipeline.common.log import get_logger
+from dit_pipeline.extract.captions import NO_CAPTION, shard_digest
 from dit_pipeline.extract.encode import LatentEncoder, Pending
 from dit_pipeline.extract.files import ImageList
 from dit_pipeline.extract.loader import Batch, printable_path
@@ -49,14 +50,17 @@ class ShardSink:
     """Writes encoded batches into their shards, opening and finishing shards as the keys move on."""
 
     def __init__(self, out: Path, images: ImageList, *, dtype: str, store: str, strict: bool, bar: tqdm,
-                 pixels: bool = False, pixel_encoding: str = "webp-lossless"):
+                 pixels: bool = False, pixel_encoding: str = "webp-lossless", captions: bool = False):
         self.out, self.images, self.dtype, self.store, self.strict, self.bar = out, images, dtype, store, strict, bar
         self.pixels = pixels
         self.pixel_encoding = pixel_encoding
+        self.captions = captions
         self.stats = LoopStats()
         self._writer: ShardWriter | None = None
         self._shard = -1
         self._skipped: list[dict] = []
+        self._caps: dict = {}
+        self._cap_items: list[tuple[str, list[str]]] = []
 
     def check_skips(self, batch: Batch) -> None:
         """Log unusable images as soon as a batch arrives; with --strict, stop at the first one."""
@@ -77,9 +81,13 @@ class ShardSink:
             self.finish()
             with self._disk_errors(batch.shard):
                 self._writer = ShardWriter(self.out / shard_name(batch.shard), dtype=self.dtype, pixels=self.pixels,
-                                           store=self.store, pixels_encoding=self.pixel_encoding)
+                                           store=self.store, pixels_encoding=self.pixel_encoding,
+                                           captions=self.captions)
             self._shard = batch.shard
             self._skipped = []
+            self._caps = {"captions": 0, "dropped_empty": 0, "dropped_undecodable": 0, "uncaptioned": 0,
+                          "per_image_min": 0, "per_image_max": 0}
+            self._cap_items = []
         mean, std = pending.arrays()
         with self._disk_errors(self._shard):
             for row, index in enumerate(batch.kept):
@@ -87,14 +95,28 @@ class ShardSink:
                           else {"latent": mean[row]} if self.store == "sample" else {})
                 if self.pixels:
                     arrays["pixels"] = batch.encoded[row]
+                caps = batch.captions[row] if self.captions and batch.captions is not None else None
                 self._writer.write(sample_key(index), label=self.images.labels[index], meta=batch.meta[row],
-                                   **arrays)
+                                   captions=caps, **arrays)
+                if caps is not None:
+                    self._count_captions(sample_key(index), caps)
                 fault_point("extract.sample_written")
         self._skipped += [{"key": sample_key(i), "path": printable_path(self.images.paths[i]), "reason": r}
                           for i, r in batch.skipped]
+        if self.captions:
+            self._caps["dropped_empty"] += batch.dropped[0]
+            self._caps["dropped_undecodable"] += batch.dropped[1]
+            self._caps["uncaptioned"] += sum(1 for _, r in batch.skipped if r.startswith(NO_CAPTION))
         self.stats.images += len(batch.kept)
         self.stats.skipped += len(batch.skipped)
         self.bar.update(len(batch.indices))
+
+    def _count_captions(self, key: str, caps: list[str]) -> None:
+        c = self._caps
+        c["captions"] += len(caps)
+        c["per_image_min"] = min(c["per_image_min"], len(caps)) if c["per_image_max"] else len(caps)
+        c["per_image_max"] = max(c["per_image_max"], len(caps))
+        self._cap_items.append((key, caps))
 
     def finish(self) -> None:
         """Close the open shard (if any) and save its state: from now on it counts as finished."""
@@ -105,7 +127,8 @@ class ShardSink:
             pixel_bytes = self._writer.pixel_bytes if self.pixels else None
             self._writer = None
             fault_point("extract.shard_renamed")
-            state = ShardState(record=record, skipped=self._skipped, pixel_bytes=pixel_bytes)
+            caps = {**self._caps, "sha256": shard_digest(self._cap_items)} if self.captions else None
+            state = ShardState(record=record, skipped=self._skipped, pixel_bytes=pixel_bytes, captions=caps)
             save_shard_state(self.out, self._shard, state)
         self.stats.states[self._shard] = state
         log.info("finished %s: %d samples, %d skipped, %d bytes", record.name, record.samples,

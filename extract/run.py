@@ -9,7 +9,6 @@ verify.
 from __future__ import annotations
 
 import contextlib
-import importlib.metadata
 import os
 import time
 from dataclasses import dataclass
@@ -37,17 +36,17 @@ from dit_pipeline.extract.files import ImageList, scan_image_folder
 from dit_pipeline.extract.images import MAX_PIXELS
 from dit_pipeline.extract.loader import CropDataset, make_loader
 from dit_pipeline.extract.pipeline import LoopStats, ShardSink, disk_errors, encode_and_write
+from dit_pipeline.extract.summary import EXTRACT_DIST_TIMEOUT_S, ExtractSummary, tool_version
 from dit_pipeline.extract.state import LOG_DIR, STATE_DIR, ShardState, finished_shard, prepare_output, start_output
 from dit_pipeline.extract.tokenizer import (check_store, deterministic, earlier_revision, latent_shape,
                                             manifest_normalization, resolve_normalization)
-from dit_pipeline.shards import (FORMAT_VERSION, FORMAT_VERSION_PIXELS, MANIFEST_NAME, Manifest, format_version_for,
-                                 verify_shards, write_manifest)
+from dit_pipeline.shards import (FORMAT_VERSION, FORMAT_VERSION_PIXELS, FORMAT_VERSION_TEXT, MANIFEST_NAME, Manifest,
+                                 format_version_for, verify_shards, write_manifest)
 from dit_pipeline.shards.info import human_bytes
 from dit_pipeline.shards import pixels as shard_pixels
 
 log = get_logger()
 _ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4}
-EXTRACT_DIST_TIMEOUT_S = 24 * 3600
 _RANK_LOGS = "OUT/logs/rank*.log"
 _LATENTS_POSTERIOR = "raw VAE posterior (unscaled): model latent = (z - shift_factor) * scaling_factor"
 _LATENTS_DETERMINISTIC = ("raw encoder latent, deterministic (encode(x).latent, no posterior), unscaled: model "
@@ -59,35 +58,39 @@ _LATENTS_FEATURES = ("raw encoder features (extraction.encoder), deterministic, 
                      "manifest's normalization of z")
 
 
-@dataclass
-class ExtractSummary:
-    out: str
-    manifest: str
-    images: int              # encoded by this run, all ranks
-    skipped: int             # in the whole shard set
-    total_samples: int       # in the whole shard set
-    shards_written: int
-    shards_kept: int         # finished by an earlier run and kept
-    total_bytes: int
-    wall_s: float
-    fp32_retries: int
+def find_images(cfg: ExtractConfig) -> ImageList:
+    """The images of --data-path (an ImageFolder tree; with --captions also a flat folder; a folder of
+    WebDataset tars) with their captions' index (--captions), before --limit."""
+    from dataclasses import replace
 
-    @property
-    def images_per_s(self) -> float:
-        return self.images / self.wall_s if self.wall_s > 0 else 0.0
+    from dit_pipeline.extract.captions import SIDECAR, mapping_index, sidecar_index
+    from dit_pipeline.extract.files import scan_flat_folder
+    from dit_pipeline.extract.webdataset import scan_webdataset, tar_files
 
-
-def tool_version() -> str:
-    try:
-        return importlib.metadata.version("dit-pipeline")
-    except importlib.metadata.PackageNotFoundError:
-        return "0+unknown"
+    root = Path(cfg.data_path).expanduser()
+    if root.is_dir() and tar_files(root):
+        if cfg.captions is not None and cfg.captions != SIDECAR:
+            raise UserError(f"--captions {cfg.captions}: a WebDataset's captions are its samples' .txt / .json "
+                            "members; pass --captions sidecar")
+        images, _, index = scan_webdataset(root, captions=cfg.captions is not None, caption_keys=cfg.keys)
+        return replace(images, captions=index)
+    flat = scan_flat_folder(root) if cfg.captions is not None else None
+    images = flat if flat is not None else scan_image_folder(
+        cfg.data_path, allow_split_names=cfg.allow_split_names, keep_empty_classes=cfg.keep_empty_classes)
+    if cfg.captions is None:
+        return images
+    index = (sidecar_index(images.root, images.paths) if cfg.captions == SIDECAR
+             else mapping_index(cfg.captions, images.paths, cfg.keys))
+    return replace(images, captions=index)
 
 
 def scan_images(cfg: ExtractConfig) -> ImageList:
     """The image list (after --limit), identical on every rank or a UserError."""
-    images = scan_image_folder(cfg.data_path, allow_split_names=cfg.allow_split_names,
-                               keep_empty_classes=cfg.keep_empty_classes).head(cfg.limit)
+    images = find_images(cfg).head(cfg.limit)
+    if images.captions is not None and images.captions.unmatched["count"] and dist.is_main():
+        u = images.captions.unmatched
+        log.warning("--captions: %d caption record(s) name no image of --data-path (counted in the manifest), e.g. "
+                    "%s", u["count"], "; ".join(u["examples"][:3]))
     with dist.peer_guard("comparing the image lists of the ranks", _RANK_LOGS):
         prints = dist.all_gather_object((len(images), images.fingerprint()))
     if len(set(prints)) > 1:
@@ -124,6 +127,11 @@ def extraction_record(cfg: ExtractConfig, images: ImageList, vae_identity: dict,
     if vae_identity.get("kind") == "pixels":  # the crops themselves (common/pixels.py); no VAE, no encoder run
         record["normalize"] = vae_identity["formula"]
         record["latents"] = _LATENTS_PIXELS
+    if images.members is not None:  # a WebDataset input: the index follows (tar order, member order)
+        record["input"] = "webdataset"
+    if images.captions is not None:  # only then, as for pixels
+        record["captions"] = dict(images.captions.record)
+        record["format_version"] = FORMAT_VERSION_TEXT
     if vae_identity.get("kind") == "features":  # only then: a VAE set's record stays what it was
         record["vae"] = None
         record["encoder"] = dict(vae_identity)
@@ -243,7 +251,8 @@ def _encode(run: ExtractJob, todo: list[int]):
              dist.rank(), len(todo), sum(len(c) for _, c in chunks), run.batch_size, workers, run.precision,
              run.device)
     dataset = CropDataset(run.images.root, run.images.paths, cfg.image_size, pixels=cfg.pixels,
-                          pixel_encoding=cfg.pixel_encoding)
+                          pixel_encoding=cfg.pixel_encoding, members=run.images.members,
+                          captions=run.images.captions)
     loader = make_loader(dataset, chunks, samples_per_shard=run.samples_per_shard, num_workers=workers,
                          pin_memory=run.device.type == "cuda")
     encoder = LatentEncoder(run.vae, device=run.device, precision=run.precision, views=cfg.views,
@@ -259,7 +268,8 @@ def _encode(run: ExtractJob, todo: list[int]):
     # one thread per process that torchrun sets when it starts several ranks.
     with redirect, bar, pinned_threads(run.device, cfg.cpu_threads):
         sink = ShardSink(run.out, run.images, dtype=cfg.dtype, store=cfg.store, strict=cfg.strict, bar=bar,
-                         pixels=cfg.pixels, pixel_encoding=cfg.pixel_encoding)
+                         pixels=cfg.pixels, pixel_encoding=cfg.pixel_encoding,
+                         captions=run.images.captions is not None)
         try:
             stats = encode_and_write(loader, encoder, sink)
         except torch.OutOfMemoryError as e:
@@ -276,8 +286,16 @@ def _write_manifest(run: ExtractJob, states: dict[int, ShardState]) -> None:
         assert all(s.pixel_bytes is not None for s in shards), "a pixels folder holds only shards with pixels"
         pixels = shard_pixels.pixels_entry(cfg.image_size, sum(s.pixel_bytes for s in shards), cfg.pixel_encoding)
     norm = manifest_normalization(run.norm, run.kept, cfg)
+    captions = None
+    if run.images.captions is not None:
+        from dit_pipeline.extract.captions import captions_record
+
+        assert all(s.captions is not None for s in shards), "a captioned folder holds only shards with captions"
+        captions = captions_record(run.images.captions, [s.captions for s in shards])
     manifest = Manifest(
-        format_version=format_version_for(pixels=cfg.pixels, normalization=norm.is_per_channel),
+        captions=captions,
+        format_version=format_version_for(pixels=cfg.pixels, normalization=norm.is_per_channel,
+                                          text=captions is not None),
         tool_version=tool_version(), extraction=run.record, pixels=pixels, normalization=norm.per_channel,
         revision=run.kept.revision if run.kept is not None else None,
         scaling_factor=float(norm.scaling_factor), shift_factor=norm.shift_factor,
@@ -380,4 +398,8 @@ def main(cfg: ExtractConfig) -> ExtractSummary:
 
     diffusers_logging.set_verbosity_error()
     with dist.leaving_group():
+        if cfg.text_encoder:  # a shard set's captions -> its text sibling set (extract/text.py)
+            from dit_pipeline.extract.text import run_text_extract
+
+            return run_text_extract(cfg)
         return run_extract(cfg)

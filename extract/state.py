@@ -40,17 +40,22 @@ class ShardState:
     record: ShardRecord
     skipped: list[dict[str, Any]] = field(default_factory=list)   # {"key", "path", "reason"}
     pixel_bytes: int | None = None     # --pixels: the bytes of the shard's pixels members (None: no pixels)
+    # --captions: the shard's caption counts and digest (extract/captions.py); a text set's shard: its text
+    # counts (extract/text.py). None otherwise.
+    captions: dict[str, Any] | None = None
+    text: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = {"record": self.record.to_dict(), "skipped": list(self.skipped)}
-        if self.pixel_bytes is not None:
-            d["pixel_bytes"] = self.pixel_bytes
+        for k in ("pixel_bytes", "captions", "text"):
+            if getattr(self, k) is not None:
+                d[k] = getattr(self, k)
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ShardState":
         return cls(record=ShardRecord.from_dict(d["record"]), skipped=list(d["skipped"]),
-                   pixel_bytes=d.get("pixel_bytes"))
+                   pixel_bytes=d.get("pixel_bytes"), captions=d.get("captions"), text=d.get("text"))
 
 
 def state_path(out: str | Path, shard: int) -> Path:

@@ -17,6 +17,8 @@ from dit_pipeline.dit.flow import FLOW_SAMPLERS  # ODE Euler / Heun, SDE Euler-M
 from dit_pipeline.dit.formats import OBJECTIVES
 from dit_pipeline.dit.meanflow import MEANFLOW_SAMPLERS  # 1- and n-step mean-flow sampling
 from dit_pipeline.dit.objectives import SPECS
+from dit_pipeline.dit import protocols  # noqa: F401 (the releases' sampling protocols: evaluate/ reads them here)
+from dit_pipeline.dit.protocols import CONVERSIONS, PROTOCOLS  # noqa: F401 (image conversions by name, likewise)
 # the DDIM stride search lives in dit.respace; ddim_stride and valid_ddim_steps stay importable from here
 from dit_pipeline.dit.respace import TRAIN_TIMESTEPS, ddim_stride, nearest_ddim_steps, valid_ddim_steps  # noqa: F401
 from dit_pipeline.sample.plan import LABEL_SAMPLINGS
@@ -33,6 +35,9 @@ FLOW_CONVENTIONS = ("sit", "repa")  # dit.flow: SiT's time (t = 0 noise) or REPA
 # (Euler-Maruyama with SiT's sample_ddp.py defaults: diffusion form sigma, norm 1, last step 0.04), each the
 # sampler of its paper's FID-50K at the default 250 steps.
 DEFAULT_SAMPLERS = {name: s.default_sampler for name, s in SPECS.items()}
+# The steps when --steps is not given (no --protocol): 250 (the papers' FID-50K setting), one for a one-step model
+DEFAULT_STEPS = {name: s.default_steps for name, s in SPECS.items()}
+DEFAULT_CFG_SCALE = 4.0  # the guidance scale when --cfg-scale is not given (no --protocol): pictures, not FID
 DIFFUSION_FORMS = ("sigma", "SBDM", "constant", "linear", "decreasing", "increasing-decreasing")
 CFG_CHANNELS = ("auto", "all")  # or a channel count N: guide the first N (sample.generate.cfg_channels_for)
 WEIGHTS = ("ema", "model")
@@ -55,12 +60,18 @@ class SampleConfig:
     model: str | None = None  # expected preset, checked against the weights
     num_heads: int | None = None  # attention heads of a file that states none (a custom size without model_config)
     input_size: int | None = None  # latent side of a file that states none (DDT's: no position table)
+    encoder_depth: int | None = None  # DDT's encoder blocks, for a file of a custom size that states none
     latent_stats: str | None = None  # per-channel latent statistics (LightningDiT's latents_stats.pt) to decode with
-    encoder_refresh: int = 1  # DDT: recompute the encoder every k-th network call, reuse its state between
     encoder_refresh: int = 1  # DDT: recompute the encoder every k-th network call, reuse its state between (dit/reuse.py)
+    # a release's sampling protocol (dit/protocols.py): its grid, solver, guidance rule, image conversion and labels;
+    # --steps, --cfg-scale, --guidance-interval and --labels change its values (recorded), the other sampler flags
+    # must agree with it
+    protocol: str | None = None
+    guidance_model: str | None = None  # AutoGuidance's weaker network (dit-sample --guidance-model FILE)
     sampler: str | None = None  # ddpm models: ddpm, ddim; flow models: euler, heun, euler-maruyama;
-    # None: DEFAULT_SAMPLERS of the model's objective (sample.run resolves it once the checkpoint is read)
-    steps: int = 250
+    # None: the protocol's, else DEFAULT_SAMPLERS of the model's objective (sample.run resolves it once the checkpoint
+    # is read)
+    steps: int | None = None  # None: the protocol's, else DEFAULT_STEPS of the model's objective (250; one-step: 1)
     objective: str | None = None  # ddpm | flow; None: what the checkpoint records (SiT-* files: flow)
     flow_convention: str | None = None  # sit | repa; None: recorded, else repa for REPA's files, else sit
     diffusion_form: str = "sigma"  # euler-maruyama: SiT's diffusion coefficient D(t) and its norm
@@ -69,19 +80,21 @@ class SampleConfig:
     # flow samplers: SD3's shift s of the time grid toward noise (dit/shift.py); None: the checkpoint's recorded
     # training shift (RAE samples with it), else 1. LightningDiT's timestep_shift a is 1 / a here.
     time_shift: float | None = None
-    cfg_scale: float = 4.0
+    cfg_scale: float | None = None  # None: the protocol's, else DEFAULT_CFG_SCALE
     # auto: 3 where that reproduces the reference sampler (a 4-channel DiT/SiT, LightningDiT's release), else all
-    # (sample.generate.cfg_channels_for); "all"; or N: the first N channels
+    # (sample.generate.cfg_channels_for); "all"; or N: the first N
     cfg_channels: str = "auto"
     # [low, high]: guide only where the noise level (1 = noise: flow 1 - t in SiT's time, i.e. REPA's t; DDPM
-    # timestep index / 1000) is in [low, high], both ends included; elsewhere the conditional model alone
+    # timestep index / 1000) is in [low, high], both ends included (a protocol's ends are its own); elsewhere the
+    # conditional model alone
     guidance_interval: list[float] | None = None
     class_labels: list[int | str] | None = None  # ids, or class names the checkpoint records (sample/names.py)
     prompts: list[str] | None = None  # a text model's prompts (--prompt, repeatable), each num_samples / P samples
     prompts_file: str | None = None  # --prompts FILE: one per line, or JSON Lines with a "prompt" (sample/prompts.py)
     text_encoder: str | None = None  # a text model's encoder (common/text_encoders.py); default: the checkpoint's
     num_samples: int | None = None
-    labels: str = "uniform"  # classes of --num-samples without --class-labels: "uniform" draws or "equal" counts
+    labels: str | None = None  # classes of --num-samples without --class-labels: "uniform" draws or "equal" counts
+    # (None: the protocol's, else uniform)
     seed: int = 0
     batch_size: int = 32  # per process
     cpu_threads: int = DEFAULT_CPU_THREADS  # intra-op threads of the sampling compute on CPU
@@ -105,7 +118,11 @@ class SampleConfig:
 
     @property
     def guided(self) -> bool:
-        return self.cfg_scale > 1.0
+        """Whether the guidance scale (given, else the protocol's, else DEFAULT_CFG_SCALE) guides."""
+        scale = self.cfg_scale
+        if scale is None:
+            scale = PROTOCOLS[self.protocol].guidance.scale if self.protocol in PROTOCOLS else DEFAULT_CFG_SCALE
+        return scale > 1.0
 
     def validate(self) -> "SampleConfig":
         p: list[str] = []
@@ -122,9 +139,9 @@ class SampleConfig:
             bad = [c for c in self.class_labels if not isinstance(c, str) and int(c) < 0]
             if bad:
                 p.append(f"--class-labels must be class ids >= 0, got {bad}")
-        if self.labels not in LABEL_SAMPLINGS:
+        if self.labels is not None and self.labels not in LABEL_SAMPLINGS:
             p.append(f"--labels must be one of {LABEL_SAMPLINGS}, got {self.labels!r}")
-        elif self.labels != "uniform" and self.class_labels is not None:
+        elif self.labels not in (None, "uniform") and self.class_labels is not None:
             p.append(f"--labels {self.labels} chooses the classes of --num-samples; it cannot be combined with "
                      "--class-labels (drop one)")
         if self.num_samples is not None and self.num_samples < 1:
@@ -146,7 +163,7 @@ class SampleConfig:
             p.append(f"--precision must be one of {PRECISIONS}, got {self.precision!r}")
         if self.seed < 0:
             p.append(f"--seed must be >= 0, got {self.seed}")
-        p += _architecture_hints(self)
+        p += _architecture_hints(self) + self._check_protocol()
         if self.batch_size < 1:
             p.append(f"--batch-size must be >= 1 (images per process and batch), got {self.batch_size}")
         if self.cpu_threads < 1:
@@ -173,7 +190,7 @@ class SampleConfig:
         elif self.prompts and self.num_samples is not None and self.num_samples % len(self.prompts):
             p.append(f"--num-samples {self.num_samples} is not a multiple of the {len(self.prompts)} prompts (each "
                      "prompt gets the same number of samples)")
-        if (self.prompts is not None or self.prompts_file is not None) and self.labels != "uniform":
+        if (self.prompts is not None or self.prompts_file is not None) and self.labels not in (None, "uniform"):
             p.append(f"--labels {self.labels} chooses classes; a text model samples its prompts")
         if self.text_encoder is not None and self.prompts is None and self.prompts_file is None:
             p.append("--text-encoder encodes --prompt / --prompts; pass them")
@@ -183,16 +200,16 @@ class SampleConfig:
         p = []
         if self.sampler is not None and self.sampler not in SAMPLERS:
             p.append(f"--sampler must be one of {SAMPLERS}, got {self.sampler!r}")
-        if not 1 <= self.steps <= TRAIN_TIMESTEPS:
+        if self.steps is not None and not 1 <= self.steps <= TRAIN_TIMESTEPS:
             p.append(f"--steps must be in 1..{TRAIN_TIMESTEPS}, got {self.steps}")
-        elif self.sampler == "ddim" and ddim_stride(self.steps) is None:
+        elif self.steps is not None and self.sampler == "ddim" and ddim_stride(self.steps) is None:
             near = nearest_ddim_steps(self.steps)
             p.append(f"--steps {self.steps} is not possible with --sampler ddim (DDIM takes every k-th of the "
                      f"{TRAIN_TIMESTEPS} steps); nearest valid counts: {near}")
-        if not self.cfg_scale >= 1.0:
+        if self.cfg_scale is not None and not self.cfg_scale >= 1.0:
             p.append(f"--cfg-scale must be >= 1 (1 = no guidance), got {self.cfg_scale}")
         p += self._check_interval()
-        if self.sampler == "euler-maruyama" and self.steps < 2:
+        if self.sampler == "euler-maruyama" and self.steps is not None and self.steps < 2:
             p.append(f"--steps {self.steps}: the SDE counts the points of SiT's time grid (its num_steps: steps - 1 "
                      "Euler-Maruyama steps and the last step); pass --steps >= 2")
         if self.flow_convention is not None and self.flow_convention not in FLOW_CONVENTIONS:
@@ -223,10 +240,41 @@ class SampleConfig:
         iv = list(self.guidance_interval)
         if len(iv) != 2 or not all(isinstance(v, (int, float)) and 0.0 <= v <= 1.0 for v in iv) or iv[0] > iv[1]:
             return [f"--guidance-interval takes LOW HIGH with 0 <= LOW <= HIGH <= 1 (noise levels), got {iv}"]
-        if not self.cfg_scale > 1.0:
+        if self.cfg_scale is not None and not self.cfg_scale > 1.0:
             return [f"--guidance-interval {iv[0]} {iv[1]} limits classifier-free guidance, but --cfg-scale is "
                     f"{self.cfg_scale} (no guidance); pass --cfg-scale > 1 or drop --guidance-interval"]
         return []
+
+    def _check_protocol(self) -> list[str]:
+        """--protocol's name; the sampler flags that must agree with it; --guidance-model with AutoGuidance only."""
+        p: list[str] = []
+        if self.protocol is None:
+            return p
+        if self.protocol not in PROTOCOLS:
+            return p + [f"--protocol must be one of {', '.join(PROTOCOLS)}, got {self.protocol!r}"]
+        pr = PROTOCOLS[self.protocol]
+        grid_end = pr.grid.end if pr.grid is not None else 1.0
+        own = {"sampler": pr.solver, "cfg_channels": pr.guidance.channels, "diffusion_form": pr.diffusion_form,
+               "diffusion_norm": pr.diffusion_norm,
+               "last_step_size": round(1.0 - grid_end, 12) if pr.solver == "euler-maruyama" else 0.04}
+        defaults = {"sampler": None, "cfg_channels": "auto", "diffusion_form": "sigma", "diffusion_norm": 1.0,
+                    "last_step_size": 0.04}
+        clash = [f"--{k.replace('_', '-')} {getattr(self, k)}" for k, v in own.items()
+                 if getattr(self, k) not in (defaults[k], v)]
+        if self.time_shift is not None:
+            clash.append(f"--time-shift {self.time_shift}")
+        if clash:
+            p.append(f"{', '.join(clash)}: --protocol {self.protocol} sets these ({pr.release}'s {pr.solver} sampler; "
+                     "README 'Sampling protocols'); drop them, or drop --protocol to choose every setting")
+        ag = pr.guidance.rule == "autoguidance"
+        if ag and not self.guidance_model:
+            p.append(f"--protocol {self.protocol} guides with a second, weaker network ({pr.guidance.guide_model} in "
+                     "the release): pass it as --guidance-model FILE")
+        elif self.guidance_model and not ag:
+            p.append(f"--guidance-model: --protocol {self.protocol} does not use AutoGuidance "
+                     f"({', '.join(n for n, q in PROTOCOLS.items() if q.guidance.rule == 'autoguidance')} does); "
+                     "drop one of them")
+        return p
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -243,6 +291,7 @@ class ExportConfig:
     model: str | None = None
     num_heads: int | None = None  # as SampleConfig's
     input_size: int | None = None
+    encoder_depth: int | None = None
     vae: str | None = None  # bundled into the diffusers pipeline folder [recorded in the checkpoint, else DEFAULT_VAE]
     vae_config: str | None = None
     overwrite: bool = False
@@ -269,6 +318,7 @@ class ExportConfig:
 
 
 def _architecture_hints(cfg: Any) -> list[str]:
-    """Problems of --num-heads and --input-size (positive integers when given)."""
+    """Problems of --num-heads, --input-size and --encoder-depth (positive integers when given)."""
     return [f"--{name.replace('_', '-')} must be a positive integer, got {getattr(cfg, name)!r}"
-            for name in ("num_heads", "input_size") if getattr(cfg, name) is not None and getattr(cfg, name) < 1]
+            for name in ("num_heads", "input_size", "encoder_depth")
+            if getattr(cfg, name) is not None and getattr(cfg, name) < 1]

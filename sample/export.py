@@ -285,7 +285,7 @@ def export(cfg: ExportConfig) -> Path:
     output = Path(cfg.output).expanduser()
     check_writable_dir(output.parent, f"export OUTPUT {cfg.output}")
     state_dict, info = load_weights(cfg.ckpt, weights=cfg.weights, expect_model=cfg.model, num_heads=cfg.num_heads,
-                                    input_size=cfg.input_size)
+                                    input_size=cfg.input_size, encoder_depth=cfg.encoder_depth)
     info["objective"] = resolve_objective(info, cfg.ckpt, cfg.objective)
     if cfg.to == "safetensors":
         return export_safetensors(state_dict, info, output, overwrite=cfg.overwrite)

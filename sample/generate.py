@@ -22,6 +22,7 @@ from torch import nn
 
 from dit_pipeline import dit
 from dit_pipeline.common.latent_norm import LatentNorm
+from dit_pipeline.dit import protocols
 from dit_pipeline.dit.conditioning import Conditioning
 from dit_pipeline.dit.meanflow import MEANFLOW_SAMPLERS, MeanFlowLoop
 from dit_pipeline.sample.config import respacing
@@ -79,17 +80,17 @@ def noise_level_fn(objective: str, flow_convention: str = "sit") -> Callable[[fl
     return (lambda t: t) if flow_convention == "repa" else (lambda t: 1.0 - t)
 
 
-# --guidance-interval's ends are included (README), compared with the sampler's float64 grid time (never the
-# network's float32 time: 0.8 in float32 is 0.80000001, whose noise level 1 - t falls below an end at 0.2). An end
-# that falls on a grid time is on it up to float64 rounding (1 - 0.8 = 0.19999999999999996): the slack absorbs that
-# and is far below any grid's spacing (1e-3 at 1000 steps).
-INTERVAL_SLACK = 1e-9
+# --guidance-interval's ends are compared with the sampler's float64 grid time (never the network's float32 time:
+# 0.8 in float32 is 0.80000001, whose noise level 1 - t falls below an end at 0.2), with a slack far below any grid's
+# spacing for an end that falls on a grid time up to float64 rounding (dit.protocols.Guidance.applies).
+INTERVAL_SLACK = protocols.INTERVAL_SLACK
 
 
 def guided_model_fn(model: nn.Module, *, cfg_scale: float, cfg_channels: str | int = "3",
                     autocast_dtype: torch.dtype | None = None, compile: bool = False,
                     guidance_interval: Sequence[float] | None = None,
-                    noise_level: Callable[[float], float] | None = None,
+                    noise_level: Callable[[float], float] | None = None, ends: str = "[]", doubled: bool = False,
+                    guide_model: nn.Module | None = None,
                     conditioning: Conditioning | None = None) -> Callable[..., torch.Tensor]:
     """model_fn(x [B, C, S, S], t [B], y [B] or the condition's keyword arguments) -> float32 [B, Cout, S, S] for
     the diffusion loops.
@@ -97,40 +98,56 @@ def guided_model_fn(model: nn.Module, *, cfg_scale: float, cfg_channels: str | i
     With cfg_scale > 1 each call runs the network on [x; x] with the conditions [given; null] (the null label, or a
     text model's empty prompt: `conditioning`, dit/conditioning.py, by default the model's own) and returns the
     guided conditional half; cfg_scale == 1 is the plain conditional model, as in the reference.
-    guidance_interval (low, high) with noise_level (noise_level_fn): guided only where low <= noise_level(t) <=
-    high (Kynkaanniemi et al. 2024; REPA's guidance_low/high), elsewhere one pass of the conditional model alone.
+    guidance_interval (low, high) with noise_level (noise_level_fn): guided only where the noise level is in the
+    interval, its `ends` open or closed ("[]", "()", "[)", "(]": dit/protocols.py; Kynkaanniemi et al. 2024;
+    REPA's guidance_low/high, DDT's open (0.3, 1)), elsewhere one pass of the conditional model alone, or with
+    `doubled` the conditional half of the doubled batch (the release runs it at every step: DDT's encoder state
+    belongs to that batch).
+    guide_model: AutoGuidance (Karras et al. 2024; RAE's _AG configs): v_weak + cfg_scale (v - v_weak) on every
+    channel, one pass of each network (no null label).
     compile: torch.compile the network call (static shapes: the one shorter last batch recompiles once).
     """
     if getattr(model, "conditions", "t") != "t":
         cfg_scale = 1.0  # a mean-flow model: guidance is trained in (meanflow) or an input (imf, MeanFlowLoop)
-    guide = guide_channels_arg(cfg_channels)
+    guide = "all" if guide_model is not None else guide_channels_arg(cfg_channels)
     cond = conditioning if conditioning is not None else model.conditioning()
     if guidance_interval is not None and noise_level is None:
         raise ValueError("guidance_interval needs noise_level (the network's time -> noise level)")
+    rule = protocols.Guidance("autoguidance" if guide_model is not None else "cfg", float(cfg_scale),
+                              None if guidance_interval is None else (float(guidance_interval[0]),
+                                                                      float(guidance_interval[1])), ends)
+    on = cfg_scale > 1.0
     # forward_with_cfg calls self.forward directly, so the bound method itself is what gets compiled.
-    guided = model.forward_with_cfg if cfg_scale > 1.0 else None
-    plain = model if cfg_scale <= 1.0 or guidance_interval is not None else None
+    guided = model.forward_with_cfg if on and guide_model is None else None
+    plain = model if not on or guidance_interval is not None or guide_model is not None or doubled else None
+    weak = guide_model if on else None
     if compile:
-        guided, plain = (torch.compile(f, dynamic=False) if f is not None else None for f in (guided, plain))
+        guided, plain, weak = (torch.compile(f, dynamic=False) if f is not None else None
+                               for f in (guided, plain, weak))
 
     def use_guidance(t: torch.Tensor) -> bool:
-        if guided is None:
+        if not on:
             return False
-        if guidance_interval is None:
-            return True
-        level = noise_level(float(t[0]))  # the grid's own time, float64 (flow samplers: dit.flow.GRID_TIME_ATTR)
-        return guidance_interval[0] - INTERVAL_SLACK <= level <= guidance_interval[1] + INTERVAL_SLACK
+        # the grid's own time, float64 (flow samplers: dit.flow.GRID_TIME_ATTR)
+        return guidance_interval is None or rule.applies(noise_level(float(t[0])))  # type: ignore[misc]
 
     def model_fn(x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None, **condition: Any) -> torch.Tensor:
         given = condition if y is None else {"y": y, **condition}
         guide_here = use_guidance(t)
         if t.dtype == torch.float64:
             t = t.float()  # the network's time: float32, as the flow samplers always gave it
+        n = x.shape[0]
         with autocast(x.device, autocast_dtype):
-            if guide_here:
+            if guide_here and weak is not None:
+                main, low = plain(x, t, **given), weak(x, t, **given)
+                c = int(model.in_channels)
+                out = torch.cat([protocols.autoguidance_combine(main[:, :c], low[:, :c], cfg_scale), main[:, c:]], 1)
+            elif guide_here:
                 both = cond.concat(given, cond.null(given))  # [given; null]
                 out = guided(torch.cat([x, x]), torch.cat([t, t]), cfg_scale=cfg_scale, guide_channels=guide,
-                             **both)[: x.shape[0]]
+                             **both)[:n]
+            elif doubled and on and weak is None:
+                out = plain(torch.cat([x, x]), torch.cat([t, t]), **cond.concat(given, cond.null(given)))[:n]
             else:
                 out = plain(x, t, **given)
         return out.float()  # the diffusion math stays in float32 whatever the model ran in
@@ -163,16 +180,20 @@ class FlowLoop:
     last_step_size: float = dit.flow.LAST_STEP_SIZE
     convention: str = "sit"  # the network's time convention (dit.flow; "repa" for REPA's checkpoints)
     time_shift: float = 1.0  # SD3's shift of the time grid toward noise (dit/shift.py)
+    grid: tuple[float, ...] | None = None  # a protocol's times (dit/protocols.py), in place of the four above
+    mean_last: bool = True  # euler-maruyama on `grid`: its last interval is the noise-free Mean step
     prediction: dict[str, Any] | None = None  # what the network predicts, as recorded (dit.flow; None: velocity)
 
     def __call__(self, fn: Callable, noise: torch.Tensor, labels: torch.Tensor | Mapping[str, torch.Tensor],
                  generators: Sequence[torch.Generator]) -> torch.Tensor:
         pred = dit.flow.prediction_from_record(self.prediction)
-        return dit.create_flow(prediction=pred.name, t_eps=pred.t_eps or dit.flow.T_EPS).sample_loop(fn, noise, sampler=self.sampler, steps=self.steps,
-                                             model_kwargs=condition_kwargs(labels), generator=list(generators),
-                                             diffusion_form=self.diffusion_form, diffusion_norm=self.diffusion_norm,
-                                             last_step_size=self.last_step_size, convention=self.convention,
-                                             time_shift=self.time_shift)
+        flow = dit.create_flow(prediction=pred.name, t_eps=pred.t_eps or dit.flow.T_EPS)
+        return flow.sample_loop(fn, noise, sampler=self.sampler, steps=self.steps,
+                                model_kwargs=condition_kwargs(labels),
+                                generator=list(generators), diffusion_form=self.diffusion_form,
+                                diffusion_norm=self.diffusion_norm, last_step_size=self.last_step_size,
+                                convention=self.convention, time_shift=self.time_shift, grid=self.grid,
+                                mean_last=self.mean_last)
 
 
 def make_diffusion(sampler: str, steps: int, learn_sigma: bool = True, **flow_options):
@@ -184,6 +205,44 @@ def make_diffusion(sampler: str, steps: int, learn_sigma: bool = True, **flow_op
     if sampler in dit.FLOW_SAMPLERS:
         return FlowLoop(sampler, steps, **flow_options)
     return dit.create_diffusion(timestep_respacing=respacing(sampler, steps), learn_sigma=learn_sigma)
+
+
+def protocol_loop(p: protocols.Protocol, *, latent_shape: tuple[int, ...], recorded_shift: float | None = None,
+                  convention: str = "sit", learn_sigma: bool = True, prediction: dict[str, Any] | None = None):
+    """The sampling loop a protocol describes (dit/protocols.py): its solver on its time grid for a model of this
+    latent shape (`recorded_shift`: the checkpoint's training shift, for grids that use it; `convention`: the
+    network's time, dit.flow; `prediction`: what a flow network predicts, as recorded, the objective converting it
+    to a velocity); DDPM and DDIM respaced to its count."""
+    if p.solver in ("ddpm", "ddim"):
+        return make_diffusion(p.solver, p.count, learn_sigma=learn_sigma)
+    times = p.times(latent_shape, recorded_shift)
+    assert times is not None and p.grid is not None
+    if p.solver in MEANFLOW_SAMPLERS:  # the mean-flow models' time: t = 1 noise
+        return MeanFlowLoop(p.count, interval=p.guidance.interval or (0.0, 1.0), grid=[1.0 - t for t in times])
+    return FlowLoop(p.solver, p.count, diffusion_form=p.diffusion_form, diffusion_norm=p.diffusion_norm,
+                    convention=convention, time_shift=p.grid.resolve_shift(latent_shape, recorded_shift),
+                    grid=tuple(times), mean_last=p.grid.append is not None, prediction=prediction)
+
+
+def protocol_model_fn(p: protocols.Protocol, model: nn.Module, *, objective: str, convention: str = "sit",
+                      in_channels: int | None = None, autocast_dtype: torch.dtype | None = None,
+                      compile: bool = False, guide_model: nn.Module | None = None,
+                      doubled: bool = False, conditioning: Conditioning | None = None) -> Callable[..., torch.Tensor]:
+    """The guided network function a protocol describes: its rule, scale, interval and ends, channels and doubled
+    batch (`doubled` forces it: encoder reuse needs it); `guide_model` the weaker network of AutoGuidance;
+    `conditioning` the model's with its null condition (a text model's: the empty prompt)."""
+    g = p.guidance
+    channels = in_channels if in_channels is not None else int(model.in_channels)
+    cfg_channels = "all" if g.channels == "all" or int(g.channels) >= channels else g.channels
+    scale = g.scale if g.rule in ("cfg", "autoguidance") else 1.0
+    if g.rule == "autoguidance" and guide_model is None and scale > 1.0:
+        raise ValueError(f"the {p.name} protocol guides with a second, weaker network ({g.guide_model or 'any'}); "
+                         "give it (dit-sample --guidance-model FILE)")
+    return guided_model_fn(model, cfg_scale=scale, cfg_channels=cfg_channels, autocast_dtype=autocast_dtype,
+                           compile=compile, guidance_interval=g.interval if scale > 1.0 else None,
+                           noise_level=noise_level_fn(objective, convention), ends=g.ends,
+                           doubled=g.doubled or doubled, guide_model=guide_model if scale > 1.0 else None,
+                           conditioning=conditioning)
 
 
 @torch.no_grad()
@@ -216,8 +275,9 @@ def sample_latents(model: nn.Module, diffusion, labels: torch.Tensor | Mapping[s
 
 
 def to_uint8(images: torch.Tensor) -> torch.Tensor:
-    """[B, 3, H, W] in [-1, 1] -> uint8 [B, H, W, 3] on the CPU (the reference's rounding: +128, truncate)."""
-    return torch.clamp(127.5 * images.float() + 128.0, 0, 255).permute(0, 2, 3, 1).to("cpu", dtype=torch.uint8)
+    """[B, 3, H, W] in [-1, 1] -> uint8 [B, H, W, 3] on the CPU (the reference's rounding: +128, truncate; the
+    "dit" conversion of dit/protocols.py)."""
+    return protocols.dit_uint8(images.float())
 
 
 def as_norm(norm: LatentNorm | None, scaling_factor: float | None, shift_factor: float | None) -> LatentNorm:
@@ -231,7 +291,8 @@ def as_norm(norm: LatentNorm | None, scaling_factor: float | None, shift_factor:
 
 @torch.no_grad()
 def decode_latents(vae: nn.Module, latents: torch.Tensor, *, scaling_factor: float | None = None,
-                   shift_factor: float | None = None, norm: LatentNorm | None = None) -> torch.Tensor:
+                   shift_factor: float | None = None, norm: LatentNorm | None = None,
+                   conversion: str = "dit") -> torch.Tensor:
     """Latents [B, C, S, S] -> uint8 images [B, H, W, 3] on the CPU.
 
     Inverts the latent normalization x = (z - shift) * scale (`norm`, or the scalar factors: diffusers'
@@ -239,23 +300,28 @@ def decode_latents(vae: nn.Module, latents: torch.Tensor, *, scaling_factor: flo
     in its own dtype (float32 as loaded) with autocast off, as the reference decodes. It decodes one image at a
     time: convolution and GroupNorm kernels (oneDNN, cuDNN) pick their algorithm by batch size, so batched
     decoding would make the last bits, and now and then a pixel, depend on the batch size. At 250 steps
-    decoding is well under 1% of a sample's cost.
+    decoding is well under 1% of a sample's cost. `conversion`: the image conversion to uint8 by name
+    (dit/protocols.py CONVERSIONS; "dit": the reference's), given the decoder's own [0, 1] images where it has
+    them (RAE's decoder: `.unit`).
     """
     param = next(vae.parameters())
     z = as_norm(norm, scaling_factor, shift_factor).invert(latents.to(device=param.device, dtype=torch.float32))
     with torch.autocast(device_type=param.device.type, enabled=False):
-        images = [vae.decode(row[None].to(param.dtype)).sample for row in z]
-    return to_uint8(torch.cat(images))
+        decoded = [vae.decode(row[None].to(param.dtype)) for row in z]
+    units = [getattr(d, "unit", None) for d in decoded]
+    unit = torch.cat(units) if all(u is not None for u in units) else None
+    return protocols.conversion(conversion)(torch.cat([d.sample for d in decoded]), unit=unit)
 
 
 def generate_images(model: nn.Module, vae: nn.Module, diffusion, *, indices: Sequence[int], labels: Sequence[int],
                     seed: int, scaling_factor: float | None = None, shift_factor: float | None = None,
                     sampler: str = "ddpm", cfg_scale: float = 4.0, cfg_channels: str | int = "3",
                     autocast_dtype: torch.dtype | None = None, model_fn: Callable | None = None,
-                    norm: LatentNorm | None = None,
+                    norm: LatentNorm | None = None, conversion: str = "dit",
                     condition: Mapping[str, torch.Tensor] | None = None) -> torch.Tensor:
     """Samples `indices` with classes `labels` (or the condition's keyword arguments `condition`, e.g. a text
-    model's prompt features) -> uint8 [B, H, W, 3] (CPU); noise from (seed, index)."""
+    model's prompt features) -> uint8 [B, H, W, 3] (CPU); noise from (seed, index); pixels by the named image
+    conversion (dit/protocols.py)."""
     device = next(model.parameters()).device
     given: torch.Tensor | dict[str, torch.Tensor] = (
         torch.as_tensor(list(labels), dtype=torch.long, device=device) if condition is None
@@ -263,4 +329,4 @@ def generate_images(model: nn.Module, vae: nn.Module, diffusion, *, indices: Seq
     latents = sample_latents(model, diffusion, given, noise_generators(seed, indices), sampler=sampler,
                              cfg_scale=cfg_scale, cfg_channels=cfg_channels, autocast_dtype=autocast_dtype,
                              model_fn=model_fn)
-    return decode_latents(vae, latents, norm=as_norm(norm, scaling_factor, shift_factor))
+    return decode_latents(vae, latents, norm=as_norm(norm, scaling_factor, shift_factor), conversion=conversion)

@@ -88,11 +88,12 @@ def resolve_ckpt(ckpt: str | Path) -> Path:
 
 
 def load_weights(ckpt: str | Path, *, weights: str = "ema", expect_model: str | None = None,
-                 num_heads: int | None = None, input_size: int | None = None
+                 num_heads: int | None = None, input_size: int | None = None, encoder_depth: int | None = None
                  ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """(state_dict, info) of `ckpt` (a weight file or a run folder: resolve_ckpt), with --weights and --model
-    applied; UserError on any mismatch. --model's preset, --num-heads and --input-size tell the loader what a file
-    cannot state (a custom size's heads, DDT's latent size and encoder split); the file's own record wins."""
+    applied; UserError on any mismatch. --model's preset, --num-heads, --input-size and --encoder-depth tell the
+    loader what a file cannot state (a custom size's heads, DDT's latent size and encoder split); the file's own
+    record (or its sidecar) wins."""
     path = resolve_ckpt(ckpt)
     hints: dict[str, Any] = {}
     if expect_model is not None:
@@ -101,7 +102,8 @@ def load_weights(ckpt: str | Path, *, weights: str = "ema", expect_model: str | 
         except ValueError as e:
             raise UserError(f"--model: {e}") from None
         hints.update(cls.presets[preset])
-    hints.update({k: v for k, v in (("num_heads", num_heads), ("input_size", input_size)) if v is not None})
+    hints.update({k: v for k, v in (("num_heads", num_heads), ("input_size", input_size),
+                                    ("encoder_depth", encoder_depth)) if v is not None})
     try:
         state_dict, info = dit.load_dit_weights(path, prefer=weights, hints=hints)
     except dit.WeightsError as e:
@@ -128,10 +130,10 @@ def load_weights(ckpt: str | Path, *, weights: str = "ema", expect_model: str | 
 
 def load_model(ckpt: str | Path, *, weights: str = "ema", expect_model: str | None = None,
                device: torch.device | str = "cpu", num_heads: int | None = None,
-               input_size: int | None = None) -> LoadedModel:
+               input_size: int | None = None, encoder_depth: int | None = None) -> LoadedModel:
     """The model of `ckpt` in eval mode on `device` (float32 weights; precision is applied by autocast)."""
     state_dict, info = load_weights(ckpt, weights=weights, expect_model=expect_model, num_heads=num_heads,
-                                    input_size=input_size)
+                                    input_size=input_size, encoder_depth=encoder_depth)
     try:
         model = dit.build_model_from_weights(state_dict, info, device=device, dtype=torch.float32)
     except dit.WeightsError as e:

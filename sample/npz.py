@@ -52,7 +52,8 @@ _KEY_SETTINGS = {"checkpoint_sha256": "the checkpoint (--ckpt)", "model_config":
                  "labels_sha256": "the classes (--class-labels, --labels, --num-samples or --seed)",
                  "label_sampling": "--labels", "sde_steps": "the SDE's step count (an older version)",
                  "format": "the record's format (an older version)",
-                 "version": "the record's format (an older version)"}
+                 "version": "the record's format (an older version)",
+                 "guidance_model_sha256": "the guidance model (--guidance-model)"}
 
 
 def describe_changes(recorded: dict[str, Any] | None, now: dict[str, Any]) -> str:

@@ -38,10 +38,10 @@ from dit_pipeline.common.precision import AUTOCAST_DTYPES, set_tf32
 from dit_pipeline.common.rae_decoder import check_grid
 from dit_pipeline.common.vae import DEFAULT_VAE, load_vae, recorded_vae
 from dit_pipeline.sample import plan
-from dit_pipeline.sample.config import (DDPM_SAMPLERS, DEFAULT_SAMPLERS, FLOW_SAMPLERS, MEANFLOW_SAMPLERS, SPECS,
+from dit_pipeline.dit import protocols
+from dit_pipeline.sample.config import (DEFAULT_CFG_SCALE, DEFAULT_SAMPLERS, DEFAULT_STEPS, FLOW_SAMPLERS, SPECS,
                                         SampleConfig)
-from dit_pipeline.sample.generate import (generate_images, guided_model_fn, make_diffusion, noise_level_fn,
-                                          resolve_cfg_channels)
+from dit_pipeline.sample.generate import generate_images, protocol_loop, protocol_model_fn, resolve_cfg_channels
 from dit_pipeline.sample.conditions import Sampling, sampling_for
 from dit_pipeline.sample.grid import png_bytes, save_grid
 from dit_pipeline.sample.load import (LoadedModel, latent_norm, load_model, manifest_folder, resolve_ckpt,
@@ -84,7 +84,7 @@ def _run(cfg: SampleConfig) -> SampleResult:
         deterministic_cuda()
     cfg = dataclasses.replace(cfg, ckpt=str(resolve_ckpt(cfg.ckpt)))  # a run folder: its newest checkpoint
     loaded = load_model(cfg.ckpt, weights=cfg.weights, expect_model=cfg.model, device=device,
-                        num_heads=cfg.num_heads, input_size=cfg.input_size)
+                        num_heads=cfg.num_heads, input_size=cfg.input_size, encoder_depth=cfg.encoder_depth)
     log.info("model: %s", loaded.describe())
     log.info("%s", dist.launch_info().describe())
     cfg = _with_vae(cfg, loaded, log)
@@ -94,6 +94,9 @@ def _run(cfg: SampleConfig) -> SampleResult:
     if norm.is_per_channel:
         log.info("latents: %s", norm.describe())
     cfg = with_class_ids(cfg, loaded.latent)  # names given in --class-labels -> ids (sample/names.py)
+    if cfg.labels is None and cfg.class_labels is None and cfg.prompts is None and cfg.prompts_file is None:
+        # the protocol's FID labels, else uniform draws
+        cfg = dataclasses.replace(cfg, labels=protocols.protocol(cfg.protocol).labels if cfg.protocol else "uniform")
     # each sample's condition: its class, or its prompt (sample/conditions.py, by the model's conditioning)
     cfg, conds = sampling_for(cfg, loaded, device)
     labels = conds.ids
@@ -109,14 +112,18 @@ def _run(cfg: SampleConfig) -> SampleResult:
         if loaded.info["flow_convention"] == "repa":
             log.info("flow model in REPA's time (t = 1 noise; %s): called at 1 - t, its output negated",
                      loaded.info.get("flow_convention_from") if cfg.flow_convention is None else "--flow-convention")
-        cfg = _with_time_shift(cfg, loaded, log)
+        if cfg.protocol is None:  # a protocol's grid has its own shift
+            cfg = _with_time_shift(cfg, loaded, log)
     cfg = _with_cfg_channels(cfg, loaded, log)
+    proto = _protocol(cfg, loaded)
+    guide = _guidance_model(cfg, loaded, device, log)
     image_size = int(loaded.config["input_size"]) * int(vae_id["downsample_factor"])
     if cfg.out:
         log = setup_logging(Path(cfg.out) / "logs", quiet=cfg.quiet)
     if sampler_note:
         log.info("%s", sampler_note)
-    record = _record(cfg, loaded, vae_id, norm, labels, image_size, device, conds) if dist.is_main() else {}
+    record = _record(cfg, loaded, vae_id, norm, labels, image_size, device, proto, guide, conds) \
+        if dist.is_main() else {}
     store = PartStore(parts_dir_for(cfg.npz, cfg.out), record.get("fingerprint", {}), cfg.total)
     state = dist.on_rank0(lambda: _prepare(cfg, store, record, log))
     if state == "complete":
@@ -125,13 +132,15 @@ def _run(cfg: SampleConfig) -> SampleResult:
                             Path(cfg.npz) if cfg.npz else None, _grid_path(cfg))
     done = set(state)
     remaining = [i for i in range(cfg.total) if i not in done]
-    log.info("sampling %d of %d images (%d already done) at %dx%d on %d process(es), %s %d steps, cfg %s%s",
+    g = proto.guidance
+    log.info("sampling %d of %d images (%d already done) at %dx%d on %d process(es), %s %d steps, %s %s%s%s",
              len(remaining), cfg.total, len(done), image_size, image_size, dist.world_size(), cfg.sampler,
-             cfg.steps, cfg.cfg_scale, "" if cfg.guidance_interval is None else
-             f" where the noise level is in [{cfg.guidance_interval[0]}, {cfg.guidance_interval[1]}]")
+             cfg.steps, "guidance" if g.rule == "cfg" else g.rule, g.scale, "" if g.interval is None else
+             f" where the noise level is in {g.ends[0]}{g.interval[0]}, {g.interval[1]}{g.ends[1]}",
+             "" if cfg.protocol is None else f" (--protocol {proto.name}, {proto.release})")
     sampling_start = time.perf_counter()
     with pinned_threads(device, cfg.cpu_threads):  # the pixels must not depend on OMP_NUM_THREADS or torchrun
-        produced = _sample_batches(cfg, loaded, vae, store, labels, remaining, norm, conds)
+        produced = _sample_batches(cfg, loaded, vae, store, labels, remaining, norm, proto, guide, conds)
     with dist.peer_guard("waiting for every rank's samples"):
         dist.barrier()
     sampling = time.perf_counter() - sampling_start
@@ -169,32 +178,91 @@ def _with_time_shift(cfg: SampleConfig, loaded: LoadedModel, log: Any) -> Sample
 
 
 def _with_cfg_channels(cfg: SampleConfig, loaded: LoadedModel, log: Any) -> SampleConfig:
-    """`cfg` with --cfg-channels resolved to the value used ("3", "all" or "N"; auto: the model's rule,
-    sample.generate.cfg_channels_for), which the outputs record."""
+    """`cfg` with --cfg-channels resolved to the value used ("3", "all" or "N"; auto: the protocol's, else the
+    model's rule, sample.generate.cfg_channels_for), which the outputs record."""
+    setting = str(cfg.cfg_channels)
+    if cfg.protocol is not None and setting == "auto":
+        setting = protocols.protocol(cfg.protocol).guidance.channels
     try:
-        used = resolve_cfg_channels(cfg.cfg_channels, loaded.config, loaded.info["objective"],
+        used = resolve_cfg_channels(setting, loaded.config, loaded.info["objective"],
                                     loaded.info.get("flow_convention", "sit"), loaded.info.get("release"))
     except ValueError as e:
         raise UserError(str(e)) from None
-    if str(cfg.cfg_channels) == "auto" and cfg.guided:
+    if str(cfg.cfg_channels) == "auto" and cfg.guided and cfg.protocol is None:
         log.info("--cfg-channels auto: guiding %s of the %s latent channels", "the first 3" if used == "3" else used,
                  loaded.config["in_channels"])
     return dataclasses.replace(cfg, cfg_channels=used)
 
 
 def _with_sampler(cfg: SampleConfig, objective: str) -> tuple[SampleConfig, str | None]:
-    """`cfg` with --sampler filled in when not given, the default for the model's objective (a flow checkpoint
-    samples with SiT's SDE without being told) and recorded as if given; and the line that says so."""
-    if cfg.sampler is not None:
-        return cfg, None
-    sampler = DEFAULT_SAMPLERS[objective]
-    return (dataclasses.replace(cfg, sampler=sampler),
-            f"--sampler not given: {sampler}, the default for {objective} models ({cfg.steps} steps)")
+    """`cfg` with --sampler, --steps and --cfg-scale filled in when not given (recorded as if given): the protocol's
+    (dit/protocols.py), else the defaults for the model's objective (a flow checkpoint samples with SiT's SDE, a
+    one-step model in one step); and the line that says so."""
+    if cfg.protocol is not None:
+        p = protocols.protocol(cfg.protocol)
+        if p.solver not in SPECS[objective].samplers:
+            raise UserError(f"--protocol {p.name} samples with {p.solver}, which does not sample a {objective} model "
+                            f"({cfg.ckpt}); choose a protocol of a {objective} release, or pass --objective if the "
+                            "file's objective was guessed wrong")
+        steps = cfg.steps if cfg.steps is not None else p.count
+        scale = cfg.cfg_scale if cfg.cfg_scale is not None else p.guidance.scale
+        cfg = dataclasses.replace(cfg, sampler=p.solver, steps=steps, cfg_scale=scale)
+        return cfg, (f"--protocol {p.name}: {p.release}'s sampler ({p.solver}, {steps} steps as its num_steps counts "
+                     f"them, guidance {p.guidance.rule} {scale:g}, images by its '{p.conversion}' conversion; read "
+                     f"from {p.sources[0].split(' ')[0]})")
+    notes = []
+    if cfg.steps is None:
+        cfg = dataclasses.replace(cfg, steps=DEFAULT_STEPS[objective])
+        notes.append(f"--steps not given: {cfg.steps}, the default for {objective} models")
+    if cfg.sampler is None:
+        cfg = dataclasses.replace(cfg, sampler=DEFAULT_SAMPLERS[objective])
+        notes.insert(0, f"--sampler not given: {cfg.sampler}, the default for {objective} models ({cfg.steps} steps)")
+    if cfg.cfg_scale is None:
+        cfg = dataclasses.replace(cfg, cfg_scale=DEFAULT_CFG_SCALE)
+    return cfg, "; ".join(notes) or None
+
+
+def _protocol(cfg: SampleConfig, loaded: LoadedModel) -> protocols.Protocol:
+    """The protocol the samplers read: --protocol's row with the values --steps, --cfg-scale, --guidance-interval
+    and --labels changed, or `custom`, the one the sampler flags describe."""
+    assert cfg.steps is not None and cfg.cfg_scale is not None and cfg.sampler is not None
+    labels = None if cfg.class_labels else cfg.labels
+    if cfg.protocol is not None:
+        return protocols.protocol(cfg.protocol).with_overrides(count=cfg.steps, scale=cfg.cfg_scale,
+                                                               interval=cfg.guidance_interval, labels=labels)
+    return protocols.custom(solver=cfg.sampler, steps=cfg.steps, scale=cfg.cfg_scale, interval=cfg.guidance_interval,
+                            channels=str(cfg.cfg_channels), last_step_size=cfg.last_step_size,
+                            diffusion_form=cfg.diffusion_form, diffusion_norm=cfg.diffusion_norm,
+                            time_shift=float(cfg.time_shift or 1.0), labels=labels or "uniform",
+                            guide_model=Path(cfg.guidance_model).name if cfg.guidance_model else None)
+
+
+def _guidance_model(cfg: SampleConfig, loaded: LoadedModel, device: torch.device, log: Any) -> LoadedModel | None:
+    """AutoGuidance's weaker network (--guidance-model): loaded as --ckpt is, and refused unless it takes the same
+    latents and classes in the same time convention."""
+    if not cfg.guidance_model:
+        return None
+    guide = load_model(cfg.guidance_model, weights=cfg.weights, device=device)
+    a, b = loaded.config, guide.config
+    wrong = [f"{k} {b[k]} (the model: {a[k]})" for k in ("in_channels", "input_size", "num_classes") if a[k] != b[k]]
+    objective = resolve_objective(guide.info, cfg.guidance_model, cfg.objective)
+    if objective != loaded.info["objective"]:
+        wrong.append(f"objective {objective} (the model: {loaded.info['objective']})")
+    elif objective == "flow":
+        convention = resolve_flow_convention(guide.info, cfg.guidance_model, cfg.flow_convention)
+        if convention != loaded.info.get("flow_convention", "sit"):
+            wrong.append(f"{convention}'s time convention (the model: {loaded.info.get('flow_convention')}'s)")
+    if wrong:
+        raise UserError(f"--guidance-model {cfg.guidance_model}: {'; '.join(wrong)}; AutoGuidance needs a weaker "
+                        "network of the same latents, classes and time convention")
+    log.info("guidance model (AutoGuidance): %s", guide.describe())
+    return guide
 
 
 def label_sampling(cfg: SampleConfig) -> str:
-    """How the run's classes were chosen: "given" (--class-labels), "uniform" or "equal" (--labels)."""
-    return "given" if cfg.class_labels else cfg.labels
+    """How the run's classes were chosen: "given" (--class-labels), "uniform" or "equal" (--labels, or the
+    protocol's)."""
+    return "given" if cfg.class_labels else (cfg.labels or "uniform")
 
 
 def _check_compatible(cfg: SampleConfig, loaded: LoadedModel, vae_id: dict[str, Any]) -> None:
@@ -208,13 +276,15 @@ def _check_compatible(cfg: SampleConfig, loaded: LoadedModel, vae_id: dict[str, 
         raise UserError(f"--vae {cfg.vae!r} has {vae_id['latent_channels']} latent channels but the model takes "
                         f"{c['in_channels']}; pass the VAE the model was trained with")
     check_grid(vae_id, int(c["input_size"]), f"--vae {cfg.vae!r}")
-    if cfg.guided and not float(c["class_dropout_prob"]) > 0:
+    cfg_rule = cfg.protocol is None or protocols.protocol(cfg.protocol).guidance.rule == "cfg"
+    if cfg.guided and cfg_rule and not cfg.guidance_model and not float(c["class_dropout_prob"]) > 0:
         raise UserError(f"--cfg-scale {cfg.cfg_scale}: the model has no null class (trained without class "
                         "dropout), so classifier-free guidance is impossible; pass --cfg-scale 1")
 
 
 def _record(cfg: SampleConfig, loaded: LoadedModel, vae_id: dict[str, Any], norm: LatentNorm,
-            labels: np.ndarray, image_size: int, device: torch.device, conds: Sampling) -> dict[str, Any]:
+            labels: np.ndarray, image_size: int, device: torch.device, proto: protocols.Protocol,
+            guide: LoadedModel | None = None, conds: Sampling | None = None) -> dict[str, Any]:
     """What the outputs record: the fingerprint (what the samples are) and context.
 
     `numerics` (batch size, CPU threads, device) change only the last float bits, so they stay out of
@@ -231,14 +301,25 @@ def _record(cfg: SampleConfig, loaded: LoadedModel, vae_id: dict[str, Any], norm
         "cfg_channels": cfg.cfg_channels,
         "seed": cfg.seed, "num_samples": cfg.total, "image_size": image_size, **_label_settings(cfg),
         "labels_sha256": hashlib.sha256(np.ascontiguousarray(labels, dtype="<i8").tobytes()).hexdigest(),
-        "precision": cfg.precision, "tf32": cfg.tf32, "compile": cfg.compile, **conds.fingerprint(),
+        "precision": cfg.precision, "tf32": cfg.tf32, "compile": cfg.compile,
+        **({"protocol": proto.name} if cfg.protocol is not None else {}),
+        **({"guidance_model_sha256": sha256_file(Path(cfg.guidance_model).expanduser())} if guide is not None else {}),
+        **(conds.fingerprint() if conds is not None else {}),
     }
     numerics = {"batch_size": cfg.batch_size, "cpu_threads": cfg.cpu_threads if device.type == "cpu" else None,
                 "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}
     return {"fingerprint": json.loads(json.dumps(fingerprint)), "numerics": numerics, "config": cfg.to_dict(),
             "checkpoint": {"path": str(cfg.ckpt), "source": loaded.info["source"], "step": loaded.info.get("step")},
             "vae": vae_id, "label_sampling": label_sampling(cfg), "labels": labels.tolist(),
-            "class_names": (loaded.latent or {}).get("class_names"), **conds.record()}
+            "class_names": (loaded.latent or {}).get("class_names"), **(conds.record() if conds is not None else {}),
+            "protocol": proto.record(_latent_shape(loaded), loaded.info.get("time_shift")),
+            **({"guidance_model": {"path": str(cfg.guidance_model), "source": guide.info["source"],
+                                   "model_config": guide.config}} if guide is not None else {})}
+
+
+def _latent_shape(loaded: LoadedModel) -> tuple[int, int, int]:
+    c = loaded.config
+    return int(c["in_channels"]), int(c["input_size"]), int(c["input_size"])
 
 
 def _normalization_key(norm: LatentNorm) -> dict[str, Any]:
@@ -332,25 +413,28 @@ def _prepare(cfg: SampleConfig, store: PartStore, record: dict[str, Any], log) -
 
 
 def _sample_batches(cfg: SampleConfig, loaded: LoadedModel, vae, store: PartStore, labels: np.ndarray,
-                     remaining: list[int], norm: LatentNorm, conds: Sampling) -> int:
-    """This rank's share of the missing samples, one part file per batch; returns images produced."""
+                     remaining: list[int], norm: LatentNorm, proto: protocols.Protocol,
+                     guide: LoadedModel | None = None, conds: Sampling | None = None) -> int:
+    """This rank's share of the missing samples, one part file per batch; returns images produced. The loop and
+    the guided network function are the protocol's (sample.generate.protocol_loop, protocol_model_fn)."""
     from tqdm.auto import tqdm
 
     model: Any = loaded.model
     if cfg.encoder_refresh > 1:  # DDT's encoder sharing across neighbouring steps (dit/reuse.py)
         model = dit.reuse.EncoderReuse(model, cfg.encoder_refresh)
     convention = loaded.info.get("flow_convention", "sit")
-    flow = {"convention": convention, "time_shift": float(cfg.time_shift or 1.0),
-            "prediction": loaded.info.get("prediction")} if cfg.sampler in FLOW_SAMPLERS else {}
-    if cfg.sampler in MEANFLOW_SAMPLERS:  # iMF's guidance interval is a network input
-        flow = {"interval": tuple(cfg.guidance_interval or (0.0, 1.0))}
-    diffusion = make_diffusion(cfg.sampler, cfg.steps, learn_sigma=bool(loaded.config["learn_sigma"]),
-                               **_sde_settings(cfg), **flow)
-    model_fn = guided_model_fn(model, cfg_scale=cfg.cfg_scale, cfg_channels=cfg.cfg_channels,
-                               autocast_dtype=AUTOCAST_DTYPES[cfg.precision], compile=cfg.compile,
-                               guidance_interval=cfg.guidance_interval,
-                               noise_level=noise_level_fn(loaded.info["objective"], convention),
-                               conditioning=conds.conditioning(loaded.model))
+    diffusion = protocol_loop(proto, latent_shape=_latent_shape(loaded), recorded_shift=cfg.time_shift
+                              if cfg.protocol is None else loaded.info.get("time_shift"), convention=convention,
+                              learn_sigma=bool(loaded.config["learn_sigma"]), prediction=loaded.info.get("prediction"))
+    try:
+        model_fn = protocol_model_fn(proto, model, objective=loaded.info["objective"], convention=convention,
+                                     in_channels=int(loaded.config["in_channels"]),
+                                     autocast_dtype=AUTOCAST_DTYPES[cfg.precision], compile=cfg.compile,
+                                     guide_model=guide.model if guide is not None else None,
+                                     doubled=cfg.encoder_refresh > 1,  # a reused state belongs to the doubled batch
+                                     conditioning=conds.conditioning(loaded.model) if conds is not None else None)
+    except ValueError as e:
+        raise UserError(str(e)) from None
     batches = plan.rank_batches(remaining, cfg.batch_size, dist.rank(), dist.world_size())
     ws = dist.world_size()
     produced = 0
@@ -361,8 +445,9 @@ def _sample_batches(cfg: SampleConfig, loaded: LoadedModel, vae, store: PartStor
             if isinstance(model, dit.reuse.EncoderReuse):
                 model.reset()  # a state belongs to one batch of samples
             images = generate_images(model, vae, diffusion, indices=batch, labels=labels[batch].tolist(),
-                                     seed=cfg.seed, norm=norm, sampler=cfg.sampler, cfg_scale=cfg.cfg_scale,
-                                     model_fn=model_fn, condition=conds.condition(batch)).numpy()
+                                     seed=cfg.seed, norm=norm, sampler=cfg.sampler, cfg_scale=proto.guidance.scale,
+                                     model_fn=model_fn, conversion=proto.conversion,
+                                     condition=conds.condition(batch) if conds is not None else None).numpy()
             try:
                 if cfg.save_images:
                     _write_pngs(Path(cfg.out) / "images", batch, images, cfg.total)

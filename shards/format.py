@@ -22,7 +22,12 @@ FORMAT_VERSION_PIXELS = 2
 # version 3, pixels or not: a reader that predates the field would train on the scalar factors alone, the
 # silent failure per-channel statistics exist to prevent, so it must refuse the set by its version.
 FORMAT_VERSION_NORMALIZATION = 3
-FORMAT_VERSIONS = (FORMAT_VERSION, FORMAT_VERSION_PIXELS, FORMAT_VERSION_NORMALIZATION)
+# A set whose samples carry captions (`<key>.captions.json`), or a text set (store "text": per-caption text-encoder
+# features, `<key>.text.npy` + `<key>.lengths.npy`, shards/text.py) is version 4, with or without pixels and a
+# per-channel normalization: an older reader would call every caption member damaged, or read a text set as
+# latents.
+FORMAT_VERSION_TEXT = 4
+FORMAT_VERSIONS = (FORMAT_VERSION, FORMAT_VERSION_PIXELS, FORMAT_VERSION_NORMALIZATION, FORMAT_VERSION_TEXT)
 MANIFEST_NAME = "manifest.json"
 # `dit-shards stats --write` keeps the manifest it replaces as manifest.json.rev<N> (shards/revision.py).
 _REVISION_RE = re.compile(r"manifest\.json\.rev([1-9][0-9]*)")
@@ -33,17 +38,23 @@ SHARD_DIGITS = 6
 # so bfloat16 is stored as its raw 16 bits (the upper half of the float32 bit pattern) in little-endian uint16.
 STORAGE_DTYPES = {"float16": "<f2", "float32": "<f4", "bfloat16": "<u2"}
 # "pixels": a pixel-space set (common/pixels.py): no arrays, the latent is the sample's stored crop (PIXELS_FIELD)
-STORES = {"posterior": ("mean.npy", "std.npy"), "sample": ("latent.npy",), "pixels": ()}
+# "text": a text set: no latents, each sample's captions' features (shards/text.py)
+STORES = {"posterior": ("mean.npy", "std.npy"), "sample": ("latent.npy",), "pixels": (),
+          "text": ("lengths.npy", "text.npy")}
 PIXEL_STORE = "pixels"
 PIXEL_DTYPE = "uint8"  # the manifest dtype of a pixel-space set: its latents are the 8-bit crops
+TEXT_STORE = "text"
 ARRAY_FIELDS = ("mean.npy", "std.npy", "latent.npy")
 # The optional field; a sample has it exactly when the manifest records pixels (format version 2).
 PIXELS_FIELD = "pixels.webp"
 # The same crop uncompressed (the manifest's pixels encoding "npy-uint8": an NPY uint8 [H, W, 3] array)
 PIXELS_RAW_FIELD = "pixels.npy"
 PIXELS_FIELDS = (PIXELS_FIELD, PIXELS_RAW_FIELD)
+# The captions of a sample (format version 4): a UTF-8 JSON array of one or more non-empty strings.
+CAPTIONS_FIELD = "captions.json"
 # Every member of a sample, in the order the writer emits them (sorted by field name).
-FIELD_ORDER = ("cls", "json", "latent.npy", "mean.npy", PIXELS_RAW_FIELD, PIXELS_FIELD, "std.npy")
+FIELD_ORDER = (CAPTIONS_FIELD, "cls", "json", "latent.npy", "lengths.npy", "mean.npy", PIXELS_RAW_FIELD, PIXELS_FIELD,
+               "std.npy", "text.npy")
 REQUIRED_COMMON = ("cls", "json")
 # Suffixes whose usual decoders unpickle: such a member is reported, never decoded.
 PICKLE_SUFFIXES = ("pyd", "pickle", "pkl", "pth", "pt", "ckpt", "joblib")
@@ -55,7 +66,8 @@ MAX_JSON_BYTES = 1 << 20
 _SHARD_RE = re.compile(r"shard-([0-9]{%d,})\.tar" % SHARD_DIGITS)
 _MEMBER_RE = re.compile(r"([0-9]{%d,18})\.([a-z0-9.]+)" % KEY_DIGITS)
 # The names a valid shard consists of (digits, one dot-separated known field): matched first, in one step.
-_VALID_RE = re.compile(r"([0-9]{%d})\.(cls|json|mean\.npy|std\.npy|latent\.npy|pixels\.webp|pixels\.npy)" % KEY_DIGITS)
+_VALID_RE = re.compile(r"([0-9]{%d})\.(cls|json|mean\.npy|std\.npy|latent\.npy|pixels\.webp|pixels\.npy|captions\.json|"
+                       r"lengths\.npy|text\.npy)" % KEY_DIGITS)
 
 
 class ShardError(UserError):

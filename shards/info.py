@@ -33,13 +33,33 @@ def info_dict(folder: str | Path) -> dict[str, Any]:
         "normalization": m.normalization, "normalization_text": m.norm.describe(), "revision": m.revision,
         "geometry": geometry(m), "vae": m.extraction.get("vae"), "extraction": m.extraction,
         "skipped": len(m.skipped), "skipped_by_reason": dict(sorted(reasons.items())),
-        "pixels": m.pixels,
+        "pixels": m.pixels, "captions": m.captions, "text": text_summary(m),
     }
+
+
+def text_summary(m: Manifest) -> dict[str, Any] | None:
+    """A text set's features at a glance: the encoder, widths, counts, the token-length histogram and what
+    storing at true lengths saves against padding every caption to the encoder's max length."""
+    if not m.is_text or m.text is None:
+        return None
+    t = m.text
+    itemsize = 4 if m.dtype == "float32" else 2
+    padded = t["captions"] * t["max_length"] * t["dim"] * itemsize
+    stored = t["tokens"] * t["dim"] * itemsize
+    edges, counts = t["length_histogram"]["edges"], t["length_histogram"]["counts"]
+    return {"encoder": t["encoder"], "dim": t["dim"], "max_length": t["max_length"], "dtype": m.dtype,
+            "captions": t["captions"], "tokens": t["tokens"], "truncated": t["truncated"],
+            "mean_tokens": t["tokens"] / t["captions"] if t["captions"] else 0.0, "null_tokens": t["null"]["tokens"],
+            "feature_bytes": stored, "padded_feature_bytes": padded,
+            "histogram": [{"tokens": [lo, hi - 1], "captions": c} for lo, hi, c in zip(edges, edges[1:], counts)],
+            "storage_error": t.get("storage_error"), "source": t.get("source")}
 
 
 def geometry(m: Manifest) -> dict[str, Any]:
     """The latent geometry: channels, spatial size, the downsampling factor (image size / latent size) and
-    what the encoder gave (a posterior or a deterministic latent)."""
+    what the encoder gave (a posterior or a deterministic latent); a text set: its feature width."""
+    if m.is_text:
+        return {"feature_dim": m.latent_shape[0]}
     c, h, w = m.latent_shape
     found = m.extraction.get("vae") or m.extraction.get("encoder")  # a feature space records its encoder
     vae: dict[str, Any] = found if isinstance(found, dict) else {}
@@ -82,7 +102,47 @@ def _pixels_line(d: dict[str, Any]) -> str:
             f"{human_bytes(px['bytes'])} ({human_bytes(per)}/sample)")
 
 
+def _captions_line(d: dict[str, Any]) -> str:
+    c = d["captions"]
+    if not c:
+        return "  captions: none (extracted without --captions)"
+    per = c["captions"] / d["samples"] if d["samples"] else 0
+    src = c.get("source") or {}
+    return (f"  captions: {c['captions']} ({per:.2f} per sample) from {src.get('kind', '?')} {src.get('file') or ''}"
+            f"; dropped: {c['dropped_empty']} empty or whitespace, {c['dropped_undecodable']} undecodable; "
+            f"{c['uncaptioned']} images without a caption skipped; {c['unmatched']['count']} captions without an image")
+
+
+def format_text_info(d: dict[str, Any]) -> str:
+    """`dit-shards info` of a text set."""
+    t = d["text"]
+    enc = t["encoder"]
+    per = d["bytes"] / d["samples"] if d["samples"] else 0
+    hist = ", ".join(f"{h['tokens'][0]}-{h['tokens'][1]}: {h['captions']}" for h in t["histogram"] if h["captions"])
+    err = t.get("storage_error") or {}
+    lines = [
+        f"text set {d['folder']} (format v{d['format_version']}, written by dit-pipeline {d['tool_version']})",
+        f"  samples:  {d['samples']} in {d['shards']} shards of up to {d['samples_per_shard']}, "
+        f"{human_bytes(d['bytes'])} ({human_bytes(per)}/sample)",
+        f"  encoder:  {enc.get('name')} ({enc.get('class')}, {enc.get('dtype')}, revision {enc.get('revision')}, "
+        f"weights {enc.get('weights_sha256')}); {enc.get('hidden_state')}",
+        f"  features: {t['dim']} per token, {t['dtype']}, max length {t['max_length']}; {t['captions']} captions, "
+        f"{t['tokens']} tokens ({t['mean_tokens']:.1f} per caption), {t['truncated']} truncated at the max length",
+        f"  storage:  {human_bytes(t['feature_bytes'])} at true lengths = "
+        f"{t['feature_bytes'] / max(1, t['padded_feature_bytes']):.1%} of {human_bytes(t['padded_feature_bytes'])} "
+        f"padded to {t['max_length']} tokens; storage error max {err.get('max_abs', 0):.3g} "
+        f"({err.get('max_rel', 0):.3g} of the largest value)",
+        f"  lengths:  {hist or 'none'}",
+        f"  null:     the empty prompt's features: {t['null_tokens']} tokens (stored once, in the manifest)",
+        f"  skipped:  {d['skipped']} inputs (those of the latent set)",
+        f"  fingerprint: {d['fingerprint']}",
+    ]
+    return "\n".join(lines)
+
+
 def format_info(d: dict[str, Any]) -> str:
+    if d.get("text"):
+        return format_text_info(d)
     per = d["bytes"] / d["samples"] if d["samples"] else 0
     lines = [
         f"shard set {d['folder']} (format v{d['format_version']}, written by dit-pipeline {d['tool_version']})",
@@ -93,6 +153,7 @@ def format_info(d: dict[str, Any]) -> str:
         f"{d['dtype']}, [{d['views']}, {', '.join(map(str, d['latent_shape']))}] per sample "
         f"({d['views']} view{'s' if d['views'] != 1 else ''}), from {d['image_size']}px images",
         _pixels_line(d),
+        *([_captions_line(d)] if d.get("captions") else []),
         _scale_line(d),
         _vae_line(d),
         f"  skipped:  {d['skipped']} inputs"

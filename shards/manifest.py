@@ -22,10 +22,10 @@ from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.io import atomic_write_json
 from dit_pipeline.common.latent_norm import LatentNorm, normalization_problems
 from dit_pipeline.shards.format import (FORMAT_VERSION, FORMAT_VERSION_NORMALIZATION, FORMAT_VERSION_PIXELS,
-                                        FORMAT_VERSIONS, MANIFEST_NAME, PIXEL_DTYPE, PIXEL_STORE, STORAGE_DTYPES,
-                                        STORES, file_mode, key_index,
-                                        shard_index)
+                                        FORMAT_VERSION_TEXT, FORMAT_VERSIONS, MANIFEST_NAME, PIXEL_DTYPE, PIXEL_STORE,
+                                        STORAGE_DTYPES, STORES, TEXT_STORE, file_mode, key_index, shard_index)
 from dit_pipeline.shards.pixels import pixels_entry_problems
+from dit_pipeline.shards.text import captions_record_problems, decode_null, text_record_problems
 
 
 Z = TypeVar("Z")
@@ -39,9 +39,11 @@ def scale_latents(z: Z, scaling_factor: float, shift_factor: float | None) -> Z:
     return LatentNorm(scaling_factor, shift_factor).apply(z)
 
 
-def format_version_for(*, pixels: bool, normalization: bool) -> int:
-    """The lowest format version that describes a set: 3 with a per-channel normalization, 2 with pixels, else
-    1 (so a set without either is byte for byte what earlier releases wrote)."""
+def format_version_for(*, pixels: bool, normalization: bool, text: bool = False) -> int:
+    """The lowest format version that describes a set: 4 with captions or for a text set, 3 with a per-channel
+    normalization, 2 with pixels, else 1 (so a set without any is byte for byte what earlier releases wrote)."""
+    if text:
+        return FORMAT_VERSION_TEXT
     if normalization:
         return FORMAT_VERSION_NORMALIZATION
     return FORMAT_VERSION_PIXELS if pixels else FORMAT_VERSION
@@ -125,6 +127,10 @@ class Manifest:
     # A manifest written by `dit-shards stats --write` (shards/revision.py): {"number", "previous", "by"}; None,
     # and absent, in the manifest dit-extract wrote (revision 1).
     revision: dict[str, Any] | None = None
+    # Format version 4 only (shards/text.py): the captions record of a set whose samples carry captions; the text
+    # record of a text set (store "text": text-encoder features, latent_shape [D]). None, and absent, otherwise.
+    captions: dict[str, Any] | None = None
+    text: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -147,6 +153,28 @@ class Manifest:
     @property
     def has_pixels(self) -> bool:
         return self.pixels is not None
+
+    @property
+    def has_captions(self) -> bool:
+        return self.captions is not None
+
+    @property
+    def is_text(self) -> bool:
+        """A text set (text-encoder features of a captioned set's captions, no latents)."""
+        return self.store == TEXT_STORE
+
+    @property
+    def text_encoder(self) -> dict[str, Any] | None:
+        """A text set's encoder identity (common.text_encoders: `load_text_encoder(identity["name"],
+        max_length=identity["max_length"], dtype=identity["dtype"])` rebuilds it); None for a latent set."""
+        return dict(self.text["encoder"]) if self.text else None
+
+    def null_text(self):
+        """A text set's empty-prompt features, float32 [n, D] (numpy; n = 0 for an encoder that adds no special
+        tokens, e.g. Qwen3): the null condition for caption dropout and guidance."""
+        if not self.text:
+            raise ValueError("not a text set: the manifest has no text record")
+        return decode_null(self.text["null"], self.dtype, int(self.text["dim"]))
 
     @classmethod
     def from_dict(cls, d: Any) -> "Manifest":
@@ -193,7 +221,7 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "dtype": (str,), "latent_shape": (list,), "class_names": (list,), "num_classes": (int,),
     "total_samples": (int,), "samples_per_shard": (int,), "shards": (list,), "skipped": (list,),
 }
-_OPTIONAL = ("pixels", "normalization", "revision")  # fields some versions or revisions have, absent otherwise
+_OPTIONAL = ("pixels", "normalization", "revision", "captions", "text")  # fields some versions have, absent otherwise
 
 
 def _versions_text() -> str:
@@ -229,7 +257,10 @@ def manifest_problems(d: Any) -> list[str]:
         out.append(f"dtype must be one of {sorted(STORAGE_DTYPES)} (or {PIXEL_DTYPE!r} exactly when store is "
                    f"{PIXEL_STORE!r}), got {d['dtype']!r} with store {d['store']!r}")
     shape = d["latent_shape"]
-    if len(shape) != 3 or not all(_is_int(v) and v > 0 for v in shape):
+    if d["store"] == TEXT_STORE:
+        if len(shape) != 1 or not all(_is_int(v) and v > 0 for v in shape):
+            out.append(f"latent_shape of a text set must be [D] (the feature width), got {shape!r}")
+    elif len(shape) != 3 or not all(_is_int(v) and v > 0 for v in shape):
         out.append(f"latent_shape must be 3 positive integers [C, h, w], got {shape!r}")
     for k in ("image_size", "views", "samples_per_shard"):
         if d[k] <= 0:
@@ -249,6 +280,7 @@ def manifest_problems(d: Any) -> list[str]:
             out.append(f"skipped entry {s!r} lacks key/path/reason")
     out.extend(_pixels_problems(d))
     out.extend(_normalization_problems(d))
+    out.extend(_text_problems(d))
     out.extend(_revision_problems(d.get("revision")))
     return out
 
@@ -262,7 +294,7 @@ def _pixels_problems(d: dict[str, Any]) -> list[str]:
     if d["format_version"] == FORMAT_VERSION:
         return ["pixels is a format version 2 field, but format_version is 1"] if "pixels" in d else []
     if "pixels" not in d:
-        if d["format_version"] == FORMAT_VERSION_NORMALIZATION:
+        if d["format_version"] in (FORMAT_VERSION_NORMALIZATION, FORMAT_VERSION_TEXT):
             return []
         return [f"format_version {FORMAT_VERSION_PIXELS} is the version of a set with pixels, but the manifest "
                 "has no pixels field"]
@@ -273,7 +305,9 @@ def _normalization_problems(d: dict[str, Any]) -> list[str]:
     """The normalization field is there exactly in version 3 (FORMAT_VERSION_NORMALIZATION), and fits the
     latents' channels."""
     has = "normalization" in d
-    if d["format_version"] != FORMAT_VERSION_NORMALIZATION:
+    if d["format_version"] == FORMAT_VERSION_TEXT and not has:
+        return []
+    if d["format_version"] not in (FORMAT_VERSION_NORMALIZATION, FORMAT_VERSION_TEXT):
         return [f"normalization is a format version {FORMAT_VERSION_NORMALIZATION} field, but format_version is "
                 f"{d['format_version']}"] if has else []
     if not has:
@@ -282,6 +316,28 @@ def _normalization_problems(d: dict[str, Any]) -> list[str]:
     shape = d["latent_shape"]
     valid = len(shape) == 3 and all(_is_int(v) for v in shape)
     return normalization_problems(d["normalization"], list(shape) if valid else None)
+
+
+def _text_problems(d: dict[str, Any]) -> list[str]:
+    """captions and text are version 4 fields; a text set (store "text") has its text record and nothing of a
+    latent set (captions, pixels, normalization); a latent set has no text record."""
+    version, text_set = d["format_version"], d["store"] == TEXT_STORE
+    have = [k for k in ("captions", "text") if k in d]
+    if version != FORMAT_VERSION_TEXT:
+        wrong = have + (["store 'text'"] if text_set else [])
+        return [f"{', '.join(wrong)}: format version {FORMAT_VERSION_TEXT} only, but format_version is {version}"] \
+            if wrong else []
+    if text_set:
+        out = [f"a text set has no {k}" for k in ("captions", "pixels", "normalization") if k in d]
+        if "text" not in d:
+            return out + ["a text set (store 'text') needs its text record"]
+        return out + text_record_problems(d["text"], d["latent_shape"], d["dtype"])
+    if "text" in d:
+        return ["a text record belongs to a text set (store 'text')"]
+    if "captions" not in d:
+        return [f"format_version {FORMAT_VERSION_TEXT} is the version of a set with captions or of a text set, but "
+                "the manifest has neither"]
+    return captions_record_problems(d["captions"])
 
 
 def _revision_problems(r: Any) -> list[str]:
@@ -303,6 +359,15 @@ def write_manifest(folder: str | Path, manifest: Manifest) -> Path:
     atomic_write_json(path, manifest.to_dict())
     os.chmod(path, file_mode())  # the atomic temp file is 0600; the manifest is shared like the shards
     return path
+
+
+def require_latents(m: Manifest, where: str | Path, what: str) -> Manifest:
+    """`m` unless it is a text set (which holds no latents); UserError naming the folder and what to pass."""
+    if m.is_text:
+        name = (m.text_encoder or {}).get("name", "?")
+        raise UserError(f"{where} is a text set (text-encoder features of {name}, no latents); {what} needs a latent "
+                        "shard set (pass the text set beside it, as its sibling)")
+    return m
 
 
 def read_manifest(path: str | Path) -> Manifest:

@@ -127,3 +127,12 @@ def widen(raw: np.ndarray, dtype: str) -> np.ndarray:
     if dtype == "bfloat16":
         return from_bfloat16_bits(raw)
     return raw.astype(np.float32)
+
+
+def widen_into(out: np.ndarray, raw: np.ndarray, dtype: str) -> None:
+    """Write the float32 values of a stored array into `out` (a float32 array of its shape), exactly, with at
+    most one temporary (the loader widens text features straight into the batch)."""
+    if dtype == "bfloat16":
+        np.left_shift(raw.astype(np.uint32), np.uint32(16), out=out.view(np.uint32))
+    else:
+        out[...] = raw

@@ -34,17 +34,20 @@ from urllib.parse import urlparse
 
 import numpy as np
 
-from dit_pipeline.shards.format import (ARRAY_FIELDS, MAX_JSON_BYTES, PIXELS_FIELD, PIXELS_FIELDS, PIXELS_RAW_FIELD,
-                                        REQUIRED_COMMON, STORAGE_DTYPES,
-                                        STORES, ShardError, key_index, split_member)
+from dit_pipeline.shards.format import (ARRAY_FIELDS, CAPTIONS_FIELD, MAX_JSON_BYTES, PIXELS_FIELD, PIXELS_FIELDS,
+                                        PIXELS_RAW_FIELD, REQUIRED_COMMON, STORAGE_DTYPES, STORES, TEXT_STORE,
+                                        ShardError, key_index, split_member)
 from dit_pipeline.shards.manifest import Manifest, ShardRecord
 from dit_pipeline.shards.npy import all_finite, decode_raw, widen
 from dit_pipeline.shards.pixels import ENCODING, ENCODINGS, RAW_ENCODING, pixels_filter, pixels_value
 from dit_pipeline.shards.tario import TarProblem, TarReader
+from dit_pipeline.shards.text import TEXT_FIELDS, decode_captions
 
 _DTYPE_OF_STORAGE = {v: k for k, v in STORAGE_DTYPES.items()}
-_FIELD_SETS = {(store, px): frozenset((*REQUIRED_COMMON, *arrays, *((px,) if px else ())))
-               for store, arrays in STORES.items() for px in (None, *PIXELS_FIELDS)}
+_LATENT_STORES = {k: v for k, v in STORES.items() if k != TEXT_STORE}
+_FIELD_SETS = {(store, px, cap): frozenset((*REQUIRED_COMMON, *arrays, *((px,) if px else ()),
+                                            *((CAPTIONS_FIELD,) if cap else ())))
+               for store, arrays in _LATENT_STORES.items() for px in (None, *PIXELS_FIELDS) for cap in (False, True)}
 
 
 @dataclass
@@ -61,6 +64,7 @@ class LatentSample:
     latent: np.ndarray | None
     meta: dict | None
     pixels: bytes | np.ndarray | None = None
+    captions: list[str] | None = None   # only with `iter_shard(..., captions=True)` (a set with captions)
 
 
 @dataclass(frozen=True)
@@ -75,12 +79,19 @@ class Expect:
     pixels: bool = False                # every sample has a pixels member
     image_size: int | None = None
     pixels_encoding: str = ENCODING     # which member: pixels.webp, or pixels.npy ("npy-uint8")
+    captions: bool = False              # every sample has a captions member (format version 4)
+    max_length: int | None = None       # a text set: the encoder's max tokens per caption (shape = (D,))
 
     @classmethod
     def from_manifest(cls, m: Manifest) -> "Expect":
+        if m.is_text:
+            assert m.text is not None
+            return cls(store=m.store, dtype=m.dtype, storage=STORAGE_DTYPES[m.dtype], shape=tuple(m.latent_shape),
+                       num_classes=m.num_classes, max_length=int(m.text["max_length"]))
         return cls(store=m.store, dtype=m.dtype, storage=STORAGE_DTYPES.get(m.dtype, "|u1"),
                    shape=(m.views, *m.latent_shape), num_classes=m.num_classes, pixels=m.has_pixels,
-                   image_size=m.image_size, pixels_encoding=str((m.pixels or {}).get("encoding", ENCODING)))
+                   image_size=m.image_size, pixels_encoding=str((m.pixels or {}).get("encoding", ENCODING)),
+                   captions=m.has_captions)
 
     @property
     def pixels_member(self) -> str | None:
@@ -155,11 +166,16 @@ def _array(field: str, data: bytes, expect: Expect | None) -> np.ndarray:
     return raw
 
 
-def field_problem(fields: dict[str, Any], store: str, pixels: bool | str | None = False) -> str | None:
+def field_problem(fields: dict[str, Any], store: str, pixels: bool | str | None = False,
+                  captions: bool = False) -> str | None:
     """What is wrong with the set of fields of a sample (missing or foreign ones), or None. `pixels`: the
     manifest records pixels (True: pixels.webp; or the member's name), so every sample has that pixels member
-    (and no sample has one otherwise)."""
+    (and no sample has one otherwise); likewise `captions`. A text set's samples hold exactly the text fields."""
     member = (PIXELS_FIELD if pixels is True else pixels) or None
+    if store == TEXT_STORE:
+        if set(fields) == set(TEXT_FIELDS):
+            return None
+        return (f"a text sample holds exactly {' and '.join(TEXT_FIELDS)}, got {', '.join(sorted(fields))}")
     wanted = STORES[store]
     missing = [f for f in (*REQUIRED_COMMON, *wanted) if f not in fields]
     if missing:
@@ -173,6 +189,13 @@ def field_problem(fields: dict[str, Any], store: str, pixels: bool | str | None 
     if foreign:
         return (f"unexpected field {foreign[0]} (the manifest records no pixels)" if not member else
                 f"unexpected field {foreign[0]} (the manifest records pixels as {member})")
+    if captions and CAPTIONS_FIELD not in fields:
+        return f"missing field {CAPTIONS_FIELD} (the manifest records captions)"
+    if not captions and CAPTIONS_FIELD in fields:
+        return f"unexpected field {CAPTIONS_FIELD} (the manifest records no captions)"
+    extra = sorted(set(fields) - _FIELD_SETS[store, member, captions])
+    if extra:
+        return f"unexpected field(s) {', '.join(extra)} for store {store!r}"
     return None
 
 
@@ -206,15 +229,19 @@ def check_sample(key: str, fields: dict[str, Any], expect: Expect | None, *, par
     the problem. Finiteness is left to the caller (`shards.npy.all_finite` on the stored bits)."""
     store = expect.store if expect is not None else _store_of(fields)
     pixels = expect.pixels_member if expect is not None else next((f for f in PIXELS_FIELDS if f in fields), None)
+    captions = expect.captions if expect is not None else CAPTIONS_FIELD in fields
     wanted = STORES[store]
-    if fields.keys() != _FIELD_SETS[store, pixels]:
-        raise ValueError(field_problem(fields, store, pixels))
+    if store == TEXT_STORE or fields.keys() != _FIELD_SETS[store, pixels, captions]:
+        raise ValueError(field_problem(fields, store, pixels, captions) or
+                         f"a text sample where a latent sample was expected ({', '.join(sorted(fields))})")
     label = parse_label(fields["cls"])
     if expect is not None and label >= expect.num_classes:
         raise ValueError(f"label {label} out of range [0, {expect.num_classes})")
     arrays = {f: _array(f, fields[f], expect) for f in wanted}
     if expect is None and len({a.shape for a in arrays.values()}) != 1:
         raise ValueError(f"array shapes differ: {[list(a.shape) for a in arrays.values()]}")
+    if parse_meta and captions:
+        decode_captions(fields[CAPTIONS_FIELD])
     return label, arrays, _meta(fields["json"]) if parse_meta else None
 
 
@@ -246,7 +273,7 @@ Stage = Callable[[Iterator[Any]], Iterator[Any]]  # iterator -> iterator (webdat
 
 def iter_shard(url: str, manifest: Manifest | None = None, *, with_meta: bool = False, raw: bool = False,
                record: ShardRecord | None = None, sha256: str | None = None,
-               pixels: str | None = None) -> Generator[LatentSample, None, None]:
+               pixels: str | None = None, captions: bool = False) -> Generator[LatentSample, None, None]:
     """Stream the samples of one shard (see the module docstring); ShardError on any problem.
 
     A pipeline of named stages over the tar's samples (`shard_stages` lists them): the record's key range,
@@ -259,16 +286,32 @@ def iter_shard(url: str, manifest: Manifest | None = None, *, with_meta: bool = 
     once the shard ends (its samples were yielded by then: the error says how many); None: no hash.
     pixels (a set with pixels): None skips their bytes (their presence is still checked); "bytes" yields the
     WebP bytes (header checked: complete, size, RGB); "decoded" the crop, uint8 [H, W, 3] (shards.decode_pixels).
+    captions (a set with captions, format version 4): also decode each sample's captions (LatentSample.captions);
+    otherwise only their presence is checked.
     """
     url = str(url)
     expect = Expect.from_manifest(manifest) if manifest is not None else None
+    if expect is not None and expect.store == TEXT_STORE:
+        raise ShardError(url, None, "a shard of a text set (text-encoder features, no latents); read it with "
+                         "shards.iter_text_shard")
+    if captions and expect is not None and not expect.captions:
+        raise ShardError(url, None, "captions were asked for, but the manifest records none (the set was "
+                         "extracted without --captions)")
     if record is None and manifest is not None:
         record = _record_of(url, manifest)
+    want = pixels_filter(url, expect.pixels if expect is not None else None, pixels)
+    yield from _stream(url, record, sha256, want, lambda reader, hasher: shard_stages(
+        url, expect, record, reader, hasher, with_meta=with_meta, raw=raw, pixels=pixels, captions=captions))
+
+
+def _stream(url: str, record: ShardRecord | None, sha256: str | None, want: Callable[[str], bool] | None,
+            make_stages: Callable[[TarReader, Any], list[Stage]]) -> Generator[Any, None, None]:
+    """Open `url`, group its members into samples and run them through `make_stages(reader, hasher)`; the
+    shell every shard reader shares (the sha256 modes, closing the stream, naming a pipe's failure)."""
     if sha256 is not None and sha256 not in SHA256_MODES:
         raise ValueError(f"sha256 must be one of {SHA256_MODES} or None, got {sha256!r}")
     if record is None:
         sha256 = None
-    want = pixels_filter(url, expect.pixels if expect is not None else None, pixels)
     try:
         stream = open_url(url)
     except (OSError, ValueError) as e:
@@ -280,8 +323,7 @@ def iter_shard(url: str, manifest: Manifest | None = None, *, with_meta: bool = 
             stream = _read_whole(url, stream, record)
         reader = TarReader(stream, hasher=hasher)
         samples: Iterator[Any] = iter_members(reader, url, want)
-        for stage in shard_stages(url, expect, record, reader, hasher, with_meta=with_meta, raw=raw,
-                                  pixels=pixels):
+        for stage in make_stages(reader, hasher):
             samples = stage(samples)
         yield from samples
     except ShardError as e:
@@ -299,12 +341,13 @@ def iter_shard(url: str, manifest: Manifest | None = None, *, with_meta: bool = 
 
 
 def shard_stages(url: str, expect: Expect | None, record: ShardRecord | None, reader: TarReader,
-                 hasher: Any, *, with_meta: bool, raw: bool, pixels: str | None) -> list[Stage]:
+                 hasher: Any, *, with_meta: bool, raw: bool, pixels: str | None, captions: bool = False) -> list[Stage]:
     """iter_shard's stages over (key, fields) pairs, in order; each mode adds or drops a stage."""
     stages: list[Stage] = []
     if record is not None:
         stages.append(lambda items: in_record_keys(items, url, record))
-    stages.append(lambda items: checked_samples(items, url, expect, with_meta=with_meta, pixels=pixels))
+    stages.append(lambda items: checked_samples(items, url, expect, with_meta=with_meta, pixels=pixels,
+                                                captions=captions))
     if expect is not None:
         stages.append(lambda items: finite_samples(items, url))
     stages.append(lambda items: latent_samples(items, raw=raw))
@@ -323,6 +366,7 @@ class Checked(NamedTuple):
     arrays: dict[str, np.ndarray]
     meta: dict | None
     pixels: bytes | np.ndarray | None
+    captions: list[str] | None = None
 
 
 def in_record_keys(items: Iterator[tuple[str, dict]], url: str, record: ShardRecord) -> Iterator[tuple[str, dict]]:
@@ -339,16 +383,19 @@ def in_record_keys(items: Iterator[tuple[str, dict]], url: str, record: ShardRec
 
 
 def checked_samples(items: Iterator[tuple[str, dict]], url: str, expect: Expect | None, *, with_meta: bool,
-                    pixels: str | None) -> Iterator[Checked]:
-    """Stage: each sample's members checked (fields, label, dtype, shape; its pixels as asked)."""
+                    pixels: str | None, captions: bool = False) -> Iterator[Checked]:
+    """Stage: each sample's members checked (fields, label, dtype, shape; its pixels and captions as asked)."""
     for key, fields in items:
         try:
             label, arrays, meta = check_sample(key, fields, expect, parse_meta=with_meta)
             px = pixels_value(fields, expect.image_size if expect is not None else None, pixels,
                               expect.pixels_encoding if expect is not None else _encoding_of(fields))
+            caps = decode_captions(fields[CAPTIONS_FIELD]) if captions and CAPTIONS_FIELD in fields else None
+            if captions and caps is None:
+                raise ValueError(f"no {CAPTIONS_FIELD} member")
         except ValueError as e:
             raise ShardError(url, key, str(e)) from None
-        yield Checked(key, label, arrays, meta, px)
+        yield Checked(key, label, arrays, meta, px, caps)
 
 
 def finite_samples(items: Iterator[Checked], url: str) -> Iterator[Checked]:
@@ -362,10 +409,10 @@ def finite_samples(items: Iterator[Checked], url: str) -> Iterator[Checked]:
 
 def latent_samples(items: Iterator[Checked], *, raw: bool) -> Iterator[LatentSample]:
     """Stage: the samples as yielded, with float32 arrays (raw: the stored ones)."""
-    for key, label, arrays, meta, px in items:
+    for key, label, arrays, meta, px, caps in items:
         out = arrays if raw else {f: widen(a, _DTYPE_OF_STORAGE[a.dtype.str]) for f, a in arrays.items()}
         yield LatentSample(key=key, label=label, mean=out.get("mean.npy"), std=out.get("std.npy"),
-                           latent=out.get("latent.npy"), meta=meta, pixels=px)
+                           latent=out.get("latent.npy"), meta=meta, pixels=px, captions=caps)
 
 
 def counted(items: Iterator[LatentSample], url: str, record: ShardRecord) -> Iterator[LatentSample]:

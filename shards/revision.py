@@ -39,6 +39,8 @@ def revised(m: Manifest, *, normalization: dict[str, Any] | None, scaling_factor
             by: str) -> Manifest:
     """`m` with a new normalization (a per-channel record, or None with a new scalar `scaling_factor`) as its
     next revision; UserError when the numbers are unusable."""
+    if m.is_text:
+        raise UserError("a text set (text-encoder features) has no latents to normalize; run this on the latent set")
     if normalization is not None:
         problems = normalization_problems(normalization, list(m.latent_shape))
         if problems:
@@ -50,7 +52,8 @@ def revised(m: Manifest, *, normalization: dict[str, Any] | None, scaling_factor
     number = m.revision_number
     return dataclasses.replace(
         m, normalization=normalization, scaling_factor=scale,
-        format_version=format_version_for(pixels=m.has_pixels, normalization=normalization is not None),
+        format_version=format_version_for(pixels=m.has_pixels, normalization=normalization is not None,
+                                          text=m.has_captions),
         revision={"number": number + 1, "previous": revision_name(number), "by": by})
 
 

@@ -18,7 +18,8 @@ from dit_pipeline.common.errors import UserError
 from dit_pipeline.shards.manifest import Manifest, read_manifest
 
 # What must agree for two sets to hold the same images in the same views, sample for sample.
-_SAME_EXTRACTION = ("listing_sha256", "num_images", "image_size", "views", "flip", "samples_per_shard", "crop")
+SAME_EXTRACTION = ("listing_sha256", "num_images", "image_size", "views", "flip", "samples_per_shard", "crop")
+_SAME_EXTRACTION = SAME_EXTRACTION
 
 
 def _shards(m: Manifest) -> list[tuple[Any, ...]]:
@@ -51,4 +52,22 @@ def read_sibling(primary: Manifest, folder: str | Path, flag: str) -> Manifest:
         raise UserError(f"{flag} {folder}: not the same images in the same views as the training shards "
                         f"({'; '.join(problems)}); extract both from the same --data-path with the same "
                         "--image-size, --flip, --samples-per-shard and --limit")
+    return m
+
+
+def read_text_sibling(primary: Manifest, folder: str | Path, flag: str) -> Manifest:
+    """A text set (`dit-extract --text-encoder`) of the captions of `primary`: a sibling (the same keys, shard by
+    shard) made from the very captions `primary` stores (its captions digest); UserError naming the difference."""
+    m = read_sibling(primary, folder, flag)
+    if not m.is_text or m.text is None:
+        raise UserError(f"{flag} {folder}: not a text set (its store is {m.store!r}); make one with dit-extract "
+                        f"--text-encoder NAME --data-path <the latent set> --out {folder}")
+    made_from = (m.text.get("source") or {}).get("captions_sha256")
+    have = (primary.captions or {}).get("sha256")
+    if have is None:
+        raise UserError(f"{flag} {folder}: the training shards hold no captions (extracted without --captions)")
+    if made_from != have:
+        raise UserError(f"{flag} {folder}: its features were made from other captions than the training shards hold "
+                        f"(captions sha256 {str(made_from)[:12]}... vs {have[:12]}...); extract the text set again from "
+                        "these shards")
     return m

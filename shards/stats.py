@@ -23,7 +23,7 @@ from dit_pipeline.common.latent_norm import mean_var_record, stats_record
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.seeding import numpy_rng
 from dit_pipeline.shards.format import ShardError, shard_index
-from dit_pipeline.shards.manifest import Manifest, read_manifest
+from dit_pipeline.shards.manifest import Manifest, read_manifest, require_latents
 from dit_pipeline.shards.npy import widen
 from dit_pipeline.shards.reader import Expect, check_sample, iter_members, parse_label
 from dit_pipeline.shards.tario import TarReader
@@ -109,7 +109,7 @@ def compute_stats(folder: str | Path, *, max_samples: int = 10_000, seed: int = 
     if max_samples < 1:
         raise ValueError(f"max_samples must be >= 1, got {max_samples}")
     folder = Path(folder)
-    m = read_manifest(folder)
+    m = require_latents(read_manifest(folder), folder, "dit-shards stats")
     if m.store == "pixels":  # nothing to normalize: the crops map to [-1, 1] by a fixed formula
         raise UserError(f"{folder}: a pixel-space set (store pixels) holds no latent arrays; its latents are the "
                         "crops mapped to [-1, 1] (common/pixels.py), which no statistics rescale")
@@ -194,7 +194,7 @@ def position_stats(folder: str | Path) -> dict[str, Any]:
     are read (any split of the shards gives the same partials and the same bits). Raw z: a set of stored latents
     (`--store sample`; features are stored so)."""
     folder = Path(folder)
-    m = read_manifest(folder)
+    m = require_latents(read_manifest(folder), folder, "dit-shards stats")
     if m.store != "sample":
         raise UserError(f"{folder}: --write per-position needs stored latents (store sample, e.g. dit-extract "
                         "--encoder); this set stores a posterior, whose samples are drawn fresh every epoch")

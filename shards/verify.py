@@ -26,6 +26,7 @@ from dit_pipeline.shards.manifest import Manifest, ShardRecord, read_manifest
 from dit_pipeline.shards.npy import all_finite
 from dit_pipeline.shards.pixels import pixels_value
 from dit_pipeline.shards.reader import Expect, check_sample, field_problem, iter_members
+from dit_pipeline.shards.text import check_text_sample
 from dit_pipeline.shards.tario import TarReader
 
 IGNORED = (MANIFEST_NAME, "logs")  # plus every name starting with "." and the kept earlier manifests
@@ -62,6 +63,7 @@ class _ShardResult:
     keys: np.ndarray  # global indices of the samples read, in file order
     read_to_end: bool
     bytes: int
+    lengths: list[int] = field(default_factory=list)  # a text set: every caption's token count, in file order
 
 
 def quick_check(folder: str | Path, manifest: Manifest) -> list[str]:
@@ -83,6 +85,7 @@ def quick_check(folder: str | Path, manifest: Manifest) -> list[str]:
 def _walk(path: Path, rec: ShardRecord, expect: Expect, sps: int, quick: bool) -> _ShardResult:
     problems: list[str] = []
     keys: list[int] = []
+    lengths: list[int] = []
     index = shard_index(rec.name)
     assert index is not None, rec.name  # the manifest's names are checked when it is read
     lo, hi = index * sps, (index + 1) * sps
@@ -100,9 +103,15 @@ def _walk(path: Path, rec: ShardRecord, expect: Expect, sps: int, quick: bool) -
                                     f"{sample_key(hi)}) (samples_per_shard {sps})")
                 try:
                     if quick:
-                        problem = field_problem(fields, expect.store, expect.pixels_member)
+                        problem = field_problem(fields, expect.store, expect.pixels_member, expect.captions)
                         if problem:
                             raise ValueError(problem)
+                    elif expect.max_length is not None:  # a text set: lengths, dtype, width, finite values
+                        sample = check_text_sample(key, fields, dtype=expect.dtype, dim=expect.shape[0],
+                                                   max_length=expect.max_length)
+                        lengths.extend(int(n) for n in sample.lengths)
+                        if not all_finite(sample.text):
+                            raise ValueError("text.npy holds NaN or Inf")
                     else:
                         for name, raw in check_sample(key, fields, expect, parse_meta=True)[1].items():
                             if not all_finite(raw):
@@ -122,7 +131,7 @@ def _walk(path: Path, rec: ShardRecord, expect: Expect, sps: int, quick: bool) -
                         f"says {rec.sha256[:16]}... (bit rot or a modified file)")
     if read_to_end:
         problems.extend(_record_mismatch(rec, keys))
-    return _ShardResult(rec.name, problems, np.asarray(keys, np.int64), read_to_end, reader.bytes_read)
+    return _ShardResult(rec.name, problems, np.asarray(keys, np.int64), read_to_end, reader.bytes_read, lengths)
 
 
 def _record_mismatch(rec: ShardRecord, keys: list[int]) -> list[str]:
@@ -218,6 +227,25 @@ def _set_problems(manifest: Manifest, results: list[_ShardResult]) -> list[tuple
     return out
 
 
+def _text_totals(manifest: Manifest, results: list[_ShardResult]) -> list[str]:
+    """A text set's manifest counts (captions, tokens, the token-length histogram) against the stored lengths."""
+    from dit_pipeline.shards.text import length_histogram
+
+    assert manifest.text is not None
+    t = manifest.text
+    lengths = [n for r in results for n in r.lengths]
+    out = []
+    if len(lengths) != t["captions"]:
+        out.append(f"the shards hold {len(lengths)} captions' features, the manifest's text record says {t['captions']}")
+    if sum(lengths) != t["tokens"]:
+        out.append(f"the shards hold {sum(lengths)} tokens, the manifest's text record says {t['tokens']}")
+    hist = length_histogram(lengths, int(t["max_length"]))
+    if hist != t["length_histogram"]["counts"]:
+        out.append(f"token-length histogram of the shards {hist} differs from the manifest's "
+                   f"{t['length_histogram']['counts']}")
+    return out
+
+
 def _mp_context() -> multiprocessing.context.BaseContext:
     """fork (workers start in milliseconds, and it works whatever the main module is) unless this process
     has initialised CUDA, whose state must not be forked; then spawn."""
@@ -270,6 +298,8 @@ def verify_shards(folder: str | Path, *, quick: bool = False, jobs: int = 1, pro
     for r in results:
         report.problems.extend((r.name, p) for p in r.problems)
     report.problems.extend(_set_problems(manifest, results))
+    if manifest.is_text and not quick and all(r.read_to_end and not r.problems for r in results):
+        report.problems.extend((MANIFEST_NAME, p) for p in _text_totals(manifest, results))
     report.problems.extend(_extra_entries(folder, manifest))
     report.shards = len(results)
     report.samples = int(sum(len(r.keys) for r in results))

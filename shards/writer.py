@@ -28,6 +28,7 @@ from dit_pipeline.shards.npy import all_finite, encode_array, decode_raw
 from dit_pipeline.shards.pixels import (ENCODING, PIXELS_RAW_FIELD, encode_pixels, member_of, pixels_size,
                                         raw_size)
 from dit_pipeline.shards.tario import end_of_archive, member_bytes
+from dit_pipeline.shards.text import CAPTIONS_FIELD, TEXT_FIELD, encode_captions, encode_text_members
 
 
 def _as_float_array(x: Any, what: str) -> np.ndarray:
@@ -45,10 +46,12 @@ class ShardWriter:
     dtype: how arrays are stored: "float16" (default), "float32" or "bfloat16" (raw 16 bits as uint16).
     pixels: every sample carries its pixels (`write(..., pixels=...)`, format version 2); `pixel_bytes` adds
     up the bytes of those members, for the manifest's pixels entry.
+    captions: every sample carries its captions (`write(..., captions=[...])`, format version 4).
+    A text set's shard is written with `write_text` instead (shards/text.py), one sample per key.
     """
 
     def __init__(self, path: str | os.PathLike, *, dtype: str = "float16", pixels: bool = False,
-                 store: str | None = None, pixels_encoding: str = ENCODING):
+                 store: str | None = None, pixels_encoding: str = ENCODING, captions: bool = False):
         if store == PIXEL_STORE:  # a pixel-space set: no arrays, every sample's latent is its crop
             dtype, pixels = PIXEL_DTYPE, True
         elif dtype not in STORAGE_DTYPES:
@@ -58,6 +61,7 @@ class ShardWriter:
         self.pixels = bool(pixels)
         self.pixels_member = member_of(pixels_encoding)  # ValueError for an unknown encoding
         self.pixels_encoding = pixels_encoding
+        self.captions = bool(captions)
         self.pixel_bytes = 0
         self._pixel_size: tuple[int, int] | None = None
         self.record: ShardRecord | None = None
@@ -83,17 +87,13 @@ class ShardWriter:
 
     def write(self, key: str, *, label: int, meta: dict, mean: np.ndarray | None = None,
               std: np.ndarray | None = None, latent: np.ndarray | None = None,
-              pixels: np.ndarray | bytes | None = None) -> None:
+              pixels: np.ndarray | bytes | None = None, captions: list[str] | None = None) -> None:
         """Append one sample: either `mean` and `std` (the posterior) or `latent`, float [V, C, h, w]; and,
         for a writer made with `pixels=True`, the crop: uint8 [H, W, 3] or its WebP bytes (`encode_pixels`).
 
         Keys must increase within a shard. Values that are not finite in the stored dtype (NaN, Inf, or a
         float16 overflow) are refused with a ShardError rather than written."""
-        if self._file is None:
-            raise RuntimeError(f"{self.path}: write() after close() or abort()")
-        idx = key_index(key)
-        if self._last is not None and idx <= key_index(self._last):
-            raise ValueError(f"{self.path.name}: key {key} after {self._last}: keys must increase within a shard")
+        self._check_key(key)
         if not isinstance(label, (int, np.integer)) or isinstance(label, bool) or label < 0:
             raise ValueError(f"label must be a non-negative integer, got {label!r}")
         if not isinstance(meta, dict):
@@ -110,6 +110,32 @@ class ShardWriter:
             members[field] = data
         if self.pixels or pixels is not None:
             members[self.pixels_member] = self._pixels_member(key, pixels)
+        if self.captions != (captions is not None):
+            raise ValueError(f"{self.path.name}: key {key} {'has no' if self.captions else 'has'} captions, but the "
+                             f"writer was made with captions={self.captions}")
+        if captions is not None:
+            members[CAPTIONS_FIELD] = encode_captions(captions)
+        self._append(key, members)
+        self.pixel_bytes += len(members.get(self.pixels_member, b""))
+
+    def write_text(self, key: str, features: list[np.ndarray]) -> None:
+        """Append one sample of a text set: the features [length_i, D] of each of its captions, in order
+        (stored at their true lengths, shards/text.py). Non-finite values are refused with a ShardError."""
+        self._check_key(key)
+        members = encode_text_members(features, self.dtype)
+        if not all_finite(decode_raw(members[TEXT_FIELD])):
+            raise ShardError(str(self.path), key, f"{TEXT_FIELD} holds NaN or Inf (or overflows {self.dtype}); "
+                             "refusing to store it")
+        self._append(key, members)
+
+    def _check_key(self, key: str) -> None:
+        if self._file is None:
+            raise RuntimeError(f"{self.path}: write() after close() or abort()")
+        idx = key_index(key)
+        if self._last is not None and idx <= key_index(self._last):
+            raise ValueError(f"{self.path.name}: key {key} after {self._last}: keys must increase within a shard")
+
+    def _append(self, key: str, members: dict[str, bytes]) -> None:
         # Fields in sorted order (cls, json, latent.npy | mean.npy, std.npy): fixed bytes, and the key's
         # members stay contiguous, which is what WebDataset's grouping needs.
         blob = memoryview(b"".join(member_bytes(f"{key}.{f}", members[f]) for f in sorted(members)))
@@ -122,7 +148,6 @@ class ShardWriter:
         self._samples += 1
         self._first = self._first or key
         self._last = key
-        self.pixel_bytes += len(members.get(self.pixels_member, b""))
 
     def _pixels_member(self, key: str, pixels: np.ndarray | bytes | None) -> bytes:
         """The WebP bytes of a sample's pixels, checked: given exactly when the writer stores pixels, 8-bit RGB,

@@ -299,7 +299,7 @@ class TrainConfig(GuardSettings, RepaSettings, FidSettings, GridSettings):
         from dit_pipeline.sample.config import GRID_SAMPLER
 
         p += self.grid_problems(fid_on=self.fid_every is not None, sampler=GRID_SAMPLER.get(self.objective, "ddim"))
-        p += self.fid_problems()
+        p += self.fid_problems(objective=self.objective)
         collect(p, "training configuration")
 
     def _objective_problems(self) -> list[str]:

@@ -17,6 +17,13 @@ so the stream of every rank is a deterministic function of (seed, epoch, rank, d
   through shared state;
 - per-sample randomness (which view, the posterior noise) and the latent formula are in `train.latents`:
   they depend only on (seed, epoch, sample key), not on the number of workers, the batch or an interruption;
+- text (issue 37): with a text sibling set (`text=(folder, manifest)`, shards/siblings.read_text_sibling) each
+  sample's text shard is read in lockstep and one of its captions' stored features is kept; with
+  `captions=True` the caption strings themselves travel (for a trainer that encodes online with
+  common.text_encoders). Which caption a sample uses is `caption_index(seed, epoch, key, K)`: a pure function of
+  (seed, epoch, key), so cached and online runs draw the same caption. A batch pads the features to its longest
+  caption (`Batch.text` [B, L, D] float32, zero past each length; `Batch.text_mask` [B, L] bool, True = a real
+  token; common.text_encoders.pad_batch);
 - resuming at rank micro-batch k replays the readers and drops their first batches without batching them,
   and rotates the DataLoader workers so batch k still comes from worker k % W;
 - in loader workers a batch is made directly in shared memory, in an output slot the worker reuses once the
@@ -35,11 +42,12 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from dit_pipeline.common.errors import UserError
+from dit_pipeline.common.seeding import derive_seed
 from dit_pipeline.common.workers import worker_context
-from dit_pipeline.shards import (LatentSample, Manifest, ShardError, ShardRecord, iter_shard, quick_check,
-                                 read_manifest)
+from dit_pipeline.shards import (LatentSample, Manifest, ShardError, ShardRecord, TextSample, iter_shard,
+                                 iter_text_shard, quick_check, read_manifest)
 from dit_pipeline.train.latents import (LatentSpec, Pending, Scratch, build_latents, build_pixels, build_teacher,
-                                        epoch_seed, pending)
+                                        epoch_seed, mix_seed, pending)
 from dit_pipeline.train.partition import EpochPlan, interleave_seed, loader_seed, shuffle_seed
 from dit_pipeline.train.pool import BatchPool, PooledBatch, shared_empty
 from dit_pipeline.train.signals import ignore_in_worker, workers_start_blocked
@@ -79,6 +87,19 @@ def _shard_name_in(url: str, names: set[str]) -> str | None:
     return hits[0] if len(hits) == 1 else None
 
 
+# The seed stream of the caption a sample uses in an epoch (its own, so that it is independent of the view and the
+# noise, which use common.seeding.STREAM_SAMPLE).
+STREAM_CAPTION = 37
+
+
+def caption_index(seed: int, epoch: int, key: int, captions: int) -> int:
+    """Which of a sample's `captions` captions it uses in `epoch`: a pure function of (seed, epoch, key), the same
+    for the cached features and the online captions (contract 2 of issue 37)."""
+    if captions <= 1:
+        return 0
+    return mix_seed(derive_seed(seed, STREAM_CAPTION, epoch), key) % captions
+
+
 def open_shards(shards: str, manifest: str | None = None) -> ShardSource:
     """Resolve `--shards` (+ `--manifest`) into a ShardSource; UserError naming anything missing or foreign.
 
@@ -88,9 +109,11 @@ def open_shards(shards: str, manifest: str | None = None) -> ShardSource:
     """
     from webdataset.shardlists import expand_urls
 
+    from dit_pipeline.shards.manifest import require_latents
+
     folder = Path(shards).expanduser()
     if folder.is_dir():
-        m = read_manifest(Path(manifest).expanduser() if manifest else folder)
+        m = require_latents(read_manifest(Path(manifest).expanduser() if manifest else folder), folder, "--shards")
         problems = quick_check(folder, m)
         if problems:
             shown = problems[:10] + ([f"... and {len(problems) - 10} more"] if len(problems) > 10 else [])
@@ -101,7 +124,7 @@ def open_shards(shards: str, manifest: str | None = None) -> ShardSource:
     if manifest is None:
         raise UserError(f"--shards {shards!r} is not a folder; for a URL list or brace pattern also pass "
                         "--manifest (the manifest.json of that shard set)")
-    m = read_manifest(Path(manifest).expanduser())
+    m = require_latents(read_manifest(Path(manifest).expanduser()), manifest, "--shards")
     names = {rec.name for rec in m.shards}
     by_name: dict[str, str] = {}
     for url in expand_urls(shards):
@@ -146,18 +169,51 @@ def join_sibling(samples: Iterator[LatentSample], url: str, manifest: Manifest,
         other.close()
 
 
+class WithText(NamedTuple):
+    """A sample with its text (issue 37): the text sibling's sample of the same key, and/or its caption strings."""
+
+    sample: LatentSample | Joined
+    text: TextSample | None
+
+
+def join_text(samples: Iterator[LatentSample | Joined], url: str, manifest: Manifest,
+              record: ShardRecord) -> Iterator[WithText]:
+    """Each sample with the text sibling shard's sample of the same key, read in lockstep (as join_sibling);
+    a caption count that differs from the sample's is a ShardError of the text shard."""
+    other = iter_text_shard(url, manifest, record=record)
+    try:
+        for s in samples:
+            base = s.sample if isinstance(s, Joined) else s
+            t = next(other, None)
+            if t is None or t.key != base.key:
+                raise ShardError(url, base.key, f"the text shard has {'no sample' if t is None else t.key} here")
+            if base.captions is not None and len(base.captions) != len(t.lengths):
+                raise ShardError(url, base.key, f"{len(t.lengths)} captions' features for {len(base.captions)} "
+                                 "captions")
+            yield WithText(s, t)
+    finally:
+        other.close()
+
+
 def read_shard(url: str, manifest: Manifest, skip_bad: bool, *, record: ShardRecord | None = None,
                sha256: str | None = None, pixels: bool = False,
-               sibling: tuple[str, Manifest, ShardRecord] | None = None
-               ) -> Iterator[LatentSample | Joined | SkippedShard]:
+               sibling: tuple[str, Manifest, ShardRecord] | None = None,
+               text: tuple[str, Manifest, ShardRecord] | None = None, captions: bool = False
+               ) -> Iterator[LatentSample | Joined | WithText | SkippedShard]:
     """Stage 1: one shard's samples (raw, stored dtype); on a ShardError a SkippedShard when `skip_bad`.
 
     sha256 ("whole" | "stream" | None): shards.iter_shard's check of the shard's bytes against `record` (its
     manifest record): "whole" before any sample is yielded, "stream" at the shard's end (a mismatch is a
     ShardError like any other, naming the shard)."""
-    samples = iter_shard(url, manifest, raw=True, record=record, sha256=sha256, pixels="bytes" if pixels else None)
+    samples = iter_shard(url, manifest, raw=True, record=record, sha256=sha256, pixels="bytes" if pixels else None,
+                         captions=captions)
     try:
-        yield from (samples if sibling is None else join_sibling(samples, *sibling))
+        stream: Iterator[Any] = samples if sibling is None else join_sibling(samples, *sibling)
+        if text is not None:
+            stream = join_text(stream, *text)
+        elif captions:
+            stream = (WithText(s, None) for s in stream)
+        yield from stream
     except ShardError as e:
         if not skip_bad:
             raise
@@ -173,17 +229,45 @@ class Batch(NamedTuple):
     skipped: list              # [SkippedShard(url, problem)] left out (--skip-bad-shards) since the last batch
     pixels: torch.Tensor | None = None  # [B, H, W, 3] uint8, each in its latent's view (when asked for)
     teacher: torch.Tensor | None = None  # [B, N, D] float32 cached teacher tokens of each latent's view (--repa FOLDER)
+    # Text (issue 37, contract 2): the drawn caption's features from a text sibling set, padded to the batch's
+    # longest caption (zero past each length), and which tokens are real; or the drawn caption strings, for a
+    # trainer that encodes them online (common.text_encoders.TextEncoder.encode(...).as_batch() gives the same
+    # layout). The null condition is the text set's manifest.null_text() (or the encoder's null()).
+    text: torch.Tensor | None = None       # [B, L, D] float32
+    text_mask: torch.Tensor | None = None  # [B, L] bool, True = a real token
+    captions: list[str] | None = None      # [B] the caption each sample uses this epoch
 
     def __reduce__(self):
         # Sent from a loader worker: labels and keys travel by value (a few KB); as tensors each would cost
         # a shared-memory file and a file descriptor passed through a socket, per batch.
         return (_rebuild_batch, (self.latents, self.labels.numpy(), self.keys.numpy(), self.skipped, self.pixels,
-                                 self.teacher))
+                                 self.teacher, self.text, self.text_mask, self.captions))
 
 
 def _rebuild_batch(latents: torch.Tensor, labels: np.ndarray, keys: np.ndarray, skipped: list,
-                   pixels: torch.Tensor | None = None, teacher: torch.Tensor | None = None) -> Batch:
-    return Batch(latents, torch.from_numpy(labels), torch.from_numpy(keys), skipped, pixels, teacher)
+                   pixels: torch.Tensor | None = None, teacher: torch.Tensor | None = None,
+                   text: torch.Tensor | None = None, text_mask: torch.Tensor | None = None,
+                   captions: list[str] | None = None) -> Batch:
+    return Batch(latents, torch.from_numpy(labels), torch.from_numpy(keys), skipped, pixels, teacher, text, text_mask,
+                 captions)
+
+
+class TextPending(NamedTuple):
+    """A sample between reading and batching with its text: the drawn caption's stored features [L, D] (a text
+    sibling set) and/or its string (captions=True)."""
+
+    item: Pending
+    text: np.ndarray | None
+    caption: str | None
+
+
+def text_pending(item: Pending, joined: WithText, seed: int, epoch: int) -> TextPending:
+    """Draw the sample's caption for `epoch` (caption_index) and keep only it."""
+    base = joined.sample.sample if isinstance(joined.sample, Joined) else joined.sample
+    count = len(joined.text.lengths) if joined.text is not None else len(base.captions or ())
+    i = caption_index(seed, epoch, item.key, count)
+    feats = np.array(joined.text.caption(i)) if joined.text is not None else None
+    return TextPending(item, feats, base.captions[i] if base.captions is not None else None)
 
 
 class EpochStream(IterableDataset):
@@ -196,7 +280,8 @@ class EpochStream(IterableDataset):
     def __init__(self, source: ShardSource, plan: EpochPlan, rank: int, *, seed: int, buffer: int,
                  shards_in_flight: int = 16, start_batch: int = 0, skip_bad_shards: bool = False,
                  sha256: str | None = None, exclude: frozenset[int] = frozenset(), pixels: bool = False,
-                 sibling: tuple[str, Manifest] | None = None):
+                 sibling: tuple[str, Manifest] | None = None, text: tuple[str, Manifest] | None = None,
+                 captions: bool = False):
         self.source, self.plan, self.rank = source, plan, rank
         self.seed, self.buffer, self.start_batch = seed, buffer, start_batch
         self.shards_in_flight = shards_in_flight
@@ -205,6 +290,8 @@ class EpochStream(IterableDataset):
         self.sha256 = sha256  # each shard's check against the manifest: whole | stream | None (train.preflight)
         self.pixels = pixels  # also each sample's crop, in its latent's view (Batch.pixels; sets with pixels)
         self.sibling = sibling  # (folder, manifest) of the sibling set whose tokens each batch carries (Batch.teacher)
+        self.text = text  # (folder, manifest) of the text sibling set whose features each batch carries (Batch.text)
+        self.captions = captions  # each batch carries its caption strings (Batch.captions; a set with captions)
         self.spec = LatentSpec.from_manifest(source.manifest)
         self.pool: BatchPool | None = None  # set by make_loader before its workers start
 
@@ -216,7 +303,7 @@ class EpochStream(IterableDataset):
         # Rotate so the DataLoader's first worker serves rank batch start_batch (see module docstring).
         return self.reader((loader_worker + self.start_batch) % workers)
 
-    def _samples(self, slot: int) -> Iterator[Pending | SkippedShard]:
+    def _samples(self, slot: int) -> Iterator[Pending | TextPending | SkippedShard]:
         """Stages 1-3: the slot's samples, each with its view chosen (still in the stored dtype).
 
         Extraction writes shards in sorted image order, so one shard holds a few classes only. The reader
@@ -229,29 +316,62 @@ class EpochStream(IterableDataset):
         spec, base, src = self.spec, epoch_seed(self.seed, self.plan.epoch), self.source
         sib = self.sibling
 
-        def joined(i: int) -> tuple[str, Manifest, ShardRecord] | None:
-            if sib is None:
+        def joined(i: int, other: tuple[str, Manifest] | None) -> tuple[str, Manifest, ShardRecord] | None:
+            if other is None:
                 return None
-            return str(Path(sib[0]) / sib[1].shards[i].name), sib[1], sib[1].shards[i]
+            return str(Path(other[0]) / other[1].shards[i].name), other[1], other[1].shards[i]
 
         shards = (read_shard(src.urls[i], src.manifest, self.skip_bad_shards, record=src.manifest.shards[i],
-                             sha256=self.sha256, pixels=self.pixels or spec.from_pixels, sibling=joined(i))
+                             sha256=self.sha256, pixels=self.pixels or spec.from_pixels, sibling=joined(i, sib),
+                             text=joined(i, self.text), captions=self.captions)
                   for i in self.plan.slot_shards[slot] if i not in self.exclude)
         for item in interleave(shards, self.shards_in_flight, interleave_seed(self.seed, self.plan.epoch, slot)):
             if isinstance(item, SkippedShard):
                 yield item
+            elif isinstance(item, WithText):  # stage 3: the view, and the caption of this epoch
+                inner = item.sample
+                p = (pending(inner.sample, spec, base, inner.teacher) if isinstance(inner, Joined)
+                     else pending(inner, spec, base))
+                yield text_pending(p, item, self.seed, self.plan.epoch)
             elif isinstance(item, Joined):
                 yield pending(item.sample, spec, base, item.teacher)  # stage 3: the view (of both sets)
             else:
                 yield pending(item, spec, base)  # stage 3: the view
 
-    def _batch(self, items: list[Pending], skipped: list, scratch: Scratch, worker: int) -> Batch | PooledBatch:
+    def _text_fields(self, items: list[TextPending], in_worker: bool
+                     ) -> tuple[torch.Tensor | None, torch.Tensor | None, list[str] | None]:
+        """(text [B, L, D] float32 zero past each caption's length, text_mask [B, L], captions) of a micro-batch's
+        drawn captions; the stored values are widened straight into the batch (in shared memory in a worker)."""
+        from dit_pipeline.shards.npy import widen_into
+
+        text = mask = None
+        if self.text is not None:
+            m = self.text[1]
+            rows = [it.text for it in items if it.text is not None]
+            lmax = max((r.shape[0] for r in rows), default=0)
+            shape = (len(rows), lmax, m.latent_shape[0])
+            text = shared_empty(shape) if in_worker else torch.empty(shape)
+            mask = torch.zeros(shape[:2], dtype=torch.bool)
+            out = text.numpy()
+            for i, r in enumerate(rows):
+                n = r.shape[0]
+                widen_into(out[i, :n], r, m.dtype)
+                out[i, n:] = 0
+                mask[i, :n] = True
+        caps = [it.caption for it in items if it.caption is not None] if self.captions else None
+        return text, mask, caps
+
+    def _batch(self, items: list[Any], skipped: list, scratch: Scratch, worker: int) -> Batch | PooledBatch:
         """Stage 6: one micro-batch. In a loader worker the latents are made in shared memory, so they reach
         the main process without a copy: in a free slot of the epoch's BatchPool when there is one, else in
         fresh shared memory."""
+        in_worker = get_worker_info() is not None
+        text = mask = caps = None
+        if items and isinstance(items[0], TextPending):
+            text, mask, caps = self._text_fields(items, in_worker)
+            items = [it.item for it in items]
         labels = np.array([it.label for it in items], dtype=np.int64)
         keys = np.array([it.key for it in items], dtype=np.int64)
-        in_worker = get_worker_info() is not None
         pixels = None
         if self.pixels:  # decoded here, in the loader worker; [B, H, W, 3] uint8
             size = self.source.manifest.image_size
@@ -264,10 +384,10 @@ class EpochStream(IterableDataset):
                                     if in_worker else None)
         if in_worker and self.pool is not None and (slot := self.pool.acquire(worker)) is not None:
             build_latents(items, self.spec, self.pool.data[slot], scratch)
-            return PooledBatch(slot, labels, keys, skipped, pixels, teacher)
+            return PooledBatch(slot, labels, keys, skipped, pixels, teacher, text, mask, caps)
         out = shared_empty((len(items), *self.spec.shape)) if in_worker else None
         return Batch(build_latents(items, self.spec, out, scratch), torch.from_numpy(labels),
-                     torch.from_numpy(keys), skipped, pixels, teacher)
+                     torch.from_numpy(keys), skipped, pixels, teacher, text, mask, caps)
 
     def reader(self, worker: int) -> Iterator[Batch | ReaderEvent]:
         """Batches of logical worker `worker` with rank batch index >= start_batch, exactly its quota: a chain
@@ -332,8 +452,10 @@ def _from_pool(items: Iterator[Any], pool: BatchPool, pin_memory: bool) -> Itera
                 latents = pool.take(item.slot)
                 pixels = item.pixels.pin_memory() if pin_memory and item.pixels is not None else item.pixels
                 teacher = item.teacher.pin_memory() if pin_memory and item.teacher is not None else item.teacher
+                text = item.text.pin_memory() if pin_memory and item.text is not None else item.text
                 item = Batch(latents.pin_memory() if pin_memory else latents, torch.from_numpy(item.labels),
-                             torch.from_numpy(item.keys), item.skipped, pixels, teacher)
+                             torch.from_numpy(item.keys), item.skipped, pixels, teacher, text, item.text_mask,
+                             item.captions)
             yield item
     finally:
         shutdown = getattr(items, "_shutdown_workers", None)

@@ -40,6 +40,9 @@ class PooledBatch(NamedTuple):
     skipped: list
     pixels: torch.Tensor | None = None  # [B, H, W, 3] uint8 in shared memory (the trainer asked for pixels)
     teacher: torch.Tensor | None = None  # [B, N, D] float32 cached teacher tokens in shared memory (--repa FOLDER)
+    text: torch.Tensor | None = None     # [B, L, D] float32 text features in shared memory (train.data.Batch.text)
+    text_mask: torch.Tensor | None = None  # [B, L] bool
+    captions: list | None = None         # [B] caption strings
 
 
 def _release(busy: torch.Tensor, slot: int) -> None:

@@ -60,9 +60,13 @@ def _evaluation(cfg: dict[str, Any], ev: dict[str, Any] | None) -> list[str]:
     rows = [f"| {names[k]} | {_num(ev.get(k))} |" for k in ("fid", "sfid", "fd_dinov2") if ev.get(k) is not None]
     rows += [f"| {label} | {_num(ev.get(k))} |" for k, label in (("inception_score", "Inception Score"),
                                                                  ("precision", "Precision"), ("recall", "Recall"))]
-    sampler = FID_SAMPLER.get(cfg.get("objective", "ddpm"), "?")
+    sampler = ev.get("fid_sampler") or FID_SAMPLER.get(cfg.get("objective", "ddpm"), "?")
+    if ev.get("fid_protocol"):
+        sampler = f"{sampler} (--protocol {ev['fid_protocol']})"
+    steps = ev.get("fid_steps", cfg.get("fid_steps"))
+    scale = ev.get("fid_cfg_scale", cfg.get("fid_cfg_scale"))
     return [f"Step {ev['step']}: {n} samples against `{ev.get('fid_ref') or cfg.get('fid_ref')}`, sampled with the "
-            f"EMA weights by {sampler} in {cfg.get('fid_steps')} steps, guidance {cfg.get('fid_cfg_scale')}, classes "
+            f"EMA weights by {sampler} in {steps} steps, guidance {scale}, classes "
             f"{ev.get('fid_labels', cfg.get('fid_labels'))}, seed {cfg.get('seed')}; the evaluation took "
             f"{_num(ev.get('fid_seconds'), '.1f')} s.", "", "| metric | value |", "|---|---|", *rows]
 

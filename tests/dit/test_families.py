@@ -195,6 +195,12 @@ def test_ddt_encoder_reuse_across_neighbouring_calls():
         assert torch.equal(outs[0], model(x, t, y))
         assert torch.equal(outs[1], model.decode(x2, model.encode(x, t, y)))  # the first call's state
         assert torch.equal(outs[2], model(x2, t2, y)) and shared.computed == 2  # recomputed on the third
-        assert torch.equal(shared(x[:1], t[:1], y[:1]), model(x[:1], t[:1], y[:1]))  # another batch: recomputed
+        # a state belongs to its batch: another batch shape before the next recompute is an error, after reset()
+        # the new batch is encoded afresh
+        with pytest.raises(ValueError, match=r"call 3 has a batch of shape \(1, 4, 8, 8\) but the encoder state was "
+                                             r"computed on \(2, 4, 8, 8\)"):
+            shared(x[:1], t[:1], y[:1])
+        shared.reset()
+        assert torch.equal(shared(x[:1], t[:1], y[:1]), model(x[:1], t[:1], y[:1])) and shared.steps == [0]
     with pytest.raises(ValueError, match="LightningDiT has no encoder/decoder split"):
         dit.reuse.EncoderReuse(build("LightningDiT"), 2)

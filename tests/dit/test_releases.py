@@ -71,11 +71,11 @@ def test_ddt_lightning_checkpoint(tmp_path):
              "diffusion_trainer.proj.0.0.weight": torch.zeros(8, 64)}
     torch.save({"epoch": 3, "global_step": 1000, "pytorch-lightning_version": "2.4.0", "state_dict": state,
                 "optimizer_states": [], "lr_schedulers": []}, path)
-    with pytest.raises(WeightsError, match="its encoder_depth is unknown; pass --model with its preset or put a JSON "
-                                           "sidecar"):
+    with pytest.raises(WeightsError, match="its encoder_depth is unknown; pass --model with its preset, "
+                                           "--encoder-depth, or put a JSON sidecar"):
         dit.load_dit_weights(path)
     with pytest.raises(WeightsError, match=r"DDT files do not record the latent size .*; pass --input-size"):
-        dit.load_dit_weights(path, hints={"encoder_depth": 1, "patch_size": 2})
+        dit.load_dit_weights(path, hints={"encoder_depth": 1})  # the patch: DDT's default 2 (its configs' too)
     sd, info = dit.load_dit_weights(path, hints={"encoder_depth": 1, "patch_size": 2, "input_size": 8})
     assert (info["source"], info["release"], info["weights"]) == ("ddt-train", "DDT", "ema")
     assert info["model_config"] == ema.config and info["flow_convention"] == "sit"  # heads from the QK-norm width
@@ -117,3 +117,52 @@ def test_what_a_file_cannot_state_is_refused_with_the_flag_or_taken_from_hints(t
     only_swiglu = build("LightningDiT", rope=False, rms_norm=False)  # recognised by its unrounded SwiGLU width
     torch.save(only_swiglu.state_dict(), tmp_path / "s.pt")
     assert dit.load_dit_weights(tmp_path / "s.pt", hints={"num_heads": 4})[1]["family"] == "LightningDiT"
+
+
+# ---- issue 40 items 10 and 11: release files of a size of their own ----------------------------------------------
+
+def test_lightningdit_train_checkpoint_of_a_size_that_is_no_preset(tmp_path):
+    """LightningDiT's train.py builds any model_type its models/lightningdit.py defines; a name that is no preset of
+    ours was refused before any flag was read (dit/releases.py). Now the tensors (the RoPE table: the heads), the
+    config's facts and, where the tensors are silent, --num-heads decide."""
+    ema = build("LightningDiT", seed=1)
+    config = {**LIGHTNING_CONFIG, "model": {**LIGHTNING_CONFIG["model"], "model_type": "LightningDiT-Tiny/2"}}
+    path = tmp_path / "0010000.pt"
+    torch.save({"model": ema.state_dict(), "ema": ema.state_dict(), "opt": {}, "config": config}, path)
+    sd, info = dit.load_dit_weights(path)
+    assert info["release"] == "LightningDiT" and info["model_config"] == ema.config  # heads from the RoPE table
+    same_outputs(sd, info, ema)
+    plain = build("LightningDiT", seed=2, rope=False)  # no RoPE table: the head count from the flag
+    no_rope = {**config, "model": {**config["model"], "use_rope": False}}
+    torch.save({"ema": plain.state_dict(), "config": no_rope}, path)
+    with pytest.raises(WeightsError, match="number of attention heads is unknown; pass --num-heads"):
+        dit.load_dit_weights(path)
+    sd, info = dit.load_dit_weights(path, hints={"num_heads": 4})
+    assert info["model_config"] == plain.config
+    same_outputs(sd, info, plain)
+    wrong = {**config, "model": {**config["model"], "use_swiglu": False}}  # the config's facts are still checked
+    torch.save({"ema": ema.state_dict(), "config": wrong}, path)
+    with pytest.raises(WeightsError, match="swiglu"):
+        dit.load_dit_weights(path)
+
+
+def test_ddt_lightning_file_of_a_custom_size_loads_with_its_sidecar(tmp_path):
+    """A DDT Lightning checkpoint of a size of its own with the JSON sidecar its error asks for: the sidecar was read
+    for bare state_dicts only (dit/weights.py), so the file stayed refused. Now its model_config decides (checked
+    against the tensors) and the release's time convention stays; a sidecar that contradicts the tensors is an
+    error."""
+    import json
+
+    ema = build("DDT", seed=1)
+    path = tmp_path / "last.ckpt"
+    state = {**{f"denoiser.{k}": v for k, v in ema.state_dict().items()},
+             **{f"ema_denoiser.{k}": v for k, v in ema.state_dict().items()}}
+    torch.save({"state_dict": state, "epoch": 1, "global_step": 10}, path)
+    path.with_suffix(".json").write_text(json.dumps(dit.make_sidecar(ema.config, None, None)))
+    sd, info = dit.load_dit_weights(path)
+    assert (info["source"], info["release"], info["flow_convention"]) == ("ddt-train", "DDT", "sit")
+    assert info["model_config"] == ema.config and info["sidecar"].endswith("last.json")
+    same_outputs(sd, info, ema)
+    path.with_suffix(".json").write_text(json.dumps(dit.make_sidecar({**ema.config, "hidden_size": 96}, None, None)))
+    with pytest.raises(WeightsError, match="hidden_size=96"):
+        dit.load_dit_weights(path)

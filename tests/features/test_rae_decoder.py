@@ -73,3 +73,20 @@ def test_bad_decoders_are_refused_by_name(decoder, tmp_path):
     (tmp_path / "c.json").write_text('{"decoder_hidden_size": 64, "decoder_num_attention_heads": 3}')
     with pytest.raises(UserError, match="decoder_hidden_size 64 \\(the tensors: 48\\)"):
         load_vae(f"{decoder},{tmp_path / 'c.json'}")
+
+
+def test_raes_own_config_loads_a_decoder_of_another_encoder_width(tmp_path):
+    """RAE's configs/decoder/*/config.json all say hidden_size 768: RAE overwrites that field with the encoder's
+    width before building the decoder (bytetriper/RAE src/stage1/rae.py l.51). A decoder for a wider encoder (here
+    64 wide, standing for DINOv2-L's 1024) with RAE's own config loads; the other fields are still checked."""
+    import json
+
+    path = make_tiny_decoder(tmp_path / "model.pt", in_channels=64)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "hidden_size": 768}))  # as RAE's ViTXL/config.json
+    vae, ident = load_vae(f"{path},{tmp_path / 'config.json'}")
+    assert ident["latent_channels"] == 64
+    assert vae.decode(torch.zeros(1, 64, 4, 4)).sample.shape == (1, 3, 32, 32)
+    (tmp_path / "config.json").write_text(json.dumps({**config, "hidden_size": 768, "decoder_num_hidden_layers": 3}))
+    with pytest.raises(UserError, match=r"decoder_num_hidden_layers 3 \(the tensors: 2\)"):
+        load_vae(f"{path},{tmp_path / 'config.json'}")

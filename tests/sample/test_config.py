@@ -39,7 +39,10 @@ def test_bad_labels_and_counts():
     with pytest.raises(ConfigError, match=r"--labels equal chooses the classes of --num-samples; it cannot be "
                                           r"combined with --class-labels \(drop one\)"):
         SampleConfig(ckpt="x", num_samples=4, class_labels=[1], labels="equal", out="o").validate()
-    assert SampleConfig(ckpt="x", num_samples=4, out="o").labels == "uniform"
+    from dit_pipeline.sample.run import label_sampling  # the default: the protocol's, else uniform draws
+
+    assert label_sampling(SampleConfig(ckpt="x", num_samples=4, out="o")) == "uniform"
+    assert SampleConfig(ckpt="x", num_samples=4, out="o", protocol="rae").labels is None  # resolved once loaded
     SampleConfig(ckpt="x", num_samples=4, labels="equal", out="o").validate()
 
 

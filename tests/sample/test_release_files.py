@@ -98,3 +98,18 @@ def test_a_ddt_samples_with_its_encoder_shared_across_steps(tiny_vae_dir, tmp_pa
         assert a["arr_0"].shape == b["arr_0"].shape == (2, 64, 64, 3) and not np.array_equal(a["arr_0"], b["arr_0"])
     fps = [json.loads((tmp_path / f"{n}.npz.json").read_text())["fingerprint"] for n in ("every", "shared")]
     assert "encoder_refresh" not in fps[0] and fps[1]["encoder_refresh"] == 2
+
+
+def test_a_ddt_lightning_file_of_a_custom_size_samples_with_encoder_depth(tiny_vae_dir, tmp_path):
+    """dit-sample --encoder-depth (issue 40 item 11): a DDT file whose depth and width are no preset states neither
+    its encoder split nor its latent side; --encoder-depth and --input-size give them (the patch: DDT's 2)."""
+    ema = build("DDT", seed=1)
+    ckpt = tmp_path / "last.ckpt"
+    torch.save({"state_dict": {f"ema_denoiser.{k}": v for k, v in ema.state_dict().items()}}, ckpt)
+    base = dict(ckpt=str(ckpt), vae=str(tiny_vae_dir), steps=2, quiet=True, class_labels=[1], sampler="euler",
+                cfg_scale=1.0, npz=str(tmp_path / "d.npz"))
+    with pytest.raises(UserError, match="its encoder_depth is unknown; pass --model with its preset, --encoder-depth"):
+        run_sampling(SampleConfig(**base, input_size=8))
+    run_sampling(SampleConfig(**base, input_size=8, encoder_depth=1))
+    fp = json.loads((tmp_path / "d.npz.json").read_text())["fingerprint"]
+    assert fp["model_config"] == ema.config and fp["objective"] == "flow"

@@ -63,9 +63,12 @@ def test_damaged_manifests_have_exact_messages(tmp_path):
     path.write_text(json.dumps(d))
     assert _read_error(folder) == f"{path}: invalid manifest: missing field(s): dtype, shards"
 
+    path.write_text(json.dumps({**json.loads(good), "format_version": 5}))
+    assert _read_error(folder) == (f"{path}: invalid manifest: unsupported format_version 5 (this tool reads "
+                                   "versions 1, 2, 3 and 4); use the dit-pipeline version that wrote it, or re-extract")
     path.write_text(json.dumps({**json.loads(good), "format_version": 4}))
-    assert _read_error(folder) == (f"{path}: invalid manifest: unsupported format_version 4 (this tool reads "
-                                   "versions 1, 2 and 3); use the dit-pipeline version that wrote it, or re-extract")
+    assert _read_error(folder) == (f"{path}: invalid manifest: format_version 4 is the version of a set with captions "
+                                   "or of a text set, but the manifest has neither")
     path.write_text(json.dumps({**json.loads(good), "format_version": 3}))
     assert _read_error(folder) == (f"{path}: invalid manifest: format_version 3 is the version of a set normalized "
                                    "per channel, but the manifest has no normalization field")
@@ -79,9 +82,9 @@ def test_damaged_manifests_have_exact_messages(tmp_path):
     path.write_text(good)
     edit_manifest(folder, store="latents", dtype="int8", num_classes=2, latent_shape=[4, 4])
     assert _read_error(folder) == (
-        f"{path}: invalid manifest: store must be one of ['pixels', 'posterior', 'sample'], got 'latents'; dtype "
-        "must be one of ['bfloat16', 'float16', 'float32'] (or 'uint8' exactly when store is 'pixels'), got 'int8' "
-        "with store 'latents'; latent_shape must be 3 positive integers [C, h, w], "
+        f"{path}: invalid manifest: store must be one of ['pixels', 'posterior', 'sample', 'text'], got 'latents'; "
+        "dtype must be one of ['bfloat16', 'float16', 'float32'] (or 'uint8' exactly when store is 'pixels'), got "
+        "'int8' with store 'latents'; latent_shape must be 3 positive integers [C, h, w], "
         "got [4, 4]; class_names must be 2 strings (num_classes), got 3")
 
     path.write_text(good)

@@ -18,6 +18,7 @@ from dit_pipeline.sample.config import SampleConfig
 from dit_pipeline.shards import Manifest, ShardRecord, format_version_for, sample_key, shard_name, write_manifest
 from dit_pipeline.shards.pixels import pixels_entry
 from dit_pipeline.train import merge_config
+from dit_pipeline.dit.protocols import PROTOCOLS
 from dit_pipeline.train.config import load_config_file
 from tests._util import REPO, make_tiny_teacher
 from tests.train.conftest import invoke_train
@@ -68,7 +69,7 @@ PAPERS = {
     # guidance 2.0 inside 0.3 < t < 1) and README (FID 1.26, DDT-XL/2 22en6de at 256 px)
     "ddt-xl2.yaml": dict(model="DDT-XL/2", objective="flow", batch=256, lr=1e-4, betas=(0.9, 0.95), ema=0.9999,
                          steps=4_000_000, epochs=800, fid=1.26, sampler="euler", sample_steps=250, cfg=2.0,
-                         channels="all", interval=[0.0, 0.7], latent=SD,
+                         channels="all", interval=[0.0, 0.7], latent=SD, labels="equal",  # randn.py: 50 per class
                          extra={"t_sampling": "logit-normal", "repa": "dinov2_vitb14", "repa_depth": 8,
                                 "repa_coeff": 0.5}),
     # Zheng et al. 2025, arXiv:2510.11690 (1.51 without guidance at 800 epochs); bytetriper/RAE
@@ -77,7 +78,8 @@ PAPERS = {
     # final lr 2e-5, time_dist_shift sqrt(196608 / 4096); sampler Euler ODE num_steps 50 = 49 steps)
     "dit-dh-xl-rae.yaml": dict(model="DiT-DH-XL", objective="flow", batch=1024, lr=2e-4, betas=(0.9, 0.95),
                                ema=0.9995, steps=None, epochs=800, fid=1.51, sampler="euler", sample_steps=49,
-                               cfg=1.0, channels=None, interval=None, latent=RAE,
+                               cfg=1.0, channels=None, interval=None, latent=RAE, time_shift=math.sqrt(48),
+                               labels="equal",  # README: --label-sampling equal by default
                                extra={"t_sampling": "logit-normal", "time_shift": "auto", "time_shift_base": 4096,
                                       "final_lr": 2e-5, "lr_decay_start_epochs": 40, "lr_decay_end_epochs": 800,
                                       "grad_clip": 1.0}),
@@ -119,7 +121,7 @@ PAPERS = {
     # norm_p 1, norm_eps 0.01), imf.py (s_max 7.0); configs/eval_config.yml (omega 8.0, interval [0.4, 0.65], 1 step)
     "imf-b2.yaml": dict(model="iMF-B/2", objective="imf", batch=1024, lr=1e-4, betas=(0.9, 0.95), ema=0.9999,
                         steps=None, epochs=640, fid=3.39, sampler="meanflow", sample_steps=1, cfg=8.0, channels=None,
-                        interval=[0.4, 0.65], latent=SD, params_gb="0.54", unconfirmed=set(),
+                        interval=[0.4, 0.65], latent=SD, params_gb="0.54", unconfirmed=set(), labels="equal",
                         extra={"warmup_epochs": 10, "mf_t_mean": -0.4, "mf_t_scale": 1.0, "mf_data_proportion": 0.5,
                                "mf_norm_p": 1.0, "mf_norm_eps": 0.01, "mf_s_max": 7.0}),
     # the same release: imfDiT_XL_2; eval_config.yml (omega 8.0, interval [0.42, 0.62] for the provided XL/2); its
@@ -127,7 +129,7 @@ PAPERS = {
     # 1251 steps: batch 1024); lr, warm-up, beta2 and EMA are B/2's (train_config.yml), not stated for XL/2
     "imf-xl2.yaml": dict(model="iMF-XL/2", objective="imf", batch=1024, lr=1e-4, betas=(0.9, 0.95), ema=0.9999,
                          steps=None, epochs=800, fid=1.72, sampler="meanflow", sample_steps=1, cfg=8.0, channels=None,
-                         interval=[0.42, 0.62], latent=SD, params_gb="2.65",
+                         interval=[0.42, 0.62], latent=SD, params_gb="2.65", labels="equal",
                          unconfirmed={"lr", "warmup_epochs", "adam_beta2", "ema_decay"},
                          extra={"warmup_epochs": 10, "mf_data_proportion": 0.5, "mf_s_max": 7.0}),
     # Leng et al. 2026, arXiv:2606.24888 (NanoGen); End2End-Diffusion/diffusion-bench
@@ -204,10 +206,24 @@ def test_the_recipe_states_the_papers_values(name):
         assert {k: getattr(cfg, k) for k in ("mf_t_mean", "mf_t_scale", "mf_norm_p", "mf_norm_eps")} == \
             {"mf_t_mean": -0.4, "mf_t_scale": 1.0, "mf_norm_p": 1.0, "mf_norm_eps": 0.01}
     assert re.fullmatch(r"\d{4}\.\d{5}", recipe["arxiv"]) and recipe["extraction"] and recipe["name"]
-    s = recipe["sampling"]
-    assert (s["sampler"], s["steps"], s.get("cfg_scale")) == (row["sampler"], row["sample_steps"], row["cfg"])
-    assert s.get("cfg_channels") == row["channels"] and s.get("guidance_interval") == row["interval"]
-    assert s.get("time_shift") == row.get("time_shift") and s.get("labels", "uniform") == row.get("labels", "uniform")
+    s = recipe["sampling"]  # a release's protocol (dit/protocols.py), with the values the paper changed
+    if "protocol" not in s:  # a release without a protocol row: dit-sample's own flags
+        assert (s["sampler"], s["steps"], s["cfg_scale"]) == (row["sampler"], row["sample_steps"], row["cfg"])
+        assert s.get("cfg_channels") == row["channels"] and s.get("guidance_interval") == row["interval"]
+        assert s.get("time_shift") == row.get("time_shift") and s.get("labels", "uniform") == row.get("labels", "uniform")
+        cfg.validate()
+        return
+    p = PROTOCOLS[s["protocol"]].with_overrides(scale=s.get("cfg_scale"), interval=s.get("guidance_interval"),
+                                                labels=s.get("labels"))
+    times = p.times(row["latent"])
+    evaluations = p.count if times is None else len(times) - 1  # network evaluations per sample (and per half)
+    assert (p.solver, evaluations) == (row["sampler"], row["sample_steps"])
+    assert p.guidance.scale == row["cfg"] or (p.guidance.rule == "none" and row["cfg"] in (None, 1.0))
+    assert row["channels"] in (None, p.guidance.channels) and row["interval"] == (
+        None if p.guidance.interval is None else list(p.guidance.interval))
+    if row.get("time_shift") is not None:
+        assert p.grid.resolve_shift(row["latent"], None) == pytest.approx(row["time_shift"], rel=1e-15)
+    assert p.labels == row.get("labels", "uniform")
     cfg.validate()
 
 
