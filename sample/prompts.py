@@ -83,9 +83,10 @@ class TextSampling:
         self.null_text, self.null_mask = null["text"][0], null["text_mask"][0]
 
     def _encode(self, texts: list[str]) -> dict[str, torch.Tensor]:
+        """float32 features zero past each prompt's length, padded to the longest (the training batches' layout)."""
         with torch.no_grad():
-            features = self.encoder.encode(texts)
-        return {"text": features.tokens.float().to(self.device), "text_mask": features.mask.bool().to(self.device)}
+            text, mask = self.encoder.encode(texts).as_batch(torch.float32)
+        return {"text": text.to(self.device), "text_mask": mask.to(self.device)}
 
     def conditioning(self, model: Any) -> Any:
         """The model's conditioning with the empty prompt as its null (dit/conditioning.py)."""
@@ -110,18 +111,19 @@ class TextSampling:
 def load_sampling_encoder(spec: str | None, recorded: dict[str, Any] | None, text_dim: int, ckpt: str,
                           device: torch.device) -> Any:
     """The text encoder of dit-sample --prompt: --text-encoder, else the one the checkpoint records (rebuilt from its
-    identity, common/text_encoders.py); UserError when neither names one or its width is not the model's."""
+    identity and checked against it: common.text_encoders.from_identity); UserError when neither names one or its
+    width is not the model's."""
+    from dit_pipeline.common.text_encoders import from_identity, load_text_encoder
+
     identity = (recorded or {}).get("encoder") or {}
-    name = spec or identity.get("name")
-    if not name:
+    if spec:
+        encoder = load_text_encoder(spec, device=device)
+    elif identity.get("name"):
+        encoder = from_identity(identity, device=device, where=f"the checkpoint {ckpt}")
+    else:
         raise UserError(f"--ckpt {ckpt} is a text-conditional model whose file records no text encoder (a release "
                         "file); pass --text-encoder (NanoGen's models: qwen3-0.6b)")
-    try:
-        from dit_pipeline.common.text_encoders import load_text_encoder  # type: ignore[import-not-found]
-    except ImportError:
-        raise UserError("--prompt needs the text encoders (dit_pipeline.common.text_encoders)") from None
-    encoder = load_text_encoder(name, max_length=identity.get("max_length") if not spec else None, device=str(device))
     if int(encoder.dim) != int(text_dim):
-        raise UserError(f"--text-encoder {name}: its features are {encoder.dim} wide, the model takes {text_dim}; pass "
-                        "the encoder the model was trained with")
+        raise UserError(f"--text-encoder {spec or identity.get('name')}: its features are {encoder.dim} wide, the model "
+                        f"takes {text_dim}; pass the encoder the model was trained with")
     return encoder

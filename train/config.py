@@ -42,7 +42,7 @@ _PRESETS = "the family's: off for DiT, as its release for the others"
 MODEL_OPTIONS = ("qk_norm", "rms_norm", "swiglu", "rope", "wo_shift")  # block switches, passed only when given
 ARCH_OVERRIDES = ("depth", "hidden_size", "num_heads", "patch_size", "encoder_depth", "head_depth", "head_hidden_size",
                   "head_num_heads", "bottleneck_dim", "in_context_len", "in_context_start", "num_t_tokens", "num_c_tokens")
-RUN_CONDITIONINGS = ("auto", *CONDITIONINGS)  # --conditioning; auto: text when the shards carry text features
+RUN_CONDITIONINGS = ("auto", *CONDITIONINGS)  # --conditioning; auto: text with --text, else class labels
 GROUPS = (DATA, MODEL, OBJECTIVE, REPA, LENGTH, OPTIM, GUARD, SPEED, CKPT, GRIDS)  # the order of dit-train --help
 
 
@@ -93,12 +93,13 @@ class TrainConfig(GuardSettings, RepaSettings, FidSettings, GridSettings):
     class_dropout_prob: float = setting(0.1, "Condition dropout for classifier-free guidance: a label becomes the "
                                         "null label, a caption's features the empty prompt's (NanoGen's 0.1)",
                                         group=MODEL)
-    conditioning: str = setting("auto", "What the model is conditioned on: class, text (the shards' caption "
-                                "features) or none; auto: text when the shards carry text features, else class",
+    conditioning: str = setting("auto", "What the model is conditioned on: class, text (the --text set's "
+                                "features of the shards' captions) or none; auto: text with --text, else class",
                                 group=MODEL, choices=RUN_CONDITIONINGS)
-    text_features: str = setting("cached", "Text features from the shards (cached), or the captions encoded while "
-                                 "training by the shard set's text encoder (online)", group=MODEL,
-                                 choices=TEXT_FEATURES)
+    text: str | None = setting(None, "Text set of the shards' captions (dit-extract --text-encoder): the model is "
+                               "conditioned on its features", group=DATA, shown="none: class labels")
+    text_features: str = setting("cached", "--text: its cached features (cached), or the shards' captions encoded "
+                                 "while training by its encoder (online)", group=MODEL, choices=TEXT_FEATURES)
     # block options (dit/blocks.py, dit/lightningdit.py); None: the family's own (off for DiT, LightningDiT's release)
     qk_norm: bool | None = setting(None, "RMSNorm on attention queries and keys", group=MODEL, shown=_PRESETS)
     rms_norm: bool | None = setting(None, "RMSNorm instead of LayerNorm in the blocks", group=MODEL, shown=_PRESETS)
@@ -275,6 +276,12 @@ class TrainConfig(GuardSettings, RepaSettings, FidSettings, GridSettings):
             p.append(f"--class-dropout-prob must be in [0, 1), got {self.class_dropout_prob}")
         p += self._objective_problems() + choice(self, "conditioning", RUN_CONDITIONINGS)
         p += choice(self, "text_features", TEXT_FEATURES)
+        if self.text is not None and self.conditioning not in ("auto", "text"):
+            p.append(f"--text conditions the model on text; --conditioning {self.conditioning} does not use it "
+                     "(drop one)")
+        elif self.conditioning == "text" and self.text is None:
+            p.append("--conditioning text needs --text FOLDER, the text set of the shards' captions (dit-extract "
+                     "--text-encoder NAME --data-path SHARDS --out FOLDER)")
         if self.grad_clip is not None and not self.grad_clip > 0:
             p.append(f"--grad-clip must be > 0 (omit it to disable clipping), got {self.grad_clip}")
         if self.peak_tflops is not None and not self.peak_tflops > 0:

@@ -86,9 +86,11 @@ class Trainer:
         self.ema_params, self.ema_sources = [e for e, _ in pairs], [p for _, p in pairs]
         self.latent_shape = tuple(self.source.manifest.latent_shape)
         self.shard_set = ShardSetPart.of(self.source.manifest, self.source.fingerprint)
-        self.cond = run_conditioning(net.model, self.source.manifest)  # dit/conditioning.py, train/text.py
+        self.cond = run_conditioning(net.model, prep.text)  # dit/conditioning.py, train/text.py
+        # --text: the text set's features beside each batch (cached), or the batch's captions encoded here (online)
         self.text = BatchText(online_encoder(prep.text, self.device) if prep.text is not None
                               and self.cfg.text_features == "online" else None)
+        self.text_set = (prep.text.folder, prep.text.manifest) if prep.text is not None else None
         self.guard = Guard(self.cfg)
         self.rollback_due = False
         self.parts: list[Part] = build_parts(
@@ -176,7 +178,9 @@ class Trainer:
                              exclude=frozenset(self.source.index_of(n) for n in s.bad_shard_names),
                              pixels=self.p.teacher is not None and not isinstance(self.p.teacher, CachedTeacher),
                              sibling=((self.p.teacher.folder, self.p.teacher.manifest)
-                                      if isinstance(self.p.teacher, CachedTeacher) else None))
+                                      if isinstance(self.p.teacher, CachedTeacher) else None),
+                             text=self.text_set if self.text.encoder is None else None,
+                             captions=self.text.encoder is not None)
         loader = make_loader(stream, num_workers=self.cfg.num_workers or 0, prefetch_factor=self.cfg.prefetch_factor,
                              pin_memory=self.device.type == "cuda")
         try:

@@ -34,7 +34,7 @@ from dit_pipeline.train.recipes import recipe_line
 from dit_pipeline.train.repa import CachedTeacher, check_repa, repa_line
 from dit_pipeline.train.schedule import LrSchedule, build_schedule, schedule_line
 from dit_pipeline.train.speed import compile_enabled
-from dit_pipeline.train.text import TextSet, text_set
+from dit_pipeline.train.text import TextSet, open_text_set
 
 GiB = float(2**30)
 EMA_SHORT_RUN = 10            # EMA grids of a run shorter than this many EMA horizons show early weights
@@ -114,7 +114,7 @@ def model_kwargs(cfg: TrainConfig, source: ShardSource) -> dict[str, Any]:
                         f"the images again at {cfg.image_size}px")
     kw: dict[str, Any] = {"name": lookup_preset(cfg.model)[1], "input_size": h,
                           "num_classes": m.num_classes, "in_channels": c,
-                          "class_dropout_prob": cfg.class_dropout_prob, **condition_kwargs(cfg, source)}
+                          "class_dropout_prob": cfg.class_dropout_prob, **condition_kwargs(cfg, read_text(cfg, source))}
     for k in ARCH_OVERRIDES:
         if getattr(cfg, k) is not None:
             kw[k] = getattr(cfg, k)
@@ -138,25 +138,35 @@ def model_kwargs(cfg: TrainConfig, source: ShardSource) -> dict[str, Any]:
     return kw
 
 
-def run_condition(cfg: TrainConfig, source: ShardSource) -> str:
-    """What the run is conditioned on (--conditioning; auto: text when the shards carry text features, else class);
-    UserError for text without text features."""
-    text = text_set(source.manifest)
-    kind = ("text" if text is not None else "class") if cfg.conditioning == "auto" else cfg.conditioning
-    if kind == "text" and text is None:
-        raise UserError(f"--conditioning text: the shard set in {source.folder or cfg.manifest} has no text features "
-                        "(extract it with its captions), or pass --conditioning class")
-    return kind
+def read_text(cfg: TrainConfig, source: ShardSource) -> TextSet | None:
+    """--text: the text set of the training shards' captions (shards.siblings.read_text_sibling: the same keys,
+    made from these very captions), None without it; UserError for one that is not, or for online features of a
+    set whose shards hold no captions."""
+    if cfg.text is None:
+        return None
+    from dit_pipeline.shards.siblings import read_text_sibling
+
+    if source.folder is None:
+        raise UserError("--text needs --shards as a folder (the text set is checked against its manifest's shards)")
+    text = open_text_set(read_text_sibling(source.manifest, cfg.text, "--text"), cfg.text)
+    if cfg.text_features == "online" and not source.manifest.has_captions:
+        raise UserError(f"--text-features online encodes the captions the shards in {source.folder} hold, and they "
+                        "hold none (extract them with --captions), or use the cached features")
+    return text
 
 
-def condition_kwargs(cfg: TrainConfig, source: ShardSource) -> dict[str, Any]:
+def run_condition(cfg: TrainConfig, text: TextSet | None) -> str:
+    """What the run is conditioned on (--conditioning; auto: text with --text, else class labels)."""
+    return ("text" if text is not None else "class") if cfg.conditioning == "auto" else cfg.conditioning
+
+
+def condition_kwargs(cfg: TrainConfig, text: TextSet | None) -> dict[str, Any]:
     """create_model's arguments for the run's condition (dit/conditioning.py): none for class labels; a text model
     takes the features' width and, where the family has condition tokens, the longest text as their count."""
-    kind = run_condition(cfg, source)
+    kind = run_condition(cfg, text)
     if kind == "class":
         return {}
     out: dict[str, Any] = {"conditioning": kind}
-    text = text_set(source.manifest)
     if kind == "text" and text is not None:
         out["text_dim"] = text.dim
         if cfg.num_c_tokens is None and "num_c_tokens" in lookup_family(cfg.model).overrides:
@@ -221,7 +231,7 @@ def prepare(cfg: TrainConfig, world_size: int | None = None) -> Preflight:
     std = first_samples_std(source.folder, source.manifest) if source.folder is not None and dist.is_main() else None
     # --init: read and matched on the CPU, also in a dry run; not read when the run folder resumes its checkpoint
     init = load_init(cfg.init, kw) if cfg.init and not _resumes(cfg) else None
-    text = text_set(source.manifest) if kw.get("conditioning") == "text" else None
+    text = read_text(cfg, source) if kw.get("conditioning") == "text" else None
     return Preflight(cfg, world, batch, source, kw, layout, plan0, total, notes, mode, held, teacher, schedule, std,
                      init, text)
 

@@ -171,7 +171,9 @@ def test_there_is_a_row_for_every_recipe_file():
 @pytest.mark.parametrize("name", sorted(TEXT_PAPERS))
 def test_the_text_recipe_states_the_releases_values(name):
     row, values = TEXT_PAPERS[name], load_config_file(RECIPES / name)
-    cfg = merge_config(values, {"shards": "s", "run_dir": "r"})
+    cfg = merge_config(values, {"shards": "s", "run_dir": "r", "text": "t"})  # its text set: --text
+    with pytest.raises(ConfigError, match="--conditioning text needs --text FOLDER"):
+        merge_config(values, {"shards": "s", "run_dir": "r"}).validate()  # never a class run by mistake
     assert (cfg.model, cfg.objective, cfg.global_batch_size, cfg.lr, cfg.max_steps) == (
         row["model"], "flow", row["batch"], row["lr"], row["steps"])
     assert (cfg.adam_beta1, cfg.adam_beta2, cfg.ema_decay, cfg.weight_decay) == (*row["betas"], row["ema"], 0.0)
