@@ -98,8 +98,9 @@ class TrainConfig(GuardSettings, RepaSettings, FidSettings, GridSettings):
                                 group=MODEL, choices=RUN_CONDITIONINGS)
     text: str | None = setting(None, "Text set of the shards' captions (dit-extract --text-encoder): the model is "
                                "conditioned on its features", group=DATA, shown="none: class labels")
-    text_features: str = setting("cached", "--text: its cached features (cached), or the shards' captions encoded "
-                                 "while training by its encoder (online)", group=MODEL, choices=TEXT_FEATURES)
+    text_features: str = setting("cached", "Features of the --text set: cached (read from it) or online (the "
+                                 "shards' captions encoded while training by its encoder)", group=MODEL,
+                                 choices=TEXT_FEATURES)
     # block options (dit/blocks.py, dit/lightningdit.py); None: the family's own (off for DiT, LightningDiT's release)
     qk_norm: bool | None = setting(None, "RMSNorm on attention queries and keys", group=MODEL, shown=_PRESETS)
     rms_norm: bool | None = setting(None, "RMSNorm instead of LayerNorm in the blocks", group=MODEL, shown=_PRESETS)
