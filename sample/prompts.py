@@ -1,10 +1,10 @@
 """Prompts for `dit-sample --prompt TEXT` (repeatable) and `--prompts FILE`, and what sampling a text model needs.
 
-A prompts file is either plain text, one prompt per line (blank lines skipped), or JSON Lines whose every line is an
-object with a "prompt" (GenEval's evaluation_metadata.jsonl: "tag", "include", "prompt", ...; every key is kept in
-the run's record, so an evaluator can read the metadata back). Every sample's prompt is a pure function of its
-index: with P prompts and N samples (N a multiple of P), prompt k gets the N / P consecutive samples from k N / P
-(GenEval's 4 images per prompt are 4 neighbours).
+A prompts file is read by common/prompts.py (`read_prompts`: plain text, one per line; JSON Lines with a "prompt"
+per line, e.g. GenEval's evaluation_metadata.jsonl; or JSON), every key of a record kept. Every sample's prompt is
+a pure function of its index: with P prompts and N samples (N a multiple of P), prompt k gets the N / P consecutive
+samples from k N / P (GenEval's 4 images per prompt are 4 neighbours). The run's record holds one prompt record
+per sample, in the samples' order (`prompts`), which `dit-eval --t2i` reads back.
 
 `TextSampling` is what `dit-sample` asks of a text-conditional model: each batch's prompt features (encoded by the
 run's text encoder, common/text_encoders.py, which the checkpoint records or --text-encoder names), the empty
@@ -17,45 +17,15 @@ from __future__ import annotations
 import hashlib
 import json
 import textwrap
-from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 import torch
 
 from dit_pipeline.common.errors import UserError
-from dit_pipeline.common.io import missing_file
 
 GRID_WRAP = 28  # characters per line of a prompt in a grid tile
 GRID_LINES = 3  # lines of it shown
-
-
-def read_prompts(path: str | Path) -> list[dict[str, Any]]:
-    """The prompts of a file as {"prompt": text, **metadata} (module docstring); UserError naming the line."""
-    path = Path(path).expanduser()
-    if not path.is_file():
-        raise UserError(f"--prompts {path}: {missing_file(path)}")
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"--prompts {path}: cannot read it as UTF-8 text ({e})") from None
-    filled = [(i + 1, line) for i, line in enumerate(lines) if line.strip()]
-    if not filled:
-        raise UserError(f"--prompts {path}: no prompt in it (one per line, or JSON Lines with a \"prompt\" each)")
-    if path.suffix.lower() != ".jsonl" and not filled[0][1].lstrip().startswith("{"):
-        return [{"prompt": line.strip()} for _, line in filled]
-    out = []
-    for number, line in filled:
-        try:
-            item = json.loads(line)
-        except ValueError as e:
-            raise UserError(f"--prompts {path}, line {number}: not a JSON object ({e}); a JSON Lines file holds one "
-                            "object with a \"prompt\" per line") from None
-        if not isinstance(item, dict) or not isinstance(item.get("prompt"), str):
-            raise UserError(f"--prompts {path}, line {number}: no \"prompt\" text in it (GenEval's metadata lines "
-                            "have \"tag\", \"include\" and \"prompt\")")
-        out.append(item)
-    return out
 
 
 def prompt_ids(num_prompts: int, num_samples: int) -> np.ndarray:
@@ -105,7 +75,8 @@ class TextSampling:
         return {"prompts_sha256": hashlib.sha256(text).hexdigest(), "text_encoder": dict(self.encoder.identity)}
 
     def record(self) -> dict[str, Any]:
-        return {"prompts": self.prompts, "text_encoder": dict(self.encoder.identity)}
+        """One prompt record per sample, in the samples' order (what dit-eval --t2i reads), and the encoder."""
+        return {"prompts": [self.prompts[int(k)] for k in self.ids], "text_encoder": dict(self.encoder.identity)}
 
 
 def load_sampling_encoder(spec: str | None, recorded: dict[str, Any] | None, text_dim: int, ckpt: str,

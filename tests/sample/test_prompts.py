@@ -16,7 +16,7 @@ from dit_pipeline.dit.family import create_model
 from dit_pipeline.sample import SampleConfig
 from dit_pipeline.sample.generate import FlowLoop, generate_images
 from dit_pipeline.sample.load import load_model
-from dit_pipeline.sample.prompts import grid_text, prompt_ids, read_prompts
+from dit_pipeline.sample.prompts import grid_text, prompt_ids
 from dit_pipeline.sample.run import run_sampling
 from dit_pipeline.common.vae import load_vae
 from tests._util import make_tiny_vae
@@ -52,27 +52,12 @@ def text_ckpt(tmp_path_factory):
     return path, make_tiny_vae(root / "vae"), qwen
 
 
-def test_prompt_files_plain_and_geneval_jsonl(tmp_path):
-    plain = tmp_path / "p.txt"
-    plain.write_text("a red bus\n\n  two cats on a sofa \n")
-    assert read_prompts(plain) == [{"prompt": "a red bus"}, {"prompt": "two cats on a sofa"}]
-    geneval = tmp_path / "evaluation_metadata.jsonl"
-    rows = [{"tag": "single_object", "include": [{"class": "bench", "count": 1}], "prompt": "a photo of a bench"},
-            {"tag": "two_object", "include": [{"class": "cat", "count": 1}, {"class": "dog", "count": 1}],
-             "prompt": "a photo of a cat and a dog"}]
-    geneval.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert read_prompts(geneval) == rows
+def test_prompt_ids_and_grid_labels():
     assert prompt_ids(2, 6).tolist() == [0, 0, 0, 1, 1, 1]
     assert grid_text("a photo of a cat and a dog on a red sofa in a sunny room") == \
         "a photo of a cat and a dog\non a red sofa in a sunny\nroom"
-    for text, message in (("", "no prompt in it"), ('{"prompt": "x"}\n{"tag": 1}\n', 'line 2: no "prompt" text'),
-                          ('{"prompt": "x"}\n{oops\n', "line 2: not a JSON object")):
-        bad = tmp_path / "bad.jsonl"
-        bad.write_text(text)
-        with pytest.raises(UserError, match=message):
-            read_prompts(bad)
-    with pytest.raises(UserError, match="--prompts .*missing.txt"):
-        read_prompts(tmp_path / "missing.txt")
+    with pytest.raises(ValueError, match="5 samples cannot be split evenly over 2 prompts"):
+        prompt_ids(2, 5)
 
 
 def test_sampling_config_refuses_mixed_conditions():
@@ -100,10 +85,17 @@ def test_prompts_sample_with_guidance_against_the_empty_prompt(text_ckpt, tmp_pa
     data = np.load(tmp_path / "s.npz")
     assert data["arr_1"].tolist() == [0, 0, 1, 1]  # each sample's prompt
     record = json.loads((out / "samples.json").read_text())
-    assert record["prompts"][1] == {"tag": "counting", "prompt": "two dogs running in the park"}
+    # one prompt record per sample, in the samples' order, as dit-eval --t2i reads them back
+    assert record["prompts"] == [{"tag": "color", "prompt": "a photo of a red sofa"}] * 2 + \
+        [{"tag": "counting", "prompt": "two dogs running in the park"}] * 2
     assert record["config"]["prompts"] == ["a photo of a red sofa", "two dogs running in the park"]
     assert record["fingerprint"]["text_encoder"]["source"] == str(qwen) and record["fingerprint"]["prompts_sha256"]
     assert result.grid is not None and result.grid.is_file()
+    from types import SimpleNamespace
+
+    from dit_pipeline.evaluate.t2i import sample_prompts  # dit-eval --t2i reads the same prompts back
+    got, origin = sample_prompts(SimpleNamespace(path=tmp_path / "s.npz", kind="npz", count=4), None)
+    assert got == record["prompts"] and origin == str(tmp_path / "s.npz.json")
 
     loaded, vae = load_model(path), load_vae(str(vae_dir))[0]
     model, enc = loaded.model, load_text_encoder(str(qwen), max_length=16)  # the recorded encoder, built anew
