@@ -152,6 +152,12 @@ def sample_main() -> None:
               "checkpoint records), one sample each; repeated cyclically with --num-samples.")
 @click.option("--num-samples", type=int, default=None, help="Number of samples; classes chosen by --labels "
               "unless --class-labels is given.")
+@click.option("--prompt", "prompts", multiple=True, callback=lambda ctx, param, v: list(v) if v else None,
+              help="A text model's prompt (repeatable); each gets --num-samples / P consecutive samples.")
+@click.option("--prompts", "prompts_file", default=None, metavar="FILE",
+              help="A text model's prompts: one per line, or JSON Lines with a \"prompt\" (GenEval's metadata).")
+@click.option("--text-encoder", default=None, help="A text model's encoder (preset, hub id or folder) [the one "
+              "its checkpoint records].")
 @click.option("--labels", type=click.Choice(LABEL_SAMPLINGS), default=None,
               help="Classes of --num-samples: 'uniform' draws each (DiT's FID sampler), "
               "'equal' gives every class N / C samples, counts differing by at most 1 (50 per class for 50,000 of "
@@ -186,6 +192,7 @@ def sample_run_cmd(compile_: bool, debug: bool, **options: Any) -> None:
       dit-sample --ckpt DiT-XL-2-256x256.pt --class-labels 207,360,387,974 --out samples/
       torchrun --nproc-per-node 8 $(which dit-sample) --ckpt DiT-XL-2-256x256.pt \\
           --num-samples 50000 --cfg-scale 1.5 --steps 250 --npz dit-xl2-cfg1.5.npz
+      dit-sample --ckpt runs/t2i --prompt "a red bus" --prompt "two cats" --cfg-scale 6 --out samples/
     """
     from dit_pipeline import sample
 

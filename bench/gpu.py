@@ -26,6 +26,8 @@ row) the moment it is measured, so a run killed at its time limit keeps everythi
   text      caching text features (bench/gpu_text.py): Qwen3-0.6B's encode of a batch at 256 tokens, DiT-XL/2's
             plain step at that batch, the share of an online-encoder step that caching removes, and the steady-state
             captions/s of dit-extract --text-encoder
+  context   NanoGen's in-context DiT-DH: the flow step with 8 class tokens (t4c8) vs 256 text tokens (bench/context.py);
+            images/s, MFU, peak memory, the ratio beside the FLOP ratio
   meanflow  DiT-XL/2's --objective meanflow step (plain and with training guidance) vs its flow step, the JVP pass
             (math attention, the only kernel with forward-mode AD) and the forward with the default and the math
             kernel (bench/meanflow_step.py); images/s, MFU, peak memory, the ratio
@@ -72,6 +74,7 @@ from _checkout import use_checkout  # noqa: E402
 use_checkout()
 
 from dit_pipeline.train.metrics import peak_tflops  # noqa: E402
+from context import context_section  # noqa: E402
 from families import families_section  # noqa: E402
 from gpu_fid import fid_section  # noqa: E402
 from gpu_sections import extract_section, loader_section, sample_section, write_shards  # noqa: E402
@@ -138,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--smoke", action="store_true", help="tiny sizes, runs on a CPU")
     p.add_argument("--budget-s", type=float, default=450.0, help="stop starting sections after this long")
     p.add_argument("--only", nargs="+", choices=["train", "extract", "sample", "fid", "loader", "repa", "families", "meanflow",
-                                                 "text"], default=None)
+                                                 "text", "context"], default=None)
     a = p.parse_args(argv)
     t_start = time.monotonic()
     res = Results(Path(a.out), t_start + a.budget_s)
@@ -150,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
             device=torch.cuda.get_device_name(0) if device.type == "cuda" else f"{platform.machine()} CPU",
             cuda=torch.version.cuda, peak_tflops=peak_tflops(device), smoke=a.smoke)
     work = Path(tempfile.mkdtemp(prefix="bench-gpu-"))
-    want = set(a.only or ["train", "extract", "sample", "fid", "loader", "repa", "families", "meanflow", "text"])
+    want = set(a.only or ["train", "extract", "sample", "fid", "loader", "repa", "families", "meanflow", "text", "context"])
     try:
         shards = work / "shards"
         write_shards(shards, shards=1, per_shard=2 * s["batch"], latent=s["latent"])
@@ -172,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
             res.section("meanflow", lambda: meanflow_section(res, s, device), 60)
         if "text" in want:
             res.section("text", lambda: text_section(res, s, device, work / "text"), 60)
+        if "context" in want:
+            res.section("context", lambda: context_section(res, s, device), 60)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     res.add("env", "done", wall_s=time.monotonic() - t_start,

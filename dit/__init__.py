@@ -8,7 +8,7 @@ The calling conventions follow the DiT reference scripts, so they port with an i
     state_dict, info = dit.load_dit_weights("DiT-XL-2-256x256.pt")
 """
 from .diffusion import GaussianDiffusion, create_diffusion, linear_betas
-from . import protocols, repa, reuse
+from . import conditioning, protocols, repa, reuse
 from .flow import FLOW_SAMPLERS, FlowMatching, create_flow
 from .family import DiffusionTransformer, families, preset_names
 from .flops import forward_macs, train_flops_per_image
@@ -17,17 +17,20 @@ from .models import (MODEL_PRESETS, DiT, DiT_models, canonical_model_name, creat
 from .ddt import DDT
 from .ditdh import DiTDH
 from .imf import IMF
+from .incontext import InContextDiTDH
+from .pixart import PixArt
 from .lightningdit import LightningDiT
 from .respace import space_timesteps
 from .weights import (WeightsError, build_model_from_weights, check_state_dict, infer_model_config,
                       load_dit_weights, make_sidecar, read_sidecar, sidecar_path)
 
 __all__ = [
-    "DDT", "DiTDH", "DiffusionTransformer", "IMF", "LightningDiT", "MODEL_PRESETS", "DiT", "DiT_models", "families",
+    "DDT", "DiTDH", "DiffusionTransformer", "IMF", "InContextDiTDH", "PixArt", "LightningDiT", "MODEL_PRESETS", "DiT",
+    "DiT_models", "families",
     "preset_names", "GaussianDiffusion", "WeightsError", "build_model_from_weights",
     "FLOW_SAMPLERS", "FlowMatching", "canonical_model_name", "check_state_dict", "create_diffusion",
     "create_flow", "create_model", "forward_macs",
     "infer_model_config", "linear_betas", "load_dit_weights", "make_sidecar", "model_from_config", "pos_embed_2d",
-    "protocols", "read_sidecar", "repa", "reuse", "sidecar_path", "space_timesteps", "timestep_embedding",
-    "train_flops_per_image",
+    "protocols", "read_sidecar", "repa", "reuse", "conditioning", "sidecar_path", "space_timesteps",
+    "timestep_embedding", "train_flops_per_image",
 ]

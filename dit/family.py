@@ -24,10 +24,12 @@ from typing import Any, ClassVar, Iterable, Mapping, cast
 import torch
 from torch import nn
 
+from .conditioning import DEFAULT_CONDITIONING, Conditioning, conditioning_of
 from .conditions import add_conditions, check_time_input, conditions_of, embed_time
 from .layers import choose_blocks
 
-FAMILY_MODULES = ("models", "lightningdit", "ddt", "ditdh", "jit", "imf")  # imported on first use of the registry
+FAMILY_MODULES = ("models", "lightningdit", "ddt", "ditdh", "jit", "imf", "incontext",
+                  "pixart")  # imported on first use of the registry
 DEFAULT_FAMILY = "DiT"  # a model_config without "family" (every file before families existed)
 
 
@@ -41,6 +43,7 @@ class DiffusionTransformer(nn.Module):
     config_keys: ClassVar[tuple[str, ...]]              # the keys every model_config of the family holds
     default_objective: ClassVar[str] = "flow"           # what its release trains (dit-train's default for it)
     diffusers_class: ClassVar[str | None] = None         # the diffusers transformer holding it (export), if any
+    conditionings: ClassVar[tuple[str, ...]] = ("class",)  # what it can be conditioned on (dit/conditioning.py)
 
     # set by every family's __init__
     input_size: int
@@ -55,6 +58,8 @@ class DiffusionTransformer(nn.Module):
     num_heads: int
     blocks: nn.ModuleList
     conditions: str = "t"  # what the time input holds (dit/conditions.py: "t", "meanflow", "imf")
+    condition_kind: str = DEFAULT_CONDITIONING  # what else it is conditioned on (dit/conditioning.py)
+    text_dim: int = 0  # the width of its text features (condition_kind "text")
 
     # -- what every family defines ----------------------------------------------------------------------------
     @property
@@ -136,6 +141,14 @@ class DiffusionTransformer(nn.Module):
             add_conditions(self, kind)
         return self
 
+    def conditioning(self, null_text: torch.Tensor | None = None,
+                     null_mask: torch.Tensor | None = None) -> Conditioning:
+        """Its conditioning (dit/conditioning.py): what the trainer and the samplers ask about its condition input;
+        a text model's null condition is the given empty-prompt features."""
+        return conditioning_of({"conditioning": self.condition_kind, "num_classes": self.num_classes,
+                                "class_dropout_prob": self.class_dropout_prob, "text_dim": self.text_dim},
+                               null_text, null_mask)
+
     def check_return_hidden(self, return_hidden: int | None) -> None:
         if return_hidden is not None and (isinstance(return_hidden, bool) or not isinstance(return_hidden, int)
                                           or not 1 <= return_hidden <= self.num_blocks):
@@ -159,27 +172,30 @@ class DiffusionTransformer(nn.Module):
         x = x.reshape(n, g, g, p, p, c)
         return torch.einsum("nhwpqc->nchpwq", x).reshape(n, c, g * p, g * p)
 
-    def forward_with_cfg(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor,
-                         cfg_scale: float | torch.Tensor,
-                         guide_channels: int | str | None = 3) -> torch.Tensor:
-        """Classifier-free guidance for a batch [cond half; uncond half (y = null)].
+    def forward_with_cfg(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None,
+                         cfg_scale: float | torch.Tensor = 1.0, guide_channels: int | str | None = 3,
+                         **condition: Any) -> torch.Tensor:
+        """Classifier-free guidance for a batch [cond half; uncond half (y = null, or the null text)].
 
-        The first half of x is run twice (with the cond and the null labels); guided eps =
-        uncond + cfg_scale * (cond - uncond) is written into both halves. `guide_channels=3` guides the
-        first 3 latent channels only, as the reference sampler does for its published FIDs; None or
-        "all" guides every eps channel. Variance channels always pass through unguided.
+        The first half of x is run twice (with the cond and the null conditions, given in `y` or as the
+        conditioning's keyword arguments, e.g. text and text_mask); guided eps = uncond + cfg_scale * (cond -
+        uncond) is written into both halves. `guide_channels=3` guides the first 3 latent channels only, as the
+        reference sampler does for its published FIDs; None or "all" guides every eps channel. Variance channels
+        always pass through unguided.
         """
         if x.shape[0] % 2:
             raise ValueError(f"forward_with_cfg needs an even batch [cond; uncond], got {x.shape[0]}")
-        if self.class_dropout_prob <= 0:
+        if self.condition_kind == "class" and self.class_dropout_prob <= 0:
             raise ValueError("classifier-free guidance needs the null class: class_dropout_prob > 0")
+        if self.condition_kind == "none":
+            raise ValueError("classifier-free guidance needs a condition; this model is unconditional")
         if guide_channels is None or guide_channels == "all":
             guide_channels = self.in_channels
         if not isinstance(guide_channels, int) or not 1 <= guide_channels <= self.in_channels:
             raise ValueError(f"guide_channels must be 1..{self.in_channels}, None or 'all', "
                              f"got {guide_channels!r}")
         half = x[: x.shape[0] // 2]
-        out = self.forward(torch.cat([half, half], dim=0), t, y)
+        out = self.forward(torch.cat([half, half], dim=0), t, y, **condition)
         eps, rest = out[:, :guide_channels], out[:, guide_channels:]
         cond, uncond = eps.chunk(2, dim=0)
         guided = uncond + cfg_scale * (cond - uncond)
@@ -260,6 +276,13 @@ def create_model(name: str, input_size: int = 32, num_classes: int = 1000, **ove
     `conditions` (dit/conditions.py: "meanflow" adds the second time input h = t - r)."""
     cls, preset = lookup_preset(name)
     conditions = str(overrides.pop("conditions", cls.conditions))  # the family's own (iMF: "imf"), else "t"
+    kind = str(overrides.get("conditioning", DEFAULT_CONDITIONING))
+    if kind not in cls.conditionings:
+        able = [f.family for f in families().values() if kind in f.conditionings]
+        raise ValueError(f"a {cls.family} is conditioned on {' or '.join(cls.conditionings)}, not {kind}; "
+                         f"{kind} conditioning: {', '.join(able) or 'no family'}")
+    if kind == DEFAULT_CONDITIONING:
+        overrides.pop("conditioning", None)  # every family's default
     allowed = ("input_size", "num_classes", "learn_sigma", "in_channels", "class_dropout_prob", "conditions",
                *cls.overrides)
     unknown = set(overrides) - set(allowed)

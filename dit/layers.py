@@ -10,7 +10,10 @@ releases use, so each family's state_dict matches its release's.
 - `RMSNorm`: learned scale, computed in float32 and cast back before the scale (LightningDiT's and RAE's
   `RMSNorm`, DDT's LLaMA-style one: the same formula).
 - MLPs: DiT's GELU(tanh) `Mlp` (fc1, fc2); `SwiGLU` (dit/blocks.py: w12 fused, w3, with biases) at any hidden
-  width; DDT's LLaMA-style `LlamaFFN` w2(silu(w1 x) * w3 x) without biases.
+  width; DDT's LLaMA-style `LlamaFFN` w2(silu(w1 x) * w3 x) without biases; NanoGen's `SplitSwiGLU` (w1, w2, w3).
+- Attention with separate q, k, v and QK RMSNorm (`SplitAttention`, NanoGen's) and a key padding mask
+  (`key_padding_mask`: text tokens); cross-attention to condition tokens (`CrossAttention`) and PixArt's block of
+  self-attention, cross-attention and MLP under adaLN-single (`CrossAttentionBlock`).
 - Timestep features: DiT's sinusoid (max_period 10000; DDT uses 10) or RAE's Gaussian Fourier features
   sin/cos(2 pi t W) with a fixed random W (`t_embedder.W`).
 """
@@ -24,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .blocks import NORM_EPS, SwiGLU
+from .blocks import NORM_EPS, SwiGLU, make_norm
 from .embed import FREQUENCY_EMBEDDING_SIZE, timestep_embedding
 
 Rope = Callable[[torch.Tensor], torch.Tensor]  # q or k [N, heads, T, head_dim] -> rotated
@@ -77,14 +80,67 @@ class Attention(nn.Module):
         return self.proj(out.transpose(1, 2).reshape(n, tokens, dim))
 
 
-class Mlp(nn.Module):
-    """fc2(GELU_tanh(fc1(x))), DiT's (timm's) MLP."""
+def key_padding_mask(keep: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """[N, L] bool (True = attend to this key) -> the additive mask [N, 1, 1, L] SDPA takes: 0 where kept, the
+    dtype's most negative finite value elsewhere (NanoGen's `_build_attn_mask`); None stays None (no mask)."""
+    if keep is None:
+        return None
+    return (1.0 - keep[:, None, None, :].to(dtype)) * torch.finfo(dtype).min
+
+
+class SplitAttention(nn.Module):
+    """Multi-head self-attention with separate q, k, v projections and a per-head learned RMSNorm of q and k
+    (NanoGen's `NormAttention`); `rope` rotates q and k after the norm; `keep` [N, T] bool masks the keys that are
+    False (padding), as an additive mask in the attention's dtype (key_padding_mask), or None."""
+
+    def __init__(self, dim: int, num_heads: int):
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"hidden size {dim} is not divisible by num_heads {num_heads}")
+        self.num_heads, self.head_dim = num_heads, dim // num_heads
+        self.q = nn.Linear(dim, dim)
+        self.k = nn.Linear(dim, dim)
+        self.v = nn.Linear(dim, dim)
+        self.proj = nn.Linear(dim, dim)
+        self.q_norm = RMSNorm(self.head_dim)
+        self.k_norm = RMSNorm(self.head_dim)
+
+    def forward(self, x: torch.Tensor, rope: Rope | None = None, keep: torch.Tensor | None = None) -> torch.Tensor:
+        n, tokens, dim = x.shape
+
+        def heads(t: torch.Tensor) -> torch.Tensor:  # [N, T, D] -> [N, heads, T, head_dim]
+            return t.reshape(n, tokens, self.num_heads, self.head_dim).transpose(1, 2)
+
+        q, k, v = self.q_norm(heads(self.q(x))), self.k_norm(heads(self.k(x))), heads(self.v(x))
+        if rope is not None:
+            q, k = rope(q), rope(k)
+        if q.dtype != v.dtype:  # a float32 norm scale or RoPE table promoted q and k; attention runs in v's dtype
+            q, k = q.to(v.dtype), k.to(v.dtype)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=key_padding_mask(keep, v.dtype))
+        return self.proj(out.transpose(1, 2).reshape(n, tokens, dim))
+
+
+class SplitSwiGLU(nn.Module):
+    """w3(silu(w1 x) * w2 x) with biases, the gate and value as two Linears (NanoGen's `SwiGLUFFN`)."""
 
     def __init__(self, dim: int, hidden: int):
         super().__init__()
+        self.w1 = nn.Linear(dim, hidden)
+        self.w2 = nn.Linear(dim, hidden)
+        self.w3 = nn.Linear(hidden, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w3(F.silu(self.w1(x)) * self.w2(x))
+
+
+class Mlp(nn.Module):
+    """fc2(GELU_tanh(fc1(x))), DiT's (timm's) MLP; `out` features (default: dim)."""
+
+    def __init__(self, dim: int, hidden: int, out: int | None = None):
+        super().__init__()
         self.fc1 = nn.Linear(dim, hidden)
         self.act = nn.GELU(approximate="tanh")
-        self.fc2 = nn.Linear(hidden, dim)
+        self.fc2 = nn.Linear(hidden, dim if out is None else out)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(self.act(self.fc1(x)))
@@ -138,6 +194,54 @@ class AdaLNBlock(nn.Module):
             scale_msa, gate_msa, scale_mlp, gate_mlp = _chunks(self.adaLN_modulation, c, 4)
             shift_msa = shift_mlp = None
         x = x + gate_msa * self.attn(modulate(self.norm1(x), shift_msa, scale_msa), rope)
+        return x + gate_mlp * self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp))
+
+
+class CrossAttention(nn.Module):
+    """Multi-head attention of the tokens x [N, T, D] (queries) to condition tokens c [N, L, D] (keys and values):
+    PixArt's `MultiHeadCrossAttention` (q_linear, kv_linear laid out [2, heads, head_dim], proj); `keep` [N, L]
+    bool masks the padding keys (PixArt packs the real tokens with xformers' block-diagonal mask: the same)."""
+
+    def __init__(self, dim: int, num_heads: int):
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"hidden size {dim} is not divisible by num_heads {num_heads}")
+        self.num_heads = num_heads
+        self.q_linear = nn.Linear(dim, dim)
+        self.kv_linear = nn.Linear(dim, 2 * dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor, c: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+        n, tokens, dim = x.shape
+        hd = dim // self.num_heads
+        q = self.q_linear(x).reshape(n, tokens, self.num_heads, hd).transpose(1, 2)  # [N, heads, T, hd]
+        k, v = self.kv_linear(c).reshape(n, c.shape[1], 2, self.num_heads, hd).permute(2, 0, 3, 1, 4).unbind(0)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=key_padding_mask(keep, v.dtype))
+        return self.proj(out.transpose(1, 2).reshape(n, tokens, dim))
+
+
+class CrossAttentionBlock(nn.Module):
+    """PixArt's block (Chen et al. 2023, PixArt-alpha, `PixArtBlock`): self-attention, cross-attention to the text
+    tokens, MLP, with adaLN-single: the six modulations are the block's learned `scale_shift_table` [6, D] plus the
+    model's one shared projection of the time embedding t0 [N, 6 D]; the cross-attention is neither normed nor gated.
+    x + gate_msa * attn(norm1(x) * (1 + scale_msa) + shift_msa); x + cross_attn(x, text); x + gate_mlp * mlp(...)."""
+
+    def __init__(self, dim: int, num_heads: int, mlp_ratio: float = 4.0):
+        super().__init__()
+        self.norm1 = make_norm(dim, rms_norm=False)
+        self.attn = Attention(dim, num_heads)
+        self.cross_attn = CrossAttention(dim, num_heads)
+        self.norm2 = make_norm(dim, rms_norm=False)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio))
+        self.scale_shift_table = nn.Parameter(torch.randn(6, dim) / dim ** 0.5)
+        self.grad_checkpointing = False
+
+    def forward(self, x: torch.Tensor, text: torch.Tensor, t0: torch.Tensor,
+                keep: torch.Tensor | None = None) -> torch.Tensor:
+        mods = (self.scale_shift_table[None] + t0.reshape(x.shape[0], 6, -1)).chunk(6, dim=1)  # each [N, 1, D]
+        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = mods
+        x = x + gate_msa * self.attn(modulate(self.norm1(x), shift_msa, scale_msa))
+        x = x + self.cross_attn(x, text, keep)
         return x + gate_mlp * self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp))
 
 

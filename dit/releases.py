@@ -10,6 +10,7 @@ the tensors are, and record how its time runs. Containers (facts of each release
 | DiT / SiT / REPA / REPA-E `train.py` | `{model, ema, opt, args[, steps, vae]}` | `ema` (or `model`) |
 | LightningDiT `train.py` (hustvl/LightningDiT) | `{model, ema, opt, config}`, config = its YAML as a dict | `ema` |
 | RAE stage 2 (bytetriper/RAE src/train.py) | `{step, epoch, model, ema, optimizer, scheduler}` | `ema` |
+| NanoGen stage 2 (End2End-Diffusion/diffusion-bench src/utils/checkpoint.py) | the same as RAE's | `ema` |
 | DDT (MCG-NJU/DDT, a Lightning checkpoint) | `{state_dict: {denoiser.*, ema_denoiser.*, diffusion_trainer.*}, ...}` | `ema_denoiser.*` |
 | iMF, its PyTorch branch (Lyy-iiis/imeanflow `torch`: iMF-B-2.pth ...) | a bare state_dict, `net.*` with `_flax_linear` | it, renamed (dit/imf.py) |
 | iMF, its JAX TrainState flattened to `.npz` (dit/imf.py `from_flax_params`) | `params/net/...`, `ema_params/net/...` | `ema_params` |
@@ -18,7 +19,7 @@ the tensors are, and record how its time runs. Containers (facts of each release
 Conventions (each release's transport code; `info["flow_convention"]`, dit/flow.py):
 - LightningDiT, DDT: flow matching in SiT's time (x_t = t x + (1 - t) noise, t = 0 noise, predicts x - noise,
   raw t in [0, 1]): "sit";
-- RAE (DiT-DH), REPA, REPA-E: REPA's time (x_t = (1 - t) x + t noise, t = 1 noise, predicts noise - x): "repa";
+- RAE (DiT-DH), NanoGen (its in-context DiT-DH, recognised by its time tokens), REPA, REPA-E: REPA's time (x_t = (1 - t) x + t noise, t = 1 noise, predicts noise - x): "repa";
 - REPA-E's end-to-end checkpoints (with their `vae`) normalize latents with the SiT's BatchNorm statistics
   `bn.running_mean` / `bn.running_var` (x = (z - mean) / sqrt(var)): read into `info["latent"]`, the `bn.*`
   buffers then dropped; LightningDiT's `config` records `latent_norm` (per-channel statistics kept in a separate
@@ -44,11 +45,17 @@ CONVENTIONS = {
     "DDT": (SIT, "DDT's release (its LinearScheduler: t = 0 noise, predicts data - noise, the network sees t in "
                  "[0, 1])"),
     "RAE": (REPA, "RAE's release (its Linear path: t = 1 noise, predicts noise - data, the network sees t in [0, 1])"),
+    "NanoGen": (REPA, "NanoGen's release (its Transport: x_t = (1 - t) x + t noise, t = 1 noise, predicts noise - "
+                      "data, the network sees t in [0, 1])"),
 }
-FAMILY_RELEASE = {"LightningDiT": "LightningDiT", "DDT": "DDT", "DiT-DH": "RAE", "iMF": "iMF"}  # a bare file
+FAMILY_RELEASE = {"LightningDiT": "LightningDiT", "DDT": "DDT", "DiT-DH": "RAE", "iMF": "iMF",
+                  "DiT-DH-IC": "NanoGen"}  # a bare file
 # release -> (objective, why) for the one-step releases, whose files record no objective
 ONE_STEP = {"iMF": ("imf", "iMF's release (Lyy-iiis/imeanflow: its network trains only with its own objective, "
                            "t = 1 noise, one-step sampling)")}
+# Keys of NanoGen's networks that this project does not build: REPA's projector (it only trains) and internal
+# guidance's base head (DiTwDDTHeadIG: sampling without internal guidance does not use it).
+NANOGEN_UNBUILT = ("repa_projector.", "base_final_layer.")
 
 
 def is_state_dict(obj: Any) -> bool:
@@ -86,7 +93,7 @@ def unpack(obj: Any, path: Path, prefer: str) -> tuple[dict[str, torch.Tensor], 
     info: dict[str, Any] = {"source": "dit-pipeline" if own else "reference-train", "weights": chosen}
     if own:
         for key in ("model_config", "latent", "step", "config", "objective", "flow_convention", "time_shift",
-                    "prediction", "meanflow"):
+                    "prediction", "meanflow", "text"):
             if key in obj:
                 info[key] = obj[key]
         info.setdefault("objective", "ddpm")  # our checkpoints before the key existed
@@ -123,6 +130,20 @@ def _release_container(obj: Mapping[str, Any], info: dict[str, Any], path: Path)
         info.update(source="rae-train", release="RAE")
         if "step" in obj and isinstance(obj["step"], int):
             info["step"] = obj["step"]
+
+
+def drop_unbuilt(state_dict: dict[str, torch.Tensor], info: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """A NanoGen file (its time tokens) without the keys of heads this project does not build (NANOGEN_UNBUILT),
+    named in info["dropped"]; every other state_dict as it is. A NanoGen file from a release container is labelled
+    as NanoGen's rather than RAE's (the same container)."""
+    if "t_embedder.learnable_tokens" not in state_dict:
+        return state_dict
+    if info.get("release") == "RAE":
+        info.update(release="NanoGen", source="nanogen-train")
+    dropped = sorted({k.split(".")[0] for k in state_dict if k.startswith(NANOGEN_UNBUILT)})
+    if dropped:
+        info["dropped"] = dropped
+    return {k: v for k, v in state_dict.items() if not k.startswith(NANOGEN_UNBUILT)}
 
 
 def release_record(info: Mapping[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any]]:

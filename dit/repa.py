@@ -81,10 +81,10 @@ class REPAModel(nn.Module):
         return {"encoder_depth": self.encoder_depth, "z_dims": [p.z_dim for p in projectors],
                 "projector_dim": projectors[0].projector_dim}
 
-    def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor,
-                force_drop_ids: torch.Tensor | None = None,
-                generator: torch.Generator | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        out, hidden = self.dit(x, t, y, force_drop_ids, generator, return_hidden=self.encoder_depth)
+    def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None,
+                force_drop_ids: torch.Tensor | None = None, generator: torch.Generator | None = None,
+                **condition: Any) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        out, hidden = self.dit(x, t, y, force_drop_ids, generator, return_hidden=self.encoder_depth, **condition)
         return out, [projector(hidden) for projector in self.projectors]
 
 

@@ -11,6 +11,9 @@ They differ only in which pair gets which angle:
   of the head's features turns with the patch **row**, the second half with the column, same frequencies;
   positions arange(g) / g * g in float32. Its tables are buffers (`freqs_cos`, `freqs_sin`, [T, head_dim], each
   pair's angle written to both of its features), so they are in the releases' state_dicts.
+- `TokenRope` (NanoGen's in-context DiT-DH, dit/incontext.py): EVA's layout on integer positions (arange(g) as
+  float32), its buffers [image tokens + condition tokens, head_dim] with angle 0 for the condition tokens that
+  follow the image tokens (they get no position); only the image tokens are rotated (angle 0 is the identity).
 - `ddt_rope_tables` (DDT, Wang et al. 2025): positions scaled to [0, 16] (linspace over the grid, both axes),
   frequencies 10000^(-4k / hd), k < hd/4, and the pairs interleave the axes: pair 2k turns with the column,
   pair 2k+1 with the row; applied in float32 (the release rotates in complex float32).
@@ -27,13 +30,14 @@ from .blocks import ROPE_THETA, apply_rope, rope_2d_tables
 DDT_POSITION_SCALE = 16.0  # DDT's positions run from 0 to 16 along each axis, whatever the grid
 
 
-def eva_angles(grid: int, head_dim: int, theta: float = ROPE_THETA) -> torch.Tensor:
-    """[T, head_dim / 2] float32 angles of EVA's layout (row half, then column half), T = grid^2 row-major."""
+def eva_angles(grid: int, head_dim: int, theta: float = ROPE_THETA, integer_positions: bool = False) -> torch.Tensor:
+    """[T, head_dim / 2] float32 angles of EVA's layout (row half, then column half), T = grid^2 row-major;
+    `integer_positions`: arange(grid) itself (NanoGen's RoPE) rather than EVA's arange(g) / g * g."""
     if head_dim % 4:
         raise ValueError(f"2-D RoPE needs a head dimension divisible by 4, got {head_dim}")
     half = head_dim // 2  # EVA's `dim`: features per axis
     freqs = 1.0 / (theta ** (torch.arange(0, half, 2)[: half // 2].float() / half))  # [hd/4]
-    pos = torch.arange(grid) / grid * grid  # float32, as the release computes it
+    pos = torch.arange(grid).float() if integer_positions else torch.arange(grid) / grid * grid  # float32
     per_axis = torch.outer(pos, freqs)  # [g, hd/4]
     rows = per_axis[:, None, :].expand(grid, grid, -1)
     cols = per_axis[None, :, :].expand(grid, grid, -1)
@@ -57,6 +61,32 @@ class EvaRope(nn.Module):
         turned = torch.stack([-pairs[..., 1], pairs[..., 0]], dim=-1).reshape(x.shape)
         cos, sin = cast(torch.Tensor, self.freqs_cos), cast(torch.Tensor, self.freqs_sin)
         return x * cos + turned * sin
+
+
+class TokenRope(nn.Module):
+    """RoPE of the image tokens of a sequence [image tokens; condition tokens] (NanoGen's `RoPE`): buffers
+    `freqs_cos` / `freqs_sin` [grid^2 + extra, head_dim], EVA's layout on integer positions for the image tokens and
+    angle 0 (cos 1, sin 0) for the `extra` condition tokens after them, the names and shapes of NanoGen's files.
+    Only the first grid^2 tokens of q or k are rotated: the rest is left as it is, which is what angle 0 does."""
+
+    def __init__(self, grid: int, head_dim: int, extra: int = 0):
+        super().__init__()
+        self.tokens = grid * grid
+        angles = torch.cat([eva_angles(grid, head_dim, integer_positions=True),
+                            torch.zeros(extra, head_dim // 2)]).repeat_interleave(2, dim=-1)  # [T + extra, hd]
+        self.register_buffer("freqs_cos", angles.cos())
+        self.register_buffer("freqs_sin", angles.sin())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [N, heads, L, head_dim] with L >= grid^2 image tokens first; float32 tables (a 16-bit x's image tokens
+        come back in float32, the rest is cast alike)."""
+        n = self.tokens
+        image, rest = x[..., :n, :], x[..., n:, :]
+        pairs = image.reshape(*image.shape[:-1], -1, 2)
+        turned = torch.stack([-pairs[..., 1], pairs[..., 0]], dim=-1).reshape(image.shape)
+        cos, sin = cast(torch.Tensor, self.freqs_cos)[:n], cast(torch.Tensor, self.freqs_sin)[:n]
+        image = image * cos + turned * sin
+        return image if rest.shape[-2] == 0 else torch.cat([image, rest.to(image.dtype)], dim=-2)
 
 
 def ddt_rope_tables(grid: int, head_dim: int, theta: float = ROPE_THETA) -> tuple[torch.Tensor, torch.Tensor]:

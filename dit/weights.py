@@ -45,7 +45,7 @@ from .repa import PROJECTOR_KEY
 _PREFIXES = ("module.", "_orig_mod.")
 __all__ = ["RECORD_KEY", "WeightsError", "build_model_from_weights", "check_state_dict", "embed_record",
            "embedded_record", "infer_model_config", "load_dit_weights", "make_sidecar", "read_sidecar",
-           "read_torch_file", "sidecar_path"]
+           "read_torch_file", "sidecar_path", "text_record"]
 
 
 def load_dit_weights(path: str | Path, prefer: str = "ema", hints: dict[str, Any] | None = None
@@ -102,7 +102,10 @@ def load_dit_weights(path: str | Path, prefer: str = "ema", hints: dict[str, Any
             info["prediction"] = sidecar["prediction"]
         if isinstance(sidecar.get("meanflow"), dict):
             info["meanflow"] = dict(sidecar["meanflow"])
+        if isinstance(sidecar.get("text"), dict):
+            info["text"] = sidecar["text"]
     state_dict = _strip_prefixes(state_dict, path)
+    state_dict = releases.drop_unbuilt(state_dict, info)
     state_dict = _read_repa_format(state_dict, info, where)
     info["path"] = str(path)
     stored, release_hints = releases.release_record(info)
@@ -176,11 +179,13 @@ def sidecar_path(path: str | Path) -> Path:
 def make_sidecar(model_config: dict[str, Any], latent: dict[str, Any] | None, step: int | None,
                  objective: str | None = None, time_shift: float | None = None,
                  prediction: dict[str, Any] | None = None,
-                 meanflow: dict[str, Any] | None = None) -> dict[str, Any]:
+                 meanflow: dict[str, Any] | None = None,
+                 text: dict[str, Any] | None = None) -> dict[str, Any]:
     """The sidecar content (JSON-compatible) for a bare state_dict of a model with `model_config` (DiT.config);
     `objective` (dit.formats.OBJECTIVES) is added when given (readers treat a sidecar without it as ddpm), a flow
-    model's `time_shift` (dit/shift.py; readers treat a sidecar without it as 1, no shift), and a MeanFlow model's
-    `meanflow` settings (dit/objectives.py's record)."""
+    model's `time_shift` (dit/shift.py; readers treat a sidecar without it as 1, no shift), a MeanFlow model's
+    `meanflow` settings (dit/objectives.py's record), and a text model's `text` (text_record: its text encoder's
+    identity, which dit-sample --prompt loads)."""
     side = {"format": SIDECAR_FORMAT, "version": SIDECAR_VERSION, "model_config": dict(model_config),
             "latent": latent, "step": step}
     if objective is not None:
@@ -191,7 +196,17 @@ def make_sidecar(model_config: dict[str, Any], latent: dict[str, Any] | None, st
         side["prediction"] = dict(prediction)
     if meanflow is not None:
         side["meanflow"] = dict(meanflow)
+    if text is not None:
+        side["text"] = text
     return side
+
+
+def text_record(text: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The JSON part of a checkpoint's `text` record (its text encoder's identity and how its features were made;
+    not the empty prompt's tensors): what sidecars and dit-sample's records keep."""
+    if not text:
+        return None
+    return {k: json.loads(json.dumps(v)) for k, v in text.items() if k in ("encoder", "features")}
 
 
 # The key under which the trainer's EMA file (a bare state_dict) holds its sidecar's record: an entry of the
@@ -376,13 +391,18 @@ def _strip_prefixes(state_dict: dict[str, torch.Tensor], path: Path) -> dict[str
 
 def detect_family(state_dict: dict[str, torch.Tensor], stored: dict[str, Any] | None) -> str:
     """The family of a state_dict: a stored model_config's "family", else recognised by its keys (iMF: its u head's
-    final layer; DiT-DH: both patch embeddings and Fourier time features; DDT: both, Linear patch embeddings; LightningDiT: its RoPE buffers,
-    learned norm scales, a 4 D adaLN (wo_shift) or its unrounded SwiGLU width; DiT otherwise)."""
+    final layer; DiT-DH: both patch embeddings and Fourier time features; DDT: both, Linear patch embeddings;
+    LightningDiT: its RoPE buffers, learned norm scales, a 4 D adaLN (wo_shift) or its unrounded SwiGLU width;
+    DiT-DH-IC: NanoGen's time tokens; PixArt: its adaLN-single t_block; DiT otherwise)."""
     if stored and stored.get("family"):
         return str(stored["family"])
     if "u_final_layer.linear.weight" in state_dict:
         return "iMF"
+    if "t_block.1.weight" in state_dict:
+        return "PixArt"  # adaLN-single
     if "s_embedder.proj.weight" in state_dict:
+        if "t_embedder.learnable_tokens" in state_dict:
+            return "DiT-DH-IC"  # NanoGen's in-context DiT-DH: time tokens
         return "DiT-DH" if "t_embedder.W" in state_dict else "DDT"
     if any(k in state_dict for k in ("feat_rope.freqs_cos", "blocks.0.norm1.weight", "final_layer.norm_final.weight")):
         return "LightningDiT"
@@ -429,7 +449,7 @@ def conditions_from_keys(state_dict: Mapping[str, torch.Tensor], stored: Mapping
     """The model_config entry of the conditions (dit/conditions.py) the file's embedders show, checked against
     the stored record; {} for a plain model."""
     found = "imf" if "omega_embedder.mlp.0.weight" in state_dict else \
-        "meanflow" if "h_embedder.mlp.0.weight" in state_dict else "t"
+        "meanflow" if "h_embedder.mlp.0.weight" in state_dict or "t_abs_embedder.mlp.0.weight" in state_dict else "t"
     recorded = str((stored or {}).get("conditions", found))
     if recorded != found:
         raise WeightsError(f"{where}: its model_config records conditions {recorded!r} but its tensors are those of "

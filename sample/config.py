@@ -131,6 +131,9 @@ class SampleConfig:
     # conditional model alone
     guidance_interval: list[float] | None = None
     class_labels: list[int | str] | None = None  # ids, or class names the checkpoint records (sample/names.py)
+    prompts: list[str] | None = None  # a text model's prompts (--prompt, repeatable), each num_samples / P samples
+    prompts_file: str | None = None  # --prompts FILE: one per line, or JSON Lines with a "prompt" (sample/prompts.py)
+    text_encoder: str | None = None  # a text model's encoder (common/text_encoders.py); default: the checkpoint's
     num_samples: int | None = None
     labels: str | None = None  # classes of --num-samples without --class-labels: "uniform" draws or "equal" counts
     # (None: the protocol's, else uniform)
@@ -153,7 +156,7 @@ class SampleConfig:
     def total(self) -> int:
         if self.num_samples is not None:
             return int(self.num_samples)
-        return len(self.class_labels or [])
+        return len(self.prompts or self.class_labels or [])
 
     @property
     def guided(self) -> bool:
@@ -168,8 +171,10 @@ class SampleConfig:
         if not self.ckpt:
             p.append("--ckpt is required: a DiT checkpoint (ours, an EMA-only file, an official release file "
                      "or a reference training checkpoint)")
-        if self.class_labels is None and self.num_samples is None:
-            p.append("pass --class-labels 207,360,... or --num-samples N (classes drawn uniformly)")
+        if self.class_labels is None and self.num_samples is None and self.prompts is None and self.prompts_file is None:
+            p.append("pass --class-labels 207,360,... or --num-samples N (classes drawn uniformly), or a text model's "
+                     "--prompt TEXT / --prompts FILE")
+        p += self._check_prompts()
         if self.class_labels is not None:
             if len(self.class_labels) == 0:
                 p.append("--class-labels is empty; give comma-separated class ids, e.g. 207,360,387")
@@ -215,6 +220,23 @@ class SampleConfig:
             p.append(f"--out {self.out!r} exists and is not a folder")
         collect(p, "sampling configuration")
         return self
+
+    def _check_prompts(self) -> list[str]:
+        p: list[str] = []
+        if self.prompts is not None and self.prompts_file is not None:
+            p.append("--prompt and --prompts FILE both give the prompts; pass one")
+        if (self.prompts is not None or self.prompts_file is not None) and self.class_labels is not None:
+            p.append("--class-labels is for class-conditional models, --prompt / --prompts for text models; pass one")
+        if self.prompts is not None and len(self.prompts) == 0:
+            p.append("--prompt: no prompt given")
+        elif self.prompts and self.num_samples is not None and self.num_samples % len(self.prompts):
+            p.append(f"--num-samples {self.num_samples} is not a multiple of the {len(self.prompts)} prompts (each "
+                     "prompt gets the same number of samples)")
+        if (self.prompts is not None or self.prompts_file is not None) and self.labels not in (None, "uniform"):
+            p.append(f"--labels {self.labels} chooses classes; a text model samples its prompts")
+        if self.text_encoder is not None and self.prompts is None and self.prompts_file is None:
+            p.append("--text-encoder encodes --prompt / --prompts; pass them")
+        return p
 
     def _check_sampler(self) -> list[str]:
         p = []

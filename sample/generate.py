@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -23,6 +23,7 @@ from torch import nn
 from dit_pipeline import dit
 from dit_pipeline.common.latent_norm import LatentNorm
 from dit_pipeline.dit import protocols
+from dit_pipeline.dit.conditioning import Conditioning
 from dit_pipeline.dit.meanflow import MEANFLOW_SAMPLERS, MeanFlowLoop
 from dit_pipeline.sample.config import respacing
 from dit_pipeline.sample.plan import noise_generators
@@ -89,11 +90,14 @@ def guided_model_fn(model: nn.Module, *, cfg_scale: float, cfg_channels: str | i
                     autocast_dtype: torch.dtype | None = None, compile: bool = False,
                     guidance_interval: Sequence[float] | None = None,
                     noise_level: Callable[[float], float] | None = None, ends: str = "[]", doubled: bool = False,
-                    guide_model: nn.Module | None = None) -> Callable[..., torch.Tensor]:
-    """model_fn(x [B, C, S, S], t [B], y [B]) -> float32 [B, Cout, S, S] for the diffusion loops.
+                    guide_model: nn.Module | None = None,
+                    conditioning: Conditioning | None = None) -> Callable[..., torch.Tensor]:
+    """model_fn(x [B, C, S, S], t [B], y [B] or the condition's keyword arguments) -> float32 [B, Cout, S, S] for
+    the diffusion loops.
 
-    With cfg_scale > 1 each call runs the network on [x; x] with labels [y; null] and returns the guided
-    conditional half; cfg_scale == 1 is the plain conditional model, as in the reference.
+    With cfg_scale > 1 each call runs the network on [x; x] with the conditions [given; null] (the null label, or a
+    text model's empty prompt: `conditioning`, dit/conditioning.py, by default the model's own) and returns the
+    guided conditional half; cfg_scale == 1 is the plain conditional model, as in the reference.
     guidance_interval (low, high) with noise_level (noise_level_fn): guided only where the noise level is in the
     interval, its `ends` open or closed ("[]", "()", "[)", "(]": dit/protocols.py; Kynkaanniemi et al. 2024;
     REPA's guidance_low/high, DDT's open (0.3, 1)), elsewhere one pass of the conditional model alone, or with
@@ -106,7 +110,7 @@ def guided_model_fn(model: nn.Module, *, cfg_scale: float, cfg_channels: str | i
     if getattr(model, "conditions", "t") != "t":
         cfg_scale = 1.0  # a mean-flow model: guidance is trained in (meanflow) or an input (imf, MeanFlowLoop)
     guide = "all" if guide_model is not None else guide_channels_arg(cfg_channels)
-    null_class = int(model.num_classes)
+    cond = conditioning if conditioning is not None else model.conditioning()
     if guidance_interval is not None and noise_level is None:
         raise ValueError("guidance_interval needs noise_level (the network's time -> noise level)")
     rule = protocols.Guidance("autoguidance" if guide_model is not None else "cfg", float(cfg_scale),
@@ -127,28 +131,35 @@ def guided_model_fn(model: nn.Module, *, cfg_scale: float, cfg_channels: str | i
         # the grid's own time, float64 (flow samplers: dit.flow.GRID_TIME_ATTR)
         return guidance_interval is None or rule.applies(noise_level(float(t[0])))  # type: ignore[misc]
 
-    def model_fn(x: torch.Tensor, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def model_fn(x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None, **condition: Any) -> torch.Tensor:
+        given = condition if y is None else {"y": y, **condition}
         guide_here = use_guidance(t)
         if t.dtype == torch.float64:
             t = t.float()  # the network's time: float32, as the flow samplers always gave it
         n = x.shape[0]
         with autocast(x.device, autocast_dtype):
             if guide_here and weak is not None:
-                main, low = plain(x, t, y), weak(x, t, y)
+                main, low = plain(x, t, **given), weak(x, t, **given)
                 c = int(model.in_channels)
                 out = torch.cat([protocols.autoguidance_combine(main[:, :c], low[:, :c], cfg_scale), main[:, c:]], 1)
             elif guide_here:
-                y_null = torch.full_like(y, null_class)
-                out = guided(torch.cat([x, x]), torch.cat([t, t]), torch.cat([y, y_null]), cfg_scale,
-                             guide_channels=guide)[:n]
+                both = cond.concat(given, cond.null(given))  # [given; null]
+                out = guided(torch.cat([x, x]), torch.cat([t, t]), cfg_scale=cfg_scale, guide_channels=guide,
+                             **both)[:n]
             elif doubled and on and weak is None:
-                out = plain(torch.cat([x, x]), torch.cat([t, t]), torch.cat([y, torch.full_like(y, null_class)]))[:n]
+                out = plain(torch.cat([x, x]), torch.cat([t, t]), **cond.concat(given, cond.null(given)))[:n]
             else:
-                out = plain(x, t, y)
+                out = plain(x, t, **given)
         return out.float()  # the diffusion math stays in float32 whatever the model ran in
 
     setattr(model_fn, dit.flow.GRID_TIME_ATTR, True)
     return model_fn
+
+
+def condition_kwargs(condition: torch.Tensor | Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The model's condition keyword arguments: class labels [B] (y), or a mapping of them as the conditioning
+    gives them (text and text_mask)."""
+    return {"y": condition} if isinstance(condition, torch.Tensor) else dict(condition)
 
 
 def initial_noise(generators: Sequence[torch.Generator], shape: tuple[int, ...],
@@ -173,11 +184,12 @@ class FlowLoop:
     mean_last: bool = True  # euler-maruyama on `grid`: its last interval is the noise-free Mean step
     prediction: dict[str, Any] | None = None  # what the network predicts, as recorded (dit.flow; None: velocity)
 
-    def __call__(self, fn: Callable, noise: torch.Tensor, labels: torch.Tensor,
+    def __call__(self, fn: Callable, noise: torch.Tensor, labels: torch.Tensor | Mapping[str, torch.Tensor],
                  generators: Sequence[torch.Generator]) -> torch.Tensor:
         pred = dit.flow.prediction_from_record(self.prediction)
         flow = dit.create_flow(prediction=pred.name, t_eps=pred.t_eps or dit.flow.T_EPS)
-        return flow.sample_loop(fn, noise, sampler=self.sampler, steps=self.steps, model_kwargs={"y": labels},
+        return flow.sample_loop(fn, noise, sampler=self.sampler, steps=self.steps,
+                                model_kwargs=condition_kwargs(labels),
                                 generator=list(generators), diffusion_form=self.diffusion_form,
                                 diffusion_norm=self.diffusion_norm, last_step_size=self.last_step_size,
                                 convention=self.convention, time_shift=self.time_shift, grid=self.grid,
@@ -215,9 +227,10 @@ def protocol_loop(p: protocols.Protocol, *, latent_shape: tuple[int, ...], recor
 def protocol_model_fn(p: protocols.Protocol, model: nn.Module, *, objective: str, convention: str = "sit",
                       in_channels: int | None = None, autocast_dtype: torch.dtype | None = None,
                       compile: bool = False, guide_model: nn.Module | None = None,
-                      doubled: bool = False) -> Callable[..., torch.Tensor]:
+                      doubled: bool = False, conditioning: Conditioning | None = None) -> Callable[..., torch.Tensor]:
     """The guided network function a protocol describes: its rule, scale, interval and ends, channels and doubled
-    batch (`doubled` forces it: encoder reuse needs it); `guide_model` the weaker network of AutoGuidance."""
+    batch (`doubled` forces it: encoder reuse needs it); `guide_model` the weaker network of AutoGuidance;
+    `conditioning` the model's with its null condition (a text model's: the empty prompt)."""
     g = p.guidance
     channels = in_channels if in_channels is not None else int(model.in_channels)
     cfg_channels = "all" if g.channels == "all" or int(g.channels) >= channels else g.channels
@@ -228,29 +241,36 @@ def protocol_model_fn(p: protocols.Protocol, model: nn.Module, *, objective: str
     return guided_model_fn(model, cfg_scale=scale, cfg_channels=cfg_channels, autocast_dtype=autocast_dtype,
                            compile=compile, guidance_interval=g.interval if scale > 1.0 else None,
                            noise_level=noise_level_fn(objective, convention), ends=g.ends,
-                           doubled=g.doubled or doubled, guide_model=guide_model if scale > 1.0 else None)
+                           doubled=g.doubled or doubled, guide_model=guide_model if scale > 1.0 else None,
+                           conditioning=conditioning)
 
 
 @torch.no_grad()
-def sample_latents(model: nn.Module, diffusion, labels: torch.Tensor, generators: Sequence[torch.Generator], *,
-                   sampler: str = "ddpm", cfg_scale: float = 4.0, cfg_channels: str | int = "3",
-                   autocast_dtype: torch.dtype | None = None, model_fn: Callable | None = None) -> torch.Tensor:
-    """Denoise one batch: labels [B] (on the model's device), one generator per sample -> latents [B, C, S, S].
+def sample_latents(model: nn.Module, diffusion, labels: torch.Tensor | Mapping[str, torch.Tensor],
+                   generators: Sequence[torch.Generator], *, sampler: str = "ddpm", cfg_scale: float = 4.0,
+                   cfg_channels: str | int = "3", autocast_dtype: torch.dtype | None = None,
+                   model_fn: Callable | None = None) -> torch.Tensor:
+    """Denoise one batch: labels [B] (on the model's device), or the condition's keyword arguments (a text model's
+    text and text_mask), one generator per sample -> latents [B, C, S, S].
 
     The initial noise and every step's noise of sample b come from generators[b] only. `diffusion` is a
     GaussianDiffusion (sampler ddpm/ddim) or a FlowLoop (flow models; `sampler` is then the FlowLoop's).
     """
-    device = labels.device
+    kwargs = condition_kwargs(labels)
+    device = next(iter(kwargs.values())).device if kwargs else next(model.parameters()).device
     shape = (int(model.in_channels), int(model.input_size), int(model.input_size))
     fn = model_fn or guided_model_fn(model, cfg_scale=cfg_scale, cfg_channels=cfg_channels,
                                      autocast_dtype=autocast_dtype)
     noise = initial_noise(generators, shape, device)
     if isinstance(diffusion, MeanFlowLoop):  # the model's time inputs; an iMF model takes cfg_scale as its omega
-        return diffusion.bind(str(getattr(model, "conditions", "t")), cfg_scale)(fn, noise, labels, generators)
+        loop = diffusion.bind(str(getattr(model, "conditions", "t")), cfg_scale)
+        if isinstance(labels, torch.Tensor):
+            return loop(fn, noise, labels, generators)
+        return loop(lambda z, t, _: fn(z, t, **kwargs), noise, None, generators)  # type: ignore[arg-type]
     if isinstance(diffusion, FlowLoop):
-        return diffusion(fn, noise, labels, generators)
+        return diffusion(fn, noise, kwargs, generators)
     loop = diffusion.ddim_sample_loop if sampler == "ddim" else diffusion.p_sample_loop
-    return loop(fn, noise.shape, noise=noise, clip_denoised=False, model_kwargs={"y": labels},
+    return loop(fn, noise.shape, noise=noise, clip_denoised=False, model_kwargs=kwargs,
                 progress=False, generator=list(generators))
 
 
@@ -297,12 +317,16 @@ def generate_images(model: nn.Module, vae: nn.Module, diffusion, *, indices: Seq
                     seed: int, scaling_factor: float | None = None, shift_factor: float | None = None,
                     sampler: str = "ddpm", cfg_scale: float = 4.0, cfg_channels: str | int = "3",
                     autocast_dtype: torch.dtype | None = None, model_fn: Callable | None = None,
-                    norm: LatentNorm | None = None, conversion: str = "dit") -> torch.Tensor:
-    """Samples `indices` with classes `labels` -> uint8 [B, H, W, 3] (CPU); noise from (seed, index); pixels by
-    the named image conversion (dit/protocols.py)."""
+                    norm: LatentNorm | None = None, conversion: str = "dit",
+                    condition: Mapping[str, torch.Tensor] | None = None) -> torch.Tensor:
+    """Samples `indices` with classes `labels` (or the condition's keyword arguments `condition`, e.g. a text
+    model's prompt features) -> uint8 [B, H, W, 3] (CPU); noise from (seed, index); pixels by the named image
+    conversion (dit/protocols.py)."""
     device = next(model.parameters()).device
-    y = torch.as_tensor(list(labels), dtype=torch.long, device=device)
-    latents = sample_latents(model, diffusion, y, noise_generators(seed, indices), sampler=sampler,
+    given: torch.Tensor | dict[str, torch.Tensor] = (
+        torch.as_tensor(list(labels), dtype=torch.long, device=device) if condition is None
+        else {k: v.to(device) for k, v in condition.items()})
+    latents = sample_latents(model, diffusion, given, noise_generators(seed, indices), sampler=sampler,
                              cfg_scale=cfg_scale, cfg_channels=cfg_channels, autocast_dtype=autocast_dtype,
                              model_fn=model_fn)
     return decode_latents(vae, latents, norm=as_norm(norm, scaling_factor, shift_factor), conversion=conversion)

@@ -75,17 +75,25 @@ def _draw_labels(grid: np.ndarray, labels: Sequence[int | str], tile_hw: tuple[i
         x = padding + (k % cols) * (w + padding)
         y = padding + (k // cols) * (h + padding)
         text = label if isinstance(label, str) else str(int(label))
-        # runs of one font each (sample/fonts.py: a font that has the glyphs, so no name is drawn as boxes)
-        placed, left = [], x + 1
-        for font, piece in label_runs(text, size):
-            placed.append((left, font, piece))
-            left += draw.textlength(piece, font=font)
-        boxes = [draw.textbbox((px, y), piece, font=font) for px, font, piece in placed]
-        right, bottom = max(b[2] for b in boxes), max(b[3] for b in boxes)
-        draw.rectangle((x, y, min(right + 1, x + w - 1), min(bottom + 1, y + h - 1)), fill=(0, 0, 0))
-        for px, font, piece in placed:
-            draw.text((px, y), piece, fill=(255, 255, 255), font=font)
+        for line in text.split("\n"):  # a wrapped prompt: one line under the other
+            if line and y < padding + (k // cols) * (h + padding) + h - 1:
+                y = _draw_line(draw, line, x, y, w, h, size, label_runs) + 1
     return np.array(img)  # a writable copy (PIL's buffer is read-only)
+
+
+def _draw_line(draw: Any, text: str, x: int, y: int, w: int, h: int, size: int, label_runs: Any) -> int:
+    """One line of a tile's label, white on black at (x, y); returns its bottom."""
+    # runs of one font each (sample/fonts.py: a font that has the glyphs, so no name is drawn as boxes)
+    placed, left = [], x + 1
+    for font, piece in label_runs(text, size):
+        placed.append((left, font, piece))
+        left += draw.textlength(piece, font=font)
+    boxes = [draw.textbbox((px, y), piece, font=font) for px, font, piece in placed]
+    right, bottom = max(b[2] for b in boxes), max(b[3] for b in boxes)
+    draw.rectangle((x, y, min(right + 1, x + w - 1), min(bottom + 1, y + h - 1)), fill=(0, 0, 0))
+    for px, font, piece in placed:
+        draw.text((px, y), piece, fill=(255, 255, 255), font=font)
+    return int(bottom)
 
 
 def save_grid(images: np.ndarray | torch.Tensor, path: str | Path, *, labels: Sequence[int | str] | None = None,

@@ -45,8 +45,9 @@ class LoadedModel:
         name = c["model"] or f"custom {family.family} ({family.describe(c)})"
         step = f", step {self.info['step']}" if self.info.get("step") is not None else ""
         release = f" ({self.info['release']}'s release)" if self.info.get("release") else ""
-        return (f"{name}, {c['input_size']}x{c['input_size']}x{c['in_channels']} latents, {c['num_classes']} "
-                f"classes, {self.info['source']} file{release}, {self.info['weights']} weights{step}")
+        cond = dit.conditioning.conditioning_of(c).describe()  # "1000 classes", "text features of width 1024"
+        return (f"{name}, {c['input_size']}x{c['input_size']}x{c['in_channels']} latents, {cond}, "
+                f"{self.info['source']} file{release}, {self.info['weights']} weights{step}")
 
 
 def _safetensors_latent(path: Path) -> dict[str, Any] | None:

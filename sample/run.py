@@ -42,7 +42,8 @@ from dit_pipeline.dit import protocols
 from dit_pipeline.sample.config import (DEFAULT_CFG_SCALE, DEFAULT_SAMPLERS, DEFAULT_STEPS, FLOW_SAMPLERS, SPECS,
                                         SampleConfig, cfg_channels_inert, guidance_inert, resolve_cfg_scale)
 from dit_pipeline.sample.generate import generate_images, protocol_loop, protocol_model_fn, resolve_cfg_channels
-from dit_pipeline.sample.grid import label_texts, png_bytes, save_grid
+from dit_pipeline.sample.conditions import Sampling, sampling_for
+from dit_pipeline.sample.grid import png_bytes, save_grid
 from dit_pipeline.sample.load import (LoadedModel, latent_norm, load_model, manifest_folder, resolve_ckpt,
                                       resolve_flow_convention, resolve_objective, with_latent_stats)
 from dit_pipeline.sample.names import with_class_ids
@@ -96,9 +97,12 @@ def _run(cfg: SampleConfig) -> SampleResult:
     if norm.is_per_channel:
         log.info("latents: %s", norm.describe())
     cfg = with_class_ids(cfg, loaded.latent)  # names given in --class-labels -> ids (sample/names.py)
-    if cfg.labels is None and cfg.class_labels is None:  # the protocol's FID labels, else uniform draws
+    if cfg.labels is None and cfg.class_labels is None and cfg.prompts is None and cfg.prompts_file is None:
+        # the protocol's FID labels, else uniform draws
         cfg = dataclasses.replace(cfg, labels=protocols.protocol(cfg.protocol).labels if cfg.protocol else "uniform")
-    labels = _labels(cfg, loaded)
+    # each sample's condition: its class, or its prompt (sample/conditions.py, by the model's conditioning)
+    cfg, conds = sampling_for(cfg, loaded, device)
+    labels = conds.ids
     loaded.info["objective"] = resolve_objective(loaded.info, cfg.ckpt, cfg.objective)
     cfg, sampler_note = _with_sampler(cfg, loaded.info["objective"])
     cfg = _with_cfg_scale(cfg, loaded, log)
@@ -122,7 +126,8 @@ def _run(cfg: SampleConfig) -> SampleResult:
         log = setup_logging(Path(cfg.out) / "logs", quiet=cfg.quiet)
     if sampler_note:
         log.info("%s", sampler_note)
-    record = _record(cfg, loaded, vae_id, norm, labels, image_size, device, proto, guide) if dist.is_main() else {}
+    record = _record(cfg, loaded, vae_id, norm, labels, image_size, device, proto, guide, conds) \
+        if dist.is_main() else {}
     if record and vae_note:
         record["vae_differs_from_shards"] = vae_note
     store = PartStore(parts_dir_for(cfg.npz, cfg.out), record.get("fingerprint", {}), cfg.total)
@@ -141,7 +146,7 @@ def _run(cfg: SampleConfig) -> SampleResult:
              "" if cfg.protocol is None else f" (--protocol {proto.name}, {proto.release})")
     sampling_start = time.perf_counter()
     with pinned_threads(device, cfg.cpu_threads):  # the pixels must not depend on OMP_NUM_THREADS or torchrun
-        produced = _sample_batches(cfg, loaded, vae, store, labels, remaining, norm, proto, guide)
+        produced = _sample_batches(cfg, loaded, vae, store, labels, remaining, norm, proto, guide, conds)
     with dist.peer_guard("waiting for every rank's samples"):
         dist.barrier()
     sampling = time.perf_counter() - sampling_start
@@ -149,7 +154,7 @@ def _run(cfg: SampleConfig) -> SampleResult:
     if dist.is_main():
         log.info("sampled %d images in %.1f s: %.3g images/s over %d process(es)", len(remaining), sampling,
                  len(remaining) / max(sampling, 1e-9), dist.world_size())
-        result.npz, result.grid = _finish(cfg, store, labels, record, log)
+        result.npz, result.grid = _finish(cfg, store, labels, record, log, conds)
     result.seconds = time.perf_counter() - start
     return result
 
@@ -317,17 +322,6 @@ def _guidance_model(cfg: SampleConfig, loaded: LoadedModel, device: torch.device
     return guide
 
 
-def _labels(cfg: SampleConfig, loaded: LoadedModel) -> np.ndarray:
-    num_classes = int(loaded.config["num_classes"])
-    bad = sorted({int(c) for c in cfg.class_labels or [] if int(c) >= num_classes})
-    if bad:
-        raise UserError(f"--class-labels {bad} out of range: the model has {num_classes} classes "
-                        f"(0..{num_classes - 1})")
-    given = None if cfg.class_labels is None else [int(c) for c in cfg.class_labels]
-    return plan.class_labels(num_samples=cfg.total, seed=cfg.seed, num_classes=num_classes, given=given,
-                             sampling=cfg.labels)
-
-
 def label_sampling(cfg: SampleConfig) -> str:
     """How the run's classes were chosen: "given" (--class-labels), "uniform" or "equal" (--labels, or the
     protocol's)."""
@@ -353,7 +347,7 @@ def _check_compatible(cfg: SampleConfig, loaded: LoadedModel, vae_id: dict[str, 
 
 def _record(cfg: SampleConfig, loaded: LoadedModel, vae_id: dict[str, Any], norm: LatentNorm,
             labels: np.ndarray, image_size: int, device: torch.device, proto: protocols.Protocol,
-            guide: LoadedModel | None = None) -> dict[str, Any]:
+            guide: LoadedModel | None = None, conds: Sampling | None = None) -> dict[str, Any]:
     """What the outputs record: the fingerprint (what the samples are) and context.
 
     `numerics` (batch size, CPU threads, device) change only the last float bits, so they stay out of
@@ -373,13 +367,14 @@ def _record(cfg: SampleConfig, loaded: LoadedModel, vae_id: dict[str, Any], norm
         "precision": cfg.precision, "tf32": cfg.tf32, "compile": cfg.compile,
         **({"protocol": proto.name} if cfg.protocol is not None else {}),
         **({"guidance_model_sha256": sha256_file(Path(cfg.guidance_model).expanduser())} if guide is not None else {}),
+        **(conds.fingerprint() if conds is not None else {}),
     }
     numerics = {"batch_size": cfg.batch_size, "cpu_threads": cfg.cpu_threads if device.type == "cpu" else None,
                 "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}
     return {"fingerprint": json.loads(json.dumps(fingerprint)), "numerics": numerics, "config": cfg.to_dict(),
             "checkpoint": {"path": str(cfg.ckpt), "source": loaded.info["source"], "step": loaded.info.get("step")},
             "vae": vae_id, "label_sampling": label_sampling(cfg), "labels": labels.tolist(),
-            "class_names": (loaded.latent or {}).get("class_names"),
+            "class_names": (loaded.latent or {}).get("class_names"), **(conds.record() if conds is not None else {}),
             "protocol": proto.record(_latent_shape(loaded), loaded.info.get("time_shift")),
             **({"guidance_model": {"path": str(cfg.guidance_model), "source": guide.info["source"],
                                    "model_config": guide.config}} if guide is not None else {})}
@@ -482,7 +477,7 @@ def _prepare(cfg: SampleConfig, store: PartStore, record: dict[str, Any], log) -
 
 def _sample_batches(cfg: SampleConfig, loaded: LoadedModel, vae, store: PartStore, labels: np.ndarray,
                      remaining: list[int], norm: LatentNorm, proto: protocols.Protocol,
-                     guide: LoadedModel | None = None) -> int:
+                     guide: LoadedModel | None = None, conds: Sampling | None = None) -> int:
     """This rank's share of the missing samples, one part file per batch; returns images produced. The loop and
     the guided network function are the protocol's (sample.generate.protocol_loop, protocol_model_fn)."""
     from tqdm.auto import tqdm
@@ -499,7 +494,8 @@ def _sample_batches(cfg: SampleConfig, loaded: LoadedModel, vae, store: PartStor
                                      in_channels=int(loaded.config["in_channels"]),
                                      autocast_dtype=AUTOCAST_DTYPES[cfg.precision], compile=cfg.compile,
                                      guide_model=guide.model if guide is not None else None,
-                                     doubled=cfg.encoder_refresh > 1)  # a reused state belongs to the doubled batch
+                                     doubled=cfg.encoder_refresh > 1,  # a reused state belongs to the doubled batch
+                                     conditioning=conds.conditioning(loaded.model) if conds is not None else None)
     except ValueError as e:
         raise UserError(str(e)) from None
     batches = plan.rank_batches(remaining, cfg.batch_size, dist.rank(), dist.world_size())
@@ -513,7 +509,8 @@ def _sample_batches(cfg: SampleConfig, loaded: LoadedModel, vae, store: PartStor
                 model.reset()  # a state belongs to one batch of samples
             images = generate_images(model, vae, diffusion, indices=batch, labels=labels[batch].tolist(),
                                      seed=cfg.seed, norm=norm, sampler=cfg.sampler, cfg_scale=proto.guidance.scale,
-                                     model_fn=model_fn, conversion=proto.conversion).numpy()
+                                     model_fn=model_fn, conversion=proto.conversion,
+                                     condition=conds.condition(batch) if conds is not None else None).numpy()
             try:
                 if cfg.save_images:
                     _write_pngs(Path(cfg.out) / "images", batch, images, cfg.total)
@@ -548,7 +545,7 @@ def _writing(path: Path, store: PartStore) -> Iterator[None]:
 
 
 def _finish(cfg: SampleConfig, store: PartStore, labels: np.ndarray, record: dict[str, Any],
-            log) -> tuple[Path | None, Path | None]:
+            log, conds: Sampling) -> tuple[Path | None, Path | None]:
     """Rank 0 after every rank finished: npz, grid, run records; then the parts go."""
     npz_path = grid_path = None
     if cfg.npz:
@@ -563,7 +560,7 @@ def _finish(cfg: SampleConfig, store: PartStore, labels: np.ndarray, record: dic
         pairs = list(store.iter_images(range(k)))
         with _writing(grid_path, store):
             save_grid(np.stack([p[0] for p in pairs]), grid_path, ncol=cfg.grid_cols,
-                      labels=label_texts([p[1] for p in pairs], record.get("class_names")))
+                      labels=conds.grid_labels([p[1] for p in pairs]))
         log.info("wrote %s (%d samples)", grid_path, k)
     for path in _record_paths(cfg):
         with _writing(path, store):

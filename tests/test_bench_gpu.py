@@ -48,7 +48,8 @@ def test_gpu_bench_smoke_writes_every_row(tmp_path):
             ("meanflow", "DiT-S/2 JVP pass (math kernel)"),
             ("text", "tiny Qwen3 encode, 256 tokens (bfloat16)"), ("text", "DiT-S/2 plain flow step"),
             ("text", "share of an online-encoder step removed by caching"),
-            ("text", "dit-extract --text-encoder (tiny Qwen3, steady state)")}
+            ("text", "dit-extract --text-encoder (tiny Qwen3, steady state)"),
+            ("context", "t4c8: 8 class tokens flow step"), ("context", "t4 + 256 text tokens flow step")}
     assert want <= set(names), sorted(set(names))
     rates = [row.get("img_s") or row.get("encodes_s") or row.get("latents_s") for row in rows
              if row["section"] in ("train", "extract", "sample", "loader", "repa", "families")
@@ -60,6 +61,8 @@ def test_gpu_bench_smoke_writes_every_row(tmp_path):
     text = {row["name"]: row for row in rows if row["section"] == "text"}
     assert 0 < text["share of an online-encoder step removed by caching"]["share"] < 1
     assert text["dit-extract --text-encoder (tiny Qwen3, steady state)"]["captions_s"] > 0
+    ctx = next(row for row in rows if row["name"] == "text step / class step")
+    assert ctx["time_ratio"] > 0 and ctx["flops_ratio"] > 1  # 256 text tokens cost more than 8 class tokens
     mf = next(row for row in rows if row["name"] == "meanflow step / flow step")
     assert mf["time_ratio"] > 0 and mf["flops_ratio"] == pytest.approx(5 / 3)
     ratio = next(row for row in rows if row["name"] == "REPA step / plain step")

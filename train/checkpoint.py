@@ -26,7 +26,8 @@ from dit_pipeline.common.faults import fault_point
 from dit_pipeline.common.io import atomic_write, atomic_write_json, missing_file, remove_stale_temps
 from dit_pipeline.dit.formats import CHECKPOINT_FORMAT as FORMAT
 from dit_pipeline.dit.formats import CHECKPOINT_VERSION as VERSION
-from dit_pipeline.dit.weights import WeightsError, embed_record, make_sidecar, read_torch_file, sidecar_path
+from dit_pipeline.dit.weights import (WeightsError, embed_record, make_sidecar, read_torch_file, sidecar_path,
+                                      text_record)
 from dit_pipeline.train.parts import REQUIRED_KEYS, Part, compose
 
 FAULT_MID_SAVE = "train.ckpt_mid_save"
@@ -118,7 +119,8 @@ class CheckpointManager:
             self.folder.mkdir(parents=True, exist_ok=True)
             record = make_sidecar(state["model_config"], state.get("latent"), step,
                                   objective=state.get("objective"), time_shift=state.get("time_shift"),
-                                  prediction=state.get("prediction"), meanflow=state.get("meanflow"))
+                                  prediction=state.get("prediction"), meanflow=state.get("meanflow"),
+                                  text=text_record(state.get("text")))
             # the EMA file holds its record too (dit.weights.embed_record), so a copy without the sidecar loads
             _save(embed_record(state["ema"], record), self.folder / ema_name(step))
             atomic_write_json(sidecar_path(self.folder / ema_name(step)), record)

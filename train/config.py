@@ -19,6 +19,7 @@ from dit_pipeline.common.errors import ConfigError, UserError, collect
 from dit_pipeline.common.io import missing_file
 from dit_pipeline.common.precision import PRECISIONS_AUTO as PRECISIONS
 from dit_pipeline.common.settings import choice, flag_name, non_negative, positive, setting
+from dit_pipeline.dit.conditioning import CONDITIONINGS
 from dit_pipeline.dit.flow import PREDICTIONS, T_EPS, T_SAMPLINGS
 from dit_pipeline.dit.formats import OBJECTIVES
 from dit_pipeline.dit.meanflow import DEFAULTS as MF, VARIANTS as MEANFLOW_OBJECTIVES
@@ -29,6 +30,7 @@ from dit_pipeline.train.optim import MUON_ADJUST_LR, OPTIMIZERS, optimizer_probl
 from dit_pipeline.train.recipes import recipe_problems
 from dit_pipeline.train.repa import REPA, RepaSettings
 from dit_pipeline.train.schedule import schedule_problems
+from dit_pipeline.train.text import TEXT_FEATURES
 
 ATTENTION_BACKENDS = ("auto", "cudnn", "flash", "efficient", "math")  # train.speed applies them
 DEFAULT_MAX_STEPS = 400_000   # neither --max-steps nor --epochs: the DiT paper's length for its comparisons
@@ -39,7 +41,8 @@ LENGTH, OPTIM, SPEED, CKPT = "Length and batch", "Optimisation", "Speed and memo
 _PRESETS = "the family's: off for DiT, as its release for the others"
 MODEL_OPTIONS = ("qk_norm", "rms_norm", "swiglu", "rope", "wo_shift")  # block switches, passed only when given
 ARCH_OVERRIDES = ("depth", "hidden_size", "num_heads", "patch_size", "encoder_depth", "head_depth", "head_hidden_size",
-                  "head_num_heads", "bottleneck_dim", "in_context_len", "in_context_start")
+                  "head_num_heads", "bottleneck_dim", "in_context_len", "in_context_start", "num_t_tokens", "num_c_tokens")
+RUN_CONDITIONINGS = ("auto", *CONDITIONINGS)  # --conditioning; auto: text with --text, else class labels
 GROUPS = (DATA, MODEL, OBJECTIVE, REPA, LENGTH, OPTIM, GUARD, SPEED, CKPT, GRIDS)  # the order of dit-train --help
 
 
@@ -84,7 +87,20 @@ class TrainConfig(GuardSettings, RepaSettings, FidSettings, GridSettings):
     bottleneck_dim: int | None = setting(None, "JiT: width of its bottleneck patch embedding", group=MODEL)
     in_context_len: int | None = setting(None, "JiT: in-context class tokens", group=MODEL)
     in_context_start: int | None = setting(None, "JiT: the block before which the class tokens join", group=MODEL)
-    class_dropout_prob: float = setting(0.1, "Label dropout for classifier-free guidance", group=MODEL)
+    num_t_tokens: int | None = setting(None, "DiT-DH-IC: time tokens in context (NanoGen's t4: 4)", group=MODEL)
+    num_c_tokens: int | None = setting(None, "DiT-DH-IC: class tokens in context (NanoGen's c8: 8), or the longest "
+                                       "text", group=MODEL, shown="8; text: the encoder's max length")
+    class_dropout_prob: float = setting(0.1, "Condition dropout for classifier-free guidance: a label becomes the "
+                                        "null label, a caption's features the empty prompt's (NanoGen's 0.1)",
+                                        group=MODEL)
+    conditioning: str = setting("auto", "What the model is conditioned on: class, text (the --text set's "
+                                "features of the shards' captions) or none; auto: text with --text, else class",
+                                group=MODEL, choices=RUN_CONDITIONINGS)
+    text: str | None = setting(None, "Text set of the shards' captions (dit-extract --text-encoder): the model is "
+                               "conditioned on its features", group=DATA, shown="none: class labels")
+    text_features: str = setting("cached", "Features of the --text set: cached (read from it) or online (the "
+                                 "shards' captions encoded while training by its encoder)", group=MODEL,
+                                 choices=TEXT_FEATURES)
     # block options (dit/blocks.py, dit/lightningdit.py); None: the family's own (off for DiT, LightningDiT's release)
     qk_norm: bool | None = setting(None, "RMSNorm on attention queries and keys", group=MODEL, shown=_PRESETS)
     rms_norm: bool | None = setting(None, "RMSNorm instead of LayerNorm in the blocks", group=MODEL, shown=_PRESETS)
@@ -263,7 +279,14 @@ class TrainConfig(GuardSettings, RepaSettings, FidSettings, GridSettings):
             p.append(f"--ema-decay must be in [0, 1], got {self.ema_decay}")
         if not 0.0 <= self.class_dropout_prob < 1.0:
             p.append(f"--class-dropout-prob must be in [0, 1), got {self.class_dropout_prob}")
-        p += self._objective_problems()
+        p += self._objective_problems() + choice(self, "conditioning", RUN_CONDITIONINGS)
+        p += choice(self, "text_features", TEXT_FEATURES)
+        if self.text is not None and self.conditioning not in ("auto", "text"):
+            p.append(f"--text conditions the model on text; --conditioning {self.conditioning} does not use it "
+                     "(drop one)")
+        elif self.conditioning == "text" and self.text is None:
+            p.append("--conditioning text needs --text FOLDER, the text set of the shards' captions (dit-extract "
+                     "--text-encoder NAME --data-path SHARDS --out FOLDER)")
         if self.grad_clip is not None and not self.grad_clip > 0:
             p.append(f"--grad-clip must be > 0 (omit it to disable clipping), got {self.grad_clip}")
         if self.peak_tflops is not None and not self.peak_tflops > 0:

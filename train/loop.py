@@ -48,6 +48,7 @@ from dit_pipeline.train.parts import Part, ProgressPart, ShardSetPart, build_par
 from dit_pipeline.train.preflight import Preflight
 from dit_pipeline.train.repa import CachedTeacher, TeacherClock
 from dit_pipeline.train.speed import ema_update
+from dit_pipeline.train.text import BatchText, online_encoder, run_conditioning
 from dit_pipeline.train.state import TrainState, comm_guard, weights_fingerprint
 
 @dataclass
@@ -85,6 +86,11 @@ class Trainer:
         self.ema_params, self.ema_sources = [e for e, _ in pairs], [p for _, p in pairs]
         self.latent_shape = tuple(self.source.manifest.latent_shape)
         self.shard_set = ShardSetPart.of(self.source.manifest, self.source.fingerprint)
+        self.cond = run_conditioning(net.model, prep.text)  # dit/conditioning.py, train/text.py
+        # --text: the text set's features beside each batch (cached), or the batch's captions encoded here (online)
+        self.text = BatchText(online_encoder(prep.text, self.device) if prep.text is not None
+                              and self.cfg.text_features == "online" else None)
+        self.text_set = (prep.text.folder, prep.text.manifest) if prep.text is not None else None
         self.guard = Guard(self.cfg)
         self.rollback_due = False
         self.parts: list[Part] = build_parts(
@@ -92,7 +98,7 @@ class Trainer:
             ema=net.ema, head=net.head, teacher=net.teacher.identity if net.teacher is not None else None,
             opt=net.opt, scaler=net.scaler,
             progress=ProgressPart(self.state, self.layout, lambda epoch: self.plan(epoch).steps),
-            guard=GuardPart(self.guard))
+            guard=GuardPart(self.guard), text=prep.text.record(self.cfg.text_features) if prep.text else None)
         self.last_saved = self.state.step
         self._consecutive_overflows = 0
         self.teacher_clock = TeacherClock(self.device)
@@ -172,7 +178,9 @@ class Trainer:
                              exclude=frozenset(self.source.index_of(n) for n in s.bad_shard_names),
                              pixels=self.p.teacher is not None and not isinstance(self.p.teacher, CachedTeacher),
                              sibling=((self.p.teacher.folder, self.p.teacher.manifest)
-                                      if isinstance(self.p.teacher, CachedTeacher) else None))
+                                      if isinstance(self.p.teacher, CachedTeacher) else None),
+                             text=self.text_set if self.text.encoder is None else None,
+                             captions=self.text.encoder is not None)
         loader = make_loader(stream, num_workers=self.cfg.num_workers or 0, prefetch_factor=self.cfg.prefetch_factor,
                              pin_memory=self.device.type == "cuda")
         try:
@@ -263,8 +271,8 @@ class Trainer:
         for i, b in enumerate(items):
             sl = slice(i * micro, (i + 1) * micro)
             x = b.latents.to(self.device, non_blocking=True)
-            y = b.labels.to(self.device, non_blocking=True)
-            kwargs = {"y": y, "force_drop_ids": None if drop_all is None else drop_all[sl]}
+            # the condition's model inputs (labels, or text with its mask), dropped rows given the null condition
+            kwargs = self.cond.batch_kwargs(self.text(b), None if drop_all is None else drop_all[sl], self.device)
             sync = p.ddp is None or i == accum - 1
             with contextlib.nullcontext() if sync or p.ddp is None else p.ddp.no_sync():
                 if p.teacher is None:

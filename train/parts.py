@@ -35,6 +35,7 @@ from dit_pipeline.train.guard import GuardPart
 from dit_pipeline.train.optim import check_state
 from dit_pipeline.train.partition import DataLayout, map_position
 from dit_pipeline.train.state import TrainState
+from dit_pipeline.train.text import TextPart
 
 Checkpoint = Mapping[str, Any]  # a loaded checkpoint: key -> value
 
@@ -388,7 +389,7 @@ class RngPart(_NoCheck):
 # Every part type, in the order their checks run (the first mismatch is the one reported): what the run is
 # (objective, model, shard set, global batch) before the state that must fit it.
 PART_TYPES: tuple[type[Part], ...] = (ObjectivePart, ModelPart, ShardSetPart, ConfigPart, EmaPart, ProjectorPart,
-                                      OptimizerPart, ScalerPart, ProgressPart, RngPart, GuardPart)
+                                      OptimizerPart, ScalerPart, TextPart, ProgressPart, RngPart, GuardPart)
 REQUIRED_KEYS: tuple[str, ...] = tuple(k for t in PART_TYPES for k in t.required)
 
 
@@ -396,13 +397,15 @@ def build_parts(*, objective: str, config: dict[str, Any], shard_set: ShardSetPa
                 model: DiT, ema: DiT | None = None, head: REPAModel | None = None,
                 teacher: dict[str, Any] | None = None,
                 opt: torch.optim.Optimizer | None = None, scaler: torch.amp.GradScaler | None = None,
-                progress: ProgressPart | None = None, guard: GuardPart | None = None) -> list[Part]:
+                progress: ProgressPart | None = None, guard: GuardPart | None = None,
+                text: dict[str, Any] | None = None) -> list[Part]:
     """The parts of one run, in PART_TYPES order. For checking only (no live optimizer yet), `model` (and the
     alignment `head` around it) may live on the meta device and ema/opt/scaler/progress be None."""
     trainable = sum(1 for q in (head if head is not None else model).parameters() if q.requires_grad)
     parts: list[Part] = [ObjectivePart(objective, config), ModelPart(model), shard_set,
                          ConfigPart(config), EmaPart(ema, model.config), ProjectorPart(head, teacher),
-                         OptimizerPart(opt, trainable, str(config.get("optimizer", "adamw"))), ScalerPart(scaler)]
+                         OptimizerPart(opt, trainable, str(config.get("optimizer", "adamw"))), ScalerPart(scaler),
+                         TextPart(text)]
     if progress is not None:
         parts += [progress, RngPart()]
     if guard is not None:  # the divergence guard's state (train/guard.py)

@@ -35,6 +35,7 @@ from dit_pipeline.train.recipes import recipe_line
 from dit_pipeline.train.repa import CachedTeacher, check_repa, repa_line
 from dit_pipeline.train.schedule import LrSchedule, build_schedule, schedule_line
 from dit_pipeline.train.speed import compile_enabled
+from dit_pipeline.train.text import TextSet, open_text_set
 
 GiB = float(2**30)
 EMA_SHORT_RUN = 10            # EMA grids of a run shorter than this many EMA horizons show early weights
@@ -59,6 +60,7 @@ class Preflight:
     schedule: LrSchedule | None = None  # the lr of every step (train.schedule); None only for hand-made Preflights
     latent_std: tuple[float, int, str] | None = None  # (std, samples, shard): a quick look (shards.first_samples_std)
     init: InitWeights | None = None   # --init: the weights the new run starts from (train/init.py)
+    text: TextSet | None = None       # the shard set's text side when the run is conditioned on text (train/text.py)
 
 
 def resolve_defaults(cfg: TrainConfig, num_shards: int, world: int) -> tuple[TrainConfig, dict[str, str]]:
@@ -113,7 +115,7 @@ def model_kwargs(cfg: TrainConfig, source: ShardSource) -> dict[str, Any]:
                         f"the images again at {cfg.image_size}px")
     kw: dict[str, Any] = {"name": lookup_preset(cfg.model)[1], "input_size": h,
                           "num_classes": m.num_classes, "in_channels": c,
-                          "class_dropout_prob": cfg.class_dropout_prob}
+                          "class_dropout_prob": cfg.class_dropout_prob, **condition_kwargs(cfg, read_text(cfg, source))}
     for k in ARCH_OVERRIDES:
         if getattr(cfg, k) is not None:
             kw[k] = getattr(cfg, k)
@@ -169,6 +171,56 @@ def check_recipe_extraction(cfg: TrainConfig, source: Any) -> TrainConfig:
                                                                           if f"shards: {d}" not in known]})
 
 
+def read_text(cfg: TrainConfig, source: ShardSource) -> TextSet | None:
+    """--text: the text set of the training shards' captions (shards.siblings.read_text_sibling: the same keys,
+    made from these very captions), None without it; UserError for one that is not, or for online features of a
+    set whose shards hold no captions."""
+    if cfg.text is None:
+        return None
+    from dit_pipeline.shards.siblings import read_text_sibling
+
+    if source.folder is None:
+        raise UserError("--text needs --shards as a folder (the text set is checked against its manifest's shards)")
+    text = open_text_set(read_text_sibling(source.manifest, cfg.text, "--text"), cfg.text)
+    if cfg.text_features == "online" and not source.manifest.has_captions:
+        raise UserError(f"--text-features online encodes the captions the shards in {source.folder} hold, and they "
+                        "hold none (extract them with --captions), or use the cached features")
+    return text
+
+
+def run_condition(cfg: TrainConfig, text: TextSet | None) -> str:
+    """What the run is conditioned on (--conditioning; auto: text with --text, else class labels)."""
+    return ("text" if text is not None else "class") if cfg.conditioning == "auto" else cfg.conditioning
+
+
+def condition_kwargs(cfg: TrainConfig, text: TextSet | None) -> dict[str, Any]:
+    """create_model's arguments for the run's condition (dit/conditioning.py): none for class labels; a text model
+    takes the features' width and, where the family has condition tokens, the longest text as their count."""
+    kind = run_condition(cfg, text)
+    if kind == "class":
+        return {}
+    out: dict[str, Any] = {"conditioning": kind}
+    if kind == "text" and text is not None:
+        out["text_dim"] = text.dim
+        if cfg.num_c_tokens is None and "num_c_tokens" in lookup_family(cfg.model).overrides:
+            out["num_c_tokens"] = text.max_length
+    problems = []
+    if cfg.objective in ("meanflow", "imf"):
+        problems.append(f"--objective {cfg.objective} trains class-conditional models here")
+    if cfg.sample_every or cfg.fid_every:
+        problems.append("the periodic grids and FID (--sample-every, --fid-every) sample class labels; sample this "
+                        "model's checkpoints with dit-sample (a text model: --prompt)")
+    if problems:
+        raise UserError(f"--conditioning {kind}: " + "; ".join(problems))
+    return out
+
+
+def lookup_family(model: str) -> Any:
+    from dit_pipeline.dit.family import lookup_preset
+
+    return lookup_preset(model)[0]
+
+
 def prepare(cfg: TrainConfig, world_size: int | None = None) -> Preflight:
     """Validate everything that can be checked without a GPU or a process group (raises on problems)."""
     cfg.validate()
@@ -220,8 +272,9 @@ def prepare(cfg: TrainConfig, world_size: int | None = None) -> Preflight:
     std = first_samples_std(source.folder, source.manifest) if source.folder is not None and dist.is_main() else None
     # --init: read and matched on the CPU, also in a dry run; not read when the run folder resumes its checkpoint
     init = load_init(cfg.init, kw) if cfg.init and not _resumes(cfg) else None
+    text = read_text(cfg, source) if kw.get("conditioning") == "text" else None
     return Preflight(cfg, world, batch, source, kw, layout, plan0, total, notes, mode, held, teacher, schedule, std,
-                     init)
+                     init, text)
 
 
 def epoch_counter(sizes: list[int], seed: int, world: int, workers: int, batch: BatchPlan) -> Callable[[float], int]:
@@ -364,6 +417,18 @@ def objective_line(cfg: TrainConfig, mc: dict[str, Any] | None = None) -> str:
     return f"  objective   {what}; blocks {blocks}"
 
 
+def condition_line(prep: Preflight, mc: dict[str, Any]) -> str:
+    """The plan's line on what the model is conditioned on (dit/conditioning.py) and its dropout."""
+    from dit_pipeline.dit.conditioning import conditioning_of
+
+    cond, p = conditioning_of(mc), prep.cfg.class_dropout_prob
+    line = f"  condition   {cond.describe()}" + (f"; dropout {p:g} to {cond.describe_null()}" if p > 0 else "")
+    if prep.text is not None:
+        line += (f"; text encoder {prep.text.identity.get('name')} ({prep.cfg.text_features} features, up to "
+                 f"{prep.text.max_length} tokens)")
+    return line
+
+
 def integrity_line(prep: Preflight) -> str:
     """The plan's line on the shards' sha256 check (train.preflight.sha256_mode)."""
     held = f"{prep.sha256_bytes / GiB:.2f} GiB of whole shards per node"
@@ -411,6 +476,7 @@ def format_plan(prep: Preflight, start_line: str | None = None, *, dry_run: bool
         *init_line(prep.init),
         f"  model       {mc['model'] or 'custom'} ({describe_model(mc)}): {total / 1e6:.2f}M parameters, input "
         f"{mc['input_size']} ({tokens_text(mc)})",
+        condition_line(prep, mc),
         objective_line(cfg, mc) + (f"\n              ({prep.notes['time_shift']})" if "time_shift" in prep.notes else ""),
         optimizer_line(cfg, shapes),
         f"  precision   {precision}, tf32 {'on' if cfg.tf32 else 'off'}, grad checkpointing "

@@ -110,7 +110,8 @@ def check_resume(prep: Preflight) -> StartPoint:
         head = (dit.repa.REPAModel(model, encoder_depth=cfg.repa_depth, z_dims=(prep.teacher.dim,))
                 if prep.teacher is not None else None)
     check_all(build_parts(objective=cfg.objective, config=new, model=model, head=head,
-                          shard_set=ShardSetPart.of(prep.source.manifest, prep.source.fingerprint)), ckpt, str(path))
+                          shard_set=ShardSetPart.of(prep.source.manifest, prep.source.fingerprint),
+                          text=prep.text.record(cfg.text_features) if prep.text else None), ckpt, str(path))
     return StartPoint(path, int(ckpt["step"]), config_changes(old, new), ckpt, kept)
 
 

@@ -132,6 +132,35 @@ PAPERS = {
                          interval=[0.42, 0.62], latent=SD, params_gb="2.65", labels="equal",
                          unconfirmed={"lr", "warmup_epochs", "adam_beta2", "ema_decay"},
                          extra={"warmup_epochs": 10, "mf_data_proportion": 0.5, "mf_s_max": 7.0}),
+    # Leng et al. 2026, arXiv:2606.24888 (NanoGen); End2End-Diffusion/diffusion-bench
+    # configs/stage2/training/imagenet/ddt-en28d1152hd72-dn2d2048hd128-sdvae-ema-vpred-t4c8.yaml (batch 1024, lr 2e-4,
+    # betas (0.9, 0.95), EMA 0.9995, clip 1.0, logit-normal_0_1, shift sqrt(4096 / 4096), 80 epochs, linear schedule:
+    # warmup_epochs 40 without warmup_from_zero, decay_end_epoch 800, final 2e-5; t4c8) and its sampling config
+    # ...-cfg1.6-t0.0-0.9.yaml (Euler num_steps 50 on linspace(1, 0, 51), cfg 1.6 where t in [0, 0.9]); FID not stated
+    "nanogen-ddt-t4c8-sdvae-ema.yaml": dict(model="ddt-en28d1152hd72-dn2d2048hd128", objective="flow", batch=1024,
+                                            lr=2e-4, betas=(0.9, 0.95), ema=0.9995, steps=None, epochs=80, fid=None,
+                                            sampler="euler", sample_steps=50, cfg=1.6, channels="all",
+                                            interval=[0.0, 0.9], latent=SD,
+                                            extra={"t_sampling": "logit-normal", "time_shift": 1.0, "final_lr": 2e-5,
+                                                   "lr_decay_start_epochs": 40, "lr_decay_end_epochs": 800,
+                                                   "grad_clip": 1.0, "num_t_tokens": 4, "num_c_tokens": 8},
+                                            unconfirmed={"fid"}),
+}
+
+
+# Text-to-image recipes (trained on captioned shards, so no ImageNet-sized dry run): Leng et al. 2026,
+# arXiv:2606.24888 (NanoGen); End2End-Diffusion/diffusion-bench
+# configs/stage2/training/t2i/t2i-ddt-en28d1152hd72-dn2d2048hd128-sdvae-ema-vpred-t4.yaml (conditioning text, Qwen3-0.6B,
+# max_length 256 = num_c_tokens, t4; batch 1024, lr 2e-4, betas (0.9, 0.95), EMA 0.9995, clip 1.0, 10 virtual epochs of
+# 10000 steps, warmup_epochs 5 constant, decay_end_epoch 100 to 2e-5) and its sampling config (Euler 50, cfg 6.0 on
+# [0, 1])
+TEXT_PAPERS = {
+    "nanogen-t2i-ddt-t4-sdvae-ema.yaml": dict(
+        model="ddt-en28d1152hd72-dn2d2048hd128", batch=1024, lr=2e-4, betas=(0.9, 0.95), ema=0.9995, steps=100_000,
+        sampler="euler", sample_steps=50, cfg=6.0,
+        extra={"conditioning": "text", "num_t_tokens": 4, "num_c_tokens": 256, "t_sampling": "logit-normal",
+               "time_shift": 1.0, "final_lr": 2e-5, "lr_decay_start_steps": 50_000, "lr_decay_end_steps": 1_000_000,
+               "grad_clip": 1.0, "class_dropout_prob": 0.1}),
 }
 
 
@@ -151,11 +180,35 @@ EXTRACTION = {
     "meanflow-b4.yaml": (2, "scalar", None, False),  # sd-vae-ft-mse, x 0.18215, flips
     "imf-b2.yaml": (2, "per-channel", None, False),  # utils/vae_util.py: (z - mean) / std per channel
     "imf-xl2.yaml": (2, "per-channel", None, False),
+    "nanogen-ddt-t4c8-sdvae-ema.yaml": (2, "scalar", None, False),  # the recipe's extraction: dit-extract's defaults
+    "nanogen-t2i-ddt-t4-sdvae-ema.yaml": (1, "scalar", None, False),  # src/data/blip3o_wds_dataset.py: no flip
 }
 
 
 def test_there_is_a_row_for_every_recipe_file():
-    assert sorted(p.name for p in RECIPES.glob("*.yaml")) == sorted(PAPERS) == sorted(EXTRACTION)
+    assert sorted(p.name for p in RECIPES.glob("*.yaml")) == sorted({**PAPERS, **TEXT_PAPERS}) == sorted(EXTRACTION)
+
+
+@pytest.mark.parametrize("name", sorted(TEXT_PAPERS))
+def test_the_text_recipe_states_the_releases_values(name):
+    row, values = TEXT_PAPERS[name], load_config_file(RECIPES / name)
+    cfg = merge_config(values, {"shards": "s", "run_dir": "r", "text": "t"})  # its text set: --text
+    with pytest.raises(ConfigError, match="--conditioning text needs --text FOLDER"):
+        merge_config(values, {"shards": "s", "run_dir": "r"}).validate()  # never a class run by mistake
+    assert (cfg.model, cfg.objective, cfg.global_batch_size, cfg.lr, cfg.max_steps) == (
+        row["model"], "flow", row["batch"], row["lr"], row["steps"])
+    assert (cfg.adam_beta1, cfg.adam_beta2, cfg.ema_decay, cfg.weight_decay) == (*row["betas"], row["ema"], 0.0)
+    for key, want in row["extra"].items():
+        assert getattr(cfg, key) == want, key
+    s = cfg.recipe["sampling"]
+    assert (s["sampler"], s["steps"], s["cfg_scale"], s.get("guidance_interval")) == (
+        row["sampler"], row["sample_steps"], row["cfg"], None)
+    assert re.fullmatch(r"\d{4}\.\d{5}", cfg.recipe["arxiv"]) and cfg.recipe["fid"] is None
+    views, normalization, encoder, _ = EXTRACTION[name]  # BLIP3o's transform: resize and center crop, no flip
+    assert cfg.recipe["requires"] == {"latent_shape": [4, 32, 32], "image_size": 256, "views": views,
+                                      "normalization": normalization, "encoder": encoder}
+    cfg.validate()
+    SampleConfig(ckpt="model.pt", npz="samples.npz", **s).validate()
 
 
 @pytest.mark.parametrize("name", sorted(PAPERS))
@@ -315,8 +368,10 @@ def test_the_dry_run_plans_the_papers_run(name, imagenet, tmp_path):
     assert f"  optimizer   AdamW, {beta}, eps 1e-08, weight decay 0; " in plan and f"EMA decay {row['ema']:g}" in plan
     if "final_lr" not in row["extra"] and "warmup_epochs" not in row["extra"]:
         assert f"  lr          {row['lr']:g}, constant\n" in plan
-    # fp32 parameters: DiT-DH-XL 839M, DiT-B/4 131M, iMF-B/2 146M and XL/2 711M with their v heads, the others 675M
-    params_gb = row.get("params_gb", {"DiT-DH-XL": "3.1", "DiT-DH-XL/16": "3.1"}.get(row["model"], "2.5"))
+    # fp32 parameters: DiT-DH-XL 839M, DiT-B/4 131M, iMF-B/2 146M and XL/2 711M with their v heads, NanoGen's
+    # in-context DiT-DH 611M (its report's "~615M-parameter DiT"), the others 675M
+    params_gb = row.get("params_gb", {"DiT-DH-XL": "3.1", "DiT-DH-XL/16": "3.1",
+                                      "ddt-en28d1152hd72-dn2d2048hd128": "2.28"}.get(row["model"], "2.5"))
     assert f"  GPU memory  (analytic estimate, unmeasured, rank 0) params {params_gb}" in plan
 
 

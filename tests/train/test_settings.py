@@ -40,8 +40,9 @@ ADDED_SINCE = {"fid_labels", "repa", "repa_depth", "repa_coeff", "time_shift", "
                "fd_dinov2", "dinov2", "wo_shift", "encoder_depth", "head_depth",
                "head_hidden_size", "head_num_heads", "mf_t_mean", "mf_t_scale", "mf_data_proportion", "mf_omega",
                "mf_kappa", "mf_t_start", "mf_t_end", "mf_norm_p", "mf_norm_eps", "mf_s_max", "jvp_attention", "init", "cfg_channels",
-               "allow_departures", "protocol", "prediction", "t_eps", "lpips", "percep_t_thresh", "bottleneck_dim",
-               "in_context_len", "in_context_start", "pdino", "pdino_weight", "lpips_weight"}
+               "allow_departures", "num_t_tokens", "num_c_tokens", "conditioning", "text_features", "text",
+               "protocol", "prediction", "t_eps", "lpips", "percep_t_thresh", "bottleneck_dim", "in_context_len",
+               "in_context_start", "pdino", "pdino_weight", "lpips_weight"}
 
 
 def test_the_stored_config_keeps_its_flat_keys():
