@@ -318,6 +318,40 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
         notes="the release runs both networks on its doubled [cond; null] batch and keeps the conditional half; "
               "here only the conditional half runs: 2 network evaluations per step instead of 4"),
     Protocol(
+        "nanogen", "End2End-Diffusion/diffusion-bench",
+        ("src/stage2/transport/sampler.py l.10-34 sample_ode (t = linspace(1, 0, num_steps + 1), then "
+         "s t / (1 + (s - 1) t), NanoGen's t = noise level; x = x - (t_i - t_i+1) drift(x, t_i))",
+         "src/offline_eval.py l.119-124 (s = sqrt(time_dist_shift_dim / time_dist_shift_base_eval), the dim being "
+         "prod(latent_size) and base_eval the training base 4096 unless a config sets it)",
+         "src/utils/guidance_utils.py l.14-39 forward_with_cfg (the doubled [x; x] with [y; null] at every step, "
+         "guidance on the in_channels where t_min <= t <= t_max, the conditional half elsewhere), "
+         "src/configs/stage2.py (use_cfg: scale > 1)",
+         "src/eval/generation.py l.150-168 (null label num_classes; decode to [0, 1], clamp, mul(255), uint8), "
+         "src/eval/distributed.py l.35-58 (one sample per validation image, with its label)",
+         "configs/stage2/sampling/imagenet/ddt-en28d1152hd72-dn2d2048hd128-sdvae-ema-vpred-t4c8-cfg1.6-t0.0-0.9.yaml "
+         "(50 steps, cfg 1.6 in [0, 0.9])"),
+        solver="euler", count=50, grid=TimeGrid(count_is="intervals", start=0.0, end=1.0, shift="dim"),
+        guidance=Guidance("cfg", 1.6, interval=(0.0, 0.9), ends="[]", channels="all", doubled=True),
+        conversion="nanogen", labels="equal",
+        fid_reference="NanoGen's data/imagenet/jit_in256_stats.npz (ImageNet validation statistics)", fid=None,
+        model="NanoGen's in-context DiT-DH t4c8 on SD-VAE-EMA latents, 80 epochs",
+        notes="the other latent spaces' configs: their own scale in [0, 0.9] (--cfg-scale); the grid's shift "
+              "sqrt(C H W / 4096) is 1 for SD-VAE latents, sqrt(48) for RAE's DINOv2-B features"),
+    Protocol(
+        "nanogen-pixels", "End2End-Diffusion/diffusion-bench",
+        ("src/stage2/transport/sampler.py l.10-34 sample_ode (the nanogen grid)",
+         "configs/stage2/sampling/imagenet/jit-ddt-en28d1152hd72-dn2d2048hd128-xpred-t4c8-cfg2.6-t0.0-0.9.yaml "
+         "(time_dist_shift_base_eval 196608 = time_dist_shift_dim: the grid unshifted; 50 steps, cfg 2.6 in "
+         "[0, 0.9])", "src/stage2/transport/transport.py l.105-127 (prediction 'x': drift (x - out) / "
+         "t.clamp_min(0.05), after the guidance)",
+         "src/utils/guidance_utils.py l.14-39 forward_with_cfg", "src/eval/generation.py l.150-168"),
+        solver="euler", count=50, grid=TimeGrid(count_is="intervals", start=0.0, end=1.0, shift=1.0),
+        guidance=Guidance("cfg", 2.6, interval=(0.0, 0.9), ends="[]", channels="all", doubled=True),
+        conversion="nanogen", labels="equal",
+        fid_reference="NanoGen's data/imagenet/jit_in256_stats.npz (ImageNet validation statistics)", fid=None,
+        model="NanoGen's JiT-DDT (in-context DiT-DH t4c8, patch 16 on pixels, x-prediction), 80 epochs",
+        notes="PixelGen's config: cfg 2.0 in [0, 0.9]; PixNerd's 2.4 (--cfg-scale)"),
+    Protocol(
         "meanflow", "Gsunshine/meanflow",
         ("meanflow.py l.102-124 (sample_one_step: z_r = z_t - (t - r) u(z_t, t, t - r); _default_schedule "
          "[1.0, 0.0]), l.15-53 generate (randint labels)", "configs/default.py (sampling.num_steps 1)",

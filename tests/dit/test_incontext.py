@@ -244,6 +244,10 @@ def test_presets_and_config_round_trip():
     head = 2 * (t * 6 * dh * dh + t * 4 * dh * dh + 2 * t * t * dh + t * 3 * dh * 5461)
     rest = t * 4 * 4 * (d + dh) + d * dh * t + 2 * 256 * d + d * d + t * 2 * dh * dh + t * dh * 4 * 4
     assert dit.forward_macs(c) == enc + head + rest  # 166.1 G
+    with torch.device("meta"):  # NanoGen's jit-ddt: the same 256 tokens, each a 16 x 16 x 3 patch of the image
+        pix = create_model("ddt-en28d1152hd72-dn2d2048hd128", input_size=256, in_channels=3, patch_size=16)
+    rest = t * 768 * (d + dh) + d * dh * t + 2 * 256 * d + d * d + t * 2 * dh * dh + t * dh * 768
+    assert dit.forward_macs(pix.config) == enc + head + rest == 167_112_278_016  # BENCHMARKS.md "Pixel space"
     with torch.device("meta"):
         big = create_model("ddt-en28d1584hd72-dn2d2048hd128", input_size=64, in_channels=16)
     assert big.config["num_heads"] == 22 and dit.model_from_config(big.config).config == big.config

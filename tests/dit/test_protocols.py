@@ -56,6 +56,19 @@ def test_ddts_grid_ends_with_its_last_step(shift):
         assert p.times(SD_LATENT)[-1] - p.times(SD_LATENT)[-2] == pytest.approx(0.04)  # not uniform: 0.96/249 else
 
 
+@pytest.mark.parametrize("latent", [SD_LATENT, RAE_LATENT, (3, 256, 256)])
+def test_nanogens_grids(latent):
+    # End2End-Diffusion/diffusion-bench src/stage2/transport/sampler.py l.11-13: t = linspace(1, 0, num_steps + 1),
+    # then s t / (1 + (s - 1) t), NanoGen's t = noise level; src/offline_eval.py l.119-124: s = sqrt(dim / base_eval),
+    # dim = prod(latent_size), base_eval the training base 4096 unless the config sets it (the pixel configs: 196608,
+    # the dim itself, so s = 1)
+    for name, s in (("nanogen", math.sqrt(math.prod(latent) / 4096)), ("nanogen-pixels", 1.0)):
+        t = torch.linspace(1.0, 0.0, 51, dtype=torch.float64)
+        t = s * t / (1 + (s - 1) * t)
+        close(PROTOCOLS[name].times(latent), 1 - t, f"{name} {latent}")
+    assert PROTOCOLS["nanogen"].grid.resolve_shift(SD_LATENT, None) == 1.0  # SD-VAE: 4096 / 4096
+
+
 def test_lightningdits_grid():
     # hustvl/LightningDiT transport/transport.py l.95-96 (an ODE: t0 = 0, t1 = 1); transport/integrators.py l.94-101:
     # linspace(t0, t1, num_steps), then a t / (1 + (a - 1) t) with a = timestep_shift 0.3 (800ep config), in SiT's t
@@ -103,10 +116,14 @@ def release_rules():
         "repa": lambda t: 0.0 <= 1 - t <= 0.7,
         # RAE DDT.py l.402-405: (t >= guid_t_min) & (t <= guid_t_max), RAE's t = noise level, t-min 0, t-max 1
         "rae-ag": lambda t: 0.0 <= 1 - t <= 1.0,
+        # NanoGen guidance_utils.py l.31-34: (t >= guid_t_min) & (t <= guid_t_max), NanoGen's t = noise level, the
+        # sampling config's t_min 0.0, t_max 0.9
+        "nanogen": lambda t: 0.0 <= 1 - t <= 0.9,
+        "nanogen-pixels": lambda t: 0.0 <= 1 - t <= 0.9,
     }
 
 
-@pytest.mark.parametrize("name", ["ddt", "lightningdit", "repa", "rae-ag"])
+@pytest.mark.parametrize("name", ["ddt", "lightningdit", "repa", "rae-ag", "nanogen", "nanogen-pixels"])
 def test_interval_ends_are_each_releases(name):
     rule, g = release_rules()[name], PROTOCOLS[name].guidance
     # the ends themselves (computed as a grid computes them, 1 - t in float64) and points around them
@@ -174,7 +191,8 @@ def test_autoguidance_is_raes_rule():
 
 
 def test_every_row_names_its_release_files_and_resolves():
-    assert set(PROTOCOLS) == {"dit", "sit", "repa", "lightningdit", "ddt", "rae", "rae-ag", "meanflow", "imf"}
+    assert set(PROTOCOLS) == {"dit", "sit", "repa", "lightningdit", "ddt", "rae", "rae-ag", "nanogen", "nanogen-pixels",
+                              "meanflow", "imf"}
     for name, p in PROTOCOLS.items():
         assert "/" in p.release and p.sources and all(p.sources), name
         assert p.solver in protocols.SOLVERS and p.guidance.rule in protocols.GUIDANCE_RULES, name

@@ -407,6 +407,77 @@ def test_imf(tmp_path, tiny_vae_dir, sd_vae, steps):
     assert record["label_sampling"] == "equal"  # imf.py l.36-39: (arange(n) + sample_idx n) % num_classes
 
 
+# ---- NanoGen ---------------------------------------------------------------------------------------------------------
+
+def nanogen_release(net, noise, y, *, num_steps=50, scale=1.6, t_max=0.9, shift=1.0, x_pred=False):
+    """End2End-Diffusion/diffusion-bench: src/stage2/transport/sampler.py l.10-34 sample_ode (t_grid = linspace(1, 0,
+    num_steps + 1) in float32, then shift t / (1 + (shift - 1) t), NanoGen's t = noise level; x = x - h drift at
+    t_grid[i] as a float32 batch); transport.py l.105-111 convert_model_pred (velocity: the output; prediction 'x':
+    (x_t - out) / t.clamp_min(0.05)) after src/utils/guidance_utils.py l.14-39 forward_with_cfg (the doubled [x; x]
+    with [y; null = num_classes], uncond + s (cond - uncond) on in_channels where t_min <= t <= t_max, the
+    conditional half elsewhere); configs/stage2.py use_cfg: scale > 1; src/eval/generation.py l.163-168 (the first
+    half)."""
+    n = noise.shape[0]
+    grid = torch.linspace(1.0, 0.0, num_steps + 1)
+    grid = shift * grid / (1 + (shift - 1) * grid)
+    guided = scale > 1.0
+    x = torch.cat([noise, noise]) if guided else noise.clone()
+    context = torch.cat([y, torch.full_like(y, net.num_classes)]) if guided else y
+    with torch.no_grad():
+        for i in range(num_steps):
+            h = grid[i] - grid[i + 1]
+            tb = torch.full((x.shape[0],), grid[i].item())
+            if guided:
+                half = x[:n]
+                out = net(torch.cat([half, half]), tb, context)
+                cond, uncond = out[:n], out[n:]
+                th = tb[:n]
+                g = torch.where(((th >= 0.0) & (th <= t_max)).view(-1, 1, 1, 1), uncond + scale * (cond - uncond),
+                                cond)
+                out = torch.cat([g, g])
+            else:
+                out = net(x, tb, context)
+            drift = (x - out) / tb.view(-1, 1, 1, 1).clamp_min(0.05) if x_pred else out
+            x = x - h * drift
+    return x[:n]
+
+
+def nanogen_pixels(images):
+    """src/stage1/vae.py l.239 ((x + 1) / 2).clamp(0, 1); src/eval/generation.py l.167-168 clamp(0, 1), mul(255),
+    uint8."""
+    return ((images + 1) / 2).clamp(0, 1).mul(255).permute(0, 2, 3, 1).to(torch.uint8).numpy().astype(int)
+
+
+@pytest.mark.parametrize("name", ["nanogen", "nanogen-pixels"])
+def test_nanogen(tmp_path, tiny_vae_dir, sd_vae, name):
+    """NanoGen's in-context DiT-DH (its own network, called in its own time: the "repa" convention) with the
+    velocity (nanogen: the grid shifted by sqrt(C H W / 4096), here sqrt(64 / 4096)) and x-prediction
+    (nanogen-pixels: unshifted, scale 2.6)."""
+    from tests.dit.test_incontext import TINY as IC
+
+    x_pred = name == "nanogen-pixels"
+    torch.manual_seed(11)
+    net = create_model("ddt-en28d1152hd72-dn2d2048hd128", **{**IC, "input_size": 4})
+    g = torch.Generator().manual_seed(12)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    net.eval()
+    ckpt = own_checkpoint(tmp_path / f"{name}.pt", net, convention="repa")
+    if x_pred:
+        saved = torch.load(ckpt, weights_only=False)
+        torch.save({**saved, "prediction": {"kind": "x", "t_eps": 0.05}}, ckpt)
+    got, y, record = sample(tmp_path, name, ckpt, tiny_vae_dir, n=4)
+    noise, _ = noise_of(5, 4, (4, 4, 4))
+    shift, scale = (1.0, 2.6) if x_pred else (math.sqrt(64 / 4096), 1.6)
+    want = nanogen_release(net, noise, y, shift=shift, scale=scale, x_pred=x_pred)
+    same_pixels(got, nanogen_pixels(decode(sd_vae, want)))
+    assert record["protocol"]["grid"]["resolved_shift"] == pytest.approx(shift)
+    assert record["label_sampling"] == "equal" and record["protocol"]["conversion"] == "nanogen"
+    # DiT's conversion (dit-sample's flags) rounds where NanoGen truncates: other pixels from the same latents
+    assert not np.array_equal(dit_pixels(decode(sd_vae, want)), nanogen_pixels(decode(sd_vae, want)))
+
+
 # ---- DiT, and the refusals ------------------------------------------------------------------------------------------
 
 def test_dit_is_the_reference_ddpm_path(tmp_path, tiny_vae_dir):

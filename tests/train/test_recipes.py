@@ -98,10 +98,12 @@ PAPERS = {
     # logit-normal_-1.1_0.8 on its noise level (ours at +1.1), time_dist_shift sqrt(196608 / 4096), batch 1024, lr 2e-4,
     # betas (0.9, 0.95), EMA 0.9995, clip 1.0, 80 epochs, warmup_epochs 40 without warmup_from_zero, decay_end_epoch 800
     # to 2e-5; sampling/...-cfg2.6-t0.0-0.9.yaml: 50 Euler steps unshifted, cfg 2.6 where t in [0, 0.9]; no FID stated
-    "jit-ddt-xl16-nanogen.yaml": dict(model="DiT-DH-XL/16", objective="flow", batch=1024, lr=2e-4, betas=(0.9, 0.95),
+    "jit-ddt-xl16-nanogen.yaml": dict(model="ddt-en28d1152hd72-dn2d2048hd128", objective="flow", batch=1024, lr=2e-4, betas=(0.9, 0.95),
                                       ema=0.9995, steps=None, epochs=80, fid=None, sampler="euler", sample_steps=50,
-                                      cfg=2.6, channels=None, interval=[0.0, 0.9], time_shift=1.0, latent=PIX,
-                                      extra={"prediction": "x", "t_eps": 0.05, "t_sampling": "logit-normal",
+                                      cfg=2.6, channels="all", interval=[0.0, 0.9], time_shift=1.0, latent=PIX,
+                                      labels="equal", params_gb="2.29",  # 615M: 16 x 16 x 3 patches in and out
+                                      extra={"patch_size": 16, "num_t_tokens": 4, "num_c_tokens": 8,
+                                             "prediction": "x", "t_eps": 0.05, "t_sampling": "logit-normal",
                                              "t_mean": 1.1, "t_scale": 0.8, "time_shift": "auto",
                                              "time_shift_base": 4096, "final_lr": 2e-5, "lr_decay_start_epochs": 40,
                                              "lr_decay_end_epochs": 800, "grad_clip": 1.0}),
@@ -140,7 +142,7 @@ PAPERS = {
     "nanogen-ddt-t4c8-sdvae-ema.yaml": dict(model="ddt-en28d1152hd72-dn2d2048hd128", objective="flow", batch=1024,
                                             lr=2e-4, betas=(0.9, 0.95), ema=0.9995, steps=None, epochs=80, fid=None,
                                             sampler="euler", sample_steps=50, cfg=1.6, channels="all",
-                                            interval=[0.0, 0.9], latent=SD,
+                                            interval=[0.0, 0.9], latent=SD, time_shift=1.0, labels="equal",
                                             extra={"t_sampling": "logit-normal", "time_shift": 1.0, "final_lr": 2e-5,
                                                    "lr_decay_start_epochs": 40, "lr_decay_end_epochs": 800,
                                                    "grad_clip": 1.0, "num_t_tokens": 4, "num_c_tokens": 8},
