@@ -352,6 +352,20 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
         model="NanoGen's JiT-DDT (in-context DiT-DH t4c8, patch 16 on pixels, x-prediction), 80 epochs",
         notes="PixelGen's config: cfg 2.0 in [0, 0.9]; PixNerd's 2.4 (--cfg-scale)"),
     Protocol(
+        "nanogen-t2i", "End2End-Diffusion/diffusion-bench",
+        ("src/stage2/transport/sampler.py l.10-34 sample_ode (the nanogen grid, shifted by sqrt(C H W / 4096))",
+         "configs/stage2/sampling/t2i/t2i-ddt-en28d1152hd72-dn2d2048hd128-sdvae-ema-vpred-t4.yaml (50 steps, cfg 6.0 "
+         "with t_min 0.0, t_max 1.0)", "src/eval/generation.py l.136-147 (the doubled batch against the text "
+         "encoder's features of the empty prompt, with its mask), l.163-168 (the first half; [0, 1], mul(255), uint8)",
+         "src/utils/guidance_utils.py l.14-39 forward_with_cfg"),
+        solver="euler", count=50, grid=TimeGrid(count_is="intervals", start=0.0, end=1.0, shift="dim"),
+        guidance=Guidance("cfg", 6.0, interval=(0.0, 1.0), ends="[]", channels="all", doubled=True),
+        conversion="nanogen", labels="uniform", null_label="the empty prompt",
+        fid_reference="none: GenEval, DPG-Bench and GenAI-Bench VQAScore on the prompts (dit-eval --t2i)", fid=None,
+        model="NanoGen's T2I in-context DiT-DH t4 (Qwen3-0.6B) on SD-VAE-EMA latents",
+        notes="prompts from --prompt / --prompts (a text model); the pixel T2I configs (jit, pixelgen) are unshifted "
+              "(time_dist_shift_base_eval = dim)"),
+    Protocol(
         "meanflow", "Gsunshine/meanflow",
         ("meanflow.py l.102-124 (sample_one_step: z_r = z_t - (t - r) u(z_t, t, t - r); _default_schedule "
          "[1.0, 0.0]), l.15-53 generate (randint labels)", "configs/default.py (sampling.num_steps 1)",

@@ -192,7 +192,7 @@ def test_autoguidance_is_raes_rule():
 
 def test_every_row_names_its_release_files_and_resolves():
     assert set(PROTOCOLS) == {"dit", "sit", "repa", "lightningdit", "ddt", "rae", "rae-ag", "nanogen", "nanogen-pixels",
-                              "meanflow", "imf"}
+                              "nanogen-t2i", "meanflow", "imf"}
     for name, p in PROTOCOLS.items():
         assert "/" in p.release and p.sources and all(p.sources), name
         assert p.solver in protocols.SOLVERS and p.guidance.rule in protocols.GUIDANCE_RULES, name

@@ -129,3 +129,39 @@ def test_text_models_refuse_class_labels_and_need_an_encoder(text_ckpt, tmp_path
     run_sampling(SampleConfig(**{**base, "ckpt": str(bare)}, prompts=["a bus"], text_encoder=str(qwen)))
     record = json.loads((tmp_path / "x.npz.json").read_text())
     assert record["text_encoder"]["source"] == str(qwen) and (tmp_path / "x.npz").is_file()
+
+
+def test_nanogens_t2i_protocol_is_its_sampler(text_ckpt, tmp_path):
+    """dit-sample --protocol nanogen-t2i against NanoGen's loop written out (End2End-Diffusion/diffusion-bench
+    src/stage2/transport/sampler.py l.10-34: t = linspace(1, 0, num_steps + 1), shifted by sqrt(C H W / 4096), NanoGen's
+    t = noise level, x = x - h drift; src/eval/generation.py l.136-147: guidance against the encoder's features of
+    the empty prompt at every step (t_max 1.0), l.167-168: [0, 1], mul(255), truncated), on our tiny text model
+    called in its own time (t_ours = 1 - t, velocity negated)."""
+    import math
+
+    from dit_pipeline.common.text_encoders import load_text_encoder
+    from tests.sample.test_protocols_sample import decode, nanogen_pixels, noise_of
+
+    path, vae_dir, qwen = text_ckpt
+    npz = tmp_path / "p.npz"
+    run_sampling(SampleConfig(ckpt=str(path), vae=str(vae_dir), prompts=["a red sofa", "two dogs"], num_samples=2,
+                              protocol="nanogen-t2i", steps=3, npz=str(npz), quiet=True, batch_size=2))
+    model, vae = load_model(path).model, load_vae(str(vae_dir))[0]
+    enc = load_text_encoder(str(qwen), max_length=16)
+    cond, null = enc.encode(["a red sofa", "two dogs"]).as_batch(), enc.null().as_batch()
+    s = math.sqrt(4 * 4 * 4 / 4096)
+    grid = torch.linspace(1.0, 0.0, 4)
+    grid = s * grid / (1 + (s - 1) * grid)
+    x, _ = noise_of(0, 2, (4, 4, 4))
+    with torch.no_grad():
+        for i in range(3):
+            h, tb = grid[i] - grid[i + 1], torch.full((2,), grid[i].item())
+            c = -model(x, 1 - tb, text=cond[0], text_mask=cond[1])
+            u = -model(x, 1 - tb, text=null[0].expand(2, -1, -1), text_mask=null[1].expand(2, -1))
+            x = x - h * (u + 6.0 * (c - u))
+    with np.load(npz) as z:
+        got = z["arr_0"].astype(int)
+    want = nanogen_pixels(decode(vae, x, scale=load_model(path).latent["scaling_factor"]))
+    assert np.abs(got - want).max() <= 1 and (got == want).mean() > 0.99
+    record = json.loads((tmp_path / "p.npz.json").read_text())
+    assert record["protocol"]["name"] == "nanogen-t2i" and record["protocol"]["overrides"] == ["steps 3"]

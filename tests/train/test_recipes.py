@@ -203,8 +203,10 @@ def test_the_text_recipe_states_the_releases_values(name):
     for key, want in row["extra"].items():
         assert getattr(cfg, key) == want, key
     s = cfg.recipe["sampling"]
-    assert (s["sampler"], s["steps"], s["cfg_scale"], s.get("guidance_interval")) == (
-        row["sampler"], row["sample_steps"], row["cfg"], None)
+    p = PROTOCOLS[s["protocol"]]  # NanoGen's T2I sampler (dit/protocols.py)
+    assert (p.solver, p.count, p.guidance.scale, p.guidance.interval, p.conversion) == (
+        row["sampler"], row["sample_steps"], row["cfg"], (0.0, 1.0), "nanogen")
+    assert p.grid.resolve_shift((4, 32, 32), None) == 1.0  # sqrt(4096 / 4096)
     assert re.fullmatch(r"\d{4}\.\d{5}", cfg.recipe["arxiv"]) and cfg.recipe["fid"] is None
     views, normalization, encoder, _ = EXTRACTION[name]  # BLIP3o's transform: resize and center crop, no flip
     assert cfg.recipe["requires"] == {"latent_shape": [4, 32, 32], "image_size": 256, "views": views,
