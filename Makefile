@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 XDIST := -n $(TEST_WORKERS) --dist loadfile
 
-.PHONY: test typecheck test-reliability test-min-deps test-determinism demo install bench clean gpu-wheels
+.PHONY: test typecheck test-reliability test-sweep test-min-deps test-determinism demo install bench clean gpu-wheels
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,10 @@ typecheck: $(STAMP)
 # `reliability` (docs/RELIABILITY.md); 23 minutes on the 2-core machine (2026-12-03: 177 tests).
 test-reliability: $(STAMP)
 	$(PY) -m pytest -q --run-reliability tests/reliability $(PYTEST_ARGS)
+
+# The further cases of features that make test runs end to end once (other model families through the trainer)
+test-sweep: $(STAMP)
+	$(PY) -m pytest -q --run-sweep -m sweep $(XDIST) $(PYTEST_ARGS)
 
 # The declared version floors, proven: a separate venv with every dependency of pyproject.toml (and the test and
 # plot extras) pinned at exactly its `>=` minimum (tests/min_deps.py), then the suite. Torch's PyPI wheel is the

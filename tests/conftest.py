@@ -16,6 +16,8 @@ for _k in [k for k in os.environ if k.startswith("SLURM_")]:  # run inside a Slu
 def pytest_addoption(parser):
     parser.addoption("--run-reliability", action="store_true", default=False,
                      help="run the full randomized fault-injection sweep (make test-reliability)")
+    parser.addoption("--run-sweep", action="store_true", default=False,
+                     help="run the further cases of features make test already runs end to end once (make test-sweep)")
 
 
 def pytest_sessionfinish(session):
@@ -42,13 +44,15 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 
 
 def pytest_collection_modifyitems(config, items):
-    if config.getoption("--run-reliability"):
-        return
-    skip = pytest.mark.skip(reason="full sweep: run with `make test-reliability`")
+    skips = {"reliability": (config.getoption("--run-reliability"),
+                             pytest.mark.skip(reason="full sweep: run with `make test-reliability`")),
+             "sweep": (config.getoption("--run-sweep"),
+                       pytest.mark.skip(reason="a further case of a feature tested end to end: `make test-sweep`"))}
     for item in items:
-        # the marker itself: item.keywords would also match the tests/reliability/ folder name
-        if item.get_closest_marker("reliability") is not None:
-            item.add_marker(skip)
+        for marker, (run, skip) in skips.items():
+            # the marker itself: item.keywords would also match the tests/reliability/ folder name
+            if not run and item.get_closest_marker(marker) is not None:
+                item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

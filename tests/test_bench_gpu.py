@@ -89,7 +89,6 @@ def test_gpu_bench_smoke_writes_every_row(tmp_path):
                               inception_img_s=inception["img_s"], batch=2, inception_batch=4, gpus=8, steps=steps)
         assert {k: got[k] for k in want} == pytest.approx(want, rel=1e-9)
         assert got["vs_250_ddpm"] == pytest.approx(want["total_h"] / ddpm8["total_h"], rel=1e-9)
-        assert got["vs_250_ddpm"] < 1
 
 
 def test_fid50k_projection_splits_the_work_as_the_tools_do():
