@@ -206,6 +206,8 @@ class ClampedVelocityPrediction(VelocityPrediction):
     t.clamp_min(t_eps) in its own, t = 1 noise), so x - eps where 1 - t >= t_eps and (1 - t) / t_eps (x - eps)
     below it. Recorded {"kind": "v", "t_eps"} (a plain velocity model records nothing)."""
 
+    t_eps: float
+
     def __init__(self, t_eps: float = T_EPS):
         if not 0 < t_eps < 1:
             raise ValueError(f"t_eps must be in (0, 1), got {t_eps}")
