@@ -130,8 +130,8 @@ class TrainConfig(GuardSettings, RepaSettings, FidSettings, GridSettings):
                               "and every sampler converts through it (README 'Pixel space')", group=OBJECTIVE,
                               choices=PREDICTIONS)
     v_target: str = setting("plain", "--prediction v: the velocity's training target, plain (x - noise at every t) or "
-                            "clamped (NanoGen's: (x - x_t) / max(1 - t, --t-eps), which scales it by (1 - t) / --t-eps "
-                            "where the noise level is below --t-eps); recorded, a resume must repeat it, sampling is "
+                            "clamped (NanoGen's (x - x_t) / max(--t-eps, 1 - t): x - noise scaled down where the "
+                            "noise level 1 - t is below it); recorded, a resume must repeat it, sampling is "
                             "unchanged", group=OBJECTIVE, choices=V_TARGETS)
     t_eps: float = setting(T_EPS, "--prediction x, --v-target clamped: the smallest noise level 1 - t the conversion "
                            "and the target divide by", group=OBJECTIVE)
