@@ -46,6 +46,13 @@ releases differ (both clamp the noise level at 0.05 and average the loss over al
   (49 Heun steps, then one Euler step to t = 1, so the field is never evaluated at the data end) with CFG
   only where 0.1 <= t <= 1 (its interval is in its time, ours).
 
+Velocity prediction with NanoGen's clamped target (`v_target="clamped"`; End2End-Diffusion/diffusion-bench
+src/stage2/transport/transport.py, `Transport.training_losses` and `convert_model_pred`, every `*-vpred-*` config):
+the network's output is the velocity as it is (the samplers do not change), but the target is made from x_t as the
+x-prediction's is, (x - x_t) / max(1 - t, t_eps) (NanoGen's (x_t - x1) / max(t, t_eps) in its time, t_eps 0.05):
+x - eps where the noise level 1 - t is at least t_eps, and (1 - t) / t_eps (x - eps) below it
+(`ClampedVelocityPrediction`). The default target is x - eps at every t.
+
 Networks trained in REPA's convention (x_t = (1 - t) x_data + t eps, t = 1 noise, predicting eps - x_data;
 Yu et al. 2024, the released REPA checkpoints) sample with `convention="repa"`: the field calls the network at
 1 - t and negates its output, so every sampler above runs unchanged in SiT's time. With D = sigma (norm 1),
@@ -128,6 +135,7 @@ def _randn(shape: Sequence[int], device: torch.device, generator: Generators) ->
 # What the network predicts (contract: the flow objective's `prediction` setting; samplers convert through it)
 
 PREDICTIONS = ("v", "x")
+V_TARGETS = ("plain", "clamped")  # a velocity prediction's target: x - eps, or NanoGen's clamped form
 T_EPS = 0.05  # NanoGen's Transport t_eps and JiT's --t_eps: the smallest noise level a conversion divides by
 
 
@@ -141,7 +149,7 @@ class VelocityPrediction:
     """The network outputs the velocity itself (SiT, REPA, LightningDiT, RAE): the identity conversion."""
 
     name = "v"
-    t_eps = None
+    t_eps: float | None = None  # the plain target divides by nothing
 
     def velocity(self, out: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         return out
@@ -192,23 +200,55 @@ class CleanPrediction:
         return {"kind": "x", "t_eps": self.t_eps}
 
 
+class ClampedVelocityPrediction(VelocityPrediction):
+    """The network outputs the velocity (sampled as it is), trained toward NanoGen's velocity target, made from x_t
+    as the x-prediction's is: (x - x_t) / max(1 - t, t_eps) in SiT's time (NanoGen's vt = (xt - x1) /
+    t.clamp_min(t_eps) in its own, t = 1 noise), so x - eps where 1 - t >= t_eps and (1 - t) / t_eps (x - eps)
+    below it. Recorded {"kind": "v", "t_eps"} (a plain velocity model records nothing)."""
+
+    t_eps: float
+
+    def __init__(self, t_eps: float = T_EPS):
+        if not 0 < t_eps < 1:
+            raise ValueError(f"t_eps must be in (0, 1), got {t_eps}")
+        self.t_eps = float(t_eps)
+
+    def target(self, x_data: torch.Tensor, noise: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return (x_data - x_t) / noise_level(t, x_t, self.t_eps)
+
+    def record(self) -> dict[str, Any] | None:
+        return {"kind": "v", "t_eps": self.t_eps}
+
+
 Prediction = VelocityPrediction | CleanPrediction
 
 
-def make_prediction(kind: str = "v", t_eps: float = T_EPS) -> Prediction:
+def make_prediction(kind: str = "v", t_eps: float = T_EPS, v_target: str = "plain") -> Prediction:
+    """What the network predicts (`kind`) and, for the velocity, its training target (`v_target`, V_TARGETS)."""
     if kind not in PREDICTIONS:
         raise ValueError(f"unknown prediction {kind!r}; choose one of: {', '.join(PREDICTIONS)}")
-    return CleanPrediction(t_eps) if kind == "x" else VelocityPrediction()
+    if v_target not in V_TARGETS:
+        raise ValueError(f"unknown velocity target {v_target!r}; choose one of: {', '.join(V_TARGETS)}")
+    if kind == "x":
+        if v_target != "plain":
+            raise ValueError(f"the velocity target {v_target!r} is a velocity prediction's; an x-prediction's "
+                             "target is always (x - x_t) / max(1 - t, t_eps)")
+        return CleanPrediction(t_eps)
+    return ClampedVelocityPrediction(t_eps) if v_target == "clamped" else VelocityPrediction()
 
 
 def prediction_from_record(record: Any) -> Prediction:
-    """The prediction a checkpoint, sidecar or export records (`prediction`: {"kind": "x", "t_eps"}); absent or
-    None: velocity. ValueError for a record this code does not know."""
+    """The prediction a checkpoint, sidecar or export records (`prediction`: {"kind": "x", "t_eps"}, or
+    {"kind": "v", "t_eps"} for the clamped velocity target); absent or None (and {"kind": "v"} without t_eps):
+    velocity with the plain target. ValueError for a record this code does not know."""
     if record is None:
         return VelocityPrediction()
     if not isinstance(record, dict) or record.get("kind") not in PREDICTIONS:
-        raise ValueError(f"unknown prediction record {record!r} (expected {{'kind': 'x', 't_eps': 0.05}} or none)")
-    return make_prediction(str(record["kind"]), float(record.get("t_eps", T_EPS)))
+        raise ValueError(f"unknown prediction record {record!r} (expected {{'kind': 'x', 't_eps': 0.05}}, "
+                         "{'kind': 'v', 't_eps': 0.05} or none)")
+    if record["kind"] == "v":
+        return make_prediction("v", float(record["t_eps"]), "clamped") if "t_eps" in record else VelocityPrediction()
+    return make_prediction("x", float(record.get("t_eps", T_EPS)))
 
 
 class FlowMatching(ObjectiveDefaults):
@@ -218,7 +258,8 @@ class FlowMatching(ObjectiveDefaults):
     objective = "flow"
 
     def __init__(self, *, t_sampling: str = "uniform", t_mean: float = 0.0, t_scale: float = 1.0,
-                 time_shift: float = 1.0, cosine_loss: bool = False, prediction: str = "v", t_eps: float = T_EPS):
+                 time_shift: float = 1.0, cosine_loss: bool = False, prediction: str = "v", t_eps: float = T_EPS,
+                 v_target: str = "plain"):
         if t_sampling not in T_SAMPLINGS:
             raise ValueError(f"unknown t sampling {t_sampling!r}; choose one of: {', '.join(T_SAMPLINGS)}")
         if not t_scale > 0:
@@ -227,7 +268,7 @@ class FlowMatching(ObjectiveDefaults):
             raise ValueError(f"the time shift must be > 0, got {time_shift}")
         self.t_sampling, self.t_mean, self.t_scale = t_sampling, float(t_mean), float(t_scale)
         self.time_shift, self.cosine_loss = float(time_shift), bool(cosine_loss)
-        self.prediction = make_prediction(prediction, t_eps)
+        self.prediction = make_prediction(prediction, t_eps, v_target)
         self.x_terms: list[Any] = []  # loss terms on the predicted clean image (add_x_terms)
         self.x_terms_below = 1.0
 
@@ -407,7 +448,7 @@ def sde_solve(field: Callable[[torch.Tensor, float], torch.Tensor], x: torch.Ten
 
 def create_flow(t_sampling: str = "uniform", t_mean: float = 0.0, t_scale: float = 1.0, *,
                 time_shift: float = 1.0, cosine_loss: bool = False, prediction: str = "v",
-                t_eps: float = T_EPS) -> FlowMatching:
+                t_eps: float = T_EPS, v_target: str = "plain") -> FlowMatching:
     """The flow objective as `dit.create_diffusion` gives the DDPM one."""
     return FlowMatching(t_sampling=t_sampling, t_mean=t_mean, t_scale=t_scale, time_shift=time_shift,
-                        cosine_loss=cosine_loss, prediction=prediction, t_eps=t_eps)
+                        cosine_loss=cosine_loss, prediction=prediction, t_eps=t_eps, v_target=v_target)

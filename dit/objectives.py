@@ -53,16 +53,19 @@ def _flow(settings: Mapping[str, Any]) -> Any:
     return create_flow(str(settings.get("t_sampling", "uniform")), float(settings.get("t_mean", 0.0)),
                        float(settings.get("t_scale", 1.0)), time_shift=float(shift),
                        cosine_loss=bool(settings.get("cosine_loss", False)),
-                       prediction=str(settings.get("prediction", "v")), t_eps=float(settings.get("t_eps", 0.05)))
+                       prediction=str(settings.get("prediction", "v")), t_eps=float(settings.get("t_eps", 0.05)),
+                       v_target=str(settings.get("v_target", "plain")))
 
 
 def _flow_record(settings: Mapping[str, Any]) -> dict[str, Any]:
-    """A flow model's record: its training shift, and (x-prediction only, so a velocity model's record is what it
-    always was) `prediction`, which every sampler converts the network's output through (dit.flow)."""
+    """A flow model's record: its training shift, and (x-prediction, or velocity with the clamped target, so a plain
+    velocity model's record is what it always was) `prediction`, which every sampler converts the network's output
+    through (dit.flow) and a resume must repeat."""
     from .flow import make_prediction
 
     out: dict[str, Any] = {"time_shift": float(settings.get("time_shift", 1.0))}
-    pred = make_prediction(str(settings.get("prediction", "v")), float(settings.get("t_eps", 0.05))).record()
+    pred = make_prediction(str(settings.get("prediction", "v")), float(settings.get("t_eps", 0.05)),
+                           str(settings.get("v_target", "plain"))).record()
     if pred is not None:
         out["prediction"] = pred
     used = {k: settings.get(k) for k in ("lpips", "pdino") if settings.get(k)}

@@ -192,7 +192,7 @@ def make_sidecar(model_config: dict[str, Any], latent: dict[str, Any] | None, st
         side["objective"] = objective
     if time_shift is not None:
         side["time_shift"] = float(time_shift)
-    if prediction is not None:  # an x-predicting flow model (dit.flow.CleanPrediction); absent: velocity
+    if prediction is not None:  # x-prediction or the clamped velocity target (dit.flow); absent: plain velocity
         side["prediction"] = dict(prediction)
     if meanflow is not None:
         side["meanflow"] = dict(meanflow)

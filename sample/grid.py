@@ -208,7 +208,7 @@ def run_prediction(config: dict[str, Any] | None) -> dict[str, Any] | None:
     c = config or {}
     if c.get("objective") != "flow":
         return None
-    return spec("flow").record({k: c[k] for k in ("prediction", "t_eps") if k in c}).get("prediction")
+    return spec("flow").record({k: c[k] for k in ("prediction", "t_eps", "v_target") if k in c}).get("prediction")
 
 
 def default_grid_labels(num_classes: int, n: int = 8) -> list[int]:

@@ -20,7 +20,7 @@ from dit_pipeline.common.io import missing_file
 from dit_pipeline.common.precision import PRECISIONS_AUTO as PRECISIONS
 from dit_pipeline.common.settings import choice, flag_name, non_negative, positive, setting
 from dit_pipeline.dit.conditioning import CONDITIONINGS
-from dit_pipeline.dit.flow import PREDICTIONS, T_EPS, T_SAMPLINGS
+from dit_pipeline.dit.flow import PREDICTIONS, T_EPS, T_SAMPLINGS, V_TARGETS
 from dit_pipeline.dit.formats import OBJECTIVES
 from dit_pipeline.dit.meanflow import DEFAULTS as MF, VARIANTS as MEANFLOW_OBJECTIVES
 from dit_pipeline.evaluate.hook import FidSettings
@@ -129,8 +129,12 @@ class TrainConfig(GuardSettings, RepaSettings, FidSettings, GridSettings):
                               "to a velocity as JiT and NanoGen do: (x_pred - x_t) / max(1 - t, --t-eps)); recorded, "
                               "and every sampler converts through it (README 'Pixel space')", group=OBJECTIVE,
                               choices=PREDICTIONS)
-    t_eps: float = setting(T_EPS, "--prediction x: the smallest noise level 1 - t the conversion divides by",
-                           group=OBJECTIVE)
+    v_target: str = setting("plain", "--prediction v: the velocity's training target, plain (x - noise at every t) or "
+                            "clamped (NanoGen's (x - x_t) / max(--t-eps, 1 - t): x - noise scaled down where the "
+                            "noise level 1 - t is below it); recorded, a resume must repeat it, sampling is "
+                            "unchanged", group=OBJECTIVE, choices=V_TARGETS)
+    t_eps: float = setting(T_EPS, "--prediction x, --v-target clamped: the smallest noise level 1 - t the conversion "
+                           "and the target divide by", group=OBJECTIVE)
     # PixelGen's perceptual losses on the predicted clean image (common/perceptual.py; README "Pixel space")
     lpips: str | None = setting(None, "--prediction x: add LPIPS of the predicted image, networks from VGG16_FILE,"
                                 "LIN_FILE (torchvision's vgg16 weights, the lpips package's v0.1 vgg.pth)",
@@ -380,6 +384,13 @@ class TrainConfig(GuardSettings, RepaSettings, FidSettings, GridSettings):
         if not p and self.prediction != "v" and self.objective != "flow":
             p.append(f"--prediction {self.prediction} acts on the flow objective (the network predicts the clean "
                      "image, converted to a velocity): add --objective flow")
+        p += choice(self, "v_target", V_TARGETS)
+        if self.v_target == "clamped" and self.objective != "flow":
+            p.append(f"--v-target clamped is the flow objective's velocity target (NanoGen's): add --objective flow "
+                     f"or drop --v-target (--objective {self.objective} has its own)")
+        if self.v_target == "clamped" and self.prediction == "x":
+            p.append("--v-target clamped is a velocity-predicting network's target; --prediction x already trains "
+                     "toward (x - x_t) / max(1 - t, --t-eps): drop --v-target")
         if not 0 < self.t_eps < 1:
             p.append(f"--t-eps must be in (0, 1), got {self.t_eps}")
         if (self.lpips or self.pdino) and (self.objective != "flow" or self.prediction != "x"):

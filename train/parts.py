@@ -65,6 +65,16 @@ def _tensors_fit(state_dict: Any, model_config: dict[str, Any], where: str) -> N
         raise UserError(f"{e}. Nothing was loaded.") from None
 
 
+def _prediction_flags(record: Any) -> str:
+    """The dit-train flags of a flow model's prediction record (dit.flow.prediction_from_record)."""
+    if not isinstance(record, dict):
+        return "--prediction v" if record is None else f"an unknown prediction {record!r}"
+    eps = f" --t-eps {record['t_eps']:g}" if isinstance(record.get("t_eps"), (int, float)) else ""
+    if record.get("kind") == "v":
+        return "--prediction v" + (f" --v-target clamped{eps}" if eps else "")
+    return f"--prediction {record.get('kind')}{eps}"
+
+
 @dataclass
 class ObjectivePart(_NoCheck):
     """`objective`: what the model learns (dit/objectives.py; a checkpoint without the key is ddpm), and what the
@@ -91,10 +101,10 @@ class ObjectivePart(_NoCheck):
             raise UserError(f"checkpoint {where} was trained with --objective {saved}, this run asks for "
                             f"--objective {self.objective}; resume with the same objective or use a new --run-dir")
         if ckpt.get("prediction") != self.state_dict().get("prediction"):
-            raise UserError(f"checkpoint {where} was trained with --prediction "
-                            f"{(ckpt.get('prediction') or {}).get('kind', 'v')} (recorded {ckpt.get('prediction')}), this "
-                            f"run asks for {self.state_dict().get('prediction') or 'v'}; resume with the recorded "
-                            "--prediction and --t-eps or use a new --run-dir")
+            raise UserError(f"checkpoint {where} was trained with {_prediction_flags(ckpt.get('prediction'))} "
+                            f"(recorded {ckpt.get('prediction')}), this run asks for "
+                            f"{_prediction_flags(self.state_dict().get('prediction'))}; resume with the recorded "
+                            "--prediction, --v-target and --t-eps or use a new --run-dir")
         if ckpt.get("perceptual") != self.state_dict().get("perceptual"):
             raise UserError(f"checkpoint {where} was trained with perceptual terms {ckpt.get('perceptual')}, this run "
                             f"asks for {self.state_dict().get('perceptual')}; resume with the recorded --lpips, --pdino "

@@ -392,8 +392,9 @@ def objective_line(cfg: TrainConfig, mc: dict[str, Any] | None = None) -> str:
         shift = (f", shifted by {cfg.time_shift:.4g} {shift_direction(float(cfg.time_shift))}"
                  if cfg.time_shift != 1.0 else "")
         loss = "; loss mse + cos (cosine direction)" if cfg.cosine_loss else ""
-        pred = ("velocity prediction" if cfg.prediction == "v" else
-                f"x-prediction, v = (x_pred - x_t) / max(1 - t, {cfg.t_eps:g})")
+        pred = (f"x-prediction, v = (x_pred - x_t) / max(1 - t, {cfg.t_eps:g})" if cfg.prediction == "x" else
+                f"velocity prediction, target (x - x_t) / max(1 - t, {cfg.t_eps:g})" if cfg.v_target == "clamped" else
+                "velocity prediction")
         what = f"flow ({implied}linear interpolant, {pred}; training times {times}{shift}{loss})"
     elif cfg.objective in MEANFLOW_OBJECTIVES:
         from dit_pipeline.dit.meanflow import DATA_PROPORTION

@@ -137,7 +137,9 @@ PAPERS = {
     # Leng et al. 2026, arXiv:2606.24888 (NanoGen); End2End-Diffusion/diffusion-bench
     # configs/stage2/training/imagenet/ddt-en28d1152hd72-dn2d2048hd128-sdvae-ema-vpred-t4c8.yaml (batch 1024, lr 2e-4,
     # betas (0.9, 0.95), EMA 0.9995, clip 1.0, logit-normal_0_1, shift sqrt(4096 / 4096), 80 epochs, linear schedule:
-    # warmup_epochs 40 without warmup_from_zero, decay_end_epoch 800, final 2e-5; t4c8) and its sampling config
+    # warmup_epochs 40 without warmup_from_zero, decay_end_epoch 800, final 2e-5; t4c8; the velocity target
+    # vt = (xt - x1) / t.clamp_min(t_eps) of src/stage2/transport/transport.py line 50, t_eps 0.05 of
+    # src/configs/stage2.py line 39) and its sampling config
     # ...-cfg1.6-t0.0-0.9.yaml (Euler num_steps 50 on linspace(1, 0, 51), cfg 1.6 where t in [0, 0.9]); FID not stated
     "nanogen-ddt-t4c8-sdvae-ema.yaml": dict(model="ddt-en28d1152hd72-dn2d2048hd128", objective="flow", batch=1024,
                                             lr=2e-4, betas=(0.9, 0.95), ema=0.9995, steps=None, epochs=80, fid=None,
@@ -145,7 +147,8 @@ PAPERS = {
                                             interval=[0.0, 0.9], latent=SD, time_shift=1.0, labels="equal",
                                             extra={"t_sampling": "logit-normal", "time_shift": 1.0, "final_lr": 2e-5,
                                                    "lr_decay_start_epochs": 40, "lr_decay_end_epochs": 800,
-                                                   "grad_clip": 1.0, "num_t_tokens": 4, "num_c_tokens": 8},
+                                                   "grad_clip": 1.0, "num_t_tokens": 4, "num_c_tokens": 8,
+                                                   "v_target": "clamped", "t_eps": 0.05},
                                             unconfirmed={"fid"}),
 }
 
@@ -154,15 +157,15 @@ PAPERS = {
 # arXiv:2606.24888 (NanoGen); End2End-Diffusion/diffusion-bench
 # configs/stage2/training/t2i/t2i-ddt-en28d1152hd72-dn2d2048hd128-sdvae-ema-vpred-t4.yaml (conditioning text, Qwen3-0.6B,
 # max_length 256 = num_c_tokens, t4; batch 1024, lr 2e-4, betas (0.9, 0.95), EMA 0.9995, clip 1.0, 10 virtual epochs of
-# 10000 steps, warmup_epochs 5 constant, decay_end_epoch 100 to 2e-5) and its sampling config (Euler 50, cfg 6.0 on
-# [0, 1])
+# 10000 steps, warmup_epochs 5 constant, decay_end_epoch 100 to 2e-5; transport.py line 50's clamped velocity
+# target, t_eps 0.05) and its sampling config (Euler 50, cfg 6.0 on [0, 1])
 TEXT_PAPERS = {
     "nanogen-t2i-ddt-t4-sdvae-ema.yaml": dict(
         model="ddt-en28d1152hd72-dn2d2048hd128", batch=1024, lr=2e-4, betas=(0.9, 0.95), ema=0.9995, steps=100_000,
         sampler="euler", sample_steps=50, cfg=6.0,
         extra={"conditioning": "text", "num_t_tokens": 4, "num_c_tokens": 256, "t_sampling": "logit-normal",
                "time_shift": 1.0, "final_lr": 2e-5, "lr_decay_start_steps": 50_000, "lr_decay_end_steps": 1_000_000,
-               "grad_clip": 1.0, "class_dropout_prob": 0.1}),
+               "grad_clip": 1.0, "class_dropout_prob": 0.1, "v_target": "clamped", "t_eps": 0.05}),
 }
 
 
