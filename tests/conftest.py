@@ -5,10 +5,14 @@ import os
 
 import pytest
 
+# One intra-op thread per test process: make test runs two xdist workers on two cores, whose CLI subprocesses and
+# ranks take their own threads; two per worker oversubscribed the cores (an in-process training test took 53-114 s
+# instead of 8-10 s). make test-determinism reruns the bit-identity tests with 2.
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch is imported
+
 from tests._util import make_image_tree, make_tiny_vae
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("OMP_NUM_THREADS", "2")
 for _k in [k for k in os.environ if k.startswith("SLURM_")]:  # run inside a Slurm job: still one process
     del os.environ[_k]
 
