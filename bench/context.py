@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -29,16 +28,12 @@ use_checkout()
 from dit_pipeline import dit  # noqa: E402
 from dit_pipeline.dit.family import create_model  # noqa: E402
 from dit_pipeline.dit.incontext import InContextDiTDH  # noqa: E402
+from families import measure  # noqa: E402  (the interleaved fastest-of-N timer of bench/families.py)
 
 PRESET = "ddt-en28d1152hd72-dn2d2048hd128"
 TEXT_DIM, TEXT_TOKENS, CLASS_TOKENS, TIME_TOKENS = 1024, 256, 8, 4  # Qwen3-0.6B's width; NanoGen's t4c8 and t4
 VARIANTS = {"t4c8: 8 class tokens": {"num_c_tokens": CLASS_TOKENS},
             "t4 + 256 text tokens": {"conditioning": "text", "text_dim": TEXT_DIM, "num_c_tokens": TEXT_TOKENS}}
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def analytic(latent: int = 32, overrides: dict[str, Any] | None = None) -> dict[str, dict[str, float]]:
@@ -87,24 +82,6 @@ def build_step(label: str, *, latent: int, batch: int, device: torch.device, ove
         opt.zero_grad(set_to_none=True)
 
     return step, float(dit.train_flops_per_image(model.config))
-
-
-def measure(steps: dict[str, Callable[[], None]], device: torch.device, *, warmup: int, iters: int,
-            repeat: int) -> dict[str, float]:
-    """Seconds per call of each step: the fastest of `iters` timed calls over `repeat` interleaved rounds."""
-    for fn in steps.values():
-        for _ in range(warmup):
-            fn()
-    best = {k: float("inf") for k in steps}
-    for _ in range(repeat):
-        for name, fn in steps.items():
-            for _ in range(iters):
-                _sync(device)
-                t0 = time.perf_counter()
-                fn()
-                _sync(device)
-                best[name] = min(best[name], time.perf_counter() - t0)
-    return best
 
 
 def main(argv: list[str] | None = None) -> None:
