@@ -89,8 +89,9 @@ class FidSettings(DecodeSettings):
         group=GRIDS, choices=tuple(n for n, p in PROTOCOLS.items() if p.guidance.rule != "autoguidance"),
         shown="none: the objective's FID sampler")
     fid_batch_size: int = setting(32, "FID samples per GPU and batch", group=GRIDS)
-    fid_labels: str = setting("uniform", "Classes of the FID samples: uniform draws or equal counts per class, as "
-                              "dit-sample --labels", group=GRIDS, choices=plan.LABEL_SAMPLINGS)
+    fid_labels: str | None = setting(None, "Classes of the FID samples: uniform draws or equal counts per class, as "
+                                     "dit-sample --labels", group=GRIDS, choices=plan.LABEL_SAMPLINGS,
+                                     shown="--protocol's, else uniform")
     inception: str | None = setting(
         None, "Inception weights file weights-inception-2015-12-05-6726825d.pth", group=GRIDS,
         shown="torch hub cache, fetched once")
@@ -133,7 +134,7 @@ class FidSettings(DecodeSettings):
                 PROTOCOLS[self.protocol].solver not in SPECS[objective].samplers:
             p.append(f"--protocol {self.protocol} samples with {PROTOCOLS[self.protocol].solver}, which does not sample "
                      f"a {objective} model; choose the protocol of a {objective} release")
-        return p + choice(self, "fid_labels", plan.LABEL_SAMPLINGS)
+        return p + (choice(self, "fid_labels", plan.LABEL_SAMPLINGS) if self.fid_labels is not None else [])
 
 
 @dataclass
@@ -147,7 +148,7 @@ class FidHook:
     cfg_scale: float | None = None  # None: the protocol's, else 1.5
     batch_size: int = 32
     seed: int = 0
-    labels: str = "uniform"  # sample.plan.LABEL_SAMPLINGS: uniform draws or equal counts per class
+    labels: str | None = None  # sample.plan.LABEL_SAMPLINGS: uniform draws or equal counts; None: the protocol's
     inception: str | None = None
     input_size: int = INPUT_SIZE  # test knob (299 for real numbers)
     random_inception: int | None = None  # test knob
@@ -229,7 +230,7 @@ class FidHook:
         model_fn = protocol_model_fn(proto, model, objective=self.objective, convention=convention)
         cfg_scale, channels = proto.guidance.scale, proto.guidance.channels
         labels = plan.class_labels(num_samples=self.num_samples, seed=self.seed, num_classes=ctx.num_classes,
-                                   sampling=self.labels)
+                                   sampling=proto.labels)
         ws = ctx.world_size
         batches = plan.rank_batches(range(self.num_samples), self.batch_size, ctx.rank, ws)
 
@@ -261,7 +262,7 @@ class FidHook:
                  if stored.get(k) is not None}
         run = self.run_record(ctx, proto, shape)
         record = {"step": ctx.step, **stored, **names, "fid_ref": Path(self.ref).name,
-                  "fid_num_samples": self.num_samples, "fid_labels": self.labels, "fid_cfg_channels": channels,
+                  "fid_num_samples": self.num_samples, "fid_labels": proto.labels, "fid_cfg_channels": channels,
                   "fid_seconds": time.perf_counter() - start, "fid_run": run}
         if getattr(ctx, "metrics", None) is not None:
             ctx.metrics.write(record)
@@ -299,7 +300,7 @@ class FidHook:
         scale = (self.cfg_scale if self.cfg_scale is not None else FID_CFG_SCALE) if guided else 1.0
         return protocols.custom(solver=self.sampler, steps=self.steps or SPECS[self.objective].default_steps,
                                 scale=scale, channels=channels, time_shift=run_time_shift(ctx.config),
-                                labels=self.labels)
+                                labels=self.labels or "uniform")
 
     def run_record(self, ctx: HookContext, proto: protocols.Protocol, shape: tuple[int, ...]) -> dict[str, Any]:
         """What this evaluation ran, as dit-report shows it (see the module docstring): the sampling protocol's
@@ -342,7 +343,7 @@ class FidHook:
             how = ["--sampler", proto.solver, "--steps", str(proto.count), "--cfg-scale", f"{g.scale:g}",
                    *(["--cfg-channels", g.channels] if g.scale > 1 else [])]
         return [*vae, "--weights", "ema" if ema else "model", *how, "--num-samples", str(self.num_samples),
-                "--labels", self.labels, "--seed", str(self.seed), "--batch-size", str(self.batch_size)]
+                "--labels", proto.labels, "--seed", str(self.seed), "--batch-size", str(self.batch_size)]
 
     def eval_args(self) -> list[str]:
         out = ["--protocol", "adm"]

