@@ -210,8 +210,12 @@ def _check_weights_fit(model_name: str, kw: dict[str, Any], weights: Path, spec:
     differ, and the preset the file's architecture is, if any. pos_embed may differ (timm resamples it)."""
     import timm
 
-    with torch.device("meta"):
-        want = {k: tuple(v.shape) for k, v in timm.create_model(model_name, pretrained=False, **kw).state_dict().items()}
+    try:
+        with torch.device("meta"):  # the shapes only, no memory
+            net = timm.create_model(model_name, pretrained=False, **kw)
+    except RuntimeError:  # timm 1.0.3 calls .item() while building (its drop-path schedule): build it on the CPU
+        net = timm.create_model(model_name, pretrained=False, **kw)
+    want = {k: tuple(v.shape) for k, v in net.state_dict().items()}
     try:
         have = _read_state_dict(weights)
     except UserError:

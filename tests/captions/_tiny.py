@@ -37,7 +37,7 @@ def make_tiny_qwen3(folder: Path, seed: int = 0, hidden: int = 32) -> Path:
 def make_tiny_t5(folder: Path, seed: int = 0) -> Path:
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import T5Config, T5EncoderModel, T5Tokenizer
+    from transformers import T5Config, T5EncoderModel, T5TokenizerFast  # T5Tokenizer's name in transformers 5
 
     tok = Tokenizer(models.Unigram())
     tok.pre_tokenizer = pre_tokenizers.Metaspace()
@@ -45,7 +45,7 @@ def make_tiny_t5(folder: Path, seed: int = 0) -> Path:
     tok.train_from_iterator(CORPUS, trainers.UnigramTrainer(vocab_size=150, special_tokens=["<pad>", "</s>", "<unk>"],
                                                              unk_token="<unk>", show_progress=False))
     tok.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", tok.token_to_id("</s>"))])
-    fast = T5Tokenizer(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>", extra_ids=0)
+    fast = T5TokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>", extra_ids=0)
     fast.save_pretrained(folder)
     cfg = T5Config(vocab_size=len(fast), d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
                    feed_forward_proj="gated-gelu")
@@ -58,11 +58,11 @@ def make_tiny_t5(folder: Path, seed: int = 0) -> Path:
 def make_tiny_clip(folder: Path, seed: int = 0) -> Path:
     import torch
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
-    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizerFast  # CLIPTokenizer's in 5
 
     tok = Tokenizer(models.BPE(unk_token="<|endoftext|>", end_of_word_suffix="</w>"))
     tok.normalizer = normalizers.Sequence([normalizers.NFC(), normalizers.Lowercase()])
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.ByteLevel(add_prefix_space=False)])  # transformers 4 wants a Sequence
     tok.decoder = decoders.ByteLevel()
     tok.train_from_iterator(CORPUS, trainers.BpeTrainer(
         vocab_size=300, special_tokens=["<|startoftext|>", "<|endoftext|>"], end_of_word_suffix="</w>",
@@ -70,8 +70,8 @@ def make_tiny_clip(folder: Path, seed: int = 0) -> Path:
     bos, eos = tok.token_to_id("<|startoftext|>"), tok.token_to_id("<|endoftext|>")
     tok.post_processor = processors.TemplateProcessing(single="<|startoftext|> $A <|endoftext|>",
                                                        special_tokens=[("<|startoftext|>", bos), ("<|endoftext|>", eos)])
-    fast = CLIPTokenizer(tokenizer_object=tok, bos_token="<|startoftext|>", eos_token="<|endoftext|>",
-                         pad_token="<|endoftext|>", unk_token="<|endoftext|>")
+    fast = CLIPTokenizerFast(tokenizer_object=tok, bos_token="<|startoftext|>", eos_token="<|endoftext|>",
+                             pad_token="<|endoftext|>", unk_token="<|endoftext|>")
     fast.save_pretrained(folder)
     cfg = CLIPTextConfig(vocab_size=len(fast), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, max_position_embeddings=77, bos_token_id=bos, eos_token_id=eos,

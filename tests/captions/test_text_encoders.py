@@ -12,6 +12,14 @@ from tests.captions.conftest import LONG
 CAPTIONS = ["a photo of a cat", "", LONG, "the quick brown fox jumps over the lazy dog"]
 
 
+def _auto_dtype():
+    """transformers 5's from_pretrained default, the checkpoint's dtype, which NanoGen runs with; the 4.x releases
+    our floor allows load float32 unless asked (their keyword is torch_dtype)."""
+    import transformers
+
+    return {} if int(transformers.__version__.split(".")[0]) >= 5 else {"torch_dtype": "auto"}
+
+
 def _nanogen_encode(folder, texts, max_length):
     """NanoGen's TextEncoder (End2End-Diffusion/diffusion-bench @4848f0c, src/stage2/models/embedders/
     text_encoder.py lines 14-15 and 23-41): AutoTokenizer + AutoModelForCausalLM.from_pretrained with the defaults
@@ -19,7 +27,7 @@ def _nanogen_encode(folder, texts, max_length):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    model = AutoModelForCausalLM.from_pretrained(folder, **_auto_dtype()).eval()
     tokens = tokenizer(texts, padding="max_length", max_length=max_length, truncation=True, return_tensors="pt")
     with torch.no_grad():
         outputs = model(**tokens, use_cache=False, output_hidden_states=True, return_dict=False)

@@ -29,7 +29,8 @@ def make_tiny_clip(folder: Path, seed: int = 0, image_size: int = 32, max_length
     tok.post_processor = processors.TemplateProcessing(single="<|startoftext|> $A <|endoftext|>",
                                                        special_tokens=[("<|startoftext|>", bos), ("<|endoftext|>", eos)])
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|startoftext|>", eos_token="<|endoftext|>",
-                                   pad_token="<|endoftext|>", unk_token="[UNK]", model_max_length=max_length)
+                                   pad_token="<|endoftext|>", unk_token="[UNK]", model_max_length=max_length,
+                                   model_input_names=["input_ids", "attention_mask"])  # CLIP's (no token_type_ids)
     cfg = CLIPConfig(text_config=dict(vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                       num_attention_heads=2, max_position_embeddings=max_length, bos_token_id=bos,
                                       eos_token_id=eos, pad_token_id=eos),
