@@ -21,7 +21,8 @@ import click  # noqa: E402
 
 from dit_pipeline.shards.pixels import ENCODINGS as PIXEL_ENCODINGS
 from dit_pipeline.cli_kit import (CONTEXT, DashCommand, DashGroup, GroupedCommand, config_options,  # noqa: E402,F401
-                                  debug_option, default, handle_errors, version_option)
+                                  debug_option, default, exit_after_distributed_run, handle_errors,
+                                  version_option)
 from dit_pipeline.common.precision import PRECISIONS, PRECISIONS_AUTO
 from dit_pipeline.evaluate.config import EvalConfig
 from dit_pipeline.extract.config import (CPU_DEFAULT_BATCH, DTYPES, GPU_DEFAULT_BATCH, MAX_AUTO_WORKERS, STORES,
@@ -613,6 +614,8 @@ def eval_main(json_path: str | None, debug: bool, make_ref: str | None, image_si
         raise click.UsageError("--image-size, --out and --captions belong to --make-ref")
     options["t2i"] = tuple(options["t2i"])
     evaluate.main(EvalConfig(json=json_path, **options))
+    if options["t2i"]:  # transformers' and tokenizers' libraries loaded: see exit_after_distributed_run
+        exit_after_distributed_run()
 
 
 def _make_ref(folder: str, image_size: int | None, out: str | None, options: dict[str, Any], *,

@@ -170,6 +170,27 @@ def _other_rank() -> bool:
     return info.world_size > 1 and info.rank != 0
 
 
+def exit_after_distributed_run() -> None:
+    """End a process of a multi-process launch that has finished, left its process group and written everything:
+    flush, then os._exit(0), skipping interpreter finalization. There a C++ static destructor with a live thread
+    ("terminate called without an active exception", SIGABRT, no Python frame) aborted 2 of 68 two-rank
+    `dit-eval --t2i` runs after their results were written, turning a complete evaluation into a failed launch.
+    A no-op for a single process."""
+    from dit_pipeline.common import distributed as dist
+
+    try:
+        if dist.launch_info().world_size <= 1:
+            return
+    except UserError:
+        return
+    import logging
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Turn user mistakes into one clear line and the right exit code (see RELIABILITY.md)."""
 
