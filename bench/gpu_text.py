@@ -15,8 +15,6 @@ from typing import Any
 
 import torch
 
-from dit_pipeline import dit
-
 
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
@@ -50,30 +48,11 @@ def _encoder_folder(work: Path, smoke: bool) -> Path:
 
 
 def _plain_step(s: dict[str, Any], batch: int, device: torch.device):
-    from dit_pipeline.train.speed import regional_compile
+    """The section's plain flow training step: bench/families.py's, regionally compiled on a GPU."""
+    from families import build_step
 
-    torch.manual_seed(0)
-    latent = s["latent"]
-    model = dit.create_model(s["model"], input_size=latent, num_classes=1000, learn_sigma=False,
-                             **s["overrides"]).to(device).train()
-    if device.type == "cuda":
-        regional_compile(model, backend=s["compile_backend"])
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0, fused=device.type == "cuda")
-    flow = dit.create_flow()
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(batch, 4, latent, latent, generator=g).to(device)
-    y = torch.randint(0, 1000, (batch,), generator=g).to(device)
-    t = torch.rand(batch, generator=g).to(device)
-    amp = torch.bfloat16 if device.type == "cuda" else None
-
-    def step() -> None:
-        with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
-            loss = flow.training_losses(model, x, t, {"y": y})["loss"].mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    return step
+    return build_step(s["model"], latent=s["latent"], channels=4, batch=batch, device=device, overrides=s["overrides"],
+                      compile_backend=s["compile_backend"] if device.type == "cuda" else None)[0]
 
 
 def text_section(res, s: dict[str, Any], device: torch.device, work: Path) -> None:
