@@ -134,7 +134,7 @@ def _options(cmd: click.Command) -> list[str]:
 
 
 def _command_section(cmd: click.Command, prog: str, level: str) -> list[str]:
-    out = [f"{level} `{prog}`", "", *_help_text(cmd), "```text", _usage(cmd, prog), "```", ""]
+    out = [f"{level} `{prog}`", "", *_help_text(cmd), "```text", "Usage: " + _usage(cmd, prog), "```", ""]
     return out + _options(cmd)
 
 
@@ -147,14 +147,14 @@ def render(name: str) -> str:
             "spelling too (`--data_path`), `-h` for `--help` and `--version`.", ""]
     if isinstance(cmd, click.Group):
         out += _help_text(cmd)
-        out += ["```text", _usage(cmd, name), "```", ""]
+        out += ["```text", "Usage: " + _usage(cmd, name), "```", ""]
         subs = list(cmd.commands.items())
         out += ["Subcommands: " + ", ".join(f"[`{s}`](#{_slug(f'{name} {s}')})" for s, _ in subs) + ".", ""]
         for sub, sc in subs:
             out += _command_section(sc, f"{name} {sub}", "##")
     else:
         out += _help_text(cmd)
-        out += ["```text", _usage(cmd, name), "```", ""]
+        out += ["```text", "Usage: " + _usage(cmd, name), "```", ""]
         out += _options(cmd)
     return "\n".join(out).rstrip("\n") + "\n"
 
