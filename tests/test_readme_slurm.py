@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests._docs import block_after
+from tests._docs import blocks
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="bash, ps and /proc: the Slurm nodes' platform")
 
@@ -70,7 +70,8 @@ while read -r pid; do echo "$pid  $2    batch    -       -"; done < "$FAKE_JOB_P
 
 
 def batch_script() -> str:
-    return block_after("docs/clusters.md", "On Slurm, let the batch shell receive")
+    [script] = [b.body for b in blocks("docs/clusters.md") if b.body.startswith("#!/bin/bash\n")]
+    return script
 
 
 def _tools(tmp_path: Path) -> dict[str, str]:
