@@ -45,7 +45,19 @@ def _type_metavar(param: click.Parameter) -> str:
         return param.metavar
     if isinstance(param.type, click.Choice):
         return "[" + "|".join(str(c) for c in param.type.choices) + "]"
+    if isinstance(param.type, (click.IntRange, click.FloatRange)):
+        return "INTEGER" if isinstance(param.type, click.IntRange) else "FLOAT"
     return param.type.name.upper().replace(" ", "_")
+
+
+def _range(param: click.Parameter) -> str:
+    """An IntRange's or FloatRange's bounds, as `--help` shows them."""
+    t = param.type
+    if not isinstance(t, (click.IntRange, click.FloatRange)):
+        return ""
+    low = None if t.min is None else f"{t.min} {'<' if t.min_open else '<='} "
+    high = None if t.max is None else f" {'<' if t.max_open else '<='} {t.max}"
+    return f"[{low or ''}x{high or ''}]" if low or high else ""
 
 
 def _option_names(opt: click.Option) -> str:
@@ -72,6 +84,8 @@ def _option_help(opt: click.Option) -> str:
             shown = str(default)
         if shown:
             parts.append(f"[default: {shown}]")
+    if _range(opt):
+        parts.append(_range(opt))
     if opt.required:
         parts.append("[required]")
     if opt.multiple and "repeatable" not in (opt.help or ""):
@@ -111,19 +125,23 @@ def _help_text(cmd: click.Command) -> list[str]:
     return out
 
 
-def _options(cmd: click.Command) -> list[str]:
+def _options(cmd: click.Command, level: str = "##") -> list[str]:
+    """The options in the sections `--help` lists them in (a GroupedCommand's, else one "Options" section)."""
+    from dit_pipeline.cli_kit import COMMAND_GROUP, GroupedCommand
+
+    rest = COMMAND_GROUP if isinstance(cmd, GroupedCommand) else _DEFAULT_GROUP
     sections: dict[str, list[click.Option]] = {}
     for p in cmd.params:
         if isinstance(p, click.Option) and not p.hidden:
-            sections.setdefault(getattr(p, "group", _DEFAULT_GROUP), []).append(p)
-    sections.setdefault(_DEFAULT_GROUP, []).append(None)  # type: ignore[arg-type]  # the help option
+            sections.setdefault(getattr(p, "group", rest), []).append(p)
+    sections.setdefault(rest, []).append(None)  # type: ignore[arg-type]  # the help option
     named = tuple(getattr(cmd, "groups", ()))
-    order = [*named, *sorted(set(sections) - set(named) - {"Command", _DEFAULT_GROUP}), "Command", _DEFAULT_GROUP]
+    order = [*named, *sorted(set(sections) - set(named) - {rest}), rest]
     out: list[str] = []
     for name in order:
         if name not in sections:
             continue
-        out += [f"**{name}**", "", "| option | what it does |", "|---|---|"]
+        out += [f"{level} {name}", "", "| option | what it does |", "|---|---|"]
         for opt in sections[name]:
             if opt is None:
                 out.append("| `-h`, `--help` | Show the help and exit. |")
@@ -135,7 +153,7 @@ def _options(cmd: click.Command) -> list[str]:
 
 def _command_section(cmd: click.Command, prog: str, level: str) -> list[str]:
     out = [f"{level} `{prog}`", "", *_help_text(cmd), "```text", "Usage: " + _usage(cmd, prog), "```", ""]
-    return out + _options(cmd)
+    return out + _options(cmd, level + "#")
 
 
 def render(name: str) -> str:

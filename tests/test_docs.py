@@ -240,3 +240,23 @@ def test_guides_open_with_a_command():
         heading = re.search(r"^## ", body, re.M)
         assert first is not None and first.lang in (*_docs.SHELL, "python"), f"{page.name}: no command block"
         assert heading is None or body.index("```") < heading.start(), f"{page.name}: no command before its sections"
+
+
+def test_demo_paths_match_the_docs():
+    """What the README and docs/install.md say `make demo` writes is where examples/demo.py writes it: the default
+    folder demo-out/ (which `make clean` removes), its sub-folders by name, the report in the run folder and the
+    grid in the samples folder."""
+    demo = (REPO / "examples" / "demo.py").read_text()
+    make = (REPO / "Makefile").read_text()
+    assert 'default="demo-out"' in demo
+    assert re.search(r"^demo:.*\n\t.*examples/demo\.py", make, re.M) and re.search(r"^clean:\n\t.*demo-out", make, re.M)
+    m = re.search(r"images, vae, shards, run_dir, samples = \(out / n for n in \(([^)]*)\)\)", demo)
+    assert m, "examples/demo.py names its folders otherwise: update this test and the docs"
+    folders = dict(zip(("images", "vae", "shards", "run_dir", "samples"), re.findall(r'"(\w+)"', m.group(1))))
+    assert '["dit-report", run_dir]' in demo and '"--out", samples' in demo  # report.md in run/, grid.png in samples/
+    for page in ("README.md", "docs/install.md"):
+        body = _docs.text(page)
+        assert "demo-out/" in body
+        for path in re.findall(r"demo-out/([\w.-]+)/", body):
+            assert path in folders.values(), f"{page}: demo-out/{path}/ is not a folder examples/demo.py makes"
+    assert "demo-out/run/report.md" in _docs.text("docs/install.md") and folders["run_dir"] == "run"
