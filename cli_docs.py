@@ -216,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--check", action="store_true", help="Only report stale pages (exit 1 if any).")
     p.add_argument("--out", type=Path, default=DOCS, help=f"Folder of the pages [{DOCS}].")
     args = p.parse_args(argv)
+    if args.out == DOCS and not (DOCS.parent.parent / "pyproject.toml").is_file():
+        p.error("this is no source checkout (no pyproject.toml beside the package): pass --out DIR")
     if args.check:
         bad = stale(args.out)
         for n in bad:

@@ -260,3 +260,22 @@ def test_demo_paths_match_the_docs():
         for path in re.findall(r"demo-out/([\w.-]+)/", body):
             assert path in folders.values(), f"{page}: demo-out/{path}/ is not a folder examples/demo.py makes"
     assert "demo-out/run/report.md" in _docs.text("docs/install.md") and folders["run_dir"] == "run"
+
+
+def test_cli_docs_check_names_stale_pages_and_the_fix(tmp_path, capsys):
+    """`python -m dit_pipeline.cli_docs --check` exits 1 naming each stale, missing or left-over page and the
+    command that regenerates them; writing them makes the check pass."""
+    from dit_pipeline import cli_docs
+
+    assert cli_docs.main(["--out", str(tmp_path)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"{c}.md" for c in cli_docs.COMMANDS)
+    assert cli_docs.main(["--check", "--out", str(tmp_path)]) == 0
+    (tmp_path / "dit-train.md").write_text("edited by hand\n")
+    (tmp_path / "dit-report.md").unlink()
+    (tmp_path / "old-command.md").write_text("left over\n")
+    capsys.readouterr()
+    assert cli_docs.main(["--check", "--out", str(tmp_path)]) == 1
+    assert capsys.readouterr().out.splitlines() == [
+        f"stale: {tmp_path / 'dit-report.md'}", f"stale: {tmp_path / 'dit-train.md'}",
+        f"stale: {tmp_path / 'old-command.md'}", "regenerate with: python -m dit_pipeline.cli_docs"]
+    assert cli_docs.main(["--out", str(tmp_path)]) == 0 and cli_docs.stale(tmp_path) == []
