@@ -12,7 +12,8 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 XDIST := -n $(TEST_WORKERS) --dist loadfile
 
-.PHONY: test typecheck test-reliability test-sweep test-min-deps test-determinism demo install bench clean gpu-wheels
+.PHONY: test typecheck test-reliability test-sweep test-min-deps test-determinism demo install bench clean gpu-wheels \
+	cli-docs
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -47,7 +48,7 @@ test-sweep: $(STAMP)
 # The declared version floors, proven: a separate venv with every dependency of pyproject.toml (and the test and
 # plot extras) pinned at exactly its `>=` minimum (tests/min_deps.py), then the suite. Torch's PyPI wheel is the
 # CUDA build (5.5 GB installed; the venv took 5.5 minutes to build on 2 cores, 2.3-3 with a filled pip cache),
-# see README "Version floors".
+# see docs/install.md, "Version floors".
 # MIN_PYTHON picks the venv's interpreter (e.g. python3.10, the requires-python floor); the host PYTHON only
 # reads pyproject.toml (tomllib, Python >= 3.11).
 MIN_VENV ?= .venv-min
@@ -73,6 +74,11 @@ test-determinism: $(STAMP)
 
 demo: $(STAMP)
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(PY) examples/demo.py $(DEMO_ARGS)
+
+# The command-line reference, docs/cli/<command>.md, regenerated from the click commands (cli_docs.py); the suite
+# fails while it is stale (tests/test_docs.py).
+cli-docs: $(STAMP)
+	$(PY) -m dit_pipeline.cli_docs
 
 # Wheels the GPU machine lacks (diffusers, webdataset + deps) into .whl/ for `bash bench/gpu.sh` there.
 gpu-wheels: $(STAMP)

@@ -75,8 +75,8 @@ def _weights_options(f: Callable) -> Callable:
         click.option("--encoder-depth", type=int, default=None, help="DDT's encoder blocks, for a file of a custom "
                      "size that does not state them (no model_config, no sidecar, no preset of its depth and width)."),
         click.option("--vae", "--decoder", "vae", default=None, help="VAE: hub id, local diffusers folder, or single "
-                     ".safetensors/.ckpt file; for a feature space RAE's decoder state_dict FILE[,CONFIG] (README "
-                     "'Feature spaces (RAE)') [the VAE the checkpoint records (the one its shards were extracted "
+                     ".safetensors/.ckpt file; for a feature space RAE's decoder state_dict FILE[,CONFIG] "
+                     "(docs/feature-spaces.md) [the VAE the checkpoint records (the one its shards were extracted "
                      "with), else stabilityai/sd-vae-ft-ema]."),
         click.option("--vae-config", default=None, help="Diffusers config folder for a single-file --vae "
                      "(default: the built-in SD-VAE config)."),
@@ -100,7 +100,7 @@ def sample_main() -> None:
 @click.option("--sampler", type=click.Choice(SAMPLERS), default=None,
               help="[from the model's objective: ddpm for ddpm models, euler-maruyama (SiT's SDE) for flow models]")
 @click.option("--protocol", type=click.Choice(list(PROTOCOLS)), default=None,
-              help="Sample as a release does (README 'Sampling protocols'): its time grid, solver, guidance rule "
+              help="Sample as a release does (docs/sampling.md): its time grid, solver, guidance rule "
               "and interval ends, image conversion and FID labels; --steps, --cfg-scale, --guidance-interval and "
               "--labels change its values (recorded), the other sampler flags must agree with it.")
 @click.option("--guidance-model", default=None, metavar="FILE",
@@ -236,7 +236,7 @@ def sample_export_cmd(debug: bool, **options: Any) -> None:
 @click.option("--captions", default=None, metavar="FILE|sidecar",
               help="Store each image's captions: a JSONL/JSON/CSV/TSV file mapping image paths (relative to "
               "--data-path) to one or more captions, or 'sidecar' (a .txt/.json beside each image; a WebDataset "
-              "tar's .txt/.json members). Format version 4; README 'Captions and text features'.")
+              "tar's .txt/.json members). Format version 4; docs/text-to-image.md.")
 @click.option("--caption-keys", default=default(ExtractConfig, "caption_keys"), show_default=True,
               help="The JSON keys / CSV columns that hold captions (a string or a list each), in order, e.g. "
               "long_caption,short_caption (all kept, one drawn per sample and epoch at training time).")
@@ -258,8 +258,8 @@ def sample_export_cmd(debug: bool, **options: Any) -> None:
 @click.option("--encoder", default=None, metavar="NAME|FILE",
               help="A feature encoder instead of the VAE (RAE): dinov2-b-reg (RAE's DINOv2-B with registers), "
               "dinov2-b, dinov3-l (RAEv2), a timm model name, a JSON encoder file or a weight file; stores its "
-              "patch tokens [C, 16, 16] as the latent (README 'Feature spaces (RAE)'); or pixels: the crops "
-              "themselves are the latents, no VAE (README 'Pixel space').")
+              "patch tokens [C, 16, 16] as the latent (docs/feature-spaces.md); or pixels: the crops "
+              "themselves are the latents, no VAE (docs/pixel-space.md).")
 @click.option("--encoder-weights", default=None, metavar="FILE",
               help="Offline weights (a timm state_dict) for --encoder; without it timm downloads them.")
 @click.option("--encoder-layers", type=int, default=None, metavar="K",
@@ -566,7 +566,7 @@ def report_main(run_dir: str, out: str | None, debug: bool) -> None:
               help="The 224 px resize of FD_DINOv2: torch (F.interpolate, antialiased; fast) or pil (dgm-eval's "
               "exact reference; BENCHMARKS.md: how far apart).")
 @click.option("--protocol", default=default(EvalConfig, "protocol"), show_default=True, metavar="NAME[,NAME]",
-              help="The published evaluation protocol(s) to compute (README 'Evaluation'): adm (the ADM evaluator), "
+              help="The published evaluation protocol(s) to compute (docs/evaluation.md): adm (the ADM evaluator), "
               "nanogen (NanoGen: torch-fidelity's inception-v3-compat, the 'fidelity' extra), imf (iMF's), "
               "comma-separated, or all. Each protocol's numbers are printed under its name.")
 @click.option("--t2i", "t2i", multiple=True, metavar="NAME",

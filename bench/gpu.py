@@ -14,7 +14,7 @@ row) the moment it is measured, so a run killed at its time limit keeps everythi
             cuDNN determinism; DINOv2-B's feature encodes/s (RAE's formula, common/features.py) beside them
   sample    DDPM-250 with CFG 4 at batch 256 in bf16 with per-block compile: images/s (projected from timed
             denoising steps) and hours for FID-50K
-  fid       the README's FID-50K recipe as it runs (bench/gpu_fid.py): dit-sample's defaults (fp32 + TF32,
+  fid       docs/evaluation.md's FID-50K recipe as it runs (bench/gpu_fid.py): dit-sample's defaults (fp32 + TF32,
             eager, batch 32, cfg 1.5, one-image VAE decodes) and dit-eval's Inception pass (batch 64) over
             50,000 samples and the 10,000-image reference batch; projected hours on 1 and 8 GPUs
   loader    the training loader's latents/s with 16 workers on a synthetic shard set

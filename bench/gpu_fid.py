@@ -1,4 +1,4 @@
-"""bench/gpu.py's FID section: what the README's FID-50K recipe (`dit-sample` then `dit-eval`) costs on this GPU.
+"""bench/gpu.py's FID section: what docs/evaluation.md's FID-50K recipe (`dit-sample` then `dit-eval`) costs on this GPU.
 
 Measured with the recipe's own settings and code paths, not the fastest ones: `dit-sample`'s defaults (fp32
 with TF32 matmuls, eager, batch 32 per GPU, deterministic cuDNN) at guidance 1.5 through `sample_latents`

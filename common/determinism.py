@@ -14,7 +14,7 @@ on two design rules, not on one CPU's luck:
   count does not enter.
 
 Across CPU models, instruction sets (AVX2 vs AVX-512), GPU models or library versions nothing is
-promised bit for bit: docs/FORMAT.md and README state the measured tolerances.
+promised bit for bit: docs/FORMAT.md and docs/sampling.md state the measured tolerances.
 """
 from __future__ import annotations
 

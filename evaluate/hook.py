@@ -84,7 +84,7 @@ class FidSettings(DecodeSettings):
         shown=f"the protocol's; else {FID_CFG_SCALE}; 1 (none) where guidance cannot act")
     protocol: str | None = setting(
         None, "Sample the FID images as a release does (as dit-sample's protocol: its grid, solver, guidance rule, "
-        "image conversion; README 'Sampling protocols'); the FID steps and guidance scale, when given, and the FID "
+        "image conversion; docs/sampling.md); the FID steps and guidance scale, when given, and the FID "
         "labels change its values (recorded as overrides)",
         group=GRIDS, choices=tuple(n for n, p in PROTOCOLS.items() if p.guidance.rule != "autoguidance"),
         shown="none: the objective's FID sampler")
@@ -102,7 +102,7 @@ class FidSettings(DecodeSettings):
                                  shown="torch hub cache, fetched once")
     fid_random_inception: int | None = setting(
         None, "Random Inception weights of this seed instead of the weights file: trying FID offline or in a smoke "
-        "test (README 'Trying FID without the Inception weights'); the numbers are not FID", group=GRIDS,
+        "test (docs/evaluation.md); the numbers are not FID", group=GRIDS,
         shown="off")
 
     def fid_problems(self, objective: str | None = None) -> list[str]:

@@ -307,7 +307,7 @@ class SampleConfig:
             clash.append(f"--time-shift {self.time_shift}")
         if clash:
             p.append(f"{', '.join(clash)}: --protocol {self.protocol} sets these ({pr.release}'s {pr.solver} sampler; "
-                     "README 'Sampling protocols'); drop them, or drop --protocol to choose every setting")
+                     "docs/sampling.md); drop them, or drop --protocol to choose every setting")
         ag = pr.guidance.rule == "autoguidance"
         if ag and not self.guidance_model:
             p.append(f"--protocol {self.protocol} guides with a second, weaker network ({pr.guidance.guide_model} in "

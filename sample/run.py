@@ -6,7 +6,7 @@ every sample is a pure function of (seed, index) (sample/plan.py), finished batc
 ranks split the missing indices between them in fixed global chunks, so for one batch size the final
 arrays do not depend on the number of GPUs or on interruptions (bit for bit on one machine: same shapes,
 pinned CPU threads, deterministic cuDNN; common/determinism.py). Another batch size gives the same
-samples to within float rounding (README, "Sampling").
+samples to within float rounding (docs/sampling.md).
 
 Flow: every rank loads the model and VAE; rank 0 checks earlier results and opens the parts folder and
 tells the others which indices are missing; each rank samples its batches and writes one part per batch;

@@ -1,37 +1,27 @@
-"""The README's commands and code, exercised where they can run on a CPU."""
+"""The README's and the guides' commands and code, run as pasted where they can run on a CPU (tiny sizes
+substituted). Every other shell line of the docs is parsed against the commands in tests/test_docs.py."""
 from __future__ import annotations
-
-import re
-from pathlib import Path
 
 import pytest
 import torch
 
 from dit_pipeline import dit
-from tests._util import REPO
-
-README = (REPO / "README.md").read_text()
-
-
-def _block_after(heading: str, lang: str) -> str:
-    section = README[README.index(heading):]
-    m = re.search(rf"```{lang}\n(.*?)```", section, re.S)
-    assert m, f"no ```{lang} block after {heading!r}"
-    return m.group(1)
+from tests import _docs
+from tests._docs import block_after as _block_after
 
 
 def test_python_api_snippet_runs(tmp_path, monkeypatch):
-    """The 'Python API' block, run as written but with a tiny model in place of DiT-XL/2 and few steps."""
-    code = _block_after("## Python API", "python")
+    """docs/python-api.md's block, run as written but with a tiny model in place of DiT-XL/2 and few steps."""
+    code = _block_after("docs/python-api.md", "# Python API", "python")
     tiny = dit.create_model("DiT-S/8", input_size=32, num_classes=1000)
     torch.save(tiny.state_dict(), tmp_path / "DiT-XL-2-256x256.pt")
     code = code.replace('dit.create_model("DiT-XL/2", input_size=32, num_classes=1000)',
                         'dit.create_model("DiT-S/8", input_size=32, num_classes=1000)')
     code = code.replace('timestep_respacing="250"', 'timestep_respacing="3"')
-    assert "DiT-S/8" in code and '"3"' in code, "README snippet changed: update this test's substitutions"
+    assert "DiT-S/8" in code and '"3"' in code, "the Python API block changed: update this test's substitutions"
     monkeypatch.chdir(tmp_path)
     scope: dict = {}
-    exec(compile(code, "README.md:python-api", "exec"), scope)
+    exec(compile(code, "docs/python-api.md", "exec"), scope)
     assert scope["samples"].shape == (8, 4, 32, 32)
     assert torch.isfinite(scope["samples"]).all()
     assert set(scope["losses"]) >= {"loss", "mse", "vb"}
@@ -40,10 +30,7 @@ def test_python_api_snippet_runs(tmp_path, monkeypatch):
 
 
 def _commands(block: str) -> list[list[str]]:
-    import shlex
-
-    joined = block.replace("\\\n", " ")
-    return [shlex.split(line, comments=True) for line in joined.splitlines() if line.strip()]
+    return _docs.command_lines(block)
 
 
 # Training DiT-XL/2 for 400K steps is no CPU test: the README's dit-train commands run exactly as pasted with
@@ -61,7 +48,7 @@ def test_quickstart_commands_run_as_pasted(tmp_path, tiny_vae_dir):
     from tests._util import make_image_tree, run_cli
 
     make_image_tree(tmp_path / "imagenet" / "train", counts=(86, 86, 86), size=(24, 20))
-    commands = _commands(_block_after("## Quickstart", "bash"))
+    commands = _commands(_block_after("README.md", "## Quickstart"))
     assert [c[0] for c in commands] == ["dit-extract", "dit-shards", "dit-train", "dit-sample"]
     for argv in commands:
         argv = [str(tiny_vae_dir) if a == "stabilityai/sd-vae-ft-ema" else a for a in argv]
@@ -93,7 +80,7 @@ def test_eight_gpu_training_commands_pass_every_check(tmp_path, monkeypatch):
     make_shard_set(tmp_path / "shards" / "in1k-256", samples=[64] * 16, latent_shape=(4, 32, 32),
                    dtype="float16")
     monkeypatch.chdir(tmp_path)
-    block = _block_after("**Training DiT-XL/2 as in the paper**", "bash")
+    block = _block_after("README.md", "**Training DiT-XL/2 as in the paper**")
     lines = [c for c in _commands(block) if "dit-train" in " ".join(c)]
     assert len(lines) == 2
     plans = []
@@ -112,7 +99,7 @@ def test_eight_gpu_training_commands_pass_every_check(tmp_path, monkeypatch):
     from click.testing import CliRunner
 
     from dit_pipeline.cli import train_main
-    others = [args for name, args in _readme_invocations()
+    others = [args for name, args, _ in _docs.invocations()
               if name == "dit-train" and "--objective" in args and "/shared/" not in " ".join(args)]
     assert sorted(args[args.index("--objective") + 1] for args in others) == ["flow", "flow", "meanflow"]
     for args in others:
@@ -128,7 +115,7 @@ def test_eight_gpu_training_commands_pass_every_check(tmp_path, monkeypatch):
 
 
 def test_which_checks_catch_what(tmp_path):
-    """The README's "Which checks catch what": a flipped byte inside a latent (values stay finite) passes
+    """docs/troubleshooting.md's "Which checks catch what": a flipped byte inside a latent (values stay finite) passes
     `verify --quick`, the trainer's start-up check and its sample checks; the full verify and the trainer's
     sha256 check catch it. A truncated shard is caught by --quick and the start-up check."""
     import shutil
@@ -137,7 +124,7 @@ def test_which_checks_catch_what(tmp_path):
     from tests.shards.test_sha256_check import flip_payload_byte
     from tests.train.helpers import make_shard_set
 
-    section = README[README.index("## Which checks catch what"):README.index("## Shard format")]
+    section = _docs.section("docs/troubleshooting.md", "## Which checks catch what")
     assert "only the sha256 checks catch it" in section
     flipped, cut = tmp_path / "flipped", tmp_path / "cut"
     make_shard_set(flipped, samples=[4, 4])
@@ -160,61 +147,10 @@ def test_which_checks_catch_what(tmp_path):
     assert quick_check(cut, read_manifest(cut))[0].startswith("shard-000000.tar: ")
 
 
-def _readme_invocations() -> list[tuple[str, list[str]]]:
-    """Every dit-* command in the README's bash blocks as (command, its arguments): direct, after
-    `torchrun ... $(which dit-X)` or after `srun`."""
-    import shlex
-
-    out = []
-    for m in re.finditer(r"```bash\n(.*?)```", README, re.S):
-        for line in m.group(1).replace("\\\n", " ").splitlines():
-            try:
-                words = shlex.split(line, comments=True)
-            except ValueError:  # a quoted shell fragment (the trap line): no dit command to parse
-                continue
-            for i, w in enumerate(words):
-                name = w[:-1] if i and words[i - 1] == "$(which" and w.endswith(")") else w
-                if re.fullmatch(r"dit-(extract|train|shards|sample|eval)", name):
-                    rest = words[i + 1:]
-                    out.append((name, rest[:-1] if rest[-1:] == ["&"] else rest))  # `cmd &`: shell syntax
-                    break
-    return out
-
-
-def test_every_readme_command_parses(tmp_path, monkeypatch):
-    """Each dit-* command line in the README, as written, is accepted by its command's parser: no unknown or
-    misspelt flag, no missing required option, no invalid choice (folders it names are created here, since
-    the parser checks that they exist)."""
-    import click
-
-    from dit_pipeline import cli
-
-    commands = {"dit-extract": cli.extract_main, "dit-train": cli.train_main, "dit-shards": cli.shards_main,
-                "dit-sample": cli.sample_main, "dit-eval": cli.eval_main}
-    found = _readme_invocations()
-    assert len(found) >= 20 and {name for name, _ in found} == set(commands)
-    monkeypatch.chdir(tmp_path)
-    for name, args in found:
-        for a in args:
-            if a.startswith("shards/") or a.startswith("/shared/shards/"):
-                (tmp_path / a.lstrip("/")).mkdir(parents=True, exist_ok=True)
-        args = [a[1:] if a.startswith("/shared/") else a for a in args]
-        cmd = commands[name]
-        try:
-            if isinstance(cmd, click.Group):
-                sub = args[0] if args[0] in cmd.commands else getattr(cmd, "default_command", None)
-                rest = args[1:] if args[0] in cmd.commands else args
-                cmd.commands[sub].make_context(f"{name} {sub}", list(rest))
-            else:
-                cmd.make_context(name, list(args))
-        except click.ClickException as e:
-            pytest.fail(f"README: `{name} {' '.join(args)}` does not parse: {e.format_message()}")
-
-
 @pytest.mark.timeout(1200)
 def test_fid_recipe_runs_as_pasted(tmp_path, tiny_vae_dir):
-    """The "full recipe" block's two torchrun lines, in a folder holding DiT-XL-2-256x256.pt (here a small bare
-    DiT-S/8 state_dict under that name) and VIRTUAL_imagenet256_labeled.npz (here 8 random 64 px images), on
+    """docs/evaluation.md's "full recipe" block: its two torchrun lines, in a folder holding DiT-XL-2-256x256.pt
+    (here a small bare DiT-S/8 state_dict under that name) and VIRTUAL_imagenet256_labeled.npz (here 8 random 64 px images), on
     2 gloo ranks instead of 8. Substituted: the hub VAE id (the tiny local VAE), 50000 -> 8 samples and
     250 -> 2 steps; appended: the hidden random-Inception knobs (the real weights cannot be fetched here).
     The npz and the eval JSON land where the comments say."""
@@ -233,10 +169,8 @@ def test_fid_recipe_runs_as_pasted(tmp_path, tiny_vae_dir):
     torch.save(model.state_dict(), tmp_path / "DiT-XL-2-256x256.pt")
     ref = np.random.default_rng(0).integers(0, 256, (8, 64, 64, 3), dtype=np.uint8)
     np.savez(tmp_path / "VIRTUAL_imagenet256_labeled.npz", arr_0=ref)
-    section = README[README.index("The full recipe for the paper's DiT-XL/2 256x256 table"):]
-    block = _block_after("The full recipe for the paper's DiT-XL/2 256x256 table", "bash")
-    commands = [c for c in _commands(block) if c]  # the comment lines split to nothing
-    assert section.index("```bash") < section.index("**Classes.**")
+    block = _block_after("docs/evaluation.md", "The full recipe for the paper's DiT-XL/2 256x256 table")
+    commands = _commands(block)
     assert [c[:3] for c in commands] == [["torchrun", "--nproc-per-node", "8"]] * 2
     subs = {"stabilityai/sd-vae-ft-ema": str(tiny_vae_dir), "50000": "8", "250": "2"}
     for argv, extra in zip(commands, ([], ["--random-inception", "0", "--input-size", "75", "--batch-size", "4"])):
@@ -254,7 +188,7 @@ def test_fid_recipe_runs_as_pasted(tmp_path, tiny_vae_dir):
 
 
 def test_other_vaes_disk_table_and_training_lines(tmp_path, monkeypatch):
-    """"Other VAEs": every number of the disk table is extract/plan.bytes_per_sample for ImageNet-1k (which the
+    """docs/vaes.md: every number of the disk table is extract/plan.bytes_per_sample for ImageNet-1k (which the
     tiny tokenizer sets measure exactly: tests/train/test_tokenizers.py), and both dit-train lines pass every
     check as pasted under DIT_DRY_RUN=1 on synthetic sets of those latent shapes (VA-VAE's 32x16x16 normalized
     per channel, DC-AE's 32x8x8), their plans saying the tokens per image and the normalization."""
@@ -265,7 +199,7 @@ def test_other_vaes_disk_table_and_training_lines(tmp_path, monkeypatch):
     from tests._util import run_cli
     from tests.train.helpers import make_shard_set
 
-    section = README[README.index("## Other VAEs"):README.index("## Which checks catch what")]
+    section = _docs.text("docs/vaes.md")
     images = 1_281_167
 
     def gib(b: int) -> str:
@@ -287,7 +221,7 @@ def test_other_vaes_disk_table_and_training_lines(tmp_path, monkeypatch):
     make_shard_set(tmp_path / "shards" / "in1k-256-dcae", samples=[256] * 4, latent_shape=(32, 8, 8), store="sample",
                    dtype="float16", scaling_factor=0.41407)
     monkeypatch.chdir(tmp_path)
-    lines = [c for c in _commands(_block_after("## Other VAEs", "bash")) if "dit-train" in " ".join(c)]
+    lines = [c for c in _commands(_block_after("docs/vaes.md", "# Other VAEs")) if "dit-train" in " ".join(c)]
     assert len(lines) == 2 and lines[0][0] == "torchrun"
     at = next(i for i, a in enumerate(lines[0]) if a.endswith("dit-train)"))
     env = {"DIT_DRY_RUN": "1", "WORLD_SIZE": "8", "RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "8"}
@@ -303,3 +237,20 @@ def test_other_vaes_disk_table_and_training_lines(tmp_path, monkeypatch):
     assert "input 8 (8x8 latents / patch 1 = 64 tokens per image)" in r.output
     assert "latents 32x8x8 float16, scaling 0.41407, 2 classes" in r.output
     assert not (tmp_path / "runs").exists()
+
+
+def test_format_reading_snippet_runs(tmp_path, monkeypatch):
+    """docs/FORMAT.md "Reading": plain WebDataset reads a shard set of four shards as the block writes it, with
+    nothing of ours imported by the block."""
+    import numpy as np
+
+    from tests.train.helpers import make_shard_set
+
+    make_shard_set(tmp_path / "shards", samples=[2, 2, 2, 2], dtype="float16")
+    code = _block_after("docs/FORMAT.md", "## Reading", "python")
+    assert "dit_pipeline" not in code
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    exec(compile(code, "docs/FORMAT.md:reading", "exec"), scope)
+    assert scope["key"] == "000000007" and scope["label"] == 7 % 2
+    assert scope["mean"].dtype == np.float32 and scope["mean"].shape == (1, 4, 8, 8)

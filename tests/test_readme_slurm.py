@@ -1,4 +1,4 @@
-"""The README's style-2 Slurm batch script, run as written (extracted from README.md) by bash with stand-ins for
+"""The style-2 Slurm batch script of docs/clusters.md, run as written (extracted from the page) by bash with stand-ins for
 the Slurm and torch launchers on PATH, and real processes:
 
 - `scontrol listpids JOB` prints, in Slurm's format, the PIDs this "job" started (its srun, torchrun and ranks,
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_readme import README
+from tests._docs import blocks
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="bash, ps and /proc: the Slurm nodes' platform")
 
@@ -70,9 +70,8 @@ while read -r pid; do echo "$pid  $2    batch    -       -"; done < "$FAKE_JOB_P
 
 
 def batch_script() -> str:
-    section = README[README.index("On Slurm, let the batch shell receive"):]
-    start = section.index("```bash\n") + len("```bash\n")
-    return section[start:section.index("```", start)]
+    [script] = [b.body for b in blocks("docs/clusters.md") if b.body.startswith("#!/bin/bash\n")]
+    return script
 
 
 def _tools(tmp_path: Path) -> dict[str, str]:

@@ -74,7 +74,7 @@ class TrainConfig(GuardSettings, RepaSettings, FidSettings, GridSettings):
         group=DATA)
     # model
     model: str = setting("DiT-XL/2", "Model preset of any family: DiT-XL/2, DiT-B/4, LightningDiT-XL/1, DDT-XL/2, "
-                         "DiT-DH-XL, ... (README 'Model families')", group=MODEL)
+                         "DiT-DH-XL, ... (docs/families.md)", group=MODEL)
     depth: int | None = setting(None, "Override the preset's depth (small experiments; DiT-DH: its encoder's)",
                                 group=MODEL)
     hidden_size: int | None = setting(None, "Override the preset's hidden size", group=MODEL)
@@ -112,7 +112,7 @@ class TrainConfig(GuardSettings, RepaSettings, FidSettings, GridSettings):
                                     group=MODEL, shown=_PRESETS)
     # objective: ddpm (DiT) or flow (SiT's linear interpolant, velocity prediction; dit/flow.py)
     objective: str = setting("ddpm", "ddpm: DiT's diffusion; flow: SiT's linear interpolant with velocity "
-                             "prediction, t in [0, 1] (README 'Choosing an objective')", group=OBJECTIVE,
+                             "prediction, t in [0, 1] (docs/objectives.md)", group=OBJECTIVE,
                              choices=OBJECTIVES)
     t_sampling: str = setting("uniform", "Flow training times: uniform or sigmoid(t-mean + t-scale * N(0, 1))",
                               group=OBJECTIVE, choices=T_SAMPLINGS)
@@ -127,7 +127,7 @@ class TrainConfig(GuardSettings, RepaSettings, FidSettings, GridSettings):
                                 "channels to the flow loss (logged as cos)", group=OBJECTIVE)
     prediction: str = setting("v", "flow: what the network predicts, v (the velocity) or x (the clean image, converted "
                               "to a velocity as JiT and NanoGen do: (x_pred - x_t) / max(1 - t, --t-eps)); recorded, "
-                              "and every sampler converts through it (README 'Pixel space')", group=OBJECTIVE,
+                              "and every sampler converts through it (docs/pixel-space.md)", group=OBJECTIVE,
                               choices=PREDICTIONS)
     v_target: str = setting("plain", "--prediction v: the velocity's training target, plain (x - noise at every t) or "
                             "clamped (NanoGen's (x - x_t) / max(--t-eps, 1 - t): x - noise scaled down where the "
@@ -135,7 +135,7 @@ class TrainConfig(GuardSettings, RepaSettings, FidSettings, GridSettings):
                             "unchanged", group=OBJECTIVE, choices=V_TARGETS)
     t_eps: float = setting(T_EPS, "--prediction x, --v-target clamped: the smallest noise level 1 - t the conversion "
                            "and the target divide by", group=OBJECTIVE)
-    # PixelGen's perceptual losses on the predicted clean image (common/perceptual.py; README "Pixel space")
+    # PixelGen's perceptual losses on the predicted clean image (common/perceptual.py; docs/pixel-space.md)
     lpips: str | None = setting(None, "--prediction x: add LPIPS of the predicted image, networks from VGG16_FILE,"
                                 "LIN_FILE (torchvision's vgg16 weights, the lpips package's v0.1 vgg.pth)",
                                 group=OBJECTIVE)
@@ -145,7 +145,7 @@ class TrainConfig(GuardSettings, RepaSettings, FidSettings, GridSettings):
     pdino_weight: float = setting(0.01, "Weight of the DINOv2 feature term (PixelGen: 0.01)", group=OBJECTIVE)
     percep_t_thresh: float = setting(0.7, "The perceptual terms count only where the noise level 1 - t is below this "
                                      "(PixelGen: 0.7)", group=OBJECTIVE)
-    # MeanFlow and iMF (dit/meanflow.py; README "One-step generation"): the JAX releases' defaults (dit.meanflow.DEFAULTS)
+    # MeanFlow and iMF (dit/meanflow.py; docs/one-step.md): the JAX releases' defaults (dit.meanflow.DEFAULTS)
     mf_t_mean: float = setting(MF["t_mean"], "meanflow/imf: logit-normal location of t and r (t = 1 noise)",
                                group=OBJECTIVE)
     mf_t_scale: float = setting(MF["t_scale"], "meanflow/imf: logit-normal scale of t and r", group=OBJECTIVE)

@@ -65,7 +65,7 @@ def test_training_loss_equals_hand_computed_mse():
 def test_a_learn_sigma_dit_trains_as_a_c_channel_one():
     """SiT's train.py builds DiT's 2C-channel output layer (learn_sigma=True) and uses the first C channels: the
     other half gets exactly zero gradient, and with the shared weights equal the loss and every other
-    gradient are those of our C-channel model (README, "Choosing an objective")."""
+    gradient are those of our C-channel model (docs/objectives.md)."""
     kw = dict(input_size=4, num_classes=5, depth=1, hidden_size=32, num_heads=2)
     # eval(): a training-mode DiT drops labels (class_dropout_prob) with draws from the global RNG, which would
     # differ between the two models' forwards

@@ -207,7 +207,7 @@ def test_every_row_names_its_release_files_and_resolves():
 
 
 def test_the_cost_of_raes_autoguidance():
-    """README 'Sampling protocols': per step and sample, one DiT-DH-XL and one DiT-DH-S forward (RAE's _AG guidance
+    """docs/sampling.md, AutoGuidance: per step and sample, one DiT-DH-XL and one DiT-DH-S forward (RAE's _AG guidance
     model: hidden [384, 2048], depth [12, 2], heads [6, 16]), 1.30 DiT-DH-XL forwards in multiply-accumulates; CFG
     takes 2, and the release's AutoGuidance, both networks on its doubled batch, 2.60."""
     from dit_pipeline import dit

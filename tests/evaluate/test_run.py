@@ -151,15 +151,13 @@ def test_cli_bad_input_exits_1_with_one_line(tmp_path):
 
 
 def test_the_readme_trial_without_weights_runs_offline(tmp_path):
-    """README "Trying FID without the Inception weights": its command, as written, in a folder holding
+    """docs/evaluation.md "Trying FID without the Inception weights": its command, as written, in a folder holding
     samples/trial.npz; the numbers are finite but mean nothing (random weights)."""
-    import re
     import shlex
 
-    from tests._util import REPO
+    from tests._docs import block_after
 
-    readme = (REPO / "README.md").read_text()
-    block = re.search(r"\*\*Trying FID without the Inception weights\*\*.*?```bash\n(.*?)```", readme, re.S).group(1)
+    block = block_after("docs/evaluation.md", "## Trying FID without the Inception weights")
     [words] = [shlex.split(line) for line in block.strip().splitlines()]
     assert words[0] == "dit-eval"
     (tmp_path / "samples").mkdir()

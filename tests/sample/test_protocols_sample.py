@@ -503,7 +503,7 @@ def test_dit_is_the_reference_ddpm_path(tmp_path, tiny_vae_dir):
 def test_protocol_refusals(tmp_path, tiny_vae_dir):
     base = dict(ckpt="x.pt", num_samples=2, npz=str(tmp_path / "x.npz"))
     with pytest.raises(ConfigError, match=r"--sampler heun, --time-shift 2.0: --protocol rae sets these \(bytetriper/"
-                                          r"RAE's euler sampler; README 'Sampling protocols'\); drop them, or drop "
+                                          r"RAE's euler sampler; docs/sampling.md\); drop them, or drop "
                                           r"--protocol to choose every setting"):
         SampleConfig(**base, protocol="rae", sampler="heun", time_shift=2.0).validate()
     with pytest.raises(ConfigError, match=r"--protocol must be one of dit, sit, repa, .*, got 'adm'"):

@@ -1,5 +1,5 @@
 """REPA's checkpoints in dit-sample: the release format (a bare SiT state_dict with projector keys, `last.pt`) and
-REPA's train.py checkpoints load unchanged, projector keys dropped, in REPA's time convention; with the README's
+REPA's train.py checkpoints load unchanged, projector keys dropped, in REPA's time convention; with docs/repa.md's
 REPA flags our samplers equal REPA's samplers written out here from their formulas (time running from 1 = noise
 to 0, velocity noise - data, Euler-Maruyama with diffusion 2t and the score from the velocity, CFG on the drift of
 every channel only where REPA's t <= 0.7, a noise-free last step); the guidance interval for DDPM against a
@@ -23,7 +23,7 @@ from dit_pipeline.sample.generate import (decode_latents, guided_model_fn, make_
                                           sample_latents)
 from dit_pipeline.sample.load import load_model, resolve_flow_convention
 from dit_pipeline.sample.plan import noise_generators
-from tests._util import FP32_EPS, REPO, assert_close_at_scale, run_cli
+from tests._util import FP32_EPS, assert_close_at_scale, run_cli
 from tests.sample.conftest import our_checkpoint, random_dit
 
 NAME, LATENT_SIZE = "DiT-S/4", 8  # a preset (bare files carry no head count), 2x2 tokens
@@ -178,19 +178,18 @@ def test_guidance_interval_skips_the_unconditional_pass(repa_files, monkeypatch)
 
 
 def readme_repa_command() -> list[str]:
-    """The dit-sample arguments of the README's REPA block (after `$(which dit-sample)`)."""
-    import re
+    """The dit-sample arguments of docs/repa.md's sampling block (after `$(which dit-sample)`)."""
     import shlex
 
-    readme = (REPO / "README.md").read_text()
-    section = readme[readme.index("## Representation alignment (REPA)"):]
-    block = next(b for b in re.findall(r"```bash\n(.*?)```", section, re.S) if "dit-sample" in b).replace("\\\n", " ")
+    from tests._docs import block_after
+
+    block = block_after("docs/repa.md", "## REPA's checkpoints and sampler").replace("\\\n", " ")
     words = shlex.split(block)
     return words[words.index("$(which") + 2:] if "$(which" in words else words[words.index("dit-sample") + 1:]
 
 
 def test_dit_sample_with_the_readme_repa_flags(repa_files, tiny_vae_dir, tmp_path):
-    """The README's REPA command as pasted, with a tiny file, VAE and sample count: it records REPA's time and
+    """docs/repa.md's REPA sampling command as pasted, with a tiny file, VAE and sample count: it records REPA's time and
     the interval, and its pixels are the decoded latents of REPA's sampler written out above."""
     args = readme_repa_command()
     assert args[args.index("--steps") + 1] == "250" and args[args.index("--guidance-interval") + 1:][:2] == ["0", "0.7"]

@@ -115,7 +115,7 @@ def test_extract_verify_stats_train_sample_end_to_end(name, extracted, tmp_path)
     assert (m.latent_shape, m.image_size, m.store, m.format_version) == (shape, size, store, version)
     ident = m.extraction["vae"]
     assert (ident["latent_channels"], ident["downsample_factor"]) == (shape[0], factor)
-    # the tar bytes of a sample are what extract/plan.py computes (README, "Other VAEs": the disk costs)
+    # the tar bytes of a sample are what extract/plan.py computes (docs/vaes.md: the disk costs)
     arrays = 2 if store == "posterior" else 1
     members = m.total_samples * bytes_per_sample(2, arrays, tuple(shape), 2)  # one shard: + end blocks, padding
     assert m.total_bytes == -(-(members + 1024) // 10240) * 10240
