@@ -15,6 +15,7 @@ clone of NanoGen is at hand, regenerates them), so a missing, extra or differing
 """
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 RELEASE = "End2End-Diffusion/diffusion-bench"
@@ -41,6 +42,7 @@ class Model(NamedTuple):
     reg: bool = False         # repa.use_reg: REG's class token (dit/protocol_fit.py FEATURES)
     unshifted: bool = False   # misc.time_dist_shift_base_eval = the dim: the grid unshifted
     resolution: int = 256
+    version: int = 0          # its released checkpoint: <name>-v<version>.pt (stage_2.ckpt)
 
     @property
     def latent_shape(self) -> tuple[int, int, int]:
@@ -75,7 +77,7 @@ MODELS: tuple[Model, ...] = (
     Model(f"{_N}-rae-dinov2-reg0.03-rmsnorm-vpred-t4c8", "imagenet", "dinov2-vit-b", 6.2, reg=True),
     Model(f"{_N}-rae-dinov3-vit-b16-vpred-t4c8", "imagenet", "dinov3-vit-b16", 7.0),
     Model(f"{_N}-rae-dinov3-vit-b16-reg0.03-rmsnorm-vpred-t4c8", "imagenet", "dinov3-vit-b16", 7.8, reg=True),
-    Model(f"{_N}-rae-siglip2-vit-b-vpred-t4c8", "imagenet", "siglip2-vit-b", 7.0),
+    Model(f"{_N}-rae-siglip2-vit-b-vpred-t4c8", "imagenet", "siglip2-vit-b", 7.0, version=1),
     Model(f"{_N}-rae-pe-vit-l-vpred-t4c8", "imagenet", "pe-vit-l", 5.0),
     Model(f"{_N}-rae-langpe-vit-l-vpred-t4c8", "imagenet", "langpe-vit-l", 5.0),
     Model(f"{_N}-rae-spatialpe-vit-l-vpred-t4c8", "imagenet", "spatialpe-vit-l", 9.0),
@@ -102,7 +104,7 @@ MODELS: tuple[Model, ...] = (
     Model(f"t2i-{_N}-rae-dinov2-reg0.03-rmsnorm-vpred-t4", "t2i", "dinov2-vit-b", reg=True),
     Model(f"t2i-{_N}-rae-dinov3-vit-b16-vpred-t4", "t2i", "dinov3-vit-b16"),
     Model(f"t2i-{_N}-rae-dinov3-vit-b16-reg0.03-rmsnorm-vpred-t4", "t2i", "dinov3-vit-b16", reg=True),
-    Model(f"t2i-{_N}-rae-siglip2-vit-b-vpred-t4", "t2i", "siglip2-vit-b"),
+    Model(f"t2i-{_N}-rae-siglip2-vit-b-vpred-t4", "t2i", "siglip2-vit-b", version=1),
     Model(f"t2i-{_N}-rae-pe-vit-l-vpred-t4", "t2i", "pe-vit-l"),
     Model(f"t2i-{_N}-rae-langpe-vit-l-vpred-t4", "t2i", "langpe-vit-l"),
     Model(f"t2i-{_N}-rae-spatialpe-vit-l-vpred-t4", "t2i", "spatialpe-vit-l"),
@@ -143,7 +145,7 @@ def rows() -> dict:
     out = {}
     for m in MODELS:
         c, h, w = m.latent_shape
-        shift = 1.0 if m.unshifted else (c * h * w / SHIFT_BASE) ** 0.5
+        shift = 1.0 if m.unshifted else math.sqrt(c * h * w / SHIFT_BASE)
         applies = AppliesTo(space=("pixels",) if m.tokenizer == "pixels" else ("latent",),
                             conditioning=("class",) if m.task == "imagenet" else ("text",),
                             objectives=("meanflow",) if m.meanflow else ("flow",), prediction=m.prediction,
@@ -162,7 +164,7 @@ def rows() -> dict:
                 fid_reference=NANOGEN_REF if m.task == "imagenet" else T2I_REF,
                 grid=TimeGrid(count_is="intervals", start=0.0, end=1.0, shift=shift),
                 null_label="num_classes" if m.task == "imagenet" else "the empty prompt",
-                model=f"{m.name}-v0.pt (NanoGen's release: pretrained_models/{m.task}/ckpts) on {m.tokenizer} "
+                model=f"{m.name}-v{m.version}.pt (NanoGen's release: pretrained_models/{m.task}/ckpts) on {m.tokenizer} "
                       f"{'x'.join(map(str, m.latent_shape))}",
                 applies_to=applies, notes=_notes(m))
             out[row.name] = row
