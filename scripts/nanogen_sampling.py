@@ -144,12 +144,16 @@ def dumps(content: dict[str, Any]) -> str:
     return "\n".join(lines + [",\n".join(rows), "}}"]) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repo", required=True, help="a clone (or bare mirror) of End2End-Diffusion/diffusion-bench")
     ap.add_argument("--out", default=str(FIXTURE), help="the fixture to write [%(default)s]")
     ap.add_argument("--check", action="store_true", help="compare with --out instead of writing it")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     content = collect(args.repo)
     out = Path(args.out)
     if args.check:

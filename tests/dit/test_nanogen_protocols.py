@@ -172,3 +172,64 @@ def test_rows_needing_reg_are_refused_naming_it():
     assert all(protocols.missing_features(p) is None for n, p in PROTOCOLS.items() if n not in reg)
     tuned = PROTOCOLS["nanogen/ddt-en28d1152hd72-dn2d2048hd128-sdvae-ema-reg0.03-rmsnorm-vpred-t4c8-cfg2.2-t0.0-0.9"]
     assert math.isclose(tuned.guidance.scale, 2.2) and tuned.guidance.interval == (0.0, 0.9)  # for when REG exists
+
+
+# ---- the guide's table (docs/nanogen-protocols.md) ---------------------------------------------------------------
+
+def guide_table() -> str:
+    """The guide's table of NanoGen's models and their protocols, rendered from the rows."""
+    lines = ["| NanoGen model: `nanogen/<name>` | data | latent | grid shift | guidance of `nanogen/<name>` | tuned "
+             "ImageNet protocol `nanogen/<name>-cfg<s>-t0.0-0.9` |", "|---|---|---|---|---|---|"]
+    for m in MODELS:
+        p = PROTOCOLS[f"nanogen/{m.name}"]
+        g, shift = p.guidance, p.grid.shift
+        own = ("none: trained in, 1 step" if g.rule == "none" else
+               "none (cfg 1.0)" if g.scale == 1.0 else f"cfg {g.scale:.1f} on [{g.interval[0]:g}, {g.interval[1]:g}]")
+        tuned = dict(m.sampling_names())
+        scale = next((f"cfg {s:.1f} on [0, 0.9]" for s in tuned.values() if s), "")
+        space = f"{m.tokenizer} {'x'.join(map(str, m.latent_shape))}"
+        data = ("ImageNet" if m.task == "imagenet" else "T2I") + (f" {m.resolution} px" if m.resolution != 256 else "")
+        extra = " (needs REG)" if m.reg else (" (x prediction)" if m.prediction == "x" else "")
+        lines.append(f"| `{m.name}`{extra} | {data} | {space} | {shift:.4g} | {own} | {scale} |")
+    return "\n".join(lines)
+
+
+def test_the_guide_states_the_rows():
+    guide = (REPO / "docs" / "nanogen-protocols.md").read_text()
+    assert guide_table() in guide
+    import re
+
+    named = set(re.findall(r"`(nanogen[\w./-]*)`", guide) + re.findall(r"--protocol (nanogen\S*)", guide))
+    named = {n for n in named if not ("<" in n or "..." in n or n.endswith("/"))}  # patterns, not names
+    assert named and all(n in PROTOCOLS for n in named), sorted(n for n in named if n not in PROTOCOLS)
+
+
+def test_the_guides_commands_parse(tmp_path, monkeypatch):
+    """Every dit-* line of the guide's bash blocks is accepted by its command's parser (no unknown flag or value)."""
+    import re
+    import shlex
+
+    import click
+
+    from dit_pipeline import cli
+
+    commands = {"dit-sample": cli.sample_main, "dit-eval": cli.eval_main}
+    guide = (REPO / "docs" / "nanogen-protocols.md").read_text()
+    lines = [shlex.split(line) for block in re.findall(r"```bash\n(.*?)```", guide, re.S)
+             for line in block.replace("\\\n", " ").splitlines() if line.strip()]
+    assert [w[0] for w in lines] == ["dit-sample", "dit-eval", "dit-sample", "dit-sample", "dit-sample", "python"]
+    monkeypatch.chdir(tmp_path)
+    for words in lines[:-1]:
+        cmd = commands[words[0]]
+        try:
+            if isinstance(cmd, click.Group):
+                cmd.commands["run"].make_context(words[0], words[1:])
+            else:
+                cmd.make_context(words[0], words[1:])
+        except click.ClickException as e:
+            pytest.fail(f"docs/nanogen-protocols.md: `{' '.join(words)}` does not parse: {e.format_message()}")
+        for i, w in enumerate(words[:-1]):
+            if w == "--protocol" and words[0] == "dit-sample":
+                assert words[i + 1] in PROTOCOLS
+    python = lines[-1]
+    assert python[1] == "scripts/nanogen_sampling.py" and script().parser().parse_args(python[2:]).check
