@@ -479,12 +479,10 @@ def fit_problem(p: Protocol, traits: ModelTraits, shown: int = 8) -> str | None:
     if not wrong:
         return None
     fits = fitting(traits)
-    which = (f"protocols that fit it: {', '.join(fits[:shown])}" + (f" and {len(fits) - shown} more" if
-                                                                    len(fits) > shown else "")
-             if fits else "no protocol fits it")
+    more = f" and {len(fits) - shown} more" if len(fits) > shown else ""
+    which = f"Protocols that fit it: {', '.join(fits[:shown])}{more}" if fits else "No protocol fits it"
     return (f"--protocol {p.name} applies to {p.applies_to.describe()}; this is {traits.describe()} "
-            f"({'; '.join(wrong)}). {which[0].upper()}{which[1:]}; or drop --protocol and choose the sampler with "
-            "dit-sample's flags")
+            f"({'; '.join(wrong)}). {which}; or drop --protocol and choose the sampler with dit-sample's flags")
 
 
 def missing_features(p: Protocol) -> str | None:
