@@ -29,7 +29,7 @@ from dit_pipeline.extract.config import (CPU_DEFAULT_BATCH, DTYPES, GPU_DEFAULT_
                                          TEXT_DTYPES, ExtractConfig)
 from dit_pipeline.sample.config import (CFG_CHANNELS, DIFFUSION_FORMS, EXPORT_TARGETS, FLOW_CONVENTIONS, OBJECTIVES,
                                          SAMPLERS, WEIGHTS, ExportConfig, SampleConfig)
-from dit_pipeline.dit.protocols import PROTOCOLS
+from dit_pipeline.dit.protocols import RELEASE_ROWS
 from dit_pipeline.sample.plan import LABEL_SAMPLINGS
 from dit_pipeline.train.config import GROUPS as TRAIN_GROUPS
 from dit_pipeline.train.config import TrainConfig
@@ -99,10 +99,14 @@ def sample_main() -> None:
 @_weights_options
 @click.option("--sampler", type=click.Choice(SAMPLERS), default=None,
               help="[from the model's objective: ddpm for ddpm models, euler-maruyama (SiT's SDE) for flow models]")
-@click.option("--protocol", type=click.Choice(list(PROTOCOLS)), default=None,
-              help="Sample as a release does (docs/sampling.md): its time grid, solver, guidance rule "
-              "and interval ends, image conversion and FID labels; --steps, --cfg-scale, --guidance-interval and "
-              "--labels change its values (recorded), the other sampler flags must agree with it.")
+@click.option("--protocol", default=None, metavar="NAME",
+              help=f"Sample as a release does (docs/sampling.md): its time grid, solver, guidance rule "
+              "and interval ends, image conversion and FID labels; --steps, --cfg-scale, --guidance-interval, "
+              "--time-shift and --labels change its values (recorded), the other sampler flags must agree with it. "
+              "A protocol applies to the models its release samples (space, conditioning, objective; NanoGen's "
+              "configs also the prediction and latent shape): another model is refused, naming the protocols that "
+              f"fit it. One of {', '.join(RELEASE_ROWS)}, or nanogen/CONFIG for each of NanoGen's sampling configs "
+              "(docs/nanogen-protocols.md).")
 @click.option("--guidance-model", default=None, metavar="FILE",
               help="AutoGuidance's weaker network (--protocol rae-ag; or with --cfg-scale S alone: v_weak + S (v - "
               "v_weak) on every channel), a weight file of the same latents and classes.")
@@ -127,8 +131,9 @@ def sample_main() -> None:
 @click.option("--time-shift", type=float, default=None,
               help="Flow samplers: shift the time grid by SD3's s (noise level s n / (1 + (s - 1) n)): toward noise "
               "for s > 1, toward data for s < 1; "
-              "LightningDiT's timestep_shift a is 1/a (0.3: 3.333) [the shift the model was trained with, as its "
-              "checkpoint records it; else 1, none].")
+              "LightningDiT's timestep_shift a is 1/a (0.3: 3.333); with --protocol it replaces the protocol's "
+              "shift (recorded) [the protocol's; else the shift the model was trained with, as its checkpoint "
+              "records it; else 1, none].")
 @click.option("--latent-stats", default=None, metavar="FILE",
               help="Per-channel latent statistics (mean and std, e.g. LightningDiT's latents_stats.pt) to decode with, "
               "for a checkpoint trained on them that does not hold them.")

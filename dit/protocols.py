@@ -18,20 +18,26 @@ A `Protocol` holds
 - the null label (the extra row of the label table, index num_classes, in every release here);
 - the image conversion from the decoder's output to uint8, by name (`CONVERSIONS`; evaluate/ imports them);
 - the class labels of its FID samples ("uniform" draws or "equal" counts) and the FID reference it was published
-  against.
+  against;
+- what it applies to (`AppliesTo`, dit/protocol_fit.py: space, conditioning, objective, prediction, latent shape,
+  the model features its sampler needs), so that a model it does not fit is refused naming the rows that fit it.
 
-`PROTOCOLS` is the table; each row names the release files (and lines) its values were read from. The samplers
+`PROTOCOLS` is the table; each row names the release files (and lines) its values were read from. NanoGen's 78
+sampling configs are rows `nanogen/<config file name>` built from dit/nanogen_protocols.py. The samplers
 (sample/generate.py) read a protocol, never a release's name; `dit-sample` without --protocol runs `custom`, the
 protocol its flags describe. Pure data and tensor arithmetic: no I/O.
 """
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 
+from . import nanogen_protocols
+from .protocol_fit import FEATURES, AppliesTo, ModelTraits, model_traits  # noqa: F401 (model_traits: sample/)
 from .shift import shift_for_dim, shift_time, shifted_grid
 
 SOLVERS = ("ddpm", "ddim", "euler", "heun", "euler-maruyama", "meanflow")
@@ -146,6 +152,18 @@ class Guidance:
     channels: str = "all"  # "3": DiT's first three latent channels; "all"
     doubled: bool = False  # the release runs [cond; uncond] at every step
     guide_model: str | None = None  # autoguidance: the weaker network the release used
+    # NanoGen's internal guidance beside the rule above: (scale, t_min, t_max) on noise levels, None: off (its
+    # sampler needs the "internal-guidance" feature, dit/protocol_fit.py)
+    internal: tuple[float, float, float] | None = None
+
+    @property
+    def kind(self) -> str:
+        """What guides: "cfg" (or "autoguidance", "input"), "internal", "internal+cfg", or "none" (no rule, or a
+        scale of 1, which guides nothing)."""
+        rule = self.rule if self.rule != "none" and (self.rule == "input" or self.scale > 1.0) else "none"
+        if self.internal is None:
+            return rule
+        return "internal" if rule == "none" else f"internal+{rule}"
 
     def applies(self, level: float) -> bool:
         """Whether guidance applies at noise level `level` (the grid's own float64 time)."""
@@ -188,15 +206,20 @@ class Protocol:
     model: str = ""              # the network it was published with
     notes: str = ""
     overrides: tuple[str, ...] = field(default=())  # settings changed from the row (recorded)
+    applies_to: AppliesTo = AppliesTo()  # the models it fits (dit/protocol_fit.py; `custom`: any)
 
     def with_overrides(self, *, count: int | None = None, scale: float | None = None,
                        interval: tuple[float, float] | list[float] | None = None,
-                       labels: str | None = None) -> "Protocol":
-        """This protocol with the values a user chose instead of the release's; they are recorded (`overrides`)."""
+                       labels: str | None = None, shift: float | None = None) -> "Protocol":
+        """This protocol with the values a user chose instead of the release's; they are recorded (`overrides`).
+        `shift`: the grid's shift (dit-sample --time-shift), in place of the row's value or rule."""
         changed, p = [], self
         if count is not None and count != p.count:
             changed.append(f"steps {count}")
             p = dataclasses.replace(p, count=int(count))
+        if shift is not None and p.grid is not None and float(shift) != p.grid.shift:
+            changed.append(f"shift {float(shift):g}")
+            p = dataclasses.replace(p, grid=dataclasses.replace(p.grid, shift=float(shift)))
         if scale is not None and float(scale) != p.guidance.scale:
             changed.append(f"scale {scale:g}")
             p = dataclasses.replace(p, guidance=dataclasses.replace(p.guidance, scale=float(scale)))
@@ -232,6 +255,10 @@ class Protocol:
 
 
 ADM_REF = "ADM's VIRTUAL_imagenet256_labeled.npz (openai/guided-diffusion evaluations)"
+NANOGEN_REF = "NanoGen's data/imagenet/jit_in256_stats.npz (ImageNet validation statistics)"
+T2I_REF = "none: GenEval, DPG-Bench and GenAI-Bench VQAScore on the prompts (dit-eval --t2i)"
+_LATENT, _PIXELS = ("latent",), ("pixels",)
+CLASS_FLOW = AppliesTo(space=_LATENT, conditioning=("class",), objectives=("flow",))
 _SDE_GRID = TimeGrid(count_is="points", start=0.0, end=0.96, append=1.0)  # SiT's and REPA's: 0.96, then Mean to 1
 
 PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
@@ -242,7 +269,8 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
          "models.py l.250-265 forward_with_cfg: guidance on model_out[:, :3]",
          "sample_ddp.py: y = torch.randint(0, num_classes) per sample"),
         solver="ddpm", count=250, guidance=Guidance("cfg", 1.5, channels="3", doubled=True), conversion="dit",
-        labels="uniform", fid_reference=ADM_REF, fid=2.27, model="DiT-XL/2 256 px"),
+        labels="uniform", fid_reference=ADM_REF, fid=2.27, model="DiT-XL/2 256 px",
+        applies_to=AppliesTo(space=_LATENT, conditioning=("class",), objectives=("ddpm",))),
     Protocol(
         "sit", "willisma/SiT",
         ("sample_ddp.py l.109-117 (sample_sde: Euler, diffusion form sigma, norm 1, last step Mean 0.04, 250 steps), "
@@ -252,7 +280,7 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
          "transport/integrators.py l.23 linspace(t0, t1, num_steps)", "models.py l.250-265 (first 3 channels)"),
         solver="euler-maruyama", count=250, grid=_SDE_GRID,
         guidance=Guidance("cfg", 1.5, channels="3", doubled=True), conversion="dit", labels="uniform",
-        fid_reference=ADM_REF, fid=2.06, model="SiT-XL/2 256 px"),
+        fid_reference=ADM_REF, fid=2.06, model="SiT-XL/2 256 px", applies_to=CLASS_FLOW),
     Protocol(
         "repa", "sihyun-yu/REPA",
         ("samplers.py l.105-183 euler_maruyama_sampler: t = linspace(1, 0.04, num_steps) then 0 (REPA's t = noise "
@@ -262,7 +290,8 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
          "generate.py l.151-154 ((x + 1) / 2, clamp(255 x)), l.122 y = randint"),
         solver="euler-maruyama", count=250, grid=_SDE_GRID,
         guidance=Guidance("cfg", 1.8, interval=(0.0, 0.7), ends="[]", channels="all"), conversion="repa",
-        labels="uniform", fid_reference=ADM_REF, fid=1.42, model="SiT-XL/2 + REPA 256 px, 800 epochs"),
+        labels="uniform", fid_reference=ADM_REF, fid=1.42, model="SiT-XL/2 + REPA 256 px, 800 epochs",
+        applies_to=CLASS_FLOW),
     Protocol(
         "lightningdit", "hustvl/LightningDiT",
         ("transport/integrators.py l.94-101 (linspace(t0, t1, num_steps), then a t / (1 + (a - 1) t), "
@@ -275,7 +304,7 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
         solver="euler", count=250, grid=TimeGrid(count_is="points", shift=1 / 0.3),
         guidance=Guidance("cfg", 6.7, interval=(0.0, 0.875), ends="[]", channels="3", doubled=True),
         conversion="dit", labels="uniform", fid_reference=ADM_REF, fid=1.35,
-        model="LightningDiT-XL/1 on VA-VAE f16d32, 800 epochs",
+        model="LightningDiT-XL/1 on VA-VAE f16d32, 800 epochs", applies_to=CLASS_FLOW,
         notes="the 64-epoch config: cfg 10.0, cfg_interval_start 0.10 (--cfg-scale 10 --guidance-interval 0 0.9)"),
     Protocol(
         "ddt", "MCG-NJU/DDT",
@@ -289,7 +318,7 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
         solver="euler", count=250, grid=TimeGrid(count_is="points", start=0.0, end=0.96, append=1.0),
         guidance=Guidance("cfg", 2.0, interval=(0.0, 0.7), ends="()", channels="all", doubled=True),
         conversion="ddt", labels="equal", fid_reference=ADM_REF + " (README: ADM evaluation suite)", fid=1.26,
-        model="DDT-XL/2 (22 + 6 blocks) 256 px",
+        model="DDT-XL/2 (22 + 6 blocks) 256 px", applies_to=CLASS_FLOW,
         notes="encoder sharing: dit-sample --encoder-refresh K is the release's state_refresh_rate K (1 in the "
               "config): the encoder recomputed at steps i % K == 0 on the doubled batch"),
     Protocol(
@@ -297,12 +326,19 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
         ("src/stage2/transport/transport.py l.125-152 check_interval (t0 = 0, t1 = 1 - 1/1000 for the ODE), "
          "sample_ode", "src/stage2/transport/integrators.py l.100-101 (t = 1 - linspace(t0, t1, num_steps), then "
          "s t / (1 + (s - 1) t) in its noise-level time)",
-         "src/sample_ddp.py l.134-137 (s = sqrt(prod(latent_size) / 4096)), l.276-277 (clamp(0, 1).mul(255))",
-         "configs/stage2/sampling/ImageNet256/DiTDHXL-DINOv2-B.yaml (euler, num_steps 50, guidance scale 1.0)",
+         "src/sample_ddp.py l.134-137 (s = sqrt(prod(latent_size) / 4096)), l.246-274 (guidance where the scale is "
+         "> 1: the doubled [x; x] with [y; null] at every step, forward_with_cfg, the first half kept), l.276-277 "
+         "(clamp(0, 1).mul(255))",
+         "src/stage2/models/DDT.py l.364-389 forward_with_cfg (every channel, where t_min <= t <= t_max in its t = "
+         "noise level; the conditional half elsewhere)",
+         "configs/stage2/sampling/ImageNet256/DiTDHXL-DINOv2-B.yaml (euler, num_steps 50, guidance method cfg, "
+         "scale 1.0, t-min 0.0, t-max 1.0)",
          "README (--label-sampling equal by default)"),
         solver="euler", count=50, grid=TimeGrid(count_is="points", start=0.0, end=0.999, shift="dim"),
-        guidance=Guidance("none", 1.0), conversion="rae", labels="equal", fid_reference=ADM_REF, fid=1.51,
-        model="DiT-DH-XL on DINOv2-B features 256 px, 800 epochs"),
+        guidance=Guidance("cfg", 1.0, interval=(0.0, 1.0), ends="[]", channels="all", doubled=True),
+        conversion="rae", labels="equal", fid_reference=ADM_REF, fid=1.51,
+        model="DiT-DH-XL on DINOv2-B features 256 px, 800 epochs", applies_to=CLASS_FLOW,
+        notes="the config's guidance is cfg at scale 1.0 (none); --cfg-scale S guides as its forward_with_cfg does"),
     Protocol(
         "rae-ag", "bytetriper/RAE",
         ("configs/stage2/sampling/ImageNet256/DiTDHXL-DINOv2-B_AG.yaml (method autoguidance, scale 1.42, t-min 0, "
@@ -314,7 +350,7 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
         guidance=Guidance("autoguidance", 1.42, interval=(0.0, 1.0), ends="[]", channels="all",
                           guide_model="DiT-DH-S"),
         conversion="rae", labels="equal", fid_reference=ADM_REF, fid=1.13,
-        model="DiT-DH-XL on DINOv2-B features 256 px, guided by DiT-DH-S",
+        model="DiT-DH-XL on DINOv2-B features 256 px, guided by DiT-DH-S", applies_to=CLASS_FLOW,
         notes="the release runs both networks on its doubled [cond; null] batch and keeps the conditional half; "
               "here only the conditional half runs: 2 network evaluations per step instead of 4"),
     Protocol(
@@ -332,11 +368,10 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
          "(50 steps, cfg 1.6 in [0, 0.9])"),
         solver="euler", count=50, grid=TimeGrid(count_is="intervals", start=0.0, end=1.0, shift="dim"),
         guidance=Guidance("cfg", 1.6, interval=(0.0, 0.9), ends="[]", channels="all", doubled=True),
-        conversion="nanogen", labels="equal",
-        fid_reference="NanoGen's data/imagenet/jit_in256_stats.npz (ImageNet validation statistics)", fid=None,
-        model="NanoGen's in-context DiT-DH t4c8 on SD-VAE-EMA latents, 80 epochs",
-        notes="the other latent spaces' configs: their own scale in [0, 0.9] (--cfg-scale); the grid's shift "
-              "sqrt(C H W / 4096) is 1 for SD-VAE latents, sqrt(48) for RAE's DINOv2-B features"),
+        conversion="nanogen", labels="equal", fid_reference=NANOGEN_REF, fid=None,
+        model="NanoGen's in-context DiT-DH t4c8 on SD-VAE-EMA latents, 80 epochs", applies_to=CLASS_FLOW,
+        notes="any latent space, with the grid's shift sqrt(C H W / 4096) of the model's latents (1 for SD-VAE, "
+              "sqrt(48) for RAE's DINOv2-B features); each NanoGen config's own scale: nanogen/<config>"),
     Protocol(
         "nanogen-pixels", "End2End-Diffusion/diffusion-bench",
         ("src/stage2/transport/sampler.py l.10-34 sample_ode (the nanogen grid)",
@@ -347,10 +382,10 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
          "src/utils/guidance_utils.py l.14-39 forward_with_cfg", "src/eval/generation.py l.150-168"),
         solver="euler", count=50, grid=TimeGrid(count_is="intervals", start=0.0, end=1.0, shift=1.0),
         guidance=Guidance("cfg", 2.6, interval=(0.0, 0.9), ends="[]", channels="all", doubled=True),
-        conversion="nanogen", labels="equal",
-        fid_reference="NanoGen's data/imagenet/jit_in256_stats.npz (ImageNet validation statistics)", fid=None,
+        conversion="nanogen", labels="equal", fid_reference=NANOGEN_REF, fid=None,
         model="NanoGen's JiT-DDT (in-context DiT-DH t4c8, patch 16 on pixels, x-prediction), 80 epochs",
-        notes="PixelGen's config: cfg 2.0 in [0, 0.9]; PixNerd's 2.4 (--cfg-scale)"),
+        applies_to=AppliesTo(space=_PIXELS, conditioning=("class",), objectives=("flow",)),
+        notes="PixelGen's and PixNerd's configs (cfg 2.0, 2.4): nanogen/pixelgen-..., nanogen/pixnerd-..."),
     Protocol(
         "nanogen-t2i", "End2End-Diffusion/diffusion-bench",
         ("src/stage2/transport/sampler.py l.10-34 sample_ode (the nanogen grid, shifted by sqrt(C H W / 4096))",
@@ -360,11 +395,25 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
          "src/utils/guidance_utils.py l.14-39 forward_with_cfg"),
         solver="euler", count=50, grid=TimeGrid(count_is="intervals", start=0.0, end=1.0, shift="dim"),
         guidance=Guidance("cfg", 6.0, interval=(0.0, 1.0), ends="[]", channels="all", doubled=True),
-        conversion="nanogen", labels="uniform", null_label="the empty prompt",
-        fid_reference="none: GenEval, DPG-Bench and GenAI-Bench VQAScore on the prompts (dit-eval --t2i)", fid=None,
+        conversion="nanogen", labels="uniform", null_label="the empty prompt", fid_reference=T2I_REF, fid=None,
         model="NanoGen's T2I in-context DiT-DH t4 (Qwen3-0.6B) on SD-VAE-EMA latents",
-        notes="prompts from --prompt / --prompts (a text model); the pixel T2I configs (jit, pixelgen) are unshifted "
-              "(time_dist_shift_base_eval = dim)"),
+        applies_to=AppliesTo(space=_LATENT, conditioning=("text",), objectives=("flow",)),
+        notes="prompts from --prompt / --prompts (a text model); pixel models: nanogen-t2i-pixels"),
+    Protocol(
+        "nanogen-t2i-pixels", "End2End-Diffusion/diffusion-bench",
+        ("src/stage2/transport/sampler.py l.10-34 sample_ode (the nanogen grid, unshifted)",
+         "configs/stage2/sampling/t2i/t2i-jit-ddt-en28d1152hd72-dn2d2048hd128-xpred-t4.yaml and "
+         "t2i-pixelgen-ddt-en28d1152hd72-dn2d2048hd128-xpred-t4-0.1lpips-0.01pdino-thresh0.7.yaml (50 steps, cfg 6.0 "
+         "with t_min 0.0, t_max 1.0, time_dist_shift_base_eval 196608 = time_dist_shift_dim: s = 1)",
+         "src/offline_eval.py l.118-124 (s = sqrt(dim / base_eval))",
+         "src/eval/generation.py l.136-147, l.163-168", "src/utils/guidance_utils.py l.14-39 forward_with_cfg"),
+        solver="euler", count=50, grid=TimeGrid(count_is="intervals", start=0.0, end=1.0, shift=1.0),
+        guidance=Guidance("cfg", 6.0, interval=(0.0, 1.0), ends="[]", channels="all", doubled=True),
+        conversion="nanogen", labels="uniform", null_label="the empty prompt", fid_reference=T2I_REF, fid=None,
+        model="NanoGen's T2I JiT-DDT and PixelGen (in-context DiT-DH t4, patch 16 on pixels, x-prediction)",
+        applies_to=AppliesTo(space=_PIXELS, conditioning=("text",), objectives=("flow",)),
+        notes="NanoGen's T2I PixNerd config is shifted by sqrt(48) (no base_eval): "
+              "nanogen/t2i-pixnerd-ddt-en28d1152hd72-dn2d2048hd128-vpred-t4"),
     Protocol(
         "meanflow", "Gsunshine/meanflow",
         ("meanflow.py l.102-124 (sample_one_step: z_r = z_t - (t - r) u(z_t, t, t - r); _default_schedule "
@@ -374,6 +423,7 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
         guidance=Guidance("none", 1.0), conversion="dit", labels="uniform",
         fid_reference="the release's ImageNet 256 statistics, computed as ADM's (README: FID stats)", fid=None,
         model="MeanFlow (the release's MF-B/4: FID 11.4 in its README)",
+        applies_to=AppliesTo(space=_LATENT, conditioning=("class",), objectives=("meanflow",)),
         notes="the release samples 2 steps only on a list it is given (sampling.sampling_timesteps); "
               "--steps 2 here takes linspace(1, 0, 3), our choice"),
     Protocol(
@@ -386,15 +436,62 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
         guidance=Guidance("input", 8.0, interval=(0.4, 0.65), ends="[]", channels="all"), conversion="dit",
         labels="equal", fid_reference="the release's imagenet_256_fid_stats.npz (computed on TPU with JAX)",
         fid=3.39, model="iMF-B/2 256 px",
+        applies_to=AppliesTo(space=_LATENT, conditioning=("class",), objectives=("imf", "imf-adaln")),
         notes="eval_config.yml: iMF-M/2 and L/2 omega 10.5 in [0.4, 0.6]; XL/2 8.0 in [0.42, 0.62]; XL/2 2 steps "
               "4.0 in [0.36, 0.64] (--cfg-scale, --guidance-interval, --steps)"),
 )}
 
 
+RELEASE_ROWS = tuple(PROTOCOLS)  # the releases' own rows, before NanoGen's configs
+PROTOCOLS.update(nanogen_protocols.rows())
+
+
+def names() -> str:
+    """The protocol names for a message: every release's, then NanoGen's configs as one pattern."""
+    n = len(PROTOCOLS) - len(RELEASE_ROWS)
+    return f"{', '.join(RELEASE_ROWS)}, nanogen/<NanoGen sampling config> ({n} rows: docs/nanogen-protocols.md)"
+
+
+def _near(name: str) -> str:
+    near = difflib.get_close_matches(name, list(PROTOCOLS), n=3, cutoff=0.8)
+    return f" (did you mean {' or '.join(near)}?)" if near else ""
+
+
+def unknown(name: str, flag: str = "--protocol") -> str:
+    """The message for a protocol name that is not a row (with the closest names)."""
+    return f"{flag} must be one of {names()}, got {name!r}{_near(name)}"
+
+
 def protocol(name: str) -> Protocol:
     if name not in PROTOCOLS:
-        raise ValueError(f"unknown sampling protocol {name!r}; choose one of: {', '.join(PROTOCOLS)}")
+        raise ValueError(f"unknown sampling protocol {name!r}; choose one of: {names()}{_near(name)}")
     return PROTOCOLS[name]
+
+
+def fitting(traits: ModelTraits) -> list[str]:
+    """The rows that fit a model, releases' first; rows needing a feature this build lacks are left out."""
+    return [n for n, p in PROTOCOLS.items() if not p.applies_to.mismatches(traits) and not p.applies_to.missing()]
+
+
+def fit_problem(p: Protocol, traits: ModelTraits, shown: int = 8) -> str | None:
+    """Why protocol `p` does not fit a model with `traits` (None: it fits), naming the rows that do."""
+    wrong = p.applies_to.mismatches(traits)
+    if not wrong:
+        return None
+    fits = fitting(traits)
+    more = f" and {len(fits) - shown} more" if len(fits) > shown else ""
+    which = f"Protocols that fit it: {', '.join(fits[:shown])}{more}" if fits else "No protocol fits it"
+    return (f"--protocol {p.name} applies to {p.applies_to.describe()}; this is {traits.describe()} "
+            f"({'; '.join(wrong)}). {which}; or drop --protocol and choose the sampler with dit-sample's flags")
+
+
+def missing_features(p: Protocol) -> str | None:
+    """Why protocol `p` cannot run in this build (None: it can): the features its release's sampler needs."""
+    missing = p.applies_to.missing()
+    if not missing:
+        return None
+    return (f"--protocol {p.name} needs {'; '.join(FEATURES[f] for f in missing)}, which this build does not have "
+            "yet; no other setting samples it as the release does")
 
 
 def custom(*, solver: str, steps: int, scale: float = 1.0, interval: tuple[float, float] | list[float] | None = None,

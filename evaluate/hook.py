@@ -85,9 +85,9 @@ class FidSettings(DecodeSettings):
     protocol: str | None = setting(
         None, "Sample the FID images as a release does (as dit-sample's protocol: its grid, solver, guidance rule, "
         "image conversion; docs/sampling.md); the FID steps and guidance scale, when given, and the FID "
-        "labels change its values (recorded as overrides)",
-        group=GRIDS, choices=tuple(n for n, p in PROTOCOLS.items() if p.guidance.rule != "autoguidance"),
-        shown="none: the objective's FID sampler")
+        "labels change its values (recorded as overrides); a name of dit-sample --protocol but AutoGuidance's "
+        "(NanoGen's configs: nanogen/CONFIG, docs/nanogen-protocols.md)",
+        group=GRIDS, shown="none: the objective's FID sampler")
     fid_batch_size: int = setting(32, "FID samples per GPU and batch", group=GRIDS)
     fid_labels: str | None = setting(None, "Classes of the FID samples: uniform draws or equal counts per class, as "
                                      "dit-sample --labels", group=GRIDS, choices=plan.LABEL_SAMPLINGS,
@@ -129,7 +129,9 @@ class FidSettings(DecodeSettings):
             p.append(f"--protocol {self.protocol} guides with a second network, which FID during training does not "
                      "load; sample it with dit-sample --protocol " + self.protocol + " --guidance-model FILE")
         elif self.protocol is not None and self.protocol not in PROTOCOLS:
-            p.append(f"--protocol must be one of {', '.join(PROTOCOLS)}, got {self.protocol!r}")
+            p.append(protocols.unknown(self.protocol))
+        elif self.protocol is not None and protocols.missing_features(PROTOCOLS[self.protocol]):
+            p.append(str(protocols.missing_features(PROTOCOLS[self.protocol])))
         elif self.protocol is not None and objective in SPECS and \
                 PROTOCOLS[self.protocol].solver not in SPECS[objective].samplers:
             p.append(f"--protocol {self.protocol} samples with {PROTOCOLS[self.protocol].solver}, which does not sample "

@@ -288,13 +288,17 @@ class SampleConfig:
         return []
 
     def _check_protocol(self) -> list[str]:
-        """--protocol's name; the sampler flags that must agree with it; --guidance-model with AutoGuidance only."""
+        """--protocol's name and whether this build can run it; the sampler flags that must agree with it;
+        --time-shift only on a time grid; --guidance-model with AutoGuidance only."""
         p: list[str] = []
         if self.protocol is None:
             return p
         if self.protocol not in PROTOCOLS:
-            return p + [f"--protocol must be one of {', '.join(PROTOCOLS)}, got {self.protocol!r}"]
+            return p + [protocols.unknown(self.protocol)]
         pr = PROTOCOLS[self.protocol]
+        missing = protocols.missing_features(pr)
+        if missing:
+            p.append(missing)
         grid_end = pr.grid.end if pr.grid is not None else 1.0
         own = {"sampler": pr.solver, "cfg_channels": pr.guidance.channels, "diffusion_form": pr.diffusion_form,
                "diffusion_norm": pr.diffusion_norm,
@@ -303,8 +307,9 @@ class SampleConfig:
                     "last_step_size": 0.04}
         clash = [f"--{k.replace('_', '-')} {getattr(self, k)}" for k, v in own.items()
                  if getattr(self, k) not in (defaults[k], v)]
-        if self.time_shift is not None:
-            clash.append(f"--time-shift {self.time_shift}")
+        if self.time_shift is not None and pr.solver not in FLOW_SAMPLERS:  # else it replaces the grid's shift
+            p.append(f"--time-shift shifts the flow samplers' time grid ({', '.join(FLOW_SAMPLERS)}), not --protocol "
+                     f"{self.protocol}'s {pr.solver}; drop --time-shift")
         if clash:
             p.append(f"{', '.join(clash)}: --protocol {self.protocol} sets these ({pr.release}'s {pr.solver} sampler; "
                      "docs/sampling.md); drop them, or drop --protocol to choose every setting")

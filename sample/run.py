@@ -96,6 +96,8 @@ def _run(cfg: SampleConfig) -> SampleResult:
                              int(loaded.config["in_channels"]), cfg.ckpt)
     if norm.is_per_channel:
         log.info("latents: %s", norm.describe())
+    loaded.info["objective"] = resolve_objective(loaded.info, cfg.ckpt, cfg.objective)
+    _check_fit(cfg, loaded, vae_id)  # before any work that depends on the model's conditioning
     cfg = with_class_ids(cfg, loaded.latent)  # names given in --class-labels -> ids (sample/names.py)
     if cfg.labels is None and cfg.class_labels is None and cfg.prompts is None and cfg.prompts_file is None:
         # the protocol's FID labels, else uniform draws
@@ -103,7 +105,6 @@ def _run(cfg: SampleConfig) -> SampleResult:
     # each sample's condition: its class, or its prompt (sample/conditions.py, by the model's conditioning)
     cfg, conds = sampling_for(cfg, loaded, device)
     labels = conds.ids
-    loaded.info["objective"] = resolve_objective(loaded.info, cfg.ckpt, cfg.objective)
     cfg, sampler_note = _with_sampler(cfg, loaded.info["objective"])
     cfg = _with_cfg_scale(cfg, loaded, log)
     cfg.validate()  # the sampler's own rules (e.g. --flow-convention only for flow samplers) once it is known
@@ -285,14 +286,27 @@ def _with_sampler(cfg: SampleConfig, objective: str) -> tuple[SampleConfig, str 
     return cfg, "; ".join(notes) or None
 
 
+def _check_fit(cfg: SampleConfig, loaded: LoadedModel, vae_id: dict[str, Any]) -> None:
+    """--protocol's row must apply to the model (dit/protocol_fit.py: space, conditioning, objective, prediction,
+    latent shape); else refused, naming the rows that fit it."""
+    if cfg.protocol is None:
+        return
+    space = "pixels" if vae_id.get("kind") == "pixels" else "latent"
+    traits = protocols.model_traits(loaded.config, loaded.info["objective"], loaded.info.get("prediction"), space)
+    problem = protocols.fit_problem(protocols.protocol(cfg.protocol), traits)
+    if problem:
+        raise UserError(f"{problem} ({cfg.ckpt})")
+
+
 def _protocol(cfg: SampleConfig, loaded: LoadedModel) -> protocols.Protocol:
-    """The protocol the samplers read: --protocol's row with the values --steps, --cfg-scale, --guidance-interval
-    and --labels changed, or `custom`, the one the sampler flags describe."""
+    """The protocol the samplers read: --protocol's row with the values --steps, --cfg-scale, --guidance-interval,
+    --time-shift and --labels changed, or `custom`, the one the sampler flags describe."""
     assert cfg.steps is not None and cfg.cfg_scale is not None and cfg.sampler is not None
     labels = None if cfg.class_labels else cfg.labels
     if cfg.protocol is not None:
         return protocols.protocol(cfg.protocol).with_overrides(count=cfg.steps, scale=cfg.cfg_scale,
-                                                               interval=cfg.guidance_interval, labels=labels)
+                                                               interval=cfg.guidance_interval, labels=labels,
+                                                               shift=cfg.time_shift)
     return protocols.custom(solver=cfg.sampler, steps=cfg.steps, scale=cfg.cfg_scale, interval=cfg.guidance_interval,
                             channels=str(cfg.cfg_channels), last_step_size=cfg.last_step_size,
                             diffusion_form=cfg.diffusion_form, diffusion_norm=cfg.diffusion_norm,
@@ -418,6 +432,8 @@ def _optional_settings(cfg: SampleConfig, loaded: LoadedModel) -> dict[str, Any]
         out["flow_convention"] = "repa"
     if cfg.sampler in FLOW_SAMPLERS and cfg.time_shift not in (None, 1.0):
         out["time_shift"] = float(cfg.time_shift)  # type: ignore[arg-type]
+    elif cfg.protocol is not None and cfg.time_shift is not None:  # replaces the protocol's shift, 1 included
+        out["time_shift"] = float(cfg.time_shift)
     if cfg.encoder_refresh > 1:
         out["encoder_refresh"] = cfg.encoder_refresh
     if cfg.sampler in FLOW_SAMPLERS and loaded.info.get("prediction") is not None:

@@ -94,7 +94,7 @@ def _parse(name: str, args: list[str], where: str, tmp_path: Path) -> None:
 def test_every_shell_command_parses(tmp_path, monkeypatch):
     """Each command line of every shell block, as written: a dit-* command is accepted by its parser (no unknown or
     misspelt flag, no missing required option, no invalid choice); a `make` target exists; a bench script exists
-    and takes the flags given; anything else is a program listed in OTHER_PROGRAMS, or a line of a listed script."""
+    (bench/ or scripts/) and takes the flags given; anything else is a program listed in OTHER_PROGRAMS, or a line of a listed script."""
     monkeypatch.chdir(tmp_path)
     targets = _make_targets()
     seen, problems = set(), []
@@ -112,7 +112,7 @@ def test_every_shell_command_parses(tmp_path, monkeypatch):
                 missing = [w for w in args if not w.startswith("-") and "=" not in w and w not in targets]
                 if missing:
                     problems.append(f"{b.where}: make has no target {missing}")
-            elif program.startswith("python") and args and args[0].startswith("bench/"):
+            elif program.startswith("python") and args and args[0].startswith(("bench/", "scripts/")):
                 script_path = REPO / args[0]
                 source = script_path.read_text() if script_path.is_file() else ""
                 unknown = [w for w in args if w.startswith("--") and f'"{w}"' not in source]

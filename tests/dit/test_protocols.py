@@ -62,7 +62,8 @@ def test_nanogens_grids(latent):
     # then s t / (1 + (s - 1) t), NanoGen's t = noise level; src/offline_eval.py l.119-124: s = sqrt(dim / base_eval),
     # dim = prod(latent_size), base_eval the training base 4096 unless the config sets it (the pixel configs: 196608,
     # the dim itself, so s = 1)
-    for name, s in (("nanogen", math.sqrt(math.prod(latent) / 4096)), ("nanogen-pixels", 1.0)):
+    for name, s in (("nanogen", math.sqrt(math.prod(latent) / 4096)), ("nanogen-pixels", 1.0),
+                    ("nanogen-t2i", math.sqrt(math.prod(latent) / 4096)), ("nanogen-t2i-pixels", 1.0)):
         t = torch.linspace(1.0, 0.0, 51, dtype=torch.float64)
         t = s * t / (1 + (s - 1) * t)
         close(PROTOCOLS[name].times(latent), 1 - t, f"{name} {latent}")
@@ -116,6 +117,8 @@ def release_rules():
         "repa": lambda t: 0.0 <= 1 - t <= 0.7,
         # RAE DDT.py l.402-405: (t >= guid_t_min) & (t <= guid_t_max), RAE's t = noise level, t-min 0, t-max 1
         "rae-ag": lambda t: 0.0 <= 1 - t <= 1.0,
+        # RAE DDT.py l.383-387 forward_with_cfg: the same test; DiTDHXL-DINOv2-B.yaml: t-min 0.0, t-max 1.0
+        "rae": lambda t: 0.0 <= 1 - t <= 1.0,
         # NanoGen guidance_utils.py l.31-34: (t >= guid_t_min) & (t <= guid_t_max), NanoGen's t = noise level, the
         # sampling config's t_min 0.0, t_max 0.9
         "nanogen": lambda t: 0.0 <= 1 - t <= 0.9,
@@ -123,7 +126,7 @@ def release_rules():
     }
 
 
-@pytest.mark.parametrize("name", ["ddt", "lightningdit", "repa", "rae-ag", "nanogen", "nanogen-pixels"])
+@pytest.mark.parametrize("name", ["ddt", "lightningdit", "repa", "rae-ag", "rae", "nanogen", "nanogen-pixels"])
 def test_interval_ends_are_each_releases(name):
     rule, g = release_rules()[name], PROTOCOLS[name].guidance
     # the ends themselves (computed as a grid computes them, 1 - t in float64) and points around them
@@ -191,19 +194,29 @@ def test_autoguidance_is_raes_rule():
 
 
 def test_every_row_names_its_release_files_and_resolves():
-    assert set(PROTOCOLS) == {"dit", "sit", "repa", "lightningdit", "ddt", "rae", "rae-ag", "nanogen", "nanogen-pixels",
-                              "nanogen-t2i", "meanflow", "imf"}
+    assert set(protocols.RELEASE_ROWS) == {"dit", "sit", "repa", "lightningdit", "ddt", "rae", "rae-ag", "nanogen",
+                                           "nanogen-pixels", "nanogen-t2i", "nanogen-t2i-pixels", "meanflow", "imf"}
+    assert set(PROTOCOLS) - set(protocols.RELEASE_ROWS) == {n for n in PROTOCOLS if n.startswith("nanogen/")}
     for name, p in PROTOCOLS.items():
         assert "/" in p.release and p.sources and all(p.sources), name
         assert p.solver in protocols.SOLVERS and p.guidance.rule in protocols.GUIDANCE_RULES, name
         assert p.guidance.ends in protocols.ENDS and p.labels in ("uniform", "equal"), name
         assert p.record(SD_LATENT)["name"] == name
+        a = p.applies_to  # every row says what it applies to (dit/protocol_fit.py)
+        assert a.space and a.conditioning and a.objectives, name
     assert PROTOCOLS["dit"].times(SD_LATENT) is None and PROTOCOLS["dit"].count == 250
     over = PROTOCOLS["ddt"].with_overrides(count=10, scale=3.0, interval=(0.1, 0.6), labels="uniform")
     assert over.overrides == ("steps 10", "scale 3", "interval (0.1, 0.6)", "labels uniform")
     assert over.guidance.ends == "()" and PROTOCOLS["ddt"].with_overrides(count=250).overrides == ()
     with pytest.raises(ValueError, match="unknown sampling protocol 'adm'; choose one of: dit, sit, repa"):
         protocols.protocol("adm")
+    with pytest.raises(ValueError, match=r"nanogen/<NanoGen sampling config> \(78 rows: docs/nanogen-protocols.md\), "
+                                         r"got 'nanogen-t2i-pixel' \(did you mean nanogen-t2i-pixels"):
+        raise ValueError(protocols.unknown("nanogen-t2i-pixel"))
+    # --time-shift under a protocol replaces its grid's shift, recorded
+    shifted = PROTOCOLS["nanogen-t2i"].with_overrides(shift=1.0)
+    assert shifted.overrides == ("shift 1",) and shifted.grid.resolve_shift((3, 64, 64), None) == 1.0
+    assert PROTOCOLS["nanogen-t2i"].grid.resolve_shift((3, 64, 64), None) == pytest.approx(math.sqrt(3))
 
 
 def test_the_cost_of_raes_autoguidance():

@@ -69,35 +69,50 @@ def flow_ckpt(tmp_path_factory):
     return path
 
 
-def test_guidance_under_a_protocol_without_guidance_is_refused(flow_ckpt, meanflow_ckpt, tiny_vae_dir, tmp_path):
-    """The rule holds on the protocol path too (dit/protocols.py): RAE's protocol samples without guidance, so a
-    --cfg-scale or --guidance-interval given with it would be recorded as an override and do nothing; a protocol's
-    own scale is the default where guidance acts, 1 where the model cannot take it (MeanFlow's reason first)."""
+@pytest.fixture
+def unguided(monkeypatch):
+    """A protocol row whose release samples without guidance (the rule "none"), for a class flow model: RAE's row
+    with its guidance taken out (RAE's own config guides with cfg: tests/sample/test_protocol_fit.py)."""
+    import dataclasses
+
+    from dit_pipeline.dit.protocols import PROTOCOLS, Guidance
+
+    monkeypatch.setitem(PROTOCOLS, "unguided", dataclasses.replace(PROTOCOLS["rae"], name="unguided",
+                                                                   guidance=Guidance("none", 1.0)))
+    return "unguided"
+
+
+def test_guidance_under_a_protocol_without_guidance_is_refused(flow_ckpt, meanflow_ckpt, tiny_vae_dir, tmp_path,
+                                                               unguided):
+    """The rule holds on the protocol path too (dit/protocols.py): under a protocol that samples without guidance, a
+    --cfg-scale or --guidance-interval would be recorded as an override and do nothing; a protocol's own scale is the
+    default where guidance acts, 1 where the model cannot take it (MeanFlow's reason first)."""
     base = dict(vae=str(tiny_vae_dir), num_samples=2, quiet=True, npz=str(tmp_path / "s.npz"))
     with pytest.raises(UserError) as e:
-        run_sampling(SampleConfig(ckpt=str(flow_ckpt), **base, protocol="rae", cfg_scale=1.5))
-    assert str(e.value) == ("--cfg-scale 1.5 does nothing here: --protocol rae samples without guidance "
+        run_sampling(SampleConfig(ckpt=str(flow_ckpt), **base, protocol=unguided, cfg_scale=1.5))
+    assert str(e.value) == ("--cfg-scale 1.5 does nothing here: --protocol unguided samples without guidance "
                             "(bytetriper/RAE's sampler); drop --cfg-scale (or pass 1), or drop --protocol to choose "
                             "every setting")
     with pytest.raises(UserError) as e:
-        run_sampling(SampleConfig(ckpt=str(flow_ckpt), **base, protocol="rae", guidance_interval=[0.0, 0.5]))
-    assert str(e.value) == ("--guidance-interval 0 0.5 does nothing here: --protocol rae samples without guidance "
-                            "(bytetriper/RAE's sampler); drop it, or drop --protocol to choose every setting")
+        run_sampling(SampleConfig(ckpt=str(flow_ckpt), **base, protocol=unguided, guidance_interval=[0.0, 0.5]))
+    assert str(e.value) == ("--guidance-interval 0 0.5 does nothing here: --protocol unguided samples without "
+                            "guidance (bytetriper/RAE's sampler); drop it, or drop --protocol to choose every setting")
     with pytest.raises(UserError, match=r"^--cfg-scale 2 does nothing here: a MeanFlow model trains its guidance in"):
         run_sampling(SampleConfig(ckpt=str(meanflow_ckpt), **base, protocol="meanflow", cfg_scale=2.0))
     assert not (tmp_path / "s.npz").exists()
 
 
-def test_dit_train_fid_guidance_follows_the_protocol(tiny_vae_dir):
+def test_dit_train_fid_guidance_follows_the_protocol(tiny_vae_dir, unguided):
     """dit-train --protocol: the FID guidance defaults to the protocol's scale where guidance acts, and a
     --fid-cfg-scale under a protocol without guidance is refused with the same words as dit-sample's."""
     from dit_pipeline.train.hooks import build_hooks
 
     base = dict(shards="s", run_dir="r", vae=str(tiny_vae_dir), fid_every=2, fid_ref="R", objective="flow")
     with pytest.raises(ConfigError) as e:
-        TrainConfig(**base, protocol="rae", fid_cfg_scale=2.0).validate()
-    assert ("--fid-cfg-scale 2 does nothing here: --protocol rae samples without guidance (bytetriper/RAE's sampler); "
-            "drop --fid-cfg-scale (or pass 1), or drop --protocol to choose every setting") in str(e.value)
+        TrainConfig(**base, protocol=unguided, fid_cfg_scale=2.0).validate()
+    assert ("--fid-cfg-scale 2 does nothing here: --protocol unguided samples without guidance (bytetriper/RAE's "
+            "sampler); drop --fid-cfg-scale (or pass 1), or drop --protocol to choose every setting") in str(e.value)
+    TrainConfig(**base, protocol="rae", fid_cfg_scale=2.0).validate()  # RAE's config guides with cfg (scale 1.0)
     scales = {name: build_hooks(TrainConfig(**base, protocol=name))[-1].cfg_scale for name in ("ddt", "rae", None)}
     assert scales == {"ddt": 2.0, "rae": 1.0, None: 1.5}
     assert TrainConfig(**base, protocol="ddt").resolved_guidance()["fid_cfg_scale"] == 2.0

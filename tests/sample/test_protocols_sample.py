@@ -451,31 +451,35 @@ def nanogen_pixels(images):
 @pytest.mark.parametrize("name", ["nanogen", "nanogen-pixels"])
 def test_nanogen(tmp_path, tiny_vae_dir, sd_vae, name):
     """NanoGen's in-context DiT-DH (its own network, called in its own time: the "repa" convention) with the
-    velocity (nanogen: the grid shifted by sqrt(C H W / 4096), here sqrt(64 / 4096)) and x-prediction
-    (nanogen-pixels: unshifted, scale 2.6)."""
+    velocity on latents (nanogen: the grid shifted by sqrt(C H W / 4096), here sqrt(64 / 4096)) and x-prediction on
+    pixels (nanogen-pixels: unshifted, scale 2.6; the identity decoder, common/pixels.py)."""
+    from dit_pipeline.common.pixels import pixel_identity
     from tests.dit.test_incontext import TINY as IC
 
     x_pred = name == "nanogen-pixels"
+    channels = 3 if x_pred else 4
     torch.manual_seed(11)
-    net = create_model("ddt-en28d1152hd72-dn2d2048hd128", **{**IC, "input_size": 4})
+    net = create_model("ddt-en28d1152hd72-dn2d2048hd128", **{**IC, "input_size": 4, "in_channels": channels})
     g = torch.Generator().manual_seed(12)
     with torch.no_grad():
         for p in net.parameters():
             p.add_(0.05 * torch.randn(p.shape, generator=g))
     net.eval()
-    ckpt = own_checkpoint(tmp_path / f"{name}.pt", net, convention="repa")
+    pixels = {"scaling_factor": 1.0, "shift_factor": None, "vae": pixel_identity(4)}
+    ckpt = own_checkpoint(tmp_path / f"{name}.pt", net, convention="repa", latent=pixels if x_pred else None)
     if x_pred:
         saved = torch.load(ckpt, weights_only=False)
         torch.save({**saved, "prediction": {"kind": "x", "t_eps": 0.05}}, ckpt)
-    got, y, record = sample(tmp_path, name, ckpt, tiny_vae_dir, n=4)
-    noise, _ = noise_of(5, 4, (4, 4, 4))
+    got, y, record = sample(tmp_path, name, ckpt, "pixels" if x_pred else tiny_vae_dir, n=4)
+    noise, _ = noise_of(5, 4, (channels, 4, 4))
     shift, scale = (1.0, 2.6) if x_pred else (math.sqrt(64 / 4096), 1.6)
     want = nanogen_release(net, noise, y, shift=shift, scale=scale, x_pred=x_pred)
-    same_pixels(got, nanogen_pixels(decode(sd_vae, want)))
+    images = want if x_pred else decode(sd_vae, want)
+    same_pixels(got, nanogen_pixels(images))
     assert record["protocol"]["grid"]["resolved_shift"] == pytest.approx(shift)
     assert record["label_sampling"] == "equal" and record["protocol"]["conversion"] == "nanogen"
     # DiT's conversion (dit-sample's flags) rounds where NanoGen truncates: other pixels from the same latents
-    assert not np.array_equal(dit_pixels(decode(sd_vae, want)), nanogen_pixels(decode(sd_vae, want)))
+    assert not np.array_equal(dit_pixels(images), nanogen_pixels(images))
 
 
 # ---- DiT, and the refusals ------------------------------------------------------------------------------------------
@@ -502,10 +506,13 @@ def test_dit_is_the_reference_ddpm_path(tmp_path, tiny_vae_dir):
 
 def test_protocol_refusals(tmp_path, tiny_vae_dir):
     base = dict(ckpt="x.pt", num_samples=2, npz=str(tmp_path / "x.npz"))
-    with pytest.raises(ConfigError, match=r"--sampler heun, --time-shift 2.0: --protocol rae sets these \(bytetriper/"
+    with pytest.raises(ConfigError, match=r"--sampler heun: --protocol rae sets these \(bytetriper/"
                                           r"RAE's euler sampler; docs/sampling.md\); drop them, or drop "
                                           r"--protocol to choose every setting"):
-        SampleConfig(**base, protocol="rae", sampler="heun", time_shift=2.0).validate()
+        SampleConfig(**base, protocol="rae", sampler="heun", time_shift=2.0).validate()  # --time-shift: an override
+    with pytest.raises(ConfigError, match=r"--time-shift shifts the flow samplers' time grid \(euler, heun, "
+                                          r"euler-maruyama\), not --protocol dit's ddpm; drop --time-shift"):
+        SampleConfig(**base, protocol="dit", time_shift=2.0).validate()
     with pytest.raises(ConfigError, match=r"--protocol must be one of dit, sit, repa, .*, got 'adm'"):
         SampleConfig(**base, protocol="adm").validate()
     with pytest.raises(ConfigError, match=r"--guidance-model: --protocol ddt does not use AutoGuidance \(rae-ag does\)"):
@@ -513,7 +520,9 @@ def test_protocol_refusals(tmp_path, tiny_vae_dir):
     SampleConfig(**base, protocol="lightningdit", cfg_channels="3", sampler="euler", steps=10, cfg_scale=10.0).validate()
     net = random_dit(65, learn_sigma=True)
     ckpt = own_checkpoint(tmp_path / "ddpm.pt", net, objective="ddpm")
-    with pytest.raises(UserError, match=r"--protocol ddt samples with euler, which does not sample a ddpm model"):
+    with pytest.raises(UserError, match=r"--protocol ddt applies to class-conditional flow models on latents; this "
+                                        r"is a class-conditional ddpm model on 4x4x4 latents \(objective ddpm \(the "
+                                        r"protocol's: flow\)\). Protocols that fit it: dit; or drop --protocol"):
         run_sampling(SampleConfig(ckpt=str(ckpt), vae=str(tiny_vae_dir), protocol="ddt", num_samples=2, quiet=True,
                                   npz=str(tmp_path / "y.npz")))
     assert not (tmp_path / "y.npz").exists()

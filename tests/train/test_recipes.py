@@ -78,7 +78,8 @@ PAPERS = {
     # final lr 2e-5, time_dist_shift sqrt(196608 / 4096); sampler Euler ODE num_steps 50 = 49 steps)
     "dit-dh-xl-rae.yaml": dict(model="DiT-DH-XL", objective="flow", batch=1024, lr=2e-4, betas=(0.9, 0.95),
                                ema=0.9995, steps=None, epochs=800, fid=1.51, sampler="euler", sample_steps=49,
-                               cfg=1.0, channels=None, interval=None, latent=RAE, time_shift=math.sqrt(48),
+                               cfg=1.0, channels=None, latent=RAE, time_shift=math.sqrt(48),
+                               interval=[0.0, 1.0],  # the sampling config's method cfg, t-min 0.0, t-max 1.0
                                labels="equal",  # README: --label-sampling equal by default
                                extra={"t_sampling": "logit-normal", "time_shift": "auto", "time_shift_base": 4096,
                                       "final_lr": 2e-5, "lr_decay_start_epochs": 40, "lr_decay_end_epochs": 800,

@@ -1,0 +1,103 @@
+"""What a sampling protocol (dit/protocols.py) applies to, as data: the model's space (latents or pixels), its
+conditioning (dit/conditioning.py: class labels, text, none), its objective (dit/objectives.py), what its network
+predicts, the latent shape a release tuned its grid and guidance for, and the model features the release's sampler
+needs. A protocol row carries one `AppliesTo`; a model is described by its `ModelTraits`; a mismatch is a list of
+the fields that differ, computed the same way for every field and every row (never an `if` on a protocol's name), so
+a new row states what it fits and nothing else changes.
+
+Features (`FEATURES`) are what some releases' samplers need beyond the grid and guidance rule: REG's class token,
+which the sampler evolves beside the image and guides with it, and NanoGen's internal guidance. A row that needs a
+feature this build lacks (`AVAILABLE` does not list it) is refused naming what is missing. Pure data: no I/O.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+SPACES = ("latent", "pixels")
+PREDICTIONS = ("velocity", "x")
+
+# feature -> what it is and where the release defines it (for the refusal)
+FEATURES: dict[str, str] = {
+    "reg": ("REG's class token (a DINOv2-B class token noised with the image's t, evolved by the sampler beside the "
+            "image and guided with it: End2End-Diffusion/diffusion-bench src/stage2/transport/sampler.py l.20-30, "
+            "src/utils/guidance_utils.py l.19-45, src/eval/generation.py l.160-162)"),
+    "internal-guidance": ("NanoGen's internal guidance (a shallower base head's output guiding the full network: "
+                          "base + s (full - base), End2End-Diffusion/diffusion-bench src/utils/guidance_utils.py "
+                          "l.56-140)"),
+}
+AVAILABLE: frozenset[str] = frozenset()  # the features this build's models and samplers have
+
+
+@dataclass(frozen=True)
+class ModelTraits:
+    """What a protocol row is matched against: a model as dit-sample loaded it."""
+
+    space: str                          # "latent" (a VAE's or an encoder's features) or "pixels"
+    conditioning: str                   # dit.conditioning.CONDITIONINGS
+    objective: str                      # dit.formats.OBJECTIVES
+    prediction: str                     # "velocity" or "x" (a flow model's recorded prediction; others: velocity)
+    latent_shape: tuple[int, int, int]  # (C, H, W) the network samples
+
+    def describe(self) -> str:
+        kind = {"class": "class-conditional", "text": "text-conditional", "none": "unconditional"}
+        pred = " (x prediction)" if self.prediction == "x" else ""
+        c, h, w = self.latent_shape
+        return f"a {kind.get(self.conditioning, self.conditioning)} {self.objective} model{pred} on {c}x{h}x{w} " \
+               f"{'pixels' if self.space == 'pixels' else 'latents'}"
+
+
+@dataclass(frozen=True)
+class AppliesTo:
+    """The models a protocol row fits; None in a field: any."""
+
+    space: tuple[str, ...] | None = None
+    conditioning: tuple[str, ...] | None = None
+    objectives: tuple[str, ...] | None = None
+    prediction: str | None = None
+    latent_shape: tuple[int, int, int] | None = None
+    requires: tuple[str, ...] = ()  # FEATURES the release's sampler needs
+
+    def mismatches(self, traits: ModelTraits) -> list[str]:
+        """The fields where `traits` is not what the row applies to: "space pixels (the protocol's: latent)"."""
+        wanted: dict[str, Any] = {"space": self.space, "conditioning": self.conditioning,
+                                  "objective": self.objectives,
+                                  "prediction": None if self.prediction is None else (self.prediction,),
+                                  "latent shape": None if self.latent_shape is None else (self.latent_shape,)}
+        have: dict[str, Any] = {"space": traits.space, "conditioning": traits.conditioning,
+                                "objective": traits.objective, "prediction": traits.prediction,
+                                "latent shape": tuple(traits.latent_shape)}
+        return [f"{k} {_shown(have[k])} (the protocol's: {' or '.join(_shown(v) for v in want)})"
+                for k, want in wanted.items() if want is not None and have[k] not in want]
+
+    def missing(self) -> list[str]:
+        """The features the row needs that this build lacks."""
+        return [f for f in self.requires if f not in AVAILABLE]
+
+    def describe(self) -> str:
+        """"class-conditional flow models on latents", with what else is fixed."""
+        kinds = {"class": "class-conditional", "text": "text-conditional", "none": "unconditional"}
+        cond = " or ".join(kinds.get(c, c) for c in self.conditioning) if self.conditioning else "any"
+        obj = " or ".join(self.objectives) if self.objectives else "any-objective"
+        where = "" if self.space is None else " on " + " or ".join("pixels" if s == "pixels" else "latents"
+                                                                   for s in self.space)
+        extra = [f"{self.prediction} prediction"] if self.prediction else []
+        extra += [f"latent shape {_shown(self.latent_shape)}"] if self.latent_shape else []
+        return f"{cond} {obj} models{where}" + (f" ({', '.join(extra)})" if extra else "")
+
+
+def _shown(v: Any) -> str:
+    return "x".join(str(int(d)) for d in v) if isinstance(v, tuple) else str(v)
+
+
+def model_traits(model_config: Mapping[str, Any], objective: str, prediction: Mapping[str, Any] | None,
+                 space: str) -> ModelTraits:
+    """A model's traits from its model_config (conditioning, channels, size), its objective, its recorded prediction
+    (dit.flow's record: {"kind": "x"} for an x-predicting network; absent or "v": velocity) and its space."""
+    from .conditioning import kind_of
+
+    size = int(model_config["input_size"])
+    kind = str((prediction or {}).get("kind", "v"))
+    return ModelTraits(space=space, conditioning=kind_of(model_config), objective=str(objective),
+                       prediction="x" if kind == "x" else "velocity",
+                       latent_shape=(int(model_config["in_channels"]), size, size))
