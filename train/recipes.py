@@ -263,11 +263,11 @@ def extraction_departures(requires: Mapping[str, Any] | None, manifest: Any, tex
     for key in REQUIRE_KEYS:
         if key not in requires:
             continue
-        want = list(requires[key]) if key == "latent_shape" else requires[key]
-        if key == "vae":
+        want: Any = list(requires[key]) if key == "latent_shape" else requires[key]
+        if key == "vae" and want is not None:  # null: no VAE, a feature set (`encoder` says which)
             vae = m.extraction.get("vae")
-            how = ("its kind" if (vae or {}).get("kind") == PIXELS else None) if want == PIXELS else \
-                recognise(want, vae)
+            how = ("a pixel-space set" if (vae or {}).get("kind") == PIXELS else None) if want == PIXELS else \
+                recognise(str(want), vae)
             if how is None:
                 out.append(f"VAE {_vae_shown(vae)} where the recipe needs {want} (a local copy is recognised by its "
                            "name: docs/diffusionbench.md)")
@@ -275,7 +275,7 @@ def extraction_departures(requires: Mapping[str, Any] | None, manifest: Any, tex
                 met.append(f"VAE {want}: {how}")
             continue
         if key == "encoder" and want is not None:
-            how = recognise_encoder(want, encoder)
+            how = recognise_encoder(str(want), encoder)
             if how is None:
                 shown = "none (a VAE)" if not encoder else str(encoder.get("model")) + (
                     " with random weights" if str(encoder.get("weights") or "").startswith("random") else "")
@@ -283,10 +283,10 @@ def extraction_departures(requires: Mapping[str, Any] | None, manifest: Any, tex
             else:
                 met.append(f"feature encoder {want}: {how}")
             continue
-        if key == "text":
+        if key == "text" and isinstance(want, Mapping):
             out += _text_departures(want, text, text_folder, met)
             continue
-        if have[key] != want:
+        if key not in ("vae", "text") and have[key] != want:
             fmt = (lambda v: "x".join(map(str, v))) if key == "latent_shape" else \
                 (lambda v: "none (a VAE)" if v is None else str(v))
             out.append(f"{words[key]} {fmt(have[key])} where the recipe needs {fmt(want)}")

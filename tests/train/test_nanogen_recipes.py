@@ -739,3 +739,57 @@ def test_an_old_recipe_path_reads_the_moved_recipe(tmp_path):
     assert dataclasses.asdict(merge_config(load_config_file(NANOGEN / name), {"shards": "s", "run_dir": "r"})) == \
         dataclasses.asdict(merge_config(load_config_file(REPO / "recipes" / "jit-ddt-xl16-nanogen.yaml"),
                                         {"shards": "s", "run_dir": "r"}))  # and NAME without .yaml
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# docs/diffusionbench.md
+
+DOC = REPO / "docs" / "diffusionbench.md"
+
+
+def test_the_docs_matrix_names_every_recipe_once():
+    import re
+
+    text = DOC.read_text(encoding="utf-8")
+    matrix = text[text.index("| latent space |"):text.index("**None is refused.**")]
+    named = re.findall(r"`([a-z0-9.-]+)`", matrix)
+    assert sorted(named) == sorted(FACTS)
+
+
+def test_the_docs_commands_parse(tmp_path, monkeypatch):
+    """Every dit-* command of the page's bash blocks is accepted by its command's parser as written."""
+    import re
+    import shlex
+
+    import click
+
+    from dit_pipeline import cli
+
+    commands = {"dit-extract": cli.extract_main, "dit-train": cli.train_main, "dit-shards": cli.shards_main,
+                "dit-sample": cli.sample_main, "dit-eval": cli.eval_main}
+    found = []
+    for block in re.findall(r"```bash\n(.*?)```", DOC.read_text(encoding="utf-8"), re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            words = shlex.split(line, comments=True)
+            for i, w in enumerate(words):
+                name = w[:-1] if i and words[i - 1] == "$(which" and w.endswith(")") else w
+                if name in commands:
+                    found.append((name, words[i + 1:]))
+                    break
+    assert len(found) == 6
+    monkeypatch.chdir(tmp_path)
+    for name, args in found:
+        for a in args:
+            if a.startswith("shards/"):
+                (tmp_path / a).mkdir(parents=True, exist_ok=True)
+        cmd = commands[name]
+        try:
+            if isinstance(cmd, click.Group):
+                sub = args[0] if args[0] in cmd.commands else getattr(cmd, "default_command", None)
+                cmd.commands[sub].make_context(f"{name} {sub}", list(args[1:] if args[0] in cmd.commands else args))
+            else:
+                cmd.make_context(name, list(args))
+        except click.ClickException as e:
+            pytest.fail(f"docs/diffusionbench.md: `{name} {' '.join(args)}` does not parse: {e.format_message()}")
+    first = found[0][1]  # the page's opening command, as written, on fitting shards
+    assert first[first.index("--config") + 1] == f"recipes/nanogen/{CLASS_PLANS[0]}.yaml"
