@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -526,11 +527,12 @@ FIELD_NAMES = tuple(f.name for f in dataclasses.fields(TrainConfig))
 
 def load_config_file(path: str | Path) -> dict[str, Any]:
     """Read a YAML or JSON mapping of TrainConfig settings (dashed or underscored keys)."""
-    path = Path(path).expanduser()
+    import yaml
+
+    path = moved_config(Path(path).expanduser())
     if not path.is_file():
         raise UserError(f"--config {path}: {missing_file(path)}")
     text = path.read_text(encoding="utf-8")
-    import yaml
 
     try:
         # YAML is a superset of JSON, but a .json file gets the stricter parser and its error messages.
@@ -547,6 +549,29 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
         raise ConfigError([f"--config {path}: unknown setting {k!r}" for k in unknown]
                           + [f"known settings: {', '.join(FIELD_NAMES)}"], "config file")
     return out
+
+
+MOVED = "MOVED.yaml"  # in a folder of config files: {old file name: its new path, relative to the folder}
+
+
+def moved_config(path: Path) -> Path:
+    """The config file `path` names: itself; with ".yaml" added when it is given without (recipes/nanogen/NAME);
+    or, for a file listed in its folder's MOVED.yaml, the file it moved to (said on stderr), so commands written
+    before a recipe moved keep running."""
+    if path.is_file():
+        return path
+    if not path.suffix and path.with_suffix(".yaml").is_file():
+        return path.with_suffix(".yaml")
+    index = path.parent / MOVED
+    if index.is_file():
+        import yaml
+
+        moved = yaml.safe_load(index.read_text(encoding="utf-8")) or {}
+        if isinstance(moved, dict) and isinstance(moved.get(path.name), str):
+            new = path.parent / moved[path.name]
+            print(f"--config {path}: moved to {new} (its release's own config name); reading that", file=sys.stderr)
+            return new
+    return path
 
 
 def is_sit_name(model: Any) -> bool:

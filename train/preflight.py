@@ -153,22 +153,41 @@ def check_cfg_channels(cfg: TrainConfig, kw: dict[str, Any]) -> None:
 
 
 def check_recipe_extraction(cfg: TrainConfig, source: Any) -> TrainConfig:
-    """A recipe run on a shard set that is not the extraction its recipe requires (train/recipes.py): refused
-    before any work, or with --allow-departures, run with every difference added to its departures."""
-    from dit_pipeline.train.recipes import extraction_departures
+    """A recipe run on a shard set (and text set) that is not the extraction its recipe requires, or of a recipe
+    with settings not built here yet (train/recipes.py): refused before any work, or with --allow-departures, run
+    with every difference added to its departures. How each tokenizer was recognised goes to `recognised`."""
+    from dit_pipeline.train.recipes import extraction_departures, pending_departures
 
     recipe = cfg.recipe if isinstance(cfg.recipe, dict) else None
-    found = extraction_departures((recipe or {}).get("requires"), source.manifest)
-    if not found or recipe is None:
+    if recipe is None:
         return cfg
+    requires = recipe.get("requires") or {}
+    text = None
+    if "text" in requires and cfg.text is not None and source.folder is not None:
+        from dit_pipeline.shards.siblings import read_text_sibling
+
+        text = read_text_sibling(source.manifest, cfg.text, "--text")
+    found, met = extraction_departures(requires, source.manifest, text, cfg.text)
+    pending = pending_departures(recipe)
+    recipe = {**recipe, "recognised": met}
+    if not found and not pending:
+        return dataclasses.replace(cfg, recipe=recipe)
     where = source.folder or cfg.manifest
     if not cfg.allow_departures:
-        raise UserError(f"the recipe {recipe.get('name')!r} needs another shard set than {where}: {'; '.join(found)}. "
-                        f"Extract as the recipe says ({recipe.get('extraction') or 'its extraction'}), or pass "
-                        "--allow-departures to train on these shards anyway (the paper's FID then does not apply)")
+        why, anyway = [], []
+        if found:
+            why.append(f"needs another shard set than {where}: {'; '.join(found)}. Extract as the recipe says "
+                       f"({recipe.get('extraction') or 'its extraction'})")
+            anyway.append("train on these shards anyway")
+        if pending:
+            items = "; ".join(p.removeprefix("not built here yet: ") for p in pending)
+            why.append(f"sets what this toolkit does not build yet: {items}")
+            anyway.append("train without it")
+        raise UserError(f"the recipe {recipe.get('name')!r} {'. It also '.join(why)}, or pass --allow-departures to "
+                        f"{' and '.join(anyway)} (the paper's FID then does not apply)")
     known = list(recipe.get("departures") or [])
-    return dataclasses.replace(cfg, recipe={**recipe, "departures": known + [f"shards: {d}" for d in found
-                                                                          if f"shards: {d}" not in known]})
+    new = [f"shards: {d}" for d in found] + pending
+    return dataclasses.replace(cfg, recipe={**recipe, "departures": known + [d for d in new if d not in known]})
 
 
 def read_text(cfg: TrainConfig, source: ShardSource) -> TextSet | None:

@@ -19,8 +19,22 @@ here); the plan prints it.
         image_size: 256
         views: 2                     # both flips
         normalization: per-channel   # scalar, per-channel or per-position
-        encoder: null                # a feature encoder's timm model (null: a VAE)
+        vae: hustvl/vavae-imagenet256-f16d32-dinov2   # the VAE: hub id [/subfolder], or "pixels"
+        encoder: null                # a feature encoder (null: a VAE)
         pixels: false                # crops stored beside the latents (REPA's teacher)
+        text: {encoder: Qwen/Qwen3-0.6B, dim: 1024, max_length: 256}   # a text model's --text set
+      pending: []                    # settings of the release not built here yet (below)
+
+How a tokenizer is recognised (`vae:`, `encoder:`, `text: {encoder}` against the manifests' identities): a hub id
+recorded by the extraction is compared as it is (with its subfolder: black-forest-labs/FLUX.2-dev/vae); a local
+copy is recognised by the hub id the extraction recorded for it (`hub_id`), by a Hugging Face cache path
+(.../models--stabilityai--sd-vae-ft-ema/snapshots/<rev>/), or by its own name: a folder named after the repository
+(.../sd-vae-ft-ema, .../FLUX.2-dev/vae or a pipeline folder .../FLUX.2-dev), or a weight file under a name the same
+weights are published as (`VAE_ALIASES`: vae-ft-ema-560000-ema-pruned.safetensors). A feature encoder is
+recognised by its model name under any of the names its weights go by (`ENCODER_NAMES`: NanoGen's `dinov2-vit-b`
+is timm's vit_base_patch14_reg4_dinov2 and torch.hub's dinov2_vitb14_reg), never with random weights. The weights
+themselves are not hashed against the release (no hash of them can be checked here): a folder of other weights
+under the release's name passes, which is the user's own statement; a folder under another name departs.
 
 A run departs from its recipe where (a) a setting that changes the trained model differs from the recipe file's
 (a flag given over it: `--model DiT-S/2`, `--max-steps 100`, `--init FILE`; bookkeeping such as --run-dir,
@@ -28,15 +42,41 @@ A run departs from its recipe where (a) a setting that changes the trained model
 shard set is not the extraction the recipe `requires`. (b) is refused before any work unless
 `--allow-departures` says the run is meant to differ. Every departure is listed in the plan, kept in config.json
 and every checkpoint (`recipe.departures`), and shown by dit-report, which puts the paper's number beside the run
-only when nothing departs (issue 41, item 9).
+only when nothing departs (issue 41, item 9). The text set given with --text is bookkeeping like --shards; its
+encoder, width and max length are what `requires: text` compares.
+
+`pending:` lists what a release's config sets that this toolkit does not build yet, each {setting, value, nanogen,
+owner, what} (the TrainConfig field it is expected to become, NanoGen's key): a run of such a recipe is refused
+naming them, or with --allow-departures runs without them, each one a departure.
 """
 from __future__ import annotations
 
+import re
+from pathlib import PurePosixPath
 from typing import Any, Mapping
 
 RECIPE_KEYS = ("name", "paper", "arxiv", "source", "fid", "fid_setting", "epochs", "extraction", "sampling",
-               "gpu_hours", "notes", "requires", "departures")
-REQUIRE_KEYS = ("latent_shape", "image_size", "views", "normalization", "encoder", "pixels")
+               "gpu_hours", "notes", "requires", "pending", "departures", "recognised")
+REQUIRE_KEYS = ("latent_shape", "image_size", "views", "normalization", "vae", "encoder", "pixels", "text")
+TEXT_REQUIRE_KEYS = ("encoder", "dim", "max_length")
+PENDING_KEYS = ("setting", "value", "nanogen", "owner", "what")
+PIXELS = "pixels"
+# Other names the same weights are published under: the single-file repositories of the SD-VAEs and their files
+VAE_ALIASES: dict[str, tuple[str, ...]] = {
+    "stabilityai/sd-vae-ft-ema": ("stabilityai/sd-vae-ft-ema-original", "vae-ft-ema-560000-ema-pruned"),
+    "stabilityai/sd-vae-ft-mse": ("stabilityai/sd-vae-ft-mse-original", "vae-ft-mse-840000-ema-pruned"),
+}
+# A feature encoder under NanoGen's name (a config's stage_1.params.encoder_name, src/encoders/vision_encoder.py) and
+# the names its weights go by: what NanoGen's loader loads (torch.hub, transformers, its PE and DINOv3 loaders), timm's
+# and the hub's names of the same release
+ENCODER_NAMES: dict[str, tuple[str, ...]] = {
+    "dinov2-vit-b": ("dinov2_vitb14_reg", "vit_base_patch14_reg4_dinov2", "facebook/dinov2-with-registers-base"),
+    "dinov3-vit-b16": ("dinov3_vitb16", "vit_base_patch16_dinov3", "facebook/dinov3-vitb16-pretrain-lvd1689m"),
+    "siglip2-vit-b": ("google/siglip2-base-patch16-256",),
+    "pe-vit-l": ("PE-Core-L14-336", "vit_pe_core_large_patch14_336"),
+    "langpe-vit-l": ("PE-Lang-L14-448", "vit_pe_lang_large_patch14_448"),
+    "spatialpe-vit-l": ("PE-Spatial-L14-448", "vit_pe_spatial_large_patch14_448"),
+}
 NORMALIZATIONS = ("scalar", "per-channel", "per-position")
 # settings that do not change the trained model: changing them is no departure from a recipe
 NOT_DEPARTURES = frozenset((
@@ -47,7 +87,10 @@ NOT_DEPARTURES = frozenset((
     "shuffle_buffer", "shards_in_flight", "prefetch_factor", "skip_bad_shards", "verify_shards", "micro_batch_size",
     "seed", "precision", "tf32", "grad_checkpointing", "compile", "attention", "jvp_attention", "ddp_bucket_mb",
     "log_every", "ckpt_every", "keep_last", "keep_every", "resume", "peak_tflops", "tensorboard", "wandb",
-    "wandb_project", "quiet", "dry_run", "extra", "recipe", "allow_departures", "protocol"))
+    "wandb_project", "quiet", "dry_run", "extra", "recipe", "allow_departures", "protocol",
+    # the text set's folder, like --shards (its encoder is compared with `requires: text`); cached or online
+    # features are the same numbers (tests/train/test_text_training.py)
+    "text", "text_features"))
 TEXT_KEYS = ("name", "paper", "arxiv", "source", "fid_setting", "extraction", "notes")
 NUMBER_KEYS = ("fid", "epochs", "gpu_hours")
 
@@ -77,8 +120,22 @@ def recipe_problems(recipe: Any) -> list[str]:
         if req.get("normalization") not in (None, *NORMALIZATIONS):
             p.append(f"recipe: requires: normalization must be one of {', '.join(NORMALIZATIONS)}, got "
                      f"{req['normalization']!r}")
-    if recipe.get("departures") is not None and not isinstance(recipe["departures"], list):
-        p.append(f"recipe: 'departures' is a list (written by dit-train), got {recipe['departures']!r}")
+        vae = req.get("vae")
+        if vae is not None and not (vae == PIXELS or (isinstance(vae, str) and _hub_parts(vae) is not None)):
+            p.append(f"recipe: requires: vae is a hub id, owner/name or owner/name/subfolder, or {PIXELS!r}; got "
+                     f"{vae!r}")
+        text = req.get("text")
+        if text is not None and not (isinstance(text, Mapping) and set(text) == set(TEXT_REQUIRE_KEYS)):
+            p.append(f"recipe: requires: text is a mapping of {', '.join(TEXT_REQUIRE_KEYS)}, got {text!r}")
+    pending = recipe.get("pending")
+    if pending is not None and not (isinstance(pending, list) and all(
+            isinstance(x, Mapping) and set(x) <= set(PENDING_KEYS) and {"setting", "value", "what"} <= set(x)
+            for x in pending)):
+        p.append(f"recipe: 'pending' is a list of mappings of {', '.join(PENDING_KEYS)} (setting, value and what "
+                 f"required), got {pending!r}")
+    for k in ("departures", "recognised"):
+        if recipe.get(k) is not None and not isinstance(recipe[k], list):
+            p.append(f"recipe: {k!r} is a list (written by dit-train), got {recipe[k]!r}")
     return p
 
 
@@ -99,28 +156,162 @@ def _shown(v: Any) -> str:
     return "unset" if v is None else (f"{v:g}" if isinstance(v, float) else str(v))
 
 
-def extraction_departures(requires: Mapping[str, Any] | None, manifest: Any) -> list[str]:
-    """Where the shard set differs from the extraction the recipe requires ("latent shape 4x32x32 where the recipe
-    needs 768x16x16 (...)"), from its manifest."""
+def pending_departures(recipe: Mapping[str, Any] | None) -> list[str]:
+    """The recipe's settings this toolkit does not build yet, one departure each ("not built here yet: REG, the
+    DINOv2-B class token denoised beside the image (repa.use_reg true)")."""
+    return [f"not built here yet: {x['what']}" + (f" ({x['nanogen']})" if x.get("nanogen") else "")
+            for x in (recipe or {}).get("pending") or []]
+
+
+def _hub_parts(name: str) -> tuple[str, str, str | None] | None:
+    """(owner, repository, subfolder or None) of "owner/name" or "owner/name/subfolder"."""
+    parts = name.strip("/").split("/")
+    if len(parts) not in (2, 3) or not all(parts):
+        return None
+    return parts[0], parts[1], (parts[2] if len(parts) == 3 else None)
+
+
+_CACHE = re.compile(r"models--([^/]+)--([^/]+)/snapshots/[^/]+(?:/(.+?))?/?$")
+_WEIGHT_SUFFIXES = (".safetensors", ".ckpt", ".pt", ".pth", ".bin")
+
+
+def _fold(x: str) -> str:
+    return x.casefold()
+
+
+def _is_local(identity: Mapping[str, Any]) -> bool:
+    return identity.get("kind") in ("folder", "file") or str(identity.get("source") or "").startswith(("/", "~", "."))
+
+
+def recognise(required: str, identity: Mapping[str, Any] | None) -> str | None:
+    """How a VAE or text encoder identity (a manifest's) is the release `required` names ("owner/name[/subfolder]"):
+    "its hub id", "the hub id recorded for it", "its Hugging Face cache path", "its folder name" or "its file name";
+    None when it is not recognised as it (module docstring)."""
+    if not identity or not identity.get("source"):
+        return None
+    want = _hub_parts(required)
+    assert want is not None, required
+    owner, repo, sub = want
+    source = str(identity["source"]).replace("\\", "/")
+    subfolder = identity.get("subfolder")
+
+    def same(hub: str, folder: str | None) -> bool:
+        parts = _hub_parts(hub)
+        if parts is None:
+            return False
+        o, r, s = parts
+        return _fold(f"{o}/{r}") == _fold(f"{owner}/{repo}") and _fold(s or folder or "") == _fold(sub or "")
+
+    if identity.get("hub_id") and same(str(identity["hub_id"]), identity.get("hub_subfolder", subfolder)):
+        return "the hub id recorded for it"
+    if not _is_local(identity):
+        return "its hub id" if same(source, subfolder) else None
+    if (m := _CACHE.search(source)) and same(f"{m[1]}/{m[2]}", m[3]):
+        return "its Hugging Face cache path"
+    path = PurePosixPath(source)
+    names = [*(path.parts[:-1]), path.stem if path.suffix.lower() in _WEIGHT_SUFFIXES else path.name]
+    tail = [_fold(x) for x in names[-2:]]
+    aliases = {_fold(a.rsplit("/", 1)[-1]) for a in VAE_ALIASES.get(f"{owner}/{repo}", ())}
+    if sub is not None and tail == [_fold(repo), _fold(sub)]:
+        return "its folder name"
+    if tail[-1:] == [_fold(repo)]:  # a repository folder (a pipeline's, whose subfolder the loader picks)
+        return "its folder name"
+    if tail[-1] in aliases:
+        return "its file name" if path.suffix.lower() in _WEIGHT_SUFFIXES else "its folder name"
+    return None
+
+
+def recognise_encoder(required: str, identity: Mapping[str, Any] | None) -> str | None:
+    """How a feature encoder identity is the encoder NanoGen names `required` ("dinov2-vit-b"), or None."""
+    if not identity or identity.get("kind") != "features":
+        return None
+    if str(identity.get("weights") or "").startswith("random"):
+        return None
+    names = next(({_fold(n) for n in (k, *v)} for k, v in ENCODER_NAMES.items()
+                  if _fold(required) in {_fold(n) for n in (k, *v)}), {_fold(required)})
+    for key in ("name", "hub_id", "model"):
+        if identity.get(key) and _fold(str(identity[key])) in names:
+            return f"its {'model name' if key == 'model' else key.replace('_', ' ')} {identity[key]}"
+    return None
+
+
+def _vae_shown(identity: Mapping[str, Any] | None) -> str:
+    if not identity:
+        return "none"
+    if identity.get("kind") == PIXELS:
+        return PIXELS
+    where = {"folder": "a local folder", "file": "a local file", "hub": "a hub id"}.get(str(identity.get("kind")), "")
+    return f"{identity.get('source')}" + (f" ({where})" if where else "")
+
+
+def extraction_departures(requires: Mapping[str, Any] | None, manifest: Any, text: Any = None,
+                          text_folder: str | None = None) -> tuple[list[str], list[str]]:
+    """(where the shard set, and the text set `text` given with --text, differ from the extraction the recipe
+    requires: "latent shape 4x32x32 where the recipe needs 768x16x16", ...; how each tokenizer the recipe names was
+    recognised: "VAE stabilityai/sd-vae-ft-ema: its hub id"), from their manifests."""
     if not requires:
-        return []
-    m, out = manifest, []
+        return [], []
+    m, out, met = manifest, [], []
+    encoder = m.extraction.get("encoder") or {}
     have: dict[str, Any] = {
         "latent_shape": list(m.latent_shape), "image_size": m.image_size, "views": m.views,
         "normalization": "per-position" if m.norm.is_per_position else
         ("per-channel" if m.norm.is_per_channel else "scalar"),
-        "encoder": (m.extraction.get("encoder") or {}).get("model"), "pixels": bool(m.has_pixels)}
+        "encoder": encoder.get("model"), "pixels": bool(m.has_pixels)}
     words = {"latent_shape": "latent shape", "image_size": "image size", "views": "views (2: both flips)",
              "normalization": "normalization", "encoder": "feature encoder", "pixels": "stored pixels"}
     for key in REQUIRE_KEYS:
         if key not in requires:
             continue
-        want = list(requires[key]) if key == "latent_shape" else requires[key]
-        if have[key] != want:
+        want: Any = list(requires[key]) if key == "latent_shape" else requires[key]
+        if key == "vae" and want is not None:  # null: no VAE, a feature set (`encoder` says which)
+            vae = m.extraction.get("vae")
+            how = ("a pixel-space set" if (vae or {}).get("kind") == PIXELS else None) if want == PIXELS else \
+                recognise(str(want), vae)
+            if how is None:
+                out.append(f"VAE {_vae_shown(vae)} where the recipe needs {want} (a local copy is recognised by its "
+                           "name: docs/diffusionbench.md)")
+            else:
+                met.append(f"VAE {want}: {how}")
+            continue
+        if key == "encoder" and want is not None:
+            how = recognise_encoder(str(want), encoder)
+            if how is None:
+                shown = "none (a VAE)" if not encoder else str(encoder.get("model")) + (
+                    " with random weights" if str(encoder.get("weights") or "").startswith("random") else "")
+                out.append(f"feature encoder {shown} where the recipe needs {want}")
+            else:
+                met.append(f"feature encoder {want}: {how}")
+            continue
+        if key == "text" and isinstance(want, Mapping):
+            out += _text_departures(want, text, text_folder, met)
+            continue
+        if key not in ("vae", "text") and have[key] != want:
             fmt = (lambda v: "x".join(map(str, v))) if key == "latent_shape" else \
                 (lambda v: "none (a VAE)" if v is None else str(v))
             out.append(f"{words[key]} {fmt(have[key])} where the recipe needs {fmt(want)}")
-    return out
+    return out, met
+
+
+def _text_departures(want: Mapping[str, Any], text: Any, folder: str | None, met: list[str]) -> list[str]:
+    needs = f"{want['encoder']} (width {want['dim']}, max length {want['max_length']})"
+    if text is None:
+        return [f"no text set where the recipe needs the features of {needs}"]
+    identity = text.text_encoder or {}
+    how = recognise(str(want["encoder"]), _text_as_hub(identity))
+    dim, length = identity.get("dim"), identity.get("max_length")
+    if how is None or dim != want["dim"] or length != want["max_length"]:
+        return [f"text set {folder}: {identity.get('source') or identity.get('name')} (width {dim}, max length "
+                f"{length}) where the recipe needs {needs}"]
+    met.append(f"text encoder {want['encoder']}: {how}, width {dim}, max length {length}")
+    return []
+
+
+def _text_as_hub(identity: Mapping[str, Any]) -> dict[str, Any]:
+    """A text encoder identity (common/text_encoders.py: `source` a hub id or an absolute folder) in the form
+    `recognise` reads."""
+    source = str(identity.get("source") or identity.get("name") or "")
+    return {**identity, "source": source, "kind": "folder" if source.startswith("/") else "hub"}
 
 
 def recipe_line(recipe: Mapping[str, Any] | None) -> list[str]:
@@ -137,4 +328,5 @@ def recipe_line(recipe: Mapping[str, Any] | None) -> list[str]:
         fid = (f"; this run departs from it in {len(departures)} way(s), so the paper's number does not apply to it:"
                + "".join(f"\n  departs     {d}" for d in departures))
     hours = f"; {recipe['gpu_hours']:g} GPU-hours as the paper states them" if recipe.get("gpu_hours") else ""
-    return [f"  recipe      {recipe['name']} ({recipe['paper']}{arxiv}){fid}{hours}"]
+    met = "".join(f"\n  requires    {r}" for r in recipe.get("recognised") or [])
+    return [f"  recipe      {recipe['name']} ({recipe['paper']}{arxiv}){fid}{hours}{met}"]

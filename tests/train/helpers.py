@@ -60,3 +60,55 @@ def make_shard_set(folder: Path, *, samples: Sequence[int], num_classes: int = 2
                  total_samples=sum(samples), samples_per_shard=sps, shards=records, skipped=[])
     write_manifest(folder, m)
     return m
+
+
+IMAGENET = 1_281_167  # ImageNet-1k train images
+
+
+def hub_vae(hub: str, channels: int = 4, factor: int = 8) -> dict:
+    """A VAE identity as dit-extract records a hub id (common/vae.py), "owner/name/subfolder" split into source and
+    subfolder."""
+    parts = hub.split("/")
+    return {"source": "/".join(parts[:2]), "kind": "hub", **({"subfolder": parts[2]} if len(parts) == 3 else {}),
+            "revision": "main", "scaling_factor": 0.18215, "shift_factor": None, "latent_channels": channels,
+            "downsample_factor": factor, "class": "AutoencoderKL"}
+
+
+def recipe_manifest(folder: Path, latent: Sequence[int], *, pixels: bool = False, views: int = 2,
+                    normalization: str = "scalar", encoder: dict | None = None, vae: dict | None = None,
+                    image_size: int = 256, total: int = IMAGENET, per_shard: int = 1000,
+                    num_classes: int = 1000) -> Path:
+    """A manifest of `total` samples (ImageNet-1k's size by default: 1282 shards of up to 1000) for a URL-list dry run
+    of a recipe, of the extraction it requires (latent shape, views, stored pixels, normalization, the VAE's or feature
+    encoder's identity; 3 x S x S with vae "pixels": a pixel-space set, whose crops are the latents). No shard is
+    written: the plan reads the manifest only. Returns the manifest's path."""
+    from dit_pipeline.common.latent_norm import mean_var_record, stats_record
+    from dit_pipeline.common.pixels import pixel_identity
+    from dit_pipeline.shards import ShardRecord
+    from dit_pipeline.shards.pixels import pixels_entry
+
+    norm = None
+    if normalization == "per-channel":
+        norm = stats_record([0.0] * latent[0], [1.0] * latent[0], {"kind": "stats"})
+    elif normalization == "per-position":
+        norm = mean_var_record(np.zeros(latent, np.float32), np.ones(latent, np.float32), {"kind": "stats"})
+    space = vae == "pixels"
+    pixels = pixels or space  # a pixel-space set keeps its latents in the pixels member
+    extraction = {"vae": None, "encoder": encoder} if encoder else \
+        {"vae": pixel_identity(image_size) if space else (vae or VAE_IDENTITY)}
+    records, n = [], 0
+    while n < total:
+        k = min(per_shard, total - n)
+        records.append(ShardRecord(shard_name(len(records)), k, sample_key(n), sample_key(n + k - 1), 1 << 20,
+                                   "0" * 64))
+        n += k
+    m = Manifest(format_version=format_version_for(pixels=pixels, normalization=norm is not None), tool_version="test",
+                 extraction=extraction, normalization=norm, scaling_factor=1.0 if space else 0.18215,
+                 shift_factor=None, image_size=image_size, views=views, store="pixels" if space else "posterior",
+                 dtype="uint8" if space else "float16", latent_shape=list(latent),
+                 class_names=[f"n{c:08d}" for c in range(num_classes)], num_classes=num_classes, total_samples=total,
+                 samples_per_shard=per_shard, shards=records, skipped=[],
+                 pixels=pixels_entry(image_size, 1) if pixels else None)
+    folder.mkdir(parents=True)
+    write_manifest(folder, m)
+    return folder / "manifest.json"

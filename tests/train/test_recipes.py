@@ -12,22 +12,19 @@ from pathlib import Path
 
 import pytest
 
-from dit_pipeline.common.pixels import pixel_identity
 from dit_pipeline.common.errors import ConfigError
 from dit_pipeline.sample.config import SampleConfig
-from dit_pipeline.shards import Manifest, ShardRecord, format_version_for, sample_key, shard_name, write_manifest
-from dit_pipeline.shards.pixels import pixels_entry
 from dit_pipeline.train import merge_config
 from dit_pipeline.dit.protocols import PROTOCOLS
 from dit_pipeline.train.config import load_config_file
 from tests._util import REPO, make_tiny_teacher
 from tests.train.conftest import invoke_train
-from tests.train.helpers import VAE_IDENTITY
+from tests.train.helpers import IMAGENET, hub_vae, recipe_manifest
 
 RECIPES = REPO / "recipes"
-IMAGENET = 1_281_167  # ImageNet-1k train images
+# the VAEs as the releases name them (DiT's and REPA's --vae ema, the MeanFlows' sd-vae-ft-mse, LightningDiT's VA-VAE)
+EMA, MSE, VAVAE = "stabilityai/sd-vae-ft-ema", "stabilityai/sd-vae-ft-mse", "hustvl/vavae-imagenet256-f16d32-dinov2"
 SD, VA, RAE = (4, 32, 32), (32, 16, 16), (768, 16, 16)  # SD-VAE, VA-VAE f16d32, DINOv2-B features at 256 px
-PIX = (3, 256, 256)  # pixel space (dit-extract --encoder pixels)
 
 # The papers' values. A row: model, objective, global batch, lr, (beta1, beta2), EMA decay, training length
 # (steps or epochs as the source gives it), the FID the paper states and its sampling (sampler, steps, guidance,
@@ -94,20 +91,6 @@ PAPERS = {
                                       labels="equal",
                                       extra={"repa": "dinov2_vitb14", "repa_depth": 8, "repa_coeff": 0.5,
                                              "t_sampling": "uniform"}),
-    # NanoGen (End2End-Diffusion/diffusion-bench) configs/stage2/training/imagenet/
-    # jit-ddt-en28d1152hd72-dn2d2048hd128-xpred-t4c8.yaml: DiTwDDTHead patch 16 on 3 x 256 x 256, prediction 'x',
-    # logit-normal_-1.1_0.8 on its noise level (ours at +1.1), time_dist_shift sqrt(196608 / 4096), batch 1024, lr 2e-4,
-    # betas (0.9, 0.95), EMA 0.9995, clip 1.0, 80 epochs, warmup_epochs 40 without warmup_from_zero, decay_end_epoch 800
-    # to 2e-5; sampling/...-cfg2.6-t0.0-0.9.yaml: 50 Euler steps unshifted, cfg 2.6 where t in [0, 0.9]; no FID stated
-    "jit-ddt-xl16-nanogen.yaml": dict(model="ddt-en28d1152hd72-dn2d2048hd128", objective="flow", batch=1024, lr=2e-4, betas=(0.9, 0.95),
-                                      ema=0.9995, steps=None, epochs=80, fid=None, sampler="euler", sample_steps=50,
-                                      cfg=2.6, channels="all", interval=[0.0, 0.9], time_shift=1.0, latent=PIX,
-                                      labels="equal", params_gb="2.29",  # 615M: 16 x 16 x 3 patches in and out
-                                      extra={"patch_size": 16, "num_t_tokens": 4, "num_c_tokens": 8,
-                                             "prediction": "x", "t_eps": 0.05, "t_sampling": "logit-normal",
-                                             "t_mean": 1.1, "t_scale": 0.8, "time_shift": "auto",
-                                             "time_shift_base": 4096, "final_lr": 2e-5, "lr_decay_start_epochs": 40,
-                                             "lr_decay_end_epochs": 800, "grad_clip": 1.0}),
     # Geng et al. 2025, arXiv:2505.13447; Gsunshine/meanflow configs/run_b4.yml (DiT_B_4, 240 epochs) over
     # configs/default.py (batch 256, lr 1e-4, adam_b2 0.95, ema 0.9999, P_mean -0.4, P_std 1.0, data_proportion 0.75,
     # class_dropout_prob 0.1, omega 1.0, kappa 0.5, t_start 0, t_end 1, norm_p 1, norm_eps 0.01; sampling num_steps 1);
@@ -135,38 +118,6 @@ PAPERS = {
                          interval=[0.42, 0.62], latent=SD, params_gb="2.65", labels="equal",
                          unconfirmed={"lr", "warmup_epochs", "adam_beta2", "ema_decay"},
                          extra={"warmup_epochs": 10, "mf_data_proportion": 0.5, "mf_s_max": 7.0}),
-    # Leng et al. 2026, arXiv:2606.24888 (NanoGen); End2End-Diffusion/diffusion-bench
-    # configs/stage2/training/imagenet/ddt-en28d1152hd72-dn2d2048hd128-sdvae-ema-vpred-t4c8.yaml (batch 1024, lr 2e-4,
-    # betas (0.9, 0.95), EMA 0.9995, clip 1.0, logit-normal_0_1, shift sqrt(4096 / 4096), 80 epochs, linear schedule:
-    # warmup_epochs 40 without warmup_from_zero, decay_end_epoch 800, final 2e-5; t4c8; the velocity target
-    # vt = (xt - x1) / t.clamp_min(t_eps) of src/stage2/transport/transport.py line 50, t_eps 0.05 of
-    # src/configs/stage2.py line 39) and its sampling config
-    # ...-cfg1.6-t0.0-0.9.yaml (Euler num_steps 50 on linspace(1, 0, 51), cfg 1.6 where t in [0, 0.9]); FID not stated
-    "nanogen-ddt-t4c8-sdvae-ema.yaml": dict(model="ddt-en28d1152hd72-dn2d2048hd128", objective="flow", batch=1024,
-                                            lr=2e-4, betas=(0.9, 0.95), ema=0.9995, steps=None, epochs=80, fid=None,
-                                            sampler="euler", sample_steps=50, cfg=1.6, channels="all",
-                                            interval=[0.0, 0.9], latent=SD, time_shift=1.0, labels="equal",
-                                            extra={"t_sampling": "logit-normal", "time_shift": 1.0, "final_lr": 2e-5,
-                                                   "lr_decay_start_epochs": 40, "lr_decay_end_epochs": 800,
-                                                   "grad_clip": 1.0, "num_t_tokens": 4, "num_c_tokens": 8,
-                                                   "v_target": "clamped", "t_eps": 0.05},
-                                            unconfirmed={"fid"}),
-}
-
-
-# Text-to-image recipes (trained on captioned shards, so no ImageNet-sized dry run): Leng et al. 2026,
-# arXiv:2606.24888 (NanoGen); End2End-Diffusion/diffusion-bench
-# configs/stage2/training/t2i/t2i-ddt-en28d1152hd72-dn2d2048hd128-sdvae-ema-vpred-t4.yaml (conditioning text, Qwen3-0.6B,
-# max_length 256 = num_c_tokens, t4; batch 1024, lr 2e-4, betas (0.9, 0.95), EMA 0.9995, clip 1.0, 10 virtual epochs of
-# 10000 steps, warmup_epochs 5 constant, decay_end_epoch 100 to 2e-5; transport.py line 50's clamped velocity
-# target, t_eps 0.05) and its sampling config (Euler 50, cfg 6.0 on [0, 1])
-TEXT_PAPERS = {
-    "nanogen-t2i-ddt-t4-sdvae-ema.yaml": dict(
-        model="ddt-en28d1152hd72-dn2d2048hd128", batch=1024, lr=2e-4, betas=(0.9, 0.95), ema=0.9995, steps=100_000,
-        sampler="euler", sample_steps=50, cfg=6.0,
-        extra={"conditioning": "text", "num_t_tokens": 4, "num_c_tokens": 256, "t_sampling": "logit-normal",
-               "time_shift": 1.0, "final_lr": 2e-5, "lr_decay_start_steps": 50_000, "lr_decay_end_steps": 1_000_000,
-               "grad_clip": 1.0, "class_dropout_prob": 0.1, "v_target": "clamped", "t_eps": 0.05}),
 }
 
 
@@ -174,49 +125,24 @@ TEXT_PAPERS = {
 # (2: both flips), normalization, feature encoder, crops stored beside the latents (REPA's online teacher); the
 # latent shape is the row's `latent`, the image size 256. Sources: the rows' above.
 EXTRACTION = {
-    "dit-xl2.yaml": (2, "scalar", None, False),  # DiT extract_features / train.py: horizontal flips, x 0.18215
-    "sit-xl2.yaml": (2, "scalar", None, False),  # SiT: DiT's data pipeline
-    "repa-sit-xl2.yaml": (1, "scalar", None, True),  # REPA: the encoder sees the crops themselves
-    "lightningdit-xl1-64ep.yaml": (2, "per-channel", None, False),  # VA-VAE latents, latents_stats.pt
-    "lightningdit-xl1-800ep.yaml": (2, "per-channel", None, False),
-    "ddt-xl2.yaml": (1, "scalar", None, True),  # DDT: REPA's teacher on the crops
-    "dit-dh-xl-rae.yaml": (2, "per-position", "vit_base_patch14_reg4_dinov2", False),  # RAE: DINOv2-B, normalized
-    "repae-sit-xl1-e2evae.yaml": (1, "per-channel", None, True),
-    "jit-ddt-xl16-nanogen.yaml": (2, "scalar", None, False),  # pixel space: the crops are the latents
-    "meanflow-b4.yaml": (2, "scalar", None, False),  # sd-vae-ft-mse, x 0.18215, flips
-    "imf-b2.yaml": (2, "per-channel", None, False),  # utils/vae_util.py: (z - mean) / std per channel
-    "imf-xl2.yaml": (2, "per-channel", None, False),
-    "nanogen-ddt-t4c8-sdvae-ema.yaml": (2, "scalar", None, False),  # the recipe's extraction: dit-extract's defaults
-    "nanogen-t2i-ddt-t4-sdvae-ema.yaml": (1, "scalar", None, False),  # src/data/blip3o_wds_dataset.py: no flip
+    "dit-xl2.yaml": (2, "scalar", None, False, EMA),  # DiT extract_features / train.py: horizontal flips, x 0.18215
+    "sit-xl2.yaml": (2, "scalar", None, False, EMA),  # SiT: DiT's data pipeline
+    "repa-sit-xl2.yaml": (1, "scalar", None, True, EMA),  # REPA: the encoder sees the crops themselves
+    "lightningdit-xl1-64ep.yaml": (2, "per-channel", None, False, VAVAE),  # VA-VAE latents, latents_stats.pt
+    "lightningdit-xl1-800ep.yaml": (2, "per-channel", None, False, VAVAE),
+    "ddt-xl2.yaml": (1, "scalar", None, True, EMA),  # DDT: REPA's teacher on the crops
+    "dit-dh-xl-rae.yaml": (2, "per-position", "vit_base_patch14_reg4_dinov2", False, None),  # RAE: DINOv2-B
+    "repae-sit-xl1-e2evae.yaml": (1, "per-channel", None, True, "REPA-E/e2e-vavae-hf"),
+    "meanflow-b4.yaml": (2, "scalar", None, False, MSE),  # sd-vae-ft-mse, x 0.18215, flips
+    "imf-b2.yaml": (2, "per-channel", None, False, MSE),  # utils/vae_util.py: (z - mean) / std per channel
+    "imf-xl2.yaml": (2, "per-channel", None, False, MSE),
 }
 
 
 def test_there_is_a_row_for_every_recipe_file():
-    assert sorted(p.name for p in RECIPES.glob("*.yaml")) == sorted({**PAPERS, **TEXT_PAPERS}) == sorted(EXTRACTION)
-
-
-@pytest.mark.parametrize("name", sorted(TEXT_PAPERS))
-def test_the_text_recipe_states_the_releases_values(name):
-    row, values = TEXT_PAPERS[name], load_config_file(RECIPES / name)
-    cfg = merge_config(values, {"shards": "s", "run_dir": "r", "text": "t"})  # its text set: --text
-    with pytest.raises(ConfigError, match="--conditioning text needs --text FOLDER"):
-        merge_config(values, {"shards": "s", "run_dir": "r"}).validate()  # never a class run by mistake
-    assert (cfg.model, cfg.objective, cfg.global_batch_size, cfg.lr, cfg.max_steps) == (
-        row["model"], "flow", row["batch"], row["lr"], row["steps"])
-    assert (cfg.adam_beta1, cfg.adam_beta2, cfg.ema_decay, cfg.weight_decay) == (*row["betas"], row["ema"], 0.0)
-    for key, want in row["extra"].items():
-        assert getattr(cfg, key) == want, key
-    s = cfg.recipe["sampling"]
-    p = PROTOCOLS[s["protocol"]]  # NanoGen's T2I sampler (dit/protocols.py)
-    assert (p.solver, p.count, p.guidance.scale, p.guidance.interval, p.conversion) == (
-        row["sampler"], row["sample_steps"], row["cfg"], (0.0, 1.0), "nanogen")
-    assert p.grid.resolve_shift((4, 32, 32), None) == 1.0  # sqrt(4096 / 4096)
-    assert re.fullmatch(r"\d{4}\.\d{5}", cfg.recipe["arxiv"]) and cfg.recipe["fid"] is None
-    views, normalization, encoder, _ = EXTRACTION[name]  # BLIP3o's transform: resize and center crop, no flip
-    assert cfg.recipe["requires"] == {"latent_shape": [4, 32, 32], "image_size": 256, "views": views,
-                                      "normalization": normalization, "encoder": encoder}
-    cfg.validate()
-    SampleConfig(ckpt="model.pt", npz="samples.npz", **s).validate()
+    """(NanoGen's recipes, recipes/nanogen/, have theirs in tests/train/test_nanogen_recipes.py.)"""
+    assert sorted(p.name for p in RECIPES.glob("*.yaml") if p.name != "MOVED.yaml") == sorted(PAPERS) == \
+        sorted(EXTRACTION)
 
 
 @pytest.mark.parametrize("name", sorted(PAPERS))
@@ -240,10 +166,11 @@ def test_the_recipe_states_the_papers_values(name):
         assert {k: getattr(cfg, k) for k in ("mf_t_mean", "mf_t_scale", "mf_norm_p", "mf_norm_eps")} == \
             {"mf_t_mean": -0.4, "mf_t_scale": 1.0, "mf_norm_p": 1.0, "mf_norm_eps": 0.01}
     assert re.fullmatch(r"\d{4}\.\d{5}", recipe["arxiv"]) and recipe["extraction"] and recipe["name"]
-    views, normalization, encoder, pixels = EXTRACTION[name]  # what the shards must be (train/recipes.py)
+    views, normalization, encoder, pixels, vae = EXTRACTION[name]  # what the shards must be (train/recipes.py)
     assert recipe["requires"] == {"latent_shape": list(row["latent"]), "image_size": 256, "views": views,
                                   "normalization": normalization, "encoder": encoder, **({"pixels": True} if pixels
-                                                                                         else {})}
+                                                                                         else {}),
+                                  **({"vae": vae} if vae else {})}
     s = recipe["sampling"]  # a release's protocol (dit/protocols.py), with the values the paper changed
     if "protocol" not in s:  # a release without a protocol row: dit-sample's own flags
         assert (s["sampler"], s["steps"], s["cfg_scale"]) == (row["sampler"], row["sample_steps"], row["cfg"])
@@ -281,45 +208,17 @@ def test_the_sampling_settings_are_dit_samples(name):
     SampleConfig(ckpt="model.pt", npz="samples.npz", **sampling).validate()
 
 
-def _imagenet(folder: Path, latent, pixels: bool, views: int = 2, normalization: str = "scalar",
-              encoder: str | None = None) -> Path:
-    """A manifest of ImageNet-1k's size (1282 shards of up to 1000 samples) for a URL-list dry run, of the
-    extraction a recipe requires (latent shape, views, stored pixels, normalization, feature encoder; 3 x 256 x 256:
-    a pixel-space set, whose crops are the latents)."""
-    import numpy as np
-
-    from dit_pipeline.common.latent_norm import mean_var_record, stats_record
-
-    norm = None
-    if normalization == "per-channel":
-        norm = stats_record([0.0] * latent[0], [1.0] * latent[0], {"kind": "stats"})
-    elif normalization == "per-position":
-        norm = mean_var_record(np.zeros(latent, np.float32), np.ones(latent, np.float32), {"kind": "stats"})
-    space = tuple(latent) == PIX
-    pixels = pixels or space  # a pixel-space set keeps its latents in the pixels member
-    extraction = {"vae": None, "encoder": {"kind": "features", "model": encoder}} if encoder else \
-        {"vae": pixel_identity(256) if space else VAE_IDENTITY}
-    records, n = [], 0
-    while n < IMAGENET:
-        k = min(1000, IMAGENET - n)
-        i = len(records)
-        records.append(ShardRecord(shard_name(i), k, sample_key(n), sample_key(n + k - 1), 1 << 20, "0" * 64))
-        n += k
-    m = Manifest(format_version=format_version_for(pixels=pixels, normalization=norm is not None), tool_version="test",
-                 extraction=extraction, normalization=norm, scaling_factor=1.0 if space else 0.18215,
-                 shift_factor=None, image_size=256, views=views, store="pixels" if space else "posterior",
-                 dtype="uint8" if space else "float16", latent_shape=list(latent),
-                 class_names=[f"n{c:08d}" for c in range(1000)], num_classes=1000, total_samples=IMAGENET,
-                 samples_per_shard=1000, shards=records, skipped=[], pixels=pixels_entry(256, 1) if pixels else None)
-    folder.mkdir(parents=True)
-    write_manifest(folder, m)
-    return folder / "manifest.json"
-
-
 def _requires(name: str) -> tuple:
     req = load_config_file(RECIPES / name)["recipe"]["requires"]
     return (tuple(req["latent_shape"]), bool(req.get("pixels", False)), req["views"], req["normalization"],
-            req["encoder"])
+            req["encoder"], req.get("vae"))
+
+
+def _imagenet(folder: Path, key: tuple) -> Path:
+    shape, pixels, views, norm, enc, vae = key
+    encoder = {"kind": "features", "model": enc, "weights": f"timm:{enc} (pretrained)"} if enc else None
+    return recipe_manifest(folder, shape, pixels=pixels, views=views, normalization=norm, encoder=encoder,
+                           vae=hub_vae(vae, shape[0], 256 // shape[1]) if vae else None)
 
 
 @pytest.fixture(scope="module")
@@ -331,8 +230,7 @@ def imagenet(tmp_path_factory):
     for name in PAPERS:
         key = _requires(name)
         if key not in sets:
-            shape, pixels, views, norm, enc = key
-            sets[key] = _imagenet(root / f"set{len(sets)}", shape, pixels, views, norm, enc)
+            sets[key] = _imagenet(root / f"set{len(sets)}", key)
     return {"teacher": make_tiny_teacher(root / "teacher.safetensors"), "sd": sets[_requires("dit-xl2.yaml")],
             **{name: sets[_requires(name)] for name in PAPERS}}
 
@@ -436,7 +334,9 @@ def test_a_recipe_on_the_wrong_shards_is_refused_and_departures_are_listed(image
         "does not apply)")
     out = _dry_run("lightningdit-xl1-64ep.yaml", imagenet, tmp_path, manifest=imagenet["sd"], ok=False)
     assert "latent shape 4x32x32 where the recipe needs 32x16x16; normalization scalar where the recipe needs " \
-           "per-channel." in out
+           "per-channel; VAE stabilityai/sd-vae-ft-ema (a hub id) where the recipe needs " \
+           "hustvl/vavae-imagenet256-f16d32-dinov2 (a local copy is recognised by its name: docs/diffusionbench.md)." \
+           in out
     plan = _dry_run("dit-xl2.yaml", imagenet, tmp_path, manifest=imagenet["repa-sit-xl2.yaml"], **{
         "allow-departures": None, "model": "DiT-B/2", "max-steps": 100, "num-workers": 2})
     assert "the paper states FID" not in plan
