@@ -265,10 +265,11 @@ def sample_export_cmd(debug: bool, **options: Any) -> None:
 @click.option("--encoder-layers", type=int, default=None, metavar="K",
               help="Sum the last K blocks' patch tokens (each through the affine-free final LayerNorm) "
               "[default: the preset's: 7 for dinov3-l, else 1].")
-@click.option("--encoder-formula", type=click.Choice(("rae", "repa")), default="rae", show_default=True,
+@click.option("--encoder-formula", type=click.Choice(("rae", "repa", "reg")), default="rae", show_default=True,
               help="rae: RAE's latents (resize, then ImageNet normalization; final LayerNorm without affine); "
               "repa: the tokens REPA's online teacher aligns to (normalize, then resize; affine kept), a sibling set "
-              "for dit-train --repa FOLDER.")
+              "for dit-train --repa FOLDER; reg: NanoGen's REG target, the class token [C, 1, 1] (normalize, then "
+              "resize; final LayerNorm without affine), a sibling set for dit-train --use-reg --reg-tokens FOLDER.")
 @click.option("--latent-stats", default=None, metavar="FILE",
               help="Per-channel mean and std of the VAE's latents (LightningDiT's latents_stats.pt, or .json / "
               ".safetensors with mean and std): model latents become (z - mean) / std per channel; or RAE's stat.pt "

@@ -14,7 +14,9 @@ A `Protocol` holds
   interval of noise levels (1 = noise) where it applies and whether each end is open or closed, the channels
   (DiT's first 3, or all), whether the release runs the doubled [cond; uncond] batch at every step (outside the
   interval it keeps the conditional half: the batch DDT's encoder state belongs to), and the weaker network of
-  AutoGuidance (given to dit-sample as --guidance-model FILE);
+  AutoGuidance (given to dit-sample as --guidance-model FILE); NanoGen's internal guidance (`internal`: its scale,
+  interval and null-half scale; alone, with rule "none", or with "cfg"), which extrapolates from the network's own
+  base head (dit/internal_guidance.py);
 - the null label (the extra row of the label table, index num_classes, in every release here);
 - the image conversion from the decoder's output to uint8, by name (`CONVERSIONS`; evaluate/ imports them);
 - the class labels of its FID samples ("uniform" draws or "equal" counts) and the FID reference it was published
@@ -32,6 +34,7 @@ from typing import Any, Callable
 
 import torch
 
+from .internal_guidance import InternalGuidance
 from .shift import shift_for_dim, shift_time, shifted_grid
 
 SOLVERS = ("ddpm", "ddim", "euler", "heun", "euler-maruyama", "meanflow")
@@ -146,6 +149,7 @@ class Guidance:
     channels: str = "all"  # "3": DiT's first three latent channels; "all"
     doubled: bool = False  # the release runs [cond; uncond] at every step
     guide_model: str | None = None  # autoguidance: the weaker network the release used
+    internal: InternalGuidance | None = None  # NanoGen's internal guidance, alone or with cfg (dit/internal_guidance.py)
 
     def applies(self, level: float) -> bool:
         """Whether guidance applies at noise level `level` (the grid's own float64 time)."""
