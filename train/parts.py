@@ -405,8 +405,9 @@ class RngPart(_NoCheck):
 
 # Every part type, in the order their checks run (the first mismatch is the one reported): what the run is
 # (objective, model, shard set, global batch) before the state that must fit it.
-PART_TYPES: tuple[type[Part], ...] = (ObjectivePart, ModelPart, ShardSetPart, ConfigPart, EmaPart, ProjectorPart,
-                                      RegPart, OptimizerPart, ScalerPart, TextPart, ProgressPart, RngPart, GuardPart)
+PART_TYPES: tuple[type[Part], ...] = (ObjectivePart, RegPart, ModelPart, ShardSetPart, ConfigPart, EmaPart,
+                                      ProjectorPart, OptimizerPart, ScalerPart, TextPart, ProgressPart, RngPart,
+                                      GuardPart)
 REQUIRED_KEYS: tuple[str, ...] = tuple(k for t in PART_TYPES for k in t.required)
 
 
@@ -419,9 +420,9 @@ def build_parts(*, objective: str, config: dict[str, Any], shard_set: ShardSetPa
     """The parts of one run, in PART_TYPES order. For checking only (no live optimizer yet), `model` (and the
     alignment `head` around it) may live on the meta device and ema/opt/scaler/progress be None."""
     trainable = sum(1 for q in (head if head is not None else model).parameters() if q.requires_grad)
-    parts: list[Part] = [ObjectivePart(objective, config), ModelPart(model), shard_set,
-                         ConfigPart(config), EmaPart(ema, model.config), ProjectorPart(head, teacher),
-                         reg if reg is not None else RegPart(None), OptimizerPart(opt, trainable, str(config.get("optimizer", "adamw"))), ScalerPart(scaler),
+    parts: list[Part] = [ObjectivePart(objective, config), reg if reg is not None else RegPart(None),
+                         ModelPart(model), shard_set, ConfigPart(config), EmaPart(ema, model.config),
+                         ProjectorPart(head, teacher), OptimizerPart(opt, trainable, str(config.get("optimizer", "adamw"))), ScalerPart(scaler),
                          TextPart(text)]
     if progress is not None:
         parts += [progress, RngPart()]

@@ -1,0 +1,117 @@
+"""REG end to end (issue 44 item 4): the DINOv2 class token cached at extraction (`dit-extract --encoder-formula reg`,
+a sibling set of [z, 1, 1] tokens) is NanoGen's REG target, transcribed below from End2End-Diffusion/diffusion-bench
+src/encoders/vision_encoder.py; `dit-train --use-reg --reg-tokens FOLDER` through the CLI trains the in-context
+DiT-DH with it, logs the `reg` term, records it in the checkpoint, resumes to the straight run's exact losses and
+weights, refuses a resume without it, and `dit-sample` samples the checkpoint with the class token."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dit_pipeline.extract import ExtractConfig, run_extract
+from dit_pipeline.shards import iter_shard, read_manifest, view_pixels
+from dit_pipeline.train.checkpoint import CheckpointManager, load_checkpoint
+from dit_pipeline.train.metrics import read_metrics
+from tests.features._tiny import TINY_INPUT, tiny_encoder_model
+from tests.features.conftest import BASE
+from tests.train.conftest import invoke_train
+
+IC = {"model": "ddt-en28d1152hd72-dn2d2048hd128", "depth": 2, "hidden-size": 32, "num-heads": 2, "head-depth": 1,
+      "head-hidden-size": 32, "head-num-heads": 2, "patch-size": 1, "objective": "flow", "v-target": "clamped",
+      "t-sampling": "logit-normal", "global-batch-size": 4, "micro-batch-size": 2, "num-workers": 0, "log-every": 1,
+      "ckpt-every": 2, "lr": 1e-3, "quiet": None}
+
+
+@pytest.fixture(scope="module")
+def reg_sets(tree, encoder, tiny_vae_dir, tmp_path_factory):
+    """(VAE latents of the tree with pixels, the sibling set of its class tokens)."""
+    root = tmp_path_factory.mktemp("reg")
+    vae = root / "vae"
+    run_extract(ExtractConfig(data_path=str(tree), out=str(vae), vae=str(tiny_vae_dir), pixels=True, **BASE))
+    tokens = root / "tokens"
+    run_extract(ExtractConfig(data_path=str(tree), out=str(tokens), encoder=str(encoder), encoder_formula="reg",
+                              dtype="float32", **BASE))
+    return vae, tokens
+
+
+def nanogen_class_token(model: nn.Module, images_uint8: torch.Tensor, resolution: int) -> torch.Tensor:
+    """vision_encoder.py DINOv2Encoder: the final norm replaced by LayerNorm without affine (l.207-210, torch's
+    eps 1e-5), preprocess (l.216-223: /255, Normalize, interpolate bicubic to 224 x res // 256: here the tiny
+    encoder's input), forward_features' x_norm_clstoken (l.225-231; timm's forward_features: norm(x)[:, 0])."""
+    from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+    from torchvision.transforms import Normalize
+
+    model.norm = nn.LayerNorm(model.embed_dim, elementwise_affine=False)
+    x = Normalize(IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD)(images_uint8.float() / 255.0)
+    x = F.interpolate(x, resolution, mode="bicubic")
+    return model.forward_features(x)[:, 0]
+
+
+def test_the_cached_class_tokens_are_nanogens_reg_target(reg_sets):
+    vae, tokens = reg_sets
+    m = read_manifest(tokens)
+    enc = m.extraction["encoder"]
+    assert m.latent_shape == [32, 1, 1] and enc["formula_name"] == "reg" and m.store == "sample"
+    pix = {s.key: s.pixels for url in read_manifest(vae).shard_urls(str(vae))
+           for s in iter_shard(url, read_manifest(vae), pixels="decoded")}
+    cached = {s.key: s.latent for url in m.shard_urls(str(tokens)) for s in iter_shard(url, m)}
+    assert sorted(pix) == sorted(cached) and len(pix) == 5
+    net = tiny_encoder_model()
+    with torch.no_grad():
+        for key, crop in pix.items():
+            views = torch.stack([torch.from_numpy(view_pixels(crop, v).copy()) for v in range(2)])  # [2, H, W, 3]
+            want = nanogen_class_token(net, views.permute(0, 3, 1, 2), TINY_INPUT)                # [2, 32]
+            got = torch.from_numpy(cached[key]).reshape(2, 32)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def _train(vae, tokens, run, **extra):
+    args = {"shards": vae, "run-dir": run, **IC, "use-reg": None, "reg-tokens": tokens, **extra}
+    flat = []
+    for k, v in args.items():
+        flat += [f"--{k}"] if v is None else [f"--{k}", str(v)]
+    return invoke_train(flat)
+
+
+def test_reg_trains_resumes_exactly_and_samples_through_the_clis(reg_sets, tiny_vae_dir, tmp_path):
+    vae, tokens = reg_sets
+    r = _train(vae, tokens, tmp_path / "straight", **{"max-steps": 3})
+    assert r.exit_code == 0, r.output
+    r = _train(vae, tokens, tmp_path / "resumed", **{"max-steps": 2})
+    assert r.exit_code == 0, r.output
+    r = _train(vae, tokens, tmp_path / "resumed", **{"max-steps": 3})  # continues from step 2
+    assert r.exit_code == 0, r.output
+    keys = ("step", "loss", "mse", "reg", "grad_norm")
+    a = [tuple(rec[k] for k in keys) for rec in read_metrics(tmp_path / "straight")]
+    b = [tuple(rec[k] for k in keys) for rec in read_metrics(tmp_path / "resumed")]
+    assert [x[0] for x in a] == [1, 2, 3] and a == b  # exact floats
+    # the logged loss is the image MSE + 0.03 x the class token's
+    assert all(abs(loss - (mse + 0.03 * reg)) <= 1e-6 * loss for _, loss, mse, reg, _ in a)
+    ca = load_checkpoint(CheckpointManager(tmp_path / "straight" / "checkpoints").latest())
+    cb = load_checkpoint(CheckpointManager(tmp_path / "resumed" / "checkpoints").latest())
+    for part in ("model", "ema"):
+        assert all(torch.equal(ca[part][k], cb[part][k]) for k in ca[part])
+    assert ca["model_config"]["reg_dim"] == 32 and ca["ema"]["final_layer.cls_linear.weight"].shape == (32, 32)
+    assert ca["reg"]["reg_coeff"] == 0.03 and ca["reg"]["target"]["formula_name"] == "reg"
+    assert ca["objective"] == "flow" and ca["prediction"] == {"kind": "v", "t_eps": 0.05}
+
+    # a resume without REG is refused before any work (the dry run runs the checkpoint's checks)
+    flat = [str(v) for k, v in {"shards": vae, "run-dir": tmp_path / "straight"}.items() for v in (f"--{k}", v)]
+    flat += [a for k, v in IC.items() for a in ([f"--{k}"] if v is None else [f"--{k}", str(v)])]
+    r = invoke_train(flat + ["--max-steps", "4", "--dry-run"])
+    assert r.exit_code != 0 and "was trained with REG (--use-reg); resume it with --use-reg" in r.output
+
+    from dit_pipeline.sample import SampleConfig
+    from dit_pipeline.sample.run import run_sampling
+
+    ema = tmp_path / "straight" / "checkpoints" / "step-0000002-ema.pt"
+    assert json.loads(ema.with_suffix(".json").read_text())["model_config"]["reg_dim"] == 32
+    npz = tmp_path / "reg.npz"
+    run_sampling(SampleConfig(ckpt=str(ema), vae=str(tiny_vae_dir), class_labels=[0, 1], cfg_scale=2.0,
+                              sampler="euler", steps=3, npz=str(npz), quiet=True))
+    assert np.load(npz)["arr_0"].shape == (2, 32, 32, 3)
