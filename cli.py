@@ -148,6 +148,15 @@ def sample_main() -> None:
               help="Guide only where the noise level is in [LOW, HIGH] (ends included), elsewhere run the "
               "conditional model alone. Noise level, 1 = pure noise: flow models 1 - t (SiT's t), which is "
               "REPA's t (REPA's --guidance_high 0.7 is 0 0.7); ddpm/ddim the timestep index / 1000.")
+@click.option("--ig-scale", type=float, default=None,
+              help="NanoGen's internal guidance: base + S (full - base) from the model's own base head (a model "
+              "trained with dit-train --base-model-depth), alone or with --cfg-scale (docs/reg-pixnerd.md) [the "
+              "protocol's; else off].")
+@click.option("--ig-interval", type=float, nargs=2, default=None, metavar="LOW HIGH",
+              callback=lambda ctx, param, v: None if v is None else list(v),
+              help="Internal guidance only where the noise level is in [LOW, HIGH] (ends included) [0 1].")
+@click.option("--ig-uncond-scale", type=float, default=None,
+              help="Internal guidance with --cfg-scale: the scale of the null half [the --ig-scale].")
 @click.option("--class-labels", callback=_parse_class_labels, default=None,
               help="Comma-separated class ids or class names (the shard set's class folders, which the "
               "checkpoint records), one sample each; repeated cyclically with --num-samples.")

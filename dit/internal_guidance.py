@@ -14,7 +14,9 @@ NanoGen's rules, t its noise level, every interval closed (t_min <= t <= t_max):
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -51,3 +53,12 @@ class InternalGuidance:
 def internal_combine(full: torch.Tensor, base: torch.Tensor, scale: float | torch.Tensor) -> torch.Tensor:
     """base + s (full - base)."""
     return base + scale * (full - base)
+
+
+def with_internal(protocol: Any, ig: InternalGuidance) -> Any:
+    """A protocol (dit/protocols.py) with this internal guidance in place of its own, recorded as an override."""
+    low, high = ig.interval
+    note = f"internal guidance {ig.scale:g} in [{low:g}, {high:g}]" + (
+        f", null half {ig.uncond_scale:g}" if ig.uncond_scale is not None else "")
+    return dataclasses.replace(protocol, guidance=dataclasses.replace(protocol.guidance, internal=ig),
+                               overrides=protocol.overrides + (note,))

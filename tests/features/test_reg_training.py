@@ -1,8 +1,10 @@
-"""REG end to end (issue 44 item 4): the DINOv2 class token cached at extraction (`dit-extract --encoder-formula reg`,
-a sibling set of [z, 1, 1] tokens) is NanoGen's REG target, transcribed below from End2End-Diffusion/diffusion-bench
-src/encoders/vision_encoder.py; `dit-train --use-reg --reg-tokens FOLDER` through the CLI trains the in-context
-DiT-DH with it, logs the `reg` term, records it in the checkpoint, resumes to the straight run's exact losses and
-weights, refuses a resume without it, and `dit-sample` samples the checkpoint with the class token."""
+"""REG and internal guidance end to end (issue 44 item 4): the DINOv2 class token cached at extraction
+(`dit-extract --encoder-formula reg`, a sibling set of [z, 1, 1] tokens) is NanoGen's REG target, transcribed below
+from End2End-Diffusion/diffusion-bench src/encoders/vision_encoder.py; `dit-train --use-reg --reg-tokens FOLDER
+--base-model-depth 1` through the CLI trains the in-context DiT-DH with the class token and the base head, logs the
+`reg` and `base` terms, records both in the checkpoint, resumes to the straight run's exact losses and weights,
+refuses a resume without REG, and `dit-sample` samples the checkpoint with the class token, with and without
+internal guidance (refused for a model without the base head)."""
 from __future__ import annotations
 
 import json
@@ -71,7 +73,8 @@ def test_the_cached_class_tokens_are_nanogens_reg_target(reg_sets):
 
 
 def _train(vae, tokens, run, **extra):
-    args = {"shards": vae, "run-dir": run, **IC, "use-reg": None, "reg-tokens": tokens, **extra}
+    args = {"shards": vae, "run-dir": run, **IC, "use-reg": None, "reg-tokens": tokens, "base-model-depth": 1,
+            "base-model-coeff": 0.5, **extra}
     flat = []
     for k, v in args.items():
         flat += [f"--{k}"] if v is None else [f"--{k}", str(v)]
@@ -86,32 +89,53 @@ def test_reg_trains_resumes_exactly_and_samples_through_the_clis(reg_sets, tiny_
     assert r.exit_code == 0, r.output
     r = _train(vae, tokens, tmp_path / "resumed", **{"max-steps": 3})  # continues from step 2
     assert r.exit_code == 0, r.output
-    keys = ("step", "loss", "mse", "reg", "grad_norm")
+    keys = ("step", "loss", "mse", "reg", "base", "grad_norm")
     a = [tuple(rec[k] for k in keys) for rec in read_metrics(tmp_path / "straight")]
     b = [tuple(rec[k] for k in keys) for rec in read_metrics(tmp_path / "resumed")]
     assert [x[0] for x in a] == [1, 2, 3] and a == b  # exact floats
-    # the logged loss is the image MSE + 0.03 x the class token's
-    assert all(abs(loss - (mse + 0.03 * reg)) <= 1e-6 * loss for _, loss, mse, reg, _ in a)
+    # the logged loss is the image MSE + 0.03 x the class token's + 0.5 x the base head's
+    assert all(abs(loss - (mse + 0.03 * reg + 0.5 * base)) <= 1e-6 * loss for _, loss, mse, reg, base, _ in a)
     ca = load_checkpoint(CheckpointManager(tmp_path / "straight" / "checkpoints").latest())
     cb = load_checkpoint(CheckpointManager(tmp_path / "resumed" / "checkpoints").latest())
     for part in ("model", "ema"):
         assert all(torch.equal(ca[part][k], cb[part][k]) for k in ca[part])
-    assert ca["model_config"]["reg_dim"] == 32 and ca["ema"]["final_layer.cls_linear.weight"].shape == (32, 32)
+    mc = ca["model_config"]
+    assert (mc["reg_dim"], mc["base_model_depth"]) == (32, 1)
+    assert ca["ema"]["final_layer.cls_linear.weight"].shape == (32, 32) and "base_final_layer.linear.weight" in ca["ema"]
     assert ca["reg"]["reg_coeff"] == 0.03 and ca["reg"]["target"]["formula_name"] == "reg"
+    assert ca["internal_guidance"] == {"base_model_depth": 1, "base_model_coeff": 0.5}
     assert ca["objective"] == "flow" and ca["prediction"] == {"kind": "v", "t_eps": 0.05}
 
     # a resume without REG is refused before any work (the dry run runs the checkpoint's checks)
     flat = [str(v) for k, v in {"shards": vae, "run-dir": tmp_path / "straight"}.items() for v in (f"--{k}", v)]
     flat += [a for k, v in IC.items() for a in ([f"--{k}"] if v is None else [f"--{k}", str(v)])]
-    r = invoke_train(flat + ["--max-steps", "4", "--dry-run"])
+    r = invoke_train(flat + ["--max-steps", "4", "--base-model-depth", "1", "--base-model-coeff", "0.5", "--dry-run"])
     assert r.exit_code != 0 and "was trained with REG (--use-reg); resume it with --use-reg" in r.output
 
+    from dit_pipeline.common.errors import UserError
     from dit_pipeline.sample import SampleConfig
     from dit_pipeline.sample.run import run_sampling
 
-    ema = tmp_path / "straight" / "checkpoints" / "step-0000002-ema.pt"
-    assert json.loads(ema.with_suffix(".json").read_text())["model_config"]["reg_dim"] == 32
-    npz = tmp_path / "reg.npz"
-    run_sampling(SampleConfig(ckpt=str(ema), vae=str(tiny_vae_dir), class_labels=[0, 1], cfg_scale=2.0,
-                              sampler="euler", steps=3, npz=str(npz), quiet=True))
-    assert np.load(npz)["arr_0"].shape == (2, 32, 32, 3)
+    # 3 steps leave the zero-initialised output layers near zero: sample the EMA weights perturbed
+    ema = tmp_path / "ema.pt"
+    raw = torch.load(tmp_path / "straight" / "checkpoints" / "step-0000002-ema.pt", weights_only=True)
+    g = torch.Generator().manual_seed(0)
+    torch.save({k: v if "rope" in k else v + 0.3 * torch.randn(v.shape, generator=g) for k, v in raw.items()}, ema)
+    record = json.loads((tmp_path / "straight" / "checkpoints" / "step-0000002-ema.json").read_text())
+    assert (record["model_config"]["reg_dim"], record["model_config"]["base_model_depth"]) == (32, 1)
+    ema.with_suffix(".json").write_text(json.dumps(record))
+    common = dict(ckpt=str(ema), vae=str(tiny_vae_dir), class_labels=[0, 1], cfg_scale=2.0, sampler="euler", steps=3,
+                  quiet=True)
+    run_sampling(SampleConfig(npz=str(tmp_path / "cfg.npz"), **common))
+    run_sampling(SampleConfig(npz=str(tmp_path / "ig.npz"), ig_scale=3.0, ig_interval=[0.0, 1.0], **common))
+    cfg_only, ig = np.load(tmp_path / "cfg.npz")["arr_0"], np.load(tmp_path / "ig.npz")["arr_0"]
+    assert cfg_only.shape == ig.shape == (2, 32, 32, 3)
+    assert np.abs(cfg_only.astype(int) - ig.astype(int)).max() > 1  # internal guidance acted
+
+    headless = tmp_path / "headless.pt"  # the same model without the base head
+    torch.save({k: v for k, v in torch.load(ema, weights_only=True).items() if not k.startswith("base_final")},
+               headless)
+    del record["model_config"]["base_model_depth"]
+    headless.with_suffix(".json").write_text(json.dumps(record))
+    with pytest.raises(UserError, match=r"internal guidance \(--ig-scale\) extrapolates from the model's base head"):
+        run_sampling(SampleConfig(**{**common, "ckpt": str(headless)}, npz=str(tmp_path / "x.npz"), ig_scale=2.0))
