@@ -72,8 +72,8 @@ def test_the_cached_class_tokens_are_nanogens_reg_target(reg_sets):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-def _train(vae, tokens, run, **extra):
-    args = {"shards": vae, "run-dir": run, **IC, "use-reg": None, "reg-tokens": tokens, "base-model-depth": 1,
+def _train(shards, tokens, run, **extra):
+    args = {"shards": shards, "run-dir": run, **IC, "use-reg": None, "reg-tokens": tokens, "base-model-depth": 1,
             "base-model-coeff": 0.5, **extra}
     flat = []
     for k, v in args.items():
@@ -83,7 +83,8 @@ def _train(vae, tokens, run, **extra):
 
 def test_reg_trains_resumes_exactly_and_samples_through_the_clis(reg_sets, tiny_vae_dir, tmp_path):
     vae, tokens = reg_sets
-    r = _train(vae, tokens, tmp_path / "straight", **{"max-steps": 3})
+    grids = {"sample-every": 3, "sample-classes": "0,1", "sample-steps": 2, "vae": tiny_vae_dir}
+    r = _train(vae, tokens, tmp_path / "straight", **{"max-steps": 3, **grids})
     assert r.exit_code == 0, r.output
     r = _train(vae, tokens, tmp_path / "resumed", **{"max-steps": 2})
     assert r.exit_code == 0, r.output
@@ -105,6 +106,7 @@ def test_reg_trains_resumes_exactly_and_samples_through_the_clis(reg_sets, tiny_
     assert ca["reg"]["reg_coeff"] == 0.03 and ca["reg"]["target"]["formula_name"] == "reg"
     assert ca["internal_guidance"] == {"base_model_depth": 1, "base_model_coeff": 0.5}
     assert ca["objective"] == "flow" and ca["prediction"] == {"kind": "v", "t_eps": 0.05}
+    assert (tmp_path / "straight" / "samples" / "step-0000003.png").is_file()  # the grid samples with the token
 
     # a resume without REG is refused before any work (the dry run runs the checkpoint's checks)
     flat = [str(v) for k, v in {"shards": vae, "run-dir": tmp_path / "straight"}.items() for v in (f"--{k}", v)]
