@@ -302,7 +302,7 @@ class InContextDiTDH(DiffusionTransformer):
         kind = kind_of(config)
         return cls(**{k: config[k] for k in cls.config_keys if k not in ("model", "family")}, conditioning=kind,
                    text_dim=int(config.get("text_dim", 0)) if kind == "text" else 0,
-                   **{k: int(config.get(k) or 0) for k in _HEADS})
+                   reg_dim=int(config.get("reg_dim") or 0), base_model_depth=int(config.get("base_model_depth") or 0))
 
     def hidden_size_at(self, k: int) -> int:
         return self.hidden_size if k <= self.depth else self.head_hidden_size

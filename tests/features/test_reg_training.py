@@ -141,3 +141,57 @@ def test_reg_trains_resumes_exactly_and_samples_through_the_clis(reg_sets, tiny_
     headless.with_suffix(".json").write_text(json.dumps(record))
     with pytest.raises(UserError, match=r"internal guidance \(--ig-scale\) extrapolates from the model's base head"):
         run_sampling(SampleConfig(**{**common, "ckpt": str(headless)}, npz=str(tmp_path / "x.npz"), ig_scale=2.0))
+
+
+def test_reg_settings_that_cannot_act_are_refused_and_the_record_guards_a_resume():
+    from dit_pipeline.common.errors import ConfigError, UserError
+    from dit_pipeline.train.config import TrainConfig
+    from dit_pipeline.train.reg import RegPart
+
+    def problems(**kw):
+        with pytest.raises(ConfigError) as e:
+            TrainConfig(shards="s", run_dir="r", **kw).validate()
+        return str(e.value)
+
+    ic = dict(model="ddt-en28d1152hd72-dn2d2048hd128", objective="flow")
+    assert "--use-reg needs the class tokens: --reg-tokens FOLDER" in problems(use_reg=True, **ic)
+    assert "NanoGen's REG configs train without REPA" in problems(use_reg=True, reg_tokens="t", repa="x", **ic)
+    assert "--reg-tokens is REG's class tokens: add --use-reg" in problems(reg_tokens="t", **ic)
+    assert "act on the flow objective" in problems(use_reg=True, reg_tokens="t", model=ic["model"], objective="ddpm")
+    assert "built by NanoGen's in-context DiT-DH" in problems(base_model_depth=2, model="DiT-S/2", objective="flow")
+    assert "--base-model-coeff weighs internal guidance's base head" in problems(base_model_coeff=0.5, **ic)
+    target = {"kind": "features", "model": "vit_base_patch14_reg4_dinov2", "input_size": 224, "layers": 1,
+              "model_args": {}, "weights_sha256": "a" * 64}
+    saved = {"reg": {"reg_coeff": 0.03, "reg_dim": 768, "target": target}}
+    RegPart({"reg_coeff": 0.03, "reg_dim": 768, "target": target}).check(saved, "ckpt")  # the same: continues
+    for record, why in (({"reg_coeff": 0.05, "reg_dim": 768, "target": target}, "--reg-coeff 0.03"),
+                        ({"reg_coeff": 0.03, "reg_dim": 768, "target": {**target, "weights_sha256": "b" * 64}},
+                         "class tokens of another encoder"),
+                        (None, "was trained with REG")):
+        with pytest.raises(UserError, match=why):
+            RegPart(record).check(saved, "ckpt")
+
+
+def test_the_docs_commands_parse(tmp_path, monkeypatch):
+    """Every dit-* command of docs/reg-pixnerd.md is accepted by its command's parser as written."""
+    import re
+    import shlex
+
+    from dit_pipeline import cli
+    from tests._util import REPO
+
+    commands = {"dit-extract": cli.extract_main, "dit-train": cli.train_main, "dit-sample": cli.sample_main}
+    text = (REPO / "docs" / "reg-pixnerd.md").read_text(encoding="utf-8")
+    lines = [line for m in re.finditer(r"```bash\n(.*?)```", text, re.S) for line in m.group(1).splitlines()]
+    assert lines and all(shlex.split(line)[0] in commands for line in lines)
+    monkeypatch.chdir(tmp_path)
+    for line in lines:
+        name, *args = shlex.split(line)
+        for a in args:
+            if a.startswith(("shards/", "imagenet/")):
+                (tmp_path / a).mkdir(parents=True, exist_ok=True)
+        cmd = commands[name]
+        if name == "dit-sample":
+            cmd.commands["run"].make_context(name, list(args))
+        else:
+            cmd.make_context(name, list(args))
