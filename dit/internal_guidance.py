@@ -55,6 +55,16 @@ def internal_combine(full: torch.Tensor, base: torch.Tensor, scale: float | torc
     return base + scale * (full - base)
 
 
+def as_internal(value: Any) -> InternalGuidance | None:
+    """A protocol row's internal guidance: an `InternalGuidance`, or the tuple (scale, t_min, t_max[, uncond_scale]) a
+    row may write it as; None: off."""
+    if value is None or isinstance(value, InternalGuidance):
+        return value
+    scale, low, high, *rest = value
+    return InternalGuidance(float(scale), (float(low), float(high)), float(rest[0]) if rest and rest[0] is not None
+                            else None)
+
+
 def with_internal(protocol: Any, ig: InternalGuidance) -> Any:
     """A protocol (dit/protocols.py) with this internal guidance in place of its own, recorded as an override."""
     low, high = ig.interval

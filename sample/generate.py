@@ -24,7 +24,7 @@ from dit_pipeline import dit
 from dit_pipeline.common.latent_norm import LatentNorm
 from dit_pipeline.dit import protocols
 from dit_pipeline.dit.conditioning import Conditioning
-from dit_pipeline.dit.internal_guidance import InternalGuidance, internal_combine
+from dit_pipeline.dit.internal_guidance import InternalGuidance, as_internal, internal_combine
 from dit_pipeline.dit.meanflow import MEANFLOW_SAMPLERS, MeanFlowLoop
 from dit_pipeline.sample.config import respacing
 from dit_pipeline.sample.plan import noise_generators
@@ -290,7 +290,7 @@ def protocol_model_fn(p: protocols.Protocol, model: nn.Module, *, objective: str
                            compile=compile, guidance_interval=g.interval if scale > 1.0 else None,
                            noise_level=noise_level_fn(objective, convention), ends=g.ends,
                            doubled=g.doubled or doubled, guide_model=guide_model if scale > 1.0 else None,
-                           conditioning=conditioning, internal=g.internal)
+                           conditioning=conditioning, internal=as_internal(g.internal))
 
 
 @torch.no_grad()

@@ -306,15 +306,15 @@ def _protocol(cfg: SampleConfig, loaded: LoadedModel) -> protocols.Protocol:
 def _internal_guidance(cfg: SampleConfig, proto: protocols.Protocol, loaded: LoadedModel) -> protocols.Protocol:
     """The protocol with --ig-scale / --ig-interval / --ig-uncond-scale (NanoGen's internal guidance) in place of its
     own; UserError where it is on and the model has no base head to guide from."""
-    from dit_pipeline.dit.internal_guidance import InternalGuidance, with_internal
+    from dit_pipeline.dit.internal_guidance import InternalGuidance, as_internal, with_internal
 
     if cfg.ig_scale is not None or cfg.ig_uncond_scale is not None:
-        own = proto.guidance.internal
+        own = as_internal(proto.guidance.internal)
         proto = with_internal(proto, InternalGuidance(
             float(cfg.ig_scale if cfg.ig_scale is not None else (own.scale if own else 1.0)),
             tuple(cfg.ig_interval) if cfg.ig_interval else (own.interval if own else (0.0, 1.0)),  # type: ignore
             cfg.ig_uncond_scale))
-    ig = proto.guidance.internal
+    ig = as_internal(proto.guidance.internal)
     if ig is not None and ig.active and not loaded.config.get("base_model_depth"):
         flag = "--ig-scale" if cfg.ig_scale is not None else f"--protocol {cfg.protocol}"
         raise UserError(f"internal guidance ({flag}) extrapolates from the model's base head; {cfg.ckpt} has none "

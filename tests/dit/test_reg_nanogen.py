@@ -354,3 +354,11 @@ def test_internal_guidance_needs_the_base_head():
     delta = (28 * (enc(t + 13) - enc(t + 12)) + 2 * (head(t + 1) - head(t)) + d * dh + 2 * dh * dh
              + z * (d + 2 * dh) + t * (2 * d * d + d * 2 * 2 * 4))
     assert dit.forward_macs(m.config) - dit.forward_macs(base) == delta
+
+
+def test_a_row_may_write_internal_guidance_as_a_tuple():
+    from dit_pipeline.dit.internal_guidance import as_internal
+
+    assert as_internal((1.8, 0.2, 1.0)) == InternalGuidance(1.8, (0.2, 1.0))
+    assert as_internal((1.8, 0.2, 1.0, 1.3)) == InternalGuidance(1.8, (0.2, 1.0), 1.3)
+    assert as_internal(None) is None
