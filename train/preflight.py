@@ -512,6 +512,8 @@ def format_plan(prep: Preflight, start_line: str | None = None, *, dry_run: bool
         integrity_line(prep),
         *repa_line(cfg, prep.teacher, num_blocks(mc), dit_train_flops(mc)),
         *([prep.reg.line(cfg.reg_coeff)] if prep.reg is not None else []),
+        *([f"  guidance    internal guidance's base head after encoder block {cfg.base_model_depth}: loss + "
+           f"{cfg.base_model_coeff:g} x base (dit-sample --ig-scale)"] if cfg.base_model_depth else []),
         *grids_line(prep),
         start_line or f"  run dir     {cfg.run_dir}: {'would start' if dry_run else 'starts'} from scratch",
     ]
