@@ -153,6 +153,15 @@ def sample_main() -> None:
               help="Guide only where the noise level is in [LOW, HIGH] (ends included), elsewhere run the "
               "conditional model alone. Noise level, 1 = pure noise: flow models 1 - t (SiT's t), which is "
               "REPA's t (REPA's --guidance_high 0.7 is 0 0.7); ddpm/ddim the timestep index / 1000.")
+@click.option("--ig-scale", type=float, default=None,
+              help="NanoGen's internal guidance: base + S (full - base) from the model's own base head (a model "
+              "trained with dit-train --base-model-depth), alone or with --cfg-scale (docs/reg-pixnerd.md) [the "
+              "protocol's; else off].")
+@click.option("--ig-interval", type=float, nargs=2, default=None, metavar="LOW HIGH",
+              callback=lambda ctx, param, v: None if v is None else list(v),
+              help="Internal guidance only where the noise level is in [LOW, HIGH] (ends included) [0 1].")
+@click.option("--ig-uncond-scale", type=float, default=None,
+              help="Internal guidance with --cfg-scale: the scale of the null half [the --ig-scale].")
 @click.option("--class-labels", callback=_parse_class_labels, default=None,
               help="Comma-separated class ids or class names (the shard set's class folders, which the "
               "checkpoint records), one sample each; repeated cyclically with --num-samples.")
@@ -270,10 +279,11 @@ def sample_export_cmd(debug: bool, **options: Any) -> None:
 @click.option("--encoder-layers", type=int, default=None, metavar="K",
               help="Sum the last K blocks' patch tokens (each through the affine-free final LayerNorm) "
               "[default: the preset's: 7 for dinov3-l, else 1].")
-@click.option("--encoder-formula", type=click.Choice(("rae", "repa")), default="rae", show_default=True,
+@click.option("--encoder-formula", type=click.Choice(("rae", "repa", "reg")), default="rae", show_default=True,
               help="rae: RAE's latents (resize, then ImageNet normalization; final LayerNorm without affine); "
               "repa: the tokens REPA's online teacher aligns to (normalize, then resize; affine kept), a sibling set "
-              "for dit-train --repa FOLDER.")
+              "for dit-train --repa FOLDER; reg: NanoGen's REG target, the class token [C, 1, 1] (normalize, then "
+              "resize; final LayerNorm without affine), a sibling set for dit-train --use-reg --reg-tokens FOLDER.")
 @click.option("--latent-stats", default=None, metavar="FILE",
               help="Per-channel mean and std of the VAE's latents (LightningDiT's latents_stats.pt, or .json / "
               ".safetensors with mean and std): model latents become (z - mean) / std per channel; or RAE's stat.pt "

@@ -37,8 +37,14 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 WEIGHT_SUFFIXES = (".pth", ".pt", ".bin", ".safetensors")
 # "rae": RAE's latents (FORMULA); "repa": exactly the tokens REPA's online teacher aligns to (common/teacher.py:
-# normalize before the resize, the final norm with its affine), for `dit-train --repa FOLDER` (cached tokens).
-FORMULAS = ("rae", "repa")
+# normalize before the resize, the final norm with its affine), for `dit-train --repa FOLDER` (cached tokens);
+# "reg": NanoGen's REG target, the class token (FORMULA_REG), for `dit-train --use-reg --reg-tokens FOLDER`.
+FORMULAS = ("rae", "repa", "reg")
+# End2End-Diffusion/diffusion-bench src/encoders/vision_encoder.py DINOv2Encoder: preprocess l.216-223, the final norm
+# replaced by nn.LayerNorm(embed_dim, elementwise_affine=False) (torch's eps 1e-5) l.207-210, x_norm_clstoken l.229
+FORMULA_REG = ("x/255 in [0,1]; (x - ImageNet mean) / ImageNet std; bicubic resize to input_size (align_corners "
+               "False, no antialias); ViT forward; final LayerNorm without affine, eps 1e-5; the class token -> [C, 1, 1]")
+REG_NORM_EPS = 1e-5
 FORMULA_REPA = ("x/255 in [0,1]; (x - ImageNet mean) / ImageNet std; bicubic resize to input_size (align_corners "
                 "False, no antialias); ViT forward with its final LayerNorm (affine kept); prefix tokens dropped")
 FORMULA = ("x/255 in [0,1]; bicubic resize to input_size (align_corners False, no antialias); (x - ImageNet mean) "
@@ -97,7 +103,7 @@ class FeatureEncoder(nn.Module):
     def preprocess(self, x: torch.Tensor) -> torch.Tensor:
         """[0, 1] images -> the ViT's input: resize first (as RAE does), then the ImageNet normalization; "repa":
         normalize, then resize (REPA's online teacher, common/teacher.py)."""
-        if self.formula == "repa":
+        if self.formula in ("repa", "reg"):
             x = (x - self.pix_mean.to(x.dtype)) / self.pix_std.to(x.dtype)
             return F.interpolate(x, size=(self.input_size, self.input_size), mode="bicubic", align_corners=False,
                                  antialias=False)
@@ -121,6 +127,8 @@ class FeatureEncoder(nn.Module):
         return total
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.formula == "reg":  # the class token through the affine-free final norm: [B, C, 1, 1]
+            return self.norm(self.model.forward_features(self.preprocess(x))[:, 0])[:, :, None, None]
         t = self.tokens(self.preprocess(x))
         b, n, c = t.shape
         side = math.isqrt(n)
@@ -298,17 +306,17 @@ def _load(spec, weights, layers, device, pretrained, image_size, formula):
     depth = len(getattr(model, "blocks", []))
     if preset.layers > depth:
         raise UserError(f"--encoder-layers {preset.layers}: {preset.model} has only {depth} blocks")
-    if formula == "repa" and preset.layers != 1:
-        raise UserError("--encoder-formula repa: the teacher's tokens are the last block's; drop --encoder-layers")
-    eps = float(getattr(getattr(model, "norm", None), "eps", 1e-6))
-    if formula == "rae":
+    if formula in ("repa", "reg") and preset.layers != 1:
+        raise UserError(f"--encoder-formula {formula}: the teacher's tokens are the last block's; drop --encoder-layers")
+    eps = float(getattr(getattr(model, "norm", None), "eps", 1e-6)) if formula != "reg" else REG_NORM_EPS
+    if formula in ("rae", "reg"):
         _strip_final_norm(model)
     enc = FeatureEncoder(model, input_size=preset.input_size, layers=preset.layers, formula=formula)
     enc.norm.eps = eps
     if preset.input_size % enc.patch_size:
         raise UserError(f"--encoder {spec!r}: input size {preset.input_size} is not a multiple of its patch "
                         f"{enc.patch_size}")
-    grid = enc.grid
+    grid = 1 if formula == "reg" else enc.grid  # the class token: one "position" per image
     if image_size % grid:
         raise UserError(f"--image-size {image_size} is not a multiple of the encoder's {grid} x {grid} token grid")
     if weights_path is not None:
@@ -321,7 +329,8 @@ def _load(spec, weights, layers, device, pretrained, image_size, formula):
     identity: dict[str, Any] = {
         "kind": "features", "class": f"timm:{preset.model}", "model": preset.model, "model_args": model_args,
         "input_size": preset.input_size, "patch_size": enc.patch_size, "layers": preset.layers,
-        "prefix_tokens": enc.prefix, "formula": FORMULA if formula == "rae" else FORMULA_REPA,
+        "prefix_tokens": enc.prefix,
+        "formula": {"rae": FORMULA, "repa": FORMULA_REPA, "reg": FORMULA_REG}[formula],
         "formula_name": formula, "input_range": "0,1", **source,
         "latent_channels": enc.channels, "downsample_factor": image_size // grid, "encoder_output": "latent",
         "scaling_factor": 1.0, "shift_factor": None,

@@ -8,7 +8,7 @@ The calling conventions follow the DiT reference scripts, so they port with an i
     state_dict, info = dit.load_dit_weights("DiT-XL-2-256x256.pt")
 """
 from .diffusion import GaussianDiffusion, create_diffusion, linear_betas
-from . import conditioning, protocols, repa, reuse
+from . import conditioning, internal_guidance, protocols, reg, repa, reuse
 from .flow import FLOW_SAMPLERS, FlowMatching, create_flow
 from .family import DiffusionTransformer, families, preset_names
 from .flops import forward_macs, train_flops_per_image

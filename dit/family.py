@@ -166,9 +166,11 @@ class DiffusionTransformer(nn.Module):
                              f"{list(y.shape)}")
         check_time_input(self, t, x.shape[0])
 
-    def unpatchify(self, x: torch.Tensor) -> torch.Tensor:
-        """[N, T, p*p*Cout] -> [N, Cout, g*p, g*p]; out[n, c, i*p+a, j*p+b] = x[n, i*g+j, (a*p+b)*Cout+c]."""
-        n, p, g, c = x.shape[0], self.patch_size, self.grid_size, self.out_channels
+    def unpatchify(self, x: torch.Tensor, channels: int | None = None) -> torch.Tensor:
+        """[N, T, p*p*Cout] -> [N, Cout, g*p, g*p]; out[n, c, i*p+a, j*p+b] = x[n, i*g+j, (a*p+b)*Cout+c]; Cout the
+        model's out_channels unless `channels` is given."""
+        n, p, g = x.shape[0], self.patch_size, self.grid_size
+        c = self.out_channels if channels is None else int(channels)
         x = x.reshape(n, g, g, p, p, c)
         return torch.einsum("nhwpqc->nchpwq", x).reshape(n, c, g * p, g * p)
 
@@ -181,7 +183,8 @@ class DiffusionTransformer(nn.Module):
         conditioning's keyword arguments, e.g. text and text_mask); guided eps = uncond + cfg_scale * (cond -
         uncond) is written into both halves. `guide_channels=3` guides the first 3 latent channels only, as the
         reference sampler does for its published FIDs; None or "all" guides every eps channel. Variance channels
-        always pass through unguided.
+        always pass through unguided. A REG model (its `cls_t` among the conditions) returns (out, cls_pred) with
+        the class token's prediction guided alike (NanoGen's utils/guidance_utils.py forward_with_cfg).
         """
         if x.shape[0] % 2:
             raise ValueError(f"forward_with_cfg needs an even batch [cond; uncond], got {x.shape[0]}")
@@ -196,10 +199,17 @@ class DiffusionTransformer(nn.Module):
                              f"got {guide_channels!r}")
         half = x[: x.shape[0] // 2]
         out = self.forward(torch.cat([half, half], dim=0), t, y, **condition)
+        token = None
+        if isinstance(out, tuple):  # REG: (out, cls_pred)
+            out, token = out
         eps, rest = out[:, :guide_channels], out[:, guide_channels:]
         cond, uncond = eps.chunk(2, dim=0)
         guided = uncond + cfg_scale * (cond - uncond)
-        return torch.cat([torch.cat([guided, guided], dim=0), rest], dim=1)
+        result = torch.cat([torch.cat([guided, guided], dim=0), rest], dim=1)
+        if token is None:
+            return result
+        cond, uncond = token.chunk(2, dim=0)
+        return result, torch.cat([uncond + cfg_scale * (cond - uncond)] * 2, dim=0)  # type: ignore[return-value]
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -259,7 +259,7 @@ class FlowMatching(ObjectiveDefaults):
 
     def __init__(self, *, t_sampling: str = "uniform", t_mean: float = 0.0, t_scale: float = 1.0,
                  time_shift: float = 1.0, cosine_loss: bool = False, prediction: str = "v", t_eps: float = T_EPS,
-                 v_target: str = "plain"):
+                 v_target: str = "plain", reg_coeff: float | None = None, base_model_coeff: float | None = None):
         if t_sampling not in T_SAMPLINGS:
             raise ValueError(f"unknown t sampling {t_sampling!r}; choose one of: {', '.join(T_SAMPLINGS)}")
         if not t_scale > 0:
@@ -271,6 +271,9 @@ class FlowMatching(ObjectiveDefaults):
         self.prediction = make_prediction(prediction, t_eps, v_target)
         self.x_terms: list[Any] = []  # loss terms on the predicted clean image (add_x_terms)
         self.x_terms_below = 1.0
+        # NanoGen's REG class token and internal guidance's base head (dit/reg.py): their weights, None = off
+        self.reg_coeff = None if reg_coeff is None else float(reg_coeff)
+        self.base_model_coeff = None if base_model_coeff is None else float(base_model_coeff)
 
     def add_x_terms(self, terms: Sequence[Any], noise_below: float) -> None:
         """Loss terms on the clean image the network predicts (PixelGen's LPIPS and DINO distances: objects with
@@ -293,15 +296,37 @@ class FlowMatching(ObjectiveDefaults):
                         noise: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """Per-sample {"loss", "mse"} (loss = mse = mean squared velocity error; there is no variational-bound
         term, so none is reported or logged), plus "cos" with cosine_loss (loss = mse + cos). x_start is the
-        data x_1, t [N] float times."""
+        data x_1, t [N] float times. With REG (`reg_coeff`) `model_kwargs` carries the batch's clean class tokens
+        and their noise (dit.reg.REG_TARGET, REG_NOISE): "reg" and loss + reg_coeff x reg; with the base head
+        (`base_model_coeff`, internal guidance) "base", its velocity MSE against the image's target, and loss +
+        base_model_coeff x base (NanoGen's Transport.training_losses; dit/reg.py)."""
+        from .reg import REG_NOISE, REG_TARGET, split_outputs
+
         if noise is None:
             noise = torch.randn_like(x_start)
+        kwargs = dict(model_kwargs or {})
+        token = None
+        if self.reg_coeff is not None:  # the class token noised with the image's t by the image's formula
+            token = (kwargs.pop(REG_TARGET).float(), kwargs.pop(REG_NOISE).float())
+            kwargs["cls_t"] = interpolate(token[0], token[1], t)
+        if self.base_model_coeff is not None:
+            kwargs["return_base"] = True
         x_t = interpolate(x_start, noise, t)
-        out = model(x_t, t, **(model_kwargs or {}))
+        out, base, cls_pred = split_outputs(model(x_t, t, **kwargs), base=self.base_model_coeff is not None,
+                                            reg=token is not None)
         v = self.prediction.velocity(velocity_of(out, x_start.shape[1]).float(), x_t, t)
         target = self.prediction.target(x_start, noise, x_t, t).float()
         mse = ((v - target) ** 2).mean(dim=list(range(1, x_start.dim())))
         terms = {"loss": mse, "mse": mse}
+        if base is not None and self.base_model_coeff is not None:
+            vb = self.prediction.velocity(velocity_of(base, x_start.shape[1]).float(), x_t, t)
+            terms["base"] = ((vb - target) ** 2).mean(dim=list(range(1, x_start.dim())))
+            terms["loss"] = terms["loss"] + self.base_model_coeff * terms["base"]
+        if cls_pred is not None and token is not None and self.reg_coeff is not None:
+            cls_t = kwargs["cls_t"]
+            vc = self.prediction.velocity(cls_pred.float(), cls_t, t)
+            terms["reg"] = ((vc - self.prediction.target(token[0], token[1], cls_t, t).float()) ** 2).mean(dim=1)
+            terms["loss"] = terms["loss"] + self.reg_coeff * terms["reg"]
         if self.cosine_loss:
             terms["cos"] = cosine_direction_loss(v, target)
             terms["loss"] = terms["loss"] + terms["cos"]
@@ -448,7 +473,9 @@ def sde_solve(field: Callable[[torch.Tensor, float], torch.Tensor], x: torch.Ten
 
 def create_flow(t_sampling: str = "uniform", t_mean: float = 0.0, t_scale: float = 1.0, *,
                 time_shift: float = 1.0, cosine_loss: bool = False, prediction: str = "v",
-                t_eps: float = T_EPS, v_target: str = "plain") -> FlowMatching:
+                t_eps: float = T_EPS, v_target: str = "plain", reg_coeff: float | None = None,
+                base_model_coeff: float | None = None) -> FlowMatching:
     """The flow objective as `dit.create_diffusion` gives the DDPM one."""
     return FlowMatching(t_sampling=t_sampling, t_mean=t_mean, t_scale=t_scale, time_shift=time_shift,
-                        cosine_loss=cosine_loss, prediction=prediction, t_eps=t_eps, v_target=v_target)
+                        cosine_loss=cosine_loss, prediction=prediction, t_eps=t_eps, v_target=v_target,
+                        reg_coeff=reg_coeff, base_model_coeff=base_model_coeff)

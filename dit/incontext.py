@@ -29,9 +29,19 @@ Facts of the release:
 - files `{step, epoch, model, ema, optimizer, scheduler}` (src/utils/checkpoint.py), sampled from `ema`; its runs
   learn the velocity noise - data in REPA's time (t = 1 noise; stage2/transport/transport.py), or x (the flow
   objective's prediction setting: the network is the same).
-Not built: REG's class token (`enable_reg`: files with `cls_*` keys are refused), REPA's projector inside the model
-(`repa_projector`) and internal guidance's base head (`DiTwDDTHeadIG.base_final_layer`), both dropped when a file
-holds them (dit/releases.py).
+- REG (`enable_reg`, the `reg0.03` configs; here `reg_dim` = NanoGen's z_dim, the class token's width, 0 = off): the
+  noisy DINOv2 class token cls_t [N, z] enters both sequences in front, cls_in_norm_enc(cls_in_proj_enc(cls_t))
+  before the encoder's image tokens and cls_in_norm_dec(cls_in_proj_dec(cls_t)) before the head's (`_build_sequence`,
+  `forward`; the `rmsnorm` of the config names is this learned RMSNorm after each projection: no setting switches
+  it), with RoPE angle 0 (`RoPE(extra_tokens=1)`: one more row in front of both tables); it is kept with the image
+  tokens when the condition tokens are dropped, so s has T + 1 tokens; the final layer's `cls_linear` (zero-
+  initialised) reads it back after the shared modulation: the forward returns (out, cls_pred [N, z]);
+- internal guidance (`DiTwDDTHeadIG`, `internal_guidance.base_model_depth`; here `base_model_depth`, 0 = off): a
+  second final layer `base_final_layer` (zero-initialised) on the image tokens after encoder block base_model_depth,
+  base_final_layer(silu(t_emb + those tokens)) conditioned on that very tensor; returned on request (`return_base`):
+  (out, base[, cls_pred]) in NanoGen's order (dit/guidance.py combines them).
+Not built: REPA's projector inside the model (`repa_projector`, dropped when a file holds it: dit/releases.py); a
+NanoGen file's base head is dropped too unless its record names base_model_depth (the tensors do not show it).
 """
 from __future__ import annotations
 
@@ -55,6 +65,7 @@ from .rope import TokenRope
 MLP_RATIO = 4.0
 _ARCH = ("depth", "hidden_size", "num_heads", "head_depth", "head_hidden_size", "head_num_heads", "patch_size")
 _TOKENS = ("num_t_tokens", "num_c_tokens")
+_HEADS = ("reg_dim", "base_model_depth")  # REG's class token and internal guidance's base head; recorded when on
 # NanoGen's model names: encoder depth, width, head width; decoder depth, width, head width
 # (configs/stage2/training/imagenet/ddt-en28d1152hd72-dn2d2048hd128-*.yaml, t2i/t2i-ddt-en28d1584hd72-*-512res.yaml)
 _PRESETS = {"ddt-en28d1152hd72-dn2d2048hd128": (28, 1152, 16, 2, 2048, 16, 2),
@@ -137,17 +148,23 @@ class DecoderBlock(EncoderBlock):
 
 
 class TokenFinalLayer(nn.Module):
-    """linear(modulate(norm x)) with adaLN shift and scale of a per-token condition."""
+    """linear(modulate(norm x)) with adaLN shift and scale of a per-token condition; with `cls_dim` (REG) the first
+    token is read by `cls_linear` instead: (linear of the others, cls_linear of the first) (`DDTFinalLayer`)."""
 
-    def __init__(self, dim: int, out_features: int):
+    def __init__(self, dim: int, out_features: int, cls_dim: int = 0):
         super().__init__()
         self.norm = RMSNorm(dim)
         self.linear = nn.Linear(dim, out_features)
         self.adaln_modulation = nn.Sequential(nn.SiLU(), nn.Linear(dim, 2 * dim))
+        if cls_dim:
+            self.cls_linear = nn.Linear(dim, cls_dim)
 
-    def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, c: torch.Tensor) -> Any:
         shift, scale = _chunks(self.adaln_modulation, c, 2)
-        return self.linear(modulate(self.norm(x), shift, scale))
+        x = modulate(self.norm(x), shift, scale)
+        if hasattr(self, "cls_linear"):
+            return self.linear(x[:, 1:]), self.cls_linear(x[:, 0])
+        return self.linear(x)
 
 
 @register_family
@@ -158,7 +175,7 @@ class InContextDiTDH(DiffusionTransformer):
     family = "DiT-DH-IC"
     presets = {name: dict(zip(_ARCH, dims)) for name, dims in _PRESETS.items()}
     aliases = {"DiTwDDTHead": "ddt-en28d1152hd72-dn2d2048hd128"}
-    overrides = (*_ARCH, *_TOKENS, "conditioning", "text_dim")
+    overrides = (*_ARCH, *_TOKENS, "conditioning", "text_dim", *_HEADS)
     config_keys = ("family", "model", "input_size", "num_classes", "learn_sigma", "in_channels", *_ARCH, *_TOKENS,
                    "class_dropout_prob")
     conditionings = CONDITIONINGS
@@ -167,7 +184,7 @@ class InContextDiTDH(DiffusionTransformer):
                  depth: int = 28, num_heads: int = 16, head_depth: int = 2, head_hidden_size: int = 2048,
                  head_num_heads: int = 16, num_t_tokens: int = 4, num_c_tokens: int | None = None,
                  class_dropout_prob: float = NULL_DROPOUT, num_classes: int = 1000, learn_sigma: bool = False,
-                 conditioning: str = "class", text_dim: int = 0):
+                 conditioning: str = "class", text_dim: int = 0, reg_dim: int = 0, base_model_depth: int = 0):
         super().__init__()
         check_dims(self.family, input_size, patch_size, in_channels, hidden_size, depth, num_heads,
                    class_dropout_prob, num_classes, head_depth=head_depth, head_hidden_size=head_hidden_size,
@@ -186,6 +203,12 @@ class InContextDiTDH(DiffusionTransformer):
             problems.append(f"num_c_tokens (class tokens, or the longest text) must be >= 1, got {num_c_tokens!r}")
         if kind == "text" and (isinstance(text_dim, bool) or not isinstance(text_dim, int) or text_dim < 1):
             problems.append(f"a text-conditional model needs text_dim >= 1 (its text features' width), got {text_dim!r}")
+        if isinstance(reg_dim, bool) or not isinstance(reg_dim, int) or reg_dim < 0:
+            problems.append(f"reg_dim (REG's class token width; 0: none) must be an integer >= 0, got {reg_dim!r}")
+        if isinstance(base_model_depth, bool) or not isinstance(base_model_depth, int) \
+                or not 0 <= base_model_depth <= depth:
+            problems.append(f"base_model_depth (internal guidance's base head after that encoder block; 0: none) must "
+                            f"be in 0..{depth}, got {base_model_depth!r}")
         if problems:
             raise ValueError("invalid DiT-DH-IC configuration: " + "; ".join(problems))
         self.input_size, self.patch_size, self.in_channels = input_size, patch_size, in_channels
@@ -195,6 +218,8 @@ class InContextDiTDH(DiffusionTransformer):
         self.num_classes, self.class_dropout_prob = num_classes, float(class_dropout_prob)
         self.learn_sigma = bool(learn_sigma)
         self.condition_kind, self.text_dim = kind, int(text_dim) if kind == "text" else 0
+        self.reg_dim, self.base_model_depth = reg_dim, base_model_depth
+        r = 1 if reg_dim else 0  # REG's class token in front of both sequences
         self.out_channels = in_channels * 2 if learn_sigma else in_channels
         self.grid_size = input_size // patch_size
         # the release's construction order
@@ -207,10 +232,20 @@ class InContextDiTDH(DiffusionTransformer):
             else TextTokensEmbedder(text_dim, hidden_size) if kind == "text" else None)
         self.blocks = nn.ModuleList([*(EncoderBlock(hidden_size, num_heads) for _ in range(depth)),
                                      *(DecoderBlock(head_hidden_size, head_num_heads) for _ in range(head_depth))])
-        self.final_layer = TokenFinalLayer(head_hidden_size, patch_size * patch_size * self.out_channels)
-        self.enc_rope = TokenRope(self.grid_size, hidden_size // num_heads, num_t_tokens + num_c_tokens)
-        self.dec_rope = TokenRope(self.grid_size, head_hidden_size // head_num_heads)
+        self.final_layer = TokenFinalLayer(head_hidden_size, patch_size * patch_size * self.out_channels, reg_dim)
+        self.enc_rope = TokenRope(self.grid_size, hidden_size // num_heads, num_t_tokens + num_c_tokens, prefix=r)
+        self.dec_rope = TokenRope(self.grid_size, head_hidden_size // head_num_heads, prefix=r)
+        if reg_dim:
+            self.cls_in_proj_enc = nn.Linear(reg_dim, hidden_size)
+            self.cls_in_norm_enc = RMSNorm(hidden_size)
+            self.cls_in_proj_dec = nn.Linear(reg_dim, head_hidden_size)
+            self.cls_in_norm_dec = RMSNorm(head_hidden_size)
         self.initialize_weights()
+        if base_model_depth:  # DiTwDDTHeadIG: built after the rest, adaLN and linear zero
+            self.base_final_layer = TokenFinalLayer(hidden_size, patch_size * patch_size * in_channels)
+            for layer in (cast(nn.Linear, self.base_final_layer.adaln_modulation[-1]), self.base_final_layer.linear):
+                nn.init.zeros_(layer.weight)
+                nn.init.zeros_(layer.bias)
 
     @torch.no_grad()
     def initialize_weights(self) -> None:
@@ -226,7 +261,8 @@ class InContextDiTDH(DiffusionTransformer):
             nn.init.zeros_(layer.bias)
         nn.init.normal_(cast(nn.Linear, self.t_embedder.mlp[0]).weight, std=0.02)
         nn.init.normal_(cast(nn.Linear, self.t_embedder.mlp[2]).weight, std=0.02)
-        for layer in (cast(nn.Linear, self.final_layer.adaln_modulation[-1]), self.final_layer.linear):
+        for layer in (cast(nn.Linear, self.final_layer.adaln_modulation[-1]), self.final_layer.linear,
+                      *([self.final_layer.cls_linear] if self.reg_dim else [])):
             nn.init.zeros_(layer.weight)
             nn.init.zeros_(layer.bias)
 
@@ -242,7 +278,7 @@ class InContextDiTDH(DiffusionTransformer):
         with torch.device(device):
             self.t_abs_embedder = TimeTokens(self.hidden_size, self.num_t_tokens)
             self.enc_rope = TokenRope(self.grid_size, self.hidden_size // self.num_heads,
-                                      2 * self.num_t_tokens + self.num_c_tokens)
+                                      2 * self.num_t_tokens + self.num_c_tokens, prefix=1 if self.reg_dim else 0)
         if device.type != "meta":
             with torch.no_grad():
                 nn.init.normal_(cast(nn.Linear, self.t_abs_embedder.mlp[0]).weight, std=0.02)
@@ -258,13 +294,15 @@ class InContextDiTDH(DiffusionTransformer):
                 "num_t_tokens": self.num_t_tokens, "num_c_tokens": self.num_c_tokens,
                 "class_dropout_prob": self.class_dropout_prob}
         return {"family": self.family, "model": preset_of({"family": self.family, **body}), **body,
-                **self.conditioning().model_config(), **self.condition_config()}
+                **self.conditioning().model_config(), **self.condition_config(),
+                **{k: getattr(self, k) for k in _HEADS if getattr(self, k)}}
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> "InContextDiTDH":
         kind = kind_of(config)
         return cls(**{k: config[k] for k in cls.config_keys if k not in ("model", "family")}, conditioning=kind,
-                   text_dim=int(config.get("text_dim", 0)) if kind == "text" else 0)
+                   text_dim=int(config.get("text_dim", 0)) if kind == "text" else 0,
+                   reg_dim=int(config.get("reg_dim") or 0), base_model_depth=int(config.get("base_model_depth") or 0))
 
     def hidden_size_at(self, k: int) -> int:
         return self.hidden_size if k <= self.depth else self.head_hidden_size
@@ -301,32 +339,62 @@ class InContextDiTDH(DiffusionTransformer):
     def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None,
                 force_drop_ids: torch.Tensor | None = None, generator: torch.Generator | None = None,
                 return_hidden: int | None = None, *, text: torch.Tensor | None = None,
-                text_mask: torch.Tensor | None = None) -> Any:
+                text_mask: torch.Tensor | None = None, cls_t: torch.Tensor | None = None,
+                return_base: bool = False) -> Any:
         """As DiT.forward, with text and text_mask in place of y for a text-conditional model; `return_hidden=k`
-        returns the image tokens after block k too (encoder width for k <= depth, the head's beyond)."""
+        returns the image tokens after block k too (encoder width for k <= depth, the head's beyond). A REG model
+        takes the noisy class token `cls_t` [N, reg_dim] and returns (out, cls_pred); `return_base` (a model with
+        internal guidance's base head) returns (out, base[, cls_pred]), NanoGen's order (module docstring)."""
         want = (self.in_channels, self.input_size, self.input_size)
         if x.dim() != 4 or tuple(x.shape[1:]) != want:
             raise ValueError(f"{self.family} expects x of shape [N, {want[0]}, {want[1]}, {want[2]}], "
                              f"got {list(x.shape)}")
         check_time_input(self, t, x.shape[0])
         self.check_return_hidden(return_hidden)
-        n, tokens = x.shape[0], self.grid_size ** 2
+        n, tokens, r = x.shape[0], self.grid_size ** 2, 1 if self.reg_dim else 0
+        self._check_heads(n, cls_t, return_base)
         t_emb, time = self._time_tokens(t)
         cond, text_keep = self._condition_tokens(n, y, force_drop_ids, generator, text, text_mask)
-        s = torch.cat([self.s_embedder(x), time, *([] if cond is None else [cond])], dim=1)  # [N, T + extra, D]
+        front = [self.cls_in_norm_enc(self.cls_in_proj_enc(cls_t))[:, None]] if cls_t is not None else []
+        s = torch.cat([*front, self.s_embedder(x), time, *([] if cond is None else [cond])], dim=1)  # [N, R+T+E, D]
         keep = None if text_keep is None else torch.cat([text_keep.new_ones(n, s.shape[1] - text_keep.shape[1]),
                                                          text_keep], dim=1)
-        hidden = []
-        for block in list(self.blocks)[: self.depth]:
+        hidden, base = [], None
+        for i, block in enumerate(list(self.blocks)[: self.depth]):
             s = run_block(block, s, self.enc_rope, keep)
-            hidden.append(s[:, :tokens])
-        s = self.s_projector(F.silu(t_emb + s[:, :tokens]))  # [N, T, D_head]: the condition tokens dropped
+            hidden.append(s[:, r:r + tokens])
+            if return_base and i + 1 == self.base_model_depth:
+                base = s[:, r:r + tokens]
+        s = self.s_projector(F.silu(t_emb + s[:, :r + tokens]))  # [N, R+T, D_head]: the condition tokens dropped
         h = self.x_embedder(x)
+        if cls_t is not None:
+            h = torch.cat([self.cls_in_norm_dec(self.cls_in_proj_dec(cls_t))[:, None], h], dim=1)
         for block in list(self.blocks)[self.depth:]:
             h = run_block(block, h, s, self.dec_rope)
-            hidden.append(h)
-        out = self.unpatchify(self.final_layer(h, s))
-        return out if return_hidden is None else (out, hidden[return_hidden - 1])
+            hidden.append(h[:, r:])
+        out: Any = self.final_layer(h, s)
+        extras: list[torch.Tensor] = []
+        if cls_t is not None:
+            out, cls_pred = out
+        out = self.unpatchify(out)
+        if base is not None:
+            b = F.silu(t_emb + base)
+            extras.append(self.unpatchify(self.base_final_layer(b, b), self.in_channels))
+        if cls_t is not None:
+            extras.append(cls_pred)
+        result = (out, *extras) if extras else out
+        return result if return_hidden is None else (result, hidden[return_hidden - 1])
+
+    def _check_heads(self, n: int, cls_t: torch.Tensor | None, return_base: bool) -> None:
+        if self.reg_dim and (cls_t is None or tuple(cls_t.shape) != (n, self.reg_dim)):
+            got = "none" if cls_t is None else list(cls_t.shape)
+            raise ValueError(f"this {self.family} has REG's class token: it takes cls_t of shape [{n}, "
+                             f"{self.reg_dim}], got {got}")
+        if not self.reg_dim and cls_t is not None:
+            raise ValueError(f"cls_t given, but this {self.family} has no REG class token (reg_dim 0)")
+        if return_base and not self.base_model_depth:
+            raise ValueError(f"return_base: this {self.family} has no internal-guidance base head "
+                             "(base_model_depth 0)")
 
     # -- files ---------------------------------------------------------------------------------------------------
     @staticmethod
@@ -337,13 +405,16 @@ class InContextDiTDH(DiffusionTransformer):
         times = 2 if conditions_of(config) == "meanflow" else 1
         extra = times * int(config["num_t_tokens"]) + int(config["num_c_tokens"])  # text: its longest, NanoGen's pad
         text = int(config["num_c_tokens"]) * int(config.get("text_dim", 0)) * d if kind_of(config) == "text" else 0
-        return (tokens * c * p * p * (d + dh) + (d * dh * tokens if d != dh else 0)
-                + times * (2 * FREQUENCY_EMBEDDING_SIZE * d + d * d) + text
-                + int(config["depth"]) * block_macs(tokens + extra, d, mlp_macs_per_token=3 * d * swiglu_width(d),
+        z = int(config.get("reg_dim") or 0)
+        r = 1 if z else 0  # REG's class token in both sequences: its two input projections and cls_linear
+        base = tokens * (2 * d * d + d * p * p * c) if config.get("base_model_depth") else 0  # the IG base head
+        return (tokens * c * p * p * (d + dh) + (d * dh * (tokens + r) if d != dh else 0)
+                + times * (2 * FREQUENCY_EMBEDDING_SIZE * d + d * d) + text + z * (d + 2 * dh)
+                + int(config["depth"]) * block_macs(tokens + r + extra, d, mlp_macs_per_token=3 * d * swiglu_width(d),
                                                     modulation=0)
-                + int(config["head_depth"]) * block_macs(tokens, dh, mlp_macs_per_token=3 * dh * swiglu_width(dh),
+                + int(config["head_depth"]) * block_macs(tokens + r, dh, mlp_macs_per_token=3 * dh * swiglu_width(dh),
                                                          modulation=6, per_token_condition=True)
-                + tokens * 2 * dh * dh + tokens * dh * p * p * c * (2 if config["learn_sigma"] else 1))
+                + (tokens + r) * 2 * dh * dh + tokens * dh * p * p * c * (2 if config["learn_sigma"] else 1) + base)
 
     @classmethod
     def block_widths(cls, config: Mapping[str, Any]) -> list[int]:
@@ -358,16 +429,20 @@ class InContextDiTDH(DiffusionTransformer):
                 else "unconditional")
         return (f"depth {config['depth']}, hidden {config['hidden_size']}, heads {config['num_heads']}, head "
                 f"{config['head_depth']} x {config['head_hidden_size']} ({config['head_num_heads']} heads), patch "
-                f"{config['patch_size']}, in context: {config['num_t_tokens']} time tokens, {cond}")
+                f"{config['patch_size']}, in context: {config['num_t_tokens']} time tokens, {cond}"
+                + (f", REG class token of width {config['reg_dim']}" if config.get("reg_dim") else "")
+                + (f", internal-guidance base head after block {config['base_model_depth']}"
+                   if config.get("base_model_depth") else ""))
 
     @classmethod
     def fixed_tensors(cls, config: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         grid = config["input_size"] // config["patch_size"]
         extra = (2 if conditions_of(config) == "meanflow" else 1) * config["num_t_tokens"] + config["num_c_tokens"]
         out: dict[str, torch.Tensor] = {}
+        r = 1 if config.get("reg_dim") else 0
         for name, width, n, rows in (("enc", "hidden_size", "num_heads", extra),
                                      ("dec", "head_hidden_size", "head_num_heads", 0)):
-            rope = TokenRope(grid, config[width] // config[n], rows)
+            rope = TokenRope(grid, config[width] // config[n], rows, prefix=r)
             out.update({f"{name}_rope.freqs_cos": cast(torch.Tensor, rope.freqs_cos),
                         f"{name}_rope.freqs_sin": cast(torch.Tensor, rope.freqs_sin)})
         return out
@@ -379,15 +454,14 @@ class InContextDiTDH(DiffusionTransformer):
         shapes, stored = shapes_of(state_dict), dict(stored or {})
         require(shapes, ("s_embedder.proj.weight", "x_embedder.proj.weight", "t_embedder.learnable_tokens",
                          "enc_rope.freqs_cos", "dec_rope.freqs_cos", "final_layer.linear.weight"), cls.family, where)
-        if any(k.startswith("cls_in_") for k in shapes):
-            raise WeightsError(f"{where}: a NanoGen model with REG's class token (cls_in_proj_*, enable_reg), which "
-                               "this project does not build")
+        reg = shapes["cls_in_proj_enc.weight"][1] if "cls_in_proj_enc.weight" in shapes else 0  # REG's z_dim
         d, channels, patch, _ = shapes["s_embedder.proj.weight"]
         dh, _, x_patch, _ = shapes["x_embedder.proj.weight"]
         if x_patch != patch:
             raise WeightsError(f"{where}: encoder patch {patch} and head patch {x_patch} differ; this project builds "
                                "one patch size")
-        tokens, enc_rows = shapes["dec_rope.freqs_cos"][0], shapes["enc_rope.freqs_cos"][0]
+        r = 1 if reg else 0  # the class token's row in front of both RoPE tables
+        tokens, enc_rows = shapes["dec_rope.freqs_cos"][0] - r, shapes["enc_rope.freqs_cos"][0] - r
         grid = int(round(tokens ** 0.5))
         n_t = shapes["t_embedder.learnable_tokens"][0]
         times = 2 if "t_abs_embedder.learnable_tokens" in shapes else 1
@@ -416,7 +490,21 @@ class InContextDiTDH(DiffusionTransformer):
             raise WeightsError(f"{where}: its model_config records conditioning {kind_of(stored)!r} but its tensors "
                                f"are those of {kind!r}")
         body = {k: config[k] for k in cls.config_keys if k not in ("family", "model")}
-        return {"family": cls.family, "model": preset_of({"family": cls.family, **body}), **body, **extra}
+        heads = {"reg_dim": int(reg), "base_model_depth": _base_depth(shapes, stored, where)}
+        check_stored(heads, stored, [k for k in heads if k in stored], where)
+        return {"family": cls.family, "model": preset_of({"family": cls.family, **body}), **body, **extra,
+                **{k: v for k, v in heads.items() if v}}
+
+
+def _base_depth(shapes: Mapping[str, Any], stored: Mapping[str, Any], where: str) -> int:
+    """Internal guidance's base-head depth: the file's record (its tensors do not show it); 0 without the head."""
+    if "base_final_layer.linear.weight" not in shapes:
+        return 0
+    depth = stored.get("base_model_depth")
+    if not isinstance(depth, int) or depth < 1:
+        raise WeightsError(f"{where}: it holds internal guidance's base head (base_final_layer) but records no "
+                           "base_model_depth, the encoder block it reads")
+    return depth
 
 
 def text_tokens_macs(config: Mapping[str, Any], text_tokens: int) -> int:

@@ -54,7 +54,10 @@ def _flow(settings: Mapping[str, Any]) -> Any:
                        float(settings.get("t_scale", 1.0)), time_shift=float(shift),
                        cosine_loss=bool(settings.get("cosine_loss", False)),
                        prediction=str(settings.get("prediction", "v")), t_eps=float(settings.get("t_eps", 0.05)),
-                       v_target=str(settings.get("v_target", "plain")))
+                       v_target=str(settings.get("v_target", "plain")),
+                       reg_coeff=float(settings["reg_coeff"]) if settings.get("use_reg") else None,
+                       base_model_coeff=(float(settings["base_model_coeff"]) if settings.get("base_model_depth")
+                                         else None))
 
 
 def _flow_record(settings: Mapping[str, Any]) -> dict[str, Any]:
@@ -72,6 +75,9 @@ def _flow_record(settings: Mapping[str, Any]) -> dict[str, Any]:
     if used:  # PixelGen's perceptual terms (common/perceptual.py): a resume must add the same ones
         out["perceptual"] = {**used, **{k: float(settings[k]) for k in ("lpips_weight", "pdino_weight",
                                                                            "percep_t_thresh") if k in settings}}
+    if settings.get("base_model_depth"):  # internal guidance's base head trained beside (dit/reg.py)
+        out["internal_guidance"] = {"base_model_depth": int(settings["base_model_depth"]),
+                                    "base_model_coeff": float(settings.get("base_model_coeff", 1.0))}
     return out
 
 

@@ -26,7 +26,10 @@ FEATURES: dict[str, str] = {
                           "base + s (full - base), End2End-Diffusion/diffusion-bench src/utils/guidance_utils.py "
                           "l.56-140)"),
 }
-AVAILABLE: frozenset[str] = frozenset()  # the features this build's models and samplers have
+AVAILABLE: frozenset[str] = frozenset(FEATURES)  # the features this build's models and samplers have
+# a feature as a model has it or lacks it (the refusal's words): from its model_config (`model_traits`)
+HAS = {"reg": "REG's class token (model_config reg_dim)",
+       "internal-guidance": "a base head for internal guidance (model_config base_model_depth)"}
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,7 @@ class ModelTraits:
     objective: str                      # dit.formats.OBJECTIVES
     prediction: str                     # "velocity" or "x" (a flow model's recorded prediction; others: velocity)
     latent_shape: tuple[int, int, int]  # (C, H, W) the network samples
+    features: frozenset[str] = frozenset()  # FEATURES the model has (REG's token, a base head)
 
     def describe(self) -> str:
         kind = {"class": "class-conditional", "text": "text-conditional", "none": "unconditional"}
@@ -67,8 +71,10 @@ class AppliesTo:
         have: dict[str, Any] = {"space": traits.space, "conditioning": traits.conditioning,
                                 "objective": traits.objective, "prediction": traits.prediction,
                                 "latent shape": tuple(traits.latent_shape)}
-        return [f"{k} {_shown(have[k])} (the protocol's: {' or '.join(_shown(v) for v in want)})"
-                for k, want in wanted.items() if want is not None and have[k] not in want]
+        out = [f"{k} {_shown(have[k])} (the protocol's: {' or '.join(_shown(v) for v in want)})"
+               for k, want in wanted.items() if want is not None and have[k] not in want]
+        return out + [f"no {HAS[f]} (the protocol's model has one)" for f in self.requires
+                      if f in AVAILABLE and f not in traits.features]
 
     def missing(self) -> list[str]:
         """The features the row needs that this build lacks."""
@@ -100,4 +106,6 @@ def model_traits(model_config: Mapping[str, Any], objective: str, prediction: Ma
     kind = str((prediction or {}).get("kind", "v"))
     return ModelTraits(space=space, conditioning=kind_of(model_config), objective=str(objective),
                        prediction="x" if kind == "x" else "velocity",
-                       latent_shape=(int(model_config["in_channels"]), size, size))
+                       latent_shape=(int(model_config["in_channels"]), size, size),
+                       features=frozenset(f for f, key in (("reg", "reg_dim"), ("internal-guidance", "base_model_depth"))
+                                          if model_config.get(key)))

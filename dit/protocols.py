@@ -14,7 +14,9 @@ A `Protocol` holds
   interval of noise levels (1 = noise) where it applies and whether each end is open or closed, the channels
   (DiT's first 3, or all), whether the release runs the doubled [cond; uncond] batch at every step (outside the
   interval it keeps the conditional half: the batch DDT's encoder state belongs to), and the weaker network of
-  AutoGuidance (given to dit-sample as --guidance-model FILE);
+  AutoGuidance (given to dit-sample as --guidance-model FILE); NanoGen's internal guidance (`internal`: its scale,
+  interval and null-half scale; alone, with rule "none", or with "cfg"), which extrapolates from the network's own
+  base head (dit/internal_guidance.py);
 - the null label (the extra row of the label table, index num_classes, in every release here);
 - the image conversion from the decoder's output to uint8, by name (`CONVERSIONS`; evaluate/ imports them);
 - the class labels of its FID samples ("uniform" draws or "equal" counts) and the FID reference it was published
@@ -38,6 +40,7 @@ import torch
 
 from . import nanogen_protocols
 from .protocol_fit import FEATURES, AppliesTo, ModelTraits, model_traits  # noqa: F401 (model_traits: sample/)
+from .internal_guidance import InternalGuidance
 from .shift import shift_for_dim, shift_time, shifted_grid
 
 SOLVERS = ("ddpm", "ddim", "euler", "heun", "euler-maruyama", "meanflow")
@@ -152,16 +155,14 @@ class Guidance:
     channels: str = "all"  # "3": DiT's first three latent channels; "all"
     doubled: bool = False  # the release runs [cond; uncond] at every step
     guide_model: str | None = None  # autoguidance: the weaker network the release used
-    # NanoGen's internal guidance beside the rule above: (scale, t_min, t_max) on noise levels, None: off (its
-    # sampler needs the "internal-guidance" feature, dit/protocol_fit.py)
-    internal: tuple[float, float, float] | None = None
+    internal: InternalGuidance | None = None  # NanoGen's internal guidance, alone or with cfg (dit/internal_guidance.py)
 
     @property
     def kind(self) -> str:
         """What guides: "cfg" (or "autoguidance", "input"), "internal", "internal+cfg", or "none" (no rule, or a
         scale of 1, which guides nothing)."""
         rule = self.rule if self.rule != "none" and (self.rule == "input" or self.scale > 1.0) else "none"
-        if self.internal is None:
+        if self.internal is None or not self.internal.active:
             return rule
         return "internal" if rule == "none" else f"internal+{rule}"
 

@@ -54,7 +54,8 @@ FAMILY_RELEASE = {"LightningDiT": "LightningDiT", "DDT": "DDT", "DiT-DH": "RAE",
 ONE_STEP = {"iMF": ("imf", "iMF's release (Lyy-iiis/imeanflow: its network trains only with its own objective, "
                            "t = 1 noise, one-step sampling)")}
 # Keys of NanoGen's networks that this project does not build: REPA's projector (it only trains) and internal
-# guidance's base head (DiTwDDTHeadIG: sampling without internal guidance does not use it).
+# guidance's base head (DiTwDDTHeadIG) of a file that does not record its depth (dit/incontext.py builds it where the
+# record names base_model_depth).
 NANOGEN_UNBUILT = ("repa_projector.", "base_final_layer.")
 
 
@@ -140,10 +141,13 @@ def drop_unbuilt(state_dict: dict[str, torch.Tensor], info: dict[str, Any]) -> d
         return state_dict
     if info.get("release") == "RAE":
         info.update(release="NanoGen", source="nanogen-train")
-    dropped = sorted({k.split(".")[0] for k in state_dict if k.startswith(NANOGEN_UNBUILT)})
+    # internal guidance's base head stays where the file's record names the block it reads (ours do)
+    unbuilt = tuple(k for k in NANOGEN_UNBUILT
+                    if not (k == "base_final_layer." and (info.get("model_config") or {}).get("base_model_depth")))
+    dropped = sorted({k.split(".")[0] for k in state_dict if k.startswith(unbuilt)})
     if dropped:
         info["dropped"] = dropped
-    return {k: v for k, v in state_dict.items() if not k.startswith(NANOGEN_UNBUILT)}
+    return {k: v for k, v in state_dict.items() if not k.startswith(unbuilt)}
 
 
 def release_record(info: Mapping[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any]]:

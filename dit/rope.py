@@ -64,29 +64,31 @@ class EvaRope(nn.Module):
 
 
 class TokenRope(nn.Module):
-    """RoPE of the image tokens of a sequence [image tokens; condition tokens] (NanoGen's `RoPE`): buffers
-    `freqs_cos` / `freqs_sin` [grid^2 + extra, head_dim], EVA's layout on integer positions for the image tokens and
-    angle 0 (cos 1, sin 0) for the `extra` condition tokens after them, the names and shapes of NanoGen's files.
-    Only the first grid^2 tokens of q or k are rotated: the rest is left as it is, which is what angle 0 does."""
+    """RoPE of the image tokens of a sequence [prefix tokens; image tokens; condition tokens] (NanoGen's `RoPE`):
+    buffers `freqs_cos` / `freqs_sin` [prefix + grid^2 + extra, head_dim], EVA's layout on integer positions for the
+    image tokens and angle 0 (cos 1, sin 0) for the `prefix` tokens before them (REG's class token: NanoGen's
+    `extra_tokens`) and the `extra` condition tokens after them, the names and shapes of NanoGen's files. Only the
+    grid^2 image tokens of q or k are rotated: the rest is left as it is, which is what angle 0 does."""
 
-    def __init__(self, grid: int, head_dim: int, extra: int = 0):
+    def __init__(self, grid: int, head_dim: int, extra: int = 0, prefix: int = 0):
         super().__init__()
-        self.tokens = grid * grid
-        angles = torch.cat([eva_angles(grid, head_dim, integer_positions=True),
-                            torch.zeros(extra, head_dim // 2)]).repeat_interleave(2, dim=-1)  # [T + extra, hd]
+        self.tokens, self.prefix = grid * grid, int(prefix)
+        angles = torch.cat([torch.zeros(prefix, head_dim // 2), eva_angles(grid, head_dim, integer_positions=True),
+                            torch.zeros(extra, head_dim // 2)]).repeat_interleave(2, dim=-1)  # [P + T + extra, hd]
         self.register_buffer("freqs_cos", angles.cos())
         self.register_buffer("freqs_sin", angles.sin())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x [N, heads, L, head_dim] with L >= grid^2 image tokens first; float32 tables (a 16-bit x's image tokens
-        come back in float32, the rest is cast alike)."""
-        n = self.tokens
-        image, rest = x[..., :n, :], x[..., n:, :]
+        """x [N, heads, L, head_dim] with the prefix tokens, then L >= grid^2 image tokens; float32 tables (a 16-bit
+        x's image tokens come back in float32, the rest is cast alike)."""
+        a, n = self.prefix, self.prefix + self.tokens
+        head, image, rest = x[..., :a, :], x[..., a:n, :], x[..., n:, :]
         pairs = image.reshape(*image.shape[:-1], -1, 2)
         turned = torch.stack([-pairs[..., 1], pairs[..., 0]], dim=-1).reshape(image.shape)
-        cos, sin = cast(torch.Tensor, self.freqs_cos)[:n], cast(torch.Tensor, self.freqs_sin)[:n]
+        cos, sin = cast(torch.Tensor, self.freqs_cos)[a:n], cast(torch.Tensor, self.freqs_sin)[a:n]
         image = image * cos + turned * sin
-        return image if rest.shape[-2] == 0 else torch.cat([image, rest.to(image.dtype)], dim=-2)
+        parts = [t.to(image.dtype) for t in (head, image, rest) if t.shape[-2]]
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-2)
 
 
 def ddt_rope_tables(grid: int, head_dim: int, theta: float = ROPE_THETA) -> tuple[torch.Tensor, torch.Tensor]:

@@ -15,6 +15,7 @@ import torch
 from dit_pipeline.common.pixels import is_pixel_space
 from dit_pipeline.common.determinism import DEFAULT_CPU_THREADS
 from dit_pipeline.common.errors import collect
+from dit_pipeline.common.features import FORMULAS
 from dit_pipeline.common.vae import DEFAULT_VAE
 from dit_pipeline.common.precision import PRECISIONS_AUTO as PRECISIONS
 from dit_pipeline.shards.pixels import ENCODING as PIXELS_ENCODING, ENCODINGS as PIXELS_ENCODINGS
@@ -43,7 +44,8 @@ class ExtractConfig:
     encoder: str | None = None             # a feature encoder instead of the VAE (common/features.py: dinov2-b-reg, ...)
     encoder_weights: str | None = None     # offline weights for --encoder (a timm state_dict file)
     encoder_layers: int | None = None      # sum of the last K blocks' tokens (DINOv3, RAEv2: 7); None: the preset's
-    encoder_formula: str = "rae"           # "rae" (RAE's latents) or "repa" (REPA's teacher tokens, for --repa FOLDER)
+    encoder_formula: str = "rae"           # "rae" (RAE's latents), "repa" (REPA's teacher tokens, for --repa FOLDER) or
+    #                                        "reg" (NanoGen's REG class token, for dit-train --reg-tokens FOLDER)
     image_size: int = 256
     flip: bool = True                      # also encode the horizontal mirror (views = 2)
     store: str = "posterior"               # "posterior" (mean + std) or "sample" (one posterior sample)
@@ -109,8 +111,8 @@ class ExtractConfig:
             p.append(f"--num-workers must be >= 0 (0 decodes in the main process), got {self.num_workers}")
         if self.encoder_layers is not None and self.encoder_layers < 1:
             p.append(f"--encoder-layers must be >= 1, got {self.encoder_layers}")
-        if self.encoder_formula not in ("rae", "repa"):
-            p.append(f"--encoder-formula must be rae or repa, got {self.encoder_formula!r}")
+        if self.encoder_formula not in FORMULAS:
+            p.append(f"--encoder-formula must be one of {', '.join(FORMULAS)}, got {self.encoder_formula!r}")
         if (self.encoder_weights or self.encoder_layers is not None) and not self.encoder:
             p.append("--encoder-weights and --encoder-layers need --encoder (a feature encoder, e.g. dinov2-b-reg)")
         if self.seed < 0:

@@ -130,6 +130,11 @@ class SampleConfig:
     # timestep index / 1000) is in [low, high], both ends included (a protocol's ends are its own); elsewhere the
     # conditional model alone
     guidance_interval: list[float] | None = None
+    # NanoGen's internal guidance (dit/internal_guidance.py): its scale, interval of noise levels and null-half scale;
+    # None: the protocol's (off for every row without it)
+    ig_scale: float | None = None
+    ig_interval: list[float] | None = None
+    ig_uncond_scale: float | None = None
     class_labels: list[int | str] | None = None  # ids, or class names the checkpoint records (sample/names.py)
     prompts: list[str] | None = None  # a text model's prompts (--prompt, repeatable), each num_samples / P samples
     prompts_file: str | None = None  # --prompts FILE: one per line, or JSON Lines with a "prompt" (sample/prompts.py)
@@ -205,7 +210,7 @@ class SampleConfig:
             p.append(f"--precision must be one of {PRECISIONS}, got {self.precision!r}")
         if self.seed < 0:
             p.append(f"--seed must be >= 0, got {self.seed}")
-        p += _architecture_hints(self) + self._check_protocol()
+        p += _architecture_hints(self) + self._check_protocol() + self._check_internal()
         if self.batch_size < 1:
             p.append(f"--batch-size must be >= 1 (images per process and batch), got {self.batch_size}")
         if self.cpu_threads < 1:
@@ -286,6 +291,25 @@ class SampleConfig:
             return [f"--guidance-interval {iv[0]} {iv[1]} limits classifier-free guidance, but --cfg-scale is "
                     f"{self.cfg_scale} (no guidance); pass --cfg-scale > 1 or drop --guidance-interval"]
         return []
+
+    def _check_internal(self) -> list[str]:
+        """The internal-guidance flags: an interval low < high in [0, 1], scales that guide."""
+        p: list[str] = []
+        if self.ig_interval is not None:
+            low, high = (list(self.ig_interval) + [None, None])[:2]
+            if not (isinstance(low, (int, float)) and isinstance(high, (int, float)) and 0 <= low < high <= 1):
+                p.append(f"--ig-interval must be LOW HIGH with 0 <= LOW < HIGH <= 1, got {self.ig_interval}")
+        given = self.ig_scale is not None or self.ig_uncond_scale is not None
+        if self.ig_interval is not None and not given:
+            p.append("--ig-interval: add --ig-scale (internal guidance's scale)")
+        if given and not ((self.ig_scale or 1.0) > 1.0 or self.ig_uncond_scale not in (None, 1.0)):
+            p.append("--ig-scale 1 without another --ig-uncond-scale does not guide (NanoGen's use_ig: a scale > 1); "
+                     "drop the internal-guidance flags")
+        for name in ("ig_scale", "ig_uncond_scale"):
+            v = getattr(self, name)
+            if v is not None and not v > 0:
+                p.append(f"--{name.replace('_', '-')} must be > 0, got {v}")
+        return p
 
     def _check_protocol(self) -> list[str]:
         """--protocol's name and whether this build can run it; the sampler flags that must agree with it;

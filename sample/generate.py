@@ -24,6 +24,7 @@ from dit_pipeline import dit
 from dit_pipeline.common.latent_norm import LatentNorm
 from dit_pipeline.dit import protocols
 from dit_pipeline.dit.conditioning import Conditioning
+from dit_pipeline.dit.internal_guidance import InternalGuidance, as_internal, internal_combine
 from dit_pipeline.dit.meanflow import MEANFLOW_SAMPLERS, MeanFlowLoop
 from dit_pipeline.sample.config import respacing
 from dit_pipeline.sample.plan import noise_generators
@@ -91,7 +92,8 @@ def guided_model_fn(model: nn.Module, *, cfg_scale: float, cfg_channels: str | i
                     guidance_interval: Sequence[float] | None = None,
                     noise_level: Callable[[float], float] | None = None, ends: str = "[]", doubled: bool = False,
                     guide_model: nn.Module | None = None,
-                    conditioning: Conditioning | None = None) -> Callable[..., torch.Tensor]:
+                    conditioning: Conditioning | None = None,
+                    internal: InternalGuidance | None = None) -> Callable[..., Any]:
     """model_fn(x [B, C, S, S], t [B], y [B] or the condition's keyword arguments) -> float32 [B, Cout, S, S] for
     the diffusion loops.
 
@@ -105,21 +107,29 @@ def guided_model_fn(model: nn.Module, *, cfg_scale: float, cfg_channels: str | i
     belongs to that batch).
     guide_model: AutoGuidance (Karras et al. 2024; RAE's _AG configs): v_weak + cfg_scale (v - v_weak) on every
     channel, one pass of each network (no null label).
+    internal: NanoGen's internal guidance (dit/internal_guidance.py), alone or with classifier-free guidance; the
+    network's base head gives the weaker prediction (needs noise_level).
+    A REG model's class token comes as `cls_t` beside the condition and its prediction goes back beside the image's:
+    (out, cls_pred), guided as NanoGen guides it (dit/reg.py).
     compile: torch.compile the network call (static shapes: the one shorter last batch recompiles once).
     """
     if getattr(model, "conditions", "t") != "t":
         cfg_scale = 1.0  # a mean-flow model: guidance is trained in (meanflow) or an input (imf, MeanFlowLoop)
     guide = "all" if guide_model is not None else guide_channels_arg(cfg_channels)
     cond = conditioning if conditioning is not None else model.conditioning()
-    if guidance_interval is not None and noise_level is None:
-        raise ValueError("guidance_interval needs noise_level (the network's time -> noise level)")
+    ig = internal if internal is not None and internal.active else None
+    if (guidance_interval is not None or ig is not None) and noise_level is None:
+        raise ValueError("guidance_interval and internal guidance need noise_level (the network's time -> noise level)")
+    if ig is not None and (guide_model is not None or not getattr(model, "base_model_depth", 0)):
+        raise ValueError("internal guidance needs a model with its base head (trained with --base-model-depth) and "
+                         "no --guidance-model")
     rule = protocols.Guidance("autoguidance" if guide_model is not None else "cfg", float(cfg_scale),
                               None if guidance_interval is None else (float(guidance_interval[0]),
                                                                       float(guidance_interval[1])), ends)
     on = cfg_scale > 1.0
     # forward_with_cfg calls self.forward directly, so the bound method itself is what gets compiled.
-    guided = model.forward_with_cfg if on and guide_model is None else None
-    plain = model if not on or guidance_interval is not None or guide_model is not None or doubled else None
+    guided = model.forward_with_cfg if on and guide_model is None and ig is None else None
+    plain = model if not on or guidance_interval is not None or guide_model is not None or doubled or ig else None
     weak = guide_model if on else None
     if compile:
         guided, plain, weak = (torch.compile(f, dynamic=False) if f is not None else None
@@ -131,29 +141,67 @@ def guided_model_fn(model: nn.Module, *, cfg_scale: float, cfg_channels: str | i
         # the grid's own time, float64 (flow samplers: dit.flow.GRID_TIME_ATTR)
         return guidance_interval is None or rule.applies(noise_level(float(t[0])))  # type: ignore[misc]
 
-    def model_fn(x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None, **condition: Any) -> torch.Tensor:
-        given = condition if y is None else {"y": y, **condition}
+    def model_fn(x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None, **condition: Any) -> Any:
+        given = dict(condition if y is None else {"y": y, **condition})
+        token = given.pop("cls_t", None)  # REG's class token: it travels with x, it is no condition
+        one, two = ({}, {}) if token is None else ({"cls_t": token}, {"cls_t": torch.cat([token, token])})
         guide_here = use_guidance(t)
+        ig_here = ig is not None and ig.applies(noise_level(float(t[0])))  # type: ignore[misc]
         if t.dtype == torch.float64:
             t = t.float()  # the network's time: float32, as the flow samplers always gave it
         n = x.shape[0]
         with autocast(x.device, autocast_dtype):
-            if guide_here and weak is not None:
+            if ig is not None:
+                out = _internally_guided(plain, x, t, given, one, two, cond, ig, ig_here,  # type: ignore[arg-type]
+                                         cfg_scale if on else None, guide_here)
+            elif guide_here and weak is not None:
+                if token is not None:
+                    raise ValueError("AutoGuidance of a REG model is not supported (its class token has no weaker "
+                                     "network's prediction)")
                 main, low = plain(x, t, **given), weak(x, t, **given)
                 c = int(model.in_channels)
                 out = torch.cat([protocols.autoguidance_combine(main[:, :c], low[:, :c], cfg_scale), main[:, c:]], 1)
             elif guide_here:
                 both = cond.concat(given, cond.null(given))  # [given; null]
-                out = guided(torch.cat([x, x]), torch.cat([t, t]), cfg_scale=cfg_scale, guide_channels=guide,
-                             **both)[:n]
+                out = _rows(guided(torch.cat([x, x]), torch.cat([t, t]), cfg_scale=cfg_scale, guide_channels=guide,
+                                   **both, **two), n)
             elif doubled and on and weak is None:
-                out = plain(torch.cat([x, x]), torch.cat([t, t]), **cond.concat(given, cond.null(given)))[:n]
+                out = _rows(plain(torch.cat([x, x]), torch.cat([t, t]), **cond.concat(given, cond.null(given)),
+                                  **two), n)
             else:
-                out = plain(x, t, **given)
-        return out.float()  # the diffusion math stays in float32 whatever the model ran in
+                out = plain(x, t, **given, **one)
+        # the diffusion math stays in float32 whatever the model ran in
+        return tuple(o.float() for o in out) if isinstance(out, tuple) else out.float()
 
     setattr(model_fn, dit.flow.GRID_TIME_ATTR, True)
     return model_fn
+
+
+def _rows(out: Any, n: int) -> Any:
+    """The first n rows of an output or of each part of one (a REG model's (out, cls_pred))."""
+    return tuple(o[:n] for o in out) if isinstance(out, tuple) else out[:n]
+
+
+def _internally_guided(net: Callable[..., Any], x: torch.Tensor, t: torch.Tensor, given: dict[str, Any],
+                       one: dict[str, Any], two: dict[str, Any], cond: Conditioning, ig: InternalGuidance,
+                       ig_here: bool, cfg_scale: float | None, cfg_here: bool) -> Any:
+    """NanoGen's internal guidance, alone (cfg_scale None: one conditional pass) or with classifier-free guidance
+    (the doubled batch at every step); dit/internal_guidance.py states the rules."""
+    if cfg_scale is None:
+        full, base, *token = net(x, t, return_base=True, **given, **one)
+        out = internal_combine(full, base, ig.scale) if ig_here else full
+        return (out, token[0]) if token else out
+    n = x.shape[0]
+    full, base, *token = net(torch.cat([x, x]), torch.cat([t, t]), return_base=True,
+                             **cond.concat(given, cond.null(given)), **two)
+    (full_c, full_u), (base_c, base_u) = full.split(n), base.split(n)
+    cond_out = internal_combine(full_c, base_c, ig.scale) if ig_here else full_c
+    null_out = internal_combine(full_u, base_u, ig.null_scale) if ig_here else full_u
+    out = protocols.cfg_combine(cond_out, null_out, cfg_scale) if cfg_here else cond_out
+    if not token:
+        return out
+    c, u = token[0].split(n)
+    return out, protocols.cfg_combine(c, u, cfg_scale) if cfg_here else c
 
 
 def condition_kwargs(condition: torch.Tensor | Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -242,7 +290,7 @@ def protocol_model_fn(p: protocols.Protocol, model: nn.Module, *, objective: str
                            compile=compile, guidance_interval=g.interval if scale > 1.0 else None,
                            noise_level=noise_level_fn(objective, convention), ends=g.ends,
                            doubled=g.doubled or doubled, guide_model=guide_model if scale > 1.0 else None,
-                           conditioning=conditioning)
+                           conditioning=conditioning, internal=as_internal(g.internal))
 
 
 @torch.no_grad()
@@ -262,6 +310,13 @@ def sample_latents(model: nn.Module, diffusion, labels: torch.Tensor | Mapping[s
     fn = model_fn or guided_model_fn(model, cfg_scale=cfg_scale, cfg_channels=cfg_channels,
                                      autocast_dtype=autocast_dtype)
     noise = initial_noise(generators, shape, device)
+    dim = int(getattr(model, "reg_dim", 0) or 0)
+    if dim:  # REG: the class token beside the image, one packed state of the flow samplers (dit/reg.py)
+        if not isinstance(diffusion, FlowLoop):
+            raise ValueError("a REG model (its class token) samples with the flow samplers (euler, heun, "
+                             "euler-maruyama)")
+        state = dit.reg.pack(noise, dit.reg.initial_token(generators, dim, device))
+        return dit.reg.unpack(diffusion(dit.reg.packed_model_fn(fn, shape), state, kwargs, generators), shape)[0]
     if isinstance(diffusion, MeanFlowLoop):  # the model's time inputs; an iMF model takes cfg_scale as its omega
         loop = diffusion.bind(str(getattr(model, "conditions", "t")), cfg_scale)
         if isinstance(labels, torch.Tensor):

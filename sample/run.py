@@ -304,14 +304,36 @@ def _protocol(cfg: SampleConfig, loaded: LoadedModel) -> protocols.Protocol:
     assert cfg.steps is not None and cfg.cfg_scale is not None and cfg.sampler is not None
     labels = None if cfg.class_labels else cfg.labels
     if cfg.protocol is not None:
-        return protocols.protocol(cfg.protocol).with_overrides(count=cfg.steps, scale=cfg.cfg_scale,
-                                                               interval=cfg.guidance_interval, labels=labels,
-                                                               shift=cfg.time_shift)
-    return protocols.custom(solver=cfg.sampler, steps=cfg.steps, scale=cfg.cfg_scale, interval=cfg.guidance_interval,
-                            channels=str(cfg.cfg_channels), last_step_size=cfg.last_step_size,
-                            diffusion_form=cfg.diffusion_form, diffusion_norm=cfg.diffusion_norm,
-                            time_shift=float(cfg.time_shift or 1.0), labels=labels or "uniform",
-                            guide_model=Path(cfg.guidance_model).name if cfg.guidance_model else None)
+        proto = protocols.protocol(cfg.protocol).with_overrides(count=cfg.steps, scale=cfg.cfg_scale,
+                                                                interval=cfg.guidance_interval, labels=labels,
+                                                                shift=cfg.time_shift)
+    else:
+        proto = protocols.custom(solver=cfg.sampler, steps=cfg.steps, scale=cfg.cfg_scale,
+                                 interval=cfg.guidance_interval, channels=str(cfg.cfg_channels),
+                                 last_step_size=cfg.last_step_size, diffusion_form=cfg.diffusion_form,
+                                 diffusion_norm=cfg.diffusion_norm, time_shift=float(cfg.time_shift or 1.0),
+                                 labels=labels or "uniform",
+                                 guide_model=Path(cfg.guidance_model).name if cfg.guidance_model else None)
+    return _internal_guidance(cfg, proto, loaded)
+
+
+def _internal_guidance(cfg: SampleConfig, proto: protocols.Protocol, loaded: LoadedModel) -> protocols.Protocol:
+    """The protocol with --ig-scale / --ig-interval / --ig-uncond-scale (NanoGen's internal guidance) in place of its
+    own; UserError where it is on and the model has no base head to guide from."""
+    from dit_pipeline.dit.internal_guidance import InternalGuidance, as_internal, with_internal
+
+    if cfg.ig_scale is not None or cfg.ig_uncond_scale is not None:
+        own = as_internal(proto.guidance.internal)
+        proto = with_internal(proto, InternalGuidance(
+            float(cfg.ig_scale if cfg.ig_scale is not None else (own.scale if own else 1.0)),
+            tuple(cfg.ig_interval) if cfg.ig_interval else (own.interval if own else (0.0, 1.0)),  # type: ignore
+            cfg.ig_uncond_scale))
+    ig = as_internal(proto.guidance.internal)
+    if ig is not None and ig.active and not loaded.config.get("base_model_depth"):
+        flag = "--ig-scale" if cfg.ig_scale is not None else f"--protocol {cfg.protocol}"
+        raise UserError(f"internal guidance ({flag}) extrapolates from the model's base head; {cfg.ckpt} has none "
+                        "(train one with dit-train --base-model-depth K)")
+    return proto
 
 
 def _guidance_model(cfg: SampleConfig, loaded: LoadedModel, device: torch.device, log: Any) -> LoadedModel | None:
@@ -436,6 +458,9 @@ def _optional_settings(cfg: SampleConfig, loaded: LoadedModel) -> dict[str, Any]
         out["time_shift"] = float(cfg.time_shift)
     if cfg.encoder_refresh > 1:
         out["encoder_refresh"] = cfg.encoder_refresh
+    if cfg.ig_scale is not None or cfg.ig_uncond_scale is not None:  # internal guidance decides the pixels
+        out["internal_guidance"] = {"scale": cfg.ig_scale, "interval": cfg.ig_interval,
+                                    "uncond_scale": cfg.ig_uncond_scale}
     if cfg.sampler in FLOW_SAMPLERS and loaded.info.get("prediction") is not None:
         out["prediction"] = loaded.info["prediction"]  # x-prediction: the conversion decides the pixels
     return out

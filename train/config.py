@@ -29,6 +29,7 @@ from dit_pipeline.sample.grid import GRIDS, GridSettings
 from dit_pipeline.train.guard import GUARD, GuardSettings
 from dit_pipeline.train.optim import MUON_ADJUST_LR, OPTIMIZERS, optimizer_problems
 from dit_pipeline.train.recipes import recipe_problems
+from dit_pipeline.train.reg import REG, RegSettings
 from dit_pipeline.train.repa import REPA, RepaSettings
 from dit_pipeline.train.schedule import schedule_problems
 from dit_pipeline.train.text import TEXT_FEATURES
@@ -44,14 +45,14 @@ MODEL_OPTIONS = ("qk_norm", "rms_norm", "swiglu", "rope", "wo_shift")  # block s
 ARCH_OVERRIDES = ("depth", "hidden_size", "num_heads", "patch_size", "encoder_depth", "head_depth", "head_hidden_size",
                   "head_num_heads", "bottleneck_dim", "in_context_len", "in_context_start", "num_t_tokens", "num_c_tokens")
 RUN_CONDITIONINGS = ("auto", *CONDITIONINGS)  # --conditioning; auto: text with --text, else class labels
-GROUPS = (DATA, MODEL, OBJECTIVE, REPA, LENGTH, OPTIM, GUARD, SPEED, CKPT, GRIDS)  # the order of dit-train --help
+GROUPS = (DATA, MODEL, OBJECTIVE, REPA, REG, LENGTH, OPTIM, GUARD, SPEED, CKPT, GRIDS)  # the order of dit-train --help
 
 
 @dataclass(kw_only=True)
-class TrainConfig(GuardSettings, RepaSettings, FidSettings, GridSettings):
-    """Every setting of a training run. The sample-grid, FID and alignment settings belong to their own types
-    (sample.grid.GridSettings, evaluate.hook.FidSettings, train.repa.RepaSettings), inherited here so that the
-    stored config stays one flat JSON object."""
+class TrainConfig(GuardSettings, RegSettings, RepaSettings, FidSettings, GridSettings):
+    """Every setting of a training run. The sample-grid, FID, alignment and REG settings belong to their own types
+    (sample.grid.GridSettings, evaluate.hook.FidSettings, train.repa.RepaSettings, train.reg.RegSettings), inherited
+    here so that the stored config stays one flat JSON object."""
 
     # data
     shards: str = setting(help="Shard folder (with manifest.json), or a URL list 'a::b' / brace pattern "
@@ -308,9 +309,11 @@ class TrainConfig(GuardSettings, RepaSettings, FidSettings, GridSettings):
             family = lookup_preset(self.model)[0].family
             if self.objective in OBJECTIVES and (problem := network_problem(self.objective, family)):
                 p.append(problem)
+            options = tuple(lookup_preset(self.model)[0].overrides)
         except ValueError as e:
             p.append(f"--model: {e}")
-        p += self.repa_problems() + self.guard_problems()
+            options = ("reg_dim", "base_model_depth")  # the model's own problem is reported above
+        p += self.repa_problems() + self.guard_problems() + self.reg_problems(self.objective, options, self.repa)
         if self.wandb and importlib.util.find_spec("wandb") is None:
             p.append("--wandb needs the wandb package: pip install 'dit-pipeline[wandb]' (or drop --wandb)")
         from dit_pipeline.sample.config import GRID_SAMPLER

@@ -36,6 +36,7 @@ from dit_pipeline.common.faults import fault_point, fault_requested
 from dit_pipeline.common.log import get_logger, progress_enabled
 from dit_pipeline.common.seeding import STREAM_DROPOUT, STREAM_TIMESTEP, generator
 from dit_pipeline.dit import repa
+from dit_pipeline.dit.reg import REG_NOISE, REG_TARGET
 from dit_pipeline.train.checkpoint import CheckpointManager
 from dit_pipeline.train.data import Batch, EpochStream, ReaderEvent, make_loader
 from dit_pipeline.train.diverge import TrainingDiverged, check_finite, roll_back  # noqa: F401 (raised here)
@@ -46,6 +47,7 @@ from dit_pipeline.train.net import TrainModel
 from dit_pipeline.train.partition import EpochPlan, plan_epoch
 from dit_pipeline.train.parts import Part, ProgressPart, ShardSetPart, build_parts, load_all
 from dit_pipeline.train.preflight import Preflight
+from dit_pipeline.train.reg import RegPart
 from dit_pipeline.train.repa import CachedTeacher, TeacherClock
 from dit_pipeline.train.speed import ema_update
 from dit_pipeline.train.text import BatchText, online_encoder, run_conditioning
@@ -91,6 +93,7 @@ class Trainer:
         self.text = BatchText(online_encoder(prep.text, self.device) if prep.text is not None
                               and self.cfg.text_features == "online" else None)
         self.text_set = (prep.text.folder, prep.text.manifest) if prep.text is not None else None
+        self.reg = prep.reg  # --use-reg: the cached class tokens, joined as the batches' sibling tokens (train/reg.py)
         self.guard = Guard(self.cfg)
         self.rollback_due = False
         self.parts: list[Part] = build_parts(
@@ -98,7 +101,8 @@ class Trainer:
             ema=net.ema, head=net.head, teacher=net.teacher.identity if net.teacher is not None else None,
             opt=net.opt, scaler=net.scaler,
             progress=ProgressPart(self.state, self.layout, lambda epoch: self.plan(epoch).steps),
-            guard=GuardPart(self.guard), text=prep.text.record(self.cfg.text_features) if prep.text else None)
+            guard=GuardPart(self.guard), text=prep.text.record(self.cfg.text_features) if prep.text else None,
+            reg=RegPart.of(self.cfg.to_dict(), prep.reg))
         self.last_saved = self.state.step
         self._consecutive_overflows = 0
         self.teacher_clock = TeacherClock(self.device)
@@ -178,7 +182,8 @@ class Trainer:
                              exclude=frozenset(self.source.index_of(n) for n in s.bad_shard_names),
                              pixels=self.p.teacher is not None and not isinstance(self.p.teacher, CachedTeacher),
                              sibling=((self.p.teacher.folder, self.p.teacher.manifest)
-                                      if isinstance(self.p.teacher, CachedTeacher) else None),
+                                      if isinstance(self.p.teacher, CachedTeacher) else
+                                      (self.reg.folder, self.reg.manifest) if self.reg is not None else None),
                              text=self.text_set if self.text.encoder is None else None,
                              captions=self.text.encoder is not None)
         loader = make_loader(stream, num_workers=self.cfg.num_workers or 0, prefetch_factor=self.cfg.prefetch_factor,
@@ -249,21 +254,23 @@ class Trainer:
                             enabled=self.p.amp_dtype is not None):
             return self.p.forward(x, t, **kwargs)
 
-    def _step_randomness(self, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    def _step_randomness(self, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         step, dev = self.state.step, self.device
         g = generator(self.cfg.seed, STREAM_TIMESTEP, step, self.rank, device=dev)
         t = self.p.diffusion.draw_timesteps(n, generator=g, device=dev)  # ddpm: 0..999; flow: [n]; meanflow: [n, 2]
         noise = torch.randn((n, *self.latent_shape), generator=g, device=dev)
+        # REG: the class tokens' own noise, drawn after the images' (dit/reg.py)
+        token_noise = torch.randn((n, self.reg.dim), generator=g, device=dev) if self.reg is not None else None
         drop = None
         if self.cfg.class_dropout_prob > 0:
             gd = generator(self.cfg.seed, STREAM_DROPOUT, step, self.rank, device=dev)
             drop = (torch.rand(n, generator=gd, device=dev) < self.cfg.class_dropout_prob).long()
             drop = self.p.diffusion.drop_labels(drop)  # which samples get the null class (MeanFlow: the first k)
-        return t, noise, drop
+        return t, noise, drop, token_noise
 
     def train_step(self, items: list[Batch], wait: float) -> None:
         p, micro, accum = self.p, self.batch.micro_batch, self.batch.accum
-        t_all, noise_all, drop_all = self._step_randomness(micro * accum)
+        t_all, noise_all, drop_all, token_noise = self._step_randomness(micro * accum)
         report = StepReport()
         nan_fault = fault_requested("train.nan")
         step = self.state.step + 1
@@ -273,6 +280,10 @@ class Trainer:
             x = b.latents.to(self.device, non_blocking=True)
             # the condition's model inputs (labels, or text with its mask), dropped rows given the null condition
             kwargs = self.cond.batch_kwargs(self.text(b), None if drop_all is None else drop_all[sl], self.device)
+            if token_noise is not None:  # REG: this batch's clean class tokens [B, z] and their noise (dit/flow.py)
+                assert b.teacher is not None, "the class tokens come with the batch (--reg-tokens)"
+                kwargs.update({REG_TARGET: b.teacher.to(self.device, non_blocking=True)[:, 0],
+                               REG_NOISE: token_noise[sl]})
             sync = p.ddp is None or i == accum - 1
             with contextlib.nullcontext() if sync or p.ddp is None else p.ddp.no_sync():
                 if p.teacher is None:

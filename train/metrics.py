@@ -84,6 +84,8 @@ STEP_METRICS: tuple[Metric, ...] = (
     Metric("cos", "samples", own=True, loss_term=True),     # --cosine-loss: 1 - cos(v_pred, v) (LightningDiT)
     Metric("lpips", "samples", own=True, loss_term=True),   # --lpips: PixelGen's weighted LPIPS term
     Metric("pdino", "samples", own=True, loss_term=True),   # --pdino: PixelGen's weighted DINOv2 feature term
+    Metric("reg", "samples", own=True, loss_term=True),     # --use-reg: the class token's velocity MSE (NanoGen's REG)
+    Metric("base", "samples", own=True, loss_term=True),    # --base-model-depth: the IG base head's velocity MSE
     Metric("grad_norm", "rank0"),
     Metric("wait", "ranks", interval="fraction", own=True, record="data_wait"),  # waiting for the loader
     Metric("teacher", "ranks", interval="fraction", own=True, record="teacher_time"),  # --repa: its forward

@@ -34,6 +34,7 @@ from dit_pipeline.shards import Manifest
 from dit_pipeline.train.guard import GuardPart
 from dit_pipeline.train.optim import check_state
 from dit_pipeline.train.partition import DataLayout, map_position
+from dit_pipeline.train.reg import RegPart
 from dit_pipeline.train.state import TrainState
 from dit_pipeline.train.text import TextPart
 
@@ -84,7 +85,8 @@ class ObjectivePart(_NoCheck):
 
     objective: str
     config: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    keys: ClassVar[tuple[str, ...]] = ("objective", "time_shift", "meanflow", "prediction", "perceptual")
+    keys: ClassVar[tuple[str, ...]] = ("objective", "time_shift", "meanflow", "prediction", "perceptual",
+                                       "internal_guidance")
     required: ClassVar[tuple[str, ...]] = ()
 
     def state_dict(self) -> dict[str, Any]:
@@ -109,6 +111,11 @@ class ObjectivePart(_NoCheck):
             raise UserError(f"checkpoint {where} was trained with perceptual terms {ckpt.get('perceptual')}, this run "
                             f"asks for {self.state_dict().get('perceptual')}; resume with the recorded --lpips, --pdino "
                             "and their weights, or use a new --run-dir")
+        if ckpt.get("internal_guidance") != self.state_dict().get("internal_guidance"):
+            raise UserError(f"checkpoint {where} was trained with internal guidance's base head "
+                            f"{ckpt.get('internal_guidance')}, this run asks for "
+                            f"{self.state_dict().get('internal_guidance')}; resume with the recorded "
+                            "--base-model-depth and --base-model-coeff, or use a new --run-dir")
         want = self.state_dict().get("meanflow")
         if want is not None and ckpt.get("meanflow") != want:
             have = ckpt.get("meanflow") or {}
@@ -398,8 +405,9 @@ class RngPart(_NoCheck):
 
 # Every part type, in the order their checks run (the first mismatch is the one reported): what the run is
 # (objective, model, shard set, global batch) before the state that must fit it.
-PART_TYPES: tuple[type[Part], ...] = (ObjectivePart, ModelPart, ShardSetPart, ConfigPart, EmaPart, ProjectorPart,
-                                      OptimizerPart, ScalerPart, TextPart, ProgressPart, RngPart, GuardPart)
+PART_TYPES: tuple[type[Part], ...] = (ObjectivePart, RegPart, ModelPart, ShardSetPart, ConfigPart, EmaPart,
+                                      ProjectorPart, OptimizerPart, ScalerPart, TextPart, ProgressPart, RngPart,
+                                      GuardPart)
 REQUIRED_KEYS: tuple[str, ...] = tuple(k for t in PART_TYPES for k in t.required)
 
 
@@ -408,13 +416,13 @@ def build_parts(*, objective: str, config: dict[str, Any], shard_set: ShardSetPa
                 teacher: dict[str, Any] | None = None,
                 opt: torch.optim.Optimizer | None = None, scaler: torch.amp.GradScaler | None = None,
                 progress: ProgressPart | None = None, guard: GuardPart | None = None,
-                text: dict[str, Any] | None = None) -> list[Part]:
+                text: dict[str, Any] | None = None, reg: RegPart | None = None) -> list[Part]:
     """The parts of one run, in PART_TYPES order. For checking only (no live optimizer yet), `model` (and the
     alignment `head` around it) may live on the meta device and ema/opt/scaler/progress be None."""
     trainable = sum(1 for q in (head if head is not None else model).parameters() if q.requires_grad)
-    parts: list[Part] = [ObjectivePart(objective, config), ModelPart(model), shard_set,
-                         ConfigPart(config), EmaPart(ema, model.config), ProjectorPart(head, teacher),
-                         OptimizerPart(opt, trainable, str(config.get("optimizer", "adamw"))), ScalerPart(scaler),
+    parts: list[Part] = [ObjectivePart(objective, config), reg if reg is not None else RegPart(None),
+                         ModelPart(model), shard_set, ConfigPart(config), EmaPart(ema, model.config),
+                         ProjectorPart(head, teacher), OptimizerPart(opt, trainable, str(config.get("optimizer", "adamw"))), ScalerPart(scaler),
                          TextPart(text)]
     if progress is not None:
         parts += [progress, RngPart()]

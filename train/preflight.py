@@ -32,6 +32,7 @@ from dit_pipeline.train.init import InitWeights, init_line, load_init
 from dit_pipeline.train.partition import DataLayout, EpochPlan, plan_epoch
 from dit_pipeline.train.optim import optimizer_line
 from dit_pipeline.train.recipes import recipe_line
+from dit_pipeline.train.reg import RegTokens, read_reg_tokens
 from dit_pipeline.train.repa import CachedTeacher, check_repa, repa_line
 from dit_pipeline.train.schedule import LrSchedule, build_schedule, schedule_line
 from dit_pipeline.train.speed import compile_enabled
@@ -61,6 +62,7 @@ class Preflight:
     latent_std: tuple[float, int, str] | None = None  # (std, samples, shard): a quick look (shards.first_samples_std)
     init: InitWeights | None = None   # --init: the weights the new run starts from (train/init.py)
     text: TextSet | None = None       # the shard set's text side when the run is conditioned on text (train/text.py)
+    reg: RegTokens | None = None      # --use-reg: the cached class tokens (train/reg.py)
 
 
 def resolve_defaults(cfg: TrainConfig, num_shards: int, world: int) -> tuple[TrainConfig, dict[str, str]]:
@@ -122,6 +124,11 @@ def model_kwargs(cfg: TrainConfig, source: ShardSource) -> dict[str, Any]:
     for k in MODEL_OPTIONS:  # passed only when given: otherwise the family's own (plain DiT: all off)
         if getattr(cfg, k) is not None:
             kw[k] = bool(getattr(cfg, k))
+    reg = read_reg_tokens(cfg, m)  # REG's class token width; internal guidance's base head (train/reg.py)
+    if reg is not None:
+        kw["reg_dim"] = reg.dim
+    if cfg.base_model_depth is not None:
+        kw["base_model_depth"] = cfg.base_model_depth
     # a velocity has C channels; SiT's train.py keeps DiT's 2C (learn_sigma=True) and drops the second half
     # in its forward, which thus gets no gradient: the same training, only the checkpoint's shape differs.
     # ddpm learns its variance in the second half (DiT's learned sigma), for every family.
@@ -293,7 +300,7 @@ def prepare(cfg: TrainConfig, world_size: int | None = None) -> Preflight:
     init = load_init(cfg.init, kw) if cfg.init and not _resumes(cfg) else None
     text = read_text(cfg, source) if kw.get("conditioning") == "text" else None
     return Preflight(cfg, world, batch, source, kw, layout, plan0, total, notes, mode, held, teacher, schedule, std,
-                     init, text)
+                     init, text, read_reg_tokens(cfg, source.manifest))
 
 
 def epoch_counter(sizes: list[int], seed: int, world: int, workers: int, batch: BatchPlan) -> Callable[[float], int]:
@@ -523,6 +530,9 @@ def format_plan(prep: Preflight, start_line: str | None = None, *, dry_run: bool
         f"{host / GiB:.2f} GiB{f' of {avail:.1f} GiB available' if avail is not None else ''}",
         integrity_line(prep),
         *repa_line(cfg, prep.teacher, num_blocks(mc), dit_train_flops(mc)),
+        *([prep.reg.line(cfg.reg_coeff)] if prep.reg is not None else []),
+        *([f"  guidance    internal guidance's base head after encoder block {cfg.base_model_depth}: loss + "
+           f"{cfg.base_model_coeff:g} x base (dit-sample --ig-scale)"] if cfg.base_model_depth else []),
         *grids_line(prep),
         start_line or f"  run dir     {cfg.run_dir}: {'would start' if dry_run else 'starts'} from scratch",
     ]

@@ -90,7 +90,8 @@ NOT_DEPARTURES = frozenset((
     "wandb_project", "quiet", "dry_run", "extra", "recipe", "allow_departures", "protocol",
     # the text set's folder, like --shards (its encoder is compared with `requires: text`); cached or online
     # features are the same numbers (tests/train/test_text_training.py)
-    "text", "text_features"))
+    "text", "text_features",
+    "reg_tokens"))  # REG's cached class tokens: data, like --shards
 TEXT_KEYS = ("name", "paper", "arxiv", "source", "fid_setting", "extraction", "notes")
 NUMBER_KEYS = ("fid", "epochs", "gpu_hours")
 

@@ -27,6 +27,7 @@ from dit_pipeline.train.checkpoint import CheckpointManager, load_checkpoint
 from dit_pipeline.train.config import MODEL_OPTIONS, TrainConfig
 from dit_pipeline.train.parts import ShardSetPart, build_parts, check_all
 from dit_pipeline.train.preflight import Preflight, param_counts, resolve_precision
+from dit_pipeline.train.reg import RegPart
 
 CONFIG_HISTORY = "config-history.jsonl"
 # Settings whose change on resume is not a change of the run (how this invocation behaves; a moved folder).
@@ -111,7 +112,8 @@ def check_resume(prep: Preflight) -> StartPoint:
                 if prep.teacher is not None else None)
     check_all(build_parts(objective=cfg.objective, config=new, model=model, head=head,
                           shard_set=ShardSetPart.of(prep.source.manifest, prep.source.fingerprint),
-                          text=prep.text.record(cfg.text_features) if prep.text else None), ckpt, str(path))
+                          text=prep.text.record(cfg.text_features) if prep.text else None,
+                          reg=RegPart.of(new, prep.reg)), ckpt, str(path))
     return StartPoint(path, int(ckpt["step"]), config_changes(old, new), ckpt, kept)
 
 

@@ -123,8 +123,9 @@ def test_the_fixture_is_the_scripts_output_and_nanogens_files():
 
 # ---- what a protocol applies to -----------------------------------------------------------------------------------
 
-def traits(space="latent", conditioning="class", objective="flow", prediction="velocity", shape=(4, 32, 32)):
-    return ModelTraits(space, conditioning, objective, prediction, shape)
+def traits(space="latent", conditioning="class", objective="flow", prediction="velocity", shape=(4, 32, 32),
+           features=()):
+    return ModelTraits(space, conditioning, objective, prediction, shape, frozenset(features))
 
 
 def test_a_mismatch_names_the_rows_that_fit():
@@ -138,7 +139,7 @@ def test_a_mismatch_names_the_rows_that_fit():
         "--protocol and choose the sampler with dit-sample's flags")
     assert protocols.fitting(traits("pixels", "text", shape=(3, 256, 256))) == [
         "nanogen-t2i-pixels", "nanogen/t2i-pixnerd-ddt-en28d1152hd72-dn2d2048hd128-vpred-t4"]
-    # a class model under a text protocol; the REG rows need a feature this build lacks, so they do not fit
+    # a class model under a text protocol; the REG rows need REG's class token, which this model lacks
     fits = protocols.fitting(traits())
     assert fits[:7] == ["sit", "repa", "lightningdit", "ddt", "rae", "rae-ag", "nanogen"]
     assert not any("reg0.03" in n for n in fits) and len(fits) == 7 + 6  # sdvae-ema, sdvae-mse, sdxl-vae: 2 each
@@ -159,19 +160,22 @@ def test_a_mismatch_names_the_rows_that_fit():
         if p.applies_to.latent_shape:
             a = p.applies_to
             assert protocols.fit_problem(p, traits(a.space[0], a.conditioning[0], a.objectives[0], a.prediction,
-                                                   a.latent_shape)) is None, name
+                                                   a.latent_shape, a.requires)) is None, name
 
 
-def test_rows_needing_reg_are_refused_naming_it():
+def test_rows_needing_reg_fit_only_models_with_its_token():
+    """The 12 REG rows (NanoGen's `repa.use_reg` configs) apply to models with REG's class token (model_config
+    reg_dim, dit/incontext.py), which the samplers evolve beside the image; a model without it is refused naming it,
+    and a REG model fits the generic rows too (its record decides that the token is evolved)."""
     reg = [n for n, p in PROTOCOLS.items() if "reg" in p.applies_to.requires]
     assert len(reg) == 12 and all("reg0.03" in n for n in reg)  # 4 latent spaces: ImageNet (x2) and T2I
-    msg = protocols.missing_features(PROTOCOLS[reg[0]])
-    assert msg.startswith(f"--protocol {reg[0]} needs REG's class token (a DINOv2-B class token noised with the "
-                          "image's t, evolved by the sampler beside the image and guided with it") and \
-        msg.endswith("which this build does not have yet; no other setting samples it as the release does")
-    assert all(protocols.missing_features(p) is None for n, p in PROTOCOLS.items() if n not in reg)
+    assert all(protocols.missing_features(p) is None for p in PROTOCOLS.values())  # this build has REG
     tuned = PROTOCOLS["nanogen/ddt-en28d1152hd72-dn2d2048hd128-sdvae-ema-reg0.03-rmsnorm-vpred-t4c8-cfg2.2-t0.0-0.9"]
-    assert math.isclose(tuned.guidance.scale, 2.2) and tuned.guidance.interval == (0.0, 0.9)  # for when REG exists
+    assert math.isclose(tuned.guidance.scale, 2.2) and tuned.guidance.interval == (0.0, 0.9)
+    assert "(no REG's class token (model_config reg_dim) (the protocol's model has one))" in \
+        protocols.fit_problem(tuned, traits())
+    assert protocols.fit_problem(tuned, traits(features={"reg"})) is None
+    assert protocols.fit_problem(PROTOCOLS["nanogen"], traits(features={"reg"})) is None
 
 
 # ---- the guide's table (docs/nanogen-protocols.md) ---------------------------------------------------------------

@@ -144,12 +144,11 @@ def test_protocols_refuse_models_they_do_not_fit(tmp_path, tiny_vae_dir, qwen):
     assert "(latent shape 4x4x4 (the protocol's: 4x32x32))" in msg  # NanoGen's tuned scale is its latents'
 
 
-def test_rows_needing_reg_are_refused_before_loading_anything(tmp_path):
+def test_rows_needing_reg_refuse_a_model_without_its_token(tmp_path, tiny_vae_dir):
     reg = "nanogen/ddt-en28d1152hd72-dn2d2048hd128-sdvae-ema-reg0.03-rmsnorm-vpred-t4c8-cfg2.2-t0.0-0.9"
-    with pytest.raises(ConfigError, match=rf"--protocol {reg} needs REG's class token \(a DINOv2-B class token "
-                                          r"noised with the image's t, evolved by the sampler beside the image and "
-                                          r"guided with it.*which this build does not have yet"):
-        SampleConfig(ckpt="missing.pt", protocol=reg, num_samples=2, npz=str(tmp_path / "x.npz")).validate()
+    flow = own_checkpoint(tmp_path / "flow.pt", random_dit(31, learn_sigma=False))
+    msg = refused(tmp_path, flow, tiny_vae_dir, reg)
+    assert "no REG's class token (model_config reg_dim) (the protocol's model has one)" in msg
 
 
 def rae_cfg_release(net, noise, y, *, scale, num_steps=50):
