@@ -81,13 +81,24 @@ class TextSampling:
 
 def load_sampling_encoder(spec: str | None, recorded: dict[str, Any] | None, text_dim: int, ckpt: str,
                           device: torch.device) -> Any:
-    """The text encoder of dit-sample --prompt: --text-encoder, else the one the checkpoint records (rebuilt from its
-    identity and checked against it: common.text_encoders.from_identity); UserError when neither names one or its
-    width is not the model's."""
-    from dit_pipeline.common.text_encoders import from_identity, load_text_encoder
+    """The text encoder of dit-sample --prompt: the one the checkpoint records (rebuilt from its identity and checked
+    against it: common.text_encoders.from_identity), or --text-encoder: where the checkpoint records an encoder, it
+    is loaded with the recorded max length and dtype and must be that encoder (a copy in another folder, or the
+    hub's), compared as a changed folder is (issue 47: a T5 on a Qwen3-trained model sampled without a word, and
+    the model's own encoder named again lost its max length); with no record (a release file), it is the one used.
+    UserError when neither names one, or a width not the model's."""
+    from dit_pipeline.common.text_encoders import from_identity, identity_problems, load_text_encoder
 
     identity = (recorded or {}).get("encoder") or {}
-    if spec:
+    if spec and identity.get("name"):
+        encoder = load_text_encoder(spec, max_length=int(identity["max_length"]), device=device,
+                                    dtype=identity.get("dtype"))
+        problems = identity_problems(identity, encoder)
+        if problems:
+            raise UserError(f"--text-encoder {spec} is not the text encoder {ckpt} was trained with "
+                            f"({identity['name']}): " + "; ".join(problems) + ". Drop --text-encoder to use the "
+                            "recorded one, or pass that encoder")
+    elif spec:
         encoder = load_text_encoder(spec, device=device)
     elif identity.get("name"):
         encoder = from_identity(identity, device=device, where=f"the checkpoint {ckpt}")
