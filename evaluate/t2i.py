@@ -146,7 +146,24 @@ def sample_prompts(source: Any, prompts_file: str | None) -> tuple[list[PromptRe
         raise UserError(f"SAMPLES {source.path} has {source.count} images but {origin} has {len(records)} prompts; "
                         "they must be aligned, one prompt per sample in the samples' order (write a prompt once per "
                         "image generated from it; a folder's images are in sorted path order)")
+    if prompts_file is not None:
+        _check_against_record(source, records, origin)
     return records, origin
+
+
+def _check_against_record(source: Any, records: list[PromptRecord], origin: str) -> None:
+    """--prompts FILE against the prompts dit-sample recorded with the samples, where it did (issue 47: `cat f f` in
+    place of each prompt repeated has the right count and scored mismatched pairs without a word): the same prompt
+    for every sample, or a UserError naming the first index that differs."""
+    found, where = _recorded_prompts(source.path, source.kind)
+    if found is None:
+        return
+    recorded = [p.get("prompt") if isinstance(p, dict) else p for p in found]
+    for i, (given, made) in enumerate(zip(records, recorded)):
+        if not isinstance(made, str) or given["prompt"].strip() != made.strip():
+            raise UserError(f"{origin}: sample {i} was generated from {made!r} ({where}), but the file gives "
+                            f"{given['prompt']!r}; give the prompts in the samples' order (each prompt once per "
+                            "sample made from it), or drop --prompts to score with the recorded ones")
 
 
 def prepare_records(names: Sequence[str], records: list[PromptRecord], origin: str,
