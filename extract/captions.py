@@ -8,7 +8,8 @@ Sources (`--captions`):
   folder, as ImageNet recaption sets name images) and gives one or more captions under `--caption-keys` (a
   string or a list of strings each; e.g. long and short captions, all kept and drawn at training time);
 - `sidecar`: a caption file beside each image, same name with `.txt` (the whole file is one caption) or `.json`
-  (an object with the caption keys); in a WebDataset tar the sample's `.txt` / `.json` member (BLIP3o's layout,
+  (an object with the caption keys), identified in the record by their names and contents, so an edited caption
+  file is a changed source as an edited mapping file is; in a WebDataset tar the sample's `.txt` / `.json` member (BLIP3o's layout,
   as NanoGen's loader reads it: the `txt` member decoded as UTF-8 and stripped).
 
 The policy (never a silent drop; each count lands in the manifest's captions record, each skip in `skipped`):
@@ -327,10 +328,11 @@ def sidecar_index(root: str | Path, rel_paths: Sequence[str]) -> CaptionIndex:
             rel = f"{folder}/{name}" if folder else name
             if name.lower().endswith(CAPTION_SUFFIXES) and not name.startswith(".") and rel not in owner:
                 _note(unmatched, f"{rel} (no image named {name.rsplit('.', 1)[0]}.*)")
-    h = hashlib.sha256("\n".join(entries).encode("utf-8", "surrogateescape")).hexdigest()
     blob, offsets = _blob(entries)
-    record = {"kind": SIDECAR, "file": None, "sha256": h, "keys": list(DEFAULT_CAPTION_KEYS),
-              "note": "caption files are identified by their names (sha256 of the list), not their contents"}
+    record = {"kind": SIDECAR, "file": None, "sha256": _sidecar_digest(root, entries),
+              "keys": list(DEFAULT_CAPTION_KEYS),
+              "note": "sha256 over each image's caption file name and bytes, in image order: an edited caption "
+                      "changes the record, so a rerun is refused as an edited mapping file is"}
     return CaptionIndex(SIDECAR, record, blob, offsets, unmatched)
 
 
@@ -362,6 +364,22 @@ def check_coverage(index: CaptionIndex, example_path: str, flag: str = "--captio
     else:
         cause = f"{n - covered} samples of the tars have no .txt or .json member"
     raise UserError(f"{head} (fewer than {MIN_COVERAGE:.0%}): {cause} (nothing was written)")
+
+
+def _sidecar_digest(root: Path, entries: Sequence[str]) -> str:
+    """sha256 over (name, size, bytes) of each image's caption file in image order ("" for none), so that editing a
+    caption file changes the extraction record as editing a mapping file does (issue 47: the edit was kept out of
+    a rerun that kept the finished shards); an unreadable file hashes as its name alone (the worker skips it)."""
+    h = hashlib.sha256()
+    for entry in entries:
+        h.update(entry.encode("utf-8", "surrogateescape") + b"\0")
+        if entry:
+            try:
+                data = (root / entry).read_bytes()
+            except OSError:
+                data = b""
+            h.update(len(data).to_bytes(8, "little") + data)
+    return h.hexdigest()
 
 
 def captions_record(index: CaptionIndex, shards: Sequence[dict[str, Any]]) -> dict[str, Any]:

@@ -102,3 +102,36 @@ def test_text_extraction_refuses_a_set_without_samples(tmp_path, tiny_vae_dir, t
                             "caption, see its manifest's 'skipped'); extract the latents again with captions "
                             "(--caption-keys naming the keys that hold them)")
     assert not (tmp_path / "text").exists()
+
+
+def test_an_edited_caption_file_is_a_changed_source_as_an_edited_mapping_file_is(tmp_path, tiny_vae_dir):
+    """Issue 47 (ok case): editing a caption file beside an image and rerunning kept the old caption ("keeping 4
+    finished shards"); the same edit in a JSONL was refused. Both are refused now, with the same message."""
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    for i in range(3):
+        draw_image(0, i, (40, 36)).save(flat / f"im{i}.jpg")
+        (flat / f"im{i}.txt").write_text(f"a photo number {i}")
+    caps = tmp_path / "caps.jsonl"
+    caps.write_text("".join(json.dumps({"path": f"im{i}.jpg", "caption": f"a photo number {i}"}) + "\n"
+                            for i in range(3)))
+    messages = {}
+    for source in ("sidecar", str(caps)):
+        out = tmp_path / f"out-{source == 'sidecar'}"
+        kw = dict(data_path=str(flat), out=str(out), vae=str(tiny_vae_dir), captions=source, **LATENT)
+        run_extract(ExtractConfig(**kw))
+        before = {p.name: p.read_bytes() for p in out.glob("shard-*.tar")}
+        run_extract(ExtractConfig(**kw))  # unchanged: resumed, nothing redone
+        if source == "sidecar":
+            (flat / "im1.txt").write_text("an edited caption")
+        else:
+            caps.write_text(caps.read_text().replace("a photo number 1", "an edited caption"))
+        with pytest.raises(Exception) as e:
+            run_extract(ExtractConfig(**kw))
+        messages[source == "sidecar"] = str(e.value).replace(str(out), "OUT")
+        assert {p.name: p.read_bytes() for p in out.glob("shard-*.tar")} == before  # nothing lost
+    assert messages[True].startswith("--out OUT: holds a shard set made with a different configuration:\n  - "
+                                     "captions.sha256: ")
+    assert messages[False].startswith("--out OUT: holds a shard set made with a different configuration:\n  - "
+                                      "captions.sha256: ")
+    assert messages[True].endswith("pass --overwrite to delete it and start over (nothing was changed).")
