@@ -153,3 +153,38 @@ def test_make_ref_onto_a_full_disk_is_one_line_and_leaves_nothing(tmp_path, monk
     assert r.exit_code == 1 and r.output.strip().splitlines()[-1].startswith(f"error: cannot write --out {out}: No "
                                                                              "space left on device")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.jsonl", "val"]
+
+
+def test_imf_against_a_make_ref_reference_uses_its_own_resize(tmp_path):
+    """Issue 47 (ok case): `--protocol adm,imf` against a `--make-ref` reference computed iMF's distance from
+    iMF-resized sample features against the reference's TF1-resized statistics. The reference records its resize:
+    where the protocol's differs, the statistics come from its images under the protocol's network (said in the
+    notes), and a statistics-only file made with the other resize is refused."""
+    ref = _ref(tmp_path)
+    samples = np.random.default_rng(1).integers(0, 256, (6, 16, 16, 3), dtype=np.uint8)
+    np.savez(tmp_path / "s.npz", arr_0=samples)
+    r = CliRunner().invoke(eval_main, [str(tmp_path / "s.npz"), "--ref", str(ref), "--protocol", "adm,imf",
+                                       "--quiet", *FAST])
+    assert r.exit_code == 0, r.output
+    secs = json.loads((tmp_path / "s.npz.eval.json").read_text())["protocols"]
+    assert secs["adm"]["reference_statistics"] == "precomputed"
+    assert secs["imf"]["reference_statistics"] == "computed from its images"
+    assert secs["imf"]["notes"] == [f"{ref}: its statistics were made with the tf1 resize; protocol imf resizes as "
+                                    "imf, so they are computed from its images' features"]
+    model, _ = load_inception(None, random_seed=0, input_size=75, resize="imf")
+    with np.load(ref) as z:
+        _, mine = local_features(model, [(list(range(5)), z["arr_0"])], "cpu")
+    _, theirs = local_features(model, [(list(range(6)), samples)], "cpu")
+    want = M.frechet_distance_eigvals(M.statistics(mine["pool"]), M.statistics(theirs["pool"]))
+    assert abs(secs["imf"]["numbers"]["fd_rand"] - want) <= 1e-6 * max(1.0, abs(want))
+    # the statistics alone (no images to recompute from): refused before any feature work
+    with np.load(ref) as z:
+        np.savez(tmp_path / "stats.npz", **{k: z[k] for k in z.files if k != "arr_0"})
+    r = CliRunner().invoke(eval_main, [str(tmp_path / "s.npz"), "--ref", str(tmp_path / "stats.npz"), "--protocol",
+                                       "imf", "--quiet", "--json", str(tmp_path / "x.json"), *FAST])
+    assert r.exit_code == 1
+    assert r.output.strip().splitlines()[-1] == (
+        f"error: REF {tmp_path / 'stats.npz'} holds statistics made with the tf1 resize, but this protocol resizes as "
+        "imf: their distance mixes two inputs of the network. Pass the images it was made from, or make it with this "
+        "protocol's network")
+    assert not (tmp_path / "x.json").exists()
