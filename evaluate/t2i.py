@@ -271,5 +271,15 @@ def format_t2i(results: dict[str, Any]) -> list[str]:
             extra = f" (correct images, NanoGen's number); overall {r['overall']:.6f} (mean of tasks: {tasks})"
         elif key == "dpg_bench":
             extra = " (" + ", ".join(f"{k} {v:.4f}" for k, v in r["level1"].items()) + ")"
-        lines.append(f"{r['name']}: {r['value']:.6f}{extra}")
+        lines.append(f"{r['name']}: {r['value']:.6f}{extra}{_by(r.get('models'))}")
     return lines
+
+
+def _by(models: dict[str, Any] | None) -> str:
+    """", with clip NAME (weights sha256 ...)": the models a number came from (issue 47: the console never named
+    the CLIP model)."""
+    from dit_pipeline.evaluate.clip import describe_model
+
+    if not models:
+        return ""
+    return ", with " + ", ".join(f"{k} {describe_model(v) if isinstance(v, dict) else v}" for k, v in models.items())
