@@ -328,9 +328,7 @@ def _load_model(cfg: EvalConfig, protocol: EvalProtocol,
     return first[0] if first else load_protocol_network(protocol, cfg.inception, **kwargs)
 
 
-SHOWN = {"inception_score": "Inception Score", "fid": "FID", "sfid": "sFID", "precision": "Precision",
-         "recall": "Recall", "fd_dinov2": "FD_DINOv2", "is_rand": "IS-rand (not IS)", "precision_rand": "Precision-rand",
-         "recall_rand": "Recall-rand"}
+SHOWN = {"fid": "FID", "sfid": "sFID", "fd_dinov2": "FD_DINOv2", **labels.SCORE_LABELS}
 DISTANCE_DECIMALS = 6  # printed FID, sFID, FD_DINOv2, IS, precision, recall: papers give 2; the JSON keeps every digit
 
 

@@ -140,10 +140,23 @@ def test_make_ref_onto_a_full_disk_is_one_line_and_leaves_nothing(tmp_path, monk
     r = CliRunner().invoke(eval_main, ["--make-ref", str(val), "--image-size", "16", "--out", str(out), "--quiet",
                                        *FAST])
     assert r.exit_code == 1 and "Traceback" not in r.output
-    assert r.output.strip().splitlines()[-1] == (
+    message = r.output.strip().splitlines()[-1]
+    assert message.startswith(
         f"error: cannot write --out {out}: No space left on device (injected at eval.make_ref_write) (the disk is "
-        "full); nothing was written. Free space or pass --out on another disk (it needs about 0 MiB)")
+        "full); nothing was written. Free space or pass --out on another disk (it needs at least ")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["val"]
+    # the size said is the file's (issue 47: "about 0 MiB" counted the images alone)
+    monkeypatch.delenv("DIT_FAULT")
+    faults._counts.clear()
+    made = tmp_path / "made" / "ref.npz"
+    made.parent.mkdir()
+    assert CliRunner().invoke(eval_main, ["--make-ref", str(val), "--image-size", "16", "--out", str(made),
+                                          "--quiet", *FAST]).exit_code == 0
+    said = float(message.rsplit("at least ", 1)[1].removesuffix(" MiB)"))
+    assert made.stat().st_size > 2**25 and 0 <= made.stat().st_size / 2**20 - said < 0.1
+    made.unlink()
+    made.parent.rmdir()
+    monkeypatch.setenv("DIT_FAULT", "eval.make_ref_write:enospc")
     # a captioned reference: its prompts file, written first, goes too
     captions = tmp_path / "c.jsonl"
     captions.write_text("".join(f'{{"file": "{i}.png", "caption": "gray {i}"}}\n' for i in range(3)))
