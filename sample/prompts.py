@@ -53,9 +53,10 @@ class TextSampling:
         self.null_text, self.null_mask = null["text"][0], null["text_mask"][0]
 
     def _encode(self, texts: list[str]) -> dict[str, torch.Tensor]:
-        """float32 features zero past each prompt's length, padded to the longest (the training batches' layout)."""
+        """Features in the encoder's dtype (bfloat16 for Qwen3, as NanoGen samples), zero past each prompt's
+        length, padded to the longest (the training batches' layout)."""
         with torch.no_grad():
-            text, mask = self.encoder.encode(texts).as_batch(torch.float32)
+            text, mask = self.encoder.encode(texts).as_batch()
         return {"text": text.to(self.device), "text_mask": mask.to(self.device)}
 
     def conditioning(self, model: Any) -> Any:
