@@ -140,22 +140,27 @@ def ratio_part(a: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
 BLIP3O_SPLITS = {"long-caption": 27_200_000, "short-caption": 4_770_000, "journeydb": 4_280_000}
 
 
-def mix_part(a: argparse.Namespace, work: Path) -> dict[str, Any]:
-    """Qwen3-0.6B features of NanoGen's T2I mix at true length: long-caption at the bench's "long" mean, short at
-    "short", JourneyDB (Midjourney prompts; no published mean length here) between the two."""
+def mix_part(a: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
+    """Qwen3-0.6B features of NanoGen's T2I mix at true length: the short-caption split at the bench's "short"
+    lengths, the long-caption split at the bench's "long" lengths and then at fixed mean lengths (its real mean is
+    not known here), JourneyDB (Midjourney prompts; no mean length known here) between the short and the long."""
     dim, max_length, special = ENCODERS["Qwen3-0.6B (NanoGen)"]
-    per = {}
-    for kind in ("long", "short"):
-        lens, _ = caption_lengths(kind, a.samples, sigma=a.sigma, special=special, max_length=max_length)
-        per[kind] = text_bytes(work, [[int(x)] for x in lens], dim) / a.samples
+    lens, _ = caption_lengths("short", a.samples, sigma=a.sigma, special=special, max_length=max_length)
+    short = text_bytes(work, [[int(x)] for x in lens], dim) / a.samples
+    lens, _ = caption_lengths("long", a.samples, sigma=a.sigma, special=special, max_length=max_length)
+    longs = {f"{CAPTIONS['long']:.0f} (the bench's long)": text_bytes(work, [[int(x)] for x in lens], dim) / a.samples}
+    longs.update({str(m): text_bytes(work, [[m]] * 64, dim) / 64 for m in (100, 150, 200)})
     padded = text_bytes(work, [[max_length]] * 64, dim) / 64
     total = sum(BLIP3O_SPLITS.values())
-    fixed = BLIP3O_SPLITS["long-caption"] * per["long"] + BLIP3O_SPLITS["short-caption"] * per["short"]
-    low, high = (fixed + BLIP3O_SPLITS["journeydb"] * per[k] for k in ("short", "long"))
-    return {"samples": total, "long_share": BLIP3O_SPLITS["long-caption"] / total, "bytes_long": per["long"],
-            "bytes_short": per["short"], "tib_low": low / 2 ** 40, "tib_high": high / 2 ** 40,
-            "tib_all_short": total * per["short"] / 2 ** 40, "tib_all_long": total * per["long"] / 2 ** 40,
-            "tib_padded": total * padded / 2 ** 40}
+    rows = []
+    for mean, long in longs.items():
+        fixed = BLIP3O_SPLITS["long-caption"] * long + BLIP3O_SPLITS["short-caption"] * short
+        low, high = (fixed + BLIP3O_SPLITS["journeydb"] * b for b in (short, long))
+        rows.append({"long_mean": mean, "samples": total, "long_share": BLIP3O_SPLITS["long-caption"] / total,
+                     "tib_low": low / 2 ** 40, "tib_high": high / 2 ** 40, "ratio_low": low / (total * padded),
+                     "ratio_high": high / (total * padded), "tib_all_short": total * short / 2 ** 40,
+                     "tib_padded": total * padded / 2 ** 40})
+    return rows
 
 
 QWEN_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
@@ -351,11 +356,15 @@ def main(argv: list[str] | None = None) -> None:
             for r in rows:
                 print(f"| {r['encoder']} ({r['max_length']}) | {r['tokens']} | {r['ratio']:.3f} |")
         if "mix" in a.parts:
-            out["mix"] = m = mix_part(a, work)
+            out["mix"] = rows = mix_part(a, work)
+            m = rows[0]
             print(f"\nNanoGen's T2I mix: {m['samples'] / 1e6:.2f}M samples, {m['long_share']:.0%} long captions; "
-                  f"Qwen3-0.6B features at true length {m['tib_low']:.2f}-{m['tib_high']:.2f} TiB (JourneyDB at the "
-                  f"short..long mean); all short {m['tib_all_short']:.2f} TiB, all long {m['tib_all_long']:.2f} TiB, "
-                  f"padded {m['tib_padded']:.1f} TiB")
+                  f"Qwen3-0.6B features padded {m['tib_padded']:.1f} TiB, all captions short "
+                  f"{m['tib_all_short']:.2f} TiB\n| long-caption mean tokens | TiB at true length (JourneyDB short..long) "
+                  "| true / padded |\n|---|---|---|")
+            for r in rows:
+                print(f"| {r['long_mean']} | {r['tib_low']:.2f}-{r['tib_high']:.2f} | "
+                      f"{r['ratio_low']:.3f}-{r['ratio_high']:.3f} |")
         if "real" in a.parts:
             out["real"] = rows = real_part(a, work)
             print("\n| prompts | captions | encoder | words | tokens (mean) | tokens / word | p95 | max | truncated "
