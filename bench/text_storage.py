@@ -21,9 +21,22 @@ at the encoder's max length (counted as truncated):
           with at most 128 new tokens) -> mean 64 tokens
   short   the web alt-texts they replace (same paper): mean about 10.2 words -> mean 13 tokens
 
+  ratio     the true / padded ratio as a function of the mean caption length: real shards whose every caption
+            has m tokens, for m from 8 to the max length, per encoder (the ratio is about m / max length plus the
+            per-sample tar and .npy headers, whatever the distribution's spread below the max length)
+  real      token counts of real caption text (--prompts FILE, repeatable: e.g. GenEval's evaluation_metadata.jsonl,
+            PartiPrompts, DPG-Bench's prompts) with the real tokenizers at hand: Qwen3's byte-level BPE from its
+            151,643 merge ranks (--qwen-tiktoken FILE: the `qwen.tiktoken` file the `dashscope` package ships, read
+            with the `tiktoken` package; Qwen3's regular vocabulary and pre-tokenizer pattern, NFC-normalized as
+            Qwen2TokenizerFast does) and CLIP's BPE (the `open_clip_torch` package's bundled vocabulary), each with its
+            special tokens; and the bytes of their features at true length vs padded
+  mix       NanoGen's T2I training mix (its BLIP3o splits, the sizes of its own dataset code) in TiB at true length,
+            at the stated mean lengths per split
+
     python bench/text_storage.py                                   # bytes + step + extract (2 layers)
     python bench/text_storage.py --parts bytes --samples 2000
     python bench/text_storage.py --parts extract --layers 4 --captions 64
+    python bench/text_storage.py --parts ratio mix real --prompts geneval.jsonl parti.txt --qwen-tiktoken qwen.tiktoken
 """
 from __future__ import annotations
 
@@ -100,6 +113,107 @@ def bytes_part(a: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
                      "trimmed_bytes": tb, "padded_bytes": pb, "ratio": tb / pb,
                      "trimmed_gib_per_m": tb * 1e6 / 2 ** 30, "padded_gib_per_m": pb * 1e6 / 2 ** 30,
                      "vs_latents": tb / SD_VAE_POSTERIOR_BYTES})
+    return rows
+
+
+RATIO_MEANS = (8, 16, 32, 64, 100, 128, 150, 200, 256)  # tokens per caption, every caption of a row alike
+
+
+def ratio_part(a: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
+    """True / padded bytes per sample of real shards whose every caption has m tokens (one caption each)."""
+    rows = []
+    n = max(64, a.samples // 10)
+    for enc, (dim, max_length, _) in ENCODERS.items():
+        padded = text_bytes(work, [[max_length]] * n, dim) / n
+        for m in RATIO_MEANS:
+            m_cut = min(m, max_length)
+            true = text_bytes(work, [[m_cut]] * n, dim) / n
+            rows.append({"encoder": enc, "tokens": m_cut, "max_length": max_length, "ratio": true / padded,
+                         "bytes": true, "padded_bytes": padded})
+            if m >= max_length:
+                break
+    return rows
+
+
+# NanoGen's BLIP3o splits (End2End-Diffusion/diffusion-bench src/data/blip3o_wds_dataset.py l.10-14,
+# BLIP3O_METADATA num_samples), which its T2I training configs combine (journeydb, long-caption, short-caption)
+BLIP3O_SPLITS = {"long-caption": 27_200_000, "short-caption": 4_770_000, "journeydb": 4_280_000}
+
+
+def mix_part(a: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
+    """Qwen3-0.6B features of NanoGen's T2I mix at true length: the short-caption split at the bench's "short"
+    lengths, the long-caption split at the bench's "long" lengths and then at fixed mean lengths (its real mean is
+    not known here), JourneyDB (Midjourney prompts; no mean length known here) between the short and the long."""
+    dim, max_length, special = ENCODERS["Qwen3-0.6B (NanoGen)"]
+    lens, _ = caption_lengths("short", a.samples, sigma=a.sigma, special=special, max_length=max_length)
+    short = text_bytes(work, [[int(x)] for x in lens], dim) / a.samples
+    lens, _ = caption_lengths("long", a.samples, sigma=a.sigma, special=special, max_length=max_length)
+    longs = {f"{CAPTIONS['long']:.0f} (the bench's long)": text_bytes(work, [[int(x)] for x in lens], dim) / a.samples}
+    longs.update({str(m): text_bytes(work, [[m]] * 64, dim) / 64 for m in (100, 150, 200)})
+    padded = text_bytes(work, [[max_length]] * 64, dim) / 64
+    total = sum(BLIP3O_SPLITS.values())
+    rows = []
+    for mean, long in longs.items():
+        fixed = BLIP3O_SPLITS["long-caption"] * long + BLIP3O_SPLITS["short-caption"] * short
+        low, high = (fixed + BLIP3O_SPLITS["journeydb"] * b for b in (short, long))
+        rows.append({"long_mean": mean, "samples": total, "long_share": BLIP3O_SPLITS["long-caption"] / total,
+                     "tib_low": low / 2 ** 40, "tib_high": high / 2 ** 40, "ratio_low": low / (total * padded),
+                     "ratio_high": high / (total * padded), "tib_all_short": total * short / 2 ** 40,
+                     "tib_padded": total * padded / 2 ** 40})
+    return rows
+
+
+QWEN_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
+                r"""\s*[\r\n]+|\s+(?!\S)|\s+""")  # Qwen2TokenizerFast's pre-tokenizer split, Qwen3's too
+
+
+def real_tokenizers(a: argparse.Namespace) -> dict[str, tuple[Any, str]]:
+    """{encoder name in ENCODERS: (tokens-of-a-caption function, what it is)} for the real tokenizers at hand."""
+    import unicodedata
+
+    out: dict[str, tuple[Any, str]] = {}
+    if a.qwen_tiktoken:
+        import base64
+
+        import tiktoken
+
+        ranks = {base64.b64decode(tok): int(rank) for tok, rank in
+                 (line.split() for line in Path(a.qwen_tiktoken).read_bytes().splitlines() if line)}
+        enc = tiktoken.Encoding("qwen", pat_str=QWEN_PATTERN, mergeable_ranks=ranks, special_tokens={})
+        out["Qwen3-0.6B (NanoGen)"] = (lambda t: len(enc.encode_ordinary(unicodedata.normalize("NFC", t))),
+                                       f"Qwen's byte-level BPE ({len(ranks):,} ranks), no special tokens")
+    try:
+        import open_clip
+    except ImportError:
+        pass
+    else:
+        clip = open_clip.get_tokenizer("ViT-L-14")
+        out["CLIP-L/14 text"] = (lambda t: len(clip.encode(open_clip.tokenizer.clean_text(t) if hasattr(
+            open_clip.tokenizer, "clean_text") else t)) + 2, "CLIP's BPE (open_clip's bundled vocabulary) + BOS, EOS")
+    return out
+
+
+def real_part(a: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
+    """Per prompt file and real tokenizer: token counts and the bytes of the features at true length vs padded."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from dit_pipeline.common.prompts import read_prompts
+
+    tokenizers = real_tokenizers(a)
+    rows = []
+    for file in a.prompts or []:
+        texts = [r["prompt"] for r in read_prompts(file)]
+        words = np.array([len(t.split()) for t in texts])
+        for enc, (count, what) in tokenizers.items():
+            dim, max_length, _ = ENCODERS[enc]
+            raw = np.array([count(t) for t in texts])
+            kept = np.minimum(raw, max_length)
+            true = text_bytes(work, [[int(x)] for x in kept], dim) / len(texts)
+            padded = text_bytes(work, [[max_length]] * 64, dim) / 64
+            rows.append({"file": Path(file).name, "captions": len(texts), "encoder": enc, "tokenizer": what,
+                         "mean_words": float(words.mean()), "mean_tokens": float(kept.mean()),
+                         "tokens_per_word": float(raw.sum() / max(1, words.sum())),
+                         "p95_tokens": float(np.percentile(raw, 95)), "max_tokens": int(raw.max()),
+                         "truncated": float((raw > max_length).mean()), "ratio": true / padded, "bytes": true})
     return rows
 
 
@@ -212,7 +326,10 @@ def extract_part(a: argparse.Namespace, work: Path, device: str = "cpu") -> list
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--parts", nargs="+", choices=["bytes", "step", "extract"], default=["bytes", "step", "extract"])
+    p.add_argument("--parts", nargs="+", choices=["bytes", "step", "extract", "ratio", "real", "mix"],
+                   default=["bytes", "step", "extract"])
+    p.add_argument("--prompts", nargs="+", default=None, help="real caption text for --parts real (prompt files)")
+    p.add_argument("--qwen-tiktoken", default=None, help="Qwen's BPE ranks (qwen.tiktoken) for --parts real")
     p.add_argument("--samples", type=int, default=1000, help="samples per storage measurement")
     p.add_argument("--sigma", type=float, default=0.35, help="log-space spread of the caption lengths (assumed)")
     p.add_argument("--captions", type=int, default=32, help="captions per extraction-rate run")
@@ -233,6 +350,29 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"| {r['encoder']} | {r['captions']} | {r['mean_tokens']:.1f} | {r['truncated']:.1%} | "
                       f"{r['trimmed_bytes']:,.0f} | {r['padded_bytes']:,.0f} | {r['ratio']:.3f} | "
                       f"{r['trimmed_gib_per_m']:,.1f} | {r['padded_gib_per_m']:,.1f} | {r['vs_latents']:.1f}x |")
+        if "ratio" in a.parts:
+            out["ratio"] = rows = ratio_part(a, work)
+            print("\n| encoder (max length) | tokens per caption | true / padded bytes |\n|---|---|---|")
+            for r in rows:
+                print(f"| {r['encoder']} ({r['max_length']}) | {r['tokens']} | {r['ratio']:.3f} |")
+        if "mix" in a.parts:
+            out["mix"] = rows = mix_part(a, work)
+            m = rows[0]
+            print(f"\nNanoGen's T2I mix: {m['samples'] / 1e6:.2f}M samples, {m['long_share']:.0%} long captions; "
+                  f"Qwen3-0.6B features padded {m['tib_padded']:.1f} TiB, all captions short "
+                  f"{m['tib_all_short']:.2f} TiB\n| long-caption mean tokens | TiB at true length (JourneyDB short..long) "
+                  "| true / padded |\n|---|---|---|")
+            for r in rows:
+                print(f"| {r['long_mean']} | {r['tib_low']:.2f}-{r['tib_high']:.2f} | "
+                      f"{r['ratio_low']:.3f}-{r['ratio_high']:.3f} |")
+        if "real" in a.parts:
+            out["real"] = rows = real_part(a, work)
+            print("\n| prompts | captions | encoder | words | tokens (mean) | tokens / word | p95 | max | truncated "
+                  "| true / padded |\n" + "|---" * 10 + "|")
+            for r in rows:
+                print(f"| {r['file']} | {r['captions']} | {r['encoder']} | {r['mean_words']:.1f} | "
+                      f"{r['mean_tokens']:.1f} | {r['tokens_per_word']:.2f} | {r['p95_tokens']:.0f} | "
+                      f"{r['max_tokens']} | {r['truncated']:.1%} | {r['ratio']:.3f} |")
         if "step" in a.parts:
             out["step"] = s = step_part()
             print(f"\nQwen3-0.6B forward at 256 tokens: {s['text_gflop']:.1f} GFLOP per caption; DiT-XL/2 training "

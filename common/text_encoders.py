@@ -22,9 +22,10 @@ token). Every encoder runs the same rule, which is how the releases call theirs:
 Why padded to max_length: with right padding and a mask, a caption's own positions never see the padding, but
 the kernels' shapes do; encoding at the release's padded shape and trimming afterwards gives exactly the
 release's numbers at the caption's positions (the test with NanoGen's rule asserts it bit for bit), while a
-shorter padded shape changes the last bits. `TextFeatures.as_batch()` is what a trainer consumes: float32,
-zero past each caption's length, padded to the batch's longest caption, the layout of the cached features in a
-batch (train.data.Batch.text / text_mask).
+shorter padded shape changes the last bits. `TextFeatures.as_batch()` is what a trainer consumes: the encoder's
+dtype (bfloat16 for Qwen3, as NanoGen feeds its network: no widening, so the network's RMSNorm rounds as NanoGen's
+does), zero past each caption's length, padded to the batch's longest caption, the layout of the cached features
+in a batch (train.data.Batch.text / text_mask).
 """
 from __future__ import annotations
 
@@ -87,9 +88,11 @@ class TextFeatures:
         """[length_i, D]: caption i's features at its true length (no padding)."""
         return self.tokens[i, :self.lengths[i]]
 
-    def as_batch(self, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
-        """(text [N, Lmax, D] in `dtype`, zero past each caption's length; mask [N, Lmax] bool), Lmax = the
-        longest caption here: the layout of a training batch's text (train.data.Batch.text, text_mask)."""
+    def as_batch(self, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(text [N, Lmax, D] in `dtype` (default: the encoder's, as stored in a text set), zero past each caption's
+        length; mask [N, Lmax] bool), Lmax = the longest caption here: the layout of a training batch's text
+        (train.data.Batch.text, text_mask)."""
+        dtype = self.tokens.dtype if dtype is None else dtype
         lmax = max(self.lengths, default=0)
         mask = self.mask[:, :lmax]
         text = torch.where(mask[..., None], self.tokens[:, :lmax].to(dtype), torch.zeros((), dtype=dtype,
@@ -97,13 +100,13 @@ class TextFeatures:
         return text, mask
 
 
-def pad_batch(rows: Sequence[Any], dim: int, *, out: torch.Tensor | None = None
+def pad_batch(rows: Sequence[Any], dim: int, *, out: torch.Tensor | None = None, dtype: torch.dtype = torch.float32
               ) -> tuple[torch.Tensor, torch.Tensor]:
-    """float32 features of several captions, each [length_i, D] (numpy or torch, widened exactly), as a batch:
-    (text [N, Lmax, D] zero past each length, mask [N, Lmax] bool). `out`: a [N, Lmax, D] float32 buffer to fill."""
+    """The features of several captions, each [length_i, D] (numpy or torch), as a batch in `dtype`: (text [N, Lmax,
+    D] zero past each length, mask [N, Lmax] bool). `out`: a [N, Lmax, D] buffer to fill (its dtype is used)."""
     lengths = [int(r.shape[0]) for r in rows]
     lmax = max(lengths, default=0)
-    text = out if out is not None else torch.empty((len(rows), lmax, dim), dtype=torch.float32)
+    text = out if out is not None else torch.empty((len(rows), lmax, dim), dtype=dtype)
     text.zero_()
     mask = torch.zeros((len(rows), lmax), dtype=torch.bool)
     for i, (r, n) in enumerate(zip(rows, lengths)):

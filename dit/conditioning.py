@@ -84,7 +84,8 @@ class TextTokens:
             if null_text.dim() != 2 or null_text.shape[1] != self.dim or null_mask.shape != null_text.shape[:1]:
                 raise ValueError(f"the empty prompt's features must be [L, {self.dim}] with a mask [L], got "
                                  f"{list(null_text.shape)} and {list(null_mask.shape)}")
-            null_text, null_mask = null_text.float(), null_mask.bool()
+            # in the encoder's dtype, as the batches' features (bfloat16 for Qwen3: NanoGen's precision)
+            null_text, null_mask = null_text if null_text.is_floating_point() else null_text.float(), null_mask.bool()
         self.null_text, self.null_mask = null_text, null_mask
 
     @property
@@ -100,27 +101,31 @@ class TextTokens:
     def model_config(self) -> dict[str, Any]:
         return {"conditioning": self.name, "text_dim": self.dim}
 
-    def _null_rows(self, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    def _null_rows(self, n: int, device: torch.device, dtype: torch.dtype | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
         if self.null_text is None or self.null_mask is None:
             raise ValueError("this text conditioning has no null condition (the empty prompt's features); build it "
                              "with null_text and null_mask")
-        return (self.null_text.to(device)[None].expand(n, -1, -1),
+        return (self.null_text.to(device, dtype or self.null_text.dtype)[None].expand(n, -1, -1),
                 self.null_mask.to(device)[None].expand(n, -1))
 
     def batch_kwargs(self, batch: Any, drop: torch.Tensor | None, device: torch.device) -> Kwargs:
-        text = batch.text.to(device, non_blocking=True).float()
+        # the stored dtype (bfloat16 for Qwen3) reaches the network unwidened (issue 44 item 6: NanoGen's RMSNorm
+        # rounds its bfloat16 input's norm back to bfloat16; widening first changed a text model's output by 2.7e-4)
+        text = batch.text.to(device, non_blocking=True)
+        text = text if text.is_floating_point() else text.float()
         mask = batch.text_mask.to(device, non_blocking=True).bool()
         check_text(text, mask, self.dim)
         if drop is None:
             return {"text": text, "text_mask": mask}
-        null_text, null_mask = self._null_rows(text.shape[0], device)
+        null_text, null_mask = self._null_rows(text.shape[0], device, text.dtype)
         (text, mask), (null_text, null_mask) = pad_pair((text, mask), (null_text, null_mask))
         rows = drop.to(device).bool()
         return {"text": torch.where(rows[:, None, None], null_text, text),
                 "text_mask": torch.where(rows[:, None], null_mask, mask)}
 
     def null(self, kwargs: Mapping[str, Any]) -> Kwargs:
-        text, mask = self._null_rows(kwargs["text"].shape[0], kwargs["text"].device)
+        text, mask = self._null_rows(kwargs["text"].shape[0], kwargs["text"].device, kwargs["text"].dtype)
         return {"text": text, "text_mask": mask}
 
     def concat(self, a: Mapping[str, Any], b: Mapping[str, Any]) -> Kwargs:

@@ -106,7 +106,10 @@ class ClassTokens(LabelEmbedder):
 
 
 class TextTokensEmbedder(nn.Module):
-    """proj(RMSNorm(features)): text features [N, L, text_dim] -> tokens [N, L, D]."""
+    """proj(RMSNorm(features)): text features [N, L, text_dim] -> tokens [N, L, D]. The features enter in the text
+    encoder's dtype (bfloat16 for Qwen3-0.6B), as NanoGen's ConditionEmbedder gets them (src/stage2/models/
+    model_utils.py l.129-130 with RMSNorm l.59-60): the norm is computed in float32 and rounded back to that dtype
+    before the weight, so widening them first would skip NanoGen's rounding."""
 
     def __init__(self, text_dim: int, hidden_size: int):
         super().__init__()
@@ -114,7 +117,8 @@ class TextTokensEmbedder(nn.Module):
         self.proj = nn.Linear(text_dim, hidden_size)
 
     def forward(self, text: torch.Tensor) -> torch.Tensor:
-        return self.proj(self.norm(text))
+        normed = self.norm(text)  # RMSNorm(x).type_as(x) * weight: float32 for float32 weights, as NanoGen's
+        return self.proj(normed.to(self.proj.weight.dtype))
 
 
 class EncoderBlock(nn.Module):
@@ -333,7 +337,7 @@ class InContextDiTDH(DiffusionTransformer):
                 raise ValueError(f"text of shape {list(text.shape)}: this model takes {n} rows of at most "
                                  f"{self.num_c_tokens} tokens")
             embedder = cast(TextTokensEmbedder, self.ctx_embedder)
-            return embedder(text.to(embedder.proj.weight.dtype)), text_mask.bool()
+            return embedder(text), text_mask.bool()
         return None, None
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None,

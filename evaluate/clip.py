@@ -17,7 +17,9 @@ tests/evaluate/test_t2i_clip.py checks both against transformers' own processors
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
@@ -108,14 +110,25 @@ def load_clip(spec: str, device: torch.device | str = "cpu", what: str = "--clip
     """CLIPModel, its tokenizer and its image settings from a hub id or a local folder (see the module docstring)."""
     from transformers import AutoImageProcessor, AutoTokenizer, CLIPModel
 
+    from dit_pipeline.common.vae import _hub_offline_reason
+
+    local = Path(spec).expanduser().is_dir() or spec.startswith(("/", ".", "~"))  # a path, found or not
+    offline = None if local else _hub_offline_reason()
+    kw = {"local_files_only": True} if offline else {}
     try:
-        model = CLIPModel.from_pretrained(spec)
-        tokenizer = AutoTokenizer.from_pretrained(spec)
-        proc = AutoImageProcessor.from_pretrained(spec)
+        model = CLIPModel.from_pretrained(spec, **kw)
+        tokenizer = AutoTokenizer.from_pretrained(spec, **kw)
+        proc = AutoImageProcessor.from_pretrained(spec, **kw)
     except (OSError, ValueError) as e:
+        why = str(e).splitlines()[0][:300]
+        if offline:  # issue 47: the message asked for "a hub id such as openai/clip-vit-large-patch14", the id given
+            raise UserError(f"{what} {spec}: not a local folder and not in the Hugging Face cache, and the hub was not "
+                            f"asked ({offline}); pass a folder written by save_pretrained, or fill the cache where "
+                            f"there is a network (huggingface-cli download {spec})") from None
+        other = "a folder written by save_pretrained" if local or spec == DEFAULT_CLIP else \
+            f"a hub id such as {DEFAULT_CLIP} or a folder written by save_pretrained"
         raise UserError(f"{what} {spec}: cannot load a CLIP model, its tokenizer and its image processor from it "
-                        f"({str(e).splitlines()[0][:300]}); give a hub id such as {DEFAULT_CLIP} or a folder "
-                        "written by save_pretrained") from None
+                        f"({why}); give {other}") from None
     dev = torch.device(device)
     model = model.float().eval().to(dev)
     model.requires_grad_(False)
@@ -126,7 +139,42 @@ def load_clip(spec: str, device: torch.device | str = "cpu", what: str = "--clip
                         "the CLIP preprocessing needs a shortest_edge resize and a height x width center crop")
     ident = {"name": spec, "class": type(model).__name__, "projection_dim": int(model.config.projection_dim),
              "image_size": int(model.config.vision_config.image_size), "short_edge": int(short),
-             "crop": [int(crop[0]), int(crop[1])], "commit": getattr(model.config, "_commit_hash", None)}
+             "crop": [int(crop[0]), int(crop[1])], "commit": getattr(model.config, "_commit_hash", None),
+             "weights_sha256": weights_sha256(spec)}
     return Clip(model, tokenizer, int(short), (int(crop[0]), int(crop[1])),
                 torch.tensor(list(proc.image_mean), dtype=torch.float32, device=dev),
                 torch.tensor(list(proc.image_std), dtype=torch.float32, device=dev), dev, ident)
+
+
+def weights_sha256(spec: str) -> str | None:
+    """sha256 over (name, sha256) of the weight files a CLIP loads from (its .safetensors files, which transformers
+    prefers, else its .bin files), in a local folder or the hub cache's snapshot of `spec`; None where none is found.
+    Recorded with the scores, so a number names the exact weights, not just a folder or hub name."""
+    from dit_pipeline.common.io import sha256_file
+
+    folder = Path(spec).expanduser()
+    if not folder.is_dir():
+        try:
+            from huggingface_hub import try_to_load_from_cache
+        except ImportError:
+            return None
+        found = next((f for f in (try_to_load_from_cache(spec, n) for n in ("model.safetensors", "pytorch_model.bin",
+                                                                              "model.safetensors.index.json"))
+                      if isinstance(f, str)), None)
+        if found is None:
+            return None
+        folder = Path(found).parent
+    files = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("*.bin"))
+    if not files:
+        return None
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f"{f.name}\t{sha256_file(f)}\n".encode())
+    return h.hexdigest()
+
+
+def describe_model(identity: dict[str, Any]) -> str:
+    """"NAME (weights sha256 0123456789ab...)", or with its hub commit where no weight file was found."""
+    sha, commit = identity.get("weights_sha256"), identity.get("commit")
+    return f"{identity.get('name')}" + (f" (weights sha256 {sha[:12]}...)" if sha else
+                                       f" (commit {commit})" if commit else "")

@@ -272,11 +272,10 @@ class FidHook:
         name = names[f"{key}_name"]
         dino = f", {names['fd_dinov2_name']} {numbers['fd_dinov2']:.4g}" if "fd_dinov2_name" in names else ""
         what = f"{name} {numbers['fid']:.4g}" if seed is None else f"{name} {numbers['fid']:.4g} ({L.random_note(seed)})"
-        get_logger().info("step %d: %s [protocol adm; %d samples vs %s; %s, guidance %s] (sFID %s, IS %s, "
-                          "precision %s, recall %s%s) in %.1f s", ctx.step, what, self.num_samples, record["fid_ref"],
-                          L.sampled_by(run["sampling"]), run["guidance"], _fmt(numbers["sfid"]),
-                          _fmt(numbers["inception_score"]), _fmt(numbers["precision"]), _fmt(numbers["recall"]),
-                          dino, record["fid_seconds"])
+        others = ", ".join(f"{short} {_fmt(numbers[k])}" for k, short in L.short_names(seed).items())
+        get_logger().info("step %d: %s [protocol adm; %d samples vs %s; %s, guidance %s] (%s%s) in %.1f s", ctx.step,
+                          what, self.num_samples, record["fid_ref"], L.sampled_by(run["sampling"]), run["guidance"],
+                          others, dino, record["fid_seconds"])
         return record
 
     def resolve_protocol(self, ctx: HookContext) -> protocols.Protocol:

@@ -24,6 +24,10 @@ RANDOM_KEYS = {"fid": "fd_rand", "sfid": "sfd_rand", "inception_score": "is_rand
                "recall": "recall_rand"}
 _RANDOM_SHORT = {"fid": "FD", "sfid": "sFD"}
 FID_KEYS = ("fid", "fd_rand")  # where a record holds its FID-like number
+# the numbers that are not distances, as tables and printouts name them: a random Inception's under names of
+# their own (dit-eval's printout, dit-report's table)
+SCORE_LABELS = {"inception_score": "Inception Score", "precision": "Precision", "recall": "Recall",
+                "is_rand": "IS-rand (not IS)", "precision_rand": "Precision-rand", "recall_rand": "Recall-rand"}
 
 
 def count_label(n: int) -> str:
@@ -54,6 +58,15 @@ def metric_names(n: int, random_seed: int | None = None) -> dict[str, str]:
 def fid_key(record: dict[str, Any]) -> str | None:
     """The key of the FID-like number a record holds ("fid", or "fd_rand" for a random Inception's), None if none."""
     return next((k for k in FID_KEYS if record.get(k) is not None), None)
+
+
+def short_names(random_seed: int | None = None) -> dict[str, str]:
+    """The short names of a log line's other numbers: sFID, IS, precision, recall, or a random Inception's
+    sFD-rand0, IS-rand, precision-rand, recall-rand (issue 47: its log line said "(sFID ..., IS ...)")."""
+    if random_seed is None:
+        return {"sfid": "sFID", "inception_score": "IS", "precision": "precision", "recall": "recall"}
+    return {"sfid": f"sFD-rand{random_seed}", "inception_score": "IS-rand", "precision": "precision-rand",
+            "recall": "recall-rand"}
 
 
 def random_note(seed: int) -> str:

@@ -47,6 +47,11 @@ def check_output(out: str | Path, captioned: bool = False) -> Path:
     return path
 
 
+def _mib(nbytes: int) -> str:
+    """"32.1 MiB", "3.8 KiB" (issue 47: a 32.1 MiB file was said to need "about 0 MiB", its images alone)."""
+    return f"{nbytes / 2**20:.1f} MiB" if nbytes >= 2**20 // 10 else f"{nbytes / 2**10:.1f} KiB"
+
+
 def write_reference(images: np.ndarray, out: Path, *, inception: str | None = None, batch_size: int = 64,
                     device: torch.device | str = "cpu", random_seed: int | None = None, input_size: int = 299,
                     quiet: bool = False, log: logging.Logger | None = None,
@@ -66,6 +71,7 @@ def write_reference(images: np.ndarray, out: Path, *, inception: str | None = No
         _, feats = local_features(model, batches, torch.device(device), bar.update)
     pool, spatial = M.statistics(feats["pool"]), M.statistics(feats["spatial"])
     prompts = None
+    needed = images.nbytes + sum(np.asarray(a).nbytes for a in (pool.mu, pool.sigma, spatial.mu, spatial.sigma))
     try:
         if records is not None:
             assert len(records) == len(images), (len(records), len(images))
@@ -79,6 +85,6 @@ def write_reference(images: np.ndarray, out: Path, *, inception: str | None = No
             Path(prompts).unlink(missing_ok=True)
         full = " (the disk is full)" if e.errno == errno.ENOSPC else ""
         raise UserError(f"cannot write --out {out}: {e.strerror or e}{full}; nothing was written. Free space or "
-                        f"pass --out on another disk (it needs about {images.nbytes / 2**20:.0f} MiB)") from None
+                        f"pass --out on another disk (it needs at least {_mib(needed)})") from None
     return {"path": str(out), "count": int(len(images)), "image_size": int(images.shape[1]), "extractor": ident,
             "bytes": out.stat().st_size, "prompts": str(prompts) if prompts else None}

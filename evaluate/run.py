@@ -42,22 +42,30 @@ class Side:
 
     source: Source
     features: dict[str, np.ndarray] | None
+    stored: bool = True  # its precomputed statistics apply (False: made with another resize, see stored_applies)
 
     def stats(self, key: str) -> M.Statistics | None:
-        if key in self.source.stats:
+        if _precomputed(self, key) is not None:
             return self.source.stats[key]
         if self.features is None or key not in self.features:
             return None
         return M.statistics(self.features[key])
 
 
+def _precomputed(side: Side, key: str) -> M.Statistics | None:
+    """The side's stored statistics under `key` where they apply (Side.stored), else None."""
+    if key in side.source.stats and (side.stored or side.features is None):
+        return side.source.stats[key]
+    return None
+
+
 def _fid(samples: Side, ref: Side, key: str) -> float | None:
     have = samples.features is not None and key in samples.features
-    if key not in samples.source.stats and key not in ref.source.stats and have and ref.features is not None \
-            and key in ref.features:
+    own, theirs = _precomputed(samples, key), _precomputed(ref, key)
+    if own is None and theirs is None and have and ref.features is not None and key in ref.features:
         return M.frechet_distance_of_features(samples.features[key], ref.features[key])
-    if key not in samples.source.stats and have and key in ref.source.stats:
-        return M.frechet_distance_to_statistics(samples.features[key], ref.source.stats[key])
+    if own is None and have and theirs is not None:
+        return M.frechet_distance_to_statistics(samples.features[key], theirs)
     pair = samples.stats(key), ref.stats(key)
     return None if None in pair else M.frechet_distance(*pair)
 
@@ -113,10 +121,28 @@ def check_network(src: Source, ident: dict[str, Any], what: str) -> str | None:
                         f"{describe_network(recorded)}, but this evaluation runs {describe_network(ident)}: their "
                         f"distance would mean nothing. Evaluate with the network that made it ({_flags(recorded)}), "
                         f"or make it again with this one (dit-eval --make-ref)")
+    if not stored_applies(src, ident) and src.kind in ("statistics", "features"):
+        raise UserError(f"{what} {src.path} holds {'features' if src.kind == 'features' else 'statistics'} made with "
+                        f"the {_resize(recorded)} resize, but this protocol resizes as {_resize(ident)}: their distance "
+                        "mixes two inputs of the network. Pass the images it was made from, or make it with this "
+                        "protocol's network")
     if src.kind == "features" and recorded.get("extractor") != ident.get("extractor"):
         raise UserError(f"{what} {src.path} holds features of {recorded.get('extractor')}, but this protocol extracts "
                         f"with {ident.get('extractor')}: pass the images instead of the features file")
     return None
+
+
+def _resize(ident: dict[str, Any] | None) -> str:
+    return str((ident or {}).get("resize") or "tf1")  # identities written before the imf resize: TF1's
+
+
+def stored_applies(src: Source, ident: dict[str, Any]) -> bool:
+    """Whether `src`'s precomputed statistics were made with the resize `ident` runs (issue 47: `--protocol adm,imf`
+    against a `--make-ref` reference computed iMF's distance from iMF-resized samples against the reference's
+    TF1-resized statistics). Where they were not and the file holds its images, the statistics are computed from
+    those images' features under the protocol's own network (Side.stored False); an unrecorded network is assumed
+    to apply (the published references record none)."""
+    return src.extractor is None or _resize(src.extractor) == _resize(ident)
 
 
 def _flags(ident: dict[str, Any]) -> str:
@@ -174,7 +200,13 @@ def _run(cfg: EvalConfig) -> dict[str, Any]:
                 if src.kind != "statistics":
                     feats = source_features(src, model, ident, batch_size=cfg.batch_size, device=device,
                                             use_cache=cfg.cache, quiet=cfg.quiet, log=log)
-                sides.append(Side(src, feats))
+                sides.append(Side(src, feats, stored=stored_applies(src, ident)))
+            for side in sides:
+                if not side.stored and "pool" in side.source.stats:
+                    notes.append(f"{side.source.path}: its statistics were made with the {_resize(side.source.extractor)}"
+                                 f" resize; protocol {name} resizes as {_resize(ident)}, so they are computed from its "
+                                 "images' features")
+                    log.info("%s", notes[-1])
             per_protocol[name] = (protocol, ident, sides, notes)
             del model
         dino = _dinov2_features(cfg, samples, ref, device, log) if cfg.fd_dinov2 else None
@@ -236,7 +268,8 @@ def protocol_section(protocol: EvalProtocol, ident: dict[str, Any], numbers: dic
             "fid_name": names.get(labels.record_key("fid", seed)), "metric_names": names,
             "proxy": seed is not None or samples.count != labels.PAPER_SAMPLES,
             "random_inception": seed, "reference_file": ref.path.name,
-            "reference_statistics": "precomputed" if "pool" in ref.stats else "computed from its images",
+            "reference_statistics": "precomputed" if "pool" in ref.stats and stored_applies(ref, ident)
+            else "computed from its images",
             "reference_provenance": ref.provenance, "sample_count": samples.count, "extractor": ident,
             "network": describe_network(ident), "notes": notes}
 
@@ -295,9 +328,7 @@ def _load_model(cfg: EvalConfig, protocol: EvalProtocol,
     return first[0] if first else load_protocol_network(protocol, cfg.inception, **kwargs)
 
 
-SHOWN = {"inception_score": "Inception Score", "fid": "FID", "sfid": "sFID", "precision": "Precision",
-         "recall": "Recall", "fd_dinov2": "FD_DINOv2", "is_rand": "IS-rand (not IS)", "precision_rand": "Precision-rand",
-         "recall_rand": "Recall-rand"}
+SHOWN = {"fid": "FID", "sfid": "sFID", "fd_dinov2": "FD_DINOv2", **labels.SCORE_LABELS}
 DISTANCE_DECIMALS = 6  # printed FID, sFID, FD_DINOv2, IS, precision, recall: papers give 2; the JSON keeps every digit
 
 

@@ -146,7 +146,24 @@ def sample_prompts(source: Any, prompts_file: str | None) -> tuple[list[PromptRe
         raise UserError(f"SAMPLES {source.path} has {source.count} images but {origin} has {len(records)} prompts; "
                         "they must be aligned, one prompt per sample in the samples' order (write a prompt once per "
                         "image generated from it; a folder's images are in sorted path order)")
+    if prompts_file is not None:
+        _check_against_record(source, records, origin)
     return records, origin
+
+
+def _check_against_record(source: Any, records: list[PromptRecord], origin: str) -> None:
+    """--prompts FILE against the prompts dit-sample recorded with the samples, where it did (issue 47: `cat f f` in
+    place of each prompt repeated has the right count and scored mismatched pairs without a word): the same prompt
+    for every sample, or a UserError naming the first index that differs."""
+    found, where = _recorded_prompts(source.path, source.kind)
+    if found is None:
+        return
+    recorded = [p.get("prompt") if isinstance(p, dict) else p for p in found]
+    for i, (given, made) in enumerate(zip(records, recorded)):
+        if not isinstance(made, str) or given["prompt"].strip() != made.strip():
+            raise UserError(f"{origin}: sample {i} was generated from {made!r} ({where}), but the file gives "
+                            f"{given['prompt']!r}; give the prompts in the samples' order (each prompt once per "
+                            "sample made from it), or drop --prompts to score with the recorded ones")
 
 
 def prepare_records(names: Sequence[str], records: list[PromptRecord], origin: str,
@@ -254,5 +271,15 @@ def format_t2i(results: dict[str, Any]) -> list[str]:
             extra = f" (correct images, NanoGen's number); overall {r['overall']:.6f} (mean of tasks: {tasks})"
         elif key == "dpg_bench":
             extra = " (" + ", ".join(f"{k} {v:.4f}" for k, v in r["level1"].items()) + ")"
-        lines.append(f"{r['name']}: {r['value']:.6f}{extra}")
+        lines.append(f"{r['name']}: {r['value']:.6f}{extra}{_by(r.get('models'))}")
     return lines
+
+
+def _by(models: dict[str, Any] | None) -> str:
+    """", with clip NAME (weights sha256 ...)": the models a number came from (issue 47: the console never named
+    the CLIP model)."""
+    from dit_pipeline.evaluate.clip import describe_model
+
+    if not models:
+        return ""
+    return ", with " + ", ".join(f"{k} {describe_model(v) if isinstance(v, dict) else v}" for k, v in models.items())

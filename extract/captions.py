@@ -8,7 +8,8 @@ Sources (`--captions`):
   folder, as ImageNet recaption sets name images) and gives one or more captions under `--caption-keys` (a
   string or a list of strings each; e.g. long and short captions, all kept and drawn at training time);
 - `sidecar`: a caption file beside each image, same name with `.txt` (the whole file is one caption) or `.json`
-  (an object with the caption keys); in a WebDataset tar the sample's `.txt` / `.json` member (BLIP3o's layout,
+  (an object with the caption keys), identified in the record by their names and contents, so an edited caption
+  file is a changed source as an edited mapping file is; in a WebDataset tar the sample's `.txt` / `.json` member (BLIP3o's layout,
   as NanoGen's loader reads it: the `txt` member decoded as UTF-8 and stripped).
 
 The policy (never a silent drop; each count lands in the manifest's captions record, each skip in `skipped`):
@@ -17,8 +18,12 @@ The policy (never a silent drop; each count lands in the manifest's captions rec
 - caption text that is not UTF-8 (or a `.json` caption that does not parse) is dropped and counted
   (`dropped_undecodable`); in a mapping file it is refused naming the file and line, since the whole file is
   then suspect;
-- an image left without a caption is skipped like an undecodable image (reason "no caption: ..."; counted as
-  `uncaptioned`; `--strict` makes it an error naming the file);
+- an image left without a caption is skipped like an undecodable image (reason "no caption: ...", naming the caption
+  keys a mapping record lacks; counted as `uncaptioned`; `--strict` makes it an error naming the file);
+- a source that gives a caption to fewer than 1% of the images (`MIN_COVERAGE`: a wrong --caption-keys, paths that
+  name no image of --data-path, no caption files) is refused before anything is written, naming the keys its
+  records do have (`check_coverage`): such a set would be verified with no samples, and on ImageNet walk 1.28M
+  images for nothing;
 - a caption without an image (a mapping record naming no image of --data-path, a caption file or tar sample
   without an image) is counted (`unmatched`, with the first examples) and logged;
 - the same image named twice in a mapping file, or one tar key twice, is refused naming the file and both
@@ -46,6 +51,7 @@ SIDECAR = "sidecar"
 CAPTION_SUFFIXES = (".txt", ".json")
 MAX_EXAMPLES = 10
 NO_CAPTION = "no caption"
+MIN_COVERAGE = 0.01  # a source that captions fewer of the images is refused (check_coverage)
 
 
 @dataclass(frozen=True)
@@ -114,6 +120,8 @@ class CaptionIndex:
     offsets: np.ndarray | None = None
     unmatched: dict[str, Any] = field(default_factory=lambda: {"count": 0, "examples": []})
     members: Any = None                         # webdataset: the tars' TarMembers (extract/webdataset.py)
+    record_keys: tuple[str, ...] = ()           # mapping: the keys its records hold (named when none has a caption)
+    records: int = 0                            # mapping: how many records the file holds
 
     def __len__(self) -> int:
         assert self.offsets is not None
@@ -126,14 +134,19 @@ class CaptionIndex:
     def head(self, n: int) -> "CaptionIndex":
         if self.offsets is None or n >= len(self):
             return self
-        return CaptionIndex(self.kind, self.record, self.blob, self.offsets[:n + 1], self.unmatched, self.members)
+        return CaptionIndex(self.kind, self.record, self.blob, self.offsets[:n + 1], self.unmatched, self.members,
+                            self.record_keys, self.records)
 
     def candidates(self, root: str, rel_path: str, index: int) -> tuple[list[str | bytes | None], str]:
         """(the raw captions of image `index`, how to name their source in a skip reason)."""
         entry = self.entry(index)
         if self.kind == "mapping":
             file = self.record["file"]
-            return (json.loads(entry), f"its record in {file}") if entry else ([], f"no record in {file}")
+            if not entry:
+                return [], f"no record in {file}"
+            caps = json.loads(entry)
+            keys = ", ".join(self.record["keys"])
+            return caps, (f"its record in {file}" if caps else f"its record in {file} has no caption under {keys}")
         if self.kind == "webdataset":
             tar = rel_path.split("/", 1)[0]
             return self._tar_candidates(entry), (f"its caption in {tar}" if entry else
@@ -276,7 +289,8 @@ def mapping_index(file: str | Path, rel_paths: Sequence[str], keys: Sequence[str
     blob, offsets = _blob(entries)
     record = {"kind": "mapping", "file": str(path.resolve()), "sha256": sha256_file(path), "keys": list(keys),
               "path_key": path_key}
-    return CaptionIndex("mapping", record, blob, offsets, unmatched)
+    seen = sorted({k for _, rec in records for k in rec})
+    return CaptionIndex("mapping", record, blob, offsets, unmatched, record_keys=tuple(seen), records=len(records))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -314,11 +328,58 @@ def sidecar_index(root: str | Path, rel_paths: Sequence[str]) -> CaptionIndex:
             rel = f"{folder}/{name}" if folder else name
             if name.lower().endswith(CAPTION_SUFFIXES) and not name.startswith(".") and rel not in owner:
                 _note(unmatched, f"{rel} (no image named {name.rsplit('.', 1)[0]}.*)")
-    h = hashlib.sha256("\n".join(entries).encode("utf-8", "surrogateescape")).hexdigest()
     blob, offsets = _blob(entries)
-    record = {"kind": SIDECAR, "file": None, "sha256": h, "keys": list(DEFAULT_CAPTION_KEYS),
-              "note": "caption files are identified by their names (sha256 of the list), not their contents"}
+    record = {"kind": SIDECAR, "file": None, "sha256": _sidecar_digest(root, entries),
+              "keys": list(DEFAULT_CAPTION_KEYS),
+              "note": "sha256 over each image's caption file name and bytes, in image order: an edited caption "
+                      "changes the record, so a rerun is refused as an edited mapping file is"}
     return CaptionIndex(SIDECAR, record, blob, offsets, unmatched)
+
+
+def check_coverage(index: CaptionIndex, example_path: str, flag: str = "--captions") -> None:
+    """Refuse a source that gives a caption to fewer than MIN_COVERAGE of the images (before anything is written),
+    with the cause: no record names an image, the records hold none of --caption-keys (naming the keys they hold),
+    no caption files or members. Counts the candidates only (the caption policy may still drop some)."""
+    assert index.offsets is not None
+    n = len(index)
+    sizes = np.diff(index.offsets)
+    covered = int((sizes > (2 if index.kind == "mapping" else 0)).sum())  # a mapping's "[]": a record, no caption
+    if n == 0 or covered >= max(1, int(np.ceil(MIN_COVERAGE * n))):
+        return
+    head = f"{flag} {index.record.get('file') or index.kind} gives a caption to {covered} of the {n} images"
+    if index.kind == "mapping":
+        named = int((sizes > 0).sum())
+        if named == 0:
+            first = index.unmatched["examples"][0] if index.unmatched["examples"] else "none"
+            cause = (f"none of its {index.records} records names one of them (first: {first}); name each image by "
+                     f"its path relative to --data-path (e.g. {example_path}) or by its file name")
+        else:
+            keys = ", ".join(index.record["keys"])
+            cause = (f"its records name {named} of them, but {named - covered} of those hold nothing under "
+                     f"--caption-keys {keys}; the records' keys are {', '.join(index.record_keys)}: pass the ones "
+                     "that hold captions as --caption-keys")
+    elif index.kind == SIDECAR:
+        cause = (f"{n - covered} have no caption file beside them (<name>.txt, or <name>.json with a 'caption' or "
+                 "'captions' key)")
+    else:
+        cause = f"{n - covered} samples of the tars have no .txt or .json member"
+    raise UserError(f"{head} (fewer than {MIN_COVERAGE:.0%}): {cause} (nothing was written)")
+
+
+def _sidecar_digest(root: Path, entries: Sequence[str]) -> str:
+    """sha256 over (name, size, bytes) of each image's caption file in image order ("" for none), so that editing a
+    caption file changes the extraction record as editing a mapping file does (issue 47: the edit was kept out of
+    a rerun that kept the finished shards); an unreadable file hashes as its name alone (the worker skips it)."""
+    h = hashlib.sha256()
+    for entry in entries:
+        h.update(entry.encode("utf-8", "surrogateescape") + b"\0")
+        if entry:
+            try:
+                data = (root / entry).read_bytes()
+            except OSError:
+                data = b""
+            h.update(len(data).to_bytes(8, "little") + data)
+    return h.hexdigest()
 
 
 def captions_record(index: CaptionIndex, shards: Sequence[dict[str, Any]]) -> dict[str, Any]:

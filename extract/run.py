@@ -87,6 +87,10 @@ def find_images(cfg: ExtractConfig) -> ImageList:
 def scan_images(cfg: ExtractConfig) -> ImageList:
     """The image list (after --limit), identical on every rank or a UserError."""
     images = find_images(cfg).head(cfg.limit)
+    if images.captions is not None:  # a wrong --caption-keys or paths: refused before a byte is written
+        from dit_pipeline.extract.captions import check_coverage
+
+        check_coverage(images.captions, images.paths[0] if images.paths else "")
     if images.captions is not None and images.captions.unmatched["count"] and dist.is_main():
         u = images.captions.unmatched
         log.warning("--captions: %d caption record(s) name no image of --data-path (counted in the manifest), e.g. "

@@ -110,6 +110,10 @@ def _setup(cfg: ExtractConfig, held: list[RunLock]) -> TextJob:
         what = "a text set" if source.is_text else "a shard set without captions"
         raise UserError(f"--data-path {folder}: {what}; --text-encoder encodes the captions of a latent set "
                         "extracted with --captions")
+    if source.total_samples == 0:
+        raise UserError(f"--data-path {folder}: the set holds no samples ({source.captions.get('uncaptioned', 0)} "
+                        "images were skipped without a caption, see its manifest's 'skipped'); extract the latents "
+                        "again with captions (--caption-keys naming the keys that hold them)")
     device = dist.device()
     encoder = load_text_encoder(cfg.text_encoder or "", max_length=cfg.text_max_length, device=device,
                                 revision=cfg.text_revision)

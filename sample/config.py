@@ -46,12 +46,17 @@ WEIGHTS = ("ema", "model")
 EXPORT_TARGETS = ("diffusers", "safetensors")
 
 
-def guidance_inert(conditions: str, has_null: bool, protocol: str | None = None) -> str | None:
+def guidance_inert(conditions: str, has_null: bool, protocol: str | None = None, *,
+                   unconditional: bool = False) -> str | None:
     """Why classifier-free guidance settings do nothing (None: they act). `conditions`: the model's time input
     (dit/conditions.py); `has_null`: whether it was trained with label dropout (so it has a null class);
-    `protocol`: the sampling protocol (dit/protocols.py) whose guidance rule may be none."""
+    `protocol`: the sampling protocol (dit/protocols.py) whose guidance rule may be none; `unconditional`: a model
+    conditioned on nothing (dit/conditioning.py NoCondition), which has no null to guide against either."""
     if conditions == "meanflow":
         return "a MeanFlow model trains its guidance in (omega, kappa of its training); its sampler takes none"
+    if not has_null and unconditional:
+        return ("the model is unconditional (trained with --conditioning none), so it has no null condition to guide "
+                "against")
     if not has_null and conditions != "imf":  # iMF's guidance is its network's omega input, not the null class
         return "the model has no null class (trained without class dropout), so classifier-free guidance is impossible"
     if protocol in PROTOCOLS and PROTOCOLS[protocol].guidance.rule == "none":

@@ -53,9 +53,10 @@ class TextSampling:
         self.null_text, self.null_mask = null["text"][0], null["text_mask"][0]
 
     def _encode(self, texts: list[str]) -> dict[str, torch.Tensor]:
-        """float32 features zero past each prompt's length, padded to the longest (the training batches' layout)."""
+        """Features in the encoder's dtype (bfloat16 for Qwen3, as NanoGen samples), zero past each prompt's
+        length, padded to the longest (the training batches' layout)."""
         with torch.no_grad():
-            text, mask = self.encoder.encode(texts).as_batch(torch.float32)
+            text, mask = self.encoder.encode(texts).as_batch()
         return {"text": text.to(self.device), "text_mask": mask.to(self.device)}
 
     def conditioning(self, model: Any) -> Any:
@@ -81,13 +82,24 @@ class TextSampling:
 
 def load_sampling_encoder(spec: str | None, recorded: dict[str, Any] | None, text_dim: int, ckpt: str,
                           device: torch.device) -> Any:
-    """The text encoder of dit-sample --prompt: --text-encoder, else the one the checkpoint records (rebuilt from its
-    identity and checked against it: common.text_encoders.from_identity); UserError when neither names one or its
-    width is not the model's."""
-    from dit_pipeline.common.text_encoders import from_identity, load_text_encoder
+    """The text encoder of dit-sample --prompt: the one the checkpoint records (rebuilt from its identity and checked
+    against it: common.text_encoders.from_identity), or --text-encoder: where the checkpoint records an encoder, it
+    is loaded with the recorded max length and dtype and must be that encoder (a copy in another folder, or the
+    hub's), compared as a changed folder is (issue 47: a T5 on a Qwen3-trained model sampled without a word, and
+    the model's own encoder named again lost its max length); with no record (a release file), it is the one used.
+    UserError when neither names one, or a width not the model's."""
+    from dit_pipeline.common.text_encoders import from_identity, identity_problems, load_text_encoder
 
     identity = (recorded or {}).get("encoder") or {}
-    if spec:
+    if spec and identity.get("name"):
+        encoder = load_text_encoder(spec, max_length=int(identity["max_length"]), device=device,
+                                    dtype=identity.get("dtype"))
+        problems = identity_problems(identity, encoder)
+        if problems:
+            raise UserError(f"--text-encoder {spec} is not the text encoder {ckpt} was trained with "
+                            f"({identity['name']}): " + "; ".join(problems) + ". Drop --text-encoder to use the "
+                            "recorded one, or pass that encoder")
+    elif spec:
         encoder = load_text_encoder(spec, device=device)
     elif identity.get("name"):
         encoder = from_identity(identity, device=device, where=f"the checkpoint {ckpt}")

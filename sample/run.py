@@ -219,6 +219,11 @@ def _with_cfg_channels(cfg: SampleConfig, loaded: LoadedModel, log: Any) -> Samp
     """`cfg` with --cfg-channels resolved to the value used ("3", "all" or "N"; auto: the protocol's, else the
     model's rule, sample.generate.cfg_channels_for), which the outputs record."""
     setting = str(cfg.cfg_channels)
+    if cfg.guidance_model:  # AutoGuidance: v_weak + s (v - v_weak) on every channel (sample.generate.guided_model_fn)
+        if setting not in ("auto", "all"):
+            raise UserError(f"--cfg-channels {setting}: AutoGuidance (--guidance-model) guides every latent channel; "
+                            "drop --cfg-channels")
+        return dataclasses.replace(cfg, cfg_channels="all")
     if cfg.protocol is not None and setting == "auto":
         setting = protocols.protocol(cfg.protocol).guidance.channels
     try:
@@ -238,14 +243,20 @@ def _with_cfg_scale(cfg: SampleConfig, loaded: LoadedModel, log: Any) -> SampleC
     (guidance on a MeanFlow model, one without a null class, or under a protocol without guidance; a guidance
     interval or guided channels where nothing is guided) is refused with the reason, never recorded and ignored."""
     conditions = str(loaded.config.get("conditions", "t"))
+    unconditional = loaded.model.condition_kind == "none"  # no null condition, whatever its recorded dropout
     # AutoGuidance (--guidance-model) guides with a weaker network, not the null class
-    has_null = float(loaded.config.get("class_dropout_prob", 0.1)) > 0 or bool(cfg.guidance_model)
-    inert = guidance_inert(conditions, has_null, cfg.protocol)
+    has_null = (float(loaded.config.get("class_dropout_prob", 0.1)) > 0 and not unconditional) \
+        or bool(cfg.guidance_model)
+    inert = guidance_inert(conditions, has_null, cfg.protocol, unconditional=unconditional)
     default = protocols.protocol(cfg.protocol).guidance.scale if cfg.protocol is not None else DEFAULT_CFG_SCALE
     try:
         scale = resolve_cfg_scale(cfg.cfg_scale, default, inert, "--cfg-scale")
     except ValueError as e:
         raise UserError(str(e)) from None
+    if cfg.guidance_model and (inert or not scale > 1.0):  # issue 47: loaded, recorded and equal to no guidance
+        why = inert or (f"AutoGuidance at scale {scale:g} is the model alone (v_weak + 1 (v - v_weak) = v)")
+        raise UserError(f"--guidance-model {cfg.guidance_model} does nothing here: {why}; drop --guidance-model"
+                        + ("" if inert else " or pass --cfg-scale > 1"))
     problems = []
     if inert and cfg.guidance_interval is not None:
         other = ", or drop --protocol to choose every setting" if inert.startswith("--protocol") else ""

@@ -22,8 +22,10 @@ so the stream of every rank is a deterministic function of (seed, epoch, rank, d
   `captions=True` the caption strings themselves travel (for a trainer that encodes online with
   common.text_encoders). Which caption a sample uses is `caption_index(seed, epoch, key, K)`: a pure function of
   (seed, epoch, key), so cached and online runs draw the same caption. A batch pads the features to its longest
-  caption (`Batch.text` [B, L, D] float32, zero past each length; `Batch.text_mask` [B, L] bool, True = a real
-  token; common.text_encoders.pad_batch);
+  caption (`Batch.text` [B, L, D] in the text set's stored dtype, bfloat16 for Qwen3, never widened here: the
+  network's text norm rounds as NanoGen's does on its encoder's output; zero past each length; `Batch.text_mask`
+  [B, L] bool, True = a real token), in a slot of the epoch's TextPool when the batch's latents have one
+  (train/pool.py);
 - resuming at rank micro-batch k replays the readers and drops their first batches without batching them,
   and rotates the DataLoader workers so batch k still comes from worker k % W;
 - in loader workers a batch is made directly in shared memory, in an output slot the worker reuses once the
@@ -49,7 +51,7 @@ from dit_pipeline.shards import (LatentSample, Manifest, ShardError, ShardRecord
 from dit_pipeline.train.latents import (LatentSpec, Pending, Scratch, build_latents, build_pixels, build_teacher,
                                         epoch_seed, mix_seed, pending)
 from dit_pipeline.train.partition import EpochPlan, interleave_seed, loader_seed, shuffle_seed
-from dit_pipeline.train.pool import BatchPool, PooledBatch, shared_empty
+from dit_pipeline.train.pool import BatchPool, PooledBatch, TextPool, longest_caption, shared_empty, text_batch
 from dit_pipeline.train.signals import ignore_in_worker, workers_start_blocked
 from dit_pipeline.train.stages import (ReaderEvent, SkippedShard, batches_and_events, errors_as_events, interleave,
                                        micro_batches, resume_skip, shuffle_buffer)
@@ -233,7 +235,7 @@ class Batch(NamedTuple):
     # longest caption (zero past each length), and which tokens are real; or the drawn caption strings, for a
     # trainer that encodes them online (common.text_encoders.TextEncoder.encode(...).as_batch() gives the same
     # layout). The null condition is the text set's manifest.null_text() (or the encoder's null()).
-    text: torch.Tensor | None = None       # [B, L, D] float32
+    text: torch.Tensor | None = None       # [B, L, D] in the text set's stored dtype (bfloat16 for Qwen3)
     text_mask: torch.Tensor | None = None  # [B, L] bool, True = a real token
     captions: list[str] | None = None      # [B] the caption each sample uses this epoch
 
@@ -294,6 +296,7 @@ class EpochStream(IterableDataset):
         self.captions = captions  # each batch carries its caption strings (Batch.captions; a set with captions)
         self.spec = LatentSpec.from_manifest(source.manifest)
         self.pool: BatchPool | None = None  # set by make_loader before its workers start
+        self.text_pool: TextPool | None = None  # likewise, with a text set: its features' slots
 
     def __iter__(self) -> Iterator[Batch | ReaderEvent]:
         info = get_worker_info()
@@ -338,37 +341,36 @@ class EpochStream(IterableDataset):
             else:
                 yield pending(item, spec, base)  # stage 3: the view
 
-    def _text_fields(self, items: list[TextPending], in_worker: bool
-                     ) -> tuple[torch.Tensor | None, torch.Tensor | None, list[str] | None]:
-        """(text [B, L, D] float32 zero past each caption's length, text_mask [B, L], captions) of a micro-batch's
-        drawn captions; the stored values are widened straight into the batch (in shared memory in a worker)."""
-        from dit_pipeline.shards.npy import widen_into
-
-        text = mask = None
+    def _text_fields(self, items: list[TextPending], in_worker: bool, worker: int, pooled: bool
+                     ) -> tuple[torch.Tensor | None, torch.Tensor | None, list[str] | None, int | None,
+                                np.ndarray | None]:
+        """(text [B, L, D] in the stored dtype zero past each caption's length, text_mask [B, L], captions, TextPool
+        slot, lengths) of a micro-batch's drawn captions: the stored values copied as they are, into a TextPool slot
+        when the batch's latents have one (`pooled`; then text and mask are None, the lengths travel), else into
+        fresh memory (shared memory in a worker)."""
+        text = mask = lengths = None
+        slot: int | None = None
         if self.text is not None:
             m = self.text[1]
             rows = [it.text for it in items if it.text is not None]
-            lmax = max((r.shape[0] for r in rows), default=0)
-            shape = (len(rows), lmax, m.latent_shape[0])
-            text = shared_empty(shape) if in_worker else torch.empty(shape)
-            mask = torch.zeros(shape[:2], dtype=torch.bool)
-            out = text.numpy()
-            for i, r in enumerate(rows):
-                n = r.shape[0]
-                widen_into(out[i, :n], r, m.dtype)
-                out[i, n:] = 0
-                mask[i, :n] = True
+            if pooled and self.text_pool is not None and (slot := self.text_pool.acquire(worker)) is not None:
+                lengths = self.text_pool.write(slot, rows)
+                slot = slot if lengths is not None else None
+            if slot is None:
+                text, mask = text_batch(rows, m.latent_shape[0], m.dtype, shared=in_worker)
         caps = [it.caption for it in items if it.caption is not None] if self.captions else None
-        return text, mask, caps
+        return text, mask, caps, slot, lengths
 
     def _batch(self, items: list[Any], skipped: list, scratch: Scratch, worker: int) -> Batch | PooledBatch:
         """Stage 6: one micro-batch. In a loader worker the latents are made in shared memory, so they reach
         the main process without a copy: in a free slot of the epoch's BatchPool when there is one, else in
         fresh shared memory."""
         in_worker = get_worker_info() is not None
-        text = mask = caps = None
+        slot = self.pool.acquire(worker) if in_worker and self.pool is not None else None
+        text = mask = caps = lengths = None
+        text_slot: int | None = None
         if items and isinstance(items[0], TextPending):
-            text, mask, caps = self._text_fields(items, in_worker)
+            text, mask, caps, text_slot, lengths = self._text_fields(items, in_worker, worker, slot is not None)
             items = [it.item for it in items]
         labels = np.array([it.label for it in items], dtype=np.int64)
         keys = np.array([it.key for it in items], dtype=np.int64)
@@ -382,9 +384,9 @@ class EpochStream(IterableDataset):
             c, h, w = self.sibling[1].latent_shape
             teacher = build_teacher(items, self.sibling[1].dtype, shared_empty((len(items), h * w, c))
                                     if in_worker else None)
-        if in_worker and self.pool is not None and (slot := self.pool.acquire(worker)) is not None:
+        if slot is not None and self.pool is not None:
             build_latents(items, self.spec, self.pool.data[slot], scratch)
-            return PooledBatch(slot, labels, keys, skipped, pixels, teacher, text, mask, caps)
+            return PooledBatch(slot, labels, keys, skipped, pixels, teacher, text, mask, caps, text_slot, lengths)
         out = shared_empty((len(items), *self.spec.shape)) if in_worker else None
         return Batch(build_latents(items, self.spec, out, scratch), torch.from_numpy(labels),
                      torch.from_numpy(keys), skipped, pixels, teacher, text, mask, caps)
@@ -425,6 +427,10 @@ def make_loader(stream: EpochStream, *, num_workers: int, prefetch_factor: int, 
         return iter(stream)
     slots = prefetch_factor + 2 + math.ceil(stream.plan.accum / num_workers)
     stream.pool = pool = BatchPool(num_workers, slots, (stream.plan.micro_batch, *stream.spec.shape))
+    if stream.text is not None:  # the text set's features, in its stored dtype (train/pool.py TextPool)
+        m = stream.text[1]
+        stream.text_pool = TextPool(num_workers, slots, stream.plan.micro_batch, longest_caption(m),
+                                    int(m.latent_shape[0]), m.dtype)
     loader = DataLoader(stream, batch_size=None, collate_fn=_as_is, num_workers=num_workers,
                         prefetch_factor=prefetch_factor, pin_memory=pin_memory, persistent_workers=False,
                         in_order=True, worker_init_fn=ignore_in_worker, multiprocessing_context=worker_context(),
@@ -432,7 +438,7 @@ def make_loader(stream: EpochStream, *, num_workers: int, prefetch_factor: int, 
                                                                             stream.rank)))
     with workers_start_blocked():  # the workers are forked here
         items = iter(loader)
-    return _from_pool(items, pool, pin_memory)
+    return _from_pool(items, pool, pin_memory, stream.text_pool)
 
 
 def _as_is(item: Any) -> Any:
@@ -441,7 +447,8 @@ def _as_is(item: Any) -> Any:
     return item
 
 
-def _from_pool(items: Iterator[Any], pool: BatchPool, pin_memory: bool) -> Iterator[Batch | ReaderEvent]:
+def _from_pool(items: Iterator[Any], pool: BatchPool, pin_memory: bool,
+               text_pool: TextPool | None = None) -> Iterator[Batch | ReaderEvent]:
     """Turn PooledBatches into Batches (a pinned copy for the GPU, which frees the slot at once).
 
     Closing this generator shuts the loader workers down at once (not whenever the DataLoader iterator
@@ -452,9 +459,12 @@ def _from_pool(items: Iterator[Any], pool: BatchPool, pin_memory: bool) -> Itera
                 latents = pool.take(item.slot)
                 pixels = item.pixels.pin_memory() if pin_memory and item.pixels is not None else item.pixels
                 teacher = item.teacher.pin_memory() if pin_memory and item.teacher is not None else item.teacher
-                text = item.text.pin_memory() if pin_memory and item.text is not None else item.text
+                text, text_mask = item.text, item.text_mask
+                if item.text_slot is not None and text_pool is not None and item.text_lengths is not None:
+                    text, text_mask = text_pool.take_text(item.text_slot, item.text_lengths)
+                text = text.pin_memory() if pin_memory and text is not None else text
                 item = Batch(latents.pin_memory() if pin_memory else latents, torch.from_numpy(item.labels),
-                             torch.from_numpy(item.keys), item.skipped, pixels, teacher, text, item.text_mask,
+                             torch.from_numpy(item.keys), item.skipped, pixels, teacher, text, text_mask,
                              item.captions)
             yield item
     finally:

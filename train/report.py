@@ -64,7 +64,7 @@ def _evaluation(cfg: dict[str, Any], ev: dict[str, Any] | None) -> list[str]:
     rows = [f"| {names[k]} | {_num(ev.get(k))} |" for k in names if ev.get(k) is not None]
     score = ("inception_score", "precision", "recall") if key == "fid" else ("is_rand", "precision_rand",
                                                                             "recall_rand")
-    rows += [f"| {label} | {_num(ev.get(k))} |" for k, label in zip(score, ("Inception Score", "Precision", "Recall"))]
+    rows += [f"| {L.SCORE_LABELS[k]} | {_num(ev.get(k))} |" for k in score]  # a random Inception's: IS-rand ...
     run = ev.get("fid_run")
     if not isinstance(run, dict):
         head = (f"Step {ev['step']}: {ev.get('fid_num_samples')} samples against `{ev.get('fid_ref')}`. This run "

@@ -30,7 +30,7 @@ class TextSet:
     """A text set's side of a run (module docstring)."""
 
     identity: dict[str, Any]  # the text encoder's (common/text_encoders.py TextEncoder.identity)
-    null_text: torch.Tensor   # [L0, D] float32: the empty prompt's features
+    null_text: torch.Tensor   # [L0, D] in the set's stored dtype (the encoder's): the empty prompt's features
     null_mask: torch.Tensor   # [L0] bool
     dim: int
     max_length: int           # the encoder's token limit: the longest caption's features
@@ -44,8 +44,11 @@ class TextSet:
 
 def open_text_set(manifest: Any, folder: str = "") -> TextSet:
     """The text side of a text set's manifest (its `text_encoder` identity and `null_text()`)."""
+    from dit_pipeline.common.text_encoders import DTYPES
+
     identity = dict(manifest.text_encoder)
-    null = torch.as_tensor(manifest.null_text(), dtype=torch.float32)
+    # stored values, exact in float32, back in the stored dtype: the batches' features come in it (train/data.py)
+    null = torch.as_tensor(manifest.null_text(), dtype=torch.float32).to(DTYPES[manifest.dtype])
     dim = int(identity.get("dim") or null.shape[-1])
     null = null.reshape(-1, dim)
     return TextSet(identity, null, torch.ones(null.shape[0], dtype=torch.bool), dim,
@@ -61,7 +64,7 @@ def run_conditioning(model: Any, text: TextSet | None) -> Conditioning:
 class TextBatch(NamedTuple):
     """The features of a batch's captions (what TextTokens.batch_kwargs reads)."""
 
-    text: torch.Tensor       # [B, L, D] float32, zero past each caption's length
+    text: torch.Tensor       # [B, L, D] in the encoder's dtype, zero past each caption's length
     text_mask: torch.Tensor  # [B, L] bool
 
 
@@ -80,7 +83,7 @@ class BatchText:
             raise UserError("--text-features online needs the captions in the batches; this shard set's loader gives "
                             "none (extract it with its captions)")
         with torch.no_grad():
-            text, mask = self.encoder.encode(list(captions)).as_batch(torch.float32)
+            text, mask = self.encoder.encode(list(captions)).as_batch()  # the encoder's dtype, as cached
         return TextBatch(text, mask)
 
 

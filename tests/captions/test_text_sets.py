@@ -122,14 +122,15 @@ def test_loader_yields_padded_text_batches(captioned_set, qwen3_text_set, tiny_q
     drawn = {}
     for b in inline:
         lengths = b.text_mask.sum(1)
-        assert b.text.dtype == torch.float32 and b.text.shape[1] == int(lengths.max())
+        # the stored dtype, never widened in the loader (issue 47; issue 44 item 6: NanoGen feeds bfloat16)
+        assert b.text.dtype == torch.bfloat16 and b.text.shape[1] == int(lengths.max())
         for row, key in enumerate(b.keys.tolist()):
             k = f"{key:09d}"
             i = caption_index(3, 0, key, 2)
             feats = widen(stored[k].caption(i), "bfloat16")
             n = len(feats)
             assert int(lengths[row]) == n and bool(b.text_mask[row, :n].all()) and not b.text_mask[row, n:].any()
-            assert np.array_equal(b.text[row, :n].numpy(), feats) and not b.text[row, n:].any()
+            assert np.array_equal(b.text[row, :n].float().numpy(), feats) and not b.text[row, n:].any()
             assert b.captions[row] == caps[k][i]
             drawn[key] = i
     for a, b in zip(inline, forked):  # the same batches in this process and from a loader worker (shared memory)
@@ -142,7 +143,8 @@ def test_loader_yields_padded_text_batches(captioned_set, qwen3_text_set, tiny_q
     for b in inline:
         text, mask = enc.encode(b.captions).as_batch()
         assert torch.equal(mask, b.text_mask)
-        assert_close_at_scale(text, b.text, rel=2 ** -6, what="online vs cached batch")
+        assert text.dtype == b.text.dtype == torch.bfloat16
+        assert_close_at_scale(text.float(), b.text.float(), rel=2 ** -6, what="online vs cached batch")
     # Captions only (online mode), no text set: the same captions
     only = _batches(src, None, qwen3_text_set, workers=0, text=False)
     assert [b.captions for b in only] == [b.captions for b in inline] and all(b.text is None for b in only)

@@ -42,6 +42,8 @@ def test_fid_is_logged_and_training_is_unchanged(runs):
         assert 0 <= r["precision_rand"] <= 1 and 0 <= r["recall_rand"] <= 1 and r["fid_seconds"] > 0
         assert r["fid_num_samples"] == 4
     assert "step 2: FD-rand0-4 " in log and "not FID" in log and "step 2: FID" not in log
+    # the bracket names a random Inception's numbers as such (issue 47: it said "(sFID ..., IS ...)")
+    assert "(sFD-rand0 " in log and ", IS-rand " in log and ", precision-rand " in log and "(sFID " not in log
     # the reference's features were cached beside it, once
     assert len(list(fid.parent.glob(".ref.npz.*.features.npz"))) == 1
 

@@ -140,10 +140,23 @@ def test_make_ref_onto_a_full_disk_is_one_line_and_leaves_nothing(tmp_path, monk
     r = CliRunner().invoke(eval_main, ["--make-ref", str(val), "--image-size", "16", "--out", str(out), "--quiet",
                                        *FAST])
     assert r.exit_code == 1 and "Traceback" not in r.output
-    assert r.output.strip().splitlines()[-1] == (
+    message = r.output.strip().splitlines()[-1]
+    assert message.startswith(
         f"error: cannot write --out {out}: No space left on device (injected at eval.make_ref_write) (the disk is "
-        "full); nothing was written. Free space or pass --out on another disk (it needs about 0 MiB)")
+        "full); nothing was written. Free space or pass --out on another disk (it needs at least ")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["val"]
+    # the size said is the file's (issue 47: "about 0 MiB" counted the images alone)
+    monkeypatch.delenv("DIT_FAULT")
+    faults._counts.clear()
+    made = tmp_path / "made" / "ref.npz"
+    made.parent.mkdir()
+    assert CliRunner().invoke(eval_main, ["--make-ref", str(val), "--image-size", "16", "--out", str(made),
+                                          "--quiet", *FAST]).exit_code == 0
+    said = float(message.rsplit("at least ", 1)[1].removesuffix(" MiB)"))
+    assert made.stat().st_size > 2**25 and 0 <= made.stat().st_size / 2**20 - said < 0.1
+    made.unlink()
+    made.parent.rmdir()
+    monkeypatch.setenv("DIT_FAULT", "eval.make_ref_write:enospc")
     # a captioned reference: its prompts file, written first, goes too
     captions = tmp_path / "c.jsonl"
     captions.write_text("".join(f'{{"file": "{i}.png", "caption": "gray {i}"}}\n' for i in range(3)))
@@ -153,3 +166,38 @@ def test_make_ref_onto_a_full_disk_is_one_line_and_leaves_nothing(tmp_path, monk
     assert r.exit_code == 1 and r.output.strip().splitlines()[-1].startswith(f"error: cannot write --out {out}: No "
                                                                              "space left on device")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.jsonl", "val"]
+
+
+def test_imf_against_a_make_ref_reference_uses_its_own_resize(tmp_path):
+    """Issue 47 (ok case): `--protocol adm,imf` against a `--make-ref` reference computed iMF's distance from
+    iMF-resized sample features against the reference's TF1-resized statistics. The reference records its resize:
+    where the protocol's differs, the statistics come from its images under the protocol's network (said in the
+    notes), and a statistics-only file made with the other resize is refused."""
+    ref = _ref(tmp_path)
+    samples = np.random.default_rng(1).integers(0, 256, (6, 16, 16, 3), dtype=np.uint8)
+    np.savez(tmp_path / "s.npz", arr_0=samples)
+    r = CliRunner().invoke(eval_main, [str(tmp_path / "s.npz"), "--ref", str(ref), "--protocol", "adm,imf",
+                                       "--quiet", *FAST])
+    assert r.exit_code == 0, r.output
+    secs = json.loads((tmp_path / "s.npz.eval.json").read_text())["protocols"]
+    assert secs["adm"]["reference_statistics"] == "precomputed"
+    assert secs["imf"]["reference_statistics"] == "computed from its images"
+    assert secs["imf"]["notes"] == [f"{ref}: its statistics were made with the tf1 resize; protocol imf resizes as "
+                                    "imf, so they are computed from its images' features"]
+    model, _ = load_inception(None, random_seed=0, input_size=75, resize="imf")
+    with np.load(ref) as z:
+        _, mine = local_features(model, [(list(range(5)), z["arr_0"])], "cpu")
+    _, theirs = local_features(model, [(list(range(6)), samples)], "cpu")
+    want = M.frechet_distance_eigvals(M.statistics(mine["pool"]), M.statistics(theirs["pool"]))
+    assert abs(secs["imf"]["numbers"]["fd_rand"] - want) <= 1e-6 * max(1.0, abs(want))
+    # the statistics alone (no images to recompute from): refused before any feature work
+    with np.load(ref) as z:
+        np.savez(tmp_path / "stats.npz", **{k: z[k] for k in z.files if k != "arr_0"})
+    r = CliRunner().invoke(eval_main, [str(tmp_path / "s.npz"), "--ref", str(tmp_path / "stats.npz"), "--protocol",
+                                       "imf", "--quiet", "--json", str(tmp_path / "x.json"), *FAST])
+    assert r.exit_code == 1
+    assert r.output.strip().splitlines()[-1] == (
+        f"error: REF {tmp_path / 'stats.npz'} holds statistics made with the tf1 resize, but this protocol resizes as "
+        "imf: their distance mixes two inputs of the network. Pass the images it was made from, or make it with this "
+        "protocol's network")
+    assert not (tmp_path / "x.json").exists()

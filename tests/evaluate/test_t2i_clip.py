@@ -107,3 +107,29 @@ def test_two_ranks_score_every_sample_once_and_as_one_process(clip_dir, tmp_path
     assert rows[0] == rows[1] and [r["index"] for r in rows[1]] == [0, 1, 2, 3, 4]
     results = [json.loads((tmp_path / f"{n}.json").read_text())["t2i"]["clip_score"] for n in ("one", "two")]
     assert results[0]["value"] == results[1]["value"] and results[1]["name"] == "CLIPScore-5"
+
+
+def test_the_clip_score_names_its_model_and_weights(clip_dir, tmp_path, monkeypatch):
+    """Issue 47 (ok case): the console line names the CLIP model, the JSON records its weights' sha256, and offline
+    the error no longer asks for "a hub id such as openai/clip-vit-large-patch14", the id just given."""
+    import hashlib
+
+    from dit_pipeline.common.io import sha256_file
+    from dit_pipeline.evaluate.clip import DEFAULT_CLIP
+    from dit_pipeline.evaluate.t2i import format_t2i
+
+    ident = load_clip(str(clip_dir)).identity
+    files = sorted(clip_dir.glob("*.safetensors"))
+    assert files and ident["weights_sha256"] == hashlib.sha256(
+        "".join(f"{f.name}\t{sha256_file(f)}\n" for f in files).encode()).hexdigest()
+    r = {"name": "CLIPScore-4", "value": 0.25, "x100_clamped": 25.0, "models": {"clip": ident}}
+    assert format_t2i({"clip_score": r}) == [
+        f"CLIPScore-4: 0.250000 (mean cosine; 100 x max(cos, 0): 25.0000), with clip {clip_dir} (weights sha256 "
+        f"{ident['weights_sha256'][:12]}...)"]
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    with pytest.raises(UserError) as e:
+        load_clip(DEFAULT_CLIP)
+    assert str(e.value) == (f"--clip {DEFAULT_CLIP}: not a local folder and not in the Hugging Face cache, and the "
+                            "hub was not asked (HF_HUB_OFFLINE is set); pass a folder written by save_pretrained, or "
+                            f"fill the cache where there is a network (huggingface-cli download {DEFAULT_CLIP})")

@@ -145,7 +145,8 @@ def test_captioned_reference_to_fid_clip_score_and_geneval(tmp_path, models):
                                "vs ref.npz (precomputed), Inception network: RANDOM weights")
     assert lines[1].startswith("IS-rand (not IS): ") and \
         lines[2] == f"FD-rand0-4 (not FID): {round(result['fd_rand'], 6) + 0.0!r}"
-    assert lines[6] == f"CLIPScore-4: {cs['value']:.6f} (mean cosine; 100 x max(cos, 0): {cs['x100_clamped']:.4f})"
+    assert lines[6] == (f"CLIPScore-4: {cs['value']:.6f} (mean cosine; 100 x max(cos, 0): {cs['x100_clamped']:.4f}), with "
+                        f"clip {clip_dir} (weights sha256 {cs['models']['clip']['weights_sha256'][:12]}...)")
     assert lines[7].startswith(f"GenEval-4: {ge['value']:.6f} (correct images, NanoGen's number); overall ")
     assert lines[-1] == ("names: FD-rand0-4, sFD-rand0-4, CLIPScore-4, GenEval-4 (4 samples vs ref.npz, protocol adm; "
                          "a proxy: the Frechet distance of an Inception network with random weights (seed 0): a smoke "

@@ -273,3 +273,25 @@ def test_names_carry_the_sample_count():
 
     assert [t2i_metric_name(s, n) for s, n in (("CLIPScore", 30_000), ("GenEval", 2212), ("DPG-Bench", 4260))] == \
         ["CLIPScore-30K", "GenEval-2212", "DPG-Bench-4260"]
+
+
+def test_prompts_in_another_order_than_the_recorded_ones_are_refused(tmp_path):
+    """Issue 47, bad case 6: `cat f f` in place of each prompt repeated has the right count; the samples' record
+    names each sample's prompt, so the pairs are compared and the first differing index named, before any model."""
+    np.savez(tmp_path / "s.npz", arr_0=np.zeros((4, 8, 8, 3), np.uint8))
+    (tmp_path / "s.npz.json").write_text(json.dumps({"prompts": [{"prompt": "a dog"}, {"prompt": "a dog"},
+                                                                 {"prompt": "a cat"}, {"prompt": "a cat"}]}))
+    (tmp_path / "p.txt").write_text("a dog\na cat\na dog\na cat\n")
+    r = CliRunner().invoke(eval_main, [str(tmp_path / "s.npz"), "--t2i", "clip-score", "--prompts",
+                                       str(tmp_path / "p.txt"), "--clip", str(tmp_path / "no-clip"), "--json",
+                                       str(tmp_path / "r.json"), "--quiet"])
+    assert r.exit_code == 1 and "Traceback" not in r.output
+    assert r.output.strip() == (f"error: --prompts {tmp_path / 'p.txt'}: sample 1 was generated from 'a dog' "
+                                f"({tmp_path / 's.npz.json'}), but the file gives 'a cat'; give the prompts in the "
+                                "samples' order (each prompt once per sample made from it), or drop --prompts to "
+                                "score with the recorded ones")
+    assert not (tmp_path / "r.json").exists()
+    (tmp_path / "q.jsonl").write_text("".join(json.dumps({"prompt": p, "tag": "t"}) + "\n"
+                                              for p in ("a dog", "a dog", "a cat", " a cat")))
+    records, _ = sample_prompts(open_source(tmp_path / "s.npz", "SAMPLES"), str(tmp_path / "q.jsonl"))
+    assert [r["tag"] for r in records] == ["t"] * 4  # the same prompts: the file's metadata is used

@@ -58,6 +58,9 @@ def test_fid_records_are_labelled_and_the_report_shows_the_run_beside_the_paper(
     assert "| DiT (Peebles & Xie 2023)" not in md and "this run's number is not FID (random Inception weights), so " \
         "the paper's FID-50K 2.27 is not shown beside it" in md
     assert f"| FD_DINOv2-4 | {ev['fd_dinov2']:.4g} |" in md and "![loss, FID and throughput" in md
+    # the other numbers of a random Inception under their own names (issue 47: "Inception Score", "Precision")
+    assert f"| IS-rand (not IS) | {ev['is_rand']:.4g} |" in md and "| Precision-rand |" in md and "| Recall-rand |" in md
+    assert "| Inception Score |" not in md and "| Precision |" not in md
     assert "These numbers are not FID: the Frechet distance of an Inception network with random weights (seed 0)" in md
     assert "| devices | 1 x CPU |" in md and "| CPU-hours |" in md
     assert "| model | `DiT-S/2` with depth 2, hidden_size 32, num_heads 2 |" in md

@@ -22,7 +22,8 @@ IDENTITY = {"name": "qwen3-0.6b", "revision": "abc", "max_length": 256, "hidden_
 
 def _manifest(identity=IDENTITY):
     """A text set's manifest as the trainer reads it (shards.Manifest.text_encoder, null_text())."""
-    return SimpleNamespace(text_encoder=identity, null_text=lambda: np.zeros((0, 8), dtype=np.float32))
+    return SimpleNamespace(text_encoder=identity, null_text=lambda: np.zeros((0, 8), dtype=np.float32),
+                           dtype="bfloat16")
 
 
 def test_a_text_set_gives_the_model_its_width_and_the_empty_prompt():
@@ -40,11 +41,12 @@ def test_a_text_set_gives_the_model_its_width_and_the_empty_prompt():
 def test_online_features_encode_the_captions_of_each_batch():
     class Encoder:  # common.text_encoders.TextEncoder's interface: encode(captions).as_batch()
         def encode(self, captions):
-            return SimpleNamespace(as_batch=lambda dtype: (torch.ones(len(captions), 3, 8, dtype=dtype) * len(captions[0]),
-                                                           torch.ones(len(captions), 3, dtype=torch.bool)))
+            return SimpleNamespace(as_batch=lambda dtype=torch.bfloat16: (
+                torch.ones(len(captions), 3, 8, dtype=dtype) * len(captions[0]), torch.ones(len(captions), 3, dtype=torch.bool)))
 
     out = BatchText(Encoder())(SimpleNamespace(captions=["abcd", "x"]))
     assert out.text.shape == (2, 3, 8) and float(out.text[0, 0, 0]) == 4.0 and out.text_mask.all()
+    assert out.text.dtype == torch.bfloat16  # the encoder's dtype, not widened (issue 44 item 6)
     cached = SimpleNamespace(text=torch.zeros(1))
     assert BatchText()(cached) is cached
     with pytest.raises(UserError, match="--text-features online needs the captions in the batches"):
