@@ -221,11 +221,12 @@ def rows() -> dict:
 
 def generic_facts(task: str, pixels: bool, source: str) -> ModelFacts:
     """The facts every NanoGen config of a task and space shares (the rows nanogen, nanogen-pixels, nanogen-t2i,
-    nanogen-t2i-pixels): the text encoder, the pixel space; not the prediction (a pixel model predicts x or the
-    velocity with the same network), nor a latent space's decoder."""
+    nanogen-t2i-pixels): the text encoder, the pixel space, the velocity of every latent model; not a pixel model's
+    prediction (x or the velocity with the same network), nor a latent space's decoder."""
     vae, latent, how = DECODERS["pixels"] if pixels else (None, None, "")
-    return ModelFacts(source=source, keys=KEYS, text_encoder=TEXT_ENCODER if task == "t2i" else None, vae=vae,
-                      latent=latent, latent_space=f"pixels: {how}" if pixels else "")
+    return ModelFacts(source=source, keys=KEYS, prediction=None if pixels else "velocity", t_eps=T_EPS,
+                      text_encoder=TEXT_ENCODER if task == "t2i" else None, vae=vae, latent=latent,
+                      latent_space=f"pixels: {how}" if pixels else "")
 
 
 def _notes(m: Model) -> str:

@@ -373,6 +373,8 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
         guidance=Guidance("cfg", 1.6, interval=(0.0, 0.9), ends="[]", channels="all", doubled=True),
         conversion="nanogen", labels="equal", fid_reference=NANOGEN_REF, fid=None,
         model="NanoGen's in-context DiT-DH t4c8 on SD-VAE-EMA latents, 80 epochs", applies_to=CLASS_FLOW,
+        facts=nanogen_protocols.generic_facts("imagenet", False, "every latent config of "
+                                              "configs/stage2/sampling/imagenet/"),
         notes="any latent space, with the grid's shift sqrt(C H W / 4096) of the model's latents (1 for SD-VAE, "
               "sqrt(48) for RAE's DINOv2-B features); each NanoGen config's own scale: nanogen/<config>"),
     Protocol(
