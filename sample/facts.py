@@ -123,8 +123,8 @@ def _prediction(cfg: SampleConfig, loaded: Any, unstated: dict[str, str], row: s
 
 
 def _fitting(loaded: Any) -> str:
-    """" (those that fit this model: ...)": the rows that state a prediction and fit the model's shape, conditioning
-    and objective in either space."""
+    """" (rows that state it and fit this model: ...)": the rows that state a prediction and fit the model's shape,
+    conditioning and objective in either space."""
     names: list[str] = []
     for space in SPACES:
         traits = protocols.model_traits(loaded.config, loaded.info["objective"], None, space, prediction_known=False)
@@ -135,4 +135,4 @@ def _fitting(loaded: Any) -> str:
     if not names:
         return " (none of NanoGen's configs has this model's shape)"
     more = f" and {len(names) - SHOWN} more" if len(names) > SHOWN else ""
-    return f" (those that fit this model: {', '.join(names[:SHOWN])}{more})"
+    return f" (rows that state it and fit this model: {', '.join(names[:SHOWN])}{more})"

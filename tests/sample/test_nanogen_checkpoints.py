@@ -120,9 +120,9 @@ def from_row(row, key):
     return f"--protocol {row} ({dit.protocols.protocol(row).sources[0]} {key})"
 
 
-# ---- ImageNet on SD-VAE latents ------------------------------------------------------------------------------------
+# ---- ImageNet on SD-VAE latents --------------------------------------------------------------------------------------
 
-def test_a_released_class_file_samples_as_nanogen(tmp_path, flat_vae):
+def test_a_released_class_file_samples_as_nanogen(tmp_path, flat_vae, monkeypatch):
     net = nanogen_net(1)
     ckpt = release_file(tmp_path, SDVAE, net)
     assert ckpt.name == f"{N}-sdvae-ema-vpred-t4c8-v0.pt"  # the config's stage_2.ckpt
@@ -134,9 +134,19 @@ def test_a_released_class_file_samples_as_nanogen(tmp_path, flat_vae):
     assert set(info["unstated"]) == set(info_bare["unstated"]) == {"prediction", "vae"}
     # without the config: nothing states the prediction or the latent space
     msg = refused(tmp_path, ckpt)
-    assert msg.startswith(f"--ckpt {ckpt}: NanoGen's files do not record what the network predicts") and \
-        f"name the config: --protocol nanogen/<config> (those that fit this model: nanogen/{N}-sdvae-ema-vpred-t4c8," \
-        in msg and "; and NanoGen's files do not record their latent space (stage_1 of the config); pass --vae" in msg
+    assert msg.startswith(f"--ckpt {ckpt}: NanoGen's files do not record what the network predicts")
+    assert "name the config: --protocol nanogen/<config> (rows that state it and fit this model: nanogen, " \
+           f"nanogen/{N}-sdvae-ema-vpred-t4c8," in msg
+    assert "; and NanoGen's files do not record their latent space (stage_1 of the config); pass --vae" in msg
+    # without --vae the row names the decoder (the hub's SD-VAE-EMA, not fetched here)
+    import dit_pipeline.sample.run as sample_run
+
+    asked: list[str] = []
+    monkeypatch.setattr(sample_run, "load_vae", lambda spec, **kw: asked.append(spec) or (_ for _ in ()).throw(
+        UserError("not fetched")))
+    refused(tmp_path, ckpt, protocol=SDVAE)
+    monkeypatch.undo()
+    assert asked == ["stabilityai/sd-vae-ft-ema"]
     got, y, record = run(tmp_path, ckpt, "sdvae", protocol=SDVAE, vae=str(flat_vae))
     noise, _ = noise_of(5, 2, (4, 32, 32))
     # the config's 50 steps, cfg 1.6 on [0, 0.9], the grid unshifted (sqrt(4 x 32 x 32 / 4096) = 1); NanoGen's VAE
@@ -170,8 +180,8 @@ def test_nanogens_jit_file_is_no_longer_sampled_as_a_velocity_model(tmp_path, pi
         f"--ckpt {ckpt}: NanoGen's files do not record what the network predicts (transport.prediction of its config: "
         "x for its JiT and PixelGen models, the velocity for the others, with the same network), and --protocol "
         "nanogen-pixels does not say which (its configs differ in it); name the config: --protocol nanogen/<config> "
-        f"(those that fit this model: nanogen/jit-{N}-xpred-t4c8, {JIT}, {PIXELGEN}, {PIXELGEN}-cfg2.0-t0.0-0.9, "
-        f"{PIXNERD}, {PIXNERD}-cfg2.4-t0.0-0.9), or pass --prediction x|velocity")
+        f"(rows that state it and fit this model: nanogen/jit-{N}-xpred-t4c8, {JIT}, {PIXELGEN}, "
+        f"{PIXELGEN}-cfg2.0-t0.0-0.9, {PIXNERD}, {PIXNERD}-cfg2.4-t0.0-0.9), or pass --prediction x|velocity")
     assert "no --protocol names its config" in refused(tmp_path, ckpt, vae="pixels", sampler="euler", steps=2)
     got, y, record = run(tmp_path, ckpt, "jit", protocol=JIT)  # the pixel space from the row: no --vae
     noise, _ = noise_of(5, 2, (3, 256, 256))
@@ -206,7 +216,7 @@ def test_pixelgen_and_pixnerd_rows_state_their_prediction(tmp_path, pixel_file, 
     assert record["protocol"]["overrides"] == ["steps 20"]
 
 
-# ---- MeanFlow ---------------------------------------------------------------------------------------------------------
+# ---- MeanFlow --------------------------------------------------------------------------------------------------------
 
 def test_a_meanflow_file_samples_in_one_step(tmp_path, flat_vae):
     net = nanogen_net(5, meanflow=True)
@@ -228,11 +238,11 @@ def test_a_meanflow_file_samples_in_one_step(tmp_path, flat_vae):
     assert (record["fingerprint"]["sampler"], record["fingerprint"]["steps"]) == ("meanflow", 1)
 
 
-# ---- text-to-image at 512 px -------------------------------------------------------------------------------------------
+# ---- text-to-image at 512 px -----------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def qwen32(tmp_path_factory):
-    """A tiny random Qwen3 in float32 (its features then reach the network unrounded, whatever the text path's dtype)."""
+    """A tiny random Qwen3 in float32 (its features reach the network unrounded, whatever the text path's dtype)."""
     from transformers import Qwen3ForCausalLM
 
     from tests.captions._tiny import make_tiny_qwen3
@@ -288,11 +298,12 @@ def test_the_512px_t2i_model(tmp_path, qwen32, monkeypatch):
     assert record["text_encoder"]["source"] == str(qwen32) and record["protocol"]["overrides"] == ["steps 3"]
 
 
-# ---- REG --------------------------------------------------------------------------------------------------------------
+# ---- REG -------------------------------------------------------------------------------------------------------------
 
 def test_reg_files_are_refused_naming_reg(tmp_path):
     """Until REG's class token is built (dit/incontext.py): DiTwDDTHead(enable_reg=True) adds cls_in_proj_enc,
-    cls_in_norm_enc, cls_in_proj_dec, cls_in_norm_dec and final_layer.cls_linear (src/stage2/models/DDT.py l.117-126)."""
+    cls_in_norm_enc, cls_in_proj_dec, cls_in_norm_dec and final_layer.cls_linear (src/stage2/models/DDT.py
+    l.117-126)."""
     net = nanogen_net(9)
     path = tmp_path / f"{N}-sdvae-ema-reg0.03-rmsnorm-vpred-t4c8-v0.pt"
     sd = {**net.state_dict(), "cls_in_proj_enc.weight": torch.zeros(32, 768), "cls_in_proj_enc.bias": torch.zeros(32)}
