@@ -65,7 +65,7 @@ def supply(cfg: SampleConfig, loaded: Any, log: Any) -> SampleConfig:
     row, facts = flag_row
     unstated: dict[str, str] = dict(info.get("unstated") or {})
     came: dict[str, str] = {}
-    problems = _prediction(cfg, loaded, unstated, row, facts, came)
+    problems: list[str] = []
     if "vae" in unstated:
         if cfg.vae:
             came["vae"] = "--vae"
@@ -81,6 +81,7 @@ def supply(cfg: SampleConfig, loaded: Any, log: Any) -> SampleConfig:
             scale, shift = facts.latent  # the release's normalization of that space, which its VAE class fixes
             info["latent"] = {"scaling_factor": float(scale), "shift_factor": None if shift is None else float(shift)}
             came["latent"] = _from_row(row, facts, "latent")
+    problems[:0] = _prediction(cfg, loaded, unstated, row, facts, came)
     if "text_encoder" in unstated:
         if cfg.text_encoder:
             came["text_encoder"] = "--text-encoder"
@@ -115,22 +116,27 @@ def _prediction(cfg: SampleConfig, loaded: Any, unstated: dict[str, str], row: s
     else:
         which = f"{row} does not say which (its configs differ in it)" if row else "no --protocol names its config"
         return [f"{unstated['prediction']}, and {which}; name the config: --protocol nanogen/<config>"
-                f"{_fitting(loaded)}, or pass --prediction x|velocity"]
+                f"{_fitting(loaded, cfg.vae)}, or pass --prediction x|velocity"]
     if info.get("objective") == "meanflow" and _kind(info["prediction"]) == "x":
         return ["an x-predicting MeanFlow network (NanoGen's TransportMF with prediction x), which this build does "
                 "not sample (its MeanFlow configs predict the velocity)"]
     return []
 
 
-def _fitting(loaded: Any) -> str:
-    """" (rows that state it and fit this model: ...)": the rows that state a prediction and fit the model's shape,
-    conditioning and objective in either space."""
+def _fitting(loaded: Any, vae: str | None) -> str:
+    """" (rows that state it and fit this model: ...)": the rows that state a prediction and fit the model's
+    conditioning, objective and shape in its space (the pixel space or latents, by --vae); where no --vae says which,
+    only the per-config rows, whose latent shape says it."""
+    from dit_pipeline.common.pixels import is_pixel_space
+
+    spaces = SPACES if not vae else ("pixels",) if is_pixel_space(vae) else ("latent",)
     names: list[str] = []
-    for space in SPACES:
+    for space in spaces:
         traits = protocols.model_traits(loaded.config, loaded.info["objective"], None, space, prediction_known=False)
         for n in protocols.fitting(traits):
-            facts = protocols.PROTOCOLS[n].facts
-            if facts is not None and facts.prediction is not None and n not in names:
+            p = protocols.PROTOCOLS[n]
+            if p.facts is not None and p.facts.prediction is not None and n not in names and \
+                    (vae or p.applies_to.latent_shape is not None):
                 names.append(n)
     if not names:
         return " (none of NanoGen's configs has this model's shape)"

@@ -135,7 +135,7 @@ def test_a_released_class_file_samples_as_nanogen(tmp_path, flat_vae, monkeypatc
     # without the config: nothing states the prediction or the latent space
     msg = refused(tmp_path, ckpt)
     assert msg.startswith(f"--ckpt {ckpt}: NanoGen's files do not record what the network predicts")
-    assert "name the config: --protocol nanogen/<config> (rows that state it and fit this model: nanogen, " \
+    assert "name the config: --protocol nanogen/<config> (rows that state it and fit this model: " \
            f"nanogen/{N}-sdvae-ema-vpred-t4c8," in msg
     assert "; and NanoGen's files do not record their latent space (stage_1 of the config); pass --vae" in msg
     # without --vae the row names the decoder (the hub's SD-VAE-EMA, not fetched here)
@@ -192,12 +192,21 @@ def test_nanogens_jit_file_is_no_longer_sampled_as_a_velocity_model(tmp_path, pi
     assert record["settings_from"] == {"prediction": from_row(JIT, "transport.prediction"),
                                        "vae": from_row(JIT, "stage_1"), "latent": from_row(JIT, "stage_1")}
     assert record["fingerprint"]["prediction"] == {"kind": "x", "t_eps": 0.05}
-    # nanogen-pixels is that config's sampler: with --prediction x it gives the same samples
-    same, _, generic = run(tmp_path, ckpt, "generic", protocol="nanogen-pixels", prediction="x")
-    assert np.array_equal(same, got) and generic["settings_from"]["prediction"] == "--prediction"
+    # nanogen-pixels is that config's sampler (here at 10 steps): with --prediction x, NanoGen's x loop
+    short, _, generic = run(tmp_path, ckpt, "generic", protocol="nanogen-pixels", prediction="x", steps=10)
+    same_pixels(short, nanogen_pixels(nanogen_release(net, noise, y, num_steps=10, scale=2.6, x_pred=True)))
+    assert generic["settings_from"]["prediction"] == "--prediction"
     # what the velocity reading gave: other images altogether
-    as_velocity = nanogen_pixels(nanogen_release(net, noise, y, num_steps=50, scale=2.6, t_max=0.9, x_pred=False))
-    assert np.abs(as_velocity - got).mean() > 20
+    as_velocity = nanogen_pixels(nanogen_release(net, noise, y, num_steps=10, scale=2.6, x_pred=False))
+    assert np.abs(as_velocity - short).mean() > 20
+    # nor does an export launder it: its safetensors would record no prediction, read as the velocity
+    from dit_pipeline.sample.config import ExportConfig
+    from dit_pipeline.sample.export import export
+
+    with pytest.raises(UserError, match="NanoGen's files do not record what the network predicts .* an export would "
+                                        "record none, which reads as a velocity model, so it is not exported"):
+        export(ExportConfig(to="safetensors", output=str(tmp_path / "jit.safetensors"), ckpt=str(ckpt)))
+    assert not (tmp_path / "jit.safetensors").exists()
     # a flag that contradicts a file's record is refused (ours record the prediction; none: the velocity)
     ours = own_checkpoint(tmp_path / "ours.pt", net, convention="repa",
                           latent={"scaling_factor": 1.0, "shift_factor": None})
