@@ -61,8 +61,7 @@ def prediction_known(loaded: Any) -> bool:
 def supply(cfg: SampleConfig, loaded: Any, log: Any) -> SampleConfig:
     """`cfg` and `loaded.info` with every setting the file does not state filled in (module docstring); one UserError
     naming every setting that nothing supplies, or a flag that contradicts the file."""
-    info, flag_row = loaded.info, _row(cfg)
-    row, facts = flag_row
+    info, (row, facts) = loaded.info, _row(cfg)
     unstated: dict[str, str] = dict(info.get("unstated") or {})
     came: dict[str, str] = {}
     problems: list[str] = []
