@@ -30,6 +30,7 @@ from dit_pipeline.extract.config import (CPU_DEFAULT_BATCH, DTYPES, GPU_DEFAULT_
 from dit_pipeline.sample.config import (CFG_CHANNELS, DIFFUSION_FORMS, EXPORT_TARGETS, FLOW_CONVENTIONS, OBJECTIVES,
                                          SAMPLERS, WEIGHTS, ExportConfig, SampleConfig)
 from dit_pipeline.dit.protocols import RELEASE_ROWS
+from dit_pipeline.dit.protocol_fit import PREDICTIONS
 from dit_pipeline.sample.plan import LABEL_SAMPLINGS
 from dit_pipeline.train.config import GROUPS as TRAIN_GROUPS
 from dit_pipeline.train.config import TrainConfig
@@ -122,6 +123,10 @@ def sample_main() -> None:
               help="The flow network's time: sit (t = 0 noise, predicts data - noise: SiT and our models) or repa "
               "(t = 1 noise, predicts noise - data: REPA's checkpoints, sampled at 1 - t with the sign flipped) "
               "[recorded; else repa for files with REPA's projector keys or training args, else sit].")
+@click.option("--prediction", type=click.Choice(PREDICTIONS), default=None,
+              help="What the network predicts, for a file that does not record it (NanoGen's: x for its JiT and "
+              "PixelGen models, velocity for the others; docs/nanogen-checkpoints.md) [recorded; else the --protocol "
+              "row's (nanogen/CONFIG); else the file is refused].")
 @click.option("--diffusion-form", type=click.Choice(DIFFUSION_FORMS), default=default(SampleConfig, "diffusion_form"),
               show_default=True, help="euler-maruyama: SiT's diffusion coefficient D(t).")
 @click.option("--diffusion-norm", type=float, default=default(SampleConfig, "diffusion_norm"), show_default=True,

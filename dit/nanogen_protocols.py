@@ -9,6 +9,13 @@ grid, linspace(1, 0, num_steps + 1) shifted by sqrt(time_dist_shift_dim / time_d
 (src/offline_eval.py l.118-124): sqrt(C H W / 4096) of the latent, except where a config sets base_eval to the dim
 itself (`unshifted`: the pixel configs, but not the T2I PixNerd one).
 
+What NanoGen keeps in a config only, not in its checkpoint files (`{step, epoch, model, ema, optimizer, scheduler}`,
+src/utils/checkpoint.py l.65-84; a released `<name>-v<n>.pt` is loaded as that file's `ema` or as a bare state_dict,
+src/utils/model_utils.py l.33-39), is each row's `ModelFacts` (dit/protocol_fit.py): what the network predicts
+(transport.prediction, with TransportConfig's t_eps 0.05), the T2I text encoder (conditioning.text_encoder:
+Qwen/Qwen3-0.6B, max_length 256: our preset qwen3-0.6b) and the latent space (stage_1), named as a `--vae` value
+where dit-sample decodes it as NanoGen does (`DECODERS`).
+
 This table is the one owner of those values; tests/dit/test_nanogen_protocols.py compares the rows built from it
 with tests/data/nanogen_sampling.json, the facts scripts/nanogen_sampling.py reads from NanoGen's files (and, where a
 clone of NanoGen is at hand, regenerates them), so a missing, extra or differing config fails a test.
@@ -17,6 +24,8 @@ from __future__ import annotations
 
 import math
 from typing import NamedTuple
+
+from .protocol_fit import ModelFacts
 
 RELEASE = "End2End-Diffusion/diffusion-bench"
 SAMPLING_DIR = "configs/stage2/sampling"
@@ -29,6 +38,38 @@ TOKENIZERS: dict[str, tuple[int, int]] = {
     "qwen-vae": (16, 8), "flux2": (128, 16), "e2e-flux": (16, 8), "e2e-qwen-vae": (16, 8), "e2e-sd3.5": (16, 8),
     "e2e-vavae": (32, 16), "dinov2-vit-b": (768, 16), "dinov3-vit-b16": (768, 16), "siglip2-vit-b": (768, 16),
     "pe-vit-l": (1024, 16), "langpe-vit-l": (1024, 16), "spatialpe-vit-l": (1024, 16), "pixels": (3, 1),
+}
+
+# the config's keys that state each fact (tokenizer: stage_1.params.vae_type, or stage_1.target for Flux2 and pixels)
+KEYS = (("prediction", "transport.prediction"), ("vae", "stage_1"), ("latent", "stage_1"),
+        ("text_encoder", "conditioning.text_encoder"))
+TEXT_ENCODER = "qwen3-0.6b"  # every T2I config: conditioning.text_encoder Qwen/Qwen3-0.6B, max_length 256
+T_EPS = 0.05  # src/configs/stage2.py TransportConfig.t_eps (no config sets it)
+STAGE_1 = "src/stage1/vae.py l.24-95 VAE_CONFIGS, l.137-149 (normalization), l.237-239 (decode)"
+# tokenizer -> (a --vae value that decodes it as NanoGen's stage_1 does, with NanoGen's (scaling_factor,
+# shift_factor); how NanoGen loads it). The SD and SDXL VAEs are AutoencoderKLs whose factors NanoGen fixes in its
+# table; pixels decode by the identity (src/stage1/pixel.py). For the other spaces NanoGen reads a subfolder of a
+# pipeline, another class (QwenVAE, Flux2VAE's patchify and BatchNorm) or its own RAE decoders, which dit-sample
+# cannot name here: --vae / --decoder gives them.
+DECODERS: dict[str, tuple[str | None, tuple[float, float | None] | None, str]] = {
+    "sdvae-ema": ("stabilityai/sd-vae-ft-ema", (0.18215, 0.0), "AutoencoderKL stabilityai/sd-vae-ft-ema"),
+    "sdvae-mse": ("stabilityai/sd-vae-ft-mse", (0.18215, 0.0), "AutoencoderKL stabilityai/sd-vae-ft-mse"),
+    "sdxl-vae": ("madebyollin/sdxl-vae-fp16-fix", (0.13025, 0.0), "AutoencoderKL madebyollin/sdxl-vae-fp16-fix"),
+    "sd3.5": (None, None, "AutoencoderKL stabilityai/stable-diffusion-3.5-large, subfolder vae"),
+    "flux": (None, None, "AutoencoderKL black-forest-labs/FLUX.1-dev, subfolder vae"),
+    "qwen-vae": (None, None, "QwenVAE (Qwen/Qwen-Image, subfolder vae)"),
+    "flux2": (None, None, "Flux2VAE (black-forest-labs/FLUX.2-dev, subfolder vae; 2 x 2 patchify and BatchNorm)"),
+    "e2e-flux": (None, None, "AutoencoderKL REPA-E/e2e-flux-vae"),
+    "e2e-qwen-vae": (None, None, "QwenVAE (REPA-E/e2e-qwenimage-vae)"),
+    "e2e-sd3.5": (None, None, "AutoencoderKL REPA-E/e2e-sd3.5-vae"),
+    "e2e-vavae": (None, None, "AutoencoderKL REPA-E/e2e-vavae-hf"),
+    "dinov2-vit-b": (None, None, "RAE: DINOv2-B features, NanoGen's decoder from pretrained_models"),
+    "dinov3-vit-b16": (None, None, "RAE: DINOv3 ViT-B/16 features, NanoGen's decoder from pretrained_models"),
+    "siglip2-vit-b": (None, None, "RAE: SigLIP2 ViT-B features, NanoGen's decoder from pretrained_models"),
+    "pe-vit-l": (None, None, "RAE: PE ViT-L features, NanoGen's decoder from pretrained_models"),
+    "langpe-vit-l": (None, None, "RAE: Lang-PE ViT-L features, NanoGen's decoder from pretrained_models"),
+    "spatialpe-vit-l": (None, None, "RAE: Spatial-PE ViT-L features, NanoGen's decoder from pretrained_models"),
+    "pixels": ("pixels", (1.0, None), "PixelEncoder (pixels in [-1, 1]; src/stage1/pixel.py l.36-58)"),
 }
 
 
@@ -48,6 +89,13 @@ class Model(NamedTuple):
     def latent_shape(self) -> tuple[int, int, int]:
         c, f = TOKENIZERS[self.tokenizer]
         return c, self.resolution // f, self.resolution // f
+
+    def facts(self, config: str) -> ModelFacts:
+        """What its sampling config `config` states that its checkpoint file does not (module docstring)."""
+        vae, latent, how = DECODERS[self.tokenizer]
+        return ModelFacts(source=f"{SAMPLING_DIR}/{self.task}/{config}.yaml", keys=KEYS, prediction=self.prediction,
+                          t_eps=T_EPS, text_encoder=TEXT_ENCODER if self.task == "t2i" else None, vae=vae,
+                          latent=latent, latent_space=f"{self.tokenizer}: {how}")
 
     def sampling_names(self) -> list[tuple[str, float | None]]:
         """(sampling config name, its tuned cfg scale or None for the guidance-free / T2I / MeanFlow one)."""
@@ -166,9 +214,19 @@ def rows() -> dict:
                 null_label="num_classes" if m.task == "imagenet" else "the empty prompt",
                 model=f"{m.name}-v{m.version}.pt (NanoGen's release: pretrained_models/{m.task}/ckpts) on {m.tokenizer} "
                       f"{'x'.join(map(str, m.latent_shape))}",
-                applies_to=applies, notes=_notes(m))
+                applies_to=applies, notes=_notes(m), facts=m.facts(name))
             out[row.name] = row
     return out
+
+
+def generic_facts(task: str, pixels: bool, source: str) -> ModelFacts:
+    """The facts every NanoGen config of a task and space shares (the rows nanogen, nanogen-pixels, nanogen-t2i,
+    nanogen-t2i-pixels): the text encoder, the pixel space, the velocity of every latent model; not a pixel model's
+    prediction (x or the velocity with the same network), nor a latent space's decoder."""
+    vae, latent, how = DECODERS["pixels"] if pixels else (None, None, "")
+    return ModelFacts(source=source, keys=KEYS, prediction=None if pixels else "velocity", t_eps=T_EPS,
+                      text_encoder=TEXT_ENCODER if task == "t2i" else None, vae=vae, latent=latent,
+                      latent_space=f"pixels: {how}" if pixels else "")
 
 
 def _notes(m: Model) -> str:

@@ -22,7 +22,9 @@ A `Protocol` holds
 - the class labels of its FID samples ("uniform" draws or "equal" counts) and the FID reference it was published
   against;
 - what it applies to (`AppliesTo`, dit/protocol_fit.py: space, conditioning, objective, prediction, latent shape,
-  the model features its sampler needs), so that a model it does not fit is refused naming the rows that fit it.
+  the model features its sampler needs), so that a model it does not fit is refused naming the rows that fit it;
+- what its release config states about the model that the release's files do not record (`ModelFacts`: NanoGen's
+  prediction, text encoder and latent space), which dit-sample takes where a file is silent (sample/facts.py).
 
 `PROTOCOLS` is the table; each row names the release files (and lines) its values were read from. NanoGen's 78
 sampling configs are rows `nanogen/<config file name>` built from dit/nanogen_protocols.py. The samplers
@@ -39,7 +41,7 @@ from typing import Any, Callable
 import torch
 
 from . import nanogen_protocols
-from .protocol_fit import FEATURES, AppliesTo, ModelTraits, model_traits  # noqa: F401 (model_traits: sample/)
+from .protocol_fit import FEATURES, AppliesTo, ModelFacts, ModelTraits, model_traits  # noqa: F401 (sample/ uses them)
 from .internal_guidance import InternalGuidance
 from .shift import shift_for_dim, shift_time, shifted_grid
 
@@ -208,6 +210,7 @@ class Protocol:
     notes: str = ""
     overrides: tuple[str, ...] = field(default=())  # settings changed from the row (recorded)
     applies_to: AppliesTo = AppliesTo()  # the models it fits (dit/protocol_fit.py; `custom`: any)
+    facts: ModelFacts | None = None  # what its config states that its release's files do not (dit/protocol_fit.py)
 
     def with_overrides(self, *, count: int | None = None, scale: float | None = None,
                        interval: tuple[float, float] | list[float] | None = None,
@@ -371,6 +374,8 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
         guidance=Guidance("cfg", 1.6, interval=(0.0, 0.9), ends="[]", channels="all", doubled=True),
         conversion="nanogen", labels="equal", fid_reference=NANOGEN_REF, fid=None,
         model="NanoGen's in-context DiT-DH t4c8 on SD-VAE-EMA latents, 80 epochs", applies_to=CLASS_FLOW,
+        facts=nanogen_protocols.generic_facts("imagenet", False, "every latent config of "
+                                              "configs/stage2/sampling/imagenet/"),
         notes="any latent space, with the grid's shift sqrt(C H W / 4096) of the model's latents (1 for SD-VAE, "
               "sqrt(48) for RAE's DINOv2-B features); each NanoGen config's own scale: nanogen/<config>"),
     Protocol(
@@ -386,7 +391,11 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
         conversion="nanogen", labels="equal", fid_reference=NANOGEN_REF, fid=None,
         model="NanoGen's JiT-DDT (in-context DiT-DH t4c8, patch 16 on pixels, x-prediction), 80 epochs",
         applies_to=AppliesTo(space=_PIXELS, conditioning=("class",), objectives=("flow",)),
-        notes="PixelGen's and PixNerd's configs (cfg 2.0, 2.4): nanogen/pixelgen-..., nanogen/pixnerd-..."),
+        facts=nanogen_protocols.generic_facts("imagenet", True, "every pixel config of "
+                                              "configs/stage2/sampling/imagenet/"),
+        notes="PixelGen's and PixNerd's configs (cfg 2.0, 2.4): nanogen/pixelgen-..., nanogen/pixnerd-...; a NanoGen "
+              "file predicts x (JiT, PixelGen) or the velocity (PixNerd) with the same network: its config's row "
+              "says which"),
     Protocol(
         "nanogen-t2i", "End2End-Diffusion/diffusion-bench",
         ("src/stage2/transport/sampler.py l.10-34 sample_ode (the nanogen grid, shifted by sqrt(C H W / 4096))",
@@ -399,6 +408,8 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
         conversion="nanogen", labels="uniform", null_label="the empty prompt", fid_reference=T2I_REF, fid=None,
         model="NanoGen's T2I in-context DiT-DH t4 (Qwen3-0.6B) on SD-VAE-EMA latents",
         applies_to=AppliesTo(space=_LATENT, conditioning=("text",), objectives=("flow",)),
+        facts=nanogen_protocols.generic_facts("t2i", False, "every config of "
+                                              "configs/stage2/sampling/t2i/"),
         notes="prompts from --prompt / --prompts (a text model); pixel models: nanogen-t2i-pixels"),
     Protocol(
         "nanogen-t2i-pixels", "End2End-Diffusion/diffusion-bench",
@@ -413,6 +424,8 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (
         conversion="nanogen", labels="uniform", null_label="the empty prompt", fid_reference=T2I_REF, fid=None,
         model="NanoGen's T2I JiT-DDT and PixelGen (in-context DiT-DH t4, patch 16 on pixels, x-prediction)",
         applies_to=AppliesTo(space=_PIXELS, conditioning=("text",), objectives=("flow",)),
+        facts=nanogen_protocols.generic_facts("t2i", True, "every pixel config of "
+                                              "configs/stage2/sampling/t2i/"),
         notes="NanoGen's T2I PixNerd config is shifted by sqrt(48) (no base_eval): "
               "nanogen/t2i-pixnerd-ddt-en28d1152hd72-dn2d2048hd128-vpred-t4"),
     Protocol(

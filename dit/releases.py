@@ -10,7 +10,8 @@ the tensors are, and record how its time runs. Containers (facts of each release
 | DiT / SiT / REPA / REPA-E `train.py` | `{model, ema, opt, args[, steps, vae]}` | `ema` (or `model`) |
 | LightningDiT `train.py` (hustvl/LightningDiT) | `{model, ema, opt, config}`, config = its YAML as a dict | `ema` |
 | RAE stage 2 (bytetriper/RAE src/train.py) | `{step, epoch, model, ema, optimizer, scheduler}` | `ema` |
-| NanoGen stage 2 (End2End-Diffusion/diffusion-bench src/utils/checkpoint.py) | the same as RAE's | `ema` |
+| NanoGen stage 2 (End2End-Diffusion/diffusion-bench src/utils/checkpoint.py l.65-84) | the same as RAE's | `ema` |
+| NanoGen's releases `<name>-v<n>.pt` (src/utils/model_utils.py l.33-39 loads either) | RAE's, or a bare state_dict | `ema` (or it) |
 | DDT (MCG-NJU/DDT, a Lightning checkpoint) | `{state_dict: {denoiser.*, ema_denoiser.*, diffusion_trainer.*}, ...}` | `ema_denoiser.*` |
 | iMF, its PyTorch branch (Lyy-iiis/imeanflow `torch`: iMF-B-2.pth ...) | a bare state_dict, `net.*` with `_flax_linear` | it, renamed (dit/imf.py) |
 | iMF, its JAX TrainState flattened to `.npz` (dit/imf.py `from_flax_params`) | `params/net/...`, `ema_params/net/...` | `ema_params` |
@@ -19,7 +20,10 @@ the tensors are, and record how its time runs. Containers (facts of each release
 Conventions (each release's transport code; `info["flow_convention"]`, dit/flow.py):
 - LightningDiT, DDT: flow matching in SiT's time (x_t = t x + (1 - t) noise, t = 0 noise, predicts x - noise,
   raw t in [0, 1]): "sit";
-- RAE (DiT-DH), NanoGen (its in-context DiT-DH, recognised by its time tokens), REPA, REPA-E: REPA's time (x_t = (1 - t) x + t noise, t = 1 noise, predicts noise - x): "repa";
+- RAE (DiT-DH), NanoGen (its in-context DiT-DH, recognised by its time tokens), REPA, REPA-E: REPA's time (x_t = (1 -
+  t) x + t noise, t = 1 noise, predicts noise - x): "repa"; NanoGen's MeanFlow files (a second time embedder,
+  `t_abs_embedder`) objective "meanflow". NanoGen's files state neither what the network predicts nor their latent
+  space nor a text model's encoder (`info["unstated"]`, NANOGEN_UNSTATED): its configs do (dit/nanogen_protocols.py);
 - REPA-E's end-to-end checkpoints (with their `vae`) normalize latents with the SiT's BatchNorm statistics
   `bn.running_mean` / `bn.running_var` (x = (z - mean) / sqrt(var)): read into `info["latent"]`, the `bn.*`
   buffers then dropped; LightningDiT's `config` records `latent_norm` (per-channel statistics kept in a separate
@@ -53,6 +57,17 @@ FAMILY_RELEASE = {"LightningDiT": "LightningDiT", "DDT": "DDT", "DiT-DH": "RAE",
 # release -> (objective, why) for the one-step releases, whose files record no objective
 ONE_STEP = {"iMF": ("imf", "iMF's release (Lyy-iiis/imeanflow: its network trains only with its own objective, "
                            "t = 1 noise, one-step sampling)")}
+# What NanoGen keeps in its YAML only, never in a file (dit/nanogen_protocols.py: each config's ModelFacts): the
+# settings dit-sample takes from a flag or the protocol row of the file's config, refusing the file otherwise
+# (sample/facts.py). Keyed by the SampleConfig field that supplies it.
+NANOGEN_UNSTATED = {
+    "prediction": "NanoGen's files do not record what the network predicts (transport.prediction of its config: x for "
+                  "its JiT and PixelGen models, the velocity for the others, with the same network)",
+    "vae": "NanoGen's files do not record their latent space (stage_1 of the config)",
+    "text_encoder": "NanoGen's files do not record the text encoder (conditioning.text_encoder of the config)",
+}
+NANOGEN_MEANFLOW = ("NanoGen's MeanFlow file (its t_abs_embedder: TransportMF's u(x, h = t - r, t_abs = t), "
+                    "src/stage2/transport/transport.py l.167-169)")
 # Keys of NanoGen's networks that this project does not build: REPA's projector (it only trains) and internal
 # guidance's base head (DiTwDDTHeadIG) of a file that does not record its depth (dit/incontext.py builds it where the
 # record names base_model_depth).
@@ -214,6 +229,15 @@ def apply_conventions(info: dict[str, Any], family: str) -> None:
         convention, why = CONVENTIONS[release]
         info.update(release=release, objective="flow", objective_from=why, flow_convention=convention,
                     flow_convention_from=why)
+    if release == "NanoGen":
+        from .conditioning import kind_of
+        from .conditions import conditions_of
+
+        config = info.get("model_config") or {}
+        if conditions_of(config) == "meanflow":  # the file shows it: MeanFlow's second time embedder
+            info.update(objective="meanflow", objective_from=NANOGEN_MEANFLOW)
+        info["unstated"] = {k: why for k, why in NANOGEN_UNSTATED.items()
+                            if k != "text_encoder" or kind_of(config) == "text"}
     if release == "LightningDiT" and not info.get("latent"):  # every release config normalizes VA-VAE's latents
         info.setdefault("latent_required", {"multiplier": 1.0, "what": "LightningDiT's per-channel latent "
                                             "statistics (latents_stats.pt; a bare file does not say, its configs do)"})

@@ -19,6 +19,7 @@ from dit_pipeline.dit.meanflow import MEANFLOW_SAMPLERS  # 1- and n-step mean-fl
 from dit_pipeline.dit.objectives import SPECS
 from dit_pipeline.dit import protocols  # noqa: F401 (the releases' sampling protocols: evaluate/ reads them here)
 from dit_pipeline.dit.protocols import CONVERSIONS, PROTOCOLS, Conversion  # noqa: F401 (image conversions by name, likewise)
+from dit_pipeline.dit.protocol_fit import PREDICTIONS
 # the DDIM stride search lives in dit.respace; ddim_stride and valid_ddim_steps stay importable from here
 from dit_pipeline.dit.respace import TRAIN_TIMESTEPS, ddim_stride, nearest_ddim_steps, valid_ddim_steps  # noqa: F401
 from dit_pipeline.sample.plan import LABEL_SAMPLINGS
@@ -118,6 +119,9 @@ class SampleConfig:
     steps: int | None = None  # None: the protocol's, else DEFAULT_STEPS of the model's objective (250; one-step: 1)
     objective: str | None = None  # ddpm | flow; None: what the checkpoint records (SiT-* files: flow)
     flow_convention: str | None = None  # sit | repa; None: recorded, else repa for REPA's files, else sit
+    # what the network predicts (x | velocity), for a file that does not record it (NanoGen's); None: the file's,
+    # else the --protocol row's (sample/facts.py); a file that states neither is refused
+    prediction: str | None = None
     diffusion_form: str = "sigma"  # euler-maruyama: SiT's diffusion coefficient D(t) and its norm
     diffusion_norm: float = 1.0
     last_step_size: float = 0.04  # euler-maruyama: SiT's final noise-free step
@@ -269,6 +273,11 @@ class SampleConfig:
         elif self.flow_convention is not None and self.sampler in DDPM_SAMPLERS + MEANFLOW_SAMPLERS:
             p.append(f"--flow-convention applies to flow models (samplers {', '.join(FLOW_SAMPLERS)}), not to "
                      f"--sampler {self.sampler}")
+        if self.prediction is not None and self.prediction not in PREDICTIONS:
+            p.append(f"--prediction must be one of {PREDICTIONS}, got {self.prediction!r}")
+        elif self.prediction is not None and self.sampler in DDPM_SAMPLERS:
+            p.append(f"--prediction is what a flow or MeanFlow network predicts, not a ddpm model's (--sampler "
+                     f"{self.sampler})")
         if self.objective is not None and self.objective not in OBJECTIVES:
             p.append(f"--objective must be one of {OBJECTIVES}, got {self.objective!r}")
         elif self.objective is not None and self.sampler in SAMPLERS and \

@@ -287,6 +287,11 @@ def export(cfg: ExportConfig) -> Path:
     state_dict, info = load_weights(cfg.ckpt, weights=cfg.weights, expect_model=cfg.model, num_heads=cfg.num_heads,
                                     input_size=cfg.input_size, encoder_depth=cfg.encoder_depth)
     info["objective"] = resolve_objective(info, cfg.ckpt, cfg.objective)
+    unstated = (info.get("unstated") or {}).get("prediction")
+    if unstated:  # an export records no prediction, which reads as the velocity (sample/facts.py)
+        raise UserError(f"--ckpt {cfg.ckpt}: {unstated}; an export would record none, which reads as a velocity "
+                        "model, so it is not exported: sample the file itself with dit-sample --protocol "
+                        "nanogen/<config> (docs/nanogen-checkpoints.md)")
     if cfg.to == "safetensors":
         return export_safetensors(state_dict, info, output, overwrite=cfg.overwrite)
     check_diffusers_representable(info)  # before the VAE is looked for: a model no pipeline samples is refused first

@@ -105,7 +105,8 @@ def load_sampling_encoder(spec: str | None, recorded: dict[str, Any] | None, tex
         encoder = from_identity(identity, device=device, where=f"the checkpoint {ckpt}")
     else:
         raise UserError(f"--ckpt {ckpt} is a text-conditional model whose file records no text encoder (a release "
-                        "file); pass --text-encoder (NanoGen's models: qwen3-0.6b)")
+                        "file); pass --text-encoder (NanoGen's models: qwen3-0.6b), or name a NanoGen file's config: "
+                        "--protocol nanogen/<config>")
     if int(encoder.dim) != int(text_dim):
         raise UserError(f"--text-encoder {spec or identity.get('name')}: its features are {encoder.dim} wide, the model "
                         f"takes {text_dim}; pass the encoder the model was trained with")

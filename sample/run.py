@@ -43,6 +43,7 @@ from dit_pipeline.sample.config import (DEFAULT_CFG_SCALE, DEFAULT_SAMPLERS, DEF
                                         SampleConfig, cfg_channels_inert, guidance_inert, resolve_cfg_scale)
 from dit_pipeline.sample.generate import generate_images, protocol_loop, protocol_model_fn, resolve_cfg_channels
 from dit_pipeline.sample.conditions import Sampling, sampling_for
+from dit_pipeline.sample.facts import prediction_known, supply
 from dit_pipeline.sample.grid import png_bytes, save_grid
 from dit_pipeline.sample.load import (LoadedModel, latent_norm, load_model, manifest_folder, resolve_ckpt,
                                       resolve_flow_convention, resolve_objective, with_latent_stats)
@@ -87,6 +88,7 @@ def _run(cfg: SampleConfig) -> SampleResult:
                         num_heads=cfg.num_heads, input_size=cfg.input_size, encoder_depth=cfg.encoder_depth)
     log.info("model: %s", loaded.describe())
     log.info("%s", dist.launch_info().describe())
+    cfg = supply(cfg, loaded, log)  # what the file cannot state: a flag's or the protocol row's (sample/facts.py)
     cfg = _with_vae(cfg, loaded, log)
     vae, vae_id = load_vae(cfg.vae, config=cfg.vae_config, device=device)
     vae_note = compare_vae(vae_id, (loaded.latent or {}).get("vae"))
@@ -303,7 +305,8 @@ def _check_fit(cfg: SampleConfig, loaded: LoadedModel, vae_id: dict[str, Any]) -
     if cfg.protocol is None:
         return
     space = "pixels" if vae_id.get("kind") == "pixels" else "latent"
-    traits = protocols.model_traits(loaded.config, loaded.info["objective"], loaded.info.get("prediction"), space)
+    traits = protocols.model_traits(loaded.config, loaded.info["objective"], loaded.info.get("prediction"), space,
+                                    prediction_known=prediction_known(loaded))
     problem = protocols.fit_problem(protocols.protocol(cfg.protocol), traits)
     if problem:
         raise UserError(f"{problem} ({cfg.ckpt})")
@@ -423,6 +426,7 @@ def _record(cfg: SampleConfig, loaded: LoadedModel, vae_id: dict[str, Any], norm
             "vae": vae_id, "label_sampling": label_sampling(cfg), "labels": labels.tolist(),
             "class_names": (loaded.latent or {}).get("class_names"), **(conds.record() if conds is not None else {}),
             "protocol": proto.record(_latent_shape(loaded), loaded.info.get("time_shift")),
+            **({"settings_from": dict(loaded.info["settings_from"])} if loaded.info.get("settings_from") else {}),
             **({"guidance_model": {"path": str(cfg.guidance_model), "source": guide.info["source"],
                                    "model_config": guide.config}} if guide is not None else {})}
 

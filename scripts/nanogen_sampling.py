@@ -14,7 +14,12 @@ and line:
 - the condition: l.172-173 (the dataset's condition_type replaces the conditioning type "label");
 - the grid's shift: src/offline_eval.py l.118-124, sqrt((time_dist_shift_dim or prod(latent_size)) /
   time_dist_shift_base_eval), base_eval defaulting to time_dist_shift_base;
-- the null label: src/offline_eval.py l.177 (misc.num_classes).
+- the null label: src/offline_eval.py l.177 (misc.num_classes);
+- a text model's encoder: conditioning.text_encoder over TextEncoderConfig's defaults (src/configs/stage2.py
+  l.127-130);
+and, beside the configs, NanoGen's table of VAEs (src/stage1/vae.py l.24-95 VAE_CONFIGS: hub path, subfolder, the
+scaling and shift factors it fixes, channels, downsampling), which dit/nanogen_protocols.py's DECODERS are checked
+against.
 `--check` compares with the file instead of writing it (exit 1 on a difference).
 """
 from __future__ import annotations
@@ -33,7 +38,8 @@ import yaml
 RELEASE = "End2End-Diffusion/diffusion-bench"
 SAMPLING = "configs/stage2/sampling"
 DEFAULTS_FROM = {  # the dataclasses whose defaults a sampling config falls back on, by file
-    "src/configs/stage2.py": ("TransportConfig", "SamplerConfig", "CFGConfig", "IGConfig", "RepaConfig"),
+    "src/configs/stage2.py": ("TransportConfig", "SamplerConfig", "CFGConfig", "IGConfig", "RepaConfig",
+                              "TextEncoderConfig"),
     "src/configs/shared.py": ("MiscConfig",),
 }
 FIXTURE = Path(__file__).resolve().parents[1] / "tests" / "data" / "nanogen_sampling.json"
@@ -93,6 +99,7 @@ def facts(path: str, data: dict[str, Any], defaults: dict[str, dict[str, Any]]) 
     base_eval = misc["time_dist_shift_base"] if misc.get("time_dist_shift_base_eval") is None \
         else misc["time_dist_shift_base_eval"]
     shift = math.sqrt((misc["time_dist_shift_dim"] or math.prod(latent)) / base_eval)
+    text = {**defaults["TextEncoderConfig"], **((data.get("conditioning") or {}).get("text_encoder") or {})}
     stage_1 = data["stage_1"]
     params = stage_1.get("params") or {}
     datasets = ((data.get("eval") or {}).get("datasets")) or {}
@@ -116,9 +123,21 @@ def facts(path: str, data: dict[str, Any], defaults: dict[str, dict[str, Any]]) 
         "cfg": None if cfg is None else [cfg["scale"], cfg["t_min"], cfg["t_max"]],
         "ig": None if ig is None else [ig["scale"], ig["t_min"], ig["t_max"], ig["unconditional_scale"]],
         "null_label": misc["num_classes"],
+        "text_encoder": [text["model_name"], text["max_length"]] if condition == "text" else None,
         "eval": {name: {"metrics": ds.get("metrics"), "reference": Path(str(ds.get("reference_npz") or "")).name
                         or None} for name, ds in sorted(datasets.items())},
     }
+
+
+def vae_configs(source: str) -> dict[str, dict[str, Any]]:
+    """src/stage1/vae.py's VAE_CONFIGS: {vae_type: the keywords of its VAEConfig(...), literal values}."""
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == "VAE_CONFIGS":
+            table = node.value
+            assert isinstance(table, ast.Dict)
+            return {ast.literal_eval(k): {kw.arg: ast.literal_eval(kw.value) for kw in v.keywords}  # type: ignore
+                    for k, v in zip(table.keys, table.values)}
+    raise SystemExit("NanoGen's VAE_CONFIGS was not found in src/stage1/vae.py; the script needs updating")
 
 
 def collect(repo: str) -> dict[str, Any]:
@@ -133,7 +152,7 @@ def collect(repo: str) -> dict[str, Any]:
         key = f[len(SAMPLING) + 1:].rsplit(".", 1)[0]
         configs[key] = facts(f, yaml.safe_load(git(repo, "show", f"HEAD:{f}")), defaults)
     return {"release": RELEASE, "commit": git(repo, "rev-parse", "HEAD").strip(), "defaults": defaults,
-            "configs": configs}
+            "vaes": vae_configs(git(repo, "show", "HEAD:src/stage1/vae.py")), "configs": configs}
 
 
 def dumps(content: dict[str, Any]) -> str:

@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from dit_pipeline.dit import protocols
-from dit_pipeline.dit.nanogen_protocols import MODELS
+from dit_pipeline.common.text_encoders import PRESETS
+from dit_pipeline.dit.nanogen_protocols import DECODERS, MODELS, TOKENIZERS
 from dit_pipeline.dit.protocol_fit import ModelTraits
 from dit_pipeline.dit.protocols import PROTOCOLS
 from tests._util import REPO
@@ -56,6 +57,10 @@ def row_differences(key: str, f: dict) -> list[str]:
         "num_steps": p.count, "guidance": MODES[g.kind], "ig": g.internal,
         "cfg": [g.scale, *g.interval] if g.rule == "cfg" else f["cfg"] if f["guidance"] == "none" else None,
         "labels": p.labels, "null": p.null_label, "conversion": p.conversion,
+        # what the row supplies for a NanoGen file, which records none of it (sample/facts.py)
+        "facts": (p.facts.source, p.facts.prediction, p.facts.t_eps),
+        "text_encoder": None if p.facts.text_encoder is None else
+        [PRESETS[p.facts.text_encoder].source, PRESETS[p.facts.text_encoder].max_length],
     }
     theirs = {
         "config file": f"configs/stage2/sampling/{key}.yaml", "condition": f["condition"],
@@ -67,6 +72,8 @@ def row_differences(key: str, f: dict) -> list[str]:
         # src/eval/distributed.py l.35-58: one sample per validation image (equal counts); T2I: the prompts
         "labels": "equal" if f["condition"] == "label" else "uniform",
         "null": "num_classes" if f["condition"] == "label" else "the empty prompt", "conversion": "nanogen",
+        "facts": (f"configs/stage2/sampling/{key}.yaml", f["prediction"], f["t_eps"]),
+        "text_encoder": f["text_encoder"],
     }
     out = [f"{key}: {k} {ours[k]!r} (NanoGen: {theirs[k]!r})" for k in theirs if ours[k] != theirs[k]]
     if p.grid is None or abs(p.grid.shift - f["shift_eval"]) > 1e-12 * f["shift_eval"]:
@@ -91,10 +98,51 @@ def test_the_comparison_catches_a_differing_config(fixture):
     """The table test above is not vacuous: a config whose scale, shift, steps or REG differs is reported."""
     key = "imagenet/ddt-en28d1152hd72-dn2d2048hd128-sdvae-ema-vpred-t4c8-cfg1.6-t0.0-0.9"
     f = fixture["configs"][key]
-    changed = {**f, "cfg": [1.7, 0.0, 0.9], "shift_eval": 2.0, "num_steps": 40, "reg": True}
+    changed = {**f, "cfg": [1.7, 0.0, 0.9], "shift_eval": 2.0, "num_steps": 40, "reg": True, "prediction": "x"}
     assert [d.split(": ", 1)[1].split(" ")[0] for d in row_differences(key, changed)] == \
-        ["reg", "num_steps", "cfg", "grid"]
+        ["prediction", "reg", "num_steps", "cfg", "facts", "grid"]
     assert row_differences("imagenet/new-config", f) == ["imagenet/new-config: no protocol nanogen/new-config"]
+
+
+def test_the_decoders_named_are_nanogens_vaes(fixture):
+    """DECODERS names a --vae only where it decodes as NanoGen's stage_1 does: an AutoencoderKL hub id without a
+    subfolder whose scaling and shift NanoGen's own table fixes (src/stage1/vae.py l.24-95, l.137-149: otherwise it
+    reads them from the VAE's config, per channel as latents_mean / latents_std without diffusers' multiplier), and
+    the pixel space; every other latent space is named by NanoGen's path for the refusal."""
+    vaes = fixture["vaes"]
+    assert set(DECODERS) == set(TOKENIZERS) and set(vaes) <= set(DECODERS) | {"e2e-sdvae-mse"}
+    named = {t: spec for t, (spec, _, _) in DECODERS.items() if spec}
+    assert named == {"sdvae-ema": "stabilityai/sd-vae-ft-ema", "sdvae-mse": "stabilityai/sd-vae-ft-mse",
+                     "sdxl-vae": "madebyollin/sdxl-vae-fp16-fix", "pixels": "pixels"}
+    for tokenizer, (spec, latent, how) in DECODERS.items():
+        v = vaes.get(tokenizer)
+        if spec and v is not None:
+            assert (spec, latent, v.get("subfolder", "")) == (v["pretrained_path"],
+                                                              (v["scaling_factor"], v["shift_factor"]), ""), tokenizer
+        elif v is not None:
+            assert v["pretrained_path"] in how and spec is None and latent is None, tokenizer
+        # a latent space's channels and downsampling are the protocol table's too
+        if v is not None:
+            assert TOKENIZERS[tokenizer] == (v["latent_channels"], v["downsample_factor"]), tokenizer
+
+
+def test_the_generic_rows_state_what_all_their_configs_share(fixture):
+    """nanogen, nanogen-pixels, nanogen-t2i and nanogen-t2i-pixels supply a NanoGen file's setting only where every
+    config of their task and space agrees on it: the velocity of the latent models (not of the pixel ones: JiT and
+    PixelGen predict x, PixNerd the velocity), the pixel space, Qwen3-0.6B for T2I."""
+    for name, task, pixels in (("nanogen", "imagenet", False), ("nanogen-pixels", "imagenet", True),
+                               ("nanogen-t2i", "t2i", False), ("nanogen-t2i-pixels", "t2i", True)):
+        configs = [f for f in fixture["configs"].values()
+                   if f["task"] == task and (f["stage_1"] == "PixelEncoder") == pixels]
+        facts = PROTOCOLS[name].facts
+        shared = {k: {json.dumps(f[k]) for f in configs} for k in ("prediction", "text_encoder")}
+        want_prediction = json.loads(next(iter(shared["prediction"]))) if len(shared["prediction"]) == 1 else None
+        assert facts.prediction == want_prediction, name
+        text = None if facts.text_encoder is None else [PRESETS[facts.text_encoder].source,
+                                                        PRESETS[facts.text_encoder].max_length]
+        assert shared["text_encoder"] == {json.dumps(text)}, name
+        assert facts.vae == ("pixels" if pixels else None), name
+    assert PROTOCOLS["nanogen-pixels"].facts.prediction is None  # the case of issue 44 item 5
 
 
 def test_each_rows_grid_is_nanogens(fixture):
