@@ -84,7 +84,10 @@ class LatentEncoder:
                  latent_shape: tuple[int, ...] | None = None, unit_range: bool = False):
         if precision not in AUTOCAST_DTYPES:
             raise ValueError(f"precision must be one of {sorted(AUTOCAST_DTYPES)}, got {precision!r}")
-        self.vae = vae.to(device=device, memory_format=torch.channels_last).eval().requires_grad_(False)
+        # channels_last for 2-D convolutions; a VAE may prefer another (Qwen-Image's 3-D convolutions: a layout
+        # of common/latent_spaces.py says so)
+        fmt = getattr(vae, "preferred_memory_format", torch.channels_last)
+        self.vae = vae.to(device=device, memory_format=fmt).eval().requires_grad_(False)
         self.device = device
         self.precision = precision
         self.views = views
