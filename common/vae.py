@@ -415,7 +415,7 @@ def _load_space(name: str, *, revision: str | None, device: torch.device | str, 
     vae = with_layout(vae)
     identity: dict[str, Any] = {"source": space.hub_id, "kind": "hub", "subfolder": space.subfolder,
                                 "revision": revision or "main"}
-    commit = getattr(vae.config, "_commit_hash", None)
+    commit = getattr(vae.config, "_commit_hash", None) or _cached_commit(space.hub_id, space.subfolder, revision)
     if commit:
         identity["commit"] = commit
     identity.update(_describe(vae, name))
@@ -426,3 +426,18 @@ def _load_space(name: str, *, revision: str | None, device: torch.device | str, 
     if dtype != torch.float32:
         vae = vae.to(dtype)
     return vae, identity
+
+
+def _cached_commit(repo_id: str, subfolder: str | None, revision: str | None) -> str | None:
+    """The commit of the cached snapshot that holds the repository's config (what was loaded), or None."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(repo_id, f"{subfolder}/config.json" if subfolder else "config.json",
+                                       revision=revision)
+    except Exception:  # noqa: BLE001 - an identity detail, never a reason to fail
+        return None
+    if not isinstance(found, str):
+        return None
+    parts = Path(found).parts
+    return parts[parts.index("snapshots") + 1] if "snapshots" in parts else None
