@@ -30,7 +30,8 @@ sqrt(var + 1e-5) (our `mean_var` record: `dit-extract --latent-stats stats.pt`).
   pe.py `_sample_abs_posemb`), and puts RoPE at integer positions 1..g (CLS at 0; `Rope2D.update_grid`): timm
   resamples bicubic with antialias at load time and, with its `ref_feat_shape`, rescales the RoPE positions to
   the pretraining grid. So the timm model is built at its pretraining size (the weights load unresampled), its
-  table resampled by PE's rule here, and rebuilt at 14*(R/16) px with `ref_feat_shape=None` (plain positions).
+  table resampled by PE's rule here, and rebuilt at 14*(R/16) px with `ref_feat_shape` the grid itself (plain
+  positions).
 
 timm's and transformers' ports are assumed to compute what the torch.hub / PE originals compute with the same
 weights (they load those checkpoints: `--encoder-weights` takes the original DINOv2, DINOv3 and PE files, timm
@@ -223,7 +224,9 @@ def _timm_model(space: EncoderSpace, *, resolution: int, model_args: dict[str, A
         sd = native.state_dict()
         grid = size // 14
         sd["pos_embed"] = pe_table(sd["pos_embed"], grid)
-        kw_target = {**kw, "img_size": size, "ref_feat_shape": None}
+        # timm drops a None ref_feat_shape for its registered default (the pretraining grid); the grid itself
+        # makes the positions t / g * g = t, exactly for NanoGen's power-of-two grids (16 at 256 px)
+        kw_target = {**kw, "img_size": size, "ref_feat_shape": (grid, grid)}
         model = timm.create_model(space.model, pretrained=False, **kw_target)
         missing, unexpected = model.load_state_dict(sd, strict=False)
         bad = [k for k in missing if "rope" not in k] + list(unexpected)
