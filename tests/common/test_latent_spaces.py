@@ -222,6 +222,9 @@ def test_extracted_by_name_and_decoded_from_the_record(cache, tmp_path, name, ma
     assert m.latent_shape == [channels, 8 if name == "flux2" else 16, 8 if name == "flux2" else 16]
     assert (m.extraction["vae"]["latent_space"], m.store, m.views) == (name, "posterior", 2)
     assert space_name(m.extraction) == name and m.norm.key() == LatentNorm.of_vae(m.extraction["vae"]).key()
+    from dit_pipeline.shards.info import format_info, info_dict
+
+    assert f"{repo}, subfolder vae, revision main, commit {COMMIT} (NanoGen's {name})" in format_info(info_dict(out))
     samples = read_samples(out)
     vae, _ = load_vae(recorded_vae(m.extraction["vae"], "the manifest")[0])
     s = samples[sorted(samples)[0]]
