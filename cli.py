@@ -287,7 +287,8 @@ def sample_export_cmd(debug: bool, **options: Any) -> None:
 @click.option("--store", type=click.Choice(STORES), default=default(ExtractConfig, "store"), show_default=True,
               help="posterior: mean + std (sample fresh noise every epoch); sample: one fixed posterior sample "
               "(the latent itself for an encoder without a posterior, e.g. DC-AE, which needs --store sample; "
-              "always with --encoder).")
+              "always with --encoder); mode: the posterior's mean, the latent NanoGen trains on (half the bytes of "
+              "posterior).")
 @click.option("--dtype", type=click.Choice(DTYPES), default=default(ExtractConfig, "dtype"), show_default=True,
               help="Storage dtype of the latents in the shards.")
 @click.option("--pixels/--no-pixels", default=default(ExtractConfig, "pixels"), show_default=True,

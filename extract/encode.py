@@ -134,8 +134,8 @@ class LatentEncoder:
         finite = torch.isfinite(mean).all() & (torch.isfinite(std).all() if std is not None else True)
         b = len(indices)
         mean = self._views_first(mean, b)
-        if std is None:  # a deterministic encoder: its latent is the sample (dit-extract refuses --store posterior)
-            assert self.store == "sample", "an encoder without a posterior stores its latent"
+        if std is None or self.store == "mode":  # a deterministic encoder's latent, or the posterior's mean
+            assert self.store in ("sample", "mode"), "an encoder without a posterior stores its latent"
             return mean, None, finite
         std = self._views_first(std, b)
         if self.store == "sample":

@@ -228,7 +228,7 @@ def test_extracted_by_name_and_decoded_from_the_record(cache, tmp_path, name, ma
     samples = read_samples(out)
     vae, _ = load_vae(recorded_vae(m.extraction["vae"], "the manifest")[0])
     s = samples[sorted(samples)[0]]
-    x = m.norm.apply(torch.from_numpy(s.mean))                           # [2 views, C, h, w]
+    x = m.norm.apply(torch.from_numpy(s.mean).clone())                   # [2 views, C, h, w]
     img = decode_latents(vae, x, norm=m.norm)
     assert img.shape == (2, 32, 32, 3) and img.dtype == torch.uint8
     with torch.no_grad():  # the same decode written out: the record's normalization inverted, the VAE's layout
@@ -240,3 +240,10 @@ def test_extracted_by_name_and_decoded_from_the_record(cache, tmp_path, name, ma
             direct = ref.decode(z.unsqueeze(2)).sample.squeeze(2)
     expect = torch.clamp(127.5 * direct + 128.0, 0, 255).permute(0, 2, 3, 1).to(torch.uint8)  # DiT's conversion
     assert int((img.int() - expect.int()).abs().max()) <= 1  # one step where a value sits on an integer
+    if name == "flux2":  # --store mode: NanoGen's latent (the posterior's mode), one array per view
+        run_extract(ExtractConfig(data_path=str(tree), out=str(tmp_path / "mode"), vae=name, image_size=32,
+                                  dtype="float32", batch_size=2, num_workers=0, quiet=True, store="mode"))
+        mm = read_manifest(tmp_path / "mode")
+        assert (mm.store, mm.extraction["store"], mm.extraction["seed"]) == ("sample", "mode", None)
+        modes = read_samples(tmp_path / "mode")
+        assert all(np.array_equal(modes[k].latent, samples[k].mean) for k in samples)
