@@ -19,9 +19,10 @@ through a VAE wrapper (src/stage1/vae.py). This module names each of its VAEs by
   batch_norm_eps, 1e-4, which a VAE loaded from a folder uses). Stored as a `mean_std` record; our x = (z - mean)
   * float32(1 / std) differs from NanoGen's division by at most one float32 rounding.
 - Qwen-Image (`QwenVAE`, vae.py l.374-406): AutoencoderKLQwenImage is a video VAE; an image is read as a video of
-  ONE frame: [B, 3, H, W] -> [B, 3, 1, H, W] (the causal encoder pads the time axis with the frame itself, so a
-  single frame is its own complete clip), the posterior's [B, 16, 1, h, w] mean and log-variance squeezed back to
-  [B, 16, h, w]; decoding unsqueezes the latent the same way and squeezes the one decoded frame.
+  ONE frame: [B, 3, H, W] -> [B, 3, 1, H, W] (the VAE encodes a video's first frame alone, then chunks of four,
+  its causal convolutions zero-padding the time axis: an image is encoded as a video's first frame), the
+  posterior's [B, 16, 1, h, w] mean and log-variance squeezed back to [B, 16, h, w]; decoding unsqueezes the
+  latent the same way and squeezes the one decoded frame.
 
 `Patchified` and `SingleFrame` wrap the diffusers VAE so that everyone else (extract/encode.py, the sample
 grids, `sample.generate.decode_latents`) keeps seeing `encode(x).latent_dist` with `.mean`/`.std` and
