@@ -257,9 +257,9 @@ def load_feature_encoder(spec: str, *, weights: str | None = None, layers: int |
     space = _encoder_space(spec, layers, formula)
     if space is not None:  # NanoGen's encoders by name (common/nanogen_encoders.py)
         name, file_args = space
-        return load_encoder_space(name, weights=weights or file_args.pop("weights", None), device=device,  # type: ignore[return-value]
-                                  pretrained=pretrained and file_args.pop("pretrained", True), image_size=image_size,
-                                  **file_args)
+        file_weights, file_pretrained = file_args.pop("weights", None), file_args.pop("pretrained", True)
+        return load_encoder_space(name, weights=weights or file_weights, device=device,  # type: ignore[return-value]
+                                  pretrained=pretrained and file_pretrained, image_size=image_size, **file_args)
     with torch.random.fork_rng(devices=[]):
         return _load(spec, weights, layers, device, pretrained, image_size, formula)
 

@@ -169,7 +169,8 @@ class Patchified(Layout):
     def to_dit(self, z: torch.Tensor) -> torch.Tensor:
         b, c, h, w = z.shape
         ph, pw = self.patch
-        return z.view(b, c, h // ph, ph, w // pw, pw).permute(0, 1, 3, 5, 2, 4).reshape(b, c * ph * pw, h // ph, w // pw)
+        z = z.view(b, c, h // ph, ph, w // pw, pw).permute(0, 1, 3, 5, 2, 4)
+        return z.reshape(b, c * ph * pw, h // ph, w // pw)
 
     def from_dit(self, z: torch.Tensor) -> torch.Tensor:
         b, c4, h, w = z.shape
@@ -252,7 +253,8 @@ def nanogen_normalization(cfg: Any, space: VaeSpace | None) -> dict[str, Any] | 
     n = len(mean if mean is not None else std)
     shift = torch.tensor(mean) if mean is not None else torch.full((n,), shift_s, dtype=torch.float32)
     scale = 1 / torch.tensor(std) if std is not None else torch.full((n,), scale_s, dtype=torch.float32)
-    return {"form": "scale_shift", "scale": [float(v) for v in scale.float()], "shift": [float(v) for v in shift.float()],
+    return {"form": "scale_shift", "scale": [float(v) for v in scale.float()],
+            "shift": [float(v) for v in shift.float()],
             "source": {"kind": "vae_config", "rule": "NanoGen src/stage1/vae.py: shift = latents_mean, "
                                                      "scale = 1 / latents_std (float32)"}}
 

@@ -247,3 +247,26 @@ def test_extracted_by_name_and_decoded_from_the_record(cache, tmp_path, name, ma
         assert (mm.store, mm.extraction["store"], mm.extraction["seed"]) == ("sample", "mode", None)
         modes = read_samples(tmp_path / "mode")
         assert all(np.array_equal(modes[k].latent, samples[k].mean) for k in samples)
+
+
+def test_dit_sample_decodes_with_the_space_its_checkpoint_records(cache, tmp_path):
+    """A model trained on `--vae flux2` shards samples without --vae: the checkpoint's record names flux2, which
+    loads from the cache in FLUX.2's layout and decodes 16 x 8 x 8 latents to 32 px images."""
+    from click.testing import CliRunner
+
+    from dit_pipeline.cli import sample_main
+    from tests.sample.conftest import our_checkpoint, random_dit
+
+    put_in_cache(cache, "black-forest-labs/FLUX.2-dev", "vae", tiny_flux2())
+    _, ident = load_vae("flux2")
+    norm = LatentNorm.of_vae(ident)
+    latent = {**norm.record(), "vae": ident, "class_names": [f"c{i}" for i in range(10)]}
+    ckpt = tmp_path / "flux2.pt"
+    torch.save(our_checkpoint(random_dit(1, in_channels=16, input_size=8),
+                              random_dit(2, in_channels=16, input_size=8), latent=latent), ckpt)
+    npz = tmp_path / "s.npz"
+    r = CliRunner().invoke(sample_main, ["--ckpt", str(ckpt), "--steps", "2", "--class-labels", "1,2", "--npz",
+                                         str(npz)])
+    assert r.exit_code == 0, r.output
+    with np.load(npz) as z:
+        assert z["arr_0"].shape == (2, 32, 32, 3) and z["arr_0"].std() > 0
