@@ -17,7 +17,8 @@ from dit_pipeline.common.latent_spaces import VAE_SPACES, space_name
 from dit_pipeline.common.vae import encode_latents, load_vae, recorded_vae
 from dit_pipeline.extract.encode import to_model_input
 from tests._util import FP32_EPS, assert_close_at_scale
-from tests.common._spaces import COMMIT, put_in_cache, tiny_flux2, tiny_kl, tiny_qwen, use_cache
+from tests.common._spaces import (COMMIT, NEEDS_FLUX2, NEEDS_QWEN, put_in_cache, tiny_flux2, tiny_kl, tiny_qwen,
+                                  use_cache)
 
 # src/stage1/vae.py l.24-95 (VAE_CONFIGS: pretrained_path, subfolder, scaling/shift overrides) and the class each
 # wrapper loads (VAE: AutoencoderKL l.153-156, Flux2VAE: AutoencoderKLFlux2 l.284-285, QwenVAE:
@@ -68,6 +69,7 @@ def test_pixels_are_nanogens_bit_for_bit():
     assert torch.equal(to_model_input(u8, views=1), nanogen_input(u8))  # (x - .5) / .5 == x * 2 - 1, exactly
 
 
+@NEEDS_FLUX2
 def test_flux2_is_patchified_and_normalized_by_its_batchnorm_as_nanogen(cache):
     ref = tiny_flux2()
     put_in_cache(cache, "black-forest-labs/FLUX.2-dev", "vae", ref)
@@ -102,6 +104,7 @@ def test_flux2_is_patchified_and_normalized_by_its_batchnorm_as_nanogen(cache):
     assert_close_at_scale(img, img_ref, rel=1e-4)
 
 
+@NEEDS_QWEN
 def test_qwen_image_vae_reads_an_image_as_one_frame_and_normalizes_bit_for_bit(cache):
     ref = tiny_qwen()
     put_in_cache(cache, "Qwen/Qwen-Image", "vae", ref)
@@ -175,6 +178,7 @@ def test_an_uncached_space_names_its_repository_and_subfolder(cache):
     assert "huggingface-cli download black-forest-labs/FLUX.1-dev --include 'vae/*'" in str(e.value)
 
 
+@NEEDS_FLUX2
 def test_a_local_folder_of_those_classes_gets_its_layout(tmp_path):
     """Without NanoGen's name: the class decides the layout, FLUX.2's eps is its config's (the FLUX.2 pipeline)."""
     tiny_flux2().save_pretrained(tmp_path / "f2")
@@ -187,21 +191,23 @@ def test_a_local_folder_of_those_classes_gets_its_layout(tmp_path):
 def test_old_diffusers_is_refused_naming_the_version(cache, monkeypatch):
     import diffusers
 
-    monkeypatch.setattr(diffusers, "AutoencoderKLFlux2", None)  # as diffusers 0.35 (getattr finds nothing)
+    monkeypatch.setattr(diffusers, "AutoencoderKLFlux2", None, raising=False)  # as diffusers 0.35: nothing found
     put_in_cache(cache, "black-forest-labs/FLUX.2-dev", "vae", tiny_kl())
     with pytest.raises(UserError, match=r"is an AutoencoderKLFlux2, which diffusers provides from version 0\.36\.0 "
                                         r"on; .* pip install 'diffusers>=0\.36\.0'"):
         load_vae("flux2")
 
 
+@NEEDS_QWEN
 def test_commit_is_the_caches(cache):
     put_in_cache(cache, "Qwen/Qwen-Image", "vae", tiny_qwen())
     _, ident = load_vae("qwen-vae")
     assert ident["commit"] == COMMIT
 
 
-@pytest.mark.parametrize("name, make, repo", [("flux2", tiny_flux2, "black-forest-labs/FLUX.2-dev"),
-                                              ("qwen-vae", tiny_qwen, "Qwen/Qwen-Image")])
+@pytest.mark.parametrize("name, make, repo", [
+    pytest.param("flux2", tiny_flux2, "black-forest-labs/FLUX.2-dev", marks=NEEDS_FLUX2),
+    pytest.param("qwen-vae", tiny_qwen, "Qwen/Qwen-Image", marks=NEEDS_QWEN)])
 def test_extracted_by_name_and_decoded_from_the_record(cache, tmp_path, name, make, repo):
     """dit-extract --vae NAME: the shards hold the DiT-layout posterior, the manifest NanoGen's normalization and
     name; the decoder a checkpoint's record names decodes them (sample.generate.decode_latents)."""
@@ -249,6 +255,7 @@ def test_extracted_by_name_and_decoded_from_the_record(cache, tmp_path, name, ma
         assert all(np.array_equal(modes[k].latent, samples[k].mean) for k in samples)
 
 
+@NEEDS_FLUX2
 def test_dit_sample_decodes_with_the_space_its_checkpoint_records(cache, tmp_path):
     """A model trained on `--vae flux2` shards samples without --vae: the checkpoint's record names flux2, which
     loads from the cache in FLUX.2's layout and decodes 16 x 8 x 8 latents to 32 px images."""
