@@ -22,7 +22,7 @@ config: each built by the loader dit-extract uses, so the formula around the net
 
     python bench/latent_spaces.py --repeat 2 --threads 2
     python bench/latent_spaces.py --only flux2,pe-vit-l --repeat 1      # a subset (SD-VAE always runs)
-    python bench/latent_spaces.py --bytes-only                          # bytes per sample, every store
+    python bench/latent_spaces.py --static                              # bytes per sample, DiT step FLOPs
 """
 from __future__ import annotations
 
@@ -137,22 +137,37 @@ def sample_bytes(shape: tuple[int, int, int], store: str, views: int, folder: Pa
     return rec.bytes // 8
 
 
-def bytes_table() -> dict[str, Any]:
+def dit_step_tflop(shape: tuple[int, int, int]) -> float:
+    """TFLOP of one NanoGen training step of its DiT-DH (ddt-en28d1152hd72-dn2d2048hd128, patch 2 on 32 x 32
+    latents and 1 on 16 x 16, as its configs) on this latent: the family's forward MACs x 2 FLOP x 3 (forward
+    and backward) x the global batch of 1024."""
+    from dit_pipeline import dit
+
+    c, h, _ = shape
+    with torch.device("meta"):
+        m = dit.create_model("ddt-en28d1152hd72-dn2d2048hd128", input_size=h, in_channels=c,
+                             patch_size=2 if h == 32 else 1, num_classes=1000)
+    return type(m).forward_macs(m.config) * 2 * 3 * NANOGEN_BATCH / 1e12
+
+
+def static_table() -> dict[str, Any]:
     """Bytes per sample of every space, float16, both views and one: a VAE's posterior (mean + std, the default
-    --store) and its one latent (--store mode, NanoGen's), a feature encoder's latent; and ImageNet-1k train
-    (1,281,167 images) in GiB at the smaller one with both views."""
+    --store) and its one latent (--store mode, NanoGen's), a feature encoder's latent; ImageNet-1k train
+    (1,281,167 images) in GiB at the smaller one with both views; and NanoGen's DiT step on that latent."""
     folder = Path(tempfile.mkdtemp(prefix="bench-latent-bytes-"))
     out: dict[str, Any] = {}
     print(f"{'space':26s} {'latent':>12s} {'posterior 2v':>13s} {'posterior 1v':>13s} {'latent 2v':>10s} "
-          f"{'latent 1v':>10s} {'IN-1k GiB':>10s}")
+          f"{'latent 1v':>10s} {'IN-1k GiB':>10s} {'DiT step TFLOP':>15s}")
     for label, names, _, store, shape in SPACES:
         post = [sample_bytes(shape, "posterior", v, folder, f"p{v}") for v in (2, 1)] if store == "posterior" \
             else [None, None]
         lat = [sample_bytes(shape, "sample", v, folder, f"l{v}") for v in (2, 1)]
-        out[label] = {"nanogen": names, "latent": list(shape), "posterior": post, "latent_only": lat}
+        step = dit_step_tflop(shape)
+        out[label] = {"nanogen": names, "latent": list(shape), "posterior": post, "latent_only": lat,
+                      "dit_step_tflop": step}
         fmt = lambda b: f"{b:,d}" if b is not None else "-"  # noqa: E731
         print(f"{label:26s} {'x'.join(map(str, shape)):>12s} {fmt(post[0]):>13s} {fmt(post[1]):>13s} "
-              f"{fmt(lat[0]):>10s} {fmt(lat[1]):>10s} {lat[0] * 1_281_167 / 2 ** 30:10.1f}")
+              f"{fmt(lat[0]):>10s} {fmt(lat[1]):>10s} {lat[0] * 1_281_167 / 2 ** 30:10.1f} {step:15.1f}")
     return out
 
 
@@ -162,10 +177,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--only", default=None, help="comma-separated NanoGen names (rows that list one of them)")
     ap.add_argument("--json", default=None, help="also write the numbers to this file")
-    ap.add_argument("--bytes-only", action="store_true", help="only the bytes per sample (no model is built)")
+    ap.add_argument("--static", action="store_true", help="only what needs no encoder run: bytes per sample and "
+                    "NanoGen's DiT step FLOPs per space")
     a = ap.parse_args(argv)
-    if a.bytes_only:
-        return bytes_table()
+    if a.static:
+        return static_table()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     pixels = torch.randint(0, 256, (1, 256, 256, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
