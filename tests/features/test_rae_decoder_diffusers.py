@@ -133,6 +133,10 @@ def test_extract_nanogen_features_with_their_statistics_and_decode_them(tmp_path
     enc = m.extraction["encoder"]
     assert (m.latent_shape, enc["latent_space"], enc["decoder_output"], m.norm.per_channel["form"]) == \
         ([32, 16, 16], "dinov2-vit-b", "unit", "mean_var")
+    from dit_pipeline.shards.info import format_info, info_dict
+
+    assert "encoder:  vit_base_patch14_reg4_dinov2 (NanoGen's dinov2-vit-b) (nanogen's formula, 224 px, patch 14" \
+        in format_info(info_dict(out))
     samples = read_samples(out)
     s = samples[sorted(samples)[0]]
     x = m.norm.apply(torch.from_numpy(s.latent).clone())  # [2, 32, 16, 16]: (z - mean) / sqrt(var + eps)
