@@ -76,8 +76,8 @@ def _weights_options(f: Callable) -> Callable:
         click.option("--encoder-depth", type=int, default=None, help="DDT's encoder blocks, for a file of a custom "
                      "size that does not state them (no model_config, no sidecar, no preset of its depth and width)."),
         click.option("--vae", "--decoder", "vae", default=None, help="VAE: hub id, local diffusers folder, or single "
-                     ".safetensors/.ckpt file; for a feature space RAE's decoder state_dict FILE[,CONFIG] "
-                     "(docs/feature-spaces.md) [the VAE the checkpoint records (the one its shards were extracted "
+                     ".safetensors/.ckpt file, or a NanoGen latent space's name (docs/latent-spaces.md); for a "
+                     "feature space RAE's or NanoGen's decoder state_dict FILE[,CONFIG] (docs/feature-spaces.md) [the VAE the checkpoint records (the one its shards were extracted "
                      "with), else stabilityai/sd-vae-ft-ema]."),
         click.option("--vae-config", default=None, help="Diffusers config folder for a single-file --vae "
                      "(default: the built-in SD-VAE config)."),
@@ -270,17 +270,22 @@ def sample_export_cmd(debug: bool, **options: Any) -> None:
               "else float16 (its error is measured and recorded in the manifest).")
 @click.option("--text-revision", default=None, help="Hub revision (branch, tag or commit) of --text-encoder.")
 @click.option("--vae", default=default(ExtractConfig, "vae"), show_default=True,
-              help="Hub id, local diffusers folder, or single .safetensors/.ckpt file.")
+              help="Hub id, local diffusers folder, or single .safetensors/.ckpt file; or one of NanoGen's VAE "
+              "latent spaces by its name (flux2, qwen-vae, sd3.5, flux, sdxl-vae, sdvae-ema, e2e-vavae, ...: "
+              "docs/latent-spaces.md), loaded and normalized as NanoGen does.")
 @click.option("--vae-config", default=None, help="For a single-file --vae: a folder with its diffusers "
               "config.json (default: the built-in SD-VAE config).")
 @click.option("--vae-revision", default=None, help="Hub revision (branch, tag or commit) for a hub id.")
 @click.option("--encoder", default=None, metavar="NAME|FILE",
               help="A feature encoder instead of the VAE (RAE): dinov2-b-reg (RAE's DINOv2-B with registers), "
-              "dinov2-b, dinov3-l (RAEv2), a timm model name, a JSON encoder file or a weight file; stores its "
+              "dinov2-b, dinov3-l (RAEv2), NanoGen's encoders (dinov2-vit-b, dinov3-vit-b16, siglip2-vit-b, "
+              "pe-vit-l, langpe-vit-l, spatialpe-vit-l: docs/latent-spaces.md), a timm model name, a JSON encoder "
+              "file or a weight file; stores its "
               "patch tokens [C, 16, 16] as the latent (docs/feature-spaces.md); or pixels: the crops "
               "themselves are the latents, no VAE (docs/pixel-space.md).")
 @click.option("--encoder-weights", default=None, metavar="FILE",
-              help="Offline weights (a timm state_dict) for --encoder; without it timm downloads them.")
+              help="Offline weights (a timm state_dict, or the original DINOv2/DINOv3/PE checkpoint; a "
+              "save_pretrained folder for siglip2-vit-b) for --encoder; without it timm downloads them.")
 @click.option("--encoder-layers", type=int, default=None, metavar="K",
               help="Sum the last K blocks' patch tokens (each through the affine-free final LayerNorm) "
               "[default: the preset's: 7 for dinov3-l, else 1].")
@@ -301,7 +306,8 @@ def sample_export_cmd(debug: bool, **options: Any) -> None:
 @click.option("--store", type=click.Choice(STORES), default=default(ExtractConfig, "store"), show_default=True,
               help="posterior: mean + std (sample fresh noise every epoch); sample: one fixed posterior sample "
               "(the latent itself for an encoder without a posterior, e.g. DC-AE, which needs --store sample; "
-              "always with --encoder).")
+              "always with --encoder); mode: the posterior's mean, the latent NanoGen trains on (half the bytes of "
+              "posterior).")
 @click.option("--dtype", type=click.Choice(DTYPES), default=default(ExtractConfig, "dtype"), show_default=True,
               help="Storage dtype of the latents in the shards.")
 @click.option("--pixels/--no-pixels", default=default(ExtractConfig, "pixels"), show_default=True,

@@ -12,7 +12,10 @@ patch tokens through the same affine-free LayerNorm (our reading of RAEv2; with 
 the [0, 1] images (identity `input_range: "0,1"`) and returns an object with `.latent` (a deterministic
 encoder, `encoder_output: "latent"`), so extract/encode.py runs it as it runs a VAE without a posterior.
 
-`--encoder` is a preset name (`PRESETS`), any timm model name, a JSON file {"model": timm name, "model_args":
+`--encoder` is a preset name (`PRESETS`), one of NanoGen's encoder names (`dinov2-vit-b`, `dinov3-vit-b16`,
+`siglip2-vit-b`, `pe-vit-l`, `langpe-vit-l`, `spatialpe-vit-l`: NanoGen's own formula, common/nanogen_encoders.py;
+a JSON file {"preset": NAME, "model_args": {...}, "weights": ..., "pretrained": false} builds a custom-sized one),
+any timm model name, a JSON file {"model": timm name, "model_args":
 {...}, "input_size": ..., "layers": ..., "weights": file relative to the JSON, "pretrained": false} (custom or
 tiny architectures; random weights unless it names some), or a weight file (.pth/.pt/
 .safetensors) whose tensor shapes pick the preset; `--encoder-weights FILE` loads offline weights into a named
@@ -32,6 +35,7 @@ from torch import nn
 
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.io import sha256_file
+from dit_pipeline.common.nanogen_encoders import load_encoder_space
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -258,8 +262,44 @@ def load_feature_encoder(spec: str, *, weights: str | None = None, layers: int |
 
     if is_pixel_space(spec):  # pixels as the latent space: the identity encoder (common/pixels.py)
         return load_pixel_space(image_size, device)  # type: ignore[return-value]
+    space = _encoder_space(spec, layers, formula)
+    if space is not None:  # NanoGen's encoders by name (common/nanogen_encoders.py)
+        name, file_args = space
+        file_weights, file_pretrained = file_args.pop("weights", None), file_args.pop("pretrained", True)
+        return load_encoder_space(name, weights=weights or file_weights, device=device,  # type: ignore[return-value]
+                                  pretrained=pretrained and file_pretrained, image_size=image_size, **file_args)
     with torch.random.fork_rng(devices=[]):
         return _load(spec, weights, layers, device, pretrained, image_size, formula)
+
+
+def _encoder_space(spec: str, layers: int | None, formula: str) -> tuple[str, dict[str, Any]] | None:
+    """(NanoGen's encoder name, the JSON file's settings) when `spec` names one of NanoGen's encoders, directly
+    or as a JSON encoder file {"preset": NAME, "model_args": {...}, "weights": FILE, "pretrained": false}."""
+    from dit_pipeline.common.nanogen_encoders import ENCODER_SPACES, is_encoder_space
+
+    found: tuple[str, dict[str, Any]] | None = None
+    p = Path(spec).expanduser()
+    if is_encoder_space(spec):
+        found = (spec, {})
+    elif p.is_file() and p.suffix.lower() == ".json":
+        try:
+            d = json.loads(p.read_text(encoding="utf-8"))
+        except ValueError:
+            return None  # the generic reader says what is wrong
+        if isinstance(d, dict) and d.get("preset") is not None:
+            if d["preset"] not in ENCODER_SPACES:
+                raise UserError(f"--encoder {spec}: preset {d['preset']!r} is none of NanoGen's encoders "
+                                f"({', '.join(ENCODER_SPACES)})")
+            args: dict[str, Any] = {"model_args": dict(d.get("model_args") or {}),
+                                    "pretrained": bool(d.get("pretrained", True)),
+                                    "source": {"spec": str(p.resolve()), "file_sha256": sha256_file(p)}}
+            if d.get("weights"):
+                args["weights"] = str(p.parent / str(d["weights"]))
+            found = (str(d["preset"]), args)
+    if found is not None and (layers is not None or formula != "rae"):
+        raise UserError(f"--encoder {found[0]} is NanoGen's encoder with NanoGen's formula (its last block); drop "
+                        "--encoder-layers and --encoder-formula")
+    return found
 
 
 def _load(spec, weights, layers, device, pretrained, image_size, formula):

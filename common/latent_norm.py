@@ -42,7 +42,7 @@ Z = TypeVar("Z")
 FORMS = ("mean_std", "scale_shift", "mean_var")
 ARRAY_ENCODING = "float32-le-base64"  # how a mean_var record stores its [C, h, w] arrays in JSON
 RAE_EPS = 1e-5
-SOURCE_KINDS = ("vae_config", "file", "stats")
+SOURCE_KINDS = ("vae_config", "vae_weights", "file", "stats")
 _VECTORS = {"mean_std": ("mean", "std"), "scale_shift": ("scale", "shift")}
 
 
@@ -164,10 +164,13 @@ class LatentNorm:
 
     @classmethod
     def of_vae(cls, identity: Mapping[str, Any]) -> "LatentNorm":
-        """The VAE config's own normalization (common.vae identity): per-channel when it has `latents_mean` and
-        `latents_std` (diffusers' convention, multiplier = scaling_factor), else scalar."""
+        """The VAE's own normalization (common.vae identity): its `normalization` record where it has one (a
+        layout's statistics or NanoGen's rule: common/latent_spaces.py), else per-channel when it has
+        `latents_mean` and `latents_std` (diffusers' convention, multiplier = scaling_factor), else scalar."""
         scale, shift = float(identity["scaling_factor"]), identity.get("shift_factor")
         shift = None if shift is None else float(shift)
+        if identity.get("normalization") is not None:  # the VAE's own record (common/latent_spaces.py)
+            return cls(scale, shift, dict(identity["normalization"]))
         mean, std = identity.get("latents_mean"), identity.get("latents_std")
         if mean is None or std is None:
             return cls(scale, shift)
@@ -310,7 +313,9 @@ class LatentNorm:
 def describe_source(source: Mapping[str, Any]) -> str:
     kind = source.get("kind")
     if kind == "vae_config":
-        return "the VAE config's latents_mean/latents_std"
+        return "the VAE config's latents_mean/latents_std" + (f" ({source['rule']})" if source.get("rule") else "")
+    if kind == "vae_weights":
+        return f"the VAE's own statistics ({source.get('what')})"
     if kind == "file":
         sha = str(source.get("sha256") or "")[:12]
         return f"the statistics file {source.get('path')}" + (f" (sha256 {sha}...)" if sha else "")

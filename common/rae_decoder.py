@@ -25,6 +25,22 @@ times the ImageNet std plus the mean gives [0, 1] (RAE's `decode`), and `decode`
 diffusers VAE's `decode(z).sample` does, so `sample.generate.decode_latents` (which first inverts the latent
 normalization) treats it as a VAE.
 
+NanoGen's decoders (End2End-Diffusion/diffusion-bench src/stage1/decoders/decoder.py `GeneralDecoder`) have the
+same layout, but their stage-1 training fits the decoder's output to the [0, 1] image itself (src/stage1/
+engine.py: `(recon - images).abs()`), and NanoGen's RAE.decode (src/stage1/rae.py l.86-95) returns the unpatchified
+output as it is, without the ImageNet std and mean. The decoder's `output` says which: "imagenet" (RAE) or
+"unit" (NanoGen); `fit_decoder` sets it from the latent space's record (`decoder_output` of a NanoGen feature
+encoder's identity, common/nanogen_encoders.py) where the model is decoded.
+
+Why not diffusers' `AutoencoderRAE` (0.37+), whose `RAEDecoder` is the same network (tests/features/
+test_rae_decoder_diffusers.py gives it the same weights and gets the same images): (1) it renames the attention
+to diffusers' `Attention` (`to_q`, `to_out.0`), so RAE's and NanoGen's released files do not load into it
+unchanged; (2) `AutoencoderRAE.decode` undoes its own latent normalization as z * (latents_std + 1e-5) +
+latents_mean, which is neither RAE's nor NanoGen's sqrt(var + 1e-5) per channel and position, and without
+statistics it still multiplies by 1 + 1e-5 (no identity setting), so our normalization could not be inverted
+first; (3) it builds the frozen encoder (a transformers DINOv2/SigLIP2/MAE) with the decoder, memory a decode never
+uses; (4) it needs diffusers 0.37, the project's floor is 0.29.2.
+
 `--vae DECODER` (dit-sample, dit-train's grids and FID) loads it: a .pt/.pth/.safetensors file whose tensors
 have this layout, optionally `DECODER,CONFIG` or `--vae-config CONFIG` (RAE's config.json: the heads, the eps
 and the activation, which the tensors do not show; without one: 16 heads for width 1152 as RAE's ViT-XL, else
@@ -134,6 +150,7 @@ class RAEDecoder(nn.Module):
         self.decoder_pred = nn.Linear(d, c.patch_size ** 2 * c.out_channels)
         self.register_buffer("pix_mean", torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("pix_std", torch.tensor(IMAGENET_STD).view(1, 3, 1, 1), persistent=False)
+        self.output = "imagenet"  # or "unit": NanoGen's decoders (the module docstring); set by fit_decoder
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """[B, N, C] feature tokens -> [B, N, p * p * 3] patch values (ImageNet-normalized pixels)."""
@@ -157,7 +174,8 @@ class RAEDecoder(nn.Module):
             raise UserError(f"the RAE decoder takes [{self.cfg.in_channels}, {self.cfg.grid}, {self.cfg.grid}] "
                             f"features, got {list(z.shape[1:])}")
         x = self.unpatchify(self(z.flatten(2).transpose(1, 2)), h)
-        x = x * self.pix_std.to(x.dtype) + self.pix_mean.to(x.dtype)   # [0, 1], as RAE's decode returns
+        if self.output == "imagenet":
+            x = x * self.pix_std.to(x.dtype) + self.pix_mean.to(x.dtype)   # [0, 1], as RAE's decode returns
         return _Decoded(x * 2 - 1, unit=x)
 
 
@@ -281,6 +299,24 @@ def load_rae_decoder(spec: str, *, config: str | Path | None = None, device: tor
         "shift_factor": None, "grid": c.grid,
     }
     return model.to(device=device, dtype=dtype).eval().requires_grad_(False), identity
+
+
+OUTPUTS = ("imagenet", "unit")
+
+
+def fit_decoder(vae: Any, identity: dict[str, Any], latent: dict[str, Any] | None, input_size: int,
+                flag: str) -> None:
+    """The decoder fitted to the latent space it decodes (a checkpoint's or run's `latent` record): its token
+    grid checked (`check_grid`) and, for RAE's decoder, the output convention the space's encoder records
+    (`decoder_output`: NanoGen's decoders give [0, 1] images, RAE's ImageNet-normalized ones)."""
+    check_grid(identity, input_size, flag)
+    if not isinstance(vae, RAEDecoder):
+        return
+    output = str(((latent or {}).get("encoder") or {}).get("decoder_output") or "imagenet")
+    if output not in OUTPUTS:
+        raise UserError(f"{flag}: the latent space records decoder output {output!r}, not one of {', '.join(OUTPUTS)}")
+    vae.output = output
+    identity["output"] = output
 
 
 def check_grid(identity: dict[str, Any], input_size: int, flag: str) -> None:

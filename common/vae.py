@@ -23,6 +23,7 @@ import torch
 
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.io import sha256_file
+from dit_pipeline.common.latent_spaces import DIFFUSERS_MIN, VAE_SPACES, Layout, space_identity, with_layout
 
 # diffusers' save_pretrained/from_pretrained call `safetensors.torch.save_file`/`load_file` after a bare
 # `import safetensors`: the submodule must have been imported by someone. diffusers 0.29 with a current
@@ -33,8 +34,9 @@ DEFAULT_VAE = "stabilityai/sd-vae-ft-ema"
 SINGLE_FILE_SUFFIXES = (".safetensors", ".ckpt", ".pt", ".pth", ".bin")
 _WEIGHT_NAMES = ("diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.bin",
                  "diffusion_pytorch_model.fp16.safetensors")
-# AutoencoderDC (DC-AE) came with diffusers 0.32; the project's floor stays 0.29 for everything else.
-DC_MIN_DIFFUSERS = "0.32"
+# AutoencoderDC (DC-AE) came with diffusers 0.32, the FLUX.2 and Qwen-Image VAEs later (common/latent_spaces.py
+# DIFFUSERS_MIN); the project's floor stays 0.29.2 for everything else.
+DC_MIN_DIFFUSERS = DIFFUSERS_MIN["AutoencoderDC"]
 # The side of the blank image a VAE of another class encodes once at load time, to learn its geometry and output.
 _PROBE_SIZE = 128
 
@@ -117,30 +119,41 @@ def _hub_offline_reason() -> str | None:
     return "HF_HUB_OFFLINE is set" if offline else _hub_unreachable()
 
 
-def _not_found(spec: str, why: str) -> UserError:
+def _not_found(spec: str, why: str, subfolder: str | None = None, name: str | None = None) -> UserError:
     from huggingface_hub import constants
 
+    if name is not None:  # a latent-space name: its hub repository must be in the cache
+        where = f"{spec}, subfolder {subfolder}" if subfolder else spec
+        include = f" --include '{subfolder}/*'" if subfolder else ""
+        return UserError(f"--vae {name!r} is NanoGen's {name} latent space ({where}), which is not in the Hugging "
+                         f"Face cache ({constants.HF_HUB_CACHE}), and the hub was not asked ({why}); fill the cache "
+                         f"where there is a network (huggingface-cli download {spec}{include}) and point HF_HOME "
+                         "at it")
     return UserError(f"--vae {spec!r}: no local file or folder of that name ({Path(spec).absolute()}), not in "
                      f"the Hugging Face cache ({constants.HF_HUB_CACHE}), and the hub was not asked ({why}). "
                      "Pass a local diffusers folder or a single .safetensors file (--vae /path/to/vae), or "
                      f"fill the cache where there is a network (huggingface-cli download {spec})")
 
 
-def _load_hub_vae(spec: str, revision: str | None):
-    """The VAE of a hub id (its config's class): from the hub, or from the local cache when the hub is off or
-    unreachable; UserError saying what was tried (local path, cache, hub) when neither has it."""
+def _load_hub_vae(spec: str, revision: str | None, subfolder: str | None = None, cls_name: str | None = None,
+                  name: str | None = None):
+    """The VAE of a hub id (its config's class, or `cls_name`), in `subfolder` of the repository: from the hub,
+    or from the local cache when the hub is off or unreachable; UserError saying what was tried (local path,
+    cache, hub) when neither has it. `name`: the --vae value typed (a latent-space name), for messages."""
     from diffusers import AutoencoderKL
 
-    kw = dict(revision=revision, torch_dtype=torch.float32, low_cpu_mem_usage=False)
+    sub = {"subfolder": subfolder} if subfolder else {}
+    kw = dict(revision=revision, torch_dtype=torch.float32, low_cpu_mem_usage=False, **sub)
     why = _hub_offline_reason()
     local = {} if why is None else {"local_files_only": True}
     try:
-        config = AutoencoderKL.load_config(spec, revision=revision, **local)
-        return vae_class(config.get("_class_name"), spec).from_pretrained(spec, **kw, **local)
+        if cls_name is None:
+            cls_name = AutoencoderKL.load_config(spec, revision=revision, **sub, **local).get("_class_name")
+        return vae_class(cls_name, name or spec).from_pretrained(spec, **kw, **local)
     except (OSError, ValueError):
         if why is None:
             raise
-        raise _not_found(spec, why) from None
+        raise _not_found(spec, why, subfolder, name) from None
 
 
 def vae_class(name: str | None, spec: str) -> Any:
@@ -150,10 +163,11 @@ def vae_class(name: str | None, spec: str) -> Any:
 
     name = name or "AutoencoderKL"
     cls = getattr(diffusers, name, None)
-    if cls is None and name == "AutoencoderDC":
-        raise UserError(f"--vae {spec!r} is an AutoencoderDC (DC-AE), which diffusers provides from version "
-                        f"{DC_MIN_DIFFUSERS} on; this environment has diffusers {diffusers.__version__}: "
-                        f"pip install 'diffusers>={DC_MIN_DIFFUSERS}'")
+    if cls is None and name in DIFFUSERS_MIN:
+        what = {"AutoencoderDC": "an AutoencoderDC (DC-AE)"}.get(name, f"an {name}")
+        raise UserError(f"--vae {spec!r} is {what}, which diffusers provides from version {DIFFUSERS_MIN[name]} "
+                        f"on; this environment has diffusers {diffusers.__version__}: pip install "
+                        f"'diffusers>={DIFFUSERS_MIN[name]}'")
     if cls is None or not all(hasattr(cls, m) for m in ("from_pretrained", "encode", "decode")):
         raise UserError(f"--vae {spec!r}: its config names the class {name!r}, which diffusers "
                         f"{diffusers.__version__} does not provide as an autoencoder (encode/decode); "
@@ -177,6 +191,8 @@ def recorded_vae(identity: dict[str, Any] | None, where: str, base: str | Path |
         return source, None
     config = identity.get("config")
     config = None if config in (None, "builtin:sd-vae") else str(config)
+    if kind == "hub" and identity.get("latent_space") in VAE_SPACES:  # NanoGen's name (common/latent_spaces.py)
+        return str(identity["latent_space"]), None
     if kind == "hub":
         return source, None
     exists = Path.is_dir if kind == "folder" else Path.is_file
@@ -235,6 +251,8 @@ def load_vae(spec: str = DEFAULT_VAE, *, config: str | Path | None = None, revis
     if is_rae_decoder(spec):  # RAE's pixel decoder of a feature space (FILE or FILE,CONFIG; common/rae_decoder.py)
         return load_rae_decoder(spec, config=config, device=device, dtype=dtype)
     with torch.random.fork_rng(devices=[]):
+        if spec in VAE_SPACES and not Path(spec).expanduser().exists():  # NanoGen's name (a local path wins)
+            return _load_space(spec, revision=revision, device=device, dtype=dtype)
         return _load_vae(spec, config=config, revision=revision, device=device, dtype=dtype)
 
 
@@ -257,6 +275,8 @@ def _describe(vae: Any, spec: str) -> dict[str, Any]:
     """The identity fields read from a loaded VAE: its latent scale and per-channel statistics, geometry and
     class, and (for anything but an AutoencoderKL, whose posterior is known) what its encode returns. Keys
     that an SD-VAE's identity never had appear only when they apply, so its identity stays what it was."""
+    if isinstance(vae, Layout):
+        return {"scaling_factor": 1.0, "shift_factor": None, "class": type(vae.vae).__name__, **vae.describe()}
     scaling = _config_value(vae, "scaling_factor")
     if scaling is None:
         raise UserError(f"VAE {spec!r} has no scaling_factor in its config; cannot scale latents")
@@ -371,8 +391,53 @@ def _load_vae(spec: str, *, config: str | Path | None, revision: str | None, dev
             hint = (" Loading a hub id needs the network (or a filled Hugging Face cache with HF_HUB_OFFLINE=1). "
                     "On an offline cluster pass a local diffusers folder or a single .safetensors file.")
         raise UserError(f"could not load the VAE from {spec!r}: {type(e).__name__}: {str(e).rstrip('.')}.{hint}") from e
+    vae = with_layout(vae)  # FLUX.2's patchified latent, Qwen-Image's one frame (common/latent_spaces.py)
     identity.update(_describe(vae, spec))
     vae = vae.to(device).eval().requires_grad_(False)
     if dtype != torch.float32:  # diffusers warns on any dtype cast, so cast only when asked to
         vae = vae.to(dtype)
     return vae, identity
+
+
+def _load_space(name: str, *, revision: str | None, device: torch.device | str, dtype: torch.dtype):
+    """NanoGen's VAE latent space `name` (common/latent_spaces.py VAE_SPACES): its hub id and subfolder in the
+    class NanoGen loads, from the hub or the local cache, with NanoGen's normalization in the identity."""
+    space = VAE_SPACES[name]
+    try:
+        vae = _load_hub_vae(space.hub_id, revision, space.subfolder, space.cls, name=name)
+    except UserError:
+        raise
+    except (OSError, ValueError, EnvironmentError) as e:
+        raise UserError(f"could not load NanoGen's {name} VAE ({space.hub_id}"
+                        f"{', subfolder ' + space.subfolder if space.subfolder else ''}): {type(e).__name__}: "
+                        f"{str(e).rstrip('.')}. Loading it needs the network or a filled Hugging Face cache "
+                        "(HF_HUB_OFFLINE=1)") from e
+    vae = with_layout(vae)
+    identity: dict[str, Any] = {"source": space.hub_id, "kind": "hub", "subfolder": space.subfolder,
+                                "revision": revision or "main"}
+    commit = getattr(vae.config, "_commit_hash", None) or _cached_commit(space.hub_id, space.subfolder, revision)
+    if commit:
+        identity["commit"] = commit
+    identity.update(_describe(vae, name))
+    identity.pop("latents_mean", None)  # NanoGen's rule decides (space_identity), not diffusers' pipeline rule
+    identity.pop("latents_std", None)
+    identity.update(space_identity(space, vae))
+    vae = vae.to(device).eval().requires_grad_(False)
+    if dtype != torch.float32:
+        vae = vae.to(dtype)
+    return vae, identity
+
+
+def _cached_commit(repo_id: str, subfolder: str | None, revision: str | None) -> str | None:
+    """The commit of the cached snapshot that holds the repository's config (what was loaded), or None."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(repo_id, f"{subfolder}/config.json" if subfolder else "config.json",
+                                       revision=revision)
+    except Exception:  # noqa: BLE001 - an identity detail, never a reason to fail
+        return None
+    if not isinstance(found, str):
+        return None
+    parts = Path(found).parts
+    return parts[parts.index("snapshots") + 1] if "snapshots" in parts else None

@@ -41,7 +41,7 @@ from dit_pipeline.common.hooks import HookContext
 from dit_pipeline.common.latent_norm import LatentNorm
 from dit_pipeline.common.log import get_logger
 from dit_pipeline.common.settings import choice, positive, setting
-from dit_pipeline.common.rae_decoder import check_grid
+from dit_pipeline.common.rae_decoder import fit_decoder
 from dit_pipeline.common.vae import load_vae
 from dit_pipeline.evaluate import dinov2
 from dit_pipeline.evaluate.features import gather_rows, local_features, source_features
@@ -186,7 +186,7 @@ class FidHook:
         if int(ident["latent_channels"]) != int(ctx.model_config["in_channels"]):
             raise UserError(f"--vae {self.vae!r} has {ident['latent_channels']} latent channels but the model "
                             f"trains on {ctx.model_config['in_channels']}")
-        check_grid(ident, int(ctx.model_config["input_size"]), f"--vae {self.vae!r}")
+        fit_decoder(vae, ident, ctx.latent, int(ctx.model_config["input_size"]), f"--vae {self.vae!r}")
         size = int(ctx.model_config["input_size"]) * int(ident["downsample_factor"])
         check_resolution((size, size), ref, "--fid-ref: the FID samples (the model's latents decoded by --vae)")
         inception, inc_id = load_inception(self.inception, device=ctx.device, random_seed=self.random_inception,

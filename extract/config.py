@@ -21,7 +21,9 @@ from dit_pipeline.common.precision import PRECISIONS_AUTO as PRECISIONS
 from dit_pipeline.shards.pixels import ENCODING as PIXELS_ENCODING, ENCODINGS as PIXELS_ENCODINGS
 from dit_pipeline.shards.pixels import MAX_SIDE as PIXELS_MAX_SIDE
 
-STORES = ("posterior", "sample", "pixels")  # "pixels": --encoder pixels only (no arrays: the crop is the latent)
+# "pixels": --encoder pixels only (no arrays: the crop is the latent); "mode": the posterior's mean as the one
+# stored latent (NanoGen's sample_mode "mode"), a set of store "sample" whose extraction record says "mode"
+STORES = ("posterior", "sample", "mode", "pixels")
 DTYPES = ("float16", "float32", "bfloat16", "uint8")
 TEXT_DTYPES = ("auto", "float16", "bfloat16", "float32")
 # Measured (BENCHMARKS.md, "Extraction"): fp16 autocast is ~8x closer to fp32 than bf16 on the SD-VAE
@@ -159,6 +161,11 @@ class ExtractConfig:
     def keys(self) -> tuple[str, ...]:
         """--caption-keys as a tuple."""
         return tuple(k.strip() for k in self.caption_keys.split(",") if k.strip())
+
+    @property
+    def shard_store(self) -> str:
+        """The shards' store: "mode" writes one latent per view, as "sample" does (without noise)."""
+        return "sample" if self.store == "mode" else self.store
 
     @property
     def views(self) -> int:

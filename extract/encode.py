@@ -84,7 +84,10 @@ class LatentEncoder:
                  latent_shape: tuple[int, ...] | None = None, unit_range: bool = False):
         if precision not in AUTOCAST_DTYPES:
             raise ValueError(f"precision must be one of {sorted(AUTOCAST_DTYPES)}, got {precision!r}")
-        self.vae = vae.to(device=device, memory_format=torch.channels_last).eval().requires_grad_(False)
+        # channels_last for 2-D convolutions; a VAE may prefer another (Qwen-Image's 3-D convolutions: a layout
+        # of common/latent_spaces.py says so)
+        fmt = getattr(vae, "preferred_memory_format", torch.channels_last)
+        self.vae = vae.to(device=device, memory_format=fmt).eval().requires_grad_(False)
         self.device = device
         self.precision = precision
         self.views = views
@@ -131,8 +134,8 @@ class LatentEncoder:
         finite = torch.isfinite(mean).all() & (torch.isfinite(std).all() if std is not None else True)
         b = len(indices)
         mean = self._views_first(mean, b)
-        if std is None:  # a deterministic encoder: its latent is the sample (dit-extract refuses --store posterior)
-            assert self.store == "sample", "an encoder without a posterior stores its latent"
+        if std is None or self.store == "mode":  # a deterministic encoder's latent, or the posterior's mean
+            assert self.store in ("sample", "mode"), "an encoder without a posterior stores its latent"
             return mean, None, finite
         std = self._views_first(std, b)
         if self.store == "sample":

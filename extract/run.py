@@ -163,7 +163,7 @@ def _add_pixels_record(record: dict[str, Any], encoding: str) -> None:
 def _samples_per_shard(cfg: ExtractConfig, latent_shape: list[int]) -> int:
     if cfg.samples_per_shard is not None:
         return cfg.samples_per_shard
-    arrays = {"posterior": 2, "sample": 1, "pixels": 0}[cfg.store]
+    arrays = {"posterior": 2, "sample": 1, "pixels": 0}[cfg.shard_store]
     per_sample = plan.bytes_per_sample(cfg.views, arrays, tuple(latent_shape), _ITEMSIZE[cfg.dtype])
     if cfg.pixels:
         per_sample += plan.pixel_bytes_estimate(cfg.image_size, cfg.pixel_encoding)
@@ -271,7 +271,7 @@ def _encode(run: ExtractJob, todo: list[int]):
     # Pinned threads (common/determinism.py): the shard bytes must not depend on OMP_NUM_THREADS or on the
     # one thread per process that torchrun sets when it starts several ranks.
     with redirect, bar, pinned_threads(run.device, cfg.cpu_threads):
-        sink = ShardSink(run.out, run.images, dtype=cfg.dtype, store=cfg.store, strict=cfg.strict, bar=bar,
+        sink = ShardSink(run.out, run.images, dtype=cfg.dtype, store=cfg.shard_store, strict=cfg.strict, bar=bar,
                          pixels=cfg.pixels, pixel_encoding=cfg.pixel_encoding,
                          captions=run.images.captions is not None)
         try:
@@ -303,7 +303,7 @@ def _write_manifest(run: ExtractJob, states: dict[int, ShardState]) -> None:
         tool_version=tool_version(), extraction=run.record, pixels=pixels, normalization=norm.per_channel,
         revision=run.kept.revision if run.kept is not None else None,
         scaling_factor=float(norm.scaling_factor), shift_factor=norm.shift_factor,
-        image_size=cfg.image_size, views=cfg.views, store=cfg.store, dtype=cfg.dtype,
+        image_size=cfg.image_size, views=cfg.views, store=cfg.shard_store, dtype=cfg.dtype,
         latent_shape=list(run.latent_shape), class_names=list(run.images.class_names),
         num_classes=len(run.images.class_names), total_samples=sum(s.record.samples for s in shards),
         samples_per_shard=run.samples_per_shard, shards=[s.record for s in shards],

@@ -25,7 +25,7 @@ from dit_pipeline.common.io import atomic_write_bytes
 from dit_pipeline.common.latent_norm import LatentNorm
 from dit_pipeline.common.settings import choice, flag_name, positive, setting
 from dit_pipeline.common.precision import AUTOCAST_DTYPES
-from dit_pipeline.common.rae_decoder import check_grid
+from dit_pipeline.common.rae_decoder import fit_decoder
 from dit_pipeline.common.vae import load_vae
 from dit_pipeline.dit.respace import TRAIN_TIMESTEPS, ddim_stride, nearest_ddim_steps
 from dit_pipeline.sample.config import GRID_SAMPLER, SAMPLERS
@@ -382,7 +382,7 @@ class SampleGridHook:
         if int(identity["latent_channels"]) != channels:
             raise UserError(f"--vae {self.vae!r} has {identity['latent_channels']} latent channels but the model "
                             f"trains on {channels}-channel latents; pass the VAE the shards were extracted with")
-        check_grid(identity, int(ctx.model_config["input_size"]), f"--vae {self.vae!r}")
+        fit_decoder(self._vae, identity, ctx.latent, int(ctx.model_config["input_size"]), f"--vae {self.vae!r}")
         self.channels_used(ctx.model_config)  # a bad --cfg-channels N fails before training
         if self.class_labels:  # names (and ambiguous numbers) as dit-sample takes them, against the shards' names
             from dit_pipeline.sample.names import class_ids

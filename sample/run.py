@@ -35,7 +35,7 @@ from dit_pipeline.common.io import atomic_write_bytes, atomic_write_json, check_
 from dit_pipeline.common.latent_norm import LatentNorm
 from dit_pipeline.common.log import progress_enabled, setup_logging
 from dit_pipeline.common.precision import AUTOCAST_DTYPES, set_tf32
-from dit_pipeline.common.rae_decoder import check_grid
+from dit_pipeline.common.rae_decoder import fit_decoder
 from dit_pipeline.common.vae import DEFAULT_VAE, load_vae, recorded_vae
 from dit_pipeline.sample import plan
 from dit_pipeline.dit import protocols
@@ -110,7 +110,7 @@ def _run(cfg: SampleConfig) -> SampleResult:
     cfg, sampler_note = _with_sampler(cfg, loaded.info["objective"])
     cfg = _with_cfg_scale(cfg, loaded, log)
     cfg.validate()  # the sampler's own rules (e.g. --flow-convention only for flow samplers) once it is known
-    _check_compatible(cfg, loaded, vae_id)
+    _check_compatible(cfg, loaded, vae_id, vae)
     if cfg.encoder_refresh > 1 and not dit.reuse.can_reuse_encoder(loaded.model):
         raise UserError(f"--encoder-refresh {cfg.encoder_refresh}: {loaded.config['model'] or 'this model'} has no "
                         "encoder/decoder split whose state could be reused (DDT has); drop --encoder-refresh")
@@ -378,7 +378,7 @@ def label_sampling(cfg: SampleConfig) -> str:
     return "given" if cfg.class_labels else (cfg.labels or "uniform")
 
 
-def _check_compatible(cfg: SampleConfig, loaded: LoadedModel, vae_id: dict[str, Any]) -> None:
+def _check_compatible(cfg: SampleConfig, loaded: LoadedModel, vae_id: dict[str, Any], vae: Any = None) -> None:
     c, objective = loaded.config, loaded.info["objective"]
     if cfg.sampler not in SPECS[objective].samplers:  # each objective's samplers (dit/objectives.py)
         want = SPECS[objective].samplers
@@ -388,7 +388,7 @@ def _check_compatible(cfg: SampleConfig, loaded: LoadedModel, vae_id: dict[str, 
     if int(vae_id["latent_channels"]) != int(c["in_channels"]):
         raise UserError(f"--vae {cfg.vae!r} has {vae_id['latent_channels']} latent channels but the model takes "
                         f"{c['in_channels']}; pass the VAE the model was trained with")
-    check_grid(vae_id, int(c["input_size"]), f"--vae {cfg.vae!r}")
+    fit_decoder(vae, vae_id, loaded.latent, int(c["input_size"]), f"--vae {cfg.vae!r}")
     cfg_rule = cfg.protocol is None or protocols.protocol(cfg.protocol).guidance.rule == "cfg"
     if cfg.guided and cfg_rule and not cfg.guidance_model and not float(c["class_dropout_prob"]) > 0:
         raise UserError(f"--cfg-scale {cfg.cfg_scale}: the model has no null class (trained without class "

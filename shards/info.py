@@ -79,12 +79,16 @@ def _vae_line(d: dict[str, Any]) -> str:
     if isinstance(enc, dict):  # a feature space (dit-extract --encoder)
         h, w = d["geometry"]["latent_size"]
         weights = enc.get("weights_sha256") or enc.get("weights")
-        return (f"  encoder:  {enc.get('model')} ({enc.get('formula_name', 'rae')}'s formula, {enc.get('input_size')} px, "
+        named = f" (NanoGen's {enc['latent_space']})" if enc.get("latent_space") else ""
+        return (f"  encoder:  {enc.get('model')}{named} ({enc.get('formula_name', 'rae')}'s formula, "
+                f"{enc.get('input_size')} px, "
                 f"patch {enc.get('patch_size')}, last {enc.get('layers')} block(s)), weights {weights}\n"
                 f"  geometry: features: {d['image_size']} px -> {d['geometry']['latent_channels']} x {h} x {w} tokens")
     vae = d["vae"] if isinstance(d["vae"], dict) else {}
-    text = vae.get("source", "?") + "".join(f", {k} {vae[k]}" for k in ("revision", "commit", "weights_sha256")
-                                            if vae.get(k))
+    text = vae.get("source", "?") + "".join(f", {k} {vae[k]}" for k in ("subfolder", "revision", "commit",
+                                                                       "weights_sha256") if vae.get(k))
+    if vae.get("latent_space"):
+        text += f" (NanoGen's {vae['latent_space']})"
     g = d["geometry"]
     enc = "deterministic latent" if g["encoder_output"] == "latent" else "posterior"
     h, w = g["latent_size"]

@@ -84,7 +84,7 @@ def test_invalid_records_are_named():
         "normalization form must be one of mean_std, scale_shift, mean_var, got 'zscore'"]
     assert normalization_problems({**RECORD, "multiplier": float("nan"), "source": None}, 3) == [
         "normalization multiplier must be a finite number > 0, got nan",
-        "normalization source must be an object with kind one of vae_config, file, stats"]
+        "normalization source must be an object with kind one of vae_config, vae_weights, file, stats"]
     with pytest.raises(ValueError, match="invalid normalization: normalization mean must be a non-empty list"):
         LatentNorm(1.0, None, {**RECORD, "mean": []})
 
