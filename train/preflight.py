@@ -428,8 +428,13 @@ def objective_line(cfg: TrainConfig, mc: dict[str, Any] | None = None) -> str:
         heads = {"imf": "; the u and v heads' loss terms (the release's iMF)",
                  "imf-adaln": "; this project's iMF variant: conditions added to the time embedding, v read from u "
                               "at h = 0, labels dropped per sample"}.get(cfg.objective, "")
+        split = (f"r = t for {prop:.0%} of each step" if cfg.mf_rule == "meanflow" else
+                 f"with probability {prop:g} the whole step (every rank) is flow matching, one draw of t and r = t "
+                 "(--mf-rule nanogen: NanoGen's TransportMF, labels dropped per sample)")
+        target = (f"; velocity (z_t - x) / max(t, {cfg.t_eps:g})" if cfg.objective == "meanflow"
+                  and cfg.v_target == "clamped" else "")
         what = (f"{cfg.objective} (average velocity u(z, t, h = t - r); t, r logit-normal({cfg.mf_t_mean:g}, "
-                f"{cfg.mf_t_scale:g}), r = t for {prop:.0%} of each step; {guide}{heads}; JVP through "
+                f"{cfg.mf_t_scale:g}), {split}{target}; {guide}{heads}; JVP through "
                 f"{cfg.jvp_attention} attention; adaptive weight p {cfg.mf_norm_p:g})")
     else:
         what = "ddpm (DiT: noise prediction + learned variance, 1000-step linear schedule)"
