@@ -63,6 +63,11 @@ class LatentSpec:
             return 2 if self.draws else 1
         return {"sample": 1}.get(self.store, 0)
 
+    @property
+    def from_pixels(self) -> bool:
+        """A pixel-space set (common/pixels.py): each latent is made from the sample's stored crop."""
+        return self.store == PIXEL_STORE
+
 
 def latent_sample_problem(m: Manifest, latent_sample: str) -> str | None:
     """Why `latent_sample` cannot be honoured on the set of manifest `m` (None: it can): "mean" needs the posterior's
@@ -76,11 +81,6 @@ def latent_sample_problem(m: Manifest, latent_sample: str) -> str | None:
         return None
     return ("--latent-sample mean trains on the VAE posterior's mean, and this set stores one draw of the posterior "
             "(store sample): extract the set with --store posterior, or train with --latent-sample sample")
-
-    @property
-    def from_pixels(self) -> bool:
-        """A pixel-space set (common/pixels.py): each latent is made from the sample's stored crop."""
-        return self.store == PIXEL_STORE
 
 
 _MASK64 = (1 << 64) - 1
