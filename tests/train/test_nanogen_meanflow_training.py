@@ -91,3 +91,34 @@ def test_the_mf_t2i_recipe_trains_and_samples_with_its_protocol_row(captioned, t
         run_sampling(SampleConfig(**base, protocol=ROW.replace("mf-t2i-", "mf-").replace("-t4-", "-t4c8-"),
                                   npz=str(tmp_path / "x.npz")))
     assert not (tmp_path / "x.npz").exists()
+
+
+def test_a_meanflow_checkpoint_from_before_the_rule_resumes_only_under_the_release_rule():
+    """A record without mf_rule / v_target (every MeanFlow checkpoint written before them) trained with the release's
+    rule and the plain target: it resumes so, and a run asking for NanoGen's is refused naming both sides."""
+    from dit_pipeline.train.config import TrainConfig
+    from dit_pipeline.train.parts import ObjectivePart
+
+    cfg = TrainConfig(shards="s", run_dir="r", objective="meanflow").to_dict()
+    release = ObjectivePart("meanflow", cfg)
+    recorded = release.state_dict()["meanflow"]
+    assert (recorded["mf_rule"], recorded["v_target"], "t_eps" in recorded) == ("meanflow", "plain", False)
+    old = {"objective": "meanflow", "meanflow": {k: v for k, v in recorded.items() if k not in ("mf_rule", "v_target")}}
+    release.check(old, "old.pt")
+    with pytest.raises(UserError, match=r"\(--mf-rule meanflow there, nanogen here\)"):
+        ObjectivePart("meanflow", {**cfg, "mf_rule": "nanogen"}).check(old, "old.pt")
+    with pytest.raises(UserError, match=r"--t-eps None there, 0.05 here; --v-target plain there, clamped here"):
+        ObjectivePart("meanflow", {**cfg, "v_target": "clamped"}).check(old, "old.pt")
+
+
+def test_the_rule_is_refused_where_it_means_nothing():
+    from dit_pipeline.common.errors import ConfigError
+
+    base = {"shards": "s", "run_dir": "r"}
+    with pytest.raises(ConfigError, match="--mf-rule act on the MeanFlow objectives: add --objective meanflow"):
+        merge_config({}, {**base, "mf_rule": "nanogen"}).validate()
+    with pytest.raises(ConfigError, match="--mf-rule nanogen acts on --objective meanflow; imf splits its steps"):
+        merge_config({}, {**base, "model": "iMF-B/2", "mf_rule": "nanogen"}).validate()
+    with pytest.raises(ConfigError, match="--mf-rule must be one of meanflow, nanogen, got 'jax'"):
+        merge_config({}, {**base, "objective": "meanflow", "mf_rule": "jax"}).validate()
+    merge_config({}, {**base, "objective": "meanflow", "mf_rule": "nanogen", "v_target": "clamped"}).validate()
