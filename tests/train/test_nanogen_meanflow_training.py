@@ -30,18 +30,18 @@ TINY = {"depth": 1, "hidden_size": 32, "num_heads": 2, "head_depth": 1, "head_hi
 
 @pytest.fixture(scope="module")
 def captioned(tmp_path_factory, tiny_vae_dir):
-    """(latent set of 8 images at 256 px, posterior stored, no flips; its text set of a tiny Qwen3 at 16 tokens)."""
+    """(latent set of 4 images at 256 px, posterior stored, no flips; its text set of a tiny Qwen3 at 16 tokens)."""
     from dit_pipeline.extract import ExtractConfig, run_extract
     from dit_pipeline.extract.text import run_text_extract
 
     root = tmp_path_factory.mktemp("nanogen-mf")
-    tree = make_image_tree(root / "images", counts=(4, 4))
+    tree = make_image_tree(root / "images", counts=(2, 2))
     paths = sorted(p.relative_to(tree).as_posix() for p in tree.rglob("*.JPEG"))
     (root / "captions.jsonl").write_text("".join(json.dumps({"path": p, "caption": f"a red cat number {i}"}) + "\n"
                                                  for i, p in enumerate(paths)))
     run_extract(ExtractConfig(data_path=str(tree), out=str(root / "latents"), vae=str(tiny_vae_dir), flip=False,
                               captions=str(root / "captions.jsonl"), caption_keys="caption", image_size=256,
-                              batch_size=4, samples_per_shard=4, num_workers=0, quiet=True))
+                              batch_size=4, samples_per_shard=2, num_workers=0, quiet=True))
     run_text_extract(ExtractConfig(data_path=str(root / "latents"), out=str(root / "text"), quiet=True,
                                    text_encoder=str(make_tiny_qwen3(root / "qwen3")), text_max_length=16,
                                    batch_size=8))
