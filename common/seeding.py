@@ -19,6 +19,7 @@ STREAM_SAMPLE = 2
 STREAM_DROPOUT = 3
 STREAM_SAMPLING = 4
 STREAM_TIMESTEP = 5
+STREAM_STEP = 6  # a step's decisions every rank shares (NanoGen's MeanFlow: whether the step is flow matching)
 
 
 def derive_seed(*ints: int) -> int:

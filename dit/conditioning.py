@@ -5,7 +5,8 @@ model's `Conditioning` object for everything that depends on the condition and n
 
 - `batch_kwargs(batch, drop, device)`: the model's keyword arguments for a training batch (an object with
   `labels`, or `text` and `text_mask`), the rows where `drop` [N] is 1 given the null condition (classifier-free
-  guidance's condition dropout);
+  guidance's condition dropout), `drop` itself as `force_drop_ids` (the label table drops there; a text model
+  ignores it, its rows replaced already);
 - `null(kwargs)`: the null condition of a batch (CFG's unconditional half), `concat(a, b)`: two batches joined
   along N (CFG's [cond; uncond]);
 - `can_guide`, `describe()`; `model_config()`: what a checkpoint's model_config records ({} for class labels, so
@@ -121,8 +122,10 @@ class TextTokens:
         null_text, null_mask = self._null_rows(text.shape[0], device, text.dtype)
         (text, mask), (null_text, null_mask) = pad_pair((text, mask), (null_text, null_mask))
         rows = drop.to(device).bool()
+        # force_drop_ids: which rows hold the empty prompt now; the network ignores it (the rows are replaced), an
+        # objective whose target treats dropped rows apart reads it (MeanFlow's guided velocity, dit/meanflow.py)
         return {"text": torch.where(rows[:, None, None], null_text, text),
-                "text_mask": torch.where(rows[:, None], null_mask, mask)}
+                "text_mask": torch.where(rows[:, None], null_mask, mask), "force_drop_ids": drop}
 
     def null(self, kwargs: Mapping[str, Any]) -> Kwargs:
         text, mask = self._null_rows(kwargs["text"].shape[0], kwargs["text"].device, kwargs["text"].dtype)

@@ -124,7 +124,8 @@ class GaussianDiffusion(ObjectiveDefaults):
         return out.float()
 
     def draw_timesteps(self, n: int, *, generator: torch.Generator | None = None,
-                       device: torch.device | str | None = None) -> torch.Tensor:
+                       device: torch.device | str | None = None,
+                       shared: torch.Generator | None = None) -> torch.Tensor:
         """[n] training steps, uniform over 0..num_timesteps-1 (one randint draw from `generator`)."""
         return torch.randint(0, self.num_timesteps, (n,), generator=generator, device=device)
 

@@ -283,7 +283,8 @@ class FlowMatching(ObjectiveDefaults):
         self.x_terms, self.x_terms_below = list(terms), float(noise_below)
 
     def draw_timesteps(self, n: int, *, generator: torch.Generator | None = None,
-                       device: torch.device | str | None = None) -> torch.Tensor:
+                       device: torch.device | str | None = None,
+                       shared: torch.Generator | None = None) -> torch.Tensor:
         """[n] float32 training times in (0, 1) from `generator` (one draw of n values), shifted by time_shift."""
         if self.t_sampling == "uniform":
             t = torch.rand(n, generator=generator, device=device)

@@ -23,6 +23,19 @@ Training (`MeanFlow.training_losses`, the formulas of the JAX release's meanflow
   velocity v_c, the network sees the unmasked omega; loss = w(||u + (t - r) sg(du/dt) - v_g||^2) + w(||v - v_g||^2)
   with both heads at the sample's own inputs, w the adaptive weight of each term (`forward`; the first term is
   the target form above without the clip). Logged: "mse" of the u term, "mse_v" of the v term.
+- `rule` "nanogen" (meanflow variant; NanoGen's TransportMF, End2End-Diffusion/diffusion-bench
+  src/stage2/transport/transport.py l.130-320): a whole optimizer step is flow matching with probability
+  `data_proportion` (its fm_ratio; one coin per step, the same on every rank: `draw_timesteps(shared=...)`), with one
+  logit-normal t per sample and r = t; otherwise every sample is a pair (t, r) = the max and min of two draws. Labels
+  (or captions) are dropped per sample where the trainer's draw says (its `apply_cfg_dropout`), and with kappa 0 the
+  guided velocity is v_u + omega (v - v_u) from the null pass alone (`guided_velocity` l.150-165). A flow-matching
+  step has h = 0 throughout, so its JVP term is zero and the pass is skipped (NanoGen's `_training_losses_fm`).
+- `v_target` "clamped" (NanoGen's, l.201 and l.265): the velocity v = (z_t - x) / max(t, t_eps), e - x scaled down
+  where the noise level t is below t_eps, in place of e - x ("plain"); v_g, the JVP tangent and the target follow it.
+- The condition reaches every pass through the run's `Conditioning` (dit/conditioning.py, given to `attach`): class
+  labels or text features, the null condition of the guided velocity its `null` (the null label, the empty
+  prompt's features); the trainer's dropped rows arrive as `force_drop_ids` (a text batch's rows already hold the
+  empty prompt).
 - "imf-adaln" (this project's variant, the only iMF before the release's network was built): the same draws and
   guidance on a network of any adaLN family with the conditions added to its time embedding (dit/conditions.py
   "imf"), no v head (v_c, v_u read from u at h = 0, one loss term), and labels dropped per sample where the
@@ -52,6 +65,8 @@ Model = Callable[..., torch.Tensor]
 MEANFLOW_SAMPLERS = ("meanflow",)
 JVP_ATTENTION = ("math",)  # SDPA kernels with forward-mode AD (the fused ones have none)
 VARIANTS = ("meanflow", "imf", "imf-adaln")
+RULES = ("meanflow", "nanogen")  # how a meanflow step is split and labels dropped: the JAX release's, or NanoGen's
+V_TARGETS = ("plain", "clamped")  # the velocity e - x, or NanoGen's (z_t - x) / max(t, t_eps) (dit.flow.V_TARGETS)
 CONDITIONS = {"meanflow": "meanflow", "imf": "imf", "imf-adaln": "imf"}  # the network's time input (dit/conditions)
 # The JAX releases' defaults: Gsunshine/meanflow configs/default.py (P_mean, P_std, data_proportion 0.75, omega 1.0,
 # kappa 0.5, t_start 0, t_end 1, norm_p 1, norm_eps 0.01) and Lyy-iiis/imeanflow configs/default.py, imf.py
@@ -63,6 +78,11 @@ DATA_PROPORTION = {"meanflow": 0.75, "imf": 0.5, "imf-adaln": 0.5}
 
 def _b(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1, *([1] * (x.dim() - 1))).to(x.dtype)
+
+
+def _kwargs(cond: Any) -> dict[str, Any]:
+    """The condition's keyword arguments: class labels [N] as `y`, or a mapping as the conditioning gives it."""
+    return {"y": cond} if isinstance(cond, torch.Tensor) else dict(cond)
 
 
 def logit_normal(n: int, mean: float, scale: float, generator: torch.Generator | None,
@@ -103,9 +123,17 @@ class MeanFlow(ObjectiveDefaults):
                  omega: float = DEFAULTS["omega"], kappa: float = DEFAULTS["kappa"], t_start: float = DEFAULTS["t_start"],
                  t_end: float = DEFAULTS["t_end"], norm_p: float = DEFAULTS["norm_p"],
                  norm_eps: float = DEFAULTS["norm_eps"], s_max: float = DEFAULTS["s_max"],
-                 jvp_attention: str = "math", num_classes: int | None = None):
+                 jvp_attention: str = "math", num_classes: int | None = None, rule: str = "meanflow",
+                 v_target: str = "plain", t_eps: float = 0.05):
         if variant not in VARIANTS:
             raise ValueError(f"unknown MeanFlow variant {variant!r}; known: {', '.join(VARIANTS)}")
+        if rule not in RULES or (rule != "meanflow" and variant != "meanflow"):
+            raise ValueError(f"MeanFlow rule {rule!r}: the meanflow variant takes {', '.join(RULES)}; the iMF "
+                             "variants their release's (meanflow)")
+        if v_target not in V_TARGETS or not 0 < float(t_eps) < 1:
+            raise ValueError(f"MeanFlow velocity target {v_target!r} with t_eps {t_eps}: choose one of "
+                             f"{', '.join(V_TARGETS)}, t_eps in (0, 1)")
+        self.rule, self.v_target, self.t_eps = rule, v_target, float(t_eps)
         self.objective = self.variant = variant
         self.conditions = CONDITIONS[variant]
         self.v_head = variant == "imf"  # the release's network: an auxiliary v head with its own loss term
@@ -116,26 +144,49 @@ class MeanFlow(ObjectiveDefaults):
         self.jvp_attention = jvp_attention
         self.num_classes = num_classes
         self.raw: Model | None = None  # the module itself (attach): the JVP and guidance passes run on it
+        self.cond: Any = None  # the run's Conditioning (attach): the null condition of the guided velocity
 
     @property
     def guided(self) -> bool:
         return self.variant != "meanflow" or self.omega != 1.0 or self.kappa != 0.0
 
-    def attach(self, model: Model) -> None:
-        """The raw network (not the DDP wrapper, any compile still inside it) for the passes without gradient."""
+    def attach(self, model: Model, conditioning: Any = None) -> None:
+        """The raw network (not the DDP wrapper, any compile still inside it) for the passes without gradient, and
+        the run's Conditioning (dit/conditioning.py; a text model's with its empty prompt), by default the model's
+        own or class labels."""
         self.raw = model
         if getattr(model, "num_classes", None) is not None:
             self.num_classes = int(getattr(model, "num_classes"))
+        self.cond = conditioning
+        if self.cond is None and callable(getattr(model, "conditioning", None)):
+            self.cond = model.conditioning()  # type: ignore[attr-defined]
+
+    def _conditioning(self) -> Any:
+        if self.cond is None:
+            from .conditioning import ClassLabels
+
+            assert self.num_classes is not None, "MeanFlow.attach(model) first"
+            self.cond = ClassLabels(self.num_classes, 0.0)
+        return self.cond
 
     # -- random draws of a step (the trainer draws them for the rank's whole step) -------------------------------
     def draw_timesteps(self, n: int, *, generator: torch.Generator | None = None,
-                       device: torch.device | str | None = None) -> torch.Tensor:
+                       device: torch.device | str | None = None,
+                       shared: torch.Generator | None = None) -> torch.Tensor:
         """[n, 2] float32 (t, r), t >= r, the first int(n x data_proportion) with r = t. iMF: [n, 5] with its
-        omega, t_min, t_max drawn from the same generator after (t, r)."""
+        omega, t_min, t_max drawn from the same generator after (t, r). Rule nanogen: one coin from `shared` (the
+        step's generator common to every rank; `generator` without it) decides whether the whole step is flow
+        matching (one draw of t, r = t) or MeanFlow pairs."""
+        if self.rule == "nanogen":
+            coin = torch.rand(1, generator=shared if shared is not None else generator,
+                              device=None if shared is not None else device)
+            if float(coin) < self.data_proportion:
+                t = logit_normal(n, self.t_mean, self.t_scale, generator, device)
+                return torch.stack([t, t], dim=1)
         a = logit_normal(n, self.t_mean, self.t_scale, generator, device)
         b = logit_normal(n, self.t_mean, self.t_scale, generator, device)
         t, r = torch.maximum(a, b), torch.minimum(a, b)
-        fm = torch.arange(n, device=t.device) < int(n * self.data_proportion)
+        fm = torch.arange(n, device=t.device) < (0 if self.rule == "nanogen" else int(n * self.data_proportion))
         r = torch.where(fm, t, r)
         if self.variant == "meanflow":
             return torch.stack([t, r], dim=1)
@@ -149,37 +200,45 @@ class MeanFlow(ObjectiveDefaults):
     def drop_labels(self, drop: torch.Tensor) -> torch.Tensor:
         """The label-dropout mask [n] (1 = null class) from the trainer's per-sample draws: MeanFlow and iMF drop the
         FIRST k samples, k = the number of draws that fell below the probability (both releases' `cond_drop`);
-        imf-adaln (ours) keeps the per-sample draws."""
-        if self.variant == "imf-adaln":
+        imf-adaln (ours) and rule nanogen (NanoGen's apply_cfg_dropout) keep the per-sample draws."""
+        if self.variant == "imf-adaln" or self.rule == "nanogen":
             return drop
         k = int(drop.sum())
         return (torch.arange(drop.shape[0], device=drop.device) < k).to(drop.dtype)
 
     # -- the loss ------------------------------------------------------------------------------------------------
-    def _net(self, z: torch.Tensor, tin: torch.Tensor, y: torch.Tensor, drop: torch.Tensor,
+    def _net(self, z: torch.Tensor, tin: torch.Tensor, cond: Any, drop: torch.Tensor,
              head: str = "u") -> torch.Tensor:
-        """u (or, with the release's network, its v head: `head` "v") of the raw module, float32."""
+        """u (or, with the release's network, its v head: `head` "v") of the raw module, float32; `cond` the
+        condition's keyword arguments (or class labels), `drop` the rows given the null label."""
         assert self.raw is not None, "MeanFlow.attach(model) first"
         extra = {"heads": head} if self.v_head else {}
-        return velocity_of(self.raw(z, tin, y, force_drop_ids=drop, **extra), z.shape[1]).float()
+        return velocity_of(self.raw(z, tin, force_drop_ids=drop, **_kwargs(cond), **extra), z.shape[1]).float()
 
-    def guided_velocity(self, z: torch.Tensor, v: torch.Tensor, tr: torch.Tensor, y: torch.Tensor,
+    def guided_velocity(self, z: torch.Tensor, v: torch.Tensor, tr: torch.Tensor, y: Any,
                         drop: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(v_g, the JVP tangent) of the batch, without gradient (module docstring)."""
+        """(v_g, the JVP tangent) of the batch, without gradient (module docstring); `y` the class labels or the
+        condition's keyword arguments."""
         t, r = tr[:, 0], tr[:, 1]
         n = z.shape[0]
         keep = torch.zeros_like(drop)
         if not self.guided:
             return v, v
-        assert self.num_classes is not None
-        null = torch.full_like(y, self.num_classes)
+        cond = self._conditioning()
+        given = cond.take(_kwargs(y), slice(None))
+        both = cond.concat(given, cond.null(given))  # [given; null]
         zeros, ones = torch.zeros_like(t), torch.ones_like(t)
         with torch.no_grad(), torch.autocast(z.device.type, enabled=False):
-            if self.variant == "meanflow":
+            if self.variant == "meanflow" and self.rule == "nanogen" and self.kappa == 0.0:
+                # NanoGen's own form with kappa 0 (transport.py l.158-160): the null pass alone
+                u_u = self._net(z, time_input("meanflow", t, t), cond.null(given), keep)
+                mix = u_u + self.omega * (v - u_u)
+            elif self.variant == "meanflow":
                 out = self._net(torch.cat([z, z]), time_input("meanflow", torch.cat([t, t]), torch.cat([t, t])),
-                                torch.cat([y, null]), torch.cat([keep, keep]))
+                                both, torch.cat([keep, keep]))
                 u_c, u_u = out[:n], out[n:]
                 mix = self.omega * v + (1 - self.omega - self.kappa) * u_u + self.kappa * u_c
+            if self.variant == "meanflow":
                 inside = (t >= self.t_start) & (t <= self.t_end) & (drop == 0)
                 v_g = torch.where(_b(inside, v) > 0, mix, v)
                 return v_g, v_g
@@ -188,17 +247,17 @@ class MeanFlow(ObjectiveDefaults):
             out = self._net(torch.cat([z, z]), time_input("imf", torch.cat([t, t]), torch.cat([t, t]),
                                                           torch.cat([omega, ones]), torch.cat([zeros, zeros]),
                                                           torch.cat([ones, ones])),
-                            torch.cat([y, null]), torch.cat([keep, keep]), head="v")
+                            both, torch.cat([keep, keep]), head="v")
             v_c, v_u = out[:n], out[n:]
             g_fm = v + _b(1 - 1 / omega, v) * (v_c - v_u)
             w = torch.where((t >= t_min) & (t <= t_max), omega, ones)
-            v_cm = self._net(z, time_input("imf", t, t, w, zeros, ones), y, keep, head="v")
+            v_cm = self._net(z, time_input("imf", t, t, w, zeros, ones), given, keep, head="v")
             g = v + _b(1 - 1 / w, v) * (v_cm - v_u)
             v_g = torch.where(_b(fm, v) > 0, g_fm, g)
             v_g = torch.where(_b(drop > 0, v) > 0, v, v_g)
             return v_g, v_cm
 
-    def jvp(self, z: torch.Tensor, tr: torch.Tensor, y: torch.Tensor, drop: torch.Tensor,
+    def jvp(self, z: torch.Tensor, tr: torch.Tensor, y: Any, drop: torch.Tensor,
             tangent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(u, du/dt) of the network along (dz, dt, dr) = (tangent, 1, 0), in the JVP context (module docstring)."""
         t, r = tr[:, 0], tr[:, 1]
@@ -212,18 +271,22 @@ class MeanFlow(ObjectiveDefaults):
                                  (tangent.float(), torch.ones_like(t).float(), torch.zeros_like(r).float()))
         return out[0], out[1]
 
-    def target(self, x: torch.Tensor, noise: torch.Tensor, tr: torch.Tensor, y: torch.Tensor,
+    def target(self, x: torch.Tensor, noise: torch.Tensor, tr: torch.Tensor, y: Any,
                drop: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(z_t, u_tgt, v_g), without gradient: v_g is the guided velocity, the v head's target."""
+        """(z_t, u_tgt, v_g), without gradient: v_g is the guided velocity, the v head's target; `y` the class
+        labels or the condition's keyword arguments."""
         t, r = tr[:, 0], tr[:, 1]
         x, noise = x.float(), noise.float()
         z = (1 - _b(t, x)) * x + _b(t, x) * noise
-        v = noise - x
+        # the velocity: e - x, or NanoGen's clamped (z_t - x) / max(t, t_eps) (module docstring)
+        v = noise - x if self.v_target == "plain" else (z - x) / _b(t.clamp_min(self.t_eps), x)
         v_g, tangent = self.guided_velocity(z, v, tr, y, drop)
-        _, dudt = self.jvp(z, tr, y, drop, tangent)
         h = t - r
         if self.variant == "meanflow":
             h = h.clamp(0.0, 1.0)
+        if bool((h == 0).all()):  # a flow-matching step (rule nanogen): the JVP term is zero, skip the pass
+            return z, v_g.detach(), v_g.detach()
+        _, dudt = self.jvp(z, tr, y, drop, tangent)
         return z, (v_g - _b(h, v) * dudt).detach(), v_g.detach()
 
     def training_losses(self, model: Model, x_start: torch.Tensor, t: torch.Tensor,
@@ -235,13 +298,13 @@ class MeanFlow(ObjectiveDefaults):
         kwargs = dict(model_kwargs or {})
         if noise is None:
             noise = torch.randn_like(x_start)
-        y = kwargs["y"]
         drop = kwargs.get("force_drop_ids")
-        drop = torch.zeros_like(y) if drop is None else drop
+        drop = torch.zeros(x_start.shape[0], dtype=torch.long, device=x_start.device) if drop is None else drop
         kwargs["force_drop_ids"] = drop
         if self.raw is None:
             self.attach(model)
-        z, u_tgt, v_g = self.target(x_start, noise, t, y, drop)
+        cond = {k: v for k, v in kwargs.items() if k != "force_drop_ids"}  # labels, or text and its mask
+        z, u_tgt, v_g = self.target(x_start, noise, t, cond, drop)
         tin = time_input(self.conditions, t[:, 0], t[:, 1], *[t[:, i] for i in range(2, t.shape[1])])
         c = x_start.shape[1]
         if not self.v_head:

@@ -13,5 +13,5 @@ class ObjectiveDefaults:
     def drop_labels(self, drop: Any) -> Any:
         return drop
 
-    def attach(self, model: Any) -> None:
+    def attach(self, model: Any, conditioning: Any = None) -> None:
         return None

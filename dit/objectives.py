@@ -4,8 +4,10 @@ objective, so that none of them names one.
 An `ObjectiveSpec` says, for one objective name (dit.formats.OBJECTIVES):
 - `build(settings)`: the object that draws a step's times and computes the loss (`GaussianDiffusion`,
   `FlowMatching`, `MeanFlow`), from the run's settings (a TrainConfig's dict); every such object answers
-  `draw_timesteps(n, generator, device)`, `training_losses(model_fn, x, t, model_kwargs, noise)`,
-  `drop_labels(mask)` (which samples get the null class, from the per-sample draws) and `attach(model)`;
+  `draw_timesteps(n, generator, device, shared)` (`shared`: the step's generator common to every rank, for a
+  decision the whole step shares; the others draw from the rank's `generator`), `training_losses(model_fn, x, t,
+  model_kwargs, noise)`, `drop_labels(mask)` (which samples get the null class, from the per-sample draws) and
+  `attach(model, conditioning)` (the raw module and the run's Conditioning, for passes without gradient);
 - `record(settings)`: what a checkpoint records beside the name (flow: its time shift; meanflow: its settings),
   which a resume must match and samplers read;
 - `conditions`: the model's time input (dit/conditions.py) the objective needs;
@@ -84,26 +86,38 @@ def _flow_record(settings: Mapping[str, Any]) -> dict[str, Any]:
 # The MeanFlow settings as TrainConfig names them (its --mf-* options) -> MeanFlow's arguments
 MF_SETTINGS = {"mf_t_mean": "t_mean", "mf_t_scale": "t_scale", "mf_data_proportion": "data_proportion",
                "mf_omega": "omega", "mf_kappa": "kappa", "mf_t_start": "t_start", "mf_t_end": "t_end",
-               "mf_norm_p": "norm_p", "mf_norm_eps": "norm_eps", "mf_s_max": "s_max", "jvp_attention": "jvp_attention"}
+               "mf_norm_p": "norm_p", "mf_norm_eps": "norm_eps", "mf_s_max": "s_max", "jvp_attention": "jvp_attention",
+               "mf_rule": "rule", "v_target": "v_target", "t_eps": "t_eps"}
+MF_ONLY = ("mf_rule", "v_target", "t_eps")  # settings of the meanflow variant alone (NanoGen's TransportMF)
 
 
 def _meanflow(variant: str) -> Callable[[Mapping[str, Any]], Any]:
     def build(settings: Mapping[str, Any]) -> Any:
         from .meanflow import MeanFlow
 
-        return MeanFlow(variant=variant, **{arg: settings[key] for key, arg in MF_SETTINGS.items() if key in settings})
+        return MeanFlow(variant=variant, **{arg: settings[key] for key, arg in MF_SETTINGS.items() if key in settings
+                                            and (variant == "meanflow" or key not in MF_ONLY)})
     return build
 
 
-# the settings each variant acts on (what its checkpoints record and a resume must repeat)
+# the settings each variant acts on (what its checkpoints record and a resume must repeat); meanflow's t_eps only
+# with the clamped target
 MF_RECORDED = {"meanflow": ("mf_t_mean", "mf_t_scale", "mf_data_proportion", "mf_omega", "mf_kappa", "mf_t_start",
-                            "mf_t_end", "mf_norm_p", "mf_norm_eps"),
+                            "mf_t_end", "mf_norm_p", "mf_norm_eps", "mf_rule", "v_target", "t_eps"),
                "imf": ("mf_t_mean", "mf_t_scale", "mf_data_proportion", "mf_norm_p", "mf_norm_eps", "mf_s_max")}
+# what a record without the key means (checkpoints written before the setting existed trained so)
+MF_ABSENT = {"mf_rule": "meanflow", "v_target": "plain", "t_eps": None}
 
 
 def _mf_record(variant: str) -> Callable[[Mapping[str, Any]], dict[str, Any]]:
     keys = MF_RECORDED["meanflow" if variant == "meanflow" else "imf"]
-    return lambda settings: {"meanflow": {k: settings[k] for k in keys if k in settings}}
+
+    def record(settings: Mapping[str, Any]) -> dict[str, Any]:
+        out = {k: settings[k] for k in keys if k in settings}
+        if out.get("v_target", "plain") == "plain":
+            out.pop("t_eps", None)  # the plain velocity divides by nothing
+        return {"meanflow": out}
+    return record
 
 
 DDPM_SAMPLERS = ("ddpm", "ddim")

@@ -14,7 +14,8 @@ the dataclass defaults and the tokenizer table of NanoGen's Python files through
   a text model's `num_c_tokens` is its text encoder's `max_length`, and a MeanFlow transport disables the guidance.
   The `eval` section (what is evaluated during training) is left out.
 - `tokenizer`: what its stage-1 class loads (src/stage1/vae.py `VAE_CONFIGS`: the hub id and subfolder of a VAE
-  type; the class's own `vae_type` where the YAML gives none), or the RAE encoder name, or "pixels".
+  type; the class's own `vae_type` where the YAML gives none; `sample_mode`, the YAML's or the class's default:
+  "mode" encodes the posterior's mean, "sample" a draw), or the RAE encoder name, or "pixels".
 - `sampling`: its sampling configs (configs/stage2/sampling/<task>/<name>*.yaml): guidance scale and interval, steps,
   and the evaluation shift base.
 """
@@ -156,12 +157,13 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------------------------
 # What the stage-1 class loads (src/stage1/vae.py), read with ast
 
-def vae_table(text: str) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+def vae_table(text: str) -> tuple[dict[str, dict[str, Any]], dict[str, str], dict[str, str]]:
     """({vae_type: {pretrained_path, subfolder, latent_channels, downsample_factor, ...}}, {class: its own
-    vae_type}) of src/stage1/vae.py."""
+    vae_type}, {class: its default sample_mode}) of src/stage1/vae.py."""
     tree = ast.parse(text)
     table: dict[str, dict[str, Any]] = {}
     own: dict[str, str] = {}
+    modes: dict[str, str] = {}
     for node in tree.body:
         if isinstance(node, (ast.Assign, ast.AnnAssign)):
             target = node.targets[0] if isinstance(node, ast.Assign) else node.target
@@ -180,10 +182,13 @@ def vae_table(text: str) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
                     for a, d in zip(args, sub.args.defaults):
                         if a.arg == "vae_type" and isinstance(d, ast.Constant):
                             own.setdefault(node.name, d.value)
-    return table, own
+                        if a.arg == "sample_mode" and isinstance(d, ast.Constant):
+                            modes.setdefault(node.name, d.value)
+    return table, own, modes
 
 
-def tokenizer(stage1: dict[str, Any], vaes: dict[str, dict[str, Any]], own: dict[str, str]) -> dict[str, Any]:
+def tokenizer(stage1: dict[str, Any], vaes: dict[str, dict[str, Any]], own: dict[str, str],
+              modes: dict[str, str]) -> dict[str, Any]:
     target = str(stage1.get("target", ""))
     params = stage1.get("params") or {}
     cls = target.rsplit(".", 1)[-1]
@@ -196,14 +201,14 @@ def tokenizer(stage1: dict[str, Any], vaes: dict[str, dict[str, Any]], own: dict
     return {"kind": "vae", "class": cls, "vae_type": vae_type, "hub": entry["pretrained_path"],
             "subfolder": entry.get("subfolder") or None,
             **{k: entry[k] for k in ("latent_channels", "downsample_factor", "scaling_factor", "shift_factor")
-               if k in entry}}
+               if k in entry}, "sample_mode": params.get("sample_mode") or modes[cls]}
 
 
 # ---------------------------------------------------------------------------------------------------------------
 
 def build(repo: Repo) -> dict[str, Any]:
     classes = dataclass_fields([repo.read(f) for f in DEFAULT_FILES])
-    vaes, own = vae_table(repo.read(STAGE1_VAE))
+    vaes, own, modes = vae_table(repo.read(STAGE1_VAE))
     sampling_files = [f for f in repo.files(SAMPLING) if f.endswith(".yaml")]
     configs: dict[str, Any] = {}
     for f in repo.files(TRAINING):
@@ -223,7 +228,7 @@ def build(repo: Repo) -> dict[str, Any]:
             if s.startswith(f"{SAMPLING}/{task}/") and (stem == name or stem.startswith(name + "-cfg")):
                 flat = flatten(yaml.safe_load(repo.read(s)))
                 samplings.append({"name": stem, **{k: flat.get(k) for k in SAMPLING_KEYS}})
-        configs[name] = {"file": f, "task": task, "tokenizer": tokenizer(cfg["stage_1"], vaes, own),
+        configs[name] = {"file": f, "task": task, "tokenizer": tokenizer(cfg["stage_1"], vaes, own, modes),
                          "values": dict(sorted(flatten(cfg).items())), "sampling": samplings}
     return {"source": {"repo": "End2End-Diffusion/diffusion-bench", "commit": repo.commit(),
                        "read": [TRAINING, SAMPLING, *DEFAULT_FILES, STAGE1_VAE]},

@@ -23,10 +23,11 @@ from dit_pipeline.common.settings import choice, flag_name, non_negative, positi
 from dit_pipeline.dit.conditioning import CONDITIONINGS
 from dit_pipeline.dit.flow import PREDICTIONS, T_EPS, T_SAMPLINGS, V_TARGETS
 from dit_pipeline.dit.formats import OBJECTIVES
-from dit_pipeline.dit.meanflow import DEFAULTS as MF, VARIANTS as MEANFLOW_OBJECTIVES
+from dit_pipeline.dit.meanflow import DEFAULTS as MF, RULES as MF_RULES, VARIANTS as MEANFLOW_OBJECTIVES
 from dit_pipeline.evaluate.hook import FidSettings
 from dit_pipeline.sample.grid import GRIDS, GridSettings
 from dit_pipeline.train.guard import GUARD, GuardSettings
+from dit_pipeline.train.latents import LATENT_SAMPLES
 from dit_pipeline.train.optim import MUON_ADJUST_LR, OPTIMIZERS, optimizer_problems
 from dit_pipeline.train.recipes import recipe_problems
 from dit_pipeline.train.reg import REG, RegSettings
@@ -70,6 +71,10 @@ class TrainConfig(GuardSettings, RegSettings, RepaSettings, FidSettings, GridSet
     prefetch_factor: int = setting(2, "Batches each loader worker prepares ahead", group=DATA)
     skip_bad_shards: bool = setting(False, "Skip (and count) a shard that turns out unreadable instead of "
                                     "stopping", group=DATA, shown="stop")
+    latent_sample: str = setting(
+        "sample", "The latent of a set that stores the VAE posterior: sample (mean + std x noise, drawn anew every "
+        "epoch) or mean (the posterior's mean, its mode: NanoGen's encoding); a set without a posterior holds one "
+        "latent either way", group=DATA, choices=LATENT_SAMPLES)
     verify_shards: bool = setting(
         True, "Check each shard's sha256 against the manifest while training: before its samples are used when "
         "the shards read at once fit in a quarter of the host memory, else as it streams (the plan says which)",
@@ -133,7 +138,8 @@ class TrainConfig(GuardSettings, RegSettings, RepaSettings, FidSettings, GridSet
                               choices=PREDICTIONS)
     v_target: str = setting("plain", "--prediction v: the velocity's training target, plain (x - noise at every t) or "
                             "clamped (NanoGen's (x - x_t) / max(--t-eps, 1 - t): x - noise scaled down where the "
-                            "noise level 1 - t is below it); recorded, a resume must repeat it, sampling is "
+                            "noise level 1 - t is below it; --objective meanflow: the velocity its target and JVP "
+                            "follow, as NanoGen's MeanFlow); recorded, a resume must repeat it, sampling is "
                             "unchanged", group=OBJECTIVE, choices=V_TARGETS)
     t_eps: float = setting(T_EPS, "--prediction x, --v-target clamped: the smallest noise level 1 - t the conversion "
                            "and the target divide by", group=OBJECTIVE)
@@ -166,6 +172,12 @@ class TrainConfig(GuardSettings, RegSettings, RepaSettings, FidSettings, GridSet
     mf_norm_eps: float = setting(MF["norm_eps"], "meanflow/imf: eps of the adaptive loss weight", group=OBJECTIVE)
     mf_s_max: float = setting(MF["s_max"], "imf: guidance scales omega drawn on [1, 1 + s-max] (power law)",
                               group=OBJECTIVE)
+    mf_rule: str = setting("meanflow", "meanflow: how a step is split between flow matching and MeanFlow pairs: "
+                           "meanflow (the release's: the first --mf-data-proportion of each step's samples get r = t, "
+                           "t the max of two draws; labels dropped for the first k samples) or nanogen (NanoGen's "
+                           "TransportMF: with probability --mf-data-proportion the whole step, on every rank, is flow "
+                           "matching with one draw of t; labels dropped per sample)", group=OBJECTIVE,
+                           choices=MF_RULES)
     jvp_attention: str = setting("math", "meanflow/imf: the attention kernel of the JVP pass (only math has "
                                  "forward-mode AD; the ordinary forward keeps --attention)", group=OBJECTIVE,
                                  choices=("math",))
@@ -286,7 +298,7 @@ class TrainConfig(GuardSettings, RegSettings, RepaSettings, FidSettings, GridSet
         if not 0.0 <= self.class_dropout_prob < 1.0:
             p.append(f"--class-dropout-prob must be in [0, 1), got {self.class_dropout_prob}")
         p += self._objective_problems() + choice(self, "conditioning", RUN_CONDITIONINGS)
-        p += choice(self, "text_features", TEXT_FEATURES)
+        p += choice(self, "text_features", TEXT_FEATURES) + choice(self, "latent_sample", LATENT_SAMPLES)
         if self.text is not None and self.conditioning not in ("auto", "text"):
             p.append(f"--text conditions the model on text; --conditioning {self.conditioning} does not use it "
                      "(drop one)")
@@ -389,9 +401,9 @@ class TrainConfig(GuardSettings, RegSettings, RepaSettings, FidSettings, GridSet
             p.append(f"--prediction {self.prediction} acts on the flow objective (the network predicts the clean "
                      "image, converted to a velocity): add --objective flow")
         p += choice(self, "v_target", V_TARGETS)
-        if self.v_target == "clamped" and self.objective != "flow":
-            p.append(f"--v-target clamped is the flow objective's velocity target (NanoGen's): add --objective flow "
-                     f"or drop --v-target (--objective {self.objective} has its own)")
+        if self.v_target == "clamped" and self.objective not in ("flow", "meanflow"):
+            p.append(f"--v-target clamped is the velocity target of the flow and meanflow objectives (NanoGen's): add "
+                     f"--objective flow or meanflow, or drop --v-target (--objective {self.objective} has its own)")
         if self.v_target == "clamped" and self.prediction == "x":
             p.append("--v-target clamped is a velocity-predicting network's target; --prediction x already trains "
                      "toward (x - x_t) / max(1 - t, --t-eps): drop --v-target")
@@ -440,6 +452,10 @@ class TrainConfig(GuardSettings, RegSettings, RepaSettings, FidSettings, GridSet
             p.append("MeanFlow's training guidance needs the null class: --class-dropout-prob > 0")
         if self.objective == "meanflow" and any(getattr(self, k) != defaults[k] for k in ("mf_s_max",)):
             p.append("--mf-s-max acts on --objective imf")
+        p += choice(self, "mf_rule", MF_RULES)
+        if self.objective != "meanflow" and self.mf_rule != defaults["mf_rule"]:
+            p.append(f"--mf-rule {self.mf_rule} acts on --objective meanflow; {self.objective} splits its steps as its "
+                     "release does")
         if self.objective != "meanflow" and any(getattr(self, k) != defaults[k] for k in
                                            ("mf_omega", "mf_kappa", "mf_t_start", "mf_t_end")):
             p.append(f"--mf-omega, --mf-kappa, --mf-t-start, --mf-t-end are MeanFlow's fixed guidance; {self.objective} "

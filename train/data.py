@@ -283,7 +283,7 @@ class EpochStream(IterableDataset):
                  shards_in_flight: int = 16, start_batch: int = 0, skip_bad_shards: bool = False,
                  sha256: str | None = None, exclude: frozenset[int] = frozenset(), pixels: bool = False,
                  sibling: tuple[str, Manifest] | None = None, text: tuple[str, Manifest] | None = None,
-                 captions: bool = False):
+                 captions: bool = False, latent_sample: str = "sample"):
         self.source, self.plan, self.rank = source, plan, rank
         self.seed, self.buffer, self.start_batch = seed, buffer, start_batch
         self.shards_in_flight = shards_in_flight
@@ -294,7 +294,7 @@ class EpochStream(IterableDataset):
         self.sibling = sibling  # (folder, manifest) of the sibling set whose tokens each batch carries (Batch.teacher)
         self.text = text  # (folder, manifest) of the text sibling set whose features each batch carries (Batch.text)
         self.captions = captions  # each batch carries its caption strings (Batch.captions; a set with captions)
-        self.spec = LatentSpec.from_manifest(source.manifest)
+        self.spec = LatentSpec.from_manifest(source.manifest, latent_sample)  # a posterior's draw or its mean
         self.pool: BatchPool | None = None  # set by make_loader before its workers start
         self.text_pool: TextPool | None = None  # likewise, with a text set: its features' slots
 

@@ -1,6 +1,8 @@
 """Stored arrays -> the model's training latents, a batch at a time (docs/FORMAT.md, "The latent the model sees").
 
-latent = (z - shift) * scale with z = mean + std * noise, or z = the stored latent for store "sample", and the
+latent = (z - shift) * scale with z = mean + std * noise (`latent_sample` "sample", the default), z = mean (the
+posterior's mode: `latent_sample` "mean", NanoGen's encoding, End2End-Diffusion/diffusion-bench src/stage1/vae.py
+`sample_mode="mode"`), or z = the stored latent for store "sample", and the
 manifest's normalization (common/latent_norm.py: the scalar `(z - shift_factor) * scaling_factor` of diffusers'
 pipelines, shift 0 for the SD-VAE, or per-channel vectors). Per-sample randomness (which view when the shards hold V > 1
 views, and the posterior noise) comes from the sample seed mix_seed(epoch_seed(seed, epoch), key index),
@@ -26,6 +28,9 @@ from dit_pipeline.shards.format import PIXEL_STORE
 from dit_pipeline.shards.pixels import ENCODING
 
 
+LATENT_SAMPLES = ("sample", "mean")  # from a stored posterior: a fresh draw mean + std x noise, or its mean (mode)
+
+
 @dataclass(frozen=True)
 class LatentSpec:
     """How stored arrays become the model's training latents."""
@@ -35,21 +40,47 @@ class LatentSpec:
     shape: tuple[int, int, int]
     norm: LatentNorm                   # z -> the model's latent (the manifest's normalization)
     pixels_encoding: str = ENCODING    # how the set stores its crops (shards/pixels.py)
+    latent_sample: str = "sample"      # a posterior's draw or its mean (LATENT_SAMPLES)
 
     @classmethod
-    def from_manifest(cls, m: Manifest) -> "LatentSpec":
+    def from_manifest(cls, m: Manifest, latent_sample: str = "sample") -> "LatentSpec":
+        if latent_sample not in LATENT_SAMPLES:
+            raise ValueError(f"latent_sample must be one of {', '.join(LATENT_SAMPLES)}, got {latent_sample!r}")
         c, h, w = m.latent_shape
-        return cls(m.store, m.views, (c, h, w), m.norm, str((m.pixels or {}).get("encoding", ENCODING)))
+        return cls(m.store, m.views, (c, h, w), m.norm, str((m.pixels or {}).get("encoding", ENCODING)),
+                   latent_sample)
+
+    @property
+    def draws(self) -> bool:
+        """Whether each latent is a fresh draw from the stored posterior (mean + std x noise)."""
+        return self.store == "posterior" and self.latent_sample == "sample"
 
     @property
     def arrays(self) -> int:
-        """Stored arrays a sample contributes: mean and std, or the latent (none for a pixel set: its crop)."""
-        return {"posterior": 2, "sample": 1}.get(self.store, 0)
+        """Stored arrays a sample contributes: mean and std for a draw, else the mean or the latent (none for a
+        pixel set: its crop)."""
+        if self.store == "posterior":
+            return 2 if self.draws else 1
+        return {"sample": 1}.get(self.store, 0)
 
     @property
     def from_pixels(self) -> bool:
         """A pixel-space set (common/pixels.py): each latent is made from the sample's stored crop."""
         return self.store == PIXEL_STORE
+
+
+def latent_sample_problem(m: Manifest, latent_sample: str) -> str | None:
+    """Why `latent_sample` cannot be honoured on the set of manifest `m` (None: it can): "mean" needs the posterior's
+    mean, which a set of one stored draw (dit-extract --store sample of a VAE with a posterior) no longer has. A set
+    without a posterior (a feature encoder's, pixels, a VAE whose encoder gives a latent) holds its one latent, which
+    is its mean."""
+    if latent_sample != "mean" or m.store != "sample":
+        return None
+    vae = (m.extraction or {}).get("vae") or {}
+    if (m.extraction or {}).get("encoder") or vae.get("encoder_output") == "latent":
+        return None
+    return ("--latent-sample mean trains on the VAE posterior's mean, and this set stores one draw of the posterior "
+            "(store sample): extract the set with --store posterior, or train with --latent-sample sample")
 
 
 _MASK64 = (1 << 64) - 1
@@ -102,11 +133,14 @@ def pending(sample: LatentSample, spec: LatentSpec, base: int, teacher: np.ndarr
     sd = mix_seed(base, index)
     v = sample_view(sd, spec.views)
     arrays: np.ndarray | None = None  # a pixel set's latent is its crop (the pixels bytes, decoded per batch)
-    if spec.store == "posterior":
+    if spec.draws:
         assert sample.mean is not None and sample.std is not None  # the reader checked the fields
         mean = sample.mean[v]
         arrays = np.empty((2, *mean.shape), dtype=mean.dtype)
         arrays[0], arrays[1] = mean, sample.std[v]
+    elif spec.store == "posterior":  # latent_sample "mean": the posterior's mean alone, as a stored latent
+        assert sample.mean is not None
+        arrays = np.array(sample.mean[v:v + 1])
     elif spec.store == "sample":
         assert sample.latent is not None
         arrays = np.array(sample.latent[v:v + 1])
@@ -175,7 +209,7 @@ class Scratch:
 def build_latents(items: Sequence[Pending], spec: LatentSpec, out: torch.Tensor | None = None,
                   scratch: Scratch | None = None) -> torch.Tensor:
     """[B, C, h, w] float32 training latents: (mean + std * noise - shift) * scale of each item's view (scalar or
-    per channel: spec.norm), with
+    per channel: spec.norm; (mean - shift) * scale with spec.latent_sample "mean"), with
     noise = torch.randn(C, h, w) of a CPU generator seeded with the item's seed (torch's normal sampler is
     several times faster than numpy's at these sizes). One generator is re-seeded per sample; the affine
     part runs once over the batch, one elementwise op at a time (each exactly rounded, so a sample's values
@@ -192,7 +226,7 @@ def build_latents(items: Sequence[Pending], spec: LatentSpec, out: torch.Tensor 
     stored = scratch.numpy(shape, arrays[0].dtype)
     np.stack(arrays, out=stored)  # [B, A, C, h, w] as stored
     z = out if out is not None else torch.empty(shape[:1] + shape[2:])
-    if spec.store == "posterior":
+    if spec.draws:
         g = torch.Generator()
         for it, row in zip(items, z.unbind(0)):
             g.manual_seed(it.seed)
@@ -205,7 +239,8 @@ def build_latents(items: Sequence[Pending], spec: LatentSpec, out: torch.Tensor 
 
 
 def make_latents(samples: Sequence[LatentSample], spec: LatentSpec, seed: int, epoch: int) -> torch.Tensor:
-    """[B, C, h, w]: the training latents of `samples` (raw or float32 LatentSamples) in `epoch`."""
+    """[B, C, h, w]: the training latents of `samples` (raw or float32 LatentSamples) in `epoch` (spec.latent_sample:
+    a posterior's draw or its mean)."""
     base = epoch_seed(seed, epoch)
     return build_latents([pending(s, spec, base) for s in samples], spec)
 

@@ -34,7 +34,7 @@ from dit_pipeline.common import distributed as dist
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.faults import fault_point, fault_requested
 from dit_pipeline.common.log import get_logger, progress_enabled
-from dit_pipeline.common.seeding import STREAM_DROPOUT, STREAM_TIMESTEP, generator
+from dit_pipeline.common.seeding import STREAM_DROPOUT, STREAM_STEP, STREAM_TIMESTEP, generator
 from dit_pipeline.dit import repa
 from dit_pipeline.dit.reg import REG_NOISE, REG_TARGET
 from dit_pipeline.train.checkpoint import CheckpointManager
@@ -185,7 +185,7 @@ class Trainer:
                                       if isinstance(self.p.teacher, CachedTeacher) else
                                       (self.reg.folder, self.reg.manifest) if self.reg is not None else None),
                              text=self.text_set if self.text.encoder is None else None,
-                             captions=self.text.encoder is not None)
+                             captions=self.text.encoder is not None, latent_sample=self.cfg.latent_sample)
         loader = make_loader(stream, num_workers=self.cfg.num_workers or 0, prefetch_factor=self.cfg.prefetch_factor,
                              pin_memory=self.device.type == "cuda")
         try:
@@ -257,7 +257,9 @@ class Trainer:
     def _step_randomness(self, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         step, dev = self.state.step, self.device
         g = generator(self.cfg.seed, STREAM_TIMESTEP, step, self.rank, device=dev)
-        t = self.p.diffusion.draw_timesteps(n, generator=g, device=dev)  # ddpm: 0..999; flow: [n]; meanflow: [n, 2]
+        shared = generator(self.cfg.seed, STREAM_STEP, step)  # the same on every rank (a decision of the whole step)
+        # ddpm: 0..999; flow: [n]; meanflow: [n, 2]
+        t = self.p.diffusion.draw_timesteps(n, generator=g, device=dev, shared=shared)
         noise = torch.randn((n, *self.latent_shape), generator=g, device=dev)
         # REG: the class tokens' own noise, drawn after the images' (dit/reg.py)
         token_noise = torch.randn((n, self.reg.dim), generator=g, device=dev) if self.reg is not None else None

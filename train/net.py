@@ -24,6 +24,7 @@ from dit_pipeline.train.metrics import peak_tflops
 from dit_pipeline.train.optim import build_optimizer
 from dit_pipeline.train.preflight import Preflight
 from dit_pipeline.train.speed import choose_attention, compile_enabled, compile_problem, regional_compile
+from dit_pipeline.train.text import run_conditioning
 
 
 @dataclass
@@ -94,7 +95,9 @@ def build_model(prep: Preflight, device: torch.device, precision: str) -> TrainM
         from dit_pipeline.common.perceptual import perceptual_terms
 
         objective.add_x_terms(perceptual_terms(cfg.to_dict(), model.input_size, device), cfg.percep_t_thresh)
-    objective.attach(model)  # the raw module, for an objective's passes without gradient (MeanFlow's JVP)
+    # the raw module and the run's conditioning (a text model's empty prompt), for an objective's passes without
+    # gradient (MeanFlow's JVP and guided velocity)
+    objective.attach(model, run_conditioning(model, prep.text))
     return TrainModel(model=model, ema=ema, opt=opt, scaler=scaler, ddp=ddp, forward=forward,
                       diffusion=objective, amp_dtype=amp_dtype, flops_per_image=flops,
                       peak_tflops=peak_tflops(device, cfg.peak_tflops), device=device, head=head, teacher=teacher)

@@ -118,10 +118,15 @@ class ObjectivePart(_NoCheck):
                             "--base-model-depth and --base-model-coeff, or use a new --run-dir")
         want = self.state_dict().get("meanflow")
         if want is not None and ckpt.get("meanflow") != want:
+            from dit_pipeline.dit.objectives import MF_ABSENT
+
             have = ckpt.get("meanflow") or {}
-            changed = sorted(k for k in want if have.get(k) != want[k])
+            # a key absent from either side: what it meant before the setting existed (MF_ABSENT)
+            changed = sorted(k for k in {*want, *(k for k in have if k in MF_ABSENT)}
+                             if have.get(k, MF_ABSENT.get(k)) != want.get(k, MF_ABSENT.get(k)))
             if changed:
-                diffs = [f"--{k.replace('_', '-')} {have.get(k)} there, {want[k]} here" for k in changed]
+                diffs = [f"--{k.replace('_', '-')} {have.get(k, MF_ABSENT.get(k))} there, "
+                         f"{want.get(k, MF_ABSENT.get(k))} here" for k in changed]
                 raise UserError(f"checkpoint {where} was trained with other MeanFlow settings ({'; '.join(diffs)}); "
                                 "resume with the recorded ones or use a new --run-dir")
 

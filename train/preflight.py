@@ -29,6 +29,7 @@ from dit_pipeline.train.config import (ARCH_OVERRIDES, DEFAULT_MAX_STEPS, DEFAUL
                                        TrainConfig, batch_plan, implied_objective, resolve_time_shift)
 from dit_pipeline.train.data import ShardSource, open_shards
 from dit_pipeline.train.init import InitWeights, init_line, load_init
+from dit_pipeline.train.latents import LatentSpec, latent_sample_problem
 from dit_pipeline.train.partition import DataLayout, EpochPlan, plan_epoch
 from dit_pipeline.train.optim import optimizer_line
 from dit_pipeline.train.recipes import recipe_line
@@ -231,7 +232,7 @@ def condition_kwargs(cfg: TrainConfig, text: TextSet | None) -> dict[str, Any]:
         if cfg.num_c_tokens is None and "num_c_tokens" in lookup_family(cfg.model).overrides:
             out["num_c_tokens"] = text.max_length
     problems = []
-    if cfg.objective in ("meanflow", "imf"):
+    if cfg.objective == "imf":  # the release's network takes class labels (dit/imf.py)
         problems.append(f"--objective {cfg.objective} trains class-conditional models here")
     if cfg.sample_every or cfg.fid_every:
         problems.append("the periodic grids and FID (--sample-every, --fid-every) sample class labels; sample this "
@@ -253,6 +254,8 @@ def prepare(cfg: TrainConfig, world_size: int | None = None) -> Preflight:
     check_writable_dir(cfg.run_dir, f"--run-dir {cfg.run_dir}")  # before any work, also in a dry run
     world = dist.world_size() if world_size is None else world_size
     source = open_shards(cfg.shards, cfg.manifest)
+    if problem := latent_sample_problem(source.manifest, cfg.latent_sample):
+        raise UserError(f"{source.folder or cfg.manifest}: {problem}")
     cfg = check_recipe_extraction(cfg, source)
     cfg, notes = resolve_defaults(cfg, len(source.sizes), world)
     cfg, shift_note = resolve_time_shift(cfg, list(source.manifest.latent_shape))
@@ -432,8 +435,13 @@ def objective_line(cfg: TrainConfig, mc: dict[str, Any] | None = None) -> str:
         heads = {"imf": "; the u and v heads' loss terms (the release's iMF)",
                  "imf-adaln": "; this project's iMF variant: conditions added to the time embedding, v read from u "
                               "at h = 0, labels dropped per sample"}.get(cfg.objective, "")
+        split = (f"r = t for {prop:.0%} of each step" if cfg.mf_rule == "meanflow" else
+                 f"with probability {prop:g} the whole step (every rank) is flow matching, one draw of t and r = t "
+                 "(--mf-rule nanogen: NanoGen's TransportMF, labels dropped per sample)")
+        target = (f"; velocity (z_t - x) / max(t, {cfg.t_eps:g})" if cfg.objective == "meanflow"
+                  and cfg.v_target == "clamped" else "")
         what = (f"{cfg.objective} (average velocity u(z, t, h = t - r); t, r logit-normal({cfg.mf_t_mean:g}, "
-                f"{cfg.mf_t_scale:g}), r = t for {prop:.0%} of each step; {guide}{heads}; JVP through "
+                f"{cfg.mf_t_scale:g}), {split}{target}; {guide}{heads}; JVP through "
                 f"{cfg.jvp_attention} attention; adaptive weight p {cfg.mf_norm_p:g})")
     else:
         what = "ddpm (DiT: noise prediction + learned variance, 1000-step linear schedule)"
@@ -480,10 +488,11 @@ def format_plan(prep: Preflight, start_line: str | None = None, *, dry_run: bool
     parts = " + ".join(f"{k} {v:.2f}" for k, v in mem.parts.items())
     compiled = compile_enabled(cfg.compile, device)
     local = local_ranks(prep.world_size)
-    # Each reader buffers one view of each sample as stored (mean + std, or the latent), keeps two scratch
-    # batches (the stacked stored values and their float32 copy) and its float32 output slots (train.pool:
+    # Each reader buffers one view of each sample as stored (mean + std, the mean alone, or the latent), keeps two
+    # scratch batches (the stacked stored values and their float32 copy) and its float32 output slots (train.pool:
     # prefetch + 2 + its share of one step's micro-batches).
-    arrays, itemsize = (2 if m.store == "posterior" else 1), (4 if m.dtype == "float32" else 2)
+    spec = LatentSpec.from_manifest(m, cfg.latent_sample)
+    arrays, itemsize = max(spec.arrays, 1), (4 if m.dtype == "float32" else 2)
     pending_bytes = arrays * c * h * w * itemsize
     slots = cfg.prefetch_factor + 2 + math.ceil(b.accum / prep.layout.workers)
     batch_bytes = b.micro_batch * c * h * w * (arrays * (itemsize + 4) + 4 * slots)
@@ -496,7 +505,8 @@ def format_plan(prep: Preflight, start_line: str | None = None, *, dry_run: bool
     lines = [
         "dit-train plan (dry run: nothing was started)" if dry_run else "dit-train plan",
         *recipe_line(cfg.recipe),
-        f"  shards      {cfg.shards}: {len(m.shards)} shards, {m.total_samples:,} samples, store {m.store}, "
+        f"  shards      {cfg.shards}: {len(m.shards)} shards, {m.total_samples:,} samples, store {m.store}"
+        f"{' (trained on its mean: --latent-sample mean)' if m.store == 'posterior' and not spec.draws else ''}, "
         f"{m.views} view(s), latents {c}x{h}x{w} {m.dtype}, {_scale_text(m)}, {m.num_classes} classes",
         *normalization_line(m),
         *latent_std_line(prep),

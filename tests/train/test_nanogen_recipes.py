@@ -22,7 +22,6 @@ from typing import Any, Callable
 
 import pytest
 
-from dit_pipeline.common.errors import ConfigError
 from dit_pipeline.dit.family import lookup_preset
 from dit_pipeline.dit.incontext import MLP_RATIO
 from dit_pipeline.dit.protocols import PROTOCOLS
@@ -90,20 +89,23 @@ NORMALIZATION = {"sdvae-ema": "scalar", "sdvae-mse": "scalar", "sdxl-vae": "scal
 
 def _tokenizer(v, c, f) -> dict:
     t = f["tokenizer"]
-    if t["kind"] == "vae":
+    if t["kind"] == "vae":  # src/stage1/vae.py l.216-221: sample_mode "mode" encodes the posterior's mean
         return {"requires.vae": _hub(f), "requires.encoder": None,
-                "requires.normalization": NORMALIZATION[t["vae_type"]]}
+                "requires.normalization": NORMALIZATION[t["vae_type"]],
+                "latent_sample": {"mode": "mean", "sample": "sample"}[t["sample_mode"]]}
+    # RAE's features and the pixels have no posterior: one latent either way, the default setting
     if t["kind"] == "rae":
-        return {"requires.vae": ABSENT, "requires.encoder": t["encoder"], "requires.normalization": "per-position"}
-    return {"requires.vae": "pixels", "requires.encoder": None, "requires.normalization": "scalar"}
+        return {"requires.vae": ABSENT, "requires.encoder": t["encoder"], "requires.normalization": "per-position",
+                "latent_sample": "sample"}
+    return {"requires.vae": "pixels", "requires.encoder": None, "requires.normalization": "scalar",
+            "latent_sample": "sample"}
 
 
 def _prediction(v, c, f) -> dict:
     if v == "x":  # transport.py convert_model_pred: (xt - x) / t.clamp_min(t_eps)
         return {"prediction": "x", "v_target": "plain"}
-    assert v == "velocity"  # the target vt = (xt - x1) / t.clamp_min(t_eps) of transport.py, every path
-    return {"prediction": "v", **({"pending.v_target": "clamped", "v_target": "plain"} if _mf(c) else
-                                  {"v_target": "clamped"})}
+    assert v == "velocity"  # the target vt = (xt - x1) / t.clamp_min(t_eps) of transport.py, every path (MeanFlow's
+    return {"prediction": "v", "v_target": "clamped"}  # l.201, l.265 too)
 
 
 def _times(v, c, f) -> dict:
@@ -214,8 +216,9 @@ TABLE: dict[str, Callable[..., dict]] = {
     "transport.t_eps": _same("t_eps"),
     "transport.percep_loss_t_thresh": lambda v, c, f: {"percep_t_thresh": v},
     "transport.meanflow": _is(None, objective="flow"),
+    # TransportMF (transport.py l.130-330): fm_ratio the share of flow-matching STEPS, labels dropped per sample
     "transport.meanflow.fm_ratio": lambda v, c, f: {"objective": "meanflow", "mf_data_proportion": v,
-                                                   "pending.mf_rule": "nanogen"},
+                                                   "mf_rule": "nanogen"},
     "transport.meanflow.norm_p": _same("mf_norm_p"),
     "transport.meanflow.norm_eps": _same("mf_norm_eps"),
     "transport.meanflow.cfg_omega": _same("mf_omega"),
@@ -288,22 +291,13 @@ NOT_CARRIED: dict[str, str] = {
 PENDING = {
     "reg_coeff": "reg (REG, issue 44 item 4)",
     "reg_encoder": "reg (REG, issue 44 item 4: the DINOv2-B class token cached at extraction)",
-    "mf_rule": "unassigned (NanoGen's TransportMF: per-step flow-matching steps, one-draw t)",
-    "v_target": "unassigned (the clamped velocity target under --objective meanflow)",
-    "conditioning": "unassigned (MeanFlow on text features)",
 }
 # pending settings that are TrainConfig fields already, refused in that recipe's combination (validate / the plan)
-PENDING_REFUSED = {"v_target": "--v-target clamped is the flow objective's velocity target",
-                   "conditioning": "--objective meanflow trains class-conditional models here"}
+PENDING_REFUSED: dict[str, str] = {}
 
 # The guided sampling config of a recipe that the recipe's `sampling` does not express yet, and who builds it
 SAMPLING_PENDING = {
     **{n: "reg (REG's sampler evolves and guides the class token)" for n in FACTS if FACTS[n]["values"]["repa.use_reg"]},
-    **{n: "protocols (NanoGen's one-step MeanFlow sampling: its conversion and labels)" for n in FACTS
-       if _mf(FACTS[n]["values"])},
-    **{n: "protocols (sampled unshifted: time_dist_shift_base_eval = dim; nanogen-t2i shifts by the dim)"
-       for n in ("t2i-jit-ddt-en28d1152hd72-dn2d2048hd128-xpred-t4",
-                 "t2i-pixelgen-ddt-en28d1152hd72-dn2d2048hd128-xpred-t4-0.1lpips-0.01pdino-thresh0.7")},
 }
 
 
@@ -403,9 +397,10 @@ def test_the_recipe_has_its_configs_values(name):
 
 @pytest.mark.parametrize("name", sorted(FACTS))
 def test_the_recipe_samples_as_nanogens_sampling_config(name):
-    """The recipe's `sampling` against the config's guided sampling config (its -cfg* file, else its own):
-    steps, guidance scale and interval, and the grid's shift sqrt(dim / time_dist_shift_base_eval); where a protocol
-    for it is still being built, `SAMPLING_PENDING` says so."""
+    """The recipe's `sampling` is the protocol row of the config's guided sampling config (its -cfg* file, else its
+    own), `nanogen/<sampling config>`, whose steps, guidance scale and interval and grid shift sqrt(dim /
+    time_dist_shift_base_eval) are the config's; where the row's sampler is still being built, `SAMPLING_PENDING`
+    says so."""
     f, (cfg, _) = FACTS[name], _load(name)
     sampling = cfg.recipe["sampling"]
     SampleConfig(ckpt="m.pt", npz="s.npz", **sampling).validate()
@@ -413,14 +408,16 @@ def test_the_recipe_samples_as_nanogens_sampling_config(name):
     s, v = guided[0], f["values"]
     assert s["name"] in cfg.recipe["source"]
     if name in SAMPLING_PENDING:
-        if _mf(v):
-            assert (sampling["sampler"], sampling["steps"]) == ("meanflow", s["sampler.num_steps"])
         return
-    p = PROTOCOLS[sampling["protocol"]].with_overrides(scale=sampling.get("cfg_scale"))
+    assert sampling["protocol"] == f"nanogen/{s['name']}" and "cfg_scale" not in sampling
+    p = PROTOCOLS[sampling["protocol"]]
     shape = tuple(v["misc.latent_size"])
-    assert (p.solver, len(p.times(shape)) - 1) == ("euler", s["sampler.num_steps"])
-    assert (p.guidance.scale, p.guidance.interval) == (s["guidance.cfg.scale"],
-                                                      (s["guidance.cfg.t_min"], s["guidance.cfg.t_max"]))
+    assert (p.solver, len(p.times(shape)) - 1) == ("meanflow" if _mf(v) else "euler", s["sampler.num_steps"])
+    if _mf(v):  # post_process (src/configs/stage2.py l.169-170): MeanFlow samples without guidance
+        assert v["guidance.disabled"] and p.guidance.kind == "none"
+    else:
+        assert (p.guidance.scale, p.guidance.interval) == (s["guidance.cfg.scale"],
+                                                          (s["guidance.cfg.t_min"], s["guidance.cfg.t_max"]))
     base = s["misc.time_dist_shift_base_eval"] or v["misc.time_dist_shift_base"]
     assert p.grid.resolve_shift(shape, None) == pytest.approx(math.sqrt(v["misc.time_dist_shift_dim"] / base),
                                                             rel=1e-12)
@@ -437,9 +434,6 @@ def test_pending_settings_are_named_and_not_built_yet():
             seen.add(x["setting"])
             assert x["setting"] not in FIELD_NAMES or x["setting"] in PENDING_REFUSED, x
     assert seen == set(PENDING)
-    values = load_config_file(NANOGEN / "mf-ddt-en28d1152hd72-dn2d2048hd128-sdvae-mse-vpred-t4c8-kappa0.5.yaml")
-    with pytest.raises(ConfigError, match=PENDING_REFUSED["v_target"]):
-        merge_config(values, {"shards": "s", "run_dir": "r", "v_target": "clamped"}).validate()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -478,14 +472,14 @@ CLASS_PLANS = ["ddt-en28d1152hd72-dn2d2048hd128-sdvae-ema-vpred-t4c8",  # SD-VAE
                "ddt-en28d1152hd72-dn2d2048hd128-rae-dinov3-vit-b16-vpred-t4c8",  # a feature encoder, per position
                "ddt-en28d1152hd72-dn2d2048hd128-e2e-flux-vpred-t4c8",  # an E2E VAE
                "jit-ddt-en28d1152hd72-dn2d2048hd128-xpred-t4c8",  # pixels, x-prediction
-               "pixelgen-ddt-en28d1152hd72-dn2d2048hd128-xpred-t4c8-0.1lpips-0.01pdino-thresh0.7"]
+               "pixelgen-ddt-en28d1152hd72-dn2d2048hd128-xpred-t4c8-0.1lpips-0.01pdino-thresh0.7",
+               "mf-ddt-en28d1152hd72-dn2d2048hd128-sdvae-mse-vpred-t4c8-kappa0.5"]  # NanoGen's MeanFlow
 
 
 def _runnable(task: str, default: list) -> list:
-    """The recipes of `task` with nothing pending (REG and MeanFlow are refused until built: below); `default` runs
-    in the suite, the others with -m sweep."""
-    names = [n for n, f in FACTS.items() if f["task"] == task and not f["values"]["repa.use_reg"]
-             and not _mf(f["values"])]
+    """The recipes of `task` with nothing pending (REG is refused until built: below); `default` runs in the suite,
+    the others with -m sweep."""
+    names = [n for n, f in FACTS.items() if f["task"] == task and not f["values"]["repa.use_reg"]]
     return [n if n in default else pytest.param(n, marks=pytest.mark.sweep) for n in sorted(names)]
 
 
@@ -497,6 +491,10 @@ def test_an_imagenet_recipe_plans_on_fitting_shards_without_a_departure(name, tm
     tok = FACTS[name]["tokenizer"]
     if tok["kind"] == "vae":
         assert f"  requires    VAE {_hub(FACTS[name])}: its hub id" in plan
+        assert "store posterior (trained on its mean: --latent-sample mean)" in plan  # NanoGen's mode
+    if _mf(FACTS[name]["values"]):
+        assert "with probability 0.75 the whole step (every rank) is flow matching" in plan
+        assert "velocity (z_t - x) / max(t, 0.05)" in plan
     elif tok["kind"] == "rae":
         assert f"  requires    feature encoder {tok['encoder']}: its name {tok['encoder']}" in plan
     assert "  batch       global 1024 = 1 rank(s)" in plan and "length      epochs 80 -> " in plan
@@ -588,7 +586,8 @@ def _text_plan(dest: Path, name: str, latents: Path, text: Path, *flags: Any, ok
 
 
 T2I = "t2i-ddt-en28d1152hd72-dn2d2048hd128-sdvae-ema-vpred-t4"
-TEXT_PLANS = [T2I, "t2i-ddt-en28d1584hd72-dn2d2048hd128-flux2-vpred-t4-512res"]  # 256 px; 512 px, 1584 wide
+TEXT_PLANS = [T2I, "t2i-ddt-en28d1584hd72-dn2d2048hd128-flux2-vpred-t4-512res",  # 256 px; 512 px, 1584 wide
+              "mf-t2i-ddt-en28d1152hd72-dn2d2048hd128-sdvae-mse-vpred-t4-kappa0.5"]  # MeanFlow on text
 
 
 @pytest.mark.parametrize("name", _runnable("t2i", TEXT_PLANS))
@@ -713,7 +712,7 @@ def test_a_random_vae_no_longer_passes_the_dit_recipe(tmp_path):
     assert "the paper states FID 2.27" in out
 
 
-def test_reg_and_meanflow_recipes_are_refused_until_built(tmp_path):
+def test_reg_recipes_are_refused_until_built(tmp_path):
     """A recipe with `pending` settings is refused naming them; --allow-departures runs without them, each a
     departure, so the paper's numbers are never put beside such a run."""
     name = "ddt-en28d1152hd72-dn2d2048hd128-sdvae-ema-reg0.03-rmsnorm-vpred-t4c8"
@@ -724,9 +723,6 @@ def test_reg_and_meanflow_recipes_are_refused_until_built(tmp_path):
     plan = _class_plan(tmp_path, name, "--allow-departures", manifest=manifest)
     assert "this run departs from it in 2 way(s)" in plan
     assert "  departs     not built here yet: REG's target encoder, DINOv2-B with registers at 256 px" in plan
-    mf = "mf-ddt-en28d1152hd72-dn2d2048hd128-sdvae-mse-vpred-t4c8-kappa0.5"
-    out = _class_plan(tmp_path, mf, ok=False, manifest=_fitting_manifest(tmp_path / "mf", mf))
-    assert "NanoGen's MeanFlow step: with probability fm_ratio a whole step is flow matching" in out
 
 
 def test_an_old_recipe_path_reads_the_moved_recipe(tmp_path):

@@ -93,7 +93,7 @@ def test_the_plan_names_the_condition(shard_dir, tmp_path):
     assert "  condition   2 classes; dropout 0.1 to the null label 2" in r.output
 
 
-def test_a_text_set_builds_a_text_model_and_refuses_meanflow_and_the_class_grids():
+def test_a_text_set_builds_a_text_model_and_refuses_imf_and_the_class_grids():
     from dit_pipeline.train.preflight import condition_kwargs
 
     base = {"shards": "s", "run_dir": "r", "model": "ddt-en28d1152hd72-dn2d2048hd128"}
@@ -102,7 +102,7 @@ def test_a_text_set_builds_a_text_model_and_refuses_meanflow_and_the_class_grids
                                                               "num_c_tokens": 256}  # the encoder's max length
     assert condition_kwargs(merge_config({}, base), None) == {}  # no --text: class labels
     with pytest.raises(UserError) as e:
-        condition_kwargs(merge_config({}, {**base, "objective": "meanflow", "sample_every": 10}), text)
-    assert str(e.value) == ("--conditioning text: --objective meanflow trains class-conditional models here; the "
+        condition_kwargs(merge_config({}, {**base, "objective": "imf", "sample_every": 10}), text)
+    assert str(e.value) == ("--conditioning text: --objective imf trains class-conditional models here; the "
                             "periodic grids and FID (--sample-every, --fid-every) sample class labels; sample this "
                             "model's checkpoints with dit-sample (a text model: --prompt)")

@@ -12,8 +12,8 @@ from dit_pipeline.train.parts import ObjectivePart
 from dit_pipeline.train.preflight import objective_line
 from tests.train.conftest import invoke_train
 
-FLOW_ONLY = ("--v-target clamped is the flow objective's velocity target (NanoGen's): add --objective flow or drop "
-             "--v-target (--objective {} has its own)")
+FLOW_ONLY = ("--v-target clamped is the velocity target of the flow and meanflow objectives (NanoGen's): add "
+             "--objective flow or meanflow, or drop --v-target (--objective {} has its own)")
 NOT_X = ("--v-target clamped is a velocity-predicting network's target; --prediction x already trains toward "
          "(x - x_t) / max(1 - t, --t-eps): drop --v-target")
 
@@ -24,7 +24,7 @@ def _cfg(**kw) -> TrainConfig:
 
 @pytest.mark.parametrize("settings,problems", [
     ({"v_target": "clamped"}, [FLOW_ONLY.format("ddpm")]),
-    ({"v_target": "clamped", "objective": "meanflow"}, [FLOW_ONLY.format("meanflow")]),
+    ({"v_target": "clamped", "objective": "imf", "model": "iMF-B/2"}, [FLOW_ONLY.format("imf")]),
     ({"v_target": "clamped", "objective": "flow", "prediction": "x"}, [NOT_X]),
     ({"v_target": "nano", "objective": "flow"}, ["--v-target must be one of plain, clamped, got 'nano'"]),
     ({"v_target": "clamped", "objective": "flow", "t_eps": 0.0}, ["--t-eps must be in (0, 1), got 0.0"]),
