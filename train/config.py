@@ -27,6 +27,7 @@ from dit_pipeline.evaluate.hook import FidSettings
 from dit_pipeline.sample.grid import GRIDS, GridSettings
 from dit_pipeline.train.guard import GUARD, GuardSettings
 from dit_pipeline.train.optim import MUON_ADJUST_LR, OPTIMIZERS, optimizer_problems
+from dit_pipeline.train.parallel import ParallelSettings
 from dit_pipeline.train.recipes import recipe_problems
 from dit_pipeline.train.repa import REPA, RepaSettings
 from dit_pipeline.train.schedule import schedule_problems
@@ -47,10 +48,11 @@ GROUPS = (DATA, MODEL, OBJECTIVE, REPA, LENGTH, OPTIM, GUARD, SPEED, CKPT, GRIDS
 
 
 @dataclass(kw_only=True)
-class TrainConfig(GuardSettings, RepaSettings, FidSettings, GridSettings):
-    """Every setting of a training run. The sample-grid, FID and alignment settings belong to their own types
-    (sample.grid.GridSettings, evaluate.hook.FidSettings, train.repa.RepaSettings), inherited here so that the
-    stored config stays one flat JSON object."""
+class TrainConfig(ParallelSettings, GuardSettings, RepaSettings, FidSettings, GridSettings):
+    """Every setting of a training run. The sample-grid, FID, alignment, divergence-guard and data-parallel
+    settings belong to their own types (sample.grid.GridSettings, evaluate.hook.FidSettings, train.repa.RepaSettings,
+    train.guard.GuardSettings, train.parallel.ParallelSettings), inherited here so that the stored config stays one
+    flat JSON object."""
 
     # data
     shards: str = setting(help="Shard folder (with manifest.json), or a URL list 'a::b' / brace pattern "
@@ -309,7 +311,7 @@ class TrainConfig(GuardSettings, RepaSettings, FidSettings, GridSettings):
                 p.append(problem)
         except ValueError as e:
             p.append(f"--model: {e}")
-        p += self.repa_problems() + self.guard_problems()
+        p += self.repa_problems() + self.guard_problems() + self.parallel_problems()
         if self.wandb and importlib.util.find_spec("wandb") is None:
             p.append("--wandb needs the wandb package: pip install 'dit-pipeline[wandb]' (or drop --wandb)")
         from dit_pipeline.sample.config import GRID_SAMPLER

@@ -12,9 +12,7 @@ from tqdm import tqdm
 from dit_pipeline.common import distributed as dist
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.faults import fault_point
-from dit_pipeline.train.checkpoint import load_checkpoint
 from dit_pipeline.train.guard import advance
-from dit_pipeline.train.parts import load_all
 
 if TYPE_CHECKING:
     from dit_pipeline.train.loop import Trainer
@@ -66,7 +64,7 @@ def roll_back(trainer: "Trainer", bar: tqdm) -> None:
                                "stopping. Resume from an earlier checkpoint (--resume PATH) with a lower --lr, "
                                "--grad-clip or --warmup-steps.")
     history = trainer.guard.history()
-    load_all(trainer.parts, load_checkpoint(trainer.out.ckpts.path(to)), str(trainer.out.ckpts.path(to)))
+    trainer.load_from(trainer.out.ckpts.path(to))
     s.epoch, s.step_in_epoch = advance(s.epoch, s.step_in_epoch, at - to, lambda epoch: trainer.plan(epoch).steps)
     trainer.guard.rolled_back(history, at, to)
     trainer.rollback_due = False

@@ -1,5 +1,5 @@
-"""The training loop: data -> DDP forward/backward with accumulation -> checks -> optimizer -> EMA -> logs,
-checkpoints and hooks, one optimizer step at a time.
+"""The training loop: data -> forward/backward with accumulation (DDP or FSDP2, train.parallel) -> checks ->
+optimizer -> EMA -> logs, checkpoints and hooks, one optimizer step at a time.
 
 Reproducibility: every random draw of a step (timesteps t, diffusion noise, class dropout) is made for the
 rank's whole step (accum x micro samples) from generators seeded with derive_seed(seed, stream, step, rank),
@@ -20,7 +20,6 @@ non-finite check as well as a logged value (one foreach read of the gradients).
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from dataclasses import dataclass
@@ -44,7 +43,8 @@ from dit_pipeline.train.guard import Guard, GuardPart, injected_fault
 from dit_pipeline.train.metrics import LOSS_TERMS, METRICS, Meter, MetricsLog, StepReport, interval_record, mfu
 from dit_pipeline.train.net import TrainModel
 from dit_pipeline.train.partition import EpochPlan, plan_epoch
-from dit_pipeline.train.parts import Part, ProgressPart, ShardSetPart, build_parts, load_all
+from dit_pipeline.train.checkpoint import load_checkpoint, materialize
+from dit_pipeline.train.parts import Part, ProgressPart, ShardSetPart, build_parts, check_all, compose
 from dit_pipeline.train.preflight import Preflight
 from dit_pipeline.train.repa import CachedTeacher, TeacherClock
 from dit_pipeline.train.speed import ema_update
@@ -80,10 +80,6 @@ class Trainer:
         self.log = get_logger()
         self.state = TrainState()
         self.params = [p for p in net.trained.parameters() if p.requires_grad]  # the optimizer's, in its order
-        # the EMA follows the DiT (not a projector): pairs of (EMA tensor, the DiT tensor it averages)
-        pairs = [(e, p) for e, p in zip(net.ema.parameters(), net.model.parameters()) if p.requires_grad] \
-            if net.ema is not None else []
-        self.ema_params, self.ema_sources = [e for e, _ in pairs], [p for _, p in pairs]
         self.latent_shape = tuple(self.source.manifest.latent_shape)
         self.shard_set = ShardSetPart.of(self.source.manifest, self.source.fingerprint)
         self.cond = run_conditioning(net.model, prep.text)  # dit/conditioning.py, train/text.py
@@ -273,8 +269,7 @@ class Trainer:
             x = b.latents.to(self.device, non_blocking=True)
             # the condition's model inputs (labels, or text with its mask), dropped rows given the null condition
             kwargs = self.cond.batch_kwargs(self.text(b), None if drop_all is None else drop_all[sl], self.device)
-            sync = p.ddp is None or i == accum - 1
-            with contextlib.nullcontext() if sync or p.ddp is None else p.ddp.no_sync():
+            with p.parallel.micro_batch(i, accum):  # DDP: gradients reduced after the last one only
                 if p.teacher is None:
                     terms = p.diffusion.training_losses(self._model_fn, x, t_all[sl], model_kwargs=kwargs,
                                                         noise=noise_all[sl])
@@ -303,12 +298,9 @@ class Trainer:
         p, cfg = self.p, self.cfg
         if p.scaler.is_enabled():
             p.scaler.unscale_(p.opt)
-        if cfg.grad_clip is not None:
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip, foreach=True)
-        else:
-            grad_norm = torch.nn.utils.get_total_norm([q.grad for q in self.params if q.grad is not None],
-                                                      foreach=True)
-        report.report("grad_norm", grad_norm.double())  # identical on all ranks after DDP: rank 0's is logged
+        with comm_guard("the gradient norm", self.state.step + 1):  # over every rank's shards (train.parallel)
+            grad_norm = p.parallel.grad_norm(self.params, cfg.grad_clip)
+        report.report("grad_norm", grad_norm.double())  # identical on all ranks: rank 0's is logged
         with comm_guard("the loss all-reduce", self.state.step + 1):
             # this rank's own values ride along in its slots: one device -> host copy per step in all
             non_finite = ~torch.isfinite(torch.as_tensor(report.local("loss")))
@@ -342,7 +334,8 @@ class Trainer:
     def _update_ema(self) -> None:
         if self.p.ema is None:
             return
-        ema_update(self.ema_params, self.ema_sources, self.cfg.ema_decay)
+        # the EMA follows the DiT (not a projector), each rank its own part (sharded: its shards)
+        ema_update(*self.p.parallel.ema_pairs(self.p.ema, self.p.model), self.cfg.ema_decay)
 
     # -- after a step ---------------------------------------------------------------------------------
     def after_step(self, plan: EpochPlan, bar: tqdm) -> None:
@@ -394,9 +387,24 @@ class Trainer:
                            class_names=list(m.class_names) if m.class_names else None)
 
     # -- checkpoints ----------------------------------------------------------------------------------
+    def restore(self, ckpt: dict[str, Any], where: Path) -> None:
+        """Every part's check on `ckpt` (read from `where`: a file, or a sharded checkpoint's records), then its
+        tensors read (a sharded checkpoint's into this rank's shards, any world size and mode), then every part
+        loads."""
+        check_all(self.parts, ckpt, str(where))
+        with comm_guard("reading the checkpoint's tensors", self.state.step):
+            ckpt = materialize(ckpt, where, self.p.parallel.load_targets(lambda: compose(self.parts)),
+                               collective=self.p.parallel.sharded)
+        for part in self.parts:
+            part.load_state_dict(ckpt)
+
+    def load_from(self, where: Path) -> None:
+        """restore() from the checkpoint at `where` (the divergence guard's rollback)."""
+        self.restore(load_checkpoint(where), where)
+
     def resume_from(self, ckpt: dict[str, Any], where: Path) -> None:
         """Continue from `ckpt` (read from `where`): every part's check first, then every part loads."""
-        load_all(self.parts, ckpt, str(where))
+        self.restore(ckpt, where)
         s = self.state
         self.log.info(f"resumed from {where} at step {s.step} (epoch {s.epoch}, step {s.step_in_epoch} in epoch)")
         self.last_saved = s.step
@@ -404,21 +412,24 @@ class Trainer:
         self.own.reset()
 
     def checkpoint(self) -> Path | None:
-        """Collective: all ranks compare weight fingerprints; rank 0 writes the checkpoint its parts compose."""
+        """Collective: the ranks that hold the same weights compare fingerprints; then the checkpoint the parts
+        compose is written as the run's mode writes it (train.parallel: DDP rank 0 one file, sharded every rank)."""
         s = self.state
         self.guard.checkpointed(s.step)
         self.out.ckpts.pinned = {self.guard.last_clean} if self.guard.last_clean is not None else set()
-        fp = weights_fingerprint(self.p.trained)
+        fp = weights_fingerprint(self.p.trained)  # this rank's tensors (its shards under the sharded modes)
         self.metrics.write_rank({"step": s.step, "weights_fingerprint": fp})
         with comm_guard("the weights check before a checkpoint", s.step):
             every = dist.all_gather_object(fp)
-        if len(set(every)) > 1:
-            raise RuntimeError(f"step {s.step}: ranks hold different weights (fingerprints {every}); DDP "
-                               "replicas diverged, which is a bug or a hardware fault")
-        path = None
-        if dist.is_main():
-            t0 = time.perf_counter()
-            path = self.out.ckpts.save_parts(self.parts)
-            self.log.info(f"saved checkpoint {path} (+ EMA weights) in {time.perf_counter() - t0:.1f}s")
+        for group in self.p.parallel.replica_groups(self.world):
+            if len({every[r] for r in group}) > 1:
+                raise RuntimeError(f"step {s.step}: ranks {group} hold different weights (fingerprints "
+                                   f"{[every[r] for r in group]}); the replicas diverged, which is a bug or a "
+                                   "hardware fault")
+        t0 = time.perf_counter()
+        path = self.p.parallel.save(self.out.ckpts, self.parts)
+        if path is not None and dist.is_main():
+            self.log.info(f"saved checkpoint {path}{' (+ EMA weights)' if path.suffix == '.pt' else ''} in "
+                          f"{time.perf_counter() - t0:.1f}s")
         self.last_saved = s.step
         return path

@@ -33,6 +33,7 @@ from dit_pipeline.dit.weights import WeightsError, check_state_dict
 from dit_pipeline.shards import Manifest
 from dit_pipeline.train.guard import GuardPart
 from dit_pipeline.train.optim import check_state
+from dit_pipeline.train.parallel import load_module, load_optimizer, optimizer_state
 from dit_pipeline.train.partition import DataLayout, map_position
 from dit_pipeline.train.state import TrainState
 from dit_pipeline.train.text import TextPart
@@ -144,7 +145,7 @@ class ModelPart:
         _tensors_fit(ckpt["model"], want, f"{where} [model]")
 
     def load_state_dict(self, ckpt: Checkpoint) -> None:
-        self.model.load_state_dict(ckpt["model"], strict=True)
+        load_module(self.model, ckpt["model"])  # whole tensors, or this rank's shards (train.parallel)
 
 
 @dataclass
@@ -219,7 +220,8 @@ class ConfigPart:
 
 @dataclass
 class EmaPart:
-    """`ema`: the fp32 EMA weights (official names), held by rank 0 only (`ema` None elsewhere)."""
+    """`ema`: the fp32 EMA weights (official names), held by rank 0 only under DDP (`ema` None elsewhere), by
+    every rank as its shards under the sharded modes (train.parallel)."""
 
     ema: DiT | None
     model_config: dict[str, Any]
@@ -227,7 +229,7 @@ class EmaPart:
     required: ClassVar[tuple[str, ...]] = ("ema",)
 
     def state_dict(self) -> dict[str, Any]:
-        assert self.ema is not None, "the EMA lives on rank 0, which alone writes checkpoints"
+        assert self.ema is not None, "the EMA lives on the ranks that write checkpoints"
         return {"ema": self.ema.state_dict()}
 
     def check(self, ckpt: Checkpoint, where: str) -> None:
@@ -235,7 +237,7 @@ class EmaPart:
 
     def load_state_dict(self, ckpt: Checkpoint) -> None:
         if self.ema is not None:
-            self.ema.load_state_dict(ckpt["ema"], strict=True)
+            load_module(self.ema, ckpt["ema"])
 
 
 @dataclass
@@ -276,23 +278,26 @@ class ProjectorPart:
 
     def load_state_dict(self, ckpt: Checkpoint) -> None:
         if self.head is not None:
-            self.head.projectors.load_state_dict(ckpt["projector"]["state_dict"], strict=True)
+            load_module(self.head.projectors, ckpt["projector"]["state_dict"])
 
 
 @dataclass
 class OptimizerPart:
     """`opt`: the optimizer's state_dict over the trainable tensors (the DiT's, then the projector's with
-    --repa): AdamW's one parameter group, or with --optimizer muon {"muon": ..., "adamw": ...} (train.optim)."""
+    --repa): AdamW's one parameter group, or with --optimizer muon {"muon": ..., "adamw": ...} (train.optim). A DDP
+    run keeps torch's layout (tensors by index); a sharded run's are keyed by parameter name (train.parallel), and
+    either continues in either mode."""
 
     opt: torch.optim.Optimizer | None
     trainable: int                      # trainable tensors of the model
     kind: str = "adamw"                 # --optimizer
+    module: torch.nn.Module | None = None  # the module whose trainable tensors it updates (their names)
     keys: ClassVar[tuple[str, ...]] = ("opt",)
     required: ClassVar[tuple[str, ...]] = ("opt",)
 
     def state_dict(self) -> dict[str, Any]:
-        assert self.opt is not None
-        return {"opt": self.opt.state_dict()}
+        assert self.opt is not None and self.module is not None
+        return {"opt": optimizer_state(self.module, self.opt)}
 
     def check(self, ckpt: Checkpoint, where: str) -> None:
         problem = check_state(ckpt["opt"], self.kind, self.trainable, where)
@@ -300,8 +305,8 @@ class OptimizerPart:
             raise UserError(problem)
 
     def load_state_dict(self, ckpt: Checkpoint) -> None:
-        assert self.opt is not None
-        self.opt.load_state_dict(ckpt["opt"])
+        assert self.opt is not None and self.module is not None
+        load_optimizer(self.module, self.opt, ckpt["opt"])
 
 
 @dataclass
@@ -411,10 +416,12 @@ def build_parts(*, objective: str, config: dict[str, Any], shard_set: ShardSetPa
                 text: dict[str, Any] | None = None) -> list[Part]:
     """The parts of one run, in PART_TYPES order. For checking only (no live optimizer yet), `model` (and the
     alignment `head` around it) may live on the meta device and ema/opt/scaler/progress be None."""
-    trainable = sum(1 for q in (head if head is not None else model).parameters() if q.requires_grad)
+    trained = head if head is not None else model
+    trainable = sum(1 for q in trained.parameters() if q.requires_grad)
     parts: list[Part] = [ObjectivePart(objective, config), ModelPart(model), shard_set,
                          ConfigPart(config), EmaPart(ema, model.config), ProjectorPart(head, teacher),
-                         OptimizerPart(opt, trainable, str(config.get("optimizer", "adamw"))), ScalerPart(scaler),
+                         OptimizerPart(opt, trainable, str(config.get("optimizer", "adamw")), trained),
+                         ScalerPart(scaler),
                          TextPart(text)]
     if progress is not None:
         parts += [progress, RngPart()]

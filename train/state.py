@@ -35,6 +35,6 @@ class TrainState:
 
 def weights_fingerprint(model: torch.nn.Module) -> str:
     """Cheap digest of all parameters (float64 sums), to prove every rank holds the same weights."""
-    with torch.no_grad():
-        sums = torch.stack([p.sum(dtype=torch.float64) for p in model.parameters()]).cpu()
+    with torch.no_grad():  # a sharded run: this rank's shards (train.parallel.Parallel.replica_groups compares)
+        sums = torch.stack([dist.local_part(p).sum(dtype=torch.float64) for p in model.parameters()]).cpu()
     return hashlib.sha256(sums.numpy().tobytes()).hexdigest()[:16]
