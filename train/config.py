@@ -244,6 +244,8 @@ class TrainConfig(ParallelSettings, GuardSettings, RepaSettings, FidSettings, Gr
                             "in front of a pasted command does the same", group=CKPT, envvar="DIT_DRY_RUN")
     extra: dict[str, Any] = setting(default_factory=dict, help="settings owned by other hooks", group=CKPT,
                                     cli=False)
+    log_keys: bool = setting(False, "Write each step's sample keys to RUN/logs/rank{r}.jsonl (tests: which samples "
+                             "each step trained on)", group=CKPT, hidden=True)
     recipe: dict[str, Any] | None = setting(None, "what a recipe file (recipes/) reproduces: name, paper, FID, ...",
                                             group=CKPT, cli=False)
     allow_departures: bool = setting(

@@ -42,7 +42,8 @@ from dit_pipeline.train.hooks import HookContext, PeriodicHook
 from dit_pipeline.train.guard import Guard, GuardPart, injected_fault
 from dit_pipeline.train.metrics import LOSS_TERMS, METRICS, Meter, MetricsLog, StepReport, interval_record, mfu
 from dit_pipeline.train.net import TrainModel
-from dit_pipeline.train.partition import EpochPlan, plan_epoch
+from dit_pipeline.train.handover import HandoverLoader
+from dit_pipeline.train.partition import DataLayout, EpochPlan, plan_epoch
 from dit_pipeline.train.checkpoint import load_checkpoint, materialize
 from dit_pipeline.train.parts import Part, ProgressPart, ShardSetPart, build_parts, check_all, compose
 from dit_pipeline.train.preflight import Preflight
@@ -107,13 +108,20 @@ class Trainer:
         return ((self.cfg.max_steps is not None and s.step >= self.cfg.max_steps)
                 or (self.cfg.epochs is not None and s.epoch >= self.cfg.epochs))
 
+    def layout_of(self, epoch: int) -> DataLayout:
+        """The data layout `epoch` is read under: this run's, or for the epoch a resume at another layout began
+        in, the saved run's (train.handover)."""
+        carried = self.state.carried
+        return carried if carried is not None and epoch == self.state.epoch else self.layout
+
     def plan(self, epoch: int) -> EpochPlan:
         """The epoch's reading plan; shards skipped as bad count as empty, so an epoch is a full pass over the
         remaining ones (not a pass that ends early, every epoch, at the bad shard)."""
         bad = set(self.state.bad_shard_names)
         sizes = [0 if rec.name in bad else rec.samples for rec in self.source.manifest.shards]
-        return plan_epoch(sizes, seed=self.cfg.seed, epoch=epoch, world_size=self.world,
-                          workers=self.layout.workers, micro_batch=self.batch.micro_batch, accum=self.batch.accum)
+        lay = self.layout_of(epoch)
+        return plan_epoch(sizes, seed=lay.seed, epoch=epoch, world_size=lay.world_size, workers=lay.workers,
+                          micro_batch=lay.micro_batch, accum=lay.accum)
 
     def lr_at(self, step: int) -> float:
         """The lr of the update after `step` steps: a pure function of the step (train.schedule)."""
@@ -168,17 +176,12 @@ class Trainer:
 
     def run_epoch(self, plan: EpochPlan, stop: Any, bar: tqdm) -> str:
         s = self.state
-        stream = EpochStream(self.source, plan, self.rank, seed=self.cfg.seed, buffer=self.cfg.shuffle_buffer,
-                             shards_in_flight=self.cfg.shards_in_flight, start_batch=s.step_in_epoch * self.batch.accum,
-                             skip_bad_shards=self.cfg.skip_bad_shards, sha256=self.sha256,
-                             exclude=frozenset(self.source.index_of(n) for n in s.bad_shard_names),
-                             pixels=self.p.teacher is not None and not isinstance(self.p.teacher, CachedTeacher),
-                             sibling=((self.p.teacher.folder, self.p.teacher.manifest)
-                                      if isinstance(self.p.teacher, CachedTeacher) else None),
-                             text=self.text_set if self.text.encoder is None else None,
-                             captions=self.text.encoder is not None)
-        loader = make_loader(stream, num_workers=self.cfg.num_workers or 0, prefetch_factor=self.cfg.prefetch_factor,
-                             pin_memory=self.device.type == "cuda")
+        layout = self.layout_of(plan.epoch)
+        if layout == self.layout:
+            loader: Any = self.stream(plan, self.rank, layout)
+        else:  # an epoch begun under another layout: its remaining steps as the saved run's ranks read them
+            loader = HandoverLoader(layout, self.world, self.rank, self.batch.micro_batch, self.batch.accum,
+                                    lambda old_rank: self.stream(plan, old_rank, layout))
         try:
             while s.step_in_epoch < plan.steps:
                 if self.done():
@@ -198,8 +201,24 @@ class Trainer:
                 self.after_step(plan, bar)
         finally:
             getattr(loader, "close", lambda: None)()  # shuts the loader workers down now
-        s.epoch, s.step_in_epoch = s.epoch + 1, 0
+        s.epoch, s.step_in_epoch, s.carried = s.epoch + 1, 0, None
         return "done"
+
+    def stream(self, plan: EpochPlan, rank: int, layout: DataLayout) -> Any:
+        """Rank `rank`'s batches of `plan`'s epoch from the resume position on, read as `layout` reads them."""
+        s = self.state
+        stream = EpochStream(self.source, plan, rank, seed=layout.seed, buffer=layout.shuffle_buffer,
+                             shards_in_flight=layout.shards_in_flight, start_batch=s.step_in_epoch * layout.accum,
+                             skip_bad_shards=self.cfg.skip_bad_shards, sha256=self.sha256,
+                             exclude=frozenset(self.source.index_of(n) for n in s.bad_shard_names),
+                             pixels=self.p.teacher is not None and not isinstance(self.p.teacher, CachedTeacher),
+                             sibling=((self.p.teacher.folder, self.p.teacher.manifest)
+                                      if isinstance(self.p.teacher, CachedTeacher) else None),
+                             text=self.text_set if self.text.encoder is None else None,
+                             captions=self.text.encoder is not None)
+        workers = layout.workers if layout.workers > 1 or self.cfg.num_workers else 0  # 1 reader: in process too
+        return make_loader(stream, num_workers=workers, prefetch_factor=self.cfg.prefetch_factor,
+                           pin_memory=self.device.type == "cuda")
 
     def agree(self, items: list[Batch | ReaderEvent], stop: Any, plan: EpochPlan) -> str:
         """Pre-step consensus: 'stop' (a signal on any rank), 'exhausted', or 'go'; raises on a data error."""
@@ -290,6 +309,8 @@ class Trainer:
             for name, value in terms.items():  # the objective's per-sample terms: loss, mse (, vb)
                 report.report(name, value)
         report.report("wait", wait)
+        if self.cfg.log_keys:  # a test knob: which samples this rank's step trained on
+            self.metrics.write_rank({"step": step, "keys": [int(k) for b in items for k in b.keys]})
         if p.teacher is not None:
             report.report("teacher", self.teacher_clock.take())
         self._finish_step(report)

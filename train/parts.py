@@ -352,8 +352,9 @@ class ProgressPart(_NoCheck):
     def state_dict(self) -> dict[str, Any]:
         s = self.state
         epoch, in_epoch = self.position()
+        layout = s.carried if s.carried is not None and epoch == s.epoch else self.layout  # what reads `epoch`
         return {"step": s.step, "epoch": epoch,
-                "data": {"epoch": epoch, "step_in_epoch": in_epoch, **self.layout.to_dict(),
+                "data": {"epoch": epoch, "step_in_epoch": in_epoch, **layout.to_dict(),
                          "overflow_steps": s.overflow_steps, "bad_shards": s.bad_shards,
                          "bad_shard_names": list(s.bad_shard_names)}}
 
@@ -368,20 +369,34 @@ class ProgressPart(_NoCheck):
         s.bad_shards = max(len(s.bad_shard_names), int(data.get("bad_shards", 0)))
 
     def _map(self, data: Mapping[str, Any]) -> tuple[int, int, bool]:
-        """(epoch, step in epoch, exact) where this run continues; warns when the data layout changed."""
+        """(epoch, step in epoch, exact) where this run continues. Under another data layout (another world size,
+        micro-batch or loader layout) in the middle of an epoch, the rest of that epoch is read as the saved layout
+        reads it (`state.carried`, train.handover): the same global sample sequence, said in the log."""
         # a field the checkpoint lacks counts as changed (-1): the position is mapped, never silently reused
         saved = DataLayout(**{k: int(data.get(k, -1)) for k in DataLayout.__dataclass_fields__})
-        steps = self.steps_in(int(data["epoch"]))
+        self.state.carried = None
+        steps = self.steps_in(int(data["epoch"]))  # this run's plan of that epoch
         pos = map_position(int(data["epoch"]), int(data["step_in_epoch"]), saved, self.layout, steps)
-        if not pos.exact:
-            changed = ", ".join(f"{k} {getattr(saved, k)} -> {getattr(self.layout, k)}"
-                                for k in DataLayout.__dataclass_fields__
-                                if getattr(saved, k) != getattr(self.layout, k))
-            get_logger().warning(
-                f"resuming with a different data layout ({changed}): the reading order of epoch {pos.epoch} "
-                f"changes, so training continues at step {pos.step_in_epoch} of {steps} of that epoch in the "
-                "new order; within this epoch some samples may be seen twice and others not at all. Later "
-                "epochs are complete. The run is no longer identical to an uninterrupted one.")
+        if pos.exact or int(data["step_in_epoch"]) == 0:
+            return pos.epoch, pos.step_in_epoch, pos.exact
+        changed = ", ".join(f"{k} {getattr(saved, k)} -> {getattr(self.layout, k)}"
+                            for k in DataLayout.__dataclass_fields__ if getattr(saved, k) != getattr(self.layout, k))
+        if all(v >= 0 for v in saved.to_dict().values()):
+            self.state.carried = saved  # the saved run's plan of this epoch, from its position on
+            self.state.epoch = int(data["epoch"])
+            total = self.steps_in(int(data["epoch"]))
+            get_logger().info(
+                f"resuming with a different data layout ({changed}) at step {data['step_in_epoch']} of {total} of "
+                f"epoch {data['epoch']}: the rest of this epoch reads the {saved.world_size} rank stream(s) of the "
+                "saved run (train/handover.py), so each step trains on the samples the uninterrupted run's step "
+                "would and no sample of the epoch is seen twice or skipped; later epochs are planned for this layout. "
+                "The per-rank noise draws differ, so the run is no longer identical to an uninterrupted one.")
+            return int(data["epoch"]), int(data["step_in_epoch"]), False
+        get_logger().warning(
+            f"resuming with a different data layout ({changed}): the reading order of epoch {pos.epoch} "
+            f"changes, so training continues at step {pos.step_in_epoch} of {steps} of that epoch in the "
+            "new order; within this epoch some samples may be seen twice and others not at all. Later "
+            "epochs are complete. The run is no longer identical to an uninterrupted one.")
         return pos.epoch, pos.step_in_epoch, pos.exact
 
 

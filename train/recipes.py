@@ -48,7 +48,7 @@ NOT_DEPARTURES = frozenset((
     "seed", "precision", "tf32", "grad_checkpointing", "compile", "attention", "jvp_attention", "ddp_bucket_mb",
     "log_every", "ckpt_every", "keep_last", "keep_every", "resume", "peak_tflops", "tensorboard", "wandb",
     "wandb_project", "quiet", "dry_run", "extra", "recipe", "allow_departures", "protocol", "parallel",
-    "hsdp_shard_size", "gpu_memory"))
+    "hsdp_shard_size", "gpu_memory", "log_keys"))
 TEXT_KEYS = ("name", "paper", "arxiv", "source", "fid_setting", "extraction", "notes")
 NUMBER_KEYS = ("fid", "epochs", "gpu_hours")
 
