@@ -463,7 +463,8 @@ def save_tensors(tensors: Mapping[str, torch.Tensor], folder: str | os.PathLike)
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import HuggingFaceStorageWriter
 
-    dcp.save(dict(tensors), storage_writer=HuggingFaceStorageWriter(str(folder), save_distributed=True))
+    with _quiet_dcp():
+        dcp.save(dict(tensors), storage_writer=HuggingFaceStorageWriter(str(folder), save_distributed=True))
 
 
 def load_tensors(targets: dict[str, torch.Tensor], folder: str | os.PathLike, *, collective: bool) -> None:
@@ -472,7 +473,19 @@ def load_tensors(targets: dict[str, torch.Tensor], folder: str | os.PathLike, *,
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import HuggingFaceStorageReader
 
-    dcp.load(targets, storage_reader=HuggingFaceStorageReader(str(folder)), no_dist=not collective)
+    with _quiet_dcp():
+        dcp.load(targets, storage_reader=HuggingFaceStorageReader(str(folder)), no_dist=not collective)
+
+
+@contextlib.contextmanager
+def _quiet_dcp() -> Iterator[None]:
+    """DCP's UserWarnings say what these calls mean to do ("assuming the intent is to load in a single process",
+    "overwriting"): silenced around them only."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        yield
 
 
 def tensor_shapes(folder: str | os.PathLike) -> dict[str, tuple[torch.Size, torch.dtype]]:

@@ -36,7 +36,7 @@ import torch
 
 from . import releases
 from .family import DiffusionTransformer, family_class, lookup_preset, model_from_config
-from .formats import SIDECAR_FORMAT, SIDECAR_VERSION
+from .formats import SHARDED_SUFFIX, SIDECAR_FORMAT, SIDECAR_VERSION
 from .formats import OBJECTIVES
 from .infer import WeightsError
 from .objectives import recorded_objective
@@ -67,6 +67,10 @@ def load_dit_weights(path: str | Path, prefer: str = "ema", hints: dict[str, Any
     if prefer not in ("ema", "model"):
         raise ValueError(f"prefer must be 'ema' or 'model', got {prefer!r}")
     path = Path(path)
+    if path.is_dir() and path.name.endswith(SHARDED_SUFFIX):
+        raise WeightsError(f"{path} is a sharded training checkpoint (one file per rank); write it as one file first "
+                           f"with `dit-train --consolidate {path}` and pass the {path.name[:-len(SHARDED_SUFFIX)]}.pt "
+                           "(or -ema.pt) it writes")
     if not path.is_file():
         raise WeightsError(f"weight file {path} does not exist or is not a file")
     raw: Any = None

@@ -64,12 +64,12 @@ def is_sharded_checkpoint(path: str | Path) -> bool:
     return Path(path).is_dir() and Path(path).name.endswith(SHARDED_SUFFIX)
 
 
-def _replace_leaves(tree: Any, fn: Any, prefix: str = "") -> Any:
+def replace_leaves(tree: Any, fn: Any, prefix: str = "") -> Any:
     """`tree` with every tensor leaf (and placeholder) replaced by fn(path, leaf)."""
     if isinstance(tree, torch.Tensor) or (isinstance(tree, Mapping) and set(tree) == {SHARDED_PLACEHOLDER}):
         return fn(prefix, tree)
     if isinstance(tree, Mapping):
-        return {k: _replace_leaves(v, fn, f"{prefix}/{k}" if prefix else str(k)) for k, v in tree.items()}
+        return {k: replace_leaves(v, fn, f"{prefix}/{k}" if prefix else str(k)) for k, v in tree.items()}
     return tree
 
 
@@ -82,7 +82,7 @@ def split_sharded(state: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, t
         tensors[path] = t
         return {SHARDED_PLACEHOLDER: path}
 
-    records = {k: _replace_leaves(v, take, k) if k in SHARDED_KEYS else v for k, v in state.items()}
+    records = {k: replace_leaves(v, take, k) if k in SHARDED_KEYS else v for k, v in state.items()}
     return records, tensors
 
 
@@ -220,7 +220,7 @@ class CheckpointManager:
     def save(self, state: dict[str, Any], *, prune: bool = True) -> Path:
         """Write the EMA-only file, then the full checkpoint, then prune old ones; returns the path."""
         step = int(state["step"])
-        path = self.path(step)
+        path = self.folder / checkpoint_name(step)  # the file (a sharded folder of the step may sit beside it)
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             record = make_sidecar(state["model_config"], state.get("latent"), step,
@@ -350,7 +350,7 @@ def load_sharded(path: Path) -> dict[str, Any]:
         size, dtype = shapes[name]
         return torch.empty(size, dtype=dtype, device="meta")
 
-    view = {k: _replace_leaves(v, meta, k) if k in SHARDED_KEYS else v for k, v in ckpt.items()}
+    view = {k: replace_leaves(v, meta, k) if k in SHARDED_KEYS else v for k, v in ckpt.items()}
     missing = [k for k in REQUIRED_KEYS if k not in view] + lost[:5]
     if missing:
         raise UserError(f"sharded checkpoint {path} lacks {missing}; it is incomplete. Nothing was loaded.")
@@ -370,4 +370,4 @@ def materialize(ckpt: dict[str, Any], where: Path, targets: Mapping[str, torch.T
             live = targets.get(path)
             values[path] = live if live is not None and live.shape == t.shape else torch.empty(t.shape, dtype=t.dtype)
     dist.load_tensors(values, where, collective=collective)
-    return {k: _replace_leaves(v, lambda p, _: values[p], k) if k in SHARDED_KEYS else v for k, v in ckpt.items()}
+    return {k: replace_leaves(v, lambda p, _: values[p], k) if k in SHARDED_KEYS else v for k, v in ckpt.items()}
