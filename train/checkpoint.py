@@ -332,13 +332,18 @@ def load_sharded(path: Path) -> dict[str, Any]:
         raise UserError(f"checkpoint {path} has format version {ckpt.get('version')!r}; this code reads version "
                         f"{VERSION}")
     files: dict[str, int] = ckpt["sharded"].get("files", {})
-    bad = [f"{name} ({missing_file(path / name)})" if not (path / name).is_file()
-           else f"{name} ({(path / name).stat().st_size} bytes, {size} written)"
-           for name, size in files.items() if not (path / name).is_file() or (path / name).stat().st_size != size]
+    bad = []
+    for name, size in files.items():
+        f, by = path / name, re.match(r"shard-(\d+)-", name)
+        rank = f" (rank {int(by.group(1)) - 1}'s)" if by else ""
+        if not f.is_file():
+            bad.append(f"{name}{rank} is missing")
+        elif f.stat().st_size != size:
+            bad.append(f"{name}{rank} holds {f.stat().st_size} bytes of the {size} written")
     if bad:
-        raise UserError(f"sharded checkpoint {path} is incomplete: {', '.join(bad)}, written by the rank of that "
-                        f"number (of {ckpt['sharded'].get('world_size')}). Nothing was loaded. Restore the file, or "
-                        "move the folder aside to resume from the previous checkpoint.")
+        raise UserError(f"sharded checkpoint {path} of {ckpt['sharded'].get('world_size')} rank(s) is incomplete: "
+                        f"{'; '.join(bad)}. Nothing was loaded. Restore the file, or move the folder aside to resume "
+                        "from the previous checkpoint.")
     shapes = dist.tensor_shapes(path)
     lost: list[str] = []
 
