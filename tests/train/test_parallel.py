@@ -280,3 +280,30 @@ def test_refusals_with_the_reason(shard_dir, tmp_path):
         r = invoke_train(tiny_args(shard_dir, tmp_path / "run", **{**CLI, **over}))
         assert r.exit_code != 0 and says in r.output, (over, r.output)
     assert not (tmp_path / "run").exists()
+
+
+# -- 4 ranks (make test-sweep) ---------------------------------------------------------------------------------------
+
+@pytest.mark.sweep
+def test_four_ranks_hsdp_fsdp_zero2_equal_ddp_and_four_to_two_continue_the_sequence(shard_dir, tmp_path):
+    runs = [_dit(shard_dir, tmp_path / "ddp", max_steps=4),
+            _dit(shard_dir, tmp_path / "zero2", max_steps=4, parallel="zero2"),
+            _dit(shard_dir, tmp_path / "fsdp", max_steps=4, parallel="fsdp"),
+            _dit(shard_dir, tmp_path / "hsdp", max_steps=4, parallel="hsdp", hsdp_shard_size=2, log_keys=True)]
+    _job({"runs": runs}, tmp_path, nproc=4)
+    ddp = read_metrics(tmp_path / "ddp")
+    for mode in ("zero2", "fsdp", "hsdp"):
+        _same_run(read_metrics(tmp_path / mode), ddp)
+        _close_states(_state(tmp_path / mode / "checkpoints" / "step-0000004.dcp"),
+                      _state(tmp_path / "ddp" / "checkpoints" / "step-0000004.pt"))
+    assert load_checkpoint(tmp_path / "hsdp" / "checkpoints" / "step-0000004.dcp")["sharded"]["mesh"] == [2, 2]
+    # 4 -> 2 ranks (HSDP 2 x 2 -> FSDP over 2) from step 2: the same global samples at every step
+    resumed = tmp_path / "two"
+    (resumed / "checkpoints").mkdir(parents=True)
+    shutil.copytree(tmp_path / "hsdp" / "checkpoints" / "step-0000002.dcp", resumed / "checkpoints" / "step-0000002.dcp")
+    r = run_torchrun("dit-train", tiny_args(shard_dir, resumed, **{**CLI, "max-steps": 4}), 2, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    four = [_keys(tmp_path / "hsdp", k) for k in range(4)]
+    two = [_keys(resumed, k) for k in range(2)]
+    for step in (3, 4):
+        assert sorted(two[0][step] + two[1][step]) == sorted(k for r in range(4) for k in four[r][step]), step
