@@ -83,7 +83,55 @@ def check_families(world: int, rank: int) -> dict[str, dict]:
                 worst = max(worst, (full - grads[name]).abs().max().item() / scale)
             row.update(grads=len(grads), worst_relative_grad_difference=worst)
         out[family] = row
+    out["DiT compiled"] = compiled_blocks(world, rank)
+    out["bf16"] = mixed_precision(world)
     return out
+
+
+def compiled_blocks(world: int, rank: int) -> dict:
+    """Per-block compile (train.speed.regional_compile; aot_eager: no C++ compiler on the test machine) under FSDP2:
+    the gradients of the unsharded eager model."""
+    from dit_pipeline.common import distributed as dist
+    from dit_pipeline.dit.family import create_model
+    from dit_pipeline.train.parallel import Parallel
+    from dit_pipeline.train.speed import regional_compile
+
+    torch.manual_seed(0)
+    model = create_model(**{**families()["DiT"][0], "num_classes": 5}).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn(p.shape))
+    ref = copy.deepcopy(model)
+    units = regional_compile(model, backend="aot_eager")
+    Parallel("zero2", (world,)).wrap(model, model, None, torch.device("cpu"), None, 25)
+    g = torch.Generator().manual_seed(1)
+    x, t, y = torch.randn(2 * world, 4, 8, 8, generator=g), torch.rand(2 * world, generator=g), torch.arange(2 * world) % 5
+    mine = slice(2 * rank, 2 * rank + 2)
+    model(x[mine], t[mine], y[mine]).square().mean().backward()
+    ref(x, t, y).square().mean().backward()
+    worst = max(((dist.full_value(p.grad) - q.grad).abs().max() / (q.grad.abs().max() or 1)).item()
+                for p, q in zip(model.parameters(), ref.parameters()) if q.grad is not None)
+    graphs = int(torch._dynamo.utils.counters["stats"]["unique_graphs"])  # compiled, not fallen back to eager
+    return {"compiled_units": units, "graphs": graphs, "worst_relative_grad_difference": worst}
+
+
+def mixed_precision(world: int) -> dict:
+    """With bf16: what dtype a block's and the root's weights have inside the forward, and the sharded gradients'."""
+    from dit_pipeline.dit.family import create_model
+    from dit_pipeline.train.parallel import Parallel
+
+    torch.manual_seed(0)
+    model = create_model(**{**families()["DiT"][0], "num_classes": 5})
+    Parallel("fsdp", (world,)).wrap(model, model, None, torch.device("cpu"), torch.bfloat16, 25)
+    seen = {}
+    model.blocks[0].register_forward_pre_hook(lambda m, a: seen.setdefault("block", str(m.attn.qkv.weight.dtype)))
+    model.final_layer.register_forward_pre_hook(lambda m, a: seen.setdefault("root", str(m.linear.weight.dtype)))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(torch.randn(2, 4, 8, 8), torch.rand(2), torch.arange(2))
+    out.float().square().mean().backward()
+    seen["grad"] = str(model.blocks[0].attn.qkv.weight.grad.dtype)
+    seen["master"] = str(model.blocks[0].attn.qkv.weight.dtype)
+    return seen
 
 
 def train(cfg: dict) -> None:

@@ -92,7 +92,7 @@ def job(shard_dir, captioned, repa_data, tmp_path_factory):  # noqa: F811 (fixtu
           "micro_batch_size": 2, "num_workers": 0, "grad_clip": 1.0, "max_steps": 4}
     repa = {"objective": "flow", "repa": str(teacher), "repa_depth": 1, "num_workers": 1, "max_steps": 4}
     runs = [_dit(shard_dir, root / "ddp", max_steps=6),
-            _dit(shard_dir, root / "zero2", max_steps=4, parallel="zero2"),
+            _dit(shard_dir, root / "zero2", max_steps=4, parallel="zero2", grad_checkpointing=True),
             {**_dit(shard_dir, root / "fsdp", max_steps=4, parallel="fsdp"), "gather": str(root / "gathered.pt")},
             {**_dit(shard_dir, root / "ddp-fsdp", max_steps=4, parallel="fsdp"),
              "copy_from": str(root / "ddp" / "checkpoints" / "step-0000002.pt")},
@@ -101,13 +101,21 @@ def job(shard_dir, captioned, repa_data, tmp_path_factory):  # noqa: F811 (fixtu
             {"config": {**TINY, **ic, "shards": str(latents), "run_dir": str(root / "ic-ddp")}},
             {"config": {**TINY, **ic, "shards": str(latents), "run_dir": str(root / "ic-fsdp"), "parallel": "fsdp"}},
             _dit(repa_shards, root / "repa-ddp", **repa),
-            _dit(repa_shards, root / "repa-fsdp", **repa, parallel="fsdp")]
+            _dit(repa_shards, root / "repa-fsdp", **repa, parallel="fsdp"),
+            _dit(shard_dir, root / "mf-ddp", objective="meanflow", max_steps=2),
+            _dit(shard_dir, root / "mf-fsdp", objective="meanflow", max_steps=2, parallel="fsdp")]
     return root, _job({"runs": runs}, root)
 
 
 def test_every_family_shards_per_block_with_the_unsharded_gradients(job):
     _, result = job
     fams = result["families"]
+    compiled, bf16 = fams.pop("DiT compiled"), fams.pop("bf16")
+    assert compiled["compiled_units"] == 3 and compiled["graphs"] >= 1
+    assert compiled["worst_relative_grad_difference"] < REL_GRAD
+    # torchtitan's mixed precision: the blocks computed in bf16, the root in fp32, fp32 master weights and gradients
+    assert bf16 == {"block": "torch.bfloat16", "root": "torch.float32", "grad": "torch.float32",
+                    "master": "torch.float32"}
     assert set(fams) == {"DiT", "LightningDiT", "DDT", "DiT-DH", "DiT-DH-IC", "PixArt", "JiT", "iMF"}
     for family, row in fams.items():
         assert row["blocks"] >= 2 and row["sharded_blocks"] == row["blocks"] and row["root"], (family, row)
@@ -133,13 +141,14 @@ def test_zero2_and_fsdp_train_as_ddp_does_and_a_checkpoint_crosses_modes(job):
     assert len(sharded["sharded"]["files"]) == 2  # one safetensors file per rank
 
 
-@pytest.mark.parametrize("family", ["ic", "repa"])
-def test_text_and_repa_runs_train_as_ddp_does(job, family):
+@pytest.mark.parametrize("family", ["ic", "repa", "mf"])
+def test_text_repa_and_meanflow_runs_train_as_ddp_does(job, family):
     root, _ = job
     keys = ("loss", "grad_norm", "proj") if family == "repa" else ("loss", "grad_norm")
     _same_run(read_metrics(root / f"{family}-fsdp"), read_metrics(root / f"{family}-ddp"), keys)
-    a = _state(root / f"{family}-fsdp" / "checkpoints" / "step-0000004.dcp")
-    b = _state(root / f"{family}-ddp" / "checkpoints" / "step-0000004.pt")
+    last = read_metrics(root / f"{family}-ddp")[-1]["step"]
+    a = _state(root / f"{family}-fsdp" / "checkpoints" / f"step-{last:07d}.dcp")
+    b = _state(root / f"{family}-ddp" / "checkpoints" / f"step-{last:07d}.pt")
     _close_states(a, b)
     if family == "repa":  # the projector trained sharded beside the model
         sd_a, sd_b = a["projector"]["state_dict"], b["projector"]["state_dict"]
