@@ -53,7 +53,8 @@ def test_the_dry_run_prints_every_mode_and_what_fits(shard_dir, tmp_path):
     assert list(rows) == ["ddp", "zero2", "fsdp", "hsdp"] and rows["fsdp"].lstrip().startswith("* fsdp")
     totals = {m: [float(v) for v in row.split("|")[-1].split("/")] for m, row in rows.items()}
     state = {m: sum(float(v) for v in row.split("|")[0].split()[-9::2]) for m, row in rows.items()}
-    assert state["ddp"] == pytest.approx(20 * XL_PARAMS / 2**30, rel=1e-3)  # 16 B per parameter + rank 0's EMA
+    # 16 B per parameter + rank 0's EMA (the printed parts rounded to 0.01 each)
+    assert state["ddp"] == pytest.approx(20 * XL_PARAMS / 2**30, abs=0.05)
     assert state["fsdp"] < state["zero2"] < state["ddp"] and totals["fsdp"][1] < totals["fsdp"][0]  # ckpt saves
     assert "  parallel    fsdp on a 4 mesh" in r.output
     assert re.search(r"^  fits        80\.0 GiB per GPU \(--gpu-memory 80GiB\), per-rank batch 4: ddp up to "
@@ -71,7 +72,9 @@ def test_a_run_that_cannot_fit_is_refused_naming_the_mode_that_would(shard_dir, 
     r = invoke_train(tiny_args(shard_dir, tmp_path / "run", **{"model": "DiT-XL/2", "depth": False,
                                                                "hidden-size": False, "num-heads": False,
                                                                "gpu-memory": "12GiB", "micro-batch-size": 8}))
-    assert r.exit_code == 1 and "--parallel zero2 fits" in r.output
+    assert r.exit_code == 1 and r.output.strip().endswith(  # one rank: sharding divides nothing
+        "no mode fits at this world size: add ranks (the sharded modes divide the model state by them). --dry-run "
+        "prints the table (an analytic estimate: pass a larger --gpu-memory to run anyway)")
     assert not (tmp_path / "run").exists()  # refused before anything started or was written
 
 
