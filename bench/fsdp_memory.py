@@ -6,8 +6,9 @@ Each world size is one torchrun job (`--worker`) running every mode in turn on t
 FSDP2 per family block, the sharded EMA, the norm over the shards) with AdamW, on a DiT of depth 4, width 256 (3.5M
 parameters, 64 tokens), the same seeded batches. "Measured" is the bytes of the tensors a rank holds, read from the
 live objects (storage sizes, each storage once): its parameters, gradients, AdamW moments and EMA after the optimizer
-step (the state at rest), and `gathered`, the parameters FSDP2 holds whole at the end of the forward (ZeRO-2: every
-block; FSDP: the root's). On a CPU there is no allocator peak to read; on a GPU bench/gpu_train.py reads
+step (the state at rest), and `gathered`, the most FSDP2 holds whole at once beyond the shards: parameters and their
+whole gradients, read at the end of the forward and at every block's backward hooks (ZeRO-2: every block; FSDP: a
+block or two and the root). On a CPU there is no allocator peak to read; on a GPU bench/gpu_train.py reads
 torch.cuda.max_memory_allocated. Step time: seconds per optimizer step (forward, backward, reduction, AdamW, EMA)
 over `--steps` steps after one warm-up step, each rank's own, the slowest rank's reported. Over gloo on one loaded
 CPU the collectives cost what memory copies cost; a GPU's interconnect (NVLink, InfiniBand) decides the real ratio.
@@ -72,9 +73,17 @@ def run_mode(mode: str, world: int, rank: int, steps: int) -> dict:
     forward = par.wrap(model, model, ema, torch.device("cpu"), None, 25)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-4)
-    gathered = []
-    model.register_forward_hook(lambda *_: gathered.append(held(p for p in model.parameters()
-                                                                if not dist.is_sharded(p))))
+    gathered = [0]
+
+    def probe(*_: object) -> None:  # the parameters FSDP2 holds whole now, and their whole gradients
+        if par.sharded:
+            whole = [p for p in model.parameters() if not dist.is_sharded(p)]
+            gathered.append(held(whole) + held(p.grad for p in whole))
+
+    model.register_forward_hook(probe)
+    for block in model.blocks:  # inside the backward: a block's gathered weights and its whole gradients
+        block.register_full_backward_hook(probe)
+        block.register_full_backward_pre_hook(probe)
     g = torch.Generator().manual_seed(1 + rank)
     times, at_rest = [], {}
     for step in range(steps + 1):
@@ -146,7 +155,7 @@ def report(rows: list[dict], steps: int) -> list[str]:
             step = max(r["step_s"] for r in mine)
             lines.append(f"{world:>5}  {mode:<6} {top['shards']:>6}  {m['params'] / MiB:6.1f}  {m['grads'] / MiB:6.1f} "
                          f" {m['optimizer'] / MiB:6.1f}  {m['ema'] / MiB:5.1f} | {state(top) / MiB:6.1f}  {law:6.3f}"
-                         f"         | {m['gathered'] / MiB:5.1f} ({e['gathered'] * 1024:5.1f}) | "
+                         f"         | {m['gathered'] / MiB:5.1f} ({e.get('gathered', 0.0) * 1024:5.1f}) | "
                          f"{est_state / MiB:7.1f}   | {step:.4f} {step / ddp_time[world]:5.2f}")
     return lines
 
@@ -168,11 +177,11 @@ def main() -> None:
     worlds, steps = ([1, 2], 1) if args.smoke else ([int(w) for w in args.worlds.split(",")], args.steps)
     with tempfile.TemporaryDirectory() as tmp:
         rows = [r for w in worlds for r in launch(w, steps, Path(tmp))]
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=1))
     print(f"{datetime.date.today()}, {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch "
           f"{torch.__version__}, gloo; the machine is shared, so the step times are rough")
     print("\n".join(report(rows, steps)))
-    if args.out:
-        Path(args.out).write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":
