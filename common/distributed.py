@@ -10,6 +10,10 @@ return their input and `barrier()` does nothing. Two launchers are recognised (`
 An environment that could make two processes both believe they are rank 0 (a multi-task Slurm allocation
 that srun did not start, or an srun step with no reachable rank 0) is refused with one line before any
 work. The process group uses NCCL when CUDA is available, gloo on CPU.
+
+The sharded modes' calls (train/parallel.py decides what is sharded how) come through here too: the DeviceMesh,
+FSDP2's `fully_shard` with its mixed precision, DTensor's parts, and torch.distributed.checkpoint writing and
+reading one safetensors file per rank (no pickle: `tensor_shapes` reads the files' headers).
 """
 from __future__ import annotations
 

@@ -59,7 +59,7 @@ def roll_back(trainer: "Trainer", bar: tqdm) -> None:
     data position and the rollback recorded, so a kill at any moment resumes (or repeats) this rollback."""
     s, at = trainer.state, trainer.state.step
     to, why = trainer.guard.rollback_target(at)
-    if to is None or not trainer.out.ckpts.path(to).is_file():
+    if to is None or not trainer.out.ckpts.path(to).exists():  # a file, or a sharded folder
         raise TrainingDiverged(f"{why or f'step {at}: the checkpoint of step {to} to roll back to is gone'}; "
                                "stopping. Resume from an earlier checkpoint (--resume PATH) with a lower --lr, "
                                "--grad-clip or --warmup-steps.")

@@ -57,15 +57,17 @@ def _cat(values: Sequence[Any]) -> Any:
 
 def join(batches: Sequence[Batch]) -> Batch:
     """One batch of every sample of `batches`, in order; the shards skipped on the way ride along once."""
-    fields = {name: _cat([getattr(b, name) for b in batches]) for name in Batch._fields if name != "skipped"}
+    fields: dict[str, Any] = {name: _cat([getattr(b, name) for b in batches]) for name in Batch._fields
+                              if name != "skipped"}
     return Batch(**fields, skipped=[s for b in batches for s in b.skipped])
 
 
 def cut(batch: Batch, start: int, stop: int) -> Batch:
     """Samples [start, stop) of a batch (its skipped shards kept)."""
     n = len(batch.keys)
-    return Batch(**{name: (v[start:stop] if v is not None and name != "skipped" and len(v) == n else v)
-                    for name, v in zip(Batch._fields, batch)})
+    fields: dict[str, Any] = {name: (v[start:stop] if v is not None and name != "skipped" and len(v) == n else v)
+                              for name, v in zip(Batch._fields, batch)}
+    return Batch(**fields)
 
 
 class HandoverLoader:

@@ -316,3 +316,20 @@ def test_four_ranks_hsdp_fsdp_zero2_equal_ddp_and_four_to_two_continue_the_seque
     two = [_keys(resumed, k) for k in range(2)]
     for step in (3, 4):
         assert sorted(two[0][step] + two[1][step]) == sorted(k for r in range(4) for k in four[r][step]), step
+
+
+@pytest.mark.sweep
+def test_a_sharded_run_rolls_back_to_its_sharded_checkpoint(shard_dir, tmp_path):
+    """The divergence guard's rollback (train/guard.py) under FSDP: it loads the sharded checkpoint, sets the
+    abandoned ones aside and rewrites the one it returns to (a folder replaced by a second rename)."""
+    run = tmp_path / "run"
+    over = {**CLI, "max-steps": 10, "num-workers": 0, "on-divergence": "rollback", "spike-window": 3, "max-skips": 2,
+            "skip-window": 10, "log-keys": False}
+    r = run_torchrun("dit-train", tiny_args(shard_dir, run, **over), 2, timeout=900,
+                     env={"DIT_FAULT": "train.nan_batch@5,train.spike_batch@7", "DIT_FAULT_RANK": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    log = (run / "log.txt").read_text()
+    assert "step 7: rolled back to step-0000004.dcp (rollback 1)" in log
+    assert "divergence guard: 2 step(s) skipped (5, 7), 1 rollback(s) (step 7 -> 4, 3 batches skipped)" in log
+    assert (run / "checkpoints" / "rolled-back" / "step-0000006.dcp").is_dir()
+    assert CheckpointManager(run / "checkpoints").steps() == [6, 8, 10]
