@@ -21,6 +21,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
 
@@ -123,9 +124,15 @@ def mixed_precision(world: int) -> dict:
     torch.manual_seed(0)
     model = create_model(**{**families()["DiT"][0], "num_classes": 5})
     Parallel("fsdp", (world,)).wrap(model, model, None, torch.device("cpu"), torch.bfloat16, 25)
-    seen = {}
-    model.blocks[0].register_forward_pre_hook(lambda m, a: seen.setdefault("block", str(m.attn.qkv.weight.dtype)))
-    model.final_layer.register_forward_pre_hook(lambda m, a: seen.setdefault("root", str(m.linear.weight.dtype)))
+    seen: dict[str, str] = {}
+
+    def dtype_of(name: str, weight: Callable[[Any], torch.Tensor]) -> Callable[..., None]:
+        def hook(module: Any, args: Any) -> None:  # a forward pre-hook returning nothing: the inputs unchanged
+            seen.setdefault(name, str(weight(module).dtype))
+        return hook
+
+    model.blocks[0].register_forward_pre_hook(dtype_of("block", lambda m: m.attn.qkv.weight))
+    model.final_layer.register_forward_pre_hook(dtype_of("root", lambda m: m.linear.weight))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = model(torch.randn(2, 4, 8, 8), torch.rand(2), torch.arange(2))
     out.float().square().mean().backward()

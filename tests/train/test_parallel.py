@@ -93,7 +93,9 @@ def job(shard_dir, captioned, repa_data, tmp_path_factory):  # noqa: F811 (fixtu
     repa = {"objective": "flow", "repa": str(teacher), "repa_depth": 1, "num_workers": 1, "max_steps": 4}
     runs = [_dit(shard_dir, root / "ddp", max_steps=6),
             _dit(shard_dir, root / "zero2", max_steps=4, parallel="zero2", grad_checkpointing=True),
-            {**_dit(shard_dir, root / "fsdp", max_steps=4, parallel="fsdp"), "gather": str(root / "gathered.pt")},
+            # also the straight sharded run of the kill and world-size tests below: their CLI settings (CLI)
+            {**_dit(shard_dir, root / "fsdp", max_steps=6, parallel="fsdp", log_keys=True),
+             "gather": str(root / "gathered.pt")},
             {**_dit(shard_dir, root / "ddp-fsdp", max_steps=4, parallel="fsdp"),
              "copy_from": str(root / "ddp" / "checkpoints" / "step-0000002.pt")},
             {**_dit(shard_dir, root / "ddp-fsdp-ddp", max_steps=6),
@@ -126,17 +128,17 @@ def test_every_family_shards_per_block_with_the_unsharded_gradients(job):
 def test_zero2_and_fsdp_train_as_ddp_does_and_a_checkpoint_crosses_modes(job):
     root, _ = job
     ddp = read_metrics(root / "ddp")
-    for mode in ("zero2", "fsdp"):
-        _same_run(read_metrics(root / mode), ddp[:4])
-        _close_states(_state(root / mode / "checkpoints" / "step-0000004.dcp"),
-                      _state(root / "ddp" / "checkpoints" / "step-0000004.pt"))
+    for mode, steps in (("zero2", 4), ("fsdp", 6)):
+        _same_run(read_metrics(root / mode), ddp[:steps])
+        _close_states(_state(root / mode / "checkpoints" / f"step-{steps:07d}.dcp"),
+                      _state(root / "ddp" / "checkpoints" / f"step-{steps:07d}.pt"))
     # DDP file -> FSDP run -> its sharded file -> DDP run: each leg continues the DDP run
     _same_run(read_metrics(root / "ddp-fsdp"), ddp[2:4])
     _same_run(read_metrics(root / "ddp-fsdp-ddp"), ddp[4:6])
     _close_states(_state(root / "ddp-fsdp-ddp" / "checkpoints" / "step-0000006.pt"),
                   _state(root / "ddp" / "checkpoints" / "step-0000006.pt"))
     assert "resumed from" in (root / "ddp-fsdp" / "log.txt").read_text()
-    sharded = load_checkpoint(root / "fsdp" / "checkpoints" / "step-0000004.dcp")
+    sharded = load_checkpoint(root / "fsdp" / "checkpoints" / "step-0000006.dcp")
     assert sharded["sharded"]["parallel"] == "fsdp" and sharded["sharded"]["world_size"] == 2
     assert len(sharded["sharded"]["files"]) == 2  # one safetensors file per rank
 
@@ -165,23 +167,23 @@ def test_consolidated_file_is_the_gathered_model_and_samples_as_the_ddp_file(job
     root, _ = job
     folder = tmp_path / "checkpoints"
     shutil.copytree(root / "fsdp" / "checkpoints", folder)
-    written = consolidate(folder / "step-0000004.dcp", quiet=True)
-    assert [p.name for p in written] == ["step-0000004.pt", "step-0000004-ema.pt", "step-0000004-ema.json"]
+    written = consolidate(folder / "step-0000006.dcp", quiet=True)
+    assert [p.name for p in written] == ["step-0000006.pt", "step-0000006-ema.pt", "step-0000006-ema.json"]
     one = load_checkpoint(written[0])
     gathered = torch.load(root / "gathered.pt", weights_only=True)
     for key in ("model", "ema"):  # bit for bit: the all-gathered live model and the streamed consolidation
         assert one[key].keys() == gathered[key].keys()
         assert all(torch.equal(one[key][k], gathered[key][k]) for k in one[key]), key
-    sharded = _state(folder / "step-0000004.dcp")
+    sharded = _state(folder / "step-0000006.dcp")
     assert [list(g["params"]) for g in one["opt"]["param_groups"]] == [list(range(len(one["opt"]["state"])))]
     names = sharded["opt"]["param_groups"][0]["params"]  # torch's index layout of the name-keyed state
     assert all(torch.equal(one["opt"]["state"][i]["exp_avg"], sharded["opt"]["state"][n]["exp_avg"])
                for i, n in enumerate(names))
     with pytest.raises(UserError, match="already exist"):  # nothing overwritten
-        consolidate(folder / "step-0000004.dcp", quiet=True)
+        consolidate(folder / "step-0000006.dcp", quiet=True)
     images = [np.load(run_sampling(SampleConfig(ckpt=str(ckpt), vae=str(tiny_vae_dir), class_labels=[0, 1], steps=5,
                                                 npz=str(tmp_path / f"{i}.npz"), quiet=True)).npz)["arr_0"]
-              for i, ckpt in enumerate([written[0], root / "ddp" / "checkpoints" / "step-0000004.pt"])]
+              for i, ckpt in enumerate([written[0], root / "ddp" / "checkpoints" / "step-0000006.pt"])]
     assert images[0].shape == images[1].shape and images[0].std() > 0
     assert np.abs(images[0].astype(int) - images[1].astype(int)).max() <= 1  # weights within REL_WEIGHT: 1 level
 
@@ -198,12 +200,10 @@ def _keys(run: Path, rank: int) -> dict[int, list[int]]:
 
 
 @pytest.fixture(scope="module")
-def sharded_run(shard_dir, tmp_path_factory):
-    """A straight 2-rank FSDP run (6 steps of an epoch of 7, checkpoints at 2, 4, 6)."""
-    run = tmp_path_factory.mktemp("sharded") / "straight"
-    r = run_torchrun("dit-train", tiny_args(shard_dir, run, **CLI), 2, timeout=900)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return run
+def sharded_run(job):
+    """The job's straight 2-rank FSDP run: CLI's settings, 6 steps of an epoch of 7, checkpoints at 2, 4, 6 (the
+    trainer in the job's process, as dit-train runs it)."""
+    return job[0] / "fsdp"
 
 
 @pytest.mark.determinism
