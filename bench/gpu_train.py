@@ -122,7 +122,7 @@ def _bare_step(tr: Trainer, items: list[Batch]):
         t = torch.randint(0, diffusion.num_timesteps, (x.shape[0],), device=x.device)
         diffusion.training_losses(tr._model_fn, x, t, model_kwargs={"y": y})["loss"].mean().backward()
         p.opt.step()
-        ema_update(tr.ema_params, tr.ema_sources, 0.9999)
+        ema_update(*p.parallel.ema_pairs(p.ema, p.model), 0.9999)
         p.opt.zero_grad(set_to_none=True)
 
     return step

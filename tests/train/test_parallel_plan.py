@@ -141,3 +141,30 @@ def test_big_models_page_uses_only_real_options():
         assert set(used) <= names, (argv, set(used) - names)
         checked += 1
     assert checked >= 5
+
+
+def test_the_big_models_memory_table_is_the_estimate():
+    """docs/big-models.md's table: train/memory.py's model state per GPU (bf16, AdamW) and activations per image."""
+    from dit_pipeline.dit.family import create_model
+
+    text = (REPO / "docs" / "big-models.md").read_text()
+    kwargs = {"DiT-XL/2": {"num_classes": 1000},
+              "DiT-DH-IC-1.6B": {"conditioning": "text", "text_dim": 1024, "num_c_tokens": 256},
+              "PixArt-1.6B": {"conditioning": "text", "text_dim": 4096},
+              "DiT-DH-IC-3B": {"conditioning": "text", "text_dim": 1024, "num_c_tokens": 256},
+              "PixArt-3B": {"conditioning": "text", "text_dim": 4096}}
+    for name, kw in kwargs.items():
+        row = re.search(rf"^\| {re.escape(name)} \| ([0-9.]+)B \| (.*) \|$", text, re.M)
+        assert row, name
+        with torch.device("meta"):
+            model = create_model(name, input_size=32, in_channels=4, **kw)
+        n = sum(p.numel() for p in model.parameters())
+        t = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        blocks = [sum(p.numel() for p in b.parameters()) for b in model.blocks]
+        want = [sum(memory.model_state(m, n, t, k, blocks, precision="bf16").values())
+                for m, k in (("ddp", 1), ("zero2", 8), ("fsdp", 8), ("fsdp", 64))]
+        cells = [c.strip() for c in row.group(2).split("|")]
+        assert float(row.group(1)) == pytest.approx(n / 1e9, abs=0.005), name
+        assert [float(c) for c in cells[:4]] == pytest.approx(want, abs=0.051), name
+        act = [memory.activation_bytes(model.config, 1, "bf16", ckpt) / 2**30 for ckpt in (False, True)]
+        assert [float(v) for v in cells[4].split("/")] == pytest.approx(act, abs=0.0051), name
