@@ -494,11 +494,15 @@ class TrainCommand(GroupedCommand):
               help="Launch this many local ranks under torchrun (one per GPU).")
 @click.option("--plot", "plot_dir", default=None, metavar="RUN_DIR",
               help="Only plot RUN_DIR/metrics.jsonl to RUN_DIR/loss.png and exit.")
+@click.option("--consolidate", "sharded_ckpt", default=None, metavar="CKPT_DIR",
+              help="Only write the sharded checkpoint CKPT_DIR (RUN/checkpoints/step-N.dcp of --parallel zero2, fsdp "
+                   "or hsdp) as the files a DDP run writes beside it (step-N.pt, step-N-ema.pt and its sidecar), one "
+                   "tensor at a time, and exit.")
 @debug_option
 @handle_errors
 @click.pass_context
 def train_main(ctx: click.Context, config_file: str | None, nproc_per_node: int | None, plot_dir: str | None,
-               debug: bool, **options: Any) -> None:
+               sharded_ckpt: str | None, debug: bool, **options: Any) -> None:
     """Train a class-conditional DiT on latent shards (one process, torchrun, or --nproc-per-node N).
 
     Rerunning the same command resumes from the newest checkpoint; SIGTERM/SIGUSR1 or a first Ctrl-C write
@@ -510,6 +514,7 @@ def train_main(ctx: click.Context, config_file: str | None, nproc_per_node: int 
       dit-train --nproc-per-node 8 --shards shards/in1k-256 --model DiT-XL/2 --run-dir runs/xl2
       torchrun --nproc-per-node 8 $(which dit-train) --shards shards/in1k-256 --run-dir runs/xl2
       dit-train --plot runs/xl2
+      dit-train --consolidate runs/big/checkpoints/step-0100000.dcp
     """
     from click.core import ParameterSource
 
@@ -517,6 +522,11 @@ def train_main(ctx: click.Context, config_file: str | None, nproc_per_node: int 
 
     if plot_dir is not None:
         click.echo(f"wrote {train.plot_metrics(plot_dir)}")
+        return
+    if sharded_ckpt is not None:
+        from dit_pipeline.train.consolidate import consolidate
+
+        click.echo("wrote " + ", ".join(map(str, consolidate(sharded_ckpt, quiet=bool(options.get("quiet"))))))
         return
     given = {k: v for k, v in options.items()
              if ctx.get_parameter_source(k) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)}

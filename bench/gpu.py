@@ -31,6 +31,8 @@ row) the moment it is measured, so a run killed at its time limit keeps everythi
   meanflow  DiT-XL/2's --objective meanflow step (plain and with training guidance) vs its flow step, the JVP pass
             (math attention, the only kernel with forward-mode AD) and the forward with the default and the math
             kernel (bench/meanflow_step.py); images/s, MFU, peak memory, the ratio
+  parallel  the trainer's step under --parallel ddp, zero2 and fsdp on one GPU (bench/gpu_parallel.py: FSDP2's code
+            path and its overhead; the per-GPU memory at 8 and 64 GPUs projected, labelled so)
 
     bash bench/gpu.sh                        # on the GPU machine (<= 8 minutes)
     python bench/gpu.py --smoke --out DIR    # tiny sizes on a CPU (the test suite runs this)
@@ -80,6 +82,7 @@ from gpu_fid import fid_section  # noqa: E402
 from gpu_sections import extract_section, loader_section, sample_section, write_shards  # noqa: E402
 from gpu_text import text_section  # noqa: E402
 from gpu_train import train_section  # noqa: E402
+from gpu_parallel import parallel_section  # noqa: E402
 from meanflow_step import meanflow_section  # noqa: E402
 from repa import repa_section  # noqa: E402
 
@@ -127,12 +130,14 @@ def sizes(smoke: bool) -> dict[str, Any]:
                 "batch": 4, "steps": 2, "warmup": 1, "compile_backend": "eager", "vae": "tiny", "image": 32,
                 "enc_batch": 4, "enc_batches": 2, "baseline_images": 2, "sample_batch": 2, "sample_steps": 2,
                 "loader_shards": 4, "loader_per_shard": 16, "loader_workers": 2, "loader_batch": 8, "loader_latent": 8,
-                "fid_batch": 2, "fid_steps": 2, "inception_batch": 4, "inception_batches": 2, "inception_size": 75}
+                "fid_batch": 2, "fid_steps": 2, "inception_batch": 4, "inception_batches": 2, "inception_size": 75,
+                "parallel_batch": 4}
     return {"model": "DiT-XL/2", "overrides": {}, "latent": 32, "batch": 256, "steps": 8, "warmup": 2,
             "compile_backend": "inductor", "vae": "sd", "image": 256, "enc_batch": 64, "enc_batches": 12,
             "baseline_images": 48, "sample_batch": 256, "sample_steps": 6, "loader_shards": 64,
             "loader_per_shard": 256, "loader_workers": 16, "loader_batch": 256, "loader_latent": 32,
-            "fid_batch": None, "fid_steps": 10, "inception_batch": None, "inception_batches": 8, "inception_size": 299}
+            "fid_batch": None, "fid_steps": 10, "inception_batch": None, "inception_batches": 8, "inception_size": 299,
+            "parallel_batch": 64}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--smoke", action="store_true", help="tiny sizes, runs on a CPU")
     p.add_argument("--budget-s", type=float, default=450.0, help="stop starting sections after this long")
     p.add_argument("--only", nargs="+", choices=["train", "extract", "sample", "fid", "loader", "repa", "families", "meanflow",
-                                                 "text", "context"], default=None)
+                                                 "text", "context", "parallel"], default=None)
     a = p.parse_args(argv)
     t_start = time.monotonic()
     res = Results(Path(a.out), t_start + a.budget_s)
@@ -153,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
             device=torch.cuda.get_device_name(0) if device.type == "cuda" else f"{platform.machine()} CPU",
             cuda=torch.version.cuda, peak_tflops=peak_tflops(device), smoke=a.smoke)
     work = Path(tempfile.mkdtemp(prefix="bench-gpu-"))
-    want = set(a.only or ["train", "extract", "sample", "fid", "loader", "repa", "families", "meanflow", "text", "context"])
+    want = set(a.only or ["train", "extract", "sample", "fid", "loader", "repa", "families", "meanflow", "text", "context",
+                          "parallel"])
     try:
         shards = work / "shards"
         write_shards(shards, shards=1, per_shard=2 * s["batch"], latent=s["latent"])
@@ -177,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
             res.section("text", lambda: text_section(res, s, device, work / "text"), 60)
         if "context" in want:
             res.section("context", lambda: context_section(res, s, device), 60)
+        if "parallel" in want:
+            res.section("parallel", lambda: parallel_section(res, s, device, shards), 60)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     res.add("env", "done", wall_s=time.monotonic() - t_start,

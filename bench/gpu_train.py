@@ -62,12 +62,12 @@ def _timed(step, steps: int, warmup: int, device: torch.device) -> tuple[float, 
 
 
 def _trainer(s: dict, shards: Path, device: torch.device, work: Path, *, batch: int, micro: int, compile_: bool,
-             attention: str) -> Trainer:
+             attention: str, extra: dict | None = None) -> Trainer:
     run_dir = work / f"run-{batch}-{micro}-{compile_}-{attention}"
     cfg = merge_config({}, {"shards": str(shards), "run_dir": str(run_dir), "model": s["model"], **s["overrides"],
                             "max_steps": 10**6, "global_batch_size": batch, "micro_batch_size": micro,
                             "num_workers": 0, "precision": "bf16", "compile": compile_, "attention": attention,
-                            "quiet": True, "tensorboard": False, "resume": "none"})
+                            "quiet": True, "tensorboard": False, "resume": "none", **(extra or {})})
     prep = prepare(cfg, 1)
     parts = build_model(prep, device, "bf16")
     if compile_ and s["compile_backend"] != "inductor":  # smoke: exercise the path without a C++ compiler
@@ -122,7 +122,7 @@ def _bare_step(tr: Trainer, items: list[Batch]):
         t = torch.randint(0, diffusion.num_timesteps, (x.shape[0],), device=x.device)
         diffusion.training_losses(tr._model_fn, x, t, model_kwargs={"y": y})["loss"].mean().backward()
         p.opt.step()
-        ema_update(tr.ema_params, tr.ema_sources, 0.9999)
+        ema_update(*p.parallel.ema_pairs(p.ema, p.model), 0.9999)
         p.opt.zero_grad(set_to_none=True)
 
     return step

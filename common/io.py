@@ -78,13 +78,19 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
 
 
 def remove_stale_temps(folder: str | os.PathLike) -> list[Path]:
-    """Delete temp files left behind by a killed writer; returns what was removed."""
+    """Delete temp files (and temp folders: a sharded checkpoint being written) left behind by a killed writer;
+    returns what was removed."""
+    import shutil
+
     folder = Path(folder)
     removed = []
     if folder.is_dir():
         for p in folder.glob(TMP_PREFIX + "*"):
             with contextlib.suppress(FileNotFoundError):
-                p.unlink()
+                if p.is_dir() and not p.is_symlink():
+                    shutil.rmtree(p)
+                else:
+                    p.unlink()
                 removed.append(p)
     return removed
 

@@ -12,6 +12,13 @@ OBJECTIVES = ("ddpm", "flow", "meanflow", "imf", "imf-adaln")  # dit/objectives.
 CHECKPOINT_FORMAT = "dit-pipeline.checkpoint"   # RUN/checkpoints/step-NNNNNNN.pt
 CHECKPOINT_VERSION = 1
 # The keys a training checkpoint holds are owned by the trainer's named parts (train/parts.py).
+# A sharded run's checkpoint (--parallel zero2|fsdp|hsdp) is a folder RUN/checkpoints/step-NNNNNNN.dcp/ of the same
+# keys: the tensors under SHARDED_KEYS as one safetensors file per rank (torch.distributed.checkpoint), the rest in
+# SHARDED_RECORDS with each of those tensors replaced by {SHARDED_PLACEHOLDER: its key}.
+SHARDED_SUFFIX = ".dcp"
+SHARDED_RECORDS = "records.pt"
+SHARDED_KEYS = ("model", "ema", "opt", "projector")
+SHARDED_PLACEHOLDER = "dcp"
 
 SIDECAR_FORMAT = "dit-pipeline.weights-sidecar"  # step-NNNNNNN-ema.json beside the bare EMA weights
 SIDECAR_VERSION = 1

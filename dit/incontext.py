@@ -68,8 +68,13 @@ _TOKENS = ("num_t_tokens", "num_c_tokens")
 _HEADS = ("reg_dim", "base_model_depth")  # REG's class token and internal guidance's base head; recorded when on
 # NanoGen's model names: encoder depth, width, head width; decoder depth, width, head width
 # (configs/stage2/training/imagenet/ddt-en28d1152hd72-dn2d2048hd128-*.yaml, t2i/t2i-ddt-en28d1584hd72-*-512res.yaml)
+# And larger encoders, named as NanoGen names its models, on SD3's model-size family (Esser et al. 2024, arXiv:2403.03206:
+# depth d, hidden size 64 d, d heads of 64) with the release's 2-block head of width 2048: d = 31 (1.64B with a
+# 1024-wide text encoder and 256 text tokens) and d = 39 (3.09B).
 _PRESETS = {"ddt-en28d1152hd72-dn2d2048hd128": (28, 1152, 16, 2, 2048, 16, 2),
-            "ddt-en28d1584hd72-dn2d2048hd128": (28, 1584, 22, 2, 2048, 16, 2)}
+            "ddt-en28d1584hd72-dn2d2048hd128": (28, 1584, 22, 2, 2048, 16, 2),
+            "ddt-en31d1984hd64-dn2d2048hd128": (31, 1984, 31, 2, 2048, 16, 2),
+            "ddt-en39d2496hd64-dn2d2048hd128": (39, 2496, 39, 2, 2048, 16, 2)}
 NULL_DROPOUT = 0.1  # NanoGen's cfg_dropout_prob (configs/stage2.py ConditioningConfig), for files without a record
 
 
@@ -178,7 +183,8 @@ class InContextDiTDH(DiffusionTransformer):
 
     family = "DiT-DH-IC"
     presets = {name: dict(zip(_ARCH, dims)) for name, dims in _PRESETS.items()}
-    aliases = {"DiTwDDTHead": "ddt-en28d1152hd72-dn2d2048hd128"}
+    aliases = {"DiTwDDTHead": "ddt-en28d1152hd72-dn2d2048hd128", "DiT-DH-IC-1.6B": "ddt-en31d1984hd64-dn2d2048hd128",
+               "DiT-DH-IC-3B": "ddt-en39d2496hd64-dn2d2048hd128"}
     overrides = (*_ARCH, *_TOKENS, "conditioning", "text_dim", *_HEADS)
     config_keys = ("family", "model", "input_size", "num_classes", "learn_sigma", "in_channels", *_ARCH, *_TOKENS,
                    "class_dropout_prob")

@@ -35,7 +35,10 @@ from .blocks import make_norm
 from .models import MLP_RATIO, check_dims
 
 _ARCH = ("depth", "hidden_size", "num_heads", "patch_size")
-_PRESETS = {"PixArt-XL/2": (28, 1152, 16, 2)}  # PixArt.py PixArt_XL_2
+# PixArt.py PixArt_XL_2 (0.61B with T5-XXL's 4096-wide text); and the block at the sizes T2I models grow to, on the
+# model-size family of SD3 (Esser et al. 2024, "Scaling Rectified Flow Transformers for High-Resolution Image
+# Synthesis", arXiv:2403.03206: depth d, hidden size 64 d, d heads of 64): d = 29 (1.64B) and d = 36 (3.11B)
+_PRESETS = {"PixArt-XL/2": (28, 1152, 16, 2), "PixArt-1.6B": (29, 1856, 29, 2), "PixArt-3B": (36, 2304, 36, 2)}
 
 
 class CaptionEmbedder(nn.Module):

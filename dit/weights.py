@@ -36,7 +36,7 @@ import torch
 
 from . import releases
 from .family import DiffusionTransformer, family_class, lookup_preset, model_from_config
-from .formats import SIDECAR_FORMAT, SIDECAR_VERSION
+from .formats import SHARDED_SUFFIX, SIDECAR_FORMAT, SIDECAR_VERSION
 from .formats import OBJECTIVES
 from .infer import WeightsError
 from .objectives import recorded_objective
@@ -67,6 +67,10 @@ def load_dit_weights(path: str | Path, prefer: str = "ema", hints: dict[str, Any
     if prefer not in ("ema", "model"):
         raise ValueError(f"prefer must be 'ema' or 'model', got {prefer!r}")
     path = Path(path)
+    if path.is_dir() and path.name.endswith(SHARDED_SUFFIX):
+        raise WeightsError(f"{path} is a sharded training checkpoint (one file per rank); write it as one file first "
+                           f"with `dit-train --consolidate {path}` and pass the {path.name[:-len(SHARDED_SUFFIX)]}.pt "
+                           "(or -ema.pt) it writes")
     if not path.is_file():
         raise WeightsError(f"weight file {path} does not exist or is not a file")
     raw: Any = None
@@ -477,10 +481,13 @@ def check_state_dict(state_dict: dict[str, torch.Tensor], config: dict[str, Any]
         ([f"shape mismatch {wrong[:6]}"] if wrong else [])
     if problems:
         raise WeightsError(f"{where} does not match a {type(model).family} with {config}: " + "; ".join(problems))
-    bad = [k for k, v in state_dict.items() if v.is_floating_point() and not torch.isfinite(v).all()]
+    # meta tensors (a sharded checkpoint's, before any of its tensors is read) have shapes, not values
+    bad = [k for k, v in state_dict.items() if v.is_floating_point() and not v.is_meta and not torch.isfinite(v).all()]
     if bad:
         raise WeightsError(f"{where}: non-finite values (NaN/Inf) in {bad[:6]}; the file is corrupt")
     for key, table in fixed.items():
+        if state_dict[key].is_meta:
+            continue
         # atol loose enough for weights stored in bf16; another layout differs by O(1)
         if not torch.allclose(state_dict[key].double(), table.double(), atol=1e-2):
             what = "DiT's fixed 2-D sin-cos table" if key == "pos_embed" else "the family's RoPE table"

@@ -21,6 +21,7 @@ from dit_pipeline import dit
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.latent_norm import LatentNorm, read_stats_file
 from dit_pipeline.common.log import get_logger
+from dit_pipeline.dit.formats import SHARDED_SUFFIX
 
 SAFETENSORS_LATENT_KEY = "latent"
 
@@ -75,11 +76,15 @@ def resolve_ckpt(ckpt: str | Path) -> Path:
     """The weight file `--ckpt` means: the file itself, or for a run folder (or its checkpoints/ folder) its
     newest full checkpoint, said in the log; UserError for a folder without one."""
     path = Path(ckpt).expanduser()
-    if not path.is_dir():
+    if not path.is_dir() or path.name.endswith(SHARDED_SUFFIX):  # a sharded checkpoint: the loader says what to do
         return path
     folder = path / "checkpoints" if (path / "checkpoints").is_dir() else path
     steps = sorted((int(m.group(1)), p) for p in folder.iterdir() if (m := _CKPT_RE.match(p.name)))
     if not steps:
+        sharded = sorted(p.name for p in folder.iterdir() if p.name.endswith(SHARDED_SUFFIX))
+        if sharded:
+            raise UserError(f"--ckpt {ckpt}: its checkpoints are sharded (newest {sharded[-1]}); write one as a "
+                            f"single file first with `dit-train --consolidate {folder / sharded[-1]}`")
         raise UserError(f"--ckpt {ckpt}: a folder without checkpoints (expected a run folder holding "
                         "checkpoints/step-NNNNNNN.pt, or a weight file)")
     newest = steps[-1][1]

@@ -49,7 +49,10 @@ def test_gpu_bench_smoke_writes_every_row(tmp_path):
             ("text", "tiny Qwen3 encode, 256 tokens (bfloat16)"), ("text", "DiT-S/2 plain flow step"),
             ("text", "share of an online-encoder step removed by caching"),
             ("text", "dit-extract --text-encoder (tiny Qwen3, steady state)"),
-            ("context", "t4c8: 8 class tokens flow step"), ("context", "t4 + 256 text tokens flow step")}
+            ("context", "t4c8: 8 class tokens flow step"), ("context", "t4 + 256 text tokens flow step"),
+            ("parallel", "ddp on 1 GPU (the code path and its overhead)"),
+            ("parallel", "zero2 on 1 GPU (the code path and its overhead)"),
+            ("parallel", "fsdp on 1 GPU (the code path and its overhead)")}
     assert want <= set(names), sorted(set(names))
     rates = [row.get("img_s") or row.get("encodes_s") or row.get("latents_s") for row in rows
              if row["section"] in ("train", "extract", "sample", "loader", "repa", "families")

@@ -29,6 +29,7 @@ from dit_pipeline.sample.grid import GRIDS, GridSettings
 from dit_pipeline.train.guard import GUARD, GuardSettings
 from dit_pipeline.train.latents import LATENT_SAMPLES
 from dit_pipeline.train.optim import MUON_ADJUST_LR, OPTIMIZERS, optimizer_problems
+from dit_pipeline.train.parallel import ParallelSettings
 from dit_pipeline.train.recipes import recipe_problems
 from dit_pipeline.train.reg import REG, RegSettings
 from dit_pipeline.train.repa import REPA, RepaSettings
@@ -50,10 +51,11 @@ GROUPS = (DATA, MODEL, OBJECTIVE, REPA, REG, LENGTH, OPTIM, GUARD, SPEED, CKPT, 
 
 
 @dataclass(kw_only=True)
-class TrainConfig(GuardSettings, RegSettings, RepaSettings, FidSettings, GridSettings):
-    """Every setting of a training run. The sample-grid, FID, alignment and REG settings belong to their own types
-    (sample.grid.GridSettings, evaluate.hook.FidSettings, train.repa.RepaSettings, train.reg.RegSettings), inherited
-    here so that the stored config stays one flat JSON object."""
+class TrainConfig(ParallelSettings, GuardSettings, RegSettings, RepaSettings, FidSettings, GridSettings):
+    """Every setting of a training run. The sample-grid, FID, alignment, REG, divergence-guard and data-parallel
+    settings belong to their own types (sample.grid.GridSettings, evaluate.hook.FidSettings, train.repa.RepaSettings,
+    train.reg.RegSettings, train.guard.GuardSettings, train.parallel.ParallelSettings), inherited here so that the
+    stored config stays one flat JSON object."""
 
     # data
     shards: str = setting(help="Shard folder (with manifest.json), or a URL list 'a::b' / brace pattern "
@@ -256,6 +258,8 @@ class TrainConfig(GuardSettings, RegSettings, RepaSettings, FidSettings, GridSet
                             "in front of a pasted command does the same", group=CKPT, envvar="DIT_DRY_RUN")
     extra: dict[str, Any] = setting(default_factory=dict, help="settings owned by other hooks", group=CKPT,
                                     cli=False)
+    log_keys: bool = setting(False, "Write each step's sample keys to RUN/logs/rank{r}.jsonl (tests: which samples "
+                             "each step trained on)", group=CKPT, hidden=True)
     recipe: dict[str, Any] | None = setting(None, "what a recipe file (recipes/) reproduces: name, paper, FID, ...",
                                             group=CKPT, cli=False)
     allow_departures: bool = setting(
@@ -325,7 +329,8 @@ class TrainConfig(GuardSettings, RegSettings, RepaSettings, FidSettings, GridSet
         except ValueError as e:
             p.append(f"--model: {e}")
             options = ("reg_dim", "base_model_depth")  # the model's own problem is reported above
-        p += self.repa_problems() + self.guard_problems() + self.reg_problems(self.objective, options, self.repa)
+        p += self.repa_problems() + self.guard_problems() + self.reg_problems(self.objective, options, self.repa) + \
+            self.parallel_problems()
         if self.wandb and importlib.util.find_spec("wandb") is None:
             p.append("--wandb needs the wandb package: pip install 'dit-pipeline[wandb]' (or drop --wandb)")
         from dit_pipeline.sample.config import GRID_SAMPLER

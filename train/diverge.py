@@ -12,9 +12,7 @@ from tqdm import tqdm
 from dit_pipeline.common import distributed as dist
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.faults import fault_point
-from dit_pipeline.train.checkpoint import load_checkpoint
 from dit_pipeline.train.guard import advance
-from dit_pipeline.train.parts import load_all
 
 if TYPE_CHECKING:
     from dit_pipeline.train.loop import Trainer
@@ -61,12 +59,12 @@ def roll_back(trainer: "Trainer", bar: tqdm) -> None:
     data position and the rollback recorded, so a kill at any moment resumes (or repeats) this rollback."""
     s, at = trainer.state, trainer.state.step
     to, why = trainer.guard.rollback_target(at)
-    if to is None or not trainer.out.ckpts.path(to).is_file():
+    if to is None or not trainer.out.ckpts.path(to).exists():  # a file, or a sharded folder
         raise TrainingDiverged(f"{why or f'step {at}: the checkpoint of step {to} to roll back to is gone'}; "
                                "stopping. Resume from an earlier checkpoint (--resume PATH) with a lower --lr, "
                                "--grad-clip or --warmup-steps.")
     history = trainer.guard.history()
-    load_all(trainer.parts, load_checkpoint(trainer.out.ckpts.path(to)), str(trainer.out.ckpts.path(to)))
+    trainer.load_from(trainer.out.ckpts.path(to))
     s.epoch, s.step_in_epoch = advance(s.epoch, s.step_in_epoch, at - to, lambda epoch: trainer.plan(epoch).steps)
     trainer.guard.rolled_back(history, at, to)
     trainer.rollback_due = False

@@ -1,5 +1,5 @@
-"""The training loop: data -> DDP forward/backward with accumulation -> checks -> optimizer -> EMA -> logs,
-checkpoints and hooks, one optimizer step at a time.
+"""The training loop: data -> forward/backward with accumulation (DDP or FSDP2, train.parallel) -> checks ->
+optimizer -> EMA -> logs, checkpoints and hooks, one optimizer step at a time.
 
 Reproducibility: every random draw of a step (timesteps t, diffusion noise, class dropout) is made for the
 rank's whole step (accum x micro samples) from generators seeded with derive_seed(seed, stream, step, rank),
@@ -20,7 +20,6 @@ non-finite check as well as a logged value (one foreach read of the gradients).
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from dataclasses import dataclass
@@ -44,8 +43,10 @@ from dit_pipeline.train.hooks import HookContext, PeriodicHook
 from dit_pipeline.train.guard import Guard, GuardPart, injected_fault
 from dit_pipeline.train.metrics import LOSS_TERMS, METRICS, Meter, MetricsLog, StepReport, interval_record, mfu
 from dit_pipeline.train.net import TrainModel
-from dit_pipeline.train.partition import EpochPlan, plan_epoch
-from dit_pipeline.train.parts import Part, ProgressPart, ShardSetPart, build_parts, load_all
+from dit_pipeline.train.handover import HandoverLoader
+from dit_pipeline.train.partition import DataLayout, EpochPlan, plan_epoch
+from dit_pipeline.train.checkpoint import load_checkpoint, materialize
+from dit_pipeline.train.parts import Part, ProgressPart, ShardSetPart, build_parts, check_all, compose
 from dit_pipeline.train.preflight import Preflight
 from dit_pipeline.train.reg import RegPart
 from dit_pipeline.train.repa import CachedTeacher, TeacherClock
@@ -82,10 +83,6 @@ class Trainer:
         self.log = get_logger()
         self.state = TrainState()
         self.params = [p for p in net.trained.parameters() if p.requires_grad]  # the optimizer's, in its order
-        # the EMA follows the DiT (not a projector): pairs of (EMA tensor, the DiT tensor it averages)
-        pairs = [(e, p) for e, p in zip(net.ema.parameters(), net.model.parameters()) if p.requires_grad] \
-            if net.ema is not None else []
-        self.ema_params, self.ema_sources = [e for e, _ in pairs], [p for _, p in pairs]
         self.latent_shape = tuple(self.source.manifest.latent_shape)
         self.shard_set = ShardSetPart.of(self.source.manifest, self.source.fingerprint)
         self.cond = run_conditioning(net.model, prep.text)  # dit/conditioning.py, train/text.py
@@ -115,13 +112,20 @@ class Trainer:
         return ((self.cfg.max_steps is not None and s.step >= self.cfg.max_steps)
                 or (self.cfg.epochs is not None and s.epoch >= self.cfg.epochs))
 
+    def layout_of(self, epoch: int) -> DataLayout:
+        """The data layout `epoch` is read under: this run's, or for the epoch a resume at another layout began
+        in, the saved run's (train.handover)."""
+        carried = self.state.carried
+        return carried if carried is not None and epoch == self.state.epoch else self.layout
+
     def plan(self, epoch: int) -> EpochPlan:
         """The epoch's reading plan; shards skipped as bad count as empty, so an epoch is a full pass over the
         remaining ones (not a pass that ends early, every epoch, at the bad shard)."""
         bad = set(self.state.bad_shard_names)
         sizes = [0 if rec.name in bad else rec.samples for rec in self.source.manifest.shards]
-        return plan_epoch(sizes, seed=self.cfg.seed, epoch=epoch, world_size=self.world,
-                          workers=self.layout.workers, micro_batch=self.batch.micro_batch, accum=self.batch.accum)
+        lay = self.layout_of(epoch)
+        return plan_epoch(sizes, seed=lay.seed, epoch=epoch, world_size=lay.world_size, workers=lay.workers,
+                          micro_batch=lay.micro_batch, accum=lay.accum)
 
     def lr_at(self, step: int) -> float:
         """The lr of the update after `step` steps: a pure function of the step (train.schedule)."""
@@ -176,18 +180,12 @@ class Trainer:
 
     def run_epoch(self, plan: EpochPlan, stop: Any, bar: tqdm) -> str:
         s = self.state
-        stream = EpochStream(self.source, plan, self.rank, seed=self.cfg.seed, buffer=self.cfg.shuffle_buffer,
-                             shards_in_flight=self.cfg.shards_in_flight, start_batch=s.step_in_epoch * self.batch.accum,
-                             skip_bad_shards=self.cfg.skip_bad_shards, sha256=self.sha256,
-                             exclude=frozenset(self.source.index_of(n) for n in s.bad_shard_names),
-                             pixels=self.p.teacher is not None and not isinstance(self.p.teacher, CachedTeacher),
-                             sibling=((self.p.teacher.folder, self.p.teacher.manifest)
-                                      if isinstance(self.p.teacher, CachedTeacher) else
-                                      (self.reg.folder, self.reg.manifest) if self.reg is not None else None),
-                             text=self.text_set if self.text.encoder is None else None,
-                             captions=self.text.encoder is not None, latent_sample=self.cfg.latent_sample)
-        loader = make_loader(stream, num_workers=self.cfg.num_workers or 0, prefetch_factor=self.cfg.prefetch_factor,
-                             pin_memory=self.device.type == "cuda")
+        layout = self.layout_of(plan.epoch)
+        if layout == self.layout:
+            loader: Any = self.stream(plan, self.rank, layout)
+        else:  # an epoch begun under another layout: its remaining steps as the saved run's ranks read them
+            loader = HandoverLoader(layout, self.world, self.rank, self.batch.micro_batch, self.batch.accum,
+                                    lambda old_rank: self.stream(plan, old_rank, layout))
         try:
             while s.step_in_epoch < plan.steps:
                 if self.done():
@@ -207,8 +205,25 @@ class Trainer:
                 self.after_step(plan, bar)
         finally:
             getattr(loader, "close", lambda: None)()  # shuts the loader workers down now
-        s.epoch, s.step_in_epoch = s.epoch + 1, 0
+        s.epoch, s.step_in_epoch, s.carried = s.epoch + 1, 0, None
         return "done"
+
+    def stream(self, plan: EpochPlan, rank: int, layout: DataLayout) -> Any:
+        """Rank `rank`'s batches of `plan`'s epoch from the resume position on, read as `layout` reads them."""
+        s = self.state
+        stream = EpochStream(self.source, plan, rank, seed=layout.seed, buffer=layout.shuffle_buffer,
+                             shards_in_flight=layout.shards_in_flight, start_batch=s.step_in_epoch * layout.accum,
+                             skip_bad_shards=self.cfg.skip_bad_shards, sha256=self.sha256,
+                             exclude=frozenset(self.source.index_of(n) for n in s.bad_shard_names),
+                             pixels=self.p.teacher is not None and not isinstance(self.p.teacher, CachedTeacher),
+                             sibling=((self.p.teacher.folder, self.p.teacher.manifest)
+                                      if isinstance(self.p.teacher, CachedTeacher) else
+                                      (self.reg.folder, self.reg.manifest) if self.reg is not None else None),
+                             text=self.text_set if self.text.encoder is None else None,
+                             captions=self.text.encoder is not None, latent_sample=self.cfg.latent_sample)
+        workers = layout.workers if layout.workers > 1 or self.cfg.num_workers else 0  # 1 reader: in process too
+        return make_loader(stream, num_workers=workers, prefetch_factor=self.cfg.prefetch_factor,
+                           pin_memory=self.device.type == "cuda")
 
     def agree(self, items: list[Batch | ReaderEvent], stop: Any, plan: EpochPlan) -> str:
         """Pre-step consensus: 'stop' (a signal on any rank), 'exhausted', or 'go'; raises on a data error."""
@@ -286,8 +301,7 @@ class Trainer:
                 assert b.teacher is not None, "the class tokens come with the batch (--reg-tokens)"
                 kwargs.update({REG_TARGET: b.teacher.to(self.device, non_blocking=True)[:, 0],
                                REG_NOISE: token_noise[sl]})
-            sync = p.ddp is None or i == accum - 1
-            with contextlib.nullcontext() if sync or p.ddp is None else p.ddp.no_sync():
+            with p.parallel.micro_batch(i, accum):  # DDP: gradients reduced after the last one only
                 if p.teacher is None:
                     terms = p.diffusion.training_losses(self._model_fn, x, t_all[sl], model_kwargs=kwargs,
                                                         noise=noise_all[sl])
@@ -308,6 +322,8 @@ class Trainer:
             for name, value in terms.items():  # the objective's per-sample terms: loss, mse (, vb)
                 report.report(name, value)
         report.report("wait", wait)
+        if self.cfg.log_keys:  # a test knob: which samples this rank's step trained on
+            self.metrics.write_rank({"step": step, "keys": [int(k) for b in items for k in b.keys]})
         if p.teacher is not None:
             report.report("teacher", self.teacher_clock.take())
         self._finish_step(report)
@@ -316,12 +332,9 @@ class Trainer:
         p, cfg = self.p, self.cfg
         if p.scaler.is_enabled():
             p.scaler.unscale_(p.opt)
-        if cfg.grad_clip is not None:
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip, foreach=True)
-        else:
-            grad_norm = torch.nn.utils.get_total_norm([q.grad for q in self.params if q.grad is not None],
-                                                      foreach=True)
-        report.report("grad_norm", grad_norm.double())  # identical on all ranks after DDP: rank 0's is logged
+        with comm_guard("the gradient norm", self.state.step + 1):  # over every rank's shards (train.parallel)
+            grad_norm = p.parallel.grad_norm(self.params, cfg.grad_clip)
+        report.report("grad_norm", grad_norm.double())  # identical on all ranks: rank 0's is logged
         with comm_guard("the loss all-reduce", self.state.step + 1):
             # this rank's own values ride along in its slots: one device -> host copy per step in all
             non_finite = ~torch.isfinite(torch.as_tensor(report.local("loss")))
@@ -355,7 +368,8 @@ class Trainer:
     def _update_ema(self) -> None:
         if self.p.ema is None:
             return
-        ema_update(self.ema_params, self.ema_sources, self.cfg.ema_decay)
+        # the EMA follows the DiT (not a projector), each rank its own part (sharded: its shards)
+        ema_update(*self.p.parallel.ema_pairs(self.p.ema, self.p.model), self.cfg.ema_decay)
 
     # -- after a step ---------------------------------------------------------------------------------
     def after_step(self, plan: EpochPlan, bar: tqdm) -> None:
@@ -407,9 +421,24 @@ class Trainer:
                            class_names=list(m.class_names) if m.class_names else None)
 
     # -- checkpoints ----------------------------------------------------------------------------------
+    def restore(self, ckpt: dict[str, Any], where: Path) -> None:
+        """Every part's check on `ckpt` (read from `where`: a file, or a sharded checkpoint's records), then its
+        tensors read (a sharded checkpoint's into this rank's shards, any world size and mode), then every part
+        loads."""
+        check_all(self.parts, ckpt, str(where))
+        with comm_guard("reading the checkpoint's tensors", self.state.step):
+            ckpt = materialize(ckpt, where, self.p.parallel.load_targets(lambda: compose(self.parts)),
+                               collective=self.p.parallel.sharded)
+        for part in self.parts:
+            part.load_state_dict(ckpt)
+
+    def load_from(self, where: Path) -> None:
+        """restore() from the checkpoint at `where` (the divergence guard's rollback)."""
+        self.restore(load_checkpoint(where), where)
+
     def resume_from(self, ckpt: dict[str, Any], where: Path) -> None:
         """Continue from `ckpt` (read from `where`): every part's check first, then every part loads."""
-        load_all(self.parts, ckpt, str(where))
+        self.restore(ckpt, where)
         s = self.state
         self.log.info(f"resumed from {where} at step {s.step} (epoch {s.epoch}, step {s.step_in_epoch} in epoch)")
         self.last_saved = s.step
@@ -417,21 +446,24 @@ class Trainer:
         self.own.reset()
 
     def checkpoint(self) -> Path | None:
-        """Collective: all ranks compare weight fingerprints; rank 0 writes the checkpoint its parts compose."""
+        """Collective: the ranks that hold the same weights compare fingerprints; then the checkpoint the parts
+        compose is written as the run's mode writes it (train.parallel: DDP rank 0 one file, sharded every rank)."""
         s = self.state
         self.guard.checkpointed(s.step)
         self.out.ckpts.pinned = {self.guard.last_clean} if self.guard.last_clean is not None else set()
-        fp = weights_fingerprint(self.p.trained)
+        fp = weights_fingerprint(self.p.trained)  # this rank's tensors (its shards under the sharded modes)
         self.metrics.write_rank({"step": s.step, "weights_fingerprint": fp})
         with comm_guard("the weights check before a checkpoint", s.step):
             every = dist.all_gather_object(fp)
-        if len(set(every)) > 1:
-            raise RuntimeError(f"step {s.step}: ranks hold different weights (fingerprints {every}); DDP "
-                               "replicas diverged, which is a bug or a hardware fault")
-        path = None
-        if dist.is_main():
-            t0 = time.perf_counter()
-            path = self.out.ckpts.save_parts(self.parts)
-            self.log.info(f"saved checkpoint {path} (+ EMA weights) in {time.perf_counter() - t0:.1f}s")
+        for group in self.p.parallel.replica_groups(self.world):
+            if len({every[r] for r in group}) > 1:
+                raise RuntimeError(f"step {s.step}: ranks {group} hold different weights (fingerprints "
+                                   f"{[every[r] for r in group]}); the replicas diverged, which is a bug or a "
+                                   "hardware fault")
+        t0 = time.perf_counter()
+        path = self.p.parallel.save(self.out.ckpts, self.parts)
+        if path is not None and dist.is_main():
+            self.log.info(f"saved checkpoint {path}{' (+ EMA weights)' if path.suffix == '.pt' else ''} in "
+                          f"{time.perf_counter() - t0:.1f}s")
         self.last_saved = s.step
         return path

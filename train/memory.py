@@ -7,7 +7,9 @@ gradients, AdamW moments, EMA, workspaces). A row is keyed by (model, latent siz
 checkpointing, compile) and is only used for exactly that configuration.
 
 The analytic model: fp32 parameters + gradients + AdamW moments (+ the fp32 EMA on rank 0) + activations +
-a fixed allowance for the CUDA context, cuBLAS/cuDNN workspaces and allocator fragmentation. Activations per
+a fixed allowance for the CUDA context, cuBLAS/cuDNN workspaces and allocator fragmentation; under a sharded
+--parallel mode the model state divided over the shard group plus what FSDP2 gathers (`model_state`; the 1/N law
+and the estimate against measured bytes: bench/fsdp_memory.py). Activations per
 sample and block are the tensors a DiT block keeps for the backward pass: about 50 x T x D bytes under
 bf16/fp16 autocast (fp32 residual stream and LayerNorm inputs, 16-bit linear inputs, q/k/v and outputs of
 flash attention, the 4D-wide MLP hidden states) and about 84 x T x D in fp32; with activation checkpointing
@@ -46,21 +48,47 @@ def activation_bytes(model_config: dict[str, Any], micro_batch: int, precision: 
 
 
 def estimate(model_config: dict[str, Any], n_params: int, n_trainable: int, micro_batch: int, precision: str,
-             *, grad_ckpt: bool, compile: bool, table: dict | None = None, muon_params: int = 0) -> MemoryEstimate:
+             *, grad_ckpt: bool, compile: bool, table: dict | None = None, muon_params: int = 0,
+             mode: str = "ddp", shards: int = 1, block_params: list[int] | None = None) -> MemoryEstimate:
     """Peak GPU memory of rank 0 for one micro-batch size (measured row if one matches, else analytic).
-    `muon_params`: trainable parameters --optimizer muon updates (one fp32 momentum each, not AdamW's two)."""
+    `muon_params`: trainable parameters --optimizer muon updates (one fp32 momentum each, not AdamW's two).
+    `mode`, `shards`, `block_params`: a sharded --parallel mode over `shards` ranks and the parameters of each of
+    the family's blocks (`model_state`); measured rows are DDP's."""
     key = (str(model_config.get("model")), int(model_config["input_size"]), precision, bool(grad_ckpt),
            bool(compile))
-    row = (MEASURED if table is None else table).get(key) if not muon_params else None  # rows measure AdamW
+    row = (MEASURED if table is None else table).get(key) if not muon_params and mode == "ddp" else None
     if row is not None:
         parts = {"fixed": row["fixed_gib"], "activations": micro_batch * row["act_gib_per_sample"]}
         return MemoryEstimate(parts, sum(parts.values()), f"measured ({row.get('gpu', 'GPU')}, {row.get('date', '?')})")
-    parts = {"params": 4 * n_params / GiB, "grads": 4 * n_trainable / GiB,
-             "adamw": 8 * (n_trainable - muon_params) / GiB, **({"muon": 4 * muon_params / GiB} if muon_params else {}),
-             "ema_rank0": 4 * n_params / GiB,
-             "activations": activation_bytes(model_config, micro_batch, precision, grad_ckpt) / GiB,
+    state = model_state(mode, n_params, n_trainable, shards, block_params or [], precision=precision,
+                        muon_params=muon_params)
+    parts = {**state, "activations": activation_bytes(model_config, micro_batch, precision, grad_ckpt) / GiB,
              "overhead": OVERHEAD_GIB}
     return MemoryEstimate(parts, sum(parts.values()), "analytic estimate, unmeasured")
+
+
+def model_state(mode: str, n_params: int, n_trainable: int, shards: int, block_params: list[int], *,
+                precision: str, muon_params: int = 0) -> dict[str, float]:
+    """GiB of model state on one rank under a --parallel mode (train/parallel.py), `shards` the ranks it is divided
+    over (the world size; HSDP's shard group):
+    - ddp: fp32 parameters, gradients and AdamW's two moments whole on every rank (16 bytes per parameter) and the
+      fp32 EMA on rank 0 (4 more); `ema_rank0` names it;
+    - zero2 / fsdp / hsdp: all of that divided by `shards`, every rank its EMA shard, plus `gathered`: the
+      parameters FSDP2 holds whole for the compute (the blocks' in the compute dtype, 2 bytes under bf16/fp16, the
+      root's in fp32) and one block's whole gradients before their reduce-scatter. zero2 keeps every block gathered
+      from its forward to its backward; fsdp and hsdp two blocks at a time (the one computing, the one prefetched).
+    """
+    if mode == "ddp":
+        return {"params": 4 * n_params / GiB, "grads": 4 * n_trainable / GiB,
+                "adamw": 8 * (n_trainable - muon_params) / GiB, **({"muon": 4 * muon_params / GiB} if muon_params else {}),
+                "ema_rank0": 4 * n_params / GiB}
+    compute = 2 if precision in ("bf16", "fp16") else 4
+    blocks = sum(block_params)
+    largest = max(block_params, default=0)
+    kept = blocks if mode == "zero2" else 2 * largest
+    gathered = compute * kept + 4 * (n_params - blocks) + compute * largest
+    return {"params": 4 * n_params / shards / GiB, "grads": 4 * n_trainable / shards / GiB,
+            "adamw": 8 * n_trainable / shards / GiB, "ema": 4 * n_params / shards / GiB, "gathered": gathered / GiB}
 
 
 def auto_micro_batch(per_rank: int, fits: Callable[[int], bool]) -> int:
@@ -81,3 +109,64 @@ def table_row(model: str, input_size: int, precision: str, grad_ckpt: bool, comp
     slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
     return {"key": [model, input_size, precision, grad_ckpt, compile], "act_gib_per_sample": slope,
             "fixed_gib": my - slope * mx, "gpu": gpu, "date": date}
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the estimates need of a model: its model_config, parameter counts, each block's parameters (the
+    family's `blocks`: what FSDP2 gathers at once) and the parameters --optimizer muon would update."""
+
+    model_config: dict[str, Any]
+    n_params: int
+    n_trainable: int
+    block_params: list[int]
+    muon_params: int = 0
+
+
+@dataclass(frozen=True)
+class Fit:
+    """One row of the plan's memory table: a --parallel mode over `shards` ranks at a micro-batch, with and without
+    activation checkpointing."""
+
+    mode: str
+    shards: int
+    off: MemoryEstimate        # --grad-checkpointing off
+    on: MemoryEstimate         # on
+
+    def pick(self, grad_ckpt: bool) -> MemoryEstimate:
+        return self.on if grad_ckpt else self.off
+
+
+def fits(facts: ModelFacts, micro: int, precision: str, compile: bool, modes: dict[str, int]) -> list[Fit]:
+    """The estimate of every mode in `modes` (mode -> the ranks it shards over) at micro-batch `micro`."""
+    def one(mode: str, shards: int, ckpt: bool) -> MemoryEstimate:
+        return estimate(facts.model_config, facts.n_params, facts.n_trainable, micro, precision, grad_ckpt=ckpt,
+                        compile=compile, muon_params=facts.muon_params if mode == "ddp" else 0, mode=mode,
+                        shards=shards, block_params=facts.block_params)
+    return [Fit(m, n, one(m, n, False), one(m, n, True)) for m, n in modes.items()]
+
+
+def largest_micro(facts: ModelFacts, per_rank: int, precision: str, compile: bool, mode: str, shards: int,
+                  grad_ckpt: bool, capacity: float) -> int | None:
+    """The largest micro-batch (a divisor of the per-rank batch) whose estimate fits `capacity` GiB; None if
+    none does."""
+    for micro in sorted((d for d in range(1, per_rank + 1) if per_rank % d == 0), reverse=True):
+        if fits(facts, micro, precision, compile, {mode: shards})[0].pick(grad_ckpt).total <= capacity:
+            return micro
+    return None
+
+
+def table_lines(rows: list[Fit], micro: int, world: int, chosen: str) -> list[str]:
+    """The plan's table: GiB per GPU of every mode's model state and activations, without / with checkpointing."""
+    out = [f"  per GPU     GiB at {world} rank(s), micro-batch {micro}: params + grads + optimizer + EMA + gathered | "
+           "activations | total, activation checkpointing off / on"]
+    for r in rows:
+        p = r.off.parts
+        state = [p.get("params", 0.0), p.get("grads", 0.0), p.get("adamw", 0.0) + p.get("muon", 0.0),
+                 p.get("ema", p.get("ema_rank0", 0.0)), p.get("gathered", 0.0)]
+        name = f"{r.mode} (shard groups of {r.shards})" if r.mode == "hsdp" else r.mode
+        mark = "*" if r.mode == chosen else " "
+        out.append(f"            {mark} {name:<26}" + " + ".join(f"{v:.2f}" for v in state)
+                   + f" | {r.off.parts['activations']:.2f} / {r.on.parts['activations']:.2f}"
+                   + f" | {r.off.total:.2f} / {r.on.total:.2f}")
+    return out

@@ -1,7 +1,8 @@
 """The model being trained and everything wrapped around it (`TrainModel`), built by `build_model`: the model of any
-family (dit/family.py; seeded, identical on every rank), its EMA on rank 0, with --repa the projector beside it and
-the teacher, the optimizer (train.optim), the GradScaler, DDP, per-block compile and the attention backend
-(train.speed)."""
+family (dit/family.py; seeded, identical on every rank), its EMA (DDP: on rank 0; sharded: every rank its shards),
+with --repa the projector beside it and the teacher, per-block compile and the attention backend (train.speed), the
+data-parallel wrapper of --parallel (train.parallel: DDP or FSDP2), then the optimizer (train.optim) over the
+wrapped tensors and the GradScaler."""
 from __future__ import annotations
 
 import copy
@@ -9,9 +10,6 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
-from torch.nn.parallel import DistributedDataParallel
-
-from dit_pipeline.common import distributed as dist
 from dit_pipeline.common.log import get_logger
 from dit_pipeline.common.precision import AUTOCAST_DTYPES
 from dit_pipeline.common.teacher import Teacher
@@ -22,6 +20,7 @@ from dit_pipeline.train.config import TrainConfig
 from dit_pipeline.train.init import apply_init
 from dit_pipeline.train.metrics import peak_tflops
 from dit_pipeline.train.optim import build_optimizer
+from dit_pipeline.train.parallel import Parallel
 from dit_pipeline.train.preflight import Preflight
 from dit_pipeline.train.speed import choose_attention, compile_enabled, compile_problem, regional_compile
 from dit_pipeline.train.text import run_conditioning
@@ -29,15 +28,15 @@ from dit_pipeline.train.text import run_conditioning
 
 @dataclass
 class TrainModel:
-    """The model being trained and everything wrapped around it: EMA, optimizer, scaler, DDP, the compiled
-    forward, the diffusion (built by `train.run.build_model`)."""
+    """The model being trained and everything wrapped around it: EMA, optimizer, scaler, the data-parallel
+    wrapper, the compiled forward, the diffusion (built by `train.net.build_model`)."""
 
-    model: DiffusionTransformer          # raw model (any family), fp32 master weights
-    ema: DiffusionTransformer | None     # fp32 EMA copy (rank 0 only)
+    model: DiffusionTransformer          # raw model (any family), fp32 master weights (sharded: in place)
+    ema: DiffusionTransformer | None     # fp32 EMA copy (DDP: rank 0 only; sharded: every rank's shards)
     opt: torch.optim.Optimizer
     scaler: torch.amp.GradScaler
-    ddp: DistributedDataParallel | None  # the DDP wrapper when world size > 1
-    forward: Callable[..., torch.Tensor]  # what runs the forward (ddp/model, maybe compiled)
+    parallel: Parallel                   # the --parallel mode: wrapping, micro-batches, norms, checkpoints
+    forward: Callable[..., torch.Tensor]  # what runs the forward (DDP / FSDP / the model, maybe compiled)
     diffusion: Any                       # dit.GaussianDiffusion or dit.FlowMatching (the TrainConfig's objective)
     amp_dtype: torch.dtype | None
     flops_per_image: float               # model FLOPs of a training step per image (with --repa: + projector, teacher)
@@ -54,8 +53,8 @@ class TrainModel:
 
 
 def build_model(prep: Preflight, device: torch.device, precision: str) -> TrainModel:
-    """Model (seeded, identical on every rank), EMA copy on rank 0, the optimizer, GradScaler, DDP, regional compile
-    and the attention backend (train.speed)."""
+    """Model (seeded, identical on every rank), its EMA copy, regional compile and the attention backend
+    (train.speed), the --parallel wrapper (train.parallel), the optimizer over the wrapped tensors, the GradScaler."""
     from dit_pipeline import dit
 
     cfg = prep.cfg
@@ -70,21 +69,15 @@ def build_model(prep: Preflight, device: torch.device, precision: str) -> TrainM
     if cfg.grad_checkpointing:
         model.set_grad_checkpointing(True)
     model.train()
-    ema = copy.deepcopy(model).requires_grad_(False).eval() if dist.is_main() else None
+    parallel = prep.parallel if prep.parallel is not None else Parallel.for_run(cfg, prep.world_size)
+    ema = copy.deepcopy(model).requires_grad_(False).eval() if parallel.holds_ema() else None
     trained = head if head is not None else model
-    params = [p for p in trained.parameters() if p.requires_grad]
-    opt = build_optimizer(params, cfg, device)  # AdamW, or Muon on the 2-D tensors + AdamW (train.optim)
-    scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
     amp_dtype = AUTOCAST_DTYPES[precision]
     _apply_speed_settings(cfg, model, device, prep.batch.micro_batch, amp_dtype)
-    ddp = None
-    forward: Any = trained
-    if prep.world_size > 1:
-        from torch.nn.parallel import DistributedDataParallel
-
-        ddp = DistributedDataParallel(trained, device_ids=[device.index] if device.type == "cuda" else None,
-                                      gradient_as_bucket_view=True, bucket_cap_mb=cfg.ddp_bucket_mb)
-        forward = ddp
+    forward: Any = parallel.wrap(trained, model, ema, device, amp_dtype, cfg.ddp_bucket_mb)
+    params = [p for p in trained.parameters() if p.requires_grad]  # after wrapping: FSDP2's sharded tensors
+    opt = build_optimizer(params, cfg, device)  # AdamW, or Muon on the 2-D tensors + AdamW (train.optim)
+    scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
     flops = float(dit.train_flops_per_image(model.config))
     if head is not None and teacher is not None:  # the projector trained, the teacher's forward
         tokens = model.grid_size ** 2
@@ -98,7 +91,7 @@ def build_model(prep: Preflight, device: torch.device, precision: str) -> TrainM
     # the raw module and the run's conditioning (a text model's empty prompt), for an objective's passes without
     # gradient (MeanFlow's JVP and guided velocity)
     objective.attach(model, run_conditioning(model, prep.text))
-    return TrainModel(model=model, ema=ema, opt=opt, scaler=scaler, ddp=ddp, forward=forward,
+    return TrainModel(model=model, ema=ema, opt=opt, scaler=scaler, parallel=parallel, forward=forward,
                       diffusion=objective, amp_dtype=amp_dtype, flops_per_image=flops,
                       peak_tflops=peak_tflops(device, cfg.peak_tflops), device=device, head=head, teacher=teacher)
 

@@ -33,6 +33,7 @@ from dit_pipeline.dit.weights import WeightsError, check_state_dict
 from dit_pipeline.shards import Manifest
 from dit_pipeline.train.guard import GuardPart
 from dit_pipeline.train.optim import check_state
+from dit_pipeline.train.parallel import load_module, load_optimizer, optimizer_state
 from dit_pipeline.train.partition import DataLayout, map_position
 from dit_pipeline.train.reg import RegPart
 from dit_pipeline.train.state import TrainState
@@ -156,7 +157,7 @@ class ModelPart:
         _tensors_fit(ckpt["model"], want, f"{where} [model]")
 
     def load_state_dict(self, ckpt: Checkpoint) -> None:
-        self.model.load_state_dict(ckpt["model"], strict=True)
+        load_module(self.model, ckpt["model"])  # whole tensors, or this rank's shards (train.parallel)
 
 
 @dataclass
@@ -231,7 +232,8 @@ class ConfigPart:
 
 @dataclass
 class EmaPart:
-    """`ema`: the fp32 EMA weights (official names), held by rank 0 only (`ema` None elsewhere)."""
+    """`ema`: the fp32 EMA weights (official names), held by rank 0 only under DDP (`ema` None elsewhere), by
+    every rank as its shards under the sharded modes (train.parallel)."""
 
     ema: DiT | None
     model_config: dict[str, Any]
@@ -239,7 +241,7 @@ class EmaPart:
     required: ClassVar[tuple[str, ...]] = ("ema",)
 
     def state_dict(self) -> dict[str, Any]:
-        assert self.ema is not None, "the EMA lives on rank 0, which alone writes checkpoints"
+        assert self.ema is not None, "the EMA lives on the ranks that write checkpoints"
         return {"ema": self.ema.state_dict()}
 
     def check(self, ckpt: Checkpoint, where: str) -> None:
@@ -247,7 +249,7 @@ class EmaPart:
 
     def load_state_dict(self, ckpt: Checkpoint) -> None:
         if self.ema is not None:
-            self.ema.load_state_dict(ckpt["ema"], strict=True)
+            load_module(self.ema, ckpt["ema"])
 
 
 @dataclass
@@ -288,23 +290,26 @@ class ProjectorPart:
 
     def load_state_dict(self, ckpt: Checkpoint) -> None:
         if self.head is not None:
-            self.head.projectors.load_state_dict(ckpt["projector"]["state_dict"], strict=True)
+            load_module(self.head.projectors, ckpt["projector"]["state_dict"])
 
 
 @dataclass
 class OptimizerPart:
     """`opt`: the optimizer's state_dict over the trainable tensors (the DiT's, then the projector's with
-    --repa): AdamW's one parameter group, or with --optimizer muon {"muon": ..., "adamw": ...} (train.optim)."""
+    --repa): AdamW's one parameter group, or with --optimizer muon {"muon": ..., "adamw": ...} (train.optim). A DDP
+    run keeps torch's layout (tensors by index); a sharded run's are keyed by parameter name (train.parallel), and
+    either continues in either mode."""
 
     opt: torch.optim.Optimizer | None
     trainable: int                      # trainable tensors of the model
     kind: str = "adamw"                 # --optimizer
+    module: torch.nn.Module | None = None  # the module whose trainable tensors it updates (their names)
     keys: ClassVar[tuple[str, ...]] = ("opt",)
     required: ClassVar[tuple[str, ...]] = ("opt",)
 
     def state_dict(self) -> dict[str, Any]:
-        assert self.opt is not None
-        return {"opt": self.opt.state_dict()}
+        assert self.opt is not None and self.module is not None
+        return {"opt": optimizer_state(self.module, self.opt)}
 
     def check(self, ckpt: Checkpoint, where: str) -> None:
         problem = check_state(ckpt["opt"], self.kind, self.trainable, where)
@@ -312,8 +317,8 @@ class OptimizerPart:
             raise UserError(problem)
 
     def load_state_dict(self, ckpt: Checkpoint) -> None:
-        assert self.opt is not None
-        self.opt.load_state_dict(ckpt["opt"])
+        assert self.opt is not None and self.module is not None
+        load_optimizer(self.module, self.opt, ckpt["opt"])
 
 
 @dataclass
@@ -359,8 +364,9 @@ class ProgressPart(_NoCheck):
     def state_dict(self) -> dict[str, Any]:
         s = self.state
         epoch, in_epoch = self.position()
+        layout = s.carried if s.carried is not None and epoch == s.epoch else self.layout  # what reads `epoch`
         return {"step": s.step, "epoch": epoch,
-                "data": {"epoch": epoch, "step_in_epoch": in_epoch, **self.layout.to_dict(),
+                "data": {"epoch": epoch, "step_in_epoch": in_epoch, **layout.to_dict(),
                          "overflow_steps": s.overflow_steps, "bad_shards": s.bad_shards,
                          "bad_shard_names": list(s.bad_shard_names)}}
 
@@ -375,20 +381,34 @@ class ProgressPart(_NoCheck):
         s.bad_shards = max(len(s.bad_shard_names), int(data.get("bad_shards", 0)))
 
     def _map(self, data: Mapping[str, Any]) -> tuple[int, int, bool]:
-        """(epoch, step in epoch, exact) where this run continues; warns when the data layout changed."""
+        """(epoch, step in epoch, exact) where this run continues. Under another data layout (another world size,
+        micro-batch or loader layout) in the middle of an epoch, the rest of that epoch is read as the saved layout
+        reads it (`state.carried`, train.handover): the same global sample sequence, said in the log."""
         # a field the checkpoint lacks counts as changed (-1): the position is mapped, never silently reused
         saved = DataLayout(**{k: int(data.get(k, -1)) for k in DataLayout.__dataclass_fields__})
-        steps = self.steps_in(int(data["epoch"]))
+        self.state.carried = None
+        steps = self.steps_in(int(data["epoch"]))  # this run's plan of that epoch
         pos = map_position(int(data["epoch"]), int(data["step_in_epoch"]), saved, self.layout, steps)
-        if not pos.exact:
-            changed = ", ".join(f"{k} {getattr(saved, k)} -> {getattr(self.layout, k)}"
-                                for k in DataLayout.__dataclass_fields__
-                                if getattr(saved, k) != getattr(self.layout, k))
-            get_logger().warning(
-                f"resuming with a different data layout ({changed}): the reading order of epoch {pos.epoch} "
-                f"changes, so training continues at step {pos.step_in_epoch} of {steps} of that epoch in the "
-                "new order; within this epoch some samples may be seen twice and others not at all. Later "
-                "epochs are complete. The run is no longer identical to an uninterrupted one.")
+        if pos.exact or int(data["step_in_epoch"]) == 0:
+            return pos.epoch, pos.step_in_epoch, pos.exact
+        changed = ", ".join(f"{k} {getattr(saved, k)} -> {getattr(self.layout, k)}"
+                            for k in DataLayout.__dataclass_fields__ if getattr(saved, k) != getattr(self.layout, k))
+        if all(v >= 0 for v in saved.to_dict().values()):
+            self.state.carried = saved  # the saved run's plan of this epoch, from its position on
+            self.state.epoch = int(data["epoch"])
+            total = self.steps_in(int(data["epoch"]))
+            get_logger().info(
+                f"resuming with a different data layout ({changed}) at step {data['step_in_epoch']} of {total} of "
+                f"epoch {data['epoch']}: the rest of this epoch reads the {saved.world_size} rank stream(s) of the "
+                "saved run (train/handover.py), so each step trains on the samples the uninterrupted run's step "
+                "would and no sample of the epoch is seen twice or skipped; later epochs are planned for this layout. "
+                "The per-rank noise draws differ, so the run is no longer identical to an uninterrupted one.")
+            return int(data["epoch"]), int(data["step_in_epoch"]), False
+        get_logger().warning(
+            f"resuming with a different data layout ({changed}): the reading order of epoch {pos.epoch} "
+            f"changes, so training continues at step {pos.step_in_epoch} of {steps} of that epoch in the "
+            "new order; within this epoch some samples may be seen twice and others not at all. Later "
+            "epochs are complete. The run is no longer identical to an uninterrupted one.")
         return pos.epoch, pos.step_in_epoch, pos.exact
 
 
@@ -424,10 +444,13 @@ def build_parts(*, objective: str, config: dict[str, Any], shard_set: ShardSetPa
                 text: dict[str, Any] | None = None, reg: RegPart | None = None) -> list[Part]:
     """The parts of one run, in PART_TYPES order. For checking only (no live optimizer yet), `model` (and the
     alignment `head` around it) may live on the meta device and ema/opt/scaler/progress be None."""
-    trainable = sum(1 for q in (head if head is not None else model).parameters() if q.requires_grad)
+    trained = head if head is not None else model
+    trainable = sum(1 for q in trained.parameters() if q.requires_grad)
     parts: list[Part] = [ObjectivePart(objective, config), reg if reg is not None else RegPart(None),
                          ModelPart(model), shard_set, ConfigPart(config), EmaPart(ema, model.config),
-                         ProjectorPart(head, teacher), OptimizerPart(opt, trainable, str(config.get("optimizer", "adamw"))), ScalerPart(scaler),
+                         ProjectorPart(head, teacher),
+                         OptimizerPart(opt, trainable, str(config.get("optimizer", "adamw")), trained),
+                         ScalerPart(scaler),
                          TextPart(text)]
     if progress is not None:
         parts += [progress, RngPart()]

@@ -32,6 +32,7 @@ from dit_pipeline.train.init import InitWeights, init_line, load_init
 from dit_pipeline.train.latents import LatentSpec, latent_sample_problem
 from dit_pipeline.train.partition import DataLayout, EpochPlan, plan_epoch
 from dit_pipeline.train.optim import optimizer_line
+from dit_pipeline.train.parallel import MODE, Parallel, mesh_shape, parse_gib, shard_count
 from dit_pipeline.train.recipes import recipe_line
 from dit_pipeline.train.reg import RegTokens, read_reg_tokens
 from dit_pipeline.train.repa import CachedTeacher, check_repa, repa_line
@@ -64,6 +65,8 @@ class Preflight:
     init: InitWeights | None = None   # --init: the weights the new run starts from (train/init.py)
     text: TextSet | None = None       # the shard set's text side when the run is conditioned on text (train/text.py)
     reg: RegTokens | None = None      # --use-reg: the cached class tokens (train/reg.py)
+    parallel: Parallel | None = None  # --parallel: the mode and its mesh (train/parallel.py)
+    unfit: str | None = None          # why the memory estimate does not fit the GPU (refused; a dry run prints first)
 
 
 def resolve_defaults(cfg: TrainConfig, num_shards: int, world: int) -> tuple[TrainConfig, dict[str, str]]:
@@ -262,7 +265,11 @@ def prepare(cfg: TrainConfig, world_size: int | None = None) -> Preflight:
     if shift_note:
         notes["time_shift"] = shift_note
     kw = model_kwargs(cfg, source)
-    micro = resolve_auto_micro_batch(cfg, kw, world) if cfg.micro_batch_size == "auto" else cfg.micro_batch_size
+    # the data-parallel mode's mesh (an HSDP shape that does not divide the world size is refused here)
+    local = dist.local_world_size() if dist.launched() else world  # the launcher's ranks share one node
+    parallel = Parallel(cfg.parallel, mesh_shape(cfg.parallel, world, cfg.hsdp_shard_size, local))
+    micro = (resolve_auto_micro_batch(cfg, kw, world, parallel) if cfg.micro_batch_size == "auto"
+             else cfg.micro_batch_size)
     assert not isinstance(micro, str)  # validate() accepts a positive integer or "auto"
     batch = batch_plan(cfg.global_batch_size, micro, world)
     n = source.manifest.num_classes
@@ -302,8 +309,12 @@ def prepare(cfg: TrainConfig, world_size: int | None = None) -> Preflight:
     # --init: read and matched on the CPU, also in a dry run; not read when the run folder resumes its checkpoint
     init = load_init(cfg.init, kw) if cfg.init and not _resumes(cfg) else None
     text = read_text(cfg, source) if kw.get("conditioning") == "text" else None
-    return Preflight(cfg, world, batch, source, kw, layout, plan0, total, notes, mode, held, teacher, schedule, std,
-                     init, text, read_reg_tokens(cfg, source.manifest))
+    prep = Preflight(cfg, world, batch, source, kw, layout, plan0, total, notes, mode, held, teacher, schedule, std,
+                     init, text, read_reg_tokens(cfg, source.manifest), parallel)
+    prep.unfit = memory_fit(prep)[1]
+    if prep.unfit and not cfg.dry_run:  # before any process group starts; a dry run prints its plan first
+        raise UserError(prep.unfit)
+    return prep
 
 
 def epoch_counter(sizes: list[int], seed: int, world: int, workers: int, batch: BatchPlan) -> Callable[[float], int]:
@@ -324,7 +335,8 @@ def epoch_counter(sizes: list[int], seed: int, world: int, workers: int, batch: 
     return steps_at
 
 
-def resolve_auto_micro_batch(cfg: TrainConfig, kw: dict[str, Any], world: int) -> int | None:
+def resolve_auto_micro_batch(cfg: TrainConfig, kw: dict[str, Any], world: int,
+                             parallel: Parallel | None = None) -> int | None:
     """`--micro-batch-size auto`: the largest micro-batch whose memory estimate fits the visible GPU (None,
     i.e. the whole per-rank batch, when no GPU is visible: host memory is not what limits a CPU run)."""
     if cfg.global_batch_size % world:
@@ -336,9 +348,14 @@ def resolve_auto_micro_batch(cfg: TrainConfig, kw: dict[str, Any], world: int) -
     total, trainable, mc = param_counts(kw)
     compiled = compile_enabled(cfg.compile, torch.device("cuda", 0))
 
+    mode = parallel.mode.name if parallel is not None else "ddp"
+    shards = shard_count(mode, parallel.shape) if parallel is not None else 1
+    blocks = block_params(kw) if MODE[mode].sharded else []
+
     def fits(m: int) -> bool:
         return memory.estimate(mc, total, trainable, m, precision, grad_ckpt=cfg.grad_checkpointing,
-                               compile=compiled).total <= memory.FIT_FRACTION * capacity
+                               compile=compiled, mode=mode, shards=shards,
+                               block_params=blocks).total <= memory.FIT_FRACTION * capacity
 
     return memory.auto_micro_batch(cfg.global_batch_size // world, fits)
 
@@ -377,14 +394,89 @@ def param_shapes(kw: dict[str, Any]) -> tuple[int, int, dict[str, Any], list[tup
     return total, sum(p.numel() for p in trainable), model.config, [tuple(p.shape) for p in trainable]
 
 
+def block_params(kw: dict[str, Any]) -> list[int]:
+    """The parameters of each of the model's blocks (the family's `blocks`: what FSDP2 shards and gathers one by
+    one), on the meta device."""
+    from dit_pipeline.dit.family import create_model
+
+    with torch.device("meta"):
+        model = create_model(**kw)
+    return [sum(p.numel() for p in block.parameters()) for block in model.blocks]
+
+
+def model_facts(prep: Preflight) -> memory.ModelFacts:
+    total, trainable, mc, shapes = param_shapes(prep.model_kwargs)
+    muon = sum(int(torch.Size(s).numel()) for s in shapes if len(s) == 2) if prep.cfg.optimizer == "muon" else 0
+    return memory.ModelFacts(mc, total, trainable, block_params(prep.model_kwargs), muon)
+
+
+def _parallel(prep: Preflight) -> Parallel:
+    return prep.parallel if prep.parallel is not None else Parallel("ddp")
+
+
 def memory_estimate(prep: Preflight) -> memory.MemoryEstimate:
     """Rank 0's GPU memory for this plan, at the precision and compile setting a GPU run would use."""
-    total, trainable, mc, shapes = param_shapes(prep.model_kwargs)
+    facts, par = model_facts(prep), _parallel(prep)
     precision = resolve_precision(prep.cfg.precision, torch.device("cuda"))
-    muon = sum(int(torch.Size(s).numel()) for s in shapes if len(s) == 2) if prep.cfg.optimizer == "muon" else 0
-    return memory.estimate(mc, total, trainable, prep.batch.micro_batch, precision,
+    return memory.estimate(facts.model_config, facts.n_params, facts.n_trainable, prep.batch.micro_batch, precision,
                            grad_ckpt=prep.cfg.grad_checkpointing,
-                           compile=compile_enabled(prep.cfg.compile, torch.device("cuda")), muon_params=muon)
+                           compile=compile_enabled(prep.cfg.compile, torch.device("cuda")),
+                           muon_params=facts.muon_params, mode=par.mode.name, shards=shard_count(par.mode.name, par.shape),
+                           block_params=facts.block_params)
+
+
+def gpu_capacity(cfg: TrainConfig) -> tuple[float | None, str]:
+    """(GiB per GPU to plan for, where it comes from): --gpu-memory, else the visible GPU's, else (None, "")."""
+    if cfg.gpu_memory is not None:
+        return parse_gib(cfg.gpu_memory), f"--gpu-memory {cfg.gpu_memory}"
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_properties(0).total_memory / GiB, torch.cuda.get_device_name(0)
+    return None, ""
+
+
+def mode_shards(prep: Preflight) -> dict[str, int]:
+    """Every --parallel mode at this world size -> the ranks it shards over (HSDP: its shard group; the run's own
+    when it is hsdp, else the ranks of one node)."""
+    par, world = _parallel(prep), prep.world_size
+    local = dist.local_world_size() if dist.launched() else world
+    hsdp = par.shape[-1] if par.mode.hybrid else max(1, local if world % max(1, local) == 0 else 1)
+    return {"ddp": 1, "zero2": world, "fsdp": world, "hsdp": hsdp}
+
+
+def memory_fit(prep: Preflight) -> tuple[list[str], str | None]:
+    """(the plan's lines on which mode and micro-batch fit the GPU memory, why this run does not fit or None)."""
+    capacity, source = gpu_capacity(prep.cfg)
+    if capacity is None:
+        return [], None
+    cfg, par = prep.cfg, _parallel(prep)
+    facts, precision = model_facts(prep), resolve_precision(cfg.precision, torch.device("cuda"))
+    compiled = compile_enabled(cfg.compile, torch.device("cuda"))
+    per_rank, shards = prep.batch.per_rank, mode_shards(prep)
+    best = {(m, ckpt): memory.largest_micro(facts, per_rank, precision, compiled, m, n, ckpt, capacity)
+            for m, n in shards.items() for ckpt in (False, True)}
+    said = "; ".join(f"{m} {'up to micro-batch ' + str(best[m, False]) if best[m, False] else 'no micro-batch'}"
+                     + (f" ({best[m, True]} with --grad-checkpointing)" if best[m, True] != best[m, False]
+                        and not cfg.grad_checkpointing else "") for m in shards)
+    lines = [f"  fits        {capacity:.1f} GiB per GPU ({source}), per-rank batch {per_rank}: {said}"]
+    mine = memory_estimate(prep)
+    if mine.total <= capacity:
+        return lines, None
+    ok = [(m, best[m, cfg.grad_checkpointing]) for m in MODES_BY_MEMORY if best[m, cfg.grad_checkpointing]]
+    ok_ckpt = [(m, best[m, True]) for m in MODES_BY_MEMORY if best[m, True]]
+    if ok:
+        fix = f"--parallel {ok[0][0]} fits at micro-batch {ok[0][1]} (--micro-batch-size {ok[0][1]})"
+    elif ok_ckpt:
+        fix = f"--parallel {ok_ckpt[0][0]} --grad-checkpointing fits at micro-batch {ok_ckpt[0][1]}"
+    else:
+        fix = "no mode fits at this world size: add ranks (the sharded modes divide the model state by them)"
+    why = (f"the memory estimate of this run ({par.mode.name}, micro-batch {prep.batch.micro_batch}, grad "
+           f"checkpointing {'on' if cfg.grad_checkpointing else 'off'}) is {mine.total:.1f} GiB per GPU, more than the "
+           f"{capacity:.1f} GiB of {source}; {fix}. --dry-run prints the table (an analytic estimate: pass a larger "
+           "--gpu-memory to run anyway)")
+    return lines, why
+
+
+MODES_BY_MEMORY = ("ddp", "zero2", "hsdp", "fsdp")  # the order a refusal suggests them in: least traffic first
 
 
 def host_memory_available() -> float | None:
@@ -486,6 +578,11 @@ def format_plan(prep: Preflight, start_line: str | None = None, *, dry_run: bool
     shards_per = [len(s) for s in p0.slot_shards]
     mem = memory_estimate(prep)
     parts = " + ".join(f"{k} {v:.2f}" for k, v in mem.parts.items())
+    par = _parallel(prep)
+    facts = model_facts(prep)
+    rows = memory.fits(facts, b.micro_batch, resolve_precision(cfg.precision, torch.device("cuda")),
+                       compile_enabled(cfg.compile, torch.device("cuda")), mode_shards(prep))
+    fit_lines, _ = memory_fit(prep)
     compiled = compile_enabled(cfg.compile, device)
     local = local_ranks(prep.world_size)
     # Each reader buffers one view of each sample as stored (mean + std, the mean alone, or the latent), keeps two
@@ -535,7 +632,10 @@ def format_plan(prep: Preflight, start_line: str | None = None, *, dry_run: bool
         f"(~{prep.total_steps / max(p0.steps, 1):.2f} epochs)"
         + (f"\n              ({prep.notes['length']})" if "length" in prep.notes else ""),
         *([schedule_line(prep.schedule)] if prep.schedule else []),
-        f"  GPU memory  ({mem.source}, rank 0) {parts} = {mem.total:.2f} GiB{gpu}",
+        f"  parallel    {par.describe()}",
+        f"  GPU memory  ({mem.source}, {'per rank' if par.sharded else 'rank 0'}) {parts} = {mem.total:.2f} GiB{gpu}",
+        *memory.table_lines(rows, b.micro_batch, prep.world_size, par.mode.name),
+        *fit_lines,
         f"  host memory (estimate, per node) {local} rank(s) x {prep.layout.workers} worker(s) x shuffle buffers = "
         f"{host / GiB:.2f} GiB{f' of {avail:.1f} GiB available' if avail is not None else ''}",
         integrity_line(prep),

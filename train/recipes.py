@@ -87,7 +87,8 @@ NOT_DEPARTURES = frozenset((
     "shuffle_buffer", "shards_in_flight", "prefetch_factor", "skip_bad_shards", "verify_shards", "micro_batch_size",
     "seed", "precision", "tf32", "grad_checkpointing", "compile", "attention", "jvp_attention", "ddp_bucket_mb",
     "log_every", "ckpt_every", "keep_last", "keep_every", "resume", "peak_tflops", "tensorboard", "wandb",
-    "wandb_project", "quiet", "dry_run", "extra", "recipe", "allow_departures", "protocol",
+    "wandb_project", "quiet", "dry_run", "extra", "recipe", "allow_departures", "protocol", "parallel",
+    "hsdp_shard_size", "gpu_memory", "log_keys",
     # the text set's folder, like --shards (its encoder is compared with `requires: text`); cached or online
     # features are the same numbers (tests/train/test_text_training.py)
     "text", "text_features",

@@ -82,8 +82,11 @@ def _run(cfg: TrainConfig, hooks: Sequence[PeriodicHook], world_size: int | None
             lease = RunLock(Path(cfg.run_dir).expanduser(), "dit-train").check()
             line = start_line(cfg.run_dir, start, dry_run=True) + (f"\n  lock        {lease}" if lease else "")
             print(format_plan(prep, line), flush=True)
+        if prep.unfit:  # the real run's refusal, after the plan that shows what fits
+            raise UserError(prep.unfit)
         return None
-    dist.init()
+    assert prep.parallel is not None
+    dist.init(single=prep.parallel.needs_group())  # a DeviceMesh needs a process group, even of one rank
     held: list[RunLock] = []
     with dist.leaving_group():
         try:

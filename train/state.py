@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from dit_pipeline.common import distributed as dist
+from dit_pipeline.train.partition import DataLayout
 
 
 PeerLost = dist.PeerLost  # a collective failed because another rank died or hung
@@ -31,10 +32,11 @@ class TrainState:
     bad_shards: int = 0        # distinct shards skipped with --skip-bad-shards (all ranks)
     bad_shard_names: list[str] = field(default_factory=list)  # those shards: no later epoch reads them
     exact: bool = True         # False after a resume with a different data layout (logged)
+    carried: DataLayout | None = None  # the layout `epoch` is read under when a resume changed it (train.handover)
 
 
 def weights_fingerprint(model: torch.nn.Module) -> str:
     """Cheap digest of all parameters (float64 sums), to prove every rank holds the same weights."""
-    with torch.no_grad():
-        sums = torch.stack([p.sum(dtype=torch.float64) for p in model.parameters()]).cpu()
+    with torch.no_grad():  # a sharded run: this rank's shards (train.parallel.Parallel.replica_groups compares)
+        sums = torch.stack([dist.local_part(p).sum(dtype=torch.float64) for p in model.parameters()]).cpu()
     return hashlib.sha256(sums.numpy().tobytes()).hexdigest()[:16]

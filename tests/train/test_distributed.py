@@ -148,4 +148,9 @@ def test_resume_with_another_world_size(ddp_run, shard_dir, tmp_path):
     assert "resuming with a different data layout (world_size 2 -> 1, micro_batch 2 -> 4)" in log
     assert "no longer identical" in log
     assert [r["step"] for r in read_metrics(run_dir)] == [1, 2, 3, 4, 5, 6]
-    assert load_checkpoint(CheckpointManager(run_dir / "checkpoints").latest())["data"]["world_size"] == 1
+    # epoch 0 (7 steps), begun at 2 ranks, is read to its end as those ranks read it (train/handover.py): its
+    # checkpoints record that layout; from epoch 1 on the run reads and records its own
+    assert load_checkpoint(CheckpointManager(run_dir / "checkpoints").latest())["data"]["world_size"] == 2
+    assert run(merge_config({}, {**base, "max_steps": 8})) == "done"
+    ck = load_checkpoint(CheckpointManager(run_dir / "checkpoints").latest())
+    assert (ck["step"], ck["epoch"], ck["data"]["world_size"]) == (8, 1, 1)

@@ -43,7 +43,8 @@ ADDED_SINCE = {"fid_labels", "repa", "repa_depth", "repa_coeff", "time_shift", "
                "allow_departures", "num_t_tokens", "num_c_tokens", "conditioning", "text_features", "text",
                "protocol", "prediction", "t_eps", "lpips", "percep_t_thresh", "bottleneck_dim", "in_context_len",
                "in_context_start", "pdino", "pdino_weight", "lpips_weight", "v_target", "use_reg", "reg_coeff",
-               "reg_tokens", "base_model_depth", "base_model_coeff", "latent_sample", "mf_rule"}
+               "reg_tokens", "base_model_depth", "base_model_coeff", "latent_sample", "mf_rule", "parallel",
+               "hsdp_shard_size", "gpu_memory", "log_keys"}
 
 
 def test_the_stored_config_keeps_its_flat_keys():
