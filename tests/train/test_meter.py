@@ -35,7 +35,7 @@ def test_step_report_combines_named_values_as_their_metric_says():
     rec = interval_record(m, elapsed=2.0)
     # no vb was reported (a flow objective has none): none is logged; waits become a fraction of the time
     assert rec == {"loss": 4.0, "mse": 1.5, "grad_norm": 7.0, "data_wait": 0.5}
-    assert LOSS_TERMS == ("loss", "mse", "mse_v", "vb", "proj", "cos", "lpips", "pdino")
+    assert LOSS_TERMS == ("loss", "mse", "mse_v", "vb", "proj", "cos", "lpips", "pdino", "reg", "base")
     assert [m.name for m in STEP_METRICS][:len(LOSS_TERMS)] == list(LOSS_TERMS)
     try:
         r.report("unlisted", 1.0)
