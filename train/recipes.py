@@ -21,6 +21,8 @@ here); the plan prints it.
         normalization: per-channel   # scalar, per-channel or per-position
         vae: hustvl/vavae-imagenet256-f16d32-dinov2   # the VAE: hub id [/subfolder], or "pixels"
         encoder: null                # a feature encoder (null: a VAE)
+        latent_space: null           # NanoGen's name of the space (common/latent_spaces.py, nanogen_encoders.py)
+        reg: {encoder: dinov2-vit-b, resolution: 256}   # REG's class tokens (--reg-tokens): NanoGen's target
         pixels: false                # crops stored beside the latents (REPA's teacher)
         text: {encoder: Qwen/Qwen3-0.6B, dim: 1024, max_length: 256}   # a text model's --text set
       pending: []                    # settings of the release not built here yet (below)
@@ -45,6 +47,14 @@ and every checkpoint (`recipe.departures`), and shown by dit-report, which puts 
 only when nothing departs (issue 41, item 9). The text set given with --text is bookkeeping like --shards; its
 encoder, width and max length are what `requires: text` compares.
 
+`latent_space` names one of NanoGen's spaces (`dit-extract --vae NAME` / `--encoder NAME`): the set must hold
+that space as NanoGen computes it, i.e. its manifest records the name (a hub-id extraction of a space whose
+normalization is fixed by name, the SD-VAEs', counts too), and its normalization is NanoGen's: a VAE space's own
+(the identity's rule, not replaced by --latent-stats or a `dit-shards stats --write` revision), a representation
+space's from a statistics file (`--latent-stats`: NanoGen's stats.pt; statistics computed from the shards differ).
+`reg` is REG's class-token set given with --reg-tokens: the target encoder (recognised as `encoder:` is), its
+`reg` formula (`dit-extract --encoder dinov2-vit-b --encoder-formula reg`) and its resolution.
+
 `pending:` lists what a release's config sets that this toolkit does not build yet, each {setting, value, nanogen,
 owner, what} (the TrainConfig field it is expected to become, NanoGen's key): a run of such a recipe is refused
 naming them, or with --allow-departures runs without them, each one a departure.
@@ -57,8 +67,10 @@ from typing import Any, Mapping
 
 RECIPE_KEYS = ("name", "paper", "arxiv", "source", "fid", "fid_setting", "epochs", "extraction", "sampling",
                "gpu_hours", "notes", "requires", "pending", "departures", "recognised")
-REQUIRE_KEYS = ("latent_shape", "image_size", "views", "normalization", "vae", "encoder", "pixels", "text")
+REQUIRE_KEYS = ("latent_shape", "image_size", "views", "normalization", "vae", "encoder", "latent_space", "pixels",
+                "text", "reg")
 TEXT_REQUIRE_KEYS = ("encoder", "dim", "max_length")
+REG_REQUIRE_KEYS = ("encoder", "resolution")
 PENDING_KEYS = ("setting", "value", "nanogen", "owner", "what")
 PIXELS = "pixels"
 # Other names the same weights are published under: the single-file repositories of the SD-VAEs and their files
@@ -128,6 +140,12 @@ def recipe_problems(recipe: Any) -> list[str]:
         text = req.get("text")
         if text is not None and not (isinstance(text, Mapping) and set(text) == set(TEXT_REQUIRE_KEYS)):
             p.append(f"recipe: requires: text is a mapping of {', '.join(TEXT_REQUIRE_KEYS)}, got {text!r}")
+        reg = req.get("reg")
+        if reg is not None and not (isinstance(reg, Mapping) and set(reg) == set(REG_REQUIRE_KEYS)):
+            p.append(f"recipe: requires: reg is a mapping of {', '.join(REG_REQUIRE_KEYS)}, got {reg!r}")
+        if req.get("latent_space") is not None and _space(str(req["latent_space"])) is None:
+            p.append(f"recipe: requires: latent_space {req['latent_space']!r} is none of NanoGen's spaces "
+                     "(common/latent_spaces.py VAE_SPACES, common/nanogen_encoders.py ENCODER_SPACES)")
     pending = recipe.get("pending")
     if pending is not None and not (isinstance(pending, list) and all(
             isinstance(x, Mapping) and set(x) <= set(PENDING_KEYS) and {"setting", "value", "what"} <= set(x)
@@ -246,10 +264,12 @@ def _vae_shown(identity: Mapping[str, Any] | None) -> str:
 
 
 def extraction_departures(requires: Mapping[str, Any] | None, manifest: Any, text: Any = None,
-                          text_folder: str | None = None) -> tuple[list[str], list[str]]:
-    """(where the shard set, and the text set `text` given with --text, differ from the extraction the recipe
-    requires: "latent shape 4x32x32 where the recipe needs 768x16x16", ...; how each tokenizer the recipe names was
-    recognised: "VAE stabilityai/sd-vae-ft-ema: its hub id"), from their manifests."""
+                          text_folder: str | None = None, reg: Any = None,
+                          reg_folder: str | None = None) -> tuple[list[str], list[str]]:
+    """(where the shard set, the text set `text` given with --text and REG's class tokens `reg` given with
+    --reg-tokens differ from the extraction the recipe requires: "latent shape 4x32x32 where the recipe needs
+    768x16x16", ...; how each tokenizer the recipe names was recognised: "VAE stabilityai/sd-vae-ft-ema: its hub
+    id"), from their manifests."""
     if not requires:
         return [], []
     m, out, met = manifest, [], []
@@ -287,7 +307,13 @@ def extraction_departures(requires: Mapping[str, Any] | None, manifest: Any, tex
         if key == "text" and isinstance(want, Mapping):
             out += _text_departures(want, text, text_folder, met)
             continue
-        if key not in ("vae", "text") and have[key] != want:
+        if key == "reg" and isinstance(want, Mapping):
+            out += _reg_departures(want, reg, reg_folder, met)
+            continue
+        if key == "latent_space" and want is not None:
+            out += _space_departures(str(want), m, met)
+            continue
+        if key not in ("vae", "text", "reg", "latent_space") and have[key] != want:
             fmt = (lambda v: "x".join(map(str, v))) if key == "latent_shape" else \
                 (lambda v: "none (a VAE)" if v is None else str(v))
             out.append(f"{words[key]} {fmt(have[key])} where the recipe needs {fmt(want)}")
@@ -305,6 +331,80 @@ def _text_departures(want: Mapping[str, Any], text: Any, folder: str | None, met
         return [f"text set {folder}: {identity.get('source') or identity.get('name')} (width {dim}, max length "
                 f"{length}) where the recipe needs {needs}"]
     met.append(f"text encoder {want['encoder']}: {how}, width {dim}, max length {length}")
+    return []
+
+
+def _space(name: str) -> Any:
+    """NanoGen's space `name`: a VaeSpace or an EncoderSpace (None: no such space)."""
+    from dit_pipeline.common.latent_spaces import VAE_SPACES
+    from dit_pipeline.common.nanogen_encoders import ENCODER_SPACES
+
+    return VAE_SPACES.get(name) or ENCODER_SPACES.get(name)
+
+
+def _space_of(extraction: Mapping[str, Any]) -> str | None:
+    """NanoGen's name of the space a set holds: the name its extraction recorded (common.latent_spaces.space_name),
+    or, for a VAE whose space NanoGen normalizes by fixed factors (the SD-VAEs), a copy recognised as the space's
+    repository (`recognise`) with exactly those factors."""
+    from dit_pipeline.common.latent_spaces import VAE_SPACES, space_name
+
+    name = space_name(dict(extraction))
+    vae = extraction.get("vae") or {}
+    if name is not None or not vae or vae.get("normalization") or vae.get("latents_mean"):
+        return name
+    for s in VAE_SPACES.values():
+        hub = s.hub_id + (f"/{s.subfolder}" if s.subfolder else "")
+        if s.scaling_factor is not None and recognise(hub, vae) is not None and s.cls == vae.get("class") \
+                and vae.get("scaling_factor") == s.scaling_factor and not vae.get("shift_factor"):
+            return s.name
+    return None
+
+
+def _space_departures(want: str, m: Any, met: list[str]) -> list[str]:
+    """The shard set against NanoGen's space `want`: the space it holds, then the normalization NanoGen applies
+    to that space (module docstring)."""
+    from dit_pipeline.common.latent_norm import LatentNorm, describe_source
+    from dit_pipeline.common.latent_spaces import VAE_SPACES
+
+    flag = f"dit-extract --vae {want}" if want in VAE_SPACES else f"dit-extract --encoder {want}"
+    have = _space_of(m.extraction)
+    if have != want:
+        shown = have or "none of NanoGen's"
+        return [f"latent space {shown} where the recipe needs NanoGen's {want} ({flag})"]
+    norm = m.norm
+    if want in VAE_SPACES:
+        own = LatentNorm.of_vae(m.extraction.get("vae") or {})
+        if norm.key() != own.key():
+            return [f"normalization {norm.describe()} where NanoGen normalizes {want} by the VAE's own "
+                    f"({own.describe()}; {flag} without --latent-stats, no dit-shards stats --write revision)"]
+        met.append(f"latent space {want}: NanoGen's, normalized by the VAE's own")
+        return []
+    source = (norm.per_channel or {}).get("source") or {}
+    if not norm.is_per_position or source.get("kind") != "file":
+        what = describe_source(source) if source else norm.describe()
+        return [f"normalization from {what} where NanoGen normalizes {want} by its release's statistics file "
+                f"({flag} --latent-stats .../stats/{want}/stats.pt)"]
+    met.append(f"latent space {want}: NanoGen's, normalized by {describe_source(source)}")
+    return []
+
+
+def _reg_departures(want: Mapping[str, Any], reg: Any, folder: str | None, met: list[str]) -> list[str]:
+    """REG's class-token set (--reg-tokens) against the target encoder the recipe needs."""
+    from dit_pipeline.common.nanogen_encoders import ENCODER_SPACES
+
+    encoder, resolution = str(want["encoder"]), int(want["resolution"])
+    needs = f"the class tokens of {encoder} at {resolution} px (dit-extract --encoder {encoder} --encoder-formula reg)"
+    if reg is None:
+        return [f"no REG class tokens (--reg-tokens) where the recipe needs {needs}"]
+    ident = reg.extraction.get("encoder") or {}
+    how = recognise_encoder(encoder, ident)
+    space = ENCODER_SPACES.get(encoder)
+    size = space.input_size(resolution) if space is not None else None
+    if how is None or ident.get("formula_name") != "reg" or (size is not None and ident.get("input_size") != size):
+        weights = " with random weights" if str(ident.get("weights") or "").startswith("random") else ""
+        return [f"REG class tokens {folder}: {ident.get('model')}{weights}, formula {ident.get('formula_name')}, "
+                f"{ident.get('input_size')} px input where the recipe needs {needs}, a {size} px input"]
+    met.append(f"REG class tokens {encoder} at {resolution} px: {how}")
     return []
 
 
