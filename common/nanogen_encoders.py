@@ -304,17 +304,22 @@ def load_encoder_space(name: str, *, weights: str | None = None, model_args: dic
             prefix, patch = 0, int(model.config.patch_size)
     enc = NanoGenEncoder(space, model, resolution, prefix, formula)
     channels = int(getattr(model, "num_features", 0) or model.config.hidden_size)
-    if wpath is not None:
-        wsrc: dict[str, Any] = {"weights": str(wpath.resolve()),
-                                "weights_sha256": sha256_file(wpath) if wpath.is_file() else _folder_hash(wpath)}
-    elif pretrained:
-        wsrc = {"weights": f"{space.backend}:{space.model} (pretrained)"}
-    else:
-        wsrc = {"weights": "random (not pretrained)"}
+    wsrc = weights_record(space, wpath, pretrained)
     cls = f"{space.backend}:{type(model).__name__ if space.backend == 'transformers' else space.model}"
     identity = space_encoder_identity(space, image_size=image_size, channels=channels, patch=patch, prefix=prefix,
                                       cls=cls, model_args=args, weights={**wsrc, **(source or {})}, formula=formula)
     return enc.to(device).eval().requires_grad_(False), identity
+
+
+def weights_record(space: EncoderSpace, weights: Path | None, pretrained: bool) -> dict[str, Any]:
+    """What the identity says of the weights: a file or folder (its path and sha256), the backend's pretrained
+    weights of the model (NanoGen's name alone), or random ones."""
+    if weights is not None:
+        return {"weights": str(weights.resolve()),
+                "weights_sha256": sha256_file(weights) if weights.is_file() else _folder_hash(weights)}
+    if pretrained:
+        return {"weights": f"{space.backend}:{space.model} (pretrained)"}
+    return {"weights": "random (not pretrained)"}
 
 
 def space_encoder_identity(space: EncoderSpace, *, image_size: int, weights: dict[str, Any],
