@@ -120,6 +120,7 @@ class EncoderSpace:
     note: str = ""
     channels: int = 768
     patch: int = 16                   # the ViT's patch: input_size(256) // patch = 16 tokens a side
+    prefix: int = 1                   # tokens before the patches (class token, registers) the latent drops
     class_token: bool = False         # REG's target: x_norm_clstoken is the normed class token (module docstring)
 
     def latent_256(self) -> tuple[int, int, int]:
@@ -129,12 +130,13 @@ class EncoderSpace:
 ENCODER_SPACES: dict[str, EncoderSpace] = {s.name: s for s in (
     EncoderSpace("dinov2-vit-b", "torch.hub facebookresearch/dinov2 dinov2_vitb14_reg", "timm",
                  "vit_base_patch14_reg4_dinov2", pre_dinov2, lambda r: 224 * (r // 256),
-                 note="DINOv2-B/14 with 4 registers", patch=14, class_token=True),
+                 note="DINOv2-B/14 with 4 registers", patch=14, prefix=5, class_token=True),
     EncoderSpace("dinov3-vit-b16", "torch.hub facebookresearch/dinov3 dinov3_vitb16 (LVD-1689M weights)", "timm",
-                 "vit_base_patch16_dinov3", pre_dinov3, lambda r: r, min_timm="1.0.20", note="DINOv3 ViT-B/16"),
+                 "vit_base_patch16_dinov3", pre_dinov3, lambda r: r, min_timm="1.0.20", note="DINOv3 ViT-B/16",
+                 prefix=5),
     EncoderSpace("siglip2-vit-b", "transformers SiglipVisionModel google/siglip2-base-patch16-256", "transformers",
                  "google/siglip2-base-patch16-256", pre_siglip2, lambda r: r, final_norm="kept",
-                 note="SigLIP2 ViT-B/16 at 256 px"),
+                 note="SigLIP2 ViT-B/16 at 256 px", prefix=0),
     EncoderSpace("pe-vit-l", "PE VisionTransformer.from_config('PE-Core-L14-336')", "timm",
                  "vit_pe_core_large_patch14_336", pre_pe, lambda r: 14 * (r // 16), final_norm="none",
                  pe_positions=True, min_timm="1.0.16", note="Perception Encoder Core L/14", channels=1024, patch=14),
@@ -323,15 +325,16 @@ def weights_record(space: EncoderSpace, weights: Path | None, pretrained: bool) 
 
 
 def space_encoder_identity(space: EncoderSpace, *, image_size: int, weights: dict[str, Any],
-                           channels: int | None = None, patch: int | None = None, prefix: int = 1,
+                           channels: int | None = None, patch: int | None = None, prefix: int | None = None,
                            cls: str | None = None, model_args: dict[str, Any] | None = None,
                            formula: str = "nanogen") -> dict[str, Any]:
     """The identity `dit-extract --encoder NAME [--encoder-formula reg]` records for NanoGen's encoder `space` at
     `image_size` (a manifest's `extraction.encoder`): its name, model, formula, geometry and `weights` (the
-    record of the weights loaded). `channels`, `patch`: the loaded model's; None: the registry's (the real
+    record of the weights loaded). `channels`, `patch`, `prefix`: the loaded model's; None: the registry's (the real
     model's). The `reg` formula's set is no latent space: its identity names the target encoder instead."""
     channels = space.channels if channels is None else channels
     patch = space.patch if patch is None else patch
+    prefix = space.prefix if prefix is None else prefix
     reg = formula == "reg"
     resolution = REG_RESOLUTION if reg else image_size
     grid = 1 if reg else space.input_size(image_size) // patch  # the class token: one position per image
