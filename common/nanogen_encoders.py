@@ -341,7 +341,7 @@ def space_encoder_identity(space: EncoderSpace, *, image_size: int, weights: dic
     named = {"target_encoder": space.name, "target_encoder_resolution": resolution} if reg else \
         {"latent_space": space.name, "decoder_output": "unit"}
     return {
-        "kind": "features", "name": space.name, "nanogen_loads": space.nanogen_loads,
+        "kind": "features", "nanogen_loads": space.nanogen_loads,
         "class": cls or f"{space.backend}:{space.model}", "model": space.model, "model_args": dict(model_args or {}),
         "input_size": space.input_size(resolution), "patch_size": patch, "layers": 1, "prefix_tokens": prefix,
         "formula_name": "reg" if reg else "nanogen", "formula": FORMULA_REG if reg else FORMULA,

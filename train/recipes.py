@@ -248,7 +248,7 @@ def recognise_encoder(required: str, identity: Mapping[str, Any] | None) -> str 
         return None
     names = next(({_fold(n) for n in (k, *v)} for k, v in ENCODER_NAMES.items()
                   if _fold(required) in {_fold(n) for n in (k, *v)}), {_fold(required)})
-    for key in ("name", "hub_id", "model"):
+    for key in ("latent_space", "target_encoder", "name", "hub_id", "model"):  # NanoGen's name first
         if identity.get(key) and _fold(str(identity[key])) in names:
             return f"its {'model name' if key == 'model' else key.replace('_', ' ')} {identity[key]}"
     return None

@@ -125,7 +125,8 @@ def test_other_extractions_of_the_same_space_depart(in_tmp):
                      ".../stats/dinov2-vit-b/stats.pt)"]
 
     tokens = _set(REG, "reg")
-    plain = {**tokens.extraction["encoder"], "model": "vit_base_patch14_dinov2", "name": None}
+    plain = {**{k: v for k, v in tokens.extraction["encoder"].items() if not k.startswith("target_encoder")},
+             "model": "vit_base_patch14_dinov2"}  # dit-extract --encoder dinov2-b --encoder-formula reg
     found, _ = extraction_departures(_requires(REG), _set(REG),
                                      reg=dataclasses.replace(tokens, extraction={**tokens.extraction,
                                                                                  "encoder": plain}),

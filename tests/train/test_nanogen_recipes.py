@@ -482,13 +482,13 @@ def test_an_imagenet_recipe_plans_on_fitting_shards_without_a_departure(name, tm
         assert f"  requires    latent space {tok['vae_type']}: NanoGen's, normalized by the VAE's own" in plan
         assert "store mode (the VAE posterior's mean)" in plan  # NanoGen's mode, as --store mode stores it
     if FACTS[name]["values"]["repa.use_reg"]:
-        assert "  requires    REG class tokens dinov2-vit-b at 256 px: its name dinov2-vit-b" in plan
+        assert "  requires    REG class tokens dinov2-vit-b at 256 px: its target encoder dinov2-vit-b" in plan
         assert "  reg         class tokens of vit_base_patch14_reg4_dinov2 (768 wide, 224 px" in plan
     if _mf(FACTS[name]["values"]):
         assert "with probability 0.75 the whole step (every rank) is flow matching" in plan
         assert "velocity (z_t - x) / max(t, 0.05)" in plan
     elif tok["kind"] == "rae":
-        assert f"  requires    feature encoder {tok['encoder']}: its name {tok['encoder']}" in plan
+        assert f"  requires    feature encoder {tok['encoder']}: its latent space {tok['encoder']}" in plan
         stats = (tmp_path / "pretrained_models/stage1/stats" / tok["encoder"] / "stats.pt").resolve()
         assert f"  requires    latent space {tok['encoder']}: NanoGen's, normalized by the statistics file {stats}" \
             in plan
@@ -725,7 +725,8 @@ def test_a_reg_recipe_needs_nanogens_class_tokens(tmp_path, monkeypatch):
     made = _fitting_sets(tmp_path / "sets", name)
     other = tmp_path / "other"
     m = read_manifest(made["reg"])
-    enc = {**m.extraction["encoder"], "model": "vit_base_patch14_dinov2", "name": None, "formula": FORMULA_REG}
+    enc = {**{k: v for k, v in m.extraction["encoder"].items() if not k.startswith("target_encoder")},
+           "model": "vit_base_patch14_dinov2", "formula": FORMULA_REG}  # dit-extract --encoder dinov2-b ...
     other.mkdir()
     write_manifest(other, dc.replace(m, extraction={**m.extraction, "encoder": enc}))
     args = ["--manifest", made["latents"], "--reg-tokens", other]
