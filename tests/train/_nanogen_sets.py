@@ -113,19 +113,21 @@ def identity(cfg: ExtractConfig) -> dict[str, Any]:
     return space_vae_identity(VAE_SPACES[cfg.vae], stand_in_vae(cfg.vae))
 
 
-def write_stats(cfg: ExtractConfig, shape: list[int]) -> None:
-    """A statistics file where the command's --latent-stats names one (relative to the working folder), of
-    NanoGen's stats.pt form: mean and var per channel and position."""
-    if not cfg.latent_stats or Path(cfg.latent_stats).is_file():
+def write_stats(path: Path, shape: list[int]) -> None:
+    """A statistics file of NanoGen's stats.pt form (mean and var per channel and position) at `path`."""
+    if path.is_file():
         return
-    path = Path(cfg.latent_stats)
     path.parent.mkdir(parents=True, exist_ok=True)
     g = torch.Generator().manual_seed(0)
     torch.save({"mean": torch.randn(shape, generator=g) * 0.1, "var": torch.rand(shape, generator=g) + 0.5}, path)
 
 
-def command_manifest(cfg: ExtractConfig, total: int = IMAGENET, classes: tuple[str, ...] = CLASSES) -> Manifest:
-    """The manifest the latent (or class-token) command `cfg` writes for `total` images (none read)."""
+def command_manifest(cfg: ExtractConfig, root: Path, total: int = IMAGENET,
+                     classes: tuple[str, ...] = CLASSES) -> Manifest:
+    """The manifest the latent (or class-token) command `cfg` writes for `total` images (none read), run in the
+    folder `root` (where a stand-in of the statistics file its --latent-stats names is written)."""
+    import dataclasses
+
     from dit_pipeline.extract.files import ImageList
     from dit_pipeline.extract.run import _samples_per_shard, extraction_record
     from dit_pipeline.extract.tokenizer import check_store, latent_shape, resolve_normalization
@@ -133,7 +135,9 @@ def command_manifest(cfg: ExtractConfig, total: int = IMAGENET, classes: tuple[s
     ident = identity(cfg)
     check_store(cfg, ident)
     shape = latent_shape(cfg, ident)
-    write_stats(cfg, shape)
+    if cfg.latent_stats:
+        cfg = dataclasses.replace(cfg, latent_stats=str(root / cfg.latent_stats))
+        write_stats(Path(cfg.latent_stats), shape)
     norm = resolve_normalization(cfg, ident, shape)
     per = _samples_per_shard(cfg, shape)
     images = ImageList(Path(cfg.data_path), classes, (), ())
@@ -168,14 +172,15 @@ def text_set(cfg: ExtractConfig) -> SimpleNamespace:
 
 def write_sets(recipe: Mapping[str, Any], root: Path) -> dict[str, Path]:
     """The manifests of the recipe's latent set and, for REG, its class tokens, written under root (no shard: a
-    plan reads the manifests); {"latents": manifest.json path, "reg": the token set's folder}."""
+    plan reads the manifests; the commands run in root); {"latents": manifest.json path, "reg": the token set's
+    folder}."""
     cfgs = roles(recipe)
     out: dict[str, Path] = {}
     for role in ("latents", "reg"):
         if role in cfgs:
             folder = root / role
             folder.mkdir(parents=True)
-            write_manifest(folder, command_manifest(cfgs[role]))
+            write_manifest(folder, command_manifest(cfgs[role], root))
             out[role] = folder
     out["latents"] = out["latents"] / "manifest.json"
     return out

@@ -38,22 +38,16 @@ def _recipe(name: str) -> dict:
     return load_config_file(NANOGEN / f"{name}.yaml")
 
 
-@pytest.fixture
-def in_tmp(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # where the statistics files the RAE commands name are written
-    return tmp_path
-
-
 @pytest.mark.parametrize("name", sorted(FACTS))
-def test_the_recipes_extraction_writes_what_it_requires_and_trains_a_model_its_protocol_fits(name, in_tmp):
+def test_the_recipes_extraction_writes_what_it_requires_and_trains_a_model_its_protocol_fits(name, tmp_path):
     values = _recipe(name)
     recipe = values["recipe"]
     cfgs = sets.roles(recipe)  # every command parses (dit-extract's CLI, ExtractConfig.validate)
     f = FACTS[name]
     assert set(cfgs) == {"latents", *(["reg"] if f["values"]["repa.use_reg"] else []),
                          *(["text"] if f["values"]["conditioning.type"] == "text" else [])}
-    latents = sets.command_manifest(cfgs["latents"])
-    reg = sets.command_manifest(cfgs["reg"]) if "reg" in cfgs else None
+    latents = sets.command_manifest(cfgs["latents"], tmp_path)
+    reg = sets.command_manifest(cfgs["reg"], tmp_path) if "reg" in cfgs else None
     text = sets.text_set(cfgs["text"]) if "text" in cfgs else None
     found, met = extraction_departures(recipe["requires"], latents, text, "TEXT", reg, "TOKENS")
     assert found == []
@@ -75,8 +69,8 @@ def test_the_recipes_extraction_writes_what_it_requires_and_trains_a_model_its_p
     assert fit_problem(row, run_traits(cfg, kw, latents)) is None
 
 
-def _set(name: str, role: str = "latents"):
-    return sets.command_manifest(sets.roles(_recipe(name)["recipe"])[role])
+def _set(name: str, root: Path, role: str = "latents"):
+    return sets.command_manifest(sets.roles(_recipe(name)["recipe"])[role], root)
 
 
 def _requires(name: str) -> dict:
@@ -89,13 +83,13 @@ SDVAE = "ddt-en28d1152hd72-dn2d2048hd128-sdvae-ema-vpred-t4c8"
 REG = "ddt-en28d1152hd72-dn2d2048hd128-sdvae-ema-reg0.03-rmsnorm-vpred-t4c8"
 
 
-def test_other_extractions_of_the_same_space_depart(in_tmp):
+def test_other_extractions_of_the_same_space_depart(tmp_path):
     """What a user could extract instead, each a departure naming the command that makes NanoGen's: FLUX.2 by its
     hub folder (the diffusers pipeline's BatchNorm eps 1e-4, not NanoGen's 1e-5); DINOv2-B through RAE's preset
     (resize before normalizing); NanoGen's space with statistics computed from the shards (dit-shards stats --write)
     or a VAE space whose own normalization --latent-stats replaced; REG's class tokens of DINOv2-B without
     registers."""
-    m = _set(FLUX2)
+    m = _set(FLUX2, tmp_path)
     vae = dict(m.extraction["vae"])
     del vae["latent_space"]
     folder = {**vae, "source": "/models/FLUX.2-dev/vae", "kind": "folder",
@@ -111,7 +105,7 @@ def test_other_extractions_of_the_same_space_depart(in_tmp):
     assert len(found) == 1 and found[0].startswith("normalization ") and \
         "where NanoGen normalizes flux2 by the VAE's own" in found[0]
 
-    d = _set(DINOV2)
+    d = _set(DINOV2, tmp_path)
     rae = {**d.extraction["encoder"], "formula_name": "rae", "spec": "dinov2-b-reg"}
     del rae["latent_space"]
     found, _ = extraction_departures(_requires(DINOV2), dataclasses.replace(d, extraction={**d.extraction,
@@ -124,10 +118,10 @@ def test_other_extractions_of_the_same_space_depart(in_tmp):
                      "dinov2-vit-b by its release's statistics file (dit-extract --encoder dinov2-vit-b --latent-stats "
                      ".../stats/dinov2-vit-b/stats.pt)"]
 
-    tokens = _set(REG, "reg")
+    tokens = _set(REG, tmp_path, "reg")
     plain = {**{k: v for k, v in tokens.extraction["encoder"].items() if not k.startswith("target_encoder")},
              "model": "vit_base_patch14_dinov2"}  # dit-extract --encoder dinov2-b --encoder-formula reg
-    found, _ = extraction_departures(_requires(REG), _set(REG),
+    found, _ = extraction_departures(_requires(REG), _set(REG, tmp_path),
                                      reg=dataclasses.replace(tokens, extraction={**tokens.extraction,
                                                                                  "encoder": plain}),
                                      reg_folder="T")
@@ -136,16 +130,17 @@ def test_other_extractions_of_the_same_space_depart(in_tmp):
                      "--encoder-formula reg), a 224 px input"]
 
 
-def test_the_vae_stores_that_hold_nanogens_latent(in_tmp):
+def test_the_vae_stores_that_hold_nanogens_latent(tmp_path):
     """NanoGen trains on the posterior's mode: a --store mode set (the recipes' command) and a --store posterior set
     (the run takes the mean: latent_sample mean) both plan; a set of one draw (--store sample) is refused. An SD-VAE
     set made from the hub id or a copy named after it is NanoGen's sdvae-ema (NanoGen fixes its factors by name)."""
     cfg = sets.roles(_recipe(SDVAE)["recipe"])["latents"]
-    assert latent_sample_problem(sets.command_manifest(cfg), "mean") is None
-    assert latent_sample_problem(sets.command_manifest(dataclasses.replace(cfg, store="posterior")), "mean") is None
-    assert "this set stores one draw of the posterior (store sample)" in \
-        latent_sample_problem(sets.command_manifest(dataclasses.replace(cfg, store="sample")), "mean")
-    m = sets.command_manifest(cfg)
+    made = {store: sets.command_manifest(dataclasses.replace(cfg, store=store), tmp_path)
+            for store in ("mode", "posterior", "sample")}
+    assert latent_sample_problem(made["mode"], "mean") is None and made["mode"].extraction["store"] == "mode"
+    assert latent_sample_problem(made["posterior"], "mean") is None
+    assert "this set stores one draw of the posterior (store sample)" in latent_sample_problem(made["sample"], "mean")
+    m = made["mode"]
     for source, kind, how in (("stabilityai/sd-vae-ft-ema", "hub", "its hub id"),
                               ("/data/models/sd-vae-ft-ema", "folder", "its folder name")):
         vae = {k: v for k, v in m.extraction["vae"].items() if k not in ("latent_space", "subfolder")}

@@ -471,8 +471,7 @@ def _runnable(task: str, default: list) -> list:
 
 
 @pytest.mark.parametrize("name", _runnable("imagenet", CLASS_PLANS))
-def test_an_imagenet_recipe_plans_on_fitting_shards_without_a_departure(name, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # the statistics file an RAE recipe's command names
+def test_an_imagenet_recipe_plans_on_fitting_shards_without_a_departure(name, tmp_path):
     plan = _class_plan(tmp_path, name)
     assert "departs" not in plan
     assert f"  recipe      {load_config_file(NANOGEN / f'{name}.yaml')['recipe']['name']} (" in plan
@@ -489,7 +488,7 @@ def test_an_imagenet_recipe_plans_on_fitting_shards_without_a_departure(name, tm
         assert "velocity (z_t - x) / max(t, 0.05)" in plan
     elif tok["kind"] == "rae":
         assert f"  requires    feature encoder {tok['encoder']}: its latent space {tok['encoder']}" in plan
-        stats = (tmp_path / "pretrained_models/stage1/stats" / tok["encoder"] / "stats.pt").resolve()
+        stats = (tmp_path / "sets" / name / "pretrained_models/stage1/stats" / tok["encoder"] / "stats.pt").resolve()
         assert f"  requires    latent space {tok['encoder']}: NanoGen's, normalized by the statistics file {stats}" \
             in plan
     assert "  batch       global 1024 = 1 rank(s)" in plan and "length      epochs 80 -> " in plan
@@ -544,7 +543,8 @@ def _fitting_text_sets(captioned: Path, dest: Path, name: str, text_identity: di
     m.update(shards=records, total_samples=8000, samples_per_shard=1000, latent_shape=shape,
              image_size=req["image_size"])
     # what the recipe's own latent command writes (its tokenizer, store and normalization), the captions kept
-    made = sets.command_manifest(sets.roles(load_config_file(NANOGEN / f"{name}.yaml")["recipe"])["latents"], 8000)
+    made = sets.command_manifest(sets.roles(load_config_file(NANOGEN / f"{name}.yaml")["recipe"])["latents"], dest,
+                                 8000)
     m["extraction"].update(vae=vae or made.extraction["vae"], encoder=made.extraction.get("encoder"),
                            store=made.extraction["store"])
     m.update(store=made.store, dtype=made.dtype, scaling_factor=made.scaling_factor, shift_factor=made.shift_factor,
@@ -556,7 +556,7 @@ def _fitting_text_sets(captioned: Path, dest: Path, name: str, text_identity: di
     (latents / "manifest.json").write_text(json.dumps(m))
     commands = sets.roles(load_config_file(NANOGEN / f"{name}.yaml")["recipe"])
     if "reg" in commands:  # REG's class tokens of the same images: dest/reg, which _text_plan passes
-        tokens = sets.command_manifest(commands["reg"], 8000)
+        tokens = sets.command_manifest(commands["reg"], dest, 8000)
         reg = {k: v for k, v in m.items() if k not in ("normalization", "pixels", "captions")}
         reg.update(extraction={**m["extraction"], "vae": None, "encoder": tokens.extraction["encoder"],
                                "store": tokens.extraction["store"], "dtype": tokens.dtype},
@@ -712,7 +712,7 @@ def test_a_random_vae_no_longer_passes_the_dit_recipe(tmp_path):
     assert "the paper states FID 2.27" in out
 
 
-def test_a_reg_recipe_needs_nanogens_class_tokens(tmp_path, monkeypatch):
+def test_a_reg_recipe_needs_nanogens_class_tokens(tmp_path):
     """A REG recipe (use_reg, reg_coeff 0.03: repa.use_reg, repa.reg_coeff) plans on its class tokens (above); a
     token set of another encoder (DINOv2-B without registers, through RAE's preset) is a departure, refused naming
     it, or with --allow-departures listed; without --reg-tokens the run is refused naming the command."""
@@ -720,7 +720,6 @@ def test_a_reg_recipe_needs_nanogens_class_tokens(tmp_path, monkeypatch):
 
     from dit_pipeline.common.features import FORMULA_REG
 
-    monkeypatch.chdir(tmp_path)
     name = "ddt-en28d1152hd72-dn2d2048hd128-sdvae-ema-reg0.03-rmsnorm-vpred-t4c8"
     made = _fitting_sets(tmp_path / "sets", name)
     other = tmp_path / "other"
