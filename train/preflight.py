@@ -283,8 +283,6 @@ def prepare(cfg: TrainConfig, world_size: int | None = None) -> Preflight:
     if shift_note:
         notes["time_shift"] = shift_note
     kw = model_kwargs(cfg, source)
-    if problem := cfg.protocol_fit(run_traits(cfg, kw, source.manifest)):  # dit-sample's check, FID's samples
-        raise UserError(problem)
     micro = resolve_auto_micro_batch(cfg, kw, world) if cfg.micro_batch_size == "auto" else cfg.micro_batch_size
     assert not isinstance(micro, str)  # validate() accepts a positive integer or "auto"
     batch = batch_plan(cfg.global_batch_size, micro, world)
@@ -299,6 +297,8 @@ def prepare(cfg: TrainConfig, world_size: int | None = None) -> Preflight:
                             f"ids 0..{n - 1}")
         cfg = dataclasses.replace(cfg, sample_classes=ids)
     check_cfg_channels(cfg, kw)
+    if problem := cfg.protocol_fit(run_traits(cfg, kw, source.manifest)):  # dit-sample's check, FID's samples
+        raise UserError(problem)
     assert cfg.num_workers is not None  # resolve_defaults chose it
     layout = DataLayout(seed=cfg.seed, world_size=world, workers=max(1, cfg.num_workers),
                         micro_batch=batch.micro_batch, accum=batch.accum, shuffle_buffer=cfg.shuffle_buffer,
