@@ -293,7 +293,8 @@ def sample_export_cmd(debug: bool, **options: Any) -> None:
               help="rae: RAE's latents (resize, then ImageNet normalization; final LayerNorm without affine); "
               "repa: the tokens REPA's online teacher aligns to (normalize, then resize; affine kept), a sibling set "
               "for dit-train --repa FOLDER; reg: NanoGen's REG target, the class token [C, 1, 1] (normalize, then "
-              "resize; final LayerNorm without affine), a sibling set for dit-train --use-reg --reg-tokens FOLDER.")
+              "resize; final LayerNorm without affine, eps 1e-5), a sibling set for dit-train --use-reg --reg-tokens "
+              "FOLDER (--encoder dinov2-vit-b: NanoGen's target_encoder by its name, at its resolution 256).")
 @click.option("--latent-stats", default=None, metavar="FILE",
               help="Per-channel mean and std of the VAE's latents (LightningDiT's latents_stats.pt, or .json / "
               ".safetensors with mean and std): model latents become (z - mean) / std per channel; or RAE's stat.pt "

@@ -229,7 +229,7 @@ def _check_weights_fit(model_name: str, kw: dict[str, Any], weights: Path, spec:
         net = timm.create_model(model_name, pretrained=False, **kw)
     want = {k: tuple(v.shape) for k, v in net.state_dict().items()}
     try:
-        have = _read_state_dict(weights)
+        have = _as_timm_loads(_read_state_dict(weights), net)
     except UserError:
         raise
     except Exception as e:  # noqa: BLE001 - an unreadable file: one line
@@ -249,6 +249,22 @@ def _check_weights_fit(model_name: str, kw: dict[str, Any], weights: Path, spec:
                     f"tensor(s) of other shapes, {len(missing)} missing (first: {first}){guess}")
 
 
+def _as_timm_loads(sd: dict[str, torch.Tensor], net: nn.Module) -> dict[str, torch.Tensor]:
+    """The state_dict as timm's loader sees it: after its model module's own `checkpoint_filter_fn`, which turns an
+    original checkpoint into timm's layout (torch.hub's DINOv2 file, what NanoGen loads: `register_tokens`, the
+    class position inside `pos_embed`, `mask_token`), as the `pretrained_cfg_overlay` load does. The file as it
+    is where the module has no filter or the filter cannot read it (the check then names what differs)."""
+    import sys
+
+    convert = getattr(sys.modules.get(type(net).__module__), "checkpoint_filter_fn", None)
+    if convert is None:
+        return sd
+    try:
+        return dict(convert(dict(sd), net))
+    except Exception:  # noqa: BLE001 - not a layout the filter knows: compared as it is
+        return sd
+
+
 def load_feature_encoder(spec: str, *, weights: str | None = None, layers: int | None = None,
                          device: torch.device | str = "cpu", pretrained: bool = True,
                          image_size: int = 256, formula: str = "rae") -> tuple[FeatureEncoder, dict[str, Any]]:
@@ -263,18 +279,20 @@ def load_feature_encoder(spec: str, *, weights: str | None = None, layers: int |
     if is_pixel_space(spec):  # pixels as the latent space: the identity encoder (common/pixels.py)
         return load_pixel_space(image_size, device)  # type: ignore[return-value]
     space = _encoder_space(spec, layers, formula)
-    if space is not None:  # NanoGen's encoders by name (common/nanogen_encoders.py)
+    if space is not None:  # NanoGen's encoders by name (common/nanogen_encoders.py); "reg": its REG target
         name, file_args = space
         file_weights, file_pretrained = file_args.pop("weights", None), file_args.pop("pretrained", True)
         return load_encoder_space(name, weights=weights or file_weights, device=device,  # type: ignore[return-value]
-                                  pretrained=pretrained and file_pretrained, image_size=image_size, **file_args)
+                                  pretrained=pretrained and file_pretrained, image_size=image_size,
+                                  formula="reg" if formula == "reg" else "nanogen", **file_args)
     with torch.random.fork_rng(devices=[]):
         return _load(spec, weights, layers, device, pretrained, image_size, formula)
 
 
 def _encoder_space(spec: str, layers: int | None, formula: str) -> tuple[str, dict[str, Any]] | None:
     """(NanoGen's encoder name, the JSON file's settings) when `spec` names one of NanoGen's encoders, directly
-    or as a JSON encoder file {"preset": NAME, "model_args": {...}, "weights": FILE, "pretrained": false}."""
+    or as a JSON encoder file {"preset": NAME, "model_args": {...}, "weights": FILE, "pretrained": false}; with
+    formula "reg" (NanoGen's REG target: its class token) or the default "rae" (NanoGen's own latent)."""
     from dit_pipeline.common.nanogen_encoders import ENCODER_SPACES, is_encoder_space
 
     found: tuple[str, dict[str, Any]] | None = None
@@ -296,9 +314,10 @@ def _encoder_space(spec: str, layers: int | None, formula: str) -> tuple[str, di
             if d.get("weights"):
                 args["weights"] = str(p.parent / str(d["weights"]))
             found = (str(d["preset"]), args)
-    if found is not None and (layers is not None or formula != "rae"):
-        raise UserError(f"--encoder {found[0]} is NanoGen's encoder with NanoGen's formula (its last block); drop "
-                        "--encoder-layers and --encoder-formula")
+    if found is not None and (layers is not None or formula not in ("rae", "reg")):
+        raise UserError(f"--encoder {found[0]} is NanoGen's encoder with NanoGen's formula (its last block; "
+                        "--encoder-formula reg: its class token, REG's target); drop --encoder-layers and "
+                        "--encoder-formula")
     return found
 
 

@@ -39,6 +39,13 @@ converts them); this module's tests check everything around the network against 
 models of the real classes. Every NanoGen decoder is fitted to [0, 1] images: the identity says
 `decoder_output: "unit"` (common/rae_decoder.py).
 
+REG's target (`dit-extract --encoder dinov2-vit-b --encoder-formula reg`, for `dit-train --use-reg`): NanoGen's
+`repa.target_encoder` is the same `VisionEncoder`, loaded at `repa.target_encoder_resolution` (256 in every config,
+whatever the image size: `REG_RESOLUTION`) and fed the training images directly, without RAE's resize
+(src/stage2/engine.py l.114-120: images * 255, the encoder's `preprocess`, `forward_features`' `x_norm_clstoken`):
+the class token after the affine-free final norm, one [C, 1, 1] latent per view. Only the encoders whose
+`x_norm_clstoken` is the normed class token as timm's port gives it have it here (`class_token`).
+
 timm gained the PE models in 1.0.16 and DINOv3 in 1.0.20 (the project's floor is 1.0.3): an older timm is refused
 naming the version.
 """
@@ -62,6 +69,11 @@ HALF = (0.5, 0.5, 0.5)
 FORMULA = ("x in [0, 1] times 255; bicubic to R if not R (RAE.encode); the encoder's preprocess (x/255, its resize "
            "and Normalize); forward_features; prefix tokens dropped; tokens -> [C, h, w] (NanoGen's RAE)")
 # the geometry of google/siglip2-base-patch16-256 (its config.json), for a random model without the hub
+# repa.target_encoder_resolution (src/configs/stage2.py l.115; every reg0.03 config keeps it)
+REG_RESOLUTION = 256
+FORMULA_REG = ("x in [0, 1] times 255 (engine.py l.115); the encoder's preprocess at target_encoder_resolution 256 "
+               "(x/255, ImageNet Normalize, bicubic to 224); forward_features with the affine-free final norm "
+               "(eps 1e-5); x_norm_clstoken, the class token -> [C, 1, 1] (NanoGen's REG target)")
 SIGLIP2_B16_256 = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
                        image_size=256, patch_size=16)
 
@@ -107,6 +119,9 @@ class EncoderSpace:
     min_timm: str | None = None
     note: str = ""
     channels: int = 768
+    patch: int = 16                   # the ViT's patch: input_size(256) // patch = 16 tokens a side
+    prefix: int = 1                   # tokens before the patches (class token, registers) the latent drops
+    class_token: bool = False         # REG's target: x_norm_clstoken is the normed class token (module docstring)
 
     def latent_256(self) -> tuple[int, int, int]:
         return (self.channels, 16, 16)
@@ -115,22 +130,23 @@ class EncoderSpace:
 ENCODER_SPACES: dict[str, EncoderSpace] = {s.name: s for s in (
     EncoderSpace("dinov2-vit-b", "torch.hub facebookresearch/dinov2 dinov2_vitb14_reg", "timm",
                  "vit_base_patch14_reg4_dinov2", pre_dinov2, lambda r: 224 * (r // 256),
-                 note="DINOv2-B/14 with 4 registers"),
+                 note="DINOv2-B/14 with 4 registers", patch=14, prefix=5, class_token=True),
     EncoderSpace("dinov3-vit-b16", "torch.hub facebookresearch/dinov3 dinov3_vitb16 (LVD-1689M weights)", "timm",
-                 "vit_base_patch16_dinov3", pre_dinov3, lambda r: r, min_timm="1.0.20", note="DINOv3 ViT-B/16"),
+                 "vit_base_patch16_dinov3", pre_dinov3, lambda r: r, min_timm="1.0.20", note="DINOv3 ViT-B/16",
+                 prefix=5),
     EncoderSpace("siglip2-vit-b", "transformers SiglipVisionModel google/siglip2-base-patch16-256", "transformers",
                  "google/siglip2-base-patch16-256", pre_siglip2, lambda r: r, final_norm="kept",
-                 note="SigLIP2 ViT-B/16 at 256 px"),
+                 note="SigLIP2 ViT-B/16 at 256 px", prefix=0),
     EncoderSpace("pe-vit-l", "PE VisionTransformer.from_config('PE-Core-L14-336')", "timm",
                  "vit_pe_core_large_patch14_336", pre_pe, lambda r: 14 * (r // 16), final_norm="none",
-                 pe_positions=True, min_timm="1.0.16", note="Perception Encoder Core L/14", channels=1024),
+                 pe_positions=True, min_timm="1.0.16", note="Perception Encoder Core L/14", channels=1024, patch=14),
     EncoderSpace("langpe-vit-l", "PE VisionTransformer.from_config('PE-Lang-L14-448')", "timm",
                  "vit_pe_lang_large_patch14_448", pre_pe, lambda r: 14 * (r // 16), final_norm="none",
                  pe_positions=True, min_timm="1.0.16", note="Perception Encoder Lang L/14 (23 blocks)",
-                 channels=1024),
+                 channels=1024, patch=14),
     EncoderSpace("spatialpe-vit-l", "PE VisionTransformer.from_config('PE-Spatial-L14-448')", "timm",
                  "vit_pe_spatial_large_patch14_448", pre_pe, lambda r: 14 * (r // 16), final_norm="none",
-                 pe_positions=True, min_timm="1.0.16", note="Perception Encoder Spatial L/14", channels=1024),
+                 pe_positions=True, min_timm="1.0.16", note="Perception Encoder Spatial L/14", channels=1024, patch=14),
 )}
 
 
@@ -147,12 +163,13 @@ class NanoGenEncoder(nn.Module):
     """`encode(x [B, 3, H, W] in [0, 1]).latent` -> [B, C, h, w]: NanoGen's RAE.encode without the statistics
     (the manifest's normalization applies them)."""
 
-    def __init__(self, space: EncoderSpace, model: nn.Module, resolution: int, prefix: int):
+    def __init__(self, space: EncoderSpace, model: nn.Module, resolution: int, prefix: int, formula: str = "nanogen"):
         super().__init__()
         self.space = space
         self.model = model
         self.resolution = int(resolution)
         self.prefix = int(prefix)
+        self.formula = formula  # "nanogen": RAE's latent; "reg": REG's class token
 
     def tokens(self, x: torch.Tensor) -> torch.Tensor:
         if self.space.backend == "transformers":
@@ -160,8 +177,11 @@ class NanoGenEncoder(nn.Module):
         return self.model.forward_features(x)[:, self.prefix:]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x * 255.0  # RAE.encode: `if x.max() <= 1.0: x = x * 255.0` (the crops are [0, 1])
+        x = x * 255.0  # RAE.encode: `if x.max() <= 1.0: x = x * 255.0` (the crops are [0, 1]); engine.py l.115
         r = self.resolution
+        if self.formula == "reg":  # no RAE resize: the images go to the preprocess as they are (engine.py l.116)
+            t = self.model.forward_features(self.space.preprocess(x, r))  # the final norm is the affine-free one
+            return t[:, 0, :, None, None]                                 # x_norm_clstoken: [B, C, 1, 1]
         if x.shape[-2] != r or x.shape[-1] != r:
             x = F.interpolate(x, size=(r, r), mode="bicubic", align_corners=False)
         t = self.tokens(self.space.preprocess(x, r))
@@ -256,47 +276,79 @@ def _transformers_model(space: EncoderSpace, *, model_args: dict[str, Any], weig
 
 def load_encoder_space(name: str, *, weights: str | None = None, model_args: dict[str, Any] | None = None,
                        pretrained: bool = True, device: torch.device | str = "cpu", image_size: int = 256,
-                       source: dict[str, Any] | None = None) -> tuple[NanoGenEncoder, dict[str, Any]]:
-    """(NanoGenEncoder in eval mode, identity) of NanoGen's encoder `name` at resolution `image_size`.
-    `weights`: a timm weight file (the original checkpoint converts) or a transformers folder; `model_args`:
-    the architecture's overrides (tiny tests); `pretrained=False`: random weights (benchmarks, tests)."""
+                       source: dict[str, Any] | None = None, formula: str = "nanogen"
+                       ) -> tuple[NanoGenEncoder, dict[str, Any]]:
+    """(NanoGenEncoder in eval mode, identity) of NanoGen's encoder `name` at resolution `image_size`, or with
+    `formula` "reg" its class token, REG's target (at REG_RESOLUTION, whatever the image size). `weights`: a timm
+    weight file (the original checkpoint converts) or a transformers folder; `model_args`: the architecture's
+    overrides (tiny tests); `pretrained=False`: random weights (benchmarks, tests)."""
     space = ENCODER_SPACES[name]
     args = dict(model_args or {})
     wpath = Path(weights).expanduser() if weights else None
     if wpath is not None and not wpath.exists():
         raise UserError(f"--encoder-weights {weights}: no such file or folder ({wpath.absolute()})")
+    if formula == "reg" and not space.class_token:
+        have = ", ".join(n for n, s in ENCODER_SPACES.items() if s.class_token)
+        raise UserError(f"--encoder {name} --encoder-formula reg: REG's class token is NanoGen's x_norm_clstoken, "
+                        f"which this build takes from {have} (NanoGen's target_encoder); pass one of them")
     if image_size % 16 or image_size < 16:
         raise UserError(f"--encoder {name}: NanoGen's encoders work at multiples of 16 px (16 x 16 tokens at 256); "
                         f"--image-size is {image_size}")
+    resolution = REG_RESOLUTION if formula == "reg" else image_size
     with torch.random.fork_rng(devices=[]):
         if space.backend == "timm":
-            model = _timm_model(space, resolution=image_size, model_args=args, weights=wpath, pretrained=pretrained)
+            model = _timm_model(space, resolution=resolution, model_args=args, weights=wpath, pretrained=pretrained)
             prefix = int(getattr(model, "num_prefix_tokens", 1))
             patch = model.patch_embed.patch_size
             patch = int(patch[0] if isinstance(patch, (tuple, list)) else patch)
         else:
             model = _transformers_model(space, model_args=args, weights=wpath, pretrained=pretrained)
             prefix, patch = 0, int(model.config.patch_size)
-    enc = NanoGenEncoder(space, model, image_size, prefix)
+    enc = NanoGenEncoder(space, model, resolution, prefix, formula)
     channels = int(getattr(model, "num_features", 0) or model.config.hidden_size)
-    grid = space.input_size(image_size) // patch
-    if wpath is not None:
-        wsrc: dict[str, Any] = {"weights": str(wpath.resolve()),
-                                "weights_sha256": sha256_file(wpath) if wpath.is_file() else _folder_hash(wpath)}
-    elif pretrained:
-        wsrc = {"weights": f"{space.backend}:{space.model} (pretrained)"}
-    else:
-        wsrc = {"weights": "random (not pretrained)"}
-    identity: dict[str, Any] = {
-        "kind": "features", "latent_space": name, "nanogen_loads": space.nanogen_loads,
-        "class": f"{space.backend}:{type(model).__name__ if space.backend == 'transformers' else space.model}",
-        "model": space.model, "model_args": args, "input_size": space.input_size(image_size), "patch_size": patch,
-        "layers": 1, "prefix_tokens": prefix, "formula_name": "nanogen", "formula": FORMULA,
-        "final_norm": space.final_norm, "resolution": image_size, "input_range": "0,1", "spec": name, **wsrc,
-        **(source or {}), "latent_channels": channels, "downsample_factor": image_size // grid,
-        "encoder_output": "latent", "scaling_factor": 1.0, "shift_factor": None, "decoder_output": "unit",
-    }
+    wsrc = weights_record(space, wpath, pretrained)
+    cls = f"{space.backend}:{type(model).__name__ if space.backend == 'transformers' else space.model}"
+    identity = space_encoder_identity(space, image_size=image_size, channels=channels, patch=patch, prefix=prefix,
+                                      cls=cls, model_args=args, weights={**wsrc, **(source or {})}, formula=formula)
     return enc.to(device).eval().requires_grad_(False), identity
+
+
+def weights_record(space: EncoderSpace, weights: Path | None, pretrained: bool) -> dict[str, Any]:
+    """What the identity says of the weights: a file or folder (its path and sha256), the backend's pretrained
+    weights of the model (NanoGen's name alone), or random ones."""
+    if weights is not None:
+        return {"weights": str(weights.resolve()),
+                "weights_sha256": sha256_file(weights) if weights.is_file() else _folder_hash(weights)}
+    if pretrained:
+        return {"weights": f"{space.backend}:{space.model} (pretrained)"}
+    return {"weights": "random (not pretrained)"}
+
+
+def space_encoder_identity(space: EncoderSpace, *, image_size: int, weights: dict[str, Any],
+                           channels: int | None = None, patch: int | None = None, prefix: int | None = None,
+                           cls: str | None = None, model_args: dict[str, Any] | None = None,
+                           formula: str = "nanogen") -> dict[str, Any]:
+    """The identity `dit-extract --encoder NAME [--encoder-formula reg]` records for NanoGen's encoder `space` at
+    `image_size` (a manifest's `extraction.encoder`): its name, model, formula, geometry and `weights` (the
+    record of the weights loaded). `channels`, `patch`, `prefix`: the loaded model's; None: the registry's (the real
+    model's). The `reg` formula's set is no latent space: its identity names the target encoder instead."""
+    channels = space.channels if channels is None else channels
+    patch = space.patch if patch is None else patch
+    prefix = space.prefix if prefix is None else prefix
+    reg = formula == "reg"
+    resolution = REG_RESOLUTION if reg else image_size
+    grid = 1 if reg else space.input_size(image_size) // patch  # the class token: one position per image
+    named = {"target_encoder": space.name, "target_encoder_resolution": resolution} if reg else \
+        {"latent_space": space.name, "decoder_output": "unit"}
+    return {
+        "kind": "features", "nanogen_loads": space.nanogen_loads,
+        "class": cls or f"{space.backend}:{space.model}", "model": space.model, "model_args": dict(model_args or {}),
+        "input_size": space.input_size(resolution), "patch_size": patch, "layers": 1, "prefix_tokens": prefix,
+        "formula_name": "reg" if reg else "nanogen", "formula": FORMULA_REG if reg else FORMULA,
+        "final_norm": space.final_norm, "resolution": resolution, "input_range": "0,1", "spec": space.name,
+        **weights, "latent_channels": channels, "downsample_factor": image_size // grid, "encoder_output": "latent",
+        "scaling_factor": 1.0, "shift_factor": None, **named,
+    }
 
 
 def _folder_hash(folder: Path) -> str | None:

@@ -413,19 +413,28 @@ def _load_space(name: str, *, revision: str | None, device: torch.device | str, 
                         f"{str(e).rstrip('.')}. Loading it needs the network or a filled Hugging Face cache "
                         "(HF_HUB_OFFLINE=1)") from e
     vae = with_layout(vae)
-    identity: dict[str, Any] = {"source": space.hub_id, "kind": "hub", "subfolder": space.subfolder,
-                                "revision": revision or "main"}
     commit = getattr(vae.config, "_commit_hash", None) or _cached_commit(space.hub_id, space.subfolder, revision)
-    if commit:
-        identity["commit"] = commit
-    identity.update(_describe(vae, name))
-    identity.pop("latents_mean", None)  # NanoGen's rule decides (space_identity), not diffusers' pipeline rule
-    identity.pop("latents_std", None)
-    identity.update(space_identity(space, vae))
+    identity = space_vae_identity(space, vae, revision=revision, commit=commit)
     vae = vae.to(device).eval().requires_grad_(False)
     if dtype != torch.float32:
         vae = vae.to(dtype)
     return vae, identity
+
+
+def space_vae_identity(space: Any, vae: Any, *, revision: str | None = None, commit: str | None = None
+                       ) -> dict[str, Any]:
+    """The identity `dit-extract --vae NAME` records for NanoGen's space `space` (a VaeSpace) whose VAE `vae` (in
+    its layout: `with_layout`) was loaded from its hub id and subfolder: the hub source, the VAE's geometry and
+    NanoGen's normalization of the space (common/latent_spaces.py space_identity) under its name."""
+    identity: dict[str, Any] = {"source": space.hub_id, "kind": "hub", "subfolder": space.subfolder,
+                                "revision": revision or "main"}
+    if commit:
+        identity["commit"] = commit
+    identity.update(_describe(vae, space.name))
+    identity.pop("latents_mean", None)  # NanoGen's rule decides (space_identity), not diffusers' pipeline rule
+    identity.pop("latents_std", None)
+    identity.update(space_identity(space, vae))
+    return identity
 
 
 def _cached_commit(repo_id: str, subfolder: str | None, revision: str | None) -> str | None:

@@ -487,8 +487,10 @@ def fitting(traits: ModelTraits) -> list[str]:
     return [n for n, p in PROTOCOLS.items() if not p.applies_to.mismatches(traits) and not p.applies_to.missing()]
 
 
-def fit_problem(p: Protocol, traits: ModelTraits, shown: int = 8) -> str | None:
-    """Why protocol `p` does not fit a model with `traits` (None: it fits), naming the rows that do."""
+def fit_problem(p: Protocol, traits: ModelTraits, shown: int = 8,
+                instead: str = "drop --protocol and choose the sampler with dit-sample's flags") -> str | None:
+    """Why protocol `p` does not fit a model with `traits` (None: it fits), naming the rows that do and, last, what
+    else to do (`instead`)."""
     wrong = p.applies_to.mismatches(traits)
     if not wrong:
         return None
@@ -496,7 +498,7 @@ def fit_problem(p: Protocol, traits: ModelTraits, shown: int = 8) -> str | None:
     more = f" and {len(fits) - shown} more" if len(fits) > shown else ""
     which = f"Protocols that fit it: {', '.join(fits[:shown])}{more}" if fits else "No protocol fits it"
     return (f"--protocol {p.name} applies to {p.applies_to.describe()}; this is {traits.describe()} "
-            f"({'; '.join(wrong)}). {which}; or drop --protocol and choose the sampler with dit-sample's flags")
+            f"({'; '.join(wrong)}). {which}; or {instead}")
 
 
 def missing_features(p: Protocol) -> str | None:

@@ -138,6 +138,15 @@ class FidSettings(DecodeSettings):
                      f"a {objective} model; choose the protocol of a {objective} release")
         return p + (choice(self, "fid_labels", plan.LABEL_SAMPLINGS) if self.fid_labels is not None else [])
 
+    def protocol_fit(self, traits: protocols.ModelTraits) -> str | None:
+        """Why --protocol does not fit the model this run trains, described by `traits` (None: it fits, or no known
+        --protocol): the check dit-sample applies to a checkpoint (dit.protocols.fit_problem), made before any
+        process group starts, naming the rows that fit."""
+        if self.protocol is None or self.protocol not in PROTOCOLS:
+            return None
+        return protocols.fit_problem(PROTOCOLS[self.protocol], traits, instead="drop --protocol (the FID samples then "
+                                     "take --fid-steps, --fid-cfg-scale and the objective's FID sampler)")
+
 
 @dataclass
 class FidHook:

@@ -73,8 +73,8 @@ def latent_sample_problem(m: Manifest, latent_sample: str) -> str | None:
     """Why `latent_sample` cannot be honoured on the set of manifest `m` (None: it can): "mean" needs the posterior's
     mean, which a set of one stored draw (dit-extract --store sample of a VAE with a posterior) no longer has. A set
     without a posterior (a feature encoder's, pixels, a VAE whose encoder gives a latent) holds its one latent, which
-    is its mean."""
-    if latent_sample != "mean" or m.store != "sample":
+    is its mean, and so does a set of the posterior's mode (`--store mode`: the mean stored alone)."""
+    if latent_sample != "mean" or m.store != "sample" or (m.extraction or {}).get("store") == "mode":
         return None
     vae = (m.extraction or {}).get("vae") or {}
     if (m.extraction or {}).get("encoder") or vae.get("encoder_output") == "latent":

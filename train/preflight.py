@@ -108,7 +108,7 @@ def sha256_mode(cfg: TrainConfig, source: ShardSource, plan0: EpochPlan, world: 
 
 def model_kwargs(cfg: TrainConfig, source: ShardSource) -> dict[str, Any]:
     """create_model arguments for this config and shard set; UserError when they cannot match."""
-    from dit_pipeline.dit.family import create_model, lookup_preset
+    from dit_pipeline.dit.family import create_model
 
     m = source.manifest
     c, h, w = m.latent_shape
@@ -119,28 +119,8 @@ def model_kwargs(cfg: TrainConfig, source: ShardSource) -> dict[str, Any]:
         raise UserError(f"--image-size {cfg.image_size} does not match the shard set in {where}, extracted at "
                         f"{m.image_size}px ({c}x{h}x{w} latents); use --image-size {m.image_size} or extract "
                         f"the images again at {cfg.image_size}px")
-    kw: dict[str, Any] = {"name": lookup_preset(cfg.model)[1], "input_size": h,
-                          "num_classes": m.num_classes, "in_channels": c,
-                          "class_dropout_prob": cfg.class_dropout_prob, **condition_kwargs(cfg, read_text(cfg, source))}
-    for k in ARCH_OVERRIDES:
-        if getattr(cfg, k) is not None:
-            kw[k] = getattr(cfg, k)
-    for k in MODEL_OPTIONS:  # passed only when given: otherwise the family's own (plain DiT: all off)
-        if getattr(cfg, k) is not None:
-            kw[k] = bool(getattr(cfg, k))
-    reg = read_reg_tokens(cfg, m)  # REG's class token width; internal guidance's base head (train/reg.py)
-    if reg is not None:
-        kw["reg_dim"] = reg.dim
-    if cfg.base_model_depth is not None:
-        kw["base_model_depth"] = cfg.base_model_depth
-    # a velocity has C channels; SiT's train.py keeps DiT's 2C (learn_sigma=True) and drops the second half
-    # in its forward, which thus gets no gradient: the same training, only the checkpoint's shape differs.
-    # ddpm learns its variance in the second half (DiT's learned sigma), for every family.
-    from dit_pipeline.dit.objectives import spec
-
-    kw["learn_sigma"] = spec(cfg.objective).learn_sigma
-    if spec(cfg.objective).conditions != "t":  # the time inputs the objective feeds (dit/conditions.py)
-        kw["conditions"] = spec(cfg.objective).conditions
+    reg = read_reg_tokens(cfg, m)  # REG's class token width (train/reg.py)
+    kw = arch_kwargs(cfg, m, read_text(cfg, source), None if reg is None else reg.dim)
     try:
         with torch.device("meta"):
             create_model(**kw)
@@ -148,6 +128,45 @@ def model_kwargs(cfg: TrainConfig, source: ShardSource) -> dict[str, Any]:
         raise UserError(f"--model {cfg.model} cannot be built for the shard set in {where} ({c}x{h}x{w} "
                         f"latents, {m.num_classes} classes): {e}") from None
     return kw
+
+
+def arch_kwargs(cfg: TrainConfig, m: Manifest, text: Any, reg_dim: int | None) -> dict[str, Any]:
+    """create_model arguments of this config on a set of manifest `m`, with the text set `text` (its `dim` and
+    `max_length`; None: no text) and REG's class token width `reg_dim` (None: no REG). Builds nothing."""
+    from dit_pipeline.dit.family import lookup_preset
+    from dit_pipeline.dit.objectives import spec
+
+    c, h, _ = m.latent_shape
+    kw: dict[str, Any] = {"name": lookup_preset(cfg.model)[1], "input_size": h,
+                          "num_classes": m.num_classes, "in_channels": c,
+                          "class_dropout_prob": cfg.class_dropout_prob, **condition_kwargs(cfg, text)}
+    for k in ARCH_OVERRIDES:
+        if getattr(cfg, k) is not None:
+            kw[k] = getattr(cfg, k)
+    for k in MODEL_OPTIONS:  # passed only when given: otherwise the family's own (plain DiT: all off)
+        if getattr(cfg, k) is not None:
+            kw[k] = bool(getattr(cfg, k))
+    if reg_dim is not None:  # REG's class token; internal guidance's base head (train/reg.py)
+        kw["reg_dim"] = reg_dim
+    if cfg.base_model_depth is not None:
+        kw["base_model_depth"] = cfg.base_model_depth
+    # a velocity has C channels; SiT's train.py keeps DiT's 2C (learn_sigma=True) and drops the second half
+    # in its forward, which thus gets no gradient: the same training, only the checkpoint's shape differs.
+    # ddpm learns its variance in the second half (DiT's learned sigma), for every family.
+    kw["learn_sigma"] = spec(cfg.objective).learn_sigma
+    if spec(cfg.objective).conditions != "t":  # the time inputs the objective feeds (dit/conditions.py)
+        kw["conditions"] = spec(cfg.objective).conditions
+    return kw
+
+
+def run_traits(cfg: TrainConfig, kw: dict[str, Any], m: Manifest) -> Any:
+    """The trained model's dit.protocol_fit.ModelTraits, as dit-sample will read them from its checkpoint: the
+    create_model arguments `kw` (channels, size, conditioning, REG's token, the base head), the objective, what the
+    network predicts and the space of the set (pixels or latents)."""
+    from dit_pipeline.dit.protocol_fit import model_traits
+
+    space = "pixels" if ((m.extraction or {}).get("vae") or {}).get("kind") == "pixels" else "latent"
+    return model_traits(kw, cfg.objective, {"kind": cfg.prediction}, space)
 
 
 def check_cfg_channels(cfg: TrainConfig, kw: dict[str, Any]) -> None:
@@ -178,7 +197,9 @@ def check_recipe_extraction(cfg: TrainConfig, source: Any) -> TrainConfig:
         from dit_pipeline.shards.siblings import read_text_sibling
 
         text = read_text_sibling(source.manifest, cfg.text, "--text")
-    found, met = extraction_departures(requires, source.manifest, text, cfg.text)
+    reg = read_reg_tokens(cfg, source.manifest) if "reg" in requires else None
+    found, met = extraction_departures(requires, source.manifest, text, cfg.text,
+                                       None if reg is None else reg.manifest, cfg.reg_tokens)
     pending = pending_departures(recipe)
     recipe = {**recipe, "recognised": met}
     if not found and not pending:
@@ -283,6 +304,8 @@ def prepare(cfg: TrainConfig, world_size: int | None = None) -> Preflight:
                             f"ids 0..{n - 1}")
         cfg = dataclasses.replace(cfg, sample_classes=ids)
     check_cfg_channels(cfg, kw)
+    if problem := cfg.protocol_fit(run_traits(cfg, kw, source.manifest)):  # dit-sample's check, FID's samples
+        raise UserError(problem)
     assert cfg.num_workers is not None  # resolve_defaults chose it
     layout = DataLayout(seed=cfg.seed, world_size=world, workers=max(1, cfg.num_workers),
                         micro_batch=batch.micro_batch, accum=batch.accum, shuffle_buffer=cfg.shuffle_buffer,
@@ -315,6 +338,15 @@ def prepare(cfg: TrainConfig, world_size: int | None = None) -> Preflight:
     if prep.unfit and not cfg.dry_run:  # before any process group starts; a dry run prints its plan first
         raise UserError(prep.unfit)
     return prep
+
+
+def _store_text(m: Any, spec: LatentSpec) -> str:
+    """"store posterior", and what the run trains on where it is not what the store says."""
+    if m.store == "posterior" and not spec.draws:
+        return "store posterior (trained on its mean: --latent-sample mean)"
+    if (m.extraction or {}).get("store") == "mode":
+        return "store mode (the VAE posterior's mean)"
+    return f"store {m.store}"
 
 
 def epoch_counter(sizes: list[int], seed: int, world: int, workers: int, batch: BatchPlan) -> Callable[[float], int]:
@@ -602,8 +634,7 @@ def format_plan(prep: Preflight, start_line: str | None = None, *, dry_run: bool
     lines = [
         "dit-train plan (dry run: nothing was started)" if dry_run else "dit-train plan",
         *recipe_line(cfg.recipe),
-        f"  shards      {cfg.shards}: {len(m.shards)} shards, {m.total_samples:,} samples, store {m.store}"
-        f"{' (trained on its mean: --latent-sample mean)' if m.store == 'posterior' and not spec.draws else ''}, "
+        f"  shards      {cfg.shards}: {len(m.shards)} shards, {m.total_samples:,} samples, {_store_text(m, spec)}, "
         f"{m.views} view(s), latents {c}x{h}x{w} {m.dtype}, {_scale_text(m)}, {m.num_classes} classes",
         *normalization_line(m),
         *latent_std_line(prep),

@@ -21,6 +21,8 @@ here); the plan prints it.
         normalization: per-channel   # scalar, per-channel or per-position
         vae: hustvl/vavae-imagenet256-f16d32-dinov2   # the VAE: hub id [/subfolder], or "pixels"
         encoder: null                # a feature encoder (null: a VAE)
+        latent_space: null           # NanoGen's name of the space (common/latent_spaces.py, nanogen_encoders.py)
+        reg: {encoder: dinov2-vit-b, resolution: 256}   # REG's class tokens (--reg-tokens): NanoGen's target
         pixels: false                # crops stored beside the latents (REPA's teacher)
         text: {encoder: Qwen/Qwen3-0.6B, dim: 1024, max_length: 256}   # a text model's --text set
       pending: []                    # settings of the release not built here yet (below)
@@ -45,38 +47,29 @@ and every checkpoint (`recipe.departures`), and shown by dit-report, which puts 
 only when nothing departs (issue 41, item 9). The text set given with --text is bookkeeping like --shards; its
 encoder, width and max length are what `requires: text` compares.
 
+`latent_space` (NanoGen's name of the space: its name in the manifest and NanoGen's normalization of it) and `reg`
+(REG's class tokens given with --reg-tokens: their target encoder) are compared by train/identities.py,
+which also recognises the tokenizers (`recognise`, `recognise_encoder`).
+
 `pending:` lists what a release's config sets that this toolkit does not build yet, each {setting, value, nanogen,
 owner, what} (the TrainConfig field it is expected to become, NanoGen's key): a run of such a recipe is refused
 naming them, or with --allow-departures runs without them, each one a departure.
 """
 from __future__ import annotations
 
-import re
-from pathlib import PurePosixPath
 from typing import Any, Mapping
+
+from dit_pipeline.train.identities import (ENCODER_NAMES, VAE_ALIASES, hub_parts, is_space,  # noqa: F401
+                                           recognise, recognise_encoder, reg_departures, space_departures)
 
 RECIPE_KEYS = ("name", "paper", "arxiv", "source", "fid", "fid_setting", "epochs", "extraction", "sampling",
                "gpu_hours", "notes", "requires", "pending", "departures", "recognised")
-REQUIRE_KEYS = ("latent_shape", "image_size", "views", "normalization", "vae", "encoder", "pixels", "text")
+REQUIRE_KEYS = ("latent_shape", "image_size", "views", "normalization", "vae", "encoder", "latent_space", "pixels",
+                "text", "reg")
 TEXT_REQUIRE_KEYS = ("encoder", "dim", "max_length")
+REG_REQUIRE_KEYS = ("encoder", "resolution")
 PENDING_KEYS = ("setting", "value", "nanogen", "owner", "what")
 PIXELS = "pixels"
-# Other names the same weights are published under: the single-file repositories of the SD-VAEs and their files
-VAE_ALIASES: dict[str, tuple[str, ...]] = {
-    "stabilityai/sd-vae-ft-ema": ("stabilityai/sd-vae-ft-ema-original", "vae-ft-ema-560000-ema-pruned"),
-    "stabilityai/sd-vae-ft-mse": ("stabilityai/sd-vae-ft-mse-original", "vae-ft-mse-840000-ema-pruned"),
-}
-# A feature encoder under NanoGen's name (a config's stage_1.params.encoder_name, src/encoders/vision_encoder.py) and
-# the names its weights go by: what NanoGen's loader loads (torch.hub, transformers, its PE and DINOv3 loaders), timm's
-# and the hub's names of the same release
-ENCODER_NAMES: dict[str, tuple[str, ...]] = {
-    "dinov2-vit-b": ("dinov2_vitb14_reg", "vit_base_patch14_reg4_dinov2", "facebook/dinov2-with-registers-base"),
-    "dinov3-vit-b16": ("dinov3_vitb16", "vit_base_patch16_dinov3", "facebook/dinov3-vitb16-pretrain-lvd1689m"),
-    "siglip2-vit-b": ("google/siglip2-base-patch16-256",),
-    "pe-vit-l": ("PE-Core-L14-336", "vit_pe_core_large_patch14_336"),
-    "langpe-vit-l": ("PE-Lang-L14-448", "vit_pe_lang_large_patch14_448"),
-    "spatialpe-vit-l": ("PE-Spatial-L14-448", "vit_pe_spatial_large_patch14_448"),
-}
 NORMALIZATIONS = ("scalar", "per-channel", "per-position")
 # settings that do not change the trained model: changing them is no departure from a recipe
 NOT_DEPARTURES = frozenset((
@@ -123,12 +116,18 @@ def recipe_problems(recipe: Any) -> list[str]:
             p.append(f"recipe: requires: normalization must be one of {', '.join(NORMALIZATIONS)}, got "
                      f"{req['normalization']!r}")
         vae = req.get("vae")
-        if vae is not None and not (vae == PIXELS or (isinstance(vae, str) and _hub_parts(vae) is not None)):
+        if vae is not None and not (vae == PIXELS or (isinstance(vae, str) and hub_parts(vae) is not None)):
             p.append(f"recipe: requires: vae is a hub id, owner/name or owner/name/subfolder, or {PIXELS!r}; got "
                      f"{vae!r}")
         text = req.get("text")
         if text is not None and not (isinstance(text, Mapping) and set(text) == set(TEXT_REQUIRE_KEYS)):
             p.append(f"recipe: requires: text is a mapping of {', '.join(TEXT_REQUIRE_KEYS)}, got {text!r}")
+        reg = req.get("reg")
+        if reg is not None and not (isinstance(reg, Mapping) and set(reg) == set(REG_REQUIRE_KEYS)):
+            p.append(f"recipe: requires: reg is a mapping of {', '.join(REG_REQUIRE_KEYS)}, got {reg!r}")
+        if req.get("latent_space") is not None and not is_space(str(req["latent_space"])):
+            p.append(f"recipe: requires: latent_space {req['latent_space']!r} is none of NanoGen's spaces "
+                     "(common/latent_spaces.py VAE_SPACES, common/nanogen_encoders.py ENCODER_SPACES)")
     pending = recipe.get("pending")
     if pending is not None and not (isinstance(pending, list) and all(
             isinstance(x, Mapping) and set(x) <= set(PENDING_KEYS) and {"setting", "value", "what"} <= set(x)
@@ -165,78 +164,6 @@ def pending_departures(recipe: Mapping[str, Any] | None) -> list[str]:
             for x in (recipe or {}).get("pending") or []]
 
 
-def _hub_parts(name: str) -> tuple[str, str, str | None] | None:
-    """(owner, repository, subfolder or None) of "owner/name" or "owner/name/subfolder"."""
-    parts = name.strip("/").split("/")
-    if len(parts) not in (2, 3) or not all(parts):
-        return None
-    return parts[0], parts[1], (parts[2] if len(parts) == 3 else None)
-
-
-_CACHE = re.compile(r"models--([^/]+)--([^/]+)/snapshots/[^/]+(?:/(.+?))?/?$")
-_WEIGHT_SUFFIXES = (".safetensors", ".ckpt", ".pt", ".pth", ".bin")
-
-
-def _fold(x: str) -> str:
-    return x.casefold()
-
-
-def _is_local(identity: Mapping[str, Any]) -> bool:
-    return identity.get("kind") in ("folder", "file") or str(identity.get("source") or "").startswith(("/", "~", "."))
-
-
-def recognise(required: str, identity: Mapping[str, Any] | None) -> str | None:
-    """How a VAE or text encoder identity (a manifest's) is the release `required` names ("owner/name[/subfolder]"):
-    "its hub id", "the hub id recorded for it", "its Hugging Face cache path", "its folder name" or "its file name";
-    None when it is not recognised as it (module docstring)."""
-    if not identity or not identity.get("source"):
-        return None
-    want = _hub_parts(required)
-    assert want is not None, required
-    owner, repo, sub = want
-    source = str(identity["source"]).replace("\\", "/")
-    subfolder = identity.get("subfolder")
-
-    def same(hub: str, folder: str | None) -> bool:
-        parts = _hub_parts(hub)
-        if parts is None:
-            return False
-        o, r, s = parts
-        return _fold(f"{o}/{r}") == _fold(f"{owner}/{repo}") and _fold(s or folder or "") == _fold(sub or "")
-
-    if identity.get("hub_id") and same(str(identity["hub_id"]), identity.get("hub_subfolder", subfolder)):
-        return "the hub id recorded for it"
-    if not _is_local(identity):
-        return "its hub id" if same(source, subfolder) else None
-    if (m := _CACHE.search(source)) and same(f"{m[1]}/{m[2]}", m[3]):
-        return "its Hugging Face cache path"
-    path = PurePosixPath(source)
-    names = [*(path.parts[:-1]), path.stem if path.suffix.lower() in _WEIGHT_SUFFIXES else path.name]
-    tail = [_fold(x) for x in names[-2:]]
-    aliases = {_fold(a.rsplit("/", 1)[-1]) for a in VAE_ALIASES.get(f"{owner}/{repo}", ())}
-    if sub is not None and tail == [_fold(repo), _fold(sub)]:
-        return "its folder name"
-    if tail[-1:] == [_fold(repo)]:  # a repository folder (a pipeline's, whose subfolder the loader picks)
-        return "its folder name"
-    if tail[-1] in aliases:
-        return "its file name" if path.suffix.lower() in _WEIGHT_SUFFIXES else "its folder name"
-    return None
-
-
-def recognise_encoder(required: str, identity: Mapping[str, Any] | None) -> str | None:
-    """How a feature encoder identity is the encoder NanoGen names `required` ("dinov2-vit-b"), or None."""
-    if not identity or identity.get("kind") != "features":
-        return None
-    if str(identity.get("weights") or "").startswith("random"):
-        return None
-    names = next(({_fold(n) for n in (k, *v)} for k, v in ENCODER_NAMES.items()
-                  if _fold(required) in {_fold(n) for n in (k, *v)}), {_fold(required)})
-    for key in ("name", "hub_id", "model"):
-        if identity.get(key) and _fold(str(identity[key])) in names:
-            return f"its {'model name' if key == 'model' else key.replace('_', ' ')} {identity[key]}"
-    return None
-
-
 def _vae_shown(identity: Mapping[str, Any] | None) -> str:
     if not identity:
         return "none"
@@ -247,10 +174,12 @@ def _vae_shown(identity: Mapping[str, Any] | None) -> str:
 
 
 def extraction_departures(requires: Mapping[str, Any] | None, manifest: Any, text: Any = None,
-                          text_folder: str | None = None) -> tuple[list[str], list[str]]:
-    """(where the shard set, and the text set `text` given with --text, differ from the extraction the recipe
-    requires: "latent shape 4x32x32 where the recipe needs 768x16x16", ...; how each tokenizer the recipe names was
-    recognised: "VAE stabilityai/sd-vae-ft-ema: its hub id"), from their manifests."""
+                          text_folder: str | None = None, reg: Any = None,
+                          reg_folder: str | None = None) -> tuple[list[str], list[str]]:
+    """(where the shard set, the text set `text` given with --text and REG's class tokens `reg` given with
+    --reg-tokens differ from the extraction the recipe requires: "latent shape 4x32x32 where the recipe needs
+    768x16x16", ...; how each tokenizer the recipe names was recognised: "VAE stabilityai/sd-vae-ft-ema: its hub
+    id"), from their manifests."""
     if not requires:
         return [], []
     m, out, met = manifest, [], []
@@ -288,7 +217,13 @@ def extraction_departures(requires: Mapping[str, Any] | None, manifest: Any, tex
         if key == "text" and isinstance(want, Mapping):
             out += _text_departures(want, text, text_folder, met)
             continue
-        if key not in ("vae", "text") and have[key] != want:
+        if key == "reg" and isinstance(want, Mapping):
+            out += reg_departures(want, reg, reg_folder, met)
+            continue
+        if key == "latent_space" and want is not None:
+            out += space_departures(str(want), m, met)
+            continue
+        if key not in ("vae", "text", "reg", "latent_space") and have[key] != want:
             fmt = (lambda v: "x".join(map(str, v))) if key == "latent_shape" else \
                 (lambda v: "none (a VAE)" if v is None else str(v))
             out.append(f"{words[key]} {fmt(have[key])} where the recipe needs {fmt(want)}")

@@ -4,7 +4,7 @@ class tokens checked before any GPU work, their checkpoint record and the plan l
 The math lives in dit/ (the network: dit/incontext.py `reg_dim`, `base_model_depth`; the loss terms: dit/flow.py with
 dit/reg.py). The class tokens are cached at extraction like REPA's teacher tokens (train/repa.py `CachedTeacher`): a
 sibling shard set of the same images and views (shards/siblings.py) whose latent is each view's DINOv2 class token
-[z, 1, 1] (`dit-extract --encoder dinov2-b-reg --encoder-formula reg`: NanoGen's `target_encoder: dinov2-vit-b`),
+[z, 1, 1] (`dit-extract --encoder dinov2-vit-b --encoder-formula reg`: NanoGen's `target_encoder: dinov2-vit-b`),
 joined to the batches by sample key (`train.data.Batch.teacher`, [B, 1, z]).
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dit_pipeline.common.settings import setting
 from dit_pipeline.dit.reg import REG_COEFF
 
 REG = "REG and internal guidance (NanoGen)"  # the --help section
-EXTRACT_HINT = "dit-extract --data-path IMAGES --encoder dinov2-b-reg --encoder-formula reg --dtype float32 --out FOLDER"
+EXTRACT_HINT = "dit-extract --data-path IMAGES --encoder dinov2-vit-b --encoder-formula reg --dtype float32 --out FOLDER"
 
 
 @dataclass(kw_only=True)

@@ -237,6 +237,8 @@ def test_tokens_are_nanogens(name, weights, tmp_path):
         (name, "features", "nanogen", "unit")
     assert (ident["latent_channels"], ident["downsample_factor"], ident["encoder_output"]) == (32, 16, "latent")
     assert ident["model"] == ENCODER_SPACES[name].model and len(ident["weights_sha256"] or "") == 64
+    # the registry's geometry, which the recipes' manifests are built from (tests/train/test_nanogen_matrix.py)
+    assert (ident["patch_size"], ident["prefix_tokens"]) == (ENCODER_SPACES[name].patch, ENCODER_SPACES[name].prefix)
     x = images()
     with torch.no_grad():
         got = enc.encode(x).latent

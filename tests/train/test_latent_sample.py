@@ -71,3 +71,29 @@ def test_mean_on_a_set_of_one_stored_draw_is_refused(tmp_path, shard_dir):
     assert not (tmp_path / "run" / "config.json").exists()
     plan = invoke_train(tiny_args(shard_dir, tmp_path / "ok", **{"latent-sample": "mean", "dry-run": None}))
     assert plan.exit_code == 0 and "store posterior (trained on its mean: --latent-sample mean)" in plan.output
+
+
+def test_a_mode_set_gives_the_posterior_sets_mean(tmp_path, tiny_vae_dir):
+    """`dit-extract --store mode` (the NanoGen recipes' extraction) stores the posterior's mean alone: with
+    --latent-sample mean the trainer's batches are those of a --store posterior set of the same images, value for
+    value, and the plan says what it trains on."""
+    from dit_pipeline.extract import ExtractConfig, run_extract
+    from tests._util import make_image_tree
+
+    tree = make_image_tree(tmp_path / "images", counts=(4, 4))
+    base = dict(data_path=str(tree), vae=str(tiny_vae_dir), image_size=32, flip=False, batch_size=4,
+                samples_per_shard=4, num_workers=0, quiet=True)
+    rows = {}
+    for store in ("posterior", "mode"):
+        run_extract(ExtractConfig(out=str(tmp_path / store), store=store, **base))
+        src = open_shards(str(tmp_path / store))
+        assert latent_sample_problem(src.manifest, "mean") is None
+        plan = plan_epoch(src.sizes, seed=0, epoch=0, world_size=1, workers=1, micro_batch=4, accum=1)
+        stream = EpochStream(src, plan, 0, seed=0, buffer=4, latent_sample="mean")
+        batches = list(make_loader(stream, num_workers=0, prefetch_factor=2, pin_memory=False))
+        rows[store] = {int(b.keys[i]): b.latents[i] for b in batches for i in range(len(b.keys))}
+    assert sorted(rows["mode"]) == sorted(rows["posterior"]) == list(range(8))
+    assert all(torch.equal(rows["mode"][k], rows["posterior"][k]) for k in rows["mode"])
+    out = invoke_train(tiny_args(tmp_path / "mode", tmp_path / "run", **{"latent-sample": "mean", "dry-run": None,
+                                                                        "global-batch-size": 4, "num-workers": 1}))
+    assert out.exit_code == 0 and "store mode (the VAE posterior's mean)" in out.output, out.output

@@ -7,7 +7,9 @@ src/configs/stage2.py, the tokenizer its src/stage1/vae.py loads, its sampling c
 NanoGen checkout (or bare git repository) the script runs again and must give the same configs, so a new or changed
 NanoGen config fails here. `TABLE` says, key by key, which recipe setting each NanoGen value becomes; `NOT_CARRIED`
 lists the keys no recipe setting carries, with the reason; a key in neither fails. `PENDING` lists what the recipes
-hold under `recipe.pending` (settings not built here yet) and which part of the work builds them.
+may hold under `recipe.pending` (settings not built here yet; none since REG was built) and which part builds them.
+A recipe plans here on the sets its own extraction commands write (tests/train/_nanogen_sets.py; every recipe's
+in tests/train/test_nanogen_matrix.py).
 """
 from __future__ import annotations
 
@@ -28,8 +30,10 @@ from dit_pipeline.dit.protocols import PROTOCOLS
 from dit_pipeline.sample.config import SampleConfig
 from dit_pipeline.train import merge_config
 from dit_pipeline.train.config import FIELD_NAMES, load_config_file, resolve_time_shift
+from dit_pipeline.shards import read_manifest, write_manifest
 from dit_pipeline.train.recipes import recognise, recognise_encoder
 from tests._util import REPO
+from tests.train import _nanogen_sets as sets
 from tests.train.conftest import invoke_train
 from tests.train.helpers import VAE_IDENTITY, hub_vae, recipe_manifest
 
@@ -39,24 +43,12 @@ FACTS: dict[str, Any] = json.loads(FIXTURE.read_text(encoding="utf-8"))["configs
 ABSENT = "<absent>"
 
 
-class Has:
-    """An expected text that the recipe's value contains."""
-
-    def __init__(self, part: str):
-        self.part = part
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, str) and self.part in other
-
-    def __repr__(self) -> str:
-        return f"<text with {self.part!r}>"
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # The table: NanoGen key -> {recipe setting: the value it must have}, from the key's value v, the config's values c
 # and its facts f (the stage-1 tokenizer). A recipe setting is a TrainConfig field, "requires.<key>" (the recipe's
 # `requires`), "preset.<arch key>" (the model preset with the recipe's overrides), "pending.<setting>" (the value
 # of that `pending` entry) or "pending_nanogen.<setting>" (its NanoGen key text).
+# "requires.latent_space" is NanoGen's name of the space, the name the extraction command gives (--vae / --encoder).
 
 def _text(c: dict) -> bool:
     return c["conditioning.type"] == "text"
@@ -90,15 +82,15 @@ NORMALIZATION = {"sdvae-ema": "scalar", "sdvae-mse": "scalar", "sdxl-vae": "scal
 def _tokenizer(v, c, f) -> dict:
     t = f["tokenizer"]
     if t["kind"] == "vae":  # src/stage1/vae.py l.216-221: sample_mode "mode" encodes the posterior's mean
-        return {"requires.vae": _hub(f), "requires.encoder": None,
+        return {"requires.vae": _hub(f), "requires.encoder": None, "requires.latent_space": t["vae_type"],
                 "requires.normalization": NORMALIZATION[t["vae_type"]],
                 "latent_sample": {"mode": "mean", "sample": "sample"}[t["sample_mode"]]}
     # RAE's features and the pixels have no posterior: one latent either way, the default setting
     if t["kind"] == "rae":
-        return {"requires.vae": ABSENT, "requires.encoder": t["encoder"], "requires.normalization": "per-position",
-                "latent_sample": "sample"}
-    return {"requires.vae": "pixels", "requires.encoder": None, "requires.normalization": "scalar",
-            "latent_sample": "sample"}
+        return {"requires.vae": ABSENT, "requires.encoder": t["encoder"], "requires.latent_space": t["encoder"],
+                "requires.normalization": "per-position", "latent_sample": "sample"}
+    return {"requires.vae": "pixels", "requires.encoder": None, "requires.latent_space": ABSENT,
+            "requires.normalization": "scalar", "latent_sample": "sample"}
 
 
 def _prediction(v, c, f) -> dict:
@@ -133,9 +125,10 @@ def _decay_end(v, c, f) -> dict:
 
 
 def _reg(v, c, f) -> dict:
-    """REG is pending (not built here yet): the recipe holds its values under `pending`."""
-    return {"pending.reg_coeff": c["repa.reg_coeff"] if v else ABSENT,
-            "pending.reg_encoder": c["repa.target_encoder"] if v else ABSENT}
+    """REG (src/train.py l.121-127, src/stage2/engine.py l.114-121): the run trains the class token (use_reg) from
+    the class tokens --reg-tokens gives, which `requires.reg` checks (the target encoder at its resolution)."""
+    return {"use_reg": bool(v), "requires.reg": {"encoder": c["repa.target_encoder"],
+                                                 "resolution": c["repa.target_encoder_resolution"]} if v else ABSENT}
 
 
 def _with_reg(setting: str, shown: Callable[[Any], Any] = lambda v: v) -> Callable[..., dict]:
@@ -230,10 +223,9 @@ TABLE: dict[str, Callable[..., dict]] = {
     # REPA, REG, internal guidance
     "repa.use_repa": _is(False, repa=None),
     "repa.use_reg": _reg,
-    "repa.reg_coeff": _with_reg("pending.reg_coeff"),
-    "repa.target_encoder": _with_reg("pending.reg_encoder"),
-    "repa.target_encoder_resolution": _with_reg("pending_nanogen.reg_encoder",
-                                                lambda v: Has(f"target_encoder_resolution {v}")),
+    "repa.reg_coeff": _same("reg_coeff"),  # 0.03 in every config, REG's or not: our default, set where REG acts
+    "repa.target_encoder": _with_reg("requires.reg.encoder"),
+    "repa.target_encoder_resolution": _with_reg("requires.reg.resolution"),
     "repa.repa_coeff": _only_with("repa.use_repa"),
     "repa.repa_layer_depth": _only_with("repa.use_repa"),
     "repa.z_dim": _is(None),  # set at run time from the target encoder
@@ -288,17 +280,10 @@ NOT_CARRIED: dict[str, str] = {
 }
 
 # recipe.pending: the settings the recipes hold that this toolkit does not build yet, and where they are built
-PENDING = {
-    "reg_coeff": "reg (REG, issue 44 item 4)",
-    "reg_encoder": "reg (REG, issue 44 item 4: the DINOv2-B class token cached at extraction)",
-}
+# (REG's reg_coeff and reg_encoder were, until REG was built: they are the recipes' use_reg, reg_coeff, requires.reg)
+PENDING: dict[str, str] = {}
 # pending settings that are TrainConfig fields already, refused in that recipe's combination (validate / the plan)
 PENDING_REFUSED: dict[str, str] = {}
-
-# The guided sampling config of a recipe that the recipe's `sampling` does not express yet, and who builds it
-SAMPLING_PENDING = {
-    **{n: "reg (REG's sampler evolves and guides the class token)" for n in FACTS if FACTS[n]["values"]["repa.use_reg"]},
-}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -306,7 +291,8 @@ SAMPLING_PENDING = {
 def _load(name: str) -> tuple[Any, dict]:
     values = load_config_file(NANOGEN / f"{name}.yaml")
     cfg = merge_config(values, {"shards": "s", "run_dir": "r", **({"text": "t"} if values.get("conditioning") ==
-                                                                 "text" else {})})
+                                                                 "text" else {}),
+                                **({"reg_tokens": "c"} if values.get("use_reg") else {})})
     return cfg, values
 
 
@@ -399,18 +385,16 @@ def test_the_recipe_has_its_configs_values(name):
 def test_the_recipe_samples_as_nanogens_sampling_config(name):
     """The recipe's `sampling` is the protocol row of the config's guided sampling config (its -cfg* file, else its
     own), `nanogen/<sampling config>`, whose steps, guidance scale and interval and grid shift sqrt(dim /
-    time_dist_shift_base_eval) are the config's; where the row's sampler is still being built, `SAMPLING_PENDING`
-    says so."""
+    time_dist_shift_base_eval) are the config's; a REG config's row needs REG's class token."""
     f, (cfg, _) = FACTS[name], _load(name)
     sampling = cfg.recipe["sampling"]
     SampleConfig(ckpt="m.pt", npz="s.npz", **sampling).validate()
     guided = [s for s in f["sampling"] if "-cfg" in s["name"]] or f["sampling"]
     s, v = guided[0], f["values"]
     assert s["name"] in cfg.recipe["source"]
-    if name in SAMPLING_PENDING:
-        return
     assert sampling["protocol"] == f"nanogen/{s['name']}" and "cfg_scale" not in sampling
     p = PROTOCOLS[sampling["protocol"]]
+    assert p.applies_to.requires == (("reg",) if v["repa.use_reg"] else ())
     shape = tuple(v["misc.latent_size"])
     assert (p.solver, len(p.times(shape)) - 1) == ("meanflow" if _mf(v) else "euler", s["sampler.num_steps"])
     if _mf(v):  # post_process (src/configs/stage2.py l.169-170): MeanFlow samples without guidance
@@ -426,7 +410,7 @@ def test_the_recipe_samples_as_nanogens_sampling_config(name):
 def test_pending_settings_are_named_and_not_built_yet():
     """Each `pending` entry names a setting of `PENDING` (which part builds it) and is not a TrainConfig field yet,
     or one whose value this recipe's combination refuses (`PENDING_REFUSED`); when a field lands, move the value out
-    of `pending` into the recipe and this row into `TABLE`."""
+    of `pending` into the recipe and this row into `TABLE` (as REG's did). No recipe holds one today."""
     seen = set()
     for name in FACTS:
         for x in load_config_file(NANOGEN / f"{name}.yaml")["recipe"].get("pending") or []:
@@ -442,16 +426,15 @@ def test_pending_settings_are_named_and_not_built_yet():
 IMAGENET_SHARDS: dict[str, dict] = {}
 
 
+def _fitting_sets(root: Path, name: str) -> dict[str, Path]:
+    """ImageNet-sized manifests (no shard written) of the sets recipe `name`'s own extraction commands write:
+    {"latents": its manifest.json, "reg": REG's class-token set (REG recipes)}; statistics files the commands
+    name are written relative to the working folder (tests/train/_nanogen_sets.py)."""
+    return sets.write_sets(load_config_file(NANOGEN / f"{name}.yaml")["recipe"], root / name)
+
+
 def _fitting_manifest(root: Path, name: str) -> Path:
-    """An ImageNet-sized manifest (no shard written) of the extraction recipe `name` requires."""
-    req = load_config_file(NANOGEN / f"{name}.yaml")["recipe"]["requires"]
-    shape = tuple(req["latent_shape"])
-    encoder = {"kind": "features", "model": req["encoder"], "name": req["encoder"],
-               "weights": "pretrained"} if req.get("encoder") else None
-    vae = req.get("vae")
-    return recipe_manifest(root / name, shape, views=req["views"], normalization=req.get("normalization", "scalar"),
-                           encoder=encoder, image_size=req["image_size"],
-                           vae="pixels" if vae == "pixels" else (hub_vae(vae, shape[0]) if vae else None))
+    return _fitting_sets(root, name)["latents"]
 
 
 def _plan(args: list, ok: bool = True) -> str:
@@ -462,7 +445,11 @@ def _plan(args: list, ok: bool = True) -> str:
 
 def _class_plan(tmp_path: Path, name: str, *flags: Any, ok: bool = True, manifest: Path | None = None,
                 config: Path | None = None) -> str:
-    manifest = manifest or _fitting_manifest(tmp_path / "sets", name)
+    """The plan of recipe `name` on `manifest` (default: the sets its extraction writes, with its class tokens as
+    --reg-tokens for REG)."""
+    if manifest is None:
+        made = _fitting_sets(tmp_path / "sets", name)
+        manifest, flags = made["latents"], (*(["--reg-tokens", made["reg"]] if "reg" in made else []), *flags)
     return _plan(["--config", config or NANOGEN / f"{name}.yaml", "--shards", "shard-{000000..001281}.tar",
                   "--manifest", manifest, "--run-dir", tmp_path / "run", *flags], ok)
 
@@ -473,13 +460,13 @@ CLASS_PLANS = ["ddt-en28d1152hd72-dn2d2048hd128-sdvae-ema-vpred-t4c8",  # SD-VAE
                "ddt-en28d1152hd72-dn2d2048hd128-e2e-flux-vpred-t4c8",  # an E2E VAE
                "jit-ddt-en28d1152hd72-dn2d2048hd128-xpred-t4c8",  # pixels, x-prediction
                "pixelgen-ddt-en28d1152hd72-dn2d2048hd128-xpred-t4c8-0.1lpips-0.01pdino-thresh0.7",
-               "mf-ddt-en28d1152hd72-dn2d2048hd128-sdvae-mse-vpred-t4c8-kappa0.5"]  # NanoGen's MeanFlow
+               "mf-ddt-en28d1152hd72-dn2d2048hd128-sdvae-mse-vpred-t4c8-kappa0.5",  # NanoGen's MeanFlow
+               "ddt-en28d1152hd72-dn2d2048hd128-rae-dinov2-reg0.03-rmsnorm-vpred-t4c8"]  # REG
 
 
 def _runnable(task: str, default: list) -> list:
-    """The recipes of `task` with nothing pending (REG is refused until built: below); `default` runs in the suite,
-    the others with -m sweep."""
-    names = [n for n, f in FACTS.items() if f["task"] == task and not f["values"]["repa.use_reg"]]
+    """The recipes of `task`; `default` runs in the suite, the others with -m sweep."""
+    names = [n for n, f in FACTS.items() if f["task"] == task]
     return [n if n in default else pytest.param(n, marks=pytest.mark.sweep) for n in sorted(names)]
 
 
@@ -491,12 +478,19 @@ def test_an_imagenet_recipe_plans_on_fitting_shards_without_a_departure(name, tm
     tok = FACTS[name]["tokenizer"]
     if tok["kind"] == "vae":
         assert f"  requires    VAE {_hub(FACTS[name])}: its hub id" in plan
-        assert "store posterior (trained on its mean: --latent-sample mean)" in plan  # NanoGen's mode
+        assert f"  requires    latent space {tok['vae_type']}: NanoGen's, normalized by the VAE's own" in plan
+        assert "store mode (the VAE posterior's mean)" in plan  # NanoGen's mode, as --store mode stores it
+    if FACTS[name]["values"]["repa.use_reg"]:
+        assert "  requires    REG class tokens dinov2-vit-b at 256 px: its target encoder dinov2-vit-b" in plan
+        assert "  reg         class tokens of vit_base_patch14_reg4_dinov2 (768 wide, 224 px" in plan
     if _mf(FACTS[name]["values"]):
         assert "with probability 0.75 the whole step (every rank) is flow matching" in plan
         assert "velocity (z_t - x) / max(t, 0.05)" in plan
     elif tok["kind"] == "rae":
-        assert f"  requires    feature encoder {tok['encoder']}: its name {tok['encoder']}" in plan
+        assert f"  requires    feature encoder {tok['encoder']}: its latent space {tok['encoder']}" in plan
+        stats = (tmp_path / "sets" / name / "pretrained_models/stage1/stats" / tok["encoder"] / "stats.pt").resolve()
+        assert f"  requires    latent space {tok['encoder']}: NanoGen's, normalized by the statistics file {stats}" \
+            in plan
     assert "  batch       global 1024 = 1 rank(s)" in plan and "length      epochs 80 -> " in plan
 
 
@@ -532,7 +526,6 @@ def _fitting_text_sets(captioned: Path, dest: Path, name: str, text_identity: di
     latent shape, image size, VAE, normalization; the text encoder `text_identity`, by default Qwen3-0.6B at width
     1024), claiming 8 shards of 1000 samples (sparse files of the recorded size) so that a batch of 1024 plans: the
     plan reads the manifests, not the samples."""
-    from dit_pipeline.common.latent_norm import mean_var_record, stats_record
     from dit_pipeline.shards import sample_key, shard_name
     from dit_pipeline.shards.text import length_edges, length_histogram
 
@@ -549,25 +542,31 @@ def _fitting_text_sets(captioned: Path, dest: Path, name: str, text_identity: di
     m = json.loads((latents / "manifest.json").read_text())
     m.update(shards=records, total_samples=8000, samples_per_shard=1000, latent_shape=shape,
              image_size=req["image_size"])
-    if req.get("encoder"):
-        m["extraction"]["vae"], m["extraction"]["encoder"] = None, {"kind": "features", "model": req["encoder"],
-                                                                    "weights": "pretrained"}
-    elif req["vae"] == "pixels":
-        from dit_pipeline.common.pixels import pixel_identity
-        from dit_pipeline.shards.pixels import pixels_entry
-
-        m["extraction"]["vae"] = pixel_identity(req["image_size"])
-        m.update(store="pixels", dtype="uint8", scaling_factor=1.0, pixels=pixels_entry(req["image_size"], 1))
-    else:
-        m["extraction"]["vae"] = vae or hub_vae(req["vae"], shape[0])
-    norm = req.get("normalization", "scalar")
-    if norm != "scalar":
-        import numpy as np
-
-        m["normalization"] = stats_record([0.0] * shape[0], [1.0] * shape[0], {"kind": "stats"}) \
-            if norm == "per-channel" else mean_var_record(np.zeros(shape, np.float32), np.ones(shape, np.float32),
-                                                          {"kind": "stats"})
+    # what the recipe's own latent command writes (its tokenizer, store and normalization), the captions kept
+    made = sets.command_manifest(sets.roles(load_config_file(NANOGEN / f"{name}.yaml")["recipe"])["latents"], dest,
+                                 8000)
+    m["extraction"].update(vae=vae or made.extraction["vae"], encoder=made.extraction.get("encoder"),
+                           store=made.extraction["store"])
+    m.update(store=made.store, dtype=made.dtype, scaling_factor=made.scaling_factor, shift_factor=made.shift_factor,
+             format_version=max(m["format_version"], made.format_version))
+    for key in ("normalization", "pixels"):  # present only when set
+        m.pop(key, None)
+        if getattr(made, key) is not None:
+            m[key] = getattr(made, key)
     (latents / "manifest.json").write_text(json.dumps(m))
+    commands = sets.roles(load_config_file(NANOGEN / f"{name}.yaml")["recipe"])
+    if "reg" in commands:  # REG's class tokens of the same images: dest/reg, which _text_plan passes
+        tokens = sets.command_manifest(commands["reg"], dest, 8000)
+        reg = {k: v for k, v in m.items() if k not in ("normalization", "pixels", "captions")}
+        reg.update(extraction={**m["extraction"], "vae": None, "encoder": tokens.extraction["encoder"],
+                               "store": tokens.extraction["store"], "dtype": tokens.dtype},
+                   store=tokens.store, dtype=tokens.dtype, latent_shape=tokens.latent_shape, scaling_factor=1.0,
+                   shift_factor=None, format_version=tokens.format_version)
+        (dest / "reg").mkdir()
+        for r in records:
+            with open(dest / "reg" / r["name"], "wb") as fh:
+                fh.truncate(r["bytes"])
+        (dest / "reg" / "manifest.json").write_text(json.dumps(reg))
     t = json.loads((text / "manifest.json").read_text())
     encoder = {**t["text"]["encoder"], **(QWEN3 if text_identity is None else text_identity)}
     t["text"]["encoder"] = t["extraction"]["text_encoder"] = encoder
@@ -581,8 +580,9 @@ def _fitting_text_sets(captioned: Path, dest: Path, name: str, text_identity: di
 
 def _text_plan(dest: Path, name: str, latents: Path, text: Path, *flags: Any, ok: bool = True,
                config: Path | None = None) -> str:
+    reg = ["--reg-tokens", latents.parent / "reg"] if (latents.parent / "reg").is_dir() else []
     return _plan(["--config", config or NANOGEN / f"{name}.yaml", "--shards", latents, "--text", text, "--run-dir",
-                  dest / "run", *flags], ok)
+                  dest / "run", *reg, *flags], ok)
 
 
 T2I = "t2i-ddt-en28d1152hd72-dn2d2048hd128-sdvae-ema-vpred-t4"
@@ -712,17 +712,31 @@ def test_a_random_vae_no_longer_passes_the_dit_recipe(tmp_path):
     assert "the paper states FID 2.27" in out
 
 
-def test_reg_recipes_are_refused_until_built(tmp_path):
-    """A recipe with `pending` settings is refused naming them; --allow-departures runs without them, each a
-    departure, so the paper's numbers are never put beside such a run."""
+def test_a_reg_recipe_needs_nanogens_class_tokens(tmp_path):
+    """A REG recipe (use_reg, reg_coeff 0.03: repa.use_reg, repa.reg_coeff) plans on its class tokens (above); a
+    token set of another encoder (DINOv2-B without registers, through RAE's preset) is a departure, refused naming
+    it, or with --allow-departures listed; without --reg-tokens the run is refused naming the command."""
+    import dataclasses as dc
+
+    from dit_pipeline.common.features import FORMULA_REG
+
     name = "ddt-en28d1152hd72-dn2d2048hd128-sdvae-ema-reg0.03-rmsnorm-vpred-t4c8"
-    manifest = _fitting_manifest(tmp_path / "sets", name)
-    out = _class_plan(tmp_path, name, ok=False, manifest=manifest)
-    assert "sets what this toolkit does not build yet: REG: the target encoder's class token" in out
-    assert "or pass --allow-departures to train without it" in out
-    plan = _class_plan(tmp_path, name, "--allow-departures", manifest=manifest)
-    assert "this run departs from it in 2 way(s)" in plan
-    assert "  departs     not built here yet: REG's target encoder, DINOv2-B with registers at 256 px" in plan
+    made = _fitting_sets(tmp_path / "sets", name)
+    other = tmp_path / "other"
+    m = read_manifest(made["reg"])
+    enc = {**{k: v for k, v in m.extraction["encoder"].items() if not k.startswith("target_encoder")},
+           "model": "vit_base_patch14_dinov2", "formula": FORMULA_REG}  # dit-extract --encoder dinov2-b ...
+    other.mkdir()
+    write_manifest(other, dc.replace(m, extraction={**m.extraction, "encoder": enc}))
+    args = ["--manifest", made["latents"], "--reg-tokens", other]
+    out = _class_plan(tmp_path, name, *args, ok=False, manifest=made["latents"])
+    assert f"REG class tokens {other}: vit_base_patch14_dinov2, formula reg, 224 px input where the recipe needs " \
+           "the class tokens of dinov2-vit-b at 256 px (dit-extract --encoder dinov2-vit-b --encoder-formula reg)" \
+           in out and "or pass --allow-departures" in out
+    plan = _class_plan(tmp_path, name, *args, "--allow-departures", manifest=made["latents"])
+    assert "this run departs from it in 1 way(s)" in plan and f"departs     shards: REG class tokens {other}" in plan
+    out = _class_plan(tmp_path, name, ok=False, manifest=made["latents"])
+    assert "--use-reg needs the class tokens: --reg-tokens FOLDER" in out
 
 
 def test_an_old_recipe_path_reads_the_moved_recipe(tmp_path):
@@ -772,7 +786,7 @@ def test_the_docs_commands_parse(tmp_path, monkeypatch):
                 if name in commands:
                     found.append((name, words[i + 1:]))
                     break
-    assert len(found) == 6
+    assert len(found) == 8
     monkeypatch.chdir(tmp_path)
     for name, args in found:
         for a in args:
