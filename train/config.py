@@ -31,29 +31,30 @@ from dit_pipeline.train.recipes import recipe_problems
 from dit_pipeline.train.repa import REPA, RepaSettings
 from dit_pipeline.train.schedule import schedule_problems
 from dit_pipeline.train.text import TEXT_FEATURES
+from dit_pipeline.train.validation import VAL, ValSettings
 
 ATTENTION_BACKENDS = ("auto", "cudnn", "flash", "efficient", "math")  # train.speed applies them
 DEFAULT_MAX_STEPS = 400_000   # neither --max-steps nor --epochs: the DiT paper's length for its comparisons
 DEFAULT_NUM_WORKERS = 4       # loader processes per rank, unless the shard set has fewer shards per rank
 
-DATA, MODEL, OBJECTIVE = "Data", "Model", "Objective"
+DATA, MIX, MODEL, OBJECTIVE = "Data", "Data mix", "Model", "Objective"
 LENGTH, OPTIM, SPEED, CKPT = "Length and batch", "Optimisation", "Speed and memory", "Checkpoints and logging"
 _PRESETS = "the family's: off for DiT, as its release for the others"
 MODEL_OPTIONS = ("qk_norm", "rms_norm", "swiglu", "rope", "wo_shift")  # block switches, passed only when given
 ARCH_OVERRIDES = ("depth", "hidden_size", "num_heads", "patch_size", "encoder_depth", "head_depth", "head_hidden_size",
                   "head_num_heads", "bottleneck_dim", "in_context_len", "in_context_start", "num_t_tokens", "num_c_tokens")
 RUN_CONDITIONINGS = ("auto", *CONDITIONINGS)  # --conditioning; auto: text with --text, else class labels
-GROUPS = (DATA, MODEL, OBJECTIVE, REPA, LENGTH, OPTIM, GUARD, SPEED, CKPT, GRIDS)  # the order of dit-train --help
+GROUPS = (DATA, MIX, MODEL, OBJECTIVE, REPA, LENGTH, OPTIM, GUARD, SPEED, CKPT, VAL, GRIDS)  # dit-train --help's order
 
 
 @dataclass(kw_only=True)
-class TrainConfig(GuardSettings, RepaSettings, FidSettings, GridSettings):
+class TrainConfig(ValSettings, GuardSettings, RepaSettings, FidSettings, GridSettings):
     """Every setting of a training run. The sample-grid, FID and alignment settings belong to their own types
     (sample.grid.GridSettings, evaluate.hook.FidSettings, train.repa.RepaSettings), inherited here so that the
     stored config stays one flat JSON object."""
 
     # data
-    shards: str = setting(help="Shard folder (with manifest.json), or a URL list 'a::b' / brace pattern "
+    shards: str | None = setting(None, help="Shard folder (with manifest.json), or a URL list 'a::b' / brace pattern "
                           "(s3://bucket/shard-{000000..000127}.tar, pipe:CMD) together with --manifest", group=DATA)
     run_dir: str = setting(help="Run folder: checkpoints/, metrics.jsonl, log.txt, logs/, config.json", group=DATA)
     manifest: str | None = setting(None, "manifest.json of the shard set, when --shards is a URL list or pattern",
@@ -68,6 +69,21 @@ class TrainConfig(GuardSettings, RepaSettings, FidSettings, GridSettings):
     prefetch_factor: int = setting(2, "Batches each loader worker prepares ahead", group=DATA)
     skip_bad_shards: bool = setting(False, "Skip (and count) a shard that turns out unreadable instead of "
                                     "stopping", group=DATA, shown="stop")
+    # a data mix (train/mix.py, docs/data-mix.md): --source repeated, or a YAML file
+    source: list[str] | None = setting(
+        None, "A source of a data mix: 'SHARDS key=value ...' (repeat the option; keys proportion, repeat, choose "
+        "(MosaicML Streaming's weights), text, caption, template, class_names, holdout, name, manifest; "
+        "docs/data-mix.md)", group=MIX, shown="none: --shards alone")
+    mix: str | None = setting(None, "YAML file of a data mix: sources (each a mapping of the --source keys), "
+                              "epoch_size, lanes", group=MIX)
+    mix_epoch_size: int | None = setting(None, "Samples per epoch of a mix weighted by proportion", group=MIX,
+                                         shown="the sources' samples together")
+    mix_lanes: int | None = setting(
+        None, "Readers of the mix's global sample sequence, fixed for the run (a resume may use any world size that "
+        "divides them)", group=MIX, shown="world size x loader workers, dividing the global batch")
+    new_mix: bool = setting(False, "Resume a run on other sources than its checkpoint's: training continues at the "
+                            "next epoch's start, and the checkpoint's mix history records the change", group=MIX)
+    data_mix: dict[str, Any] | None = setting(None, help="the resolved mix (train/mix.py)", group=MIX, cli=False)
     verify_shards: bool = setting(
         True, "Check each shard's sha256 against the manifest while training: before its samples are used when "
         "the shards read at once fit in a quarter of the host memory, else as it streams (the plan says which)",
@@ -251,6 +267,8 @@ class TrainConfig(GuardSettings, RepaSettings, FidSettings, GridSettings):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if isinstance(self.source, tuple):  # repeated --source flags
+            self.source = list(self.source) or None
         if isinstance(self.time_shift, str) and self.time_shift.strip() != "auto":  # "2.5" from the flag
             try:
                 self.time_shift = float(self.time_shift)
@@ -260,8 +278,13 @@ class TrainConfig(GuardSettings, RepaSettings, FidSettings, GridSettings):
     def validate(self) -> None:
         """Raise ConfigError listing every invalid setting (nothing about world size: see batch_plan)."""
         p: list[str] = []
-        if not str(self.shards or "").strip():
-            p.append("--shards is required: a shard folder (with manifest.json) or a URL list/pattern")
+        mixed = bool(self.source or self.mix)
+        if not str(self.shards or "").strip() and not mixed:
+            p.append("--shards is required: a shard folder (with manifest.json) or a URL list/pattern (or a data "
+                     "mix: --source / --mix)")
+        if mixed:
+            p += self._mix_problems()
+        p += self.val_problems(mixed)
         if not str(self.run_dir or "").strip():
             p.append("--run-dir is required: the folder for checkpoints, logs and metrics")
         if self.micro_batch_size != "auto":
@@ -288,7 +311,7 @@ class TrainConfig(GuardSettings, RepaSettings, FidSettings, GridSettings):
         if self.text is not None and self.conditioning not in ("auto", "text"):
             p.append(f"--text conditions the model on text; --conditioning {self.conditioning} does not use it "
                      "(drop one)")
-        elif self.conditioning == "text" and self.text is None:
+        elif self.conditioning == "text" and self.text is None and not mixed:
             p.append("--conditioning text needs --text FOLDER, the text set of the shards' captions (dit-extract "
                      "--text-encoder NAME --data-path SHARDS --out FOLDER)")
         if self.grad_clip is not None and not self.grad_clip > 0:
@@ -317,6 +340,17 @@ class TrainConfig(GuardSettings, RepaSettings, FidSettings, GridSettings):
         p += self.grid_problems(fid_on=self.fid_every is not None, sampler=GRID_SAMPLER.get(self.objective, "ddim"))
         p += self.fid_problems(objective=self.objective) + self._guidance_problems()
         collect(p, "training configuration")
+
+    def _mix_problems(self) -> list[str]:
+        """A data mix replaces --shards, --manifest and --text (each source names its own)."""
+        given = [flag for flag, on in (("--shards", self.shards), ("--manifest", self.manifest), ("--text", self.text),
+                                       ("--repa", self.repa)) if on]
+        p = [f"{', '.join(given)} with a data mix: each source names its shards (manifest=) and its text set "
+             "(text=) in --source / --mix" + (", and --repa does not read a mix" if self.repa else "")] if given else []
+        if self.source and self.mix:
+            p.append("give the sources either as --source options or in a --mix file, not both")
+        p += positive(self, "mix_epoch_size", "mix_lanes")
+        return p
 
     def _guidance_problems(self) -> list[str]:
         """Grid and FID guidance settings that would do nothing (issue 41: refused with the reason, never recorded
@@ -581,7 +615,8 @@ def merge_config(file_values: dict[str, Any], flag_values: dict[str, Any]) -> Tr
                             "departures": setting_departures(file_values, flag_values, defaults)}
     if merged.get("objective") is None and (implied := implied_objective(merged.get("model"))):
         merged["objective"] = implied
-    missing = [n for n in ("shards", "run_dir") if merged.get(n) in (None, "")]
+    needed = ("run_dir",) if merged.get("source") or merged.get("mix") else ("shards", "run_dir")
+    missing = [n for n in needed if merged.get(n) in (None, "")]
     if missing:
         raise ConfigError([f"{flag_name(n)} is required (as a flag or in --config)" for n in missing],
                           "training configuration")

@@ -37,16 +37,17 @@ from dit_pipeline.common.log import get_logger, progress_enabled
 from dit_pipeline.common.seeding import STREAM_DROPOUT, STREAM_TIMESTEP, generator
 from dit_pipeline.dit import repa
 from dit_pipeline.train.checkpoint import CheckpointManager
-from dit_pipeline.train.data import Batch, EpochStream, ReaderEvent, make_loader
+from dit_pipeline.train.data import Batch, ReaderEvent
 from dit_pipeline.train.diverge import TrainingDiverged, check_finite, roll_back  # noqa: F401 (raised here)
 from dit_pipeline.train.hooks import HookContext, PeriodicHook
 from dit_pipeline.train.guard import Guard, GuardPart, injected_fault
 from dit_pipeline.train.metrics import LOSS_TERMS, METRICS, Meter, MetricsLog, StepReport, interval_record, mfu
 from dit_pipeline.train.net import TrainModel
-from dit_pipeline.train.partition import EpochPlan, plan_epoch
-from dit_pipeline.train.parts import Part, ProgressPart, ShardSetPart, build_parts, load_all
+from dit_pipeline.train.feeds import make_feed, mix_part, shard_set_part
+from dit_pipeline.train.partition import EpochPlan
+from dit_pipeline.train.parts import Part, ProgressPart, build_parts, load_all
 from dit_pipeline.train.preflight import Preflight
-from dit_pipeline.train.repa import CachedTeacher, TeacherClock
+from dit_pipeline.train.repa import TeacherClock
 from dit_pipeline.train.speed import ema_update
 from dit_pipeline.train.text import BatchText, online_encoder, run_conditioning
 from dit_pipeline.train.state import TrainState, comm_guard, weights_fingerprint
@@ -85,20 +86,24 @@ class Trainer:
             if net.ema is not None else []
         self.ema_params, self.ema_sources = [e for e, _ in pairs], [p for _, p in pairs]
         self.latent_shape = tuple(self.source.manifest.latent_shape)
-        self.shard_set = ShardSetPart.of(self.source.manifest, self.source.fingerprint)
+        self.shard_set = shard_set_part(prep)
         self.cond = run_conditioning(net.model, prep.text)  # dit/conditioning.py, train/text.py
         # --text: the text set's features beside each batch (cached), or the batch's captions encoded here (online)
         self.text = BatchText(online_encoder(prep.text, self.device) if prep.text is not None
                               and self.cfg.text_features == "online" else None)
-        self.text_set = (prep.text.folder, prep.text.manifest) if prep.text is not None else None
+        # where the batches come from: one shard set or a data mix (train/feeds.py)
+        self.feed = make_feed(prep, rank=self.rank, teacher=net.teacher, online=self.text.encoder is not None)
+        self.current_plan: Any = None
         self.guard = Guard(self.cfg)
         self.rollback_due = False
         self.parts: list[Part] = build_parts(
             objective=self.cfg.objective, config=self.cfg.to_dict(), shard_set=self.shard_set, model=net.model,
             ema=net.ema, head=net.head, teacher=net.teacher.identity if net.teacher is not None else None,
             opt=net.opt, scaler=net.scaler,
-            progress=ProgressPart(self.state, self.layout, lambda epoch: self.plan(epoch).steps),
-            guard=GuardPart(self.guard), text=prep.text.record(self.cfg.text_features) if prep.text else None)
+            progress=ProgressPart(self.state, self.layout, lambda epoch: self.plan(epoch).steps,
+                                  same_stream=self.feed.same_stream),
+            guard=GuardPart(self.guard), text=prep.text.record(self.cfg.text_features) if prep.text else None,
+            mix=mix_part(prep, self.feed, self.state))
         self.last_saved = self.state.step
         self._consecutive_overflows = 0
         self.teacher_clock = TeacherClock(self.device)
@@ -112,12 +117,9 @@ class Trainer:
                 or (self.cfg.epochs is not None and s.epoch >= self.cfg.epochs))
 
     def plan(self, epoch: int) -> EpochPlan:
-        """The epoch's reading plan; shards skipped as bad count as empty, so an epoch is a full pass over the
-        remaining ones (not a pass that ends early, every epoch, at the bad shard)."""
-        bad = set(self.state.bad_shard_names)
-        sizes = [0 if rec.name in bad else rec.samples for rec in self.source.manifest.shards]
-        return plan_epoch(sizes, seed=self.cfg.seed, epoch=epoch, world_size=self.world,
-                          workers=self.layout.workers, micro_batch=self.batch.micro_batch, accum=self.batch.accum)
+        """The epoch's reading plan (the feed's); shards skipped as bad count as empty, so an epoch is a full pass
+        over the remaining ones (not a pass that ends early, every epoch, at the bad shard)."""
+        return self.feed.plan(epoch, self.state.bad_shard_names)
 
     def lr_at(self, step: int) -> float:
         """The lr of the update after `step` steps: a pure function of the step (train.schedule)."""
@@ -172,17 +174,9 @@ class Trainer:
 
     def run_epoch(self, plan: EpochPlan, stop: Any, bar: tqdm) -> str:
         s = self.state
-        stream = EpochStream(self.source, plan, self.rank, seed=self.cfg.seed, buffer=self.cfg.shuffle_buffer,
-                             shards_in_flight=self.cfg.shards_in_flight, start_batch=s.step_in_epoch * self.batch.accum,
-                             skip_bad_shards=self.cfg.skip_bad_shards, sha256=self.sha256,
-                             exclude=frozenset(self.source.index_of(n) for n in s.bad_shard_names),
-                             pixels=self.p.teacher is not None and not isinstance(self.p.teacher, CachedTeacher),
-                             sibling=((self.p.teacher.folder, self.p.teacher.manifest)
-                                      if isinstance(self.p.teacher, CachedTeacher) else None),
-                             text=self.text_set if self.text.encoder is None else None,
-                             captions=self.text.encoder is not None)
-        loader = make_loader(stream, num_workers=self.cfg.num_workers or 0, prefetch_factor=self.cfg.prefetch_factor,
-                             pin_memory=self.device.type == "cuda")
+        self.current_plan = plan
+        loader = self.feed.loader(plan, s.step_in_epoch, bad=s.bad_shard_names, prefetch_factor=self.cfg.prefetch_factor,
+                                  pin_memory=self.device.type == "cuda")
         try:
             while s.step_in_epoch < plan.steps:
                 if self.done():
@@ -212,7 +206,7 @@ class Trainer:
         exhausted = any(isinstance(it, ReaderEvent) and it.kind == "exhausted" for it in items)
         with comm_guard("the pre-step all-reduce", self.state.step + 1):
             total = dist.all_reduce_named({"stop": float(stop.requested), "exhausted": float(exhausted),
-                                           "skipped_shards": float(len(skipped))},
+                                           "skipped_shards": float(len(skipped)), **self.feed.step_values(items)},
                                           per_rank={"read_error": float(bool(errors))})
         if total["skipped_shards"] > 0:  # every rank learns every skipped shard: the epoch plans stay equal
             with comm_guard("sharing the skipped shards", self.state.step + 1):
@@ -230,12 +224,13 @@ class Trainer:
             self.log.warning(f"epoch {plan.epoch} ended after {self.state.step_in_epoch} of {plan.steps} steps: "
                              f"a reader ran out of samples ({self.state.bad_shards} distinct shard(s) skipped so far)")
             return "exhausted"
+        self.feed.step_done(total.sums, plan.epoch, self.state.step_in_epoch, plan)  # e.g. a mix's samples per source
         return "go"
 
     def note_skipped(self, skipped: list[tuple[str, str]]) -> None:
         """Record shards skipped with --skip-bad-shards: each is warned about once and read by no later epoch."""
         for url, problem in skipped:
-            name = self.source.manifest.shards[self.source.urls.index(url)].name
+            name = self.feed.shard_name(url)
             if name in self.state.bad_shard_names:
                 continue
             self.state.bad_shard_names.append(name)
@@ -370,6 +365,8 @@ class Trainer:
                "rollbacks": len(self.guard.rollbacks), "world_size": self.world}
         if self.guard.rollbacks:  # where each happened and where it went back to (dit-report marks them there)
             rec["rollback_steps"] = [[r["step"], r["to"]] for r in self.guard.rollbacks]
+        plan = self.current_plan if self.current_plan is not None else self.plan(s.epoch)
+        rec.update(self.feed.log_fields(plan))  # a mix: samples seen, realised and asked share per source
         self.metrics.write(rec)
         self.metrics.write_rank({"step": s.step, **interval_record(own, elapsed)})
         mem = f" mem {rec['peak_mem_gb']:.1f}G" if rec["peak_mem_gb"] is not None else ""
@@ -381,6 +378,8 @@ class Trainer:
         self.log.info(f"step {s.step}{f'/{self.total_steps}' if self.total_steps else ''} epoch {s.epoch} "
                       f"loss {loss:.4f}{f' ({terms})' if terms else ''} grad {rec.get('grad_norm', nan):.3g} "
                       f"lr {rec['lr']:.3g} {images_per_s:.1f} img/s data-wait {rec['data_wait']:.0%}{mem}{util}")
+        if (line := self.feed.log_line(plan)) is not None:
+            self.log.info(line)
         bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
         m.reset()
         own.reset()
