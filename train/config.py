@@ -248,6 +248,9 @@ class TrainConfig(ValSettings, GuardSettings, RepaSettings, FidSettings, GridSet
     peak_tflops: float | None = setting(None, "Peak TFLOP/s per GPU for the MFU estimate (dense bf16/fp16)",
                                         group=CKPT, shown="from the GPU model")
     tensorboard: bool = setting(True, "TensorBoard events when installed", group=CKPT)
+    record_keys: bool = setting(False, "Write the (source, key) of every sample each step trains on, per rank, to "
+                                "RUN/logs/keys-rank{r}.jsonl: an audit of what the run saw (held-out keys, a "
+                                "resume's continuation)", group=CKPT)
     wandb: bool = setting(False, "Also log the metrics to Weights & Biases (rank 0; the run id is kept in RUN/wandb-id "
                           "so a resumed run continues the same W&B run; WANDB_MODE=offline works without a network; "
                           "pip install 'dit-pipeline[wandb]')", group=CKPT)

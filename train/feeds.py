@@ -66,6 +66,15 @@ class SingleFeed:
     def log_line(self, plan: Any) -> str | None:
         return None
 
+    def start_notes(self, p0: EpochPlan) -> list[str]:
+        """Warnings at the start: an epoch that leaves out more than 5% of the samples."""
+        if p0.samples_used >= 0.95 * p0.samples_total:
+            return []
+        return [f"each epoch leaves out {p0.samples_total - p0.samples_used:,} of {p0.samples_total:,} samples so that "
+                f"all {self.world} rank(s) x {self.workers} reader(s) yield the same number of batches (shards are "
+                "read whole, and they are few or uneven for this many readers); use fewer --num-workers or re-extract "
+                "with a smaller --samples-per-shard"]
+
     @staticmethod
     def same_stream(saved: DataLayout, current: DataLayout) -> bool:
         """Whether a checkpoint's data layout continues the very same sample stream: all of it (a shard set's

@@ -189,6 +189,8 @@ class Trainer:
                     return "stopped"
                 if verdict == "exhausted":
                     break
+                if self.cfg.record_keys:
+                    self.metrics.write_keys(s.step + 1, items)
                 self.train_step(cast("list[Batch]", items), wait)  # "go": every item is a batch
                 s.step_in_epoch += 1
                 if self.rollback_due:

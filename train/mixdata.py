@@ -412,9 +412,15 @@ class MixFeed:
                      "number of pieces)")
         return lines
 
-    def repeat_notes(self, plan: MixEpoch) -> list[str]:
-        """One warning per source the mix asks more of than it holds (it repeats within each epoch)."""
+    def start_notes(self, plan: MixEpoch) -> list[str]:
+        """Warnings at the start: an epoch that leaves out more than 5% of its samples, and each source the mix
+        asks more of than it holds (it repeats within each epoch)."""
         out = []
+        if plan.samples_used < 0.95 * plan.samples_total:
+            out.append(f"each epoch of the mix leaves out {plan.samples_total - plan.samples_used:,} of "
+                       f"{plan.samples_total:,} samples so that its {self.lanes} lanes give the same number of pieces "
+                       "(a lane reads whole shards, and they are few or uneven for this many lanes); a new run with "
+                       "fewer --mix-lanes or smaller shards leaves out less")
         for i, o in enumerate(self.mix.sources):
             held, asked = plan.available[i], plan.asked[i]
             if held and asked > held:
