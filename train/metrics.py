@@ -257,6 +257,10 @@ class MetricsLog:
             self._tb, self._tb_wanted = None, True
         if self.main:
             self.truncate(self.path, step)
+            # every rank's --record-keys file, those of ranks this run no longer has too (a resume on fewer ranks);
+            # no rank appends before its first step's all-reduce, which rank 0 joins after this
+            for keys in sorted(self.keys_path.parent.glob("keys-rank*.jsonl")):
+                self.truncate(keys, step)
         self.truncate(self.rank_path, step)
         self.truncate(self.keys_path, step)
 
