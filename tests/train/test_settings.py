@@ -42,7 +42,10 @@ ADDED_SINCE = {"fid_labels", "repa", "repa_depth", "repa_coeff", "time_shift", "
                "mf_kappa", "mf_t_start", "mf_t_end", "mf_norm_p", "mf_norm_eps", "mf_s_max", "jvp_attention", "init", "cfg_channels",
                "allow_departures", "num_t_tokens", "num_c_tokens", "conditioning", "text_features", "text",
                "protocol", "prediction", "t_eps", "lpips", "percep_t_thresh", "bottleneck_dim", "in_context_len",
-               "in_context_start", "pdino", "pdino_weight", "lpips_weight", "v_target"}
+               "in_context_start", "pdino", "pdino_weight", "lpips_weight", "v_target",
+               # issue 46: data mixes, the key audit and the validation loss
+               "source", "mix", "mix_epoch_size", "mix_lanes", "new_mix", "data_mix", "record_keys", "val_shards",
+               "val_every", "val_samples", "val_timesteps", "val_batch_size", "val_weights"}
 
 
 def test_the_stored_config_keeps_its_flat_keys():
