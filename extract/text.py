@@ -276,8 +276,9 @@ def run_text_extract(cfg: ExtractConfig):
         job = _setup(cfg, held)
         setup_logging(job.out / LOG_DIR, quiet=cfg.quiet)
         enc = job.encoder.identity
+        captions_of = (job.source.captions or {}).get("captions", job.source.total_samples)  # a template: 1 each
         log.info("dit-extract: text features of %s (%d samples, %d captions) with %s (%s, %d dims, max length %d), "
-                 "stored as %s -> %s", job.source_folder, job.source.total_samples, job.source.captions["captions"],
+                 "stored as %s -> %s", job.source_folder, job.source.total_samples, captions_of,
                  enc["name"], enc["dtype"], enc["dim"], enc["max_length"], job.dtype, job.out)
         dist.on_rank0(lambda: start_output(job.out, job.record, options=cfg.to_dict()), _RANK_LOGS)
         total = len(job.source.shards)

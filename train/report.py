@@ -104,7 +104,7 @@ def mix_section(cfg: dict[str, Any], last: dict[str, Any]) -> list[str]:
         extra = "".join(f", {k} {src[k]}" for k in ("text", "caption", "template", "holdout") if src.get(k) is not None)
         rows.append(f"| {name} | `{src.get('shards')}` | {weight}{extra} | {_num(last.get(f'seen_{name}'), ',')} | "
                     f"{_num(last.get(f'share_{name}'), '.1%')} | {_num(last.get(f'asked_{name}'), '.1%')} |")
-    return ["## Data mix", "", f"{len(rows)} sources read by {mix.get('lanes')} lanes (one global sample sequence "
+    return ["## Data mix", "", f"{len(rows)} sources read by {mix.get('lanes')} lane(s) (one global sample sequence "
             "at any world size); shares are of the samples seen up to the last logged step.", "",
             "| source | shards | weight | samples seen | realised share | asked share |", "|---|---|---|---|---|---|",
             *rows, ""]

@@ -61,6 +61,10 @@ class ValSettings:
     def val_problems(self, mixed: bool) -> list[str]:
         p = choice(self, "val_weights", VAL_WEIGHTS) + positive(self, "val_every", "val_samples", "val_timesteps",
                                                                  "val_batch_size")
+        if (isinstance(self.val_samples, int) and isinstance(self.val_timesteps, int)
+                and 0 < self.val_samples < self.val_timesteps):
+            p.append(f"--val-samples {self.val_samples} leaves noise levels without a sample: give at least "
+                     f"--val-timesteps ({self.val_timesteps}) samples")
         if self.val_shards is None:
             changed = [f.name for f in dataclasses.fields(ValSettings)
                        if f.name != "val_shards" and getattr(self, f.name) != f.default]
