@@ -340,13 +340,14 @@ def resolve_lanes(cfg: TrainConfig, world: int, workers: int, batch: BatchPlan) 
 
 def check_val_set(cfg: TrainConfig, data: Any) -> None:
     """--val-shards: a held-out set in the training data's latent space (train.mix.space_problem), before any work."""
-    from dit_pipeline.train.mix import HOLDOUT, MixSpec, OpenSource, _named, open_mix, parse_source, space_problem
+    from dit_pipeline.train.mix import HOLDOUT, MixSpec, OpenSource, SourceSpec, _named, open_mix, parse_source, space_problem
 
     if cfg.val_shards == HOLDOUT:
         return  # the mix's own sources, checked when it was opened
     spec = _named([parse_source(str(cfg.val_shards))])[0]
     val = open_mix(MixSpec((spec,)), text_features=cfg.text_features).sources[0]
-    train = data.sources[0] if hasattr(data, "sources") else OpenSource(spec, data)
+    train = data.sources[0] if hasattr(data, "sources") else \
+        OpenSource(_named([SourceSpec(str(data.folder or cfg.shards))])[0], data)
     problem = space_problem(train, val)
     if problem:
         raise UserError(f"--val-shards: {problem}")

@@ -99,3 +99,24 @@ def test_the_two_source_text_to_image_example_runs_as_pasted(example):
     report = (run / "report.md").read_text()
     assert "## Validation loss" in report and "## Data mix" in report and (run / "report.png").is_file()
     assert "| photos | `shards/photos` | proportion 0.7, text shards/photos-qwen3, holdout 0.5 |" in report
+
+
+@pytest.mark.sweep
+def test_the_example_encoding_online_gives_the_cached_losses(example):
+    """The same mix with the captions (and the template's) encoded while training: the very losses of the cached
+    features, step by step, and the same validation loss (the tiny Qwen3 is bfloat16: its stored features are its
+    outputs bit for bit)."""
+    line = next(b for b in blocks("bash") if "--caption-template" in b).strip().splitlines()[-2]
+    argv = shlex.split(line)
+    args = [*argv[1:], *TINY_TRAIN, "--text-features", "online", "--run-dir", "runs/t2i-online"]
+    cwd = os.getcwd()
+    os.chdir(example)
+    try:
+        r = CliRunner().invoke(train_main, args)
+    finally:
+        os.chdir(cwd)
+    assert r.exit_code == 0, r.output
+    keys = ("step", "loss", "mse", "grad_norm", "val_loss_raw", "val_loss_ema")
+    a = [{k: rec.get(k) for k in keys} for rec in read_metrics(example / "runs" / "t2i")]
+    b = [{k: rec.get(k) for k in keys} for rec in read_metrics(example / "runs" / "t2i-online")]
+    assert a == b and len(a) >= 4
