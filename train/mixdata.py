@@ -78,6 +78,10 @@ class MixStream(IterableDataset):
         self.workers, self.skip_bad, self.sha256 = max(1, workers), skip_bad_shards, sha256
         self.text, self.captions = text, captions  # cached features joined / caption strings kept (online)
         self.specs = [LatentSpec.from_manifest(o.manifest) for o in mix.sources]
+        # sources whose stored arrays become latents alike are built together (the usual case: one extraction setup)
+        keys = [(sp.store, sp.shape, sp.norm.key(), sp.pixels_encoding, o.manifest.dtype)
+                for sp, o in zip(self.specs, mix.sources)]
+        self.build_group = [keys.index(k) for k in keys]
 
     def __iter__(self) -> Iterator[Batch | ReaderEvent]:
         info = get_worker_info()
@@ -151,13 +155,14 @@ class MixStream(IterableDataset):
         shape = (n, *self.specs[items[0].source].shape)
         latents = shared_empty(shape) if in_worker else torch.empty(shape)
         srcs = np.array([it.source for it in items], dtype=np.int64)
-        for s in np.unique(srcs):
-            rows = np.nonzero(srcs == s)[0]
+        groups = np.array([self.build_group[s] for s in srcs], dtype=np.int64)
+        for g in np.unique(groups):
+            rows = np.nonzero(groups == g)[0]
             chosen = [items[i].item for i in rows]
             if len(rows) == n:
-                build_latents(chosen, self.specs[s], latents, scratch)
+                build_latents(chosen, self.specs[g], latents, scratch)
             else:
-                latents[torch.from_numpy(rows)] = build_latents(chosen, self.specs[s], None, scratch)
+                latents[torch.from_numpy(rows)] = build_latents(chosen, self.specs[g], None, scratch)
         text = mask = None
         if self.text:
             text, mask = self._text(items, in_worker)

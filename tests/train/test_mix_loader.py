@@ -180,3 +180,23 @@ def test_mix_file(sets, tmp_path):
     f = MixFeed(open_mix(spec), seed=0, lanes=1, global_batch=10, accum=1, world=1, rank=0, workers=0, buffer=8,
                 shards_in_flight=2)
     assert f.plan(0).asked == (30, 20)
+
+
+def test_a_source_exhausted_early_and_a_repeated_source_are_said(sets, project_log):
+    """A source asked for more than it holds is named at the start with the repeat rule; one whose share of the
+    epoch is all seen long before the epoch's end (its shards skipped, say) is warned about once, with the step."""
+    f = feed([f"{sets}/a proportion=0.2", f"{sets}/b proportion=0.8"], batch=10, epoch_size=100)
+    plan = f.plan(0)
+    notes = f.start_notes(plan)
+    assert plan.asked == (20, 80) and len(notes) == 1 and notes[0].startswith(
+        "source b holds 20 samples and the mix takes 80 per epoch (proportion 0.8): it is exhausted after 25% of each "
+        "epoch and repeats (MosaicML Streaming's repeat rule: 4 full pass(es) over all its samples + 0 drawn")
+    f.step_done({"mix_0": 2.0, "mix_1": 8.0}, 0, 1, plan)
+    f.step_done({"mix_0": 18.0, "mix_1": 2.0}, 0, 2, plan)  # a's 20 all seen at step 2 of 10
+    f.step_done({"mix_0": 0.0, "mix_1": 10.0}, 0, 3, plan)
+    warned = [m for m in project_log if "is exhausted at step" in m]
+    assert warned == [f"source a is exhausted at step 2 of {plan.steps} of epoch 0: all 20 of its samples this epoch "
+                      "are seen (by the mix's repeat rule, floor(asked / held) full passes plus a drawn part: 0 x 60 + "
+                      "20), so the rest of the epoch draws from the other sources only and the realised proportions "
+                      "drift from the asked ones"]
+    assert f.state.seen == [20, 20] and f.log_fields(plan)["share_a"] == 0.5
