@@ -175,7 +175,7 @@ def _val_panel(ax, records: list[dict]) -> None:
         xs, ys = _series(records, f"val_loss_{w}")
         if xs:
             ax.plot(xs, ys, style, linewidth=1.0, markersize=3, label=f"{w} weights")
-    run = next((r["val_run"] for r in reversed(records) if isinstance(r.get("val_run"), dict)), {})
+    run: dict = next((r["val_run"] for r in reversed(records) if isinstance(r.get("val_run"), dict)), {})
     ax.set_ylabel("validation loss")
     ax.set_title(f"validation loss at {len(run.get('noise_levels') or [])} fixed noise levels, {run.get('samples')} "
                  f"samples of {run.get('set')}", fontsize=8)
