@@ -10,10 +10,11 @@ from collections import Counter
 import pytest
 
 from dit_pipeline.common.errors import UserError
+import numpy as np
+
 from dit_pipeline.train.mixplan import (ShardKeys, SourceShape, Weight, choose_per_source, choose_subset,
-                                        default_lanes, held_out, lane_workers, lanes_problem, plan_mix_epoch,
-                                        rank_lanes, weights_problems)
-from dit_pipeline.train.partition import stable_permutation
+                                        default_lanes, held_out, held_out_mask, lane_workers, lanes_problem,
+                                        plan_mix_epoch, rank_lanes, weights_problems)
 
 
 def source(name, shard_sizes, *, first=0, sps=None, weight=Weight(), holdout=0.0, bad=()):
@@ -28,9 +29,9 @@ def epoch_multiset(plan, sources):
     out: Counter = Counter()
     for lane in plan.lanes:
         for v in lane:
-            keys = v.keys if v.keys is not None else sources[v.source].keys_of(v.shard)
+            keys = v.keys if v.keys is not None else sources[v.source].keys_of(v.shard).tolist()
             assert len(keys) == v.samples
-            out.update((v.source, k) for k in keys)
+            out.update((v.source, int(k)) for k in keys)
     return out
 
 
@@ -82,11 +83,26 @@ def test_weight_refusals():
         "epoch_size"]
 
 
-@pytest.mark.parametrize("n, seed", list(itertools.product((1, 2, 7, 50, 333), (0, 1, 12345))))
-def test_choose_subset_is_the_tail_of_the_stable_permutation(n, seed):
-    perm = stable_permutation(n, seed)
+def _splitmix(base, i):
+    """SplitMix64's output number i + 1 from `base` (Steele, Lea & Flood 2014), written out in Python integers."""
+    m = (1 << 64) - 1
+    z = (base + (i + 1) * 0x9E3779B97F4A7C15) & m
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
+    return z ^ (z >> 31)
+
+
+@pytest.mark.parametrize("n, seed", list(itertools.product((1, 2, 7, 50, 333), (0, 1, 12345, 2**62 + 5))))
+def test_choose_subset_takes_the_indices_of_the_smallest_hashes(n, seed):
+    by_hash = sorted(range(n), key=lambda i: _splitmix(seed, i))
     for r in (0, 1, n // 2, n):
-        assert choose_subset(n, r, seed) == sorted(perm[n - r:])
+        assert choose_subset(n, r, seed).tolist() == sorted(by_hash[:r])
+
+
+def test_the_vectorized_hold_out_is_the_scalar_one():
+    keys = np.arange(0, 50000, 7, dtype=np.int64)
+    for f in (0.0, 0.01, 0.3):
+        assert held_out_mask(keys, f).tolist() == [held_out(int(k), f) for k in keys]
 
 
 def test_held_out_keys_are_a_fixed_fraction_independent_of_anything_else():
@@ -107,8 +123,7 @@ def test_an_epoch_reads_each_source_exactly_as_its_weight_says(lanes, seed, epoc
     c = source("c", (8, 8, 8), first=5000, weight=Weight(choose=13))
     plan = plan_mix_epoch([a, b, c], seed=seed, epoch=epoch, lanes=lanes, global_batch=8)
     got = epoch_multiset(plan, [a, b, c])
-    assert {k: n for (s, k), n in got.items() if s == 0} == {k: 2 for k in a.keys_of(0) + a.keys_of(1) + a.keys_of(2)
-                                                                + a.keys_of(3)}
+    assert {k: n for (s, k), n in got.items() if s == 0} == {k: 2 for i in range(4) for k in a.keys_of(i).tolist()}
     assert {k: n for (s, k), n in got.items() if s == 1} == {k: 1 for k in range(1000, 1010)} | \
         {k: 1 for k in range(1010, 1020)}
     chosen = [k for (s, k), n in got.items() if s == 2]
