@@ -124,7 +124,7 @@ def mix_part(prep: Any, feed: Any = None, state: Any = None) -> Any:
     feed's counts and the progress a --new-mix moves."""
     if prep.mix is None:
         return None
-    from dit_pipeline.train.mixdata import MixPart, MixState
+    from dit_pipeline.train.mixpart import MixPart, MixState
 
     counts = feed.state if feed is not None else MixState([o.name for o in prep.mix.sources])
     return MixPart(dict(prep.cfg.data_mix or prep.mix.record(prep.lanes)), counts, state, bool(prep.cfg.new_mix))

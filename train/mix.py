@@ -114,7 +114,7 @@ class MixSpec:
 
 def _number(key: str, value: str) -> Any:
     try:
-        return int(value) if key in ("choose",) or (key == "lanes") else float(value)
+        return int(value) if key == "choose" else float(value)
     except ValueError:
         raise UserError(f"--source: {key}={value!r} is not a number") from None
 
@@ -128,7 +128,7 @@ def parse_source(text: str) -> SourceSpec:
     values: dict[str, Any] = {}
     for w in words:
         key, eq, value = w.partition("=")
-        if not eq or key not in SOURCE_KEYS or "/" in key:
+        if not eq or key not in SOURCE_KEYS:
             if "shards" in values:
                 raise UserError(f"--source {text!r}: {w!r} is not key=value with a key among {', '.join(SOURCE_KEYS)}")
             values["shards"] = w

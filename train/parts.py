@@ -32,7 +32,7 @@ from dit_pipeline.dit.repa import REPAModel
 from dit_pipeline.dit.weights import WeightsError, check_state_dict
 from dit_pipeline.shards import Manifest
 from dit_pipeline.train.guard import GuardPart
-from dit_pipeline.train.mixdata import MixPart
+from dit_pipeline.train.mixpart import MixPart
 from dit_pipeline.train.optim import check_state
 from dit_pipeline.train.partition import DataLayout, map_position
 from dit_pipeline.train.state import TrainState
