@@ -37,7 +37,7 @@ from dit_pipeline.train.mix import OpenMix, OpenSource
 from dit_pipeline.train.mixpart import MixState
 from dit_pipeline.train.mixplan import (MixEpoch, Visit, caption_seed, held_out, lane_seeds, lane_workers, loader_seed,
                                         plan_mix_epoch, rank_lanes, sample_base)
-from dit_pipeline.train.pool import shared_empty
+from dit_pipeline.train.pool import BatchPool, PooledBatch, shared_empty
 from dit_pipeline.train.signals import ignore_in_worker, workers_start_blocked
 from dit_pipeline.train.stages import (ReaderEvent, SkippedShard, batches_and_events, errors_as_events, interleave,
                                        micro_batches, resume_skip, shuffle_buffer)
@@ -77,23 +77,24 @@ class MixStream(IterableDataset):
         self.workers, self.skip_bad, self.sha256 = max(1, workers), skip_bad_shards, sha256
         self.text, self.captions = text, captions  # cached features joined / caption strings kept (online)
         self.specs = [LatentSpec.from_manifest(o.manifest) for o in mix.sources]
+        self.pool: BatchPool | None = None  # pieces' output slots, set by MixFeed.loader before its workers start
         # sources whose stored arrays become latents alike are built together (the usual case: one extraction setup)
         keys = [(sp.store, sp.shape, sp.norm.key(), sp.pixels_encoding, o.manifest.dtype)
                 for sp, o in zip(self.specs, mix.sources)]
         self.build_group = [keys.index(k) for k in keys]
 
-    def __iter__(self) -> Iterator[Batch | ReaderEvent]:
+    def __iter__(self) -> Iterator[Batch | PooledBatch | ReaderEvent]:
         info = get_worker_info()
         w, n = (info.id, info.num_workers) if info is not None else (0, 1)
         if n != self.workers:
             raise RuntimeError(f"mix stream made for {self.workers} workers, DataLoader has {n}")
-        mine = [self.lane(lane) for i, lane in enumerate(self.lanes) if i % n == w]
+        mine = [self.lane(lane, w) for i, lane in enumerate(self.lanes) if i % n == w]
         for _ in range(self.start, self.plan.steps):
             for it in mine:
                 yield next(it)
 
     # -- one lane ---------------------------------------------------------------------------------------------
-    def lane(self, lane: int) -> Iterator[Batch | ReaderEvent]:
+    def lane(self, lane: int, worker: int = 0) -> Iterator[Batch | PooledBatch | ReaderEvent]:
         """Lane `lane`'s pieces from step `start` on, exactly steps - start items (module docstring)."""
         plan, scratch = self.plan, Scratch()
         il, sh = lane_seeds(self.seed, plan.epoch, lane)
@@ -104,8 +105,8 @@ class MixStream(IterableDataset):
             lambda items: shuffle_buffer(items, self.buffer, sh),
             lambda items: micro_batches(items, plan.piece, plan.steps),
             lambda groups: resume_skip(groups, self.start),
-            lambda groups: batches_and_events(groups, lambda chunk, ev: self.piece(chunk, ev, scratch, in_worker),
-                                              exhausted),
+            lambda groups: batches_and_events(groups, lambda chunk, ev: self.piece(chunk, ev, scratch, in_worker,
+                                                                                    worker), exhausted),
         ]
         stream: Iterator[Any] = (self.visit(v) for v in plan.lanes[lane])
         for stage in stages:
@@ -147,12 +148,19 @@ class MixStream(IterableDataset):
                 cap = caps[caption_choice(o, cseed, k, len(caps), url)]
             yield MixItem(p, v.source, feats, cap)
 
-    def piece(self, items: list[MixItem], skipped: list, scratch: Scratch, in_worker: bool) -> Batch:
-        """One lane's samples of one step as a Batch (in shared memory in a worker); sources differ in store or
-        dtype, so each source's rows are made with its own LatentSpec."""
+    def piece(self, items: list[MixItem], skipped: list, scratch: Scratch, in_worker: bool, worker: int = 0
+              ) -> Batch | PooledBatch:
+        """One lane's samples of one step as a Batch: in a worker, in a free slot of the epoch's BatchPool when there
+        is one (train.pool: no fresh shared memory per piece), else in fresh shared memory; sources that make their
+        latents differently (store, dtype) are built each with its own LatentSpec."""
         n = len(items)
         shape = (n, *self.specs[items[0].source].shape)
-        latents = shared_empty(shape) if in_worker else torch.empty(shape)
+        slot = self.pool.acquire(worker) if in_worker and self.pool is not None else None
+        if slot is not None:
+            assert self.pool is not None
+            latents = self.pool.data[slot]
+        else:
+            latents = shared_empty(shape) if in_worker else torch.empty(shape)
         srcs = np.array([it.source for it in items], dtype=np.int64)
         groups = np.array([self.build_group[s] for s in srcs], dtype=np.int64)
         for g in np.unique(groups):
@@ -166,9 +174,12 @@ class MixStream(IterableDataset):
         if self.text:
             text, mask = self._text(items, in_worker)
         caps = [str(it.caption) for it in items] if self.captions else None
-        return Batch(latents, torch.tensor([it.item.label for it in items], dtype=torch.int64),
-                     torch.tensor([it.item.key for it in items], dtype=torch.int64), skipped, None, None, text, mask,
-                     caps, torch.from_numpy(srcs))
+        labels = np.array([it.item.label for it in items], dtype=np.int64)
+        keys = np.array([it.item.key for it in items], dtype=np.int64)
+        if slot is not None:
+            return PooledBatch(slot, labels, keys, skipped, None, None, text, mask, caps, srcs)
+        return Batch(latents, torch.from_numpy(labels), torch.from_numpy(keys), skipped, None, None, text, mask, caps,
+                     torch.from_numpy(srcs))
 
     def _text(self, items: list[MixItem], in_worker: bool) -> tuple[torch.Tensor, torch.Tensor]:
         from dit_pipeline.shards.npy import widen_into
@@ -204,9 +215,17 @@ def _pad_cat(parts: list[torch.Tensor], masks: list[torch.Tensor]) -> tuple[torc
     return text, mask
 
 
-def join_pieces(pieces: Sequence[Batch], accum: int, pin: bool = False) -> list[Batch]:
-    """A rank's pieces of one step (its lanes in order) -> its `accum` micro-batches, in order."""
-    latents = torch.cat([p.latents for p in pieces])
+def join_pieces(pieces: Sequence[Batch], accum: int, pin: bool = False, out: BatchPool | None = None) -> list[Batch]:
+    """A rank's pieces of one step (its lanes in order) -> its `accum` micro-batches, in order: views of one
+    tensor, made in a free slot of `out` when there is one (train.pool: no fresh pages per step), or pinned for
+    the GPU."""
+    slot = out.acquire(0) if out is not None and not pin else None
+    if slot is not None:
+        assert out is not None
+        torch.cat([p.latents for p in pieces], out=out.data[slot])
+        latents = out.take(slot)
+    else:
+        latents = torch.cat([p.latents for p in pieces])
     if pin:
         latents = latents.pin_memory()
     labels, keys = torch.cat([p.labels for p in pieces]), torch.cat([p.keys for p in pieces])
@@ -218,20 +237,20 @@ def join_pieces(pieces: Sequence[Batch], accum: int, pin: bool = False) -> list[
     caps = [c for p in pieces for c in (p.captions or [])] if pieces[0].captions is not None else None
     skipped = [s for p in pieces for s in p.skipped]
     micro = latents.shape[0] // accum
-    out = []
+    batches = []
     for i in range(accum):
         sl = slice(i * micro, (i + 1) * micro)
         t, tm = (None, None) if text is None or mask is None else (text[sl], mask[sl])
         if t is not None and tm is not None and tm.shape[1]:  # trim the padding this micro-batch does not use
             used = int(tm.any(0).nonzero().max()) + 1 if tm.any() else 0
             t, tm = t[:, :used], tm[:, :used]
-        out.append(Batch(latents[sl], labels[sl], keys[sl], skipped if i == 0 else [], None, None, t, tm,
-                         caps[sl] if caps is not None else None, sources[sl]))
-    return out
+        batches.append(Batch(latents[sl], labels[sl], keys[sl], skipped if i == 0 else [], None, None, t, tm,
+                             caps[sl] if caps is not None else None, sources[sl]))
+    return batches
 
 
-def regroup(pieces: Iterator[Batch | ReaderEvent], per_step: int, accum: int, pin: bool = False
-            ) -> Iterator[Batch | ReaderEvent]:
+def regroup(pieces: Iterator[Batch | ReaderEvent], per_step: int, accum: int, pin: bool = False,
+            out: BatchPool | None = None) -> Iterator[Batch | ReaderEvent]:
     """`per_step` pieces per step -> `accum` items per step: its micro-batches, or (a lane ran out or could not
     be read) its first event `accum` times, carrying every skipped shard once, so the item count stays fixed."""
     while True:
@@ -249,7 +268,18 @@ def regroup(pieces: Iterator[Batch | ReaderEvent], per_step: int, accum: int, pi
             for _ in range(accum - 1):
                 yield ReaderEvent(first.kind, first.message, [])
             continue
-        yield from join_pieces([p for p in step if isinstance(p, Batch)], accum, pin)
+        yield from join_pieces([p for p in step if isinstance(p, Batch)], accum, pin, out)
+
+
+def _unpooled(items: Iterator[Any], pool: BatchPool) -> Iterator[Any]:
+    """A worker's PooledBatches as Batches over their pool slots (the slot is free again once the step's pieces are
+    joined and dropped)."""
+    for item in items:
+        if isinstance(item, PooledBatch):
+            item = Batch(pool.take(item.slot), torch.from_numpy(item.labels), torch.from_numpy(item.keys), item.skipped,
+                         None, None, item.text, item.text_mask, item.captions,
+                         None if item.sources is None else torch.from_numpy(item.sources))
+        yield item
 
 
 def _closing(items: Iterator[Any]) -> Iterator[Any]:
@@ -300,15 +330,21 @@ class MixFeed:
         stream = MixStream(self.mix, plan, self.mine, seed=self.seed, buffer=self.buffer,
                            shards_in_flight=self.in_flight, start_step=start_step, workers=self.workers,
                            skip_bad_shards=self.skip_bad, sha256=self.sha256, text=self.text, captions=self.captions)
+        shape = tuple(stream.specs[0].shape)
+        # the step's joined batch: a few reused slots (the trainer holds one step's batches while the next arrives)
+        out = BatchPool(1, 4, (plan.piece * len(self.mine), *shape))
         if self.workers == 0:
-            return regroup(iter(stream), len(self.mine), self.accum, pin_memory)
+            return regroup(iter(stream), len(self.mine), self.accum, pin_memory, out)
+        # each worker's pieces: what it has queued (prefetch), its share of one step, the one being joined and written
+        stream.pool = pool = BatchPool(self.workers, prefetch_factor + 2 + len(self.mine) // self.workers,
+                                       (plan.piece, *shape))
         loader = DataLoader(stream, batch_size=None, collate_fn=_as_is, num_workers=self.workers,
                             prefetch_factor=prefetch_factor, pin_memory=False, persistent_workers=False, in_order=True,
                             worker_init_fn=ignore_in_worker, multiprocessing_context=worker_context(),
                             generator=torch.Generator().manual_seed(loader_seed(self.seed, plan.epoch, self.rank)))
         with workers_start_blocked():
             items = iter(loader)
-        return _closing(regroup(_closing(items), len(self.mine), self.accum, pin_memory))
+        return _closing(regroup(_unpooled(_closing(items), pool), len(self.mine), self.accum, pin_memory, out))
 
     def shard_name(self, url: str) -> str:
         """A shard's name in logs and the checkpoint: "source/shard-000003.tar"."""

@@ -43,6 +43,7 @@ class PooledBatch(NamedTuple):
     text: torch.Tensor | None = None     # [B, L, D] float32 text features in shared memory (train.data.Batch.text)
     text_mask: torch.Tensor | None = None  # [B, L] bool
     captions: list | None = None         # [B] caption strings
+    sources: np.ndarray | None = None    # [B] int64: a data mix's source of each sample (train/mixdata.py)
 
 
 def _release(busy: torch.Tensor, slot: int) -> None:
