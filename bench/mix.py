@@ -18,6 +18,8 @@ Validation: the wall time of one validation pass (train.validation.val_losses of
 backward, AdamW) of the same model, as a fraction; the expected fraction is weights x samples / (3 x global batch)
 (a forward costs about a third of a training step).
 
+Plan: the seconds of one epoch's plan of a mix of 4.3M samples (pure functions of integers, on every rank).
+
     python bench/mix.py                            # 8192 latents, 2 workers, 3 rounds
     python bench/mix.py --latents 16384 --workers 4 --repeat 3
 """
@@ -200,6 +202,27 @@ def val_bench(a: argparse.Namespace) -> None:
           f"latents, {torch.get_num_threads()} thread(s), best of {a.repeat}")
 
 
+def plan_bench(a: argparse.Namespace) -> None:
+    """The cost of one epoch's plan (train.mixplan.plan_mix_epoch, every rank computes it): an ImageNet-sized source
+    (1251 shards of 1024, 1% held out) at proportion 0.7 beside one of 3000 shards at 0.3, 64 lanes."""
+    from dit_pipeline.train.mixplan import ShardKeys, SourceShape, Weight, plan_mix_epoch
+
+    in1k = SourceShape("in1k", tuple(ShardKeys(1024, i * 1024, i * 1024 + 1023) for i in range(1251)),
+                       Weight(proportion=0.7), 0.01)
+    web = SourceShape("web", tuple(ShardKeys(1024, i * 1024, i * 1024 + 1023) for i in range(3000)),
+                      Weight(proportion=0.3))
+    t0 = time.perf_counter()
+    plan = plan_mix_epoch([in1k, web], seed=0, epoch=0, lanes=64, global_batch=1024)
+    first = time.perf_counter() - t0
+    times = []
+    for e in range(1, a.repeat + 1):
+        t0 = time.perf_counter()
+        plan_mix_epoch([in1k, web], seed=0, epoch=e, lanes=64, global_batch=1024)
+        times.append(time.perf_counter() - t0)
+    print(f"\nepoch plan of {sum(plan.asked):,} samples ({len(plan.lanes)} lanes, {plan.steps:,} steps of 1024): first "
+          f"{first:.2f} s (lists the held-out keys once), then {min(times):.2f} s per epoch (best of {a.repeat})")
+
+
 def main(argv: list[str] | None = None) -> None:
     a = parse_args(argv)
     if a.one:
@@ -213,6 +236,7 @@ def main(argv: list[str] | None = None) -> None:
           f"{time.strftime('%Y-%m-%d')}, load average {os.getloadavg()[0]:.1f}")
     loader_bench(a, root)
     val_bench(a)
+    plan_bench(a)
     print(f"# load average after: {os.getloadavg()[0]:.1f}")
 
 
