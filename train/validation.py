@@ -9,7 +9,9 @@ logit-normal, shifted) are compared on the same numbers:
 - the noise levels: K = `--val-timesteps` (default 8) evenly spaced levels k / K, k = 0..K-1, sample i at level
   i mod K, the mean over each level's samples, then the mean of the K means: MLPerf Training's FLUX.1 reference
   ("Validation loss averaged over 8 equidistant time steps [0, 7/8]", mlcommons/training flux/README.md, section
-  5, its pseudocode; the level is the noise fraction, 0 = data); each objective maps a level to its own time
+  5, its pseudocode; the level is the noise fraction, 0 = data; torchtitan's FluxValidator, which the reference
+  builds on, takes the bins' midpoints (k + 0.5) / 8 when it evaluates every level per sample: the README's k / K
+  is followed here); each objective maps a level to its own time
   (`val_times` of dit/objectives.py's objects: ddpm's step floor(level x 1000), flow's t = 1 - level in SiT's
   time, MeanFlow's t = r = level);
 - the diffusion noise: one fixed draw per sample, from (its source, its key) alone;
