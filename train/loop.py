@@ -4,8 +4,9 @@ checkpoints and hooks, one optimizer step at a time.
 Reproducibility: every random draw of a step (timesteps t, diffusion noise, class dropout) is made for the
 rank's whole step (accum x micro samples) from generators seeded with derive_seed(seed, stream, step, rank),
 so it survives restarts and does not depend on the micro-batch split. The data stream is a function of
-(seed, epoch, layout) (train.data). Hence a resumed run with the same world size repeats the uninterrupted
-run exactly.
+(seed, epoch, layout) (the feed, train/feeds.py: one shard set's train.data, or a data mix's train.mixdata, whose
+global sequence does not depend on the world size either). Hence a resumed run with the same world size repeats
+the uninterrupted run exactly.
 
 Per step there are two tiny all-reduces of named scalars (`common.distributed.all_reduce_named`): before
 the forward, so all ranks agree on stopping (signal), an exhausted reader or an unreadable shard (no rank
@@ -39,11 +40,11 @@ from dit_pipeline.dit import repa
 from dit_pipeline.train.checkpoint import CheckpointManager
 from dit_pipeline.train.data import Batch, ReaderEvent
 from dit_pipeline.train.diverge import TrainingDiverged, check_finite, roll_back  # noqa: F401 (raised here)
+from dit_pipeline.train.feeds import make_feed, mix_part, shard_set_part
 from dit_pipeline.train.hooks import HookContext, PeriodicHook
 from dit_pipeline.train.guard import Guard, GuardPart, injected_fault
 from dit_pipeline.train.metrics import LOSS_TERMS, METRICS, Meter, MetricsLog, StepReport, interval_record, mfu
 from dit_pipeline.train.net import TrainModel
-from dit_pipeline.train.feeds import make_feed, mix_part, shard_set_part
 from dit_pipeline.train.partition import EpochPlan
 from dit_pipeline.train.parts import Part, ProgressPart, build_parts, load_all
 from dit_pipeline.train.preflight import Preflight
