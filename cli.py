@@ -269,6 +269,12 @@ def sample_export_cmd(debug: bool, **options: Any) -> None:
               show_default=True, help="Storage of the text features: auto = the encoder's 16-bit dtype (exact), "
               "else float16 (its error is measured and recorded in the manifest).")
 @click.option("--text-revision", default=None, help="Hub revision (branch, tag or commit) of --text-encoder.")
+@click.option("--caption-template", default=None, metavar="TEMPLATE",
+              help="--text-encoder on a class-labelled set: each sample's caption is TEMPLATE with {name} its class "
+              "name, e.g. 'a photo of a {name}' (T2I-ImageNet); docs/data-mix.md.")
+@click.option("--class-names", default=None, metavar="FILE",
+              help="The names --caption-template fills: one per line in label order, or JSON (a list, or an object "
+              "keyed by the class folder names) [default: the manifest's class names].")
 @click.option("--vae", default=default(ExtractConfig, "vae"), show_default=True,
               help="Hub id, local diffusers folder, or single .safetensors/.ckpt file; or one of NanoGen's VAE "
               "latent spaces by its name (flux2, qwen-vae, sd3.5, flux, sdxl-vae, sdvae-ema, e2e-vavae, ...: "
@@ -358,6 +364,8 @@ def extract_main(debug: bool, **options: Any) -> None:
       dit-extract --data-path imagenet/train --out /tmp/trial --limit 512    # a quick trial
       dit-extract --data-path imagenet/train --out shards/in1k-cap --captions recaptions.jsonl
       dit-extract --data-path shards/in1k-cap --out shards/in1k-qwen3 --text-encoder qwen3-0.6b
+      dit-extract --data-path shards/in1k --out shards/in1k-qwen3-photo --text-encoder qwen3-0.6b \\
+          --caption-template 'a photo of a {name}' --class-names imagenet-names.txt
     """
     from dit_pipeline import extract
 

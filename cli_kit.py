@@ -275,7 +275,9 @@ def config_options(config: type, *, skip: tuple[str, ...] = ()) -> Callable[[Cal
         kind = hints[f.name]
         args = [n for n in typing.get_args(kind) if n is not type(None)] or [kind]
         name, kw = flag_name(f.name), {}
-        if bool in args:
+        if typing.get_origin(args[0]) is list and typing.get_args(args[0]) == (str,):  # repeatable (--source A --source B)
+            decls, kw = [name], {"multiple": True, "type": str}
+        elif bool in args:
             decls = [f"{name}/--no-{name[2:]}"]
         elif str in args and int in args:  # an integer or a word ("auto")
             decls, kw = [name], {"callback": _int_or_auto}

@@ -129,6 +129,10 @@ class GaussianDiffusion(ObjectiveDefaults):
         """[n] training steps, uniform over 0..num_timesteps-1 (one randint draw from `generator`)."""
         return torch.randint(0, self.num_timesteps, (n,), generator=generator, device=device)
 
+    def val_times(self, levels: torch.Tensor, device: torch.device | str | None = None) -> torch.Tensor:
+        """The discrete steps of noise levels: floor(level x num_timesteps) (level 0: step 0, the least noise)."""
+        return torch.floor(levels.to(torch.float64) * self.num_timesteps).long().clamp(0, self.num_timesteps - 1).to(device)
+
     # -- forward process ------------------------------------------------------------------------------
     def q_sample(self, x_start: torch.Tensor, t: torch.Tensor,
                  noise: torch.Tensor | None = None) -> torch.Tensor:

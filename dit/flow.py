@@ -292,6 +292,11 @@ class FlowMatching(ObjectiveDefaults):
             t = torch.sigmoid(self.t_mean + self.t_scale * torch.randn(n, generator=generator, device=device))
         return t if self.time_shift == 1.0 else shift_time(t, self.time_shift)
 
+    def val_times(self, levels: torch.Tensor, device: torch.device | str | None = None) -> torch.Tensor:
+        """SiT's time of noise levels (data at t = 1): t = 1 - level, unshifted (the shift belongs to the sampler
+        of training times, which the validation loss must not depend on)."""
+        return (1.0 - levels.to(torch.float64)).to(torch.float32).to(device)
+
     def training_losses(self, model: Model, x_start: torch.Tensor, t: torch.Tensor,
                         model_kwargs: dict[str, Any] | None = None,
                         noise: torch.Tensor | None = None) -> dict[str, torch.Tensor]:

@@ -197,6 +197,15 @@ class MeanFlow(ObjectiveDefaults):
         t_min, t_max = torch.where(fm, 0.0, t_min), torch.where(fm, 1.0, t_max)
         return torch.stack([t, r, omega, t_min, t_max], dim=1)
 
+    def val_times(self, levels: torch.Tensor, device: torch.device | str | None = None) -> torch.Tensor:
+        """(t, r) = (level, level) (t = 1 is noise here): the instantaneous velocity, h = 0; iMF's further inputs
+        unguided (omega 1 over the whole interval)."""
+        t = levels.to(torch.float32).to(device)
+        if self.variant == "meanflow":
+            return torch.stack([t, t], dim=1)
+        one, zero = torch.ones_like(t), torch.zeros_like(t)
+        return torch.stack([t, t, one, zero, one], dim=1)
+
     def drop_labels(self, drop: torch.Tensor) -> torch.Tensor:
         """The label-dropout mask [n] (1 = null class) from the trainer's per-sample draws: MeanFlow and iMF drop the
         FIRST k samples, k = the number of draws that fell below the probability (both releases' `cond_drop`);

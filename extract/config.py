@@ -77,6 +77,10 @@ class ExtractConfig:
     text_max_length: int | None = None     # tokens per caption (default: the encoder's preset, e.g. 256 for Qwen3)
     text_dtype: str = "auto"               # storage of the features: auto = the encoder's 16-bit dtype, else float16
     text_revision: str | None = None       # hub revision of --text-encoder
+    # A class-labelled set's captions for --text-encoder (issue 46): the template filled with each sample's class
+    # name (T2I-ImageNet's "a photo of a {name}"), the names from the manifest or a file (shards.text.read_class_names)
+    caption_template: str | None = None
+    class_names: str | None = None
 
     def __post_init__(self) -> None:
         if is_pixel_space(self.encoder):  # pixels as the latent space (common/pixels.py): the crops are the store
@@ -146,6 +150,13 @@ class ExtractConfig:
             p.append(f"--text-max-length must be >= 1, got {self.text_max_length}")
         if (self.text_max_length is not None or self.text_revision) and not self.text_encoder:
             p.append("--text-max-length and --text-revision need --text-encoder")
+        if (self.caption_template is not None or self.class_names is not None) and not self.text_encoder:
+            p.append("--caption-template and --class-names make a class-labelled set's captions for --text-encoder: "
+                     "add --text-encoder NAME")
+        if self.caption_template is not None and "{name}" not in self.caption_template:
+            p.append(f"--caption-template must contain {{name}} (the class name), got {self.caption_template!r}")
+        if self.class_names is not None and self.caption_template is None:
+            p.append("--class-names fill --caption-template: add --caption-template 'a photo of a {name}'")
         if self.text_encoder:
             given = [flag for flag, on in (("--captions", self.captions is not None), ("--pixels", self.pixels),
                                            ("--encoder", self.encoder is not None),

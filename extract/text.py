@@ -86,12 +86,16 @@ def _record(cfg: ExtractConfig, source: Manifest, folder: Path, encoder: TextEnc
     import tokenizers
     import transformers
 
-    assert source.captions is not None
     record: dict[str, Any] = {k: source.extraction.get(k) for k in SAME_EXTRACTION}
+    origin: dict[str, Any] = {"folder": str(folder.resolve()), "fingerprint": source.fingerprint()}
+    if cfg.caption_template is not None:  # a class-labelled set: each class's caption, from the template
+        origin.update(template=cfg.caption_template, class_captions=list(class_captions(cfg, source)))
+    else:
+        assert source.captions is not None
+        origin["captions_sha256"] = source.captions["sha256"]
     record.update({
         "kind": "text", "data_path": str(folder.resolve()),
-        "source": {"folder": str(folder.resolve()), "fingerprint": source.fingerprint(),
-                   "captions_sha256": source.captions["sha256"]},
+        "source": origin,
         "text_encoder": dict(encoder.identity), "dtype": dtype, "format_version": FORMAT_VERSION_TEXT,
         "encoding": "each caption padded to max_length (right), encoded with the attention mask, trimmed to its "
                     "length; a shard's captions in key order, in batches of batch_size captions",
@@ -103,13 +107,25 @@ def _record(cfg: ExtractConfig, source: Manifest, folder: Path, encoder: TextEnc
     return record
 
 
+def class_captions(cfg: ExtractConfig, source: Manifest) -> tuple[str, ...]:
+    """--caption-template filled with each class's name (the manifest's, or --class-names)."""
+    from dit_pipeline.shards.text import read_class_names, template_captions
+
+    assert cfg.caption_template is not None
+    return template_captions(cfg.caption_template, read_class_names(cfg.class_names, source, "--class-names"))
+
+
 def _setup(cfg: ExtractConfig, held: list[RunLock]) -> TextJob:
     folder = Path(cfg.data_path).expanduser()
     source = read_manifest(folder)
-    if source.is_text or not source.has_captions:
+    if source.is_text or not (source.has_captions or cfg.caption_template is not None):
         what = "a text set" if source.is_text else "a shard set without captions"
         raise UserError(f"--data-path {folder}: {what}; --text-encoder encodes the captions of a latent set "
-                        "extracted with --captions")
+                        "extracted with --captions, or a class-labelled set's with --caption-template 'a photo of a "
+                        "{name}'")
+    if source.has_captions and cfg.caption_template is not None:
+        raise UserError(f"--data-path {folder} stores captions; --caption-template makes captions for a set without "
+                        "them: drop it (or extract the images without --captions)")
     if source.total_samples == 0:
         raise UserError(f"--data-path {folder}: the set holds no samples ({source.captions.get('uncaptioned', 0)} "
                         "images were skipped without a caption, see its manifest's 'skipped'); extract the latents "
@@ -168,8 +184,9 @@ def _encode_shard(job: TextJob, shard: int, bar: tqdm) -> tuple[ShardState, int]
     """Read shard `shard`'s captions, encode them, write the text shard; its state and the number of captions."""
     rec = job.source.shards[shard]
     url = str(job.source_folder / rec.name)
-    items = [(s.key, s.captions or []) for s in iter_shard(url, job.source, raw=True, record=rec, captions=True,
-                                                            sha256="stream")]
+    template = job.record["source"].get("class_captions")  # a class-labelled set: its class's caption
+    items = [(s.key, [template[s.label]] if template is not None else s.captions or [])
+             for s in iter_shard(url, job.source, raw=True, record=rec, captions=template is None, sha256="stream")]
     flat = [(i, c) for i, (_, caps) in enumerate(items) for c in caps]
     per_sample: list[list[np.ndarray]] = [[] for _ in items]
     stats = _ShardText(job.encoder.max_length)
@@ -200,7 +217,6 @@ def _encode_shard(job: TextJob, shard: int, bar: tqdm) -> tuple[ShardState, int]
 
 
 def _text_record(job: TextJob, states: list[ShardState]) -> dict[str, Any]:
-    assert job.source.captions is not None
     texts = [s.text for s in states if s.text is not None]
     assert len(texts) == len(states)
     import hashlib
@@ -208,7 +224,8 @@ def _text_record(job: TextJob, states: list[ShardState]) -> dict[str, Any]:
     h = hashlib.sha256()
     for t in texts:
         h.update(bytes.fromhex(t["captions_sha256"]))
-    if h.hexdigest() != job.source.captions["sha256"]:
+    templated = job.record["source"].get("template") is not None
+    if not templated and h.hexdigest() != (job.source.captions or {}).get("sha256"):
         raise UserError(f"--data-path {job.source_folder}: the captions read from its shards do not hash to its "
                         "manifest's captions.sha256 (the set changed while this ran?); rerun with --overwrite")
     enc = job.encoder
@@ -225,7 +242,7 @@ def _text_record(job: TextJob, states: list[ShardState]) -> dict[str, Any]:
         "null": encode_null(_round_trip(null.trimmed(0), job.dtype), job.dtype),
         "storage_error": {"max_abs": max_abs, "max_rel": max_abs / max_value if max_value else 0.0,
                           "encoder_dtype": str(enc.dtype).removeprefix("torch."), "stored_as": job.dtype},
-        "source": dict(job.record["source"]),
+        "source": {**job.record["source"], **({"captions_sha256": h.hexdigest()} if templated else {})},
         "truncation": "captions longer than max_length tokens are cut to max_length (counted in truncated)",
     }
 
@@ -263,8 +280,9 @@ def run_text_extract(cfg: ExtractConfig):
         job = _setup(cfg, held)
         setup_logging(job.out / LOG_DIR, quiet=cfg.quiet)
         enc = job.encoder.identity
+        captions_of = (job.source.captions or {}).get("captions", job.source.total_samples)  # a template: 1 each
         log.info("dit-extract: text features of %s (%d samples, %d captions) with %s (%s, %d dims, max length %d), "
-                 "stored as %s -> %s", job.source_folder, job.source.total_samples, job.source.captions["captions"],
+                 "stored as %s -> %s", job.source_folder, job.source.total_samples, captions_of,
                  enc["name"], enc["dtype"], enc["dim"], enc["max_length"], job.dtype, job.out)
         dist.on_rank0(lambda: start_output(job.out, job.record, options=cfg.to_dict()), _RANK_LOGS)
         total = len(job.source.shards)

@@ -55,14 +55,20 @@ def read_sibling(primary: Manifest, folder: str | Path, flag: str) -> Manifest:
     return m
 
 
-def read_text_sibling(primary: Manifest, folder: str | Path, flag: str) -> Manifest:
+def read_text_sibling(primary: Manifest, folder: str | Path, flag: str, *, template: str | None = None,
+                      class_names: list[str] | None = None) -> Manifest:
     """A text set (`dit-extract --text-encoder`) of the captions of `primary`: a sibling (the same keys, shard by
-    shard) made from the very captions `primary` stores (its captions digest); UserError naming the difference."""
+    shard) made from the very captions `primary` stores (its captions digest); UserError naming the difference.
+    With `template` (a class-labelled set, `dit-extract --caption-template`): made from these very shards
+    (their fingerprint) with this template and these class captions (`class_names`: each class's caption)."""
     m = read_sibling(primary, folder, flag)
     if not m.is_text or m.text is None:
         raise UserError(f"{flag} {folder}: not a text set (its store is {m.store!r}); make one with dit-extract "
                         f"--text-encoder NAME --data-path <the latent set> --out {folder}")
-    made_from = (m.text.get("source") or {}).get("captions_sha256")
+    source = m.text.get("source") or {}
+    if template is not None or source.get("template") is not None:
+        return _template_sibling(primary, m, folder, flag, template, class_names)
+    made_from = source.get("captions_sha256")
     have = (primary.captions or {}).get("sha256")
     if have is None:
         raise UserError(f"{flag} {folder}: the training shards hold no captions (extracted without --captions)")
@@ -70,4 +76,27 @@ def read_text_sibling(primary: Manifest, folder: str | Path, flag: str) -> Manif
         raise UserError(f"{flag} {folder}: its features were made from other captions than the training shards hold "
                         f"(captions sha256 {str(made_from)[:12]}... vs {have[:12]}...); extract the text set again from "
                         "these shards")
+    return m
+
+
+def _template_sibling(primary: Manifest, m: Manifest, folder: str | Path, flag: str, template: str | None,
+                      class_names: list[str] | None) -> Manifest:
+    assert m.text is not None
+    source = m.text.get("source") or {}
+    made = source.get("template")
+    if template is None:
+        raise UserError(f"{flag} {folder}: its features are of the template {made!r} filled with class names; give "
+                        "the source that template (template=...)")
+    if made is None:
+        raise UserError(f"{flag} {folder}: its features are of stored captions, not of the template {template!r}; "
+                        "make one with dit-extract --text-encoder NAME --caption-template TEMPLATE")
+    if made != template:
+        raise UserError(f"{flag} {folder}: its features are of the template {made!r}, this source asks for "
+                        f"{template!r}; extract the text set again with --caption-template {template!r}")
+    if class_names is not None and list(source.get("class_captions") or []) != list(class_names):
+        raise UserError(f"{flag} {folder}: its class captions differ from this source's (other class names); "
+                        "extract the text set again with the same --class-names")
+    if source.get("fingerprint") != primary.fingerprint():
+        raise UserError(f"{flag} {folder}: made from another shard set than these (fingerprint "
+                        f"{str(source.get('fingerprint'))[:12]}... vs {primary.fingerprint()[:12]}...)")
     return m

@@ -223,3 +223,46 @@ __all__ = ["CAPTIONS_FIELD", "LENGTHS_FIELD", "TEXT_FIELD", "TEXT_FIELDS", "Text
            "captions_record_problems", "check_text_sample", "decode_captions", "decode_null", "encode_captions",
            "encode_null", "encode_text_members", "length_edges", "length_histogram", "text_record_problems",
            "text_sample_finite"]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Captions of a class-labelled set: a template filled with its class names (T2I-ImageNet's "a photo of a {name}")
+
+def read_class_names(path: str | None, manifest: Any, where: str) -> list[str]:
+    """The class names a template fills: the manifest's, or a file (one name per line in label order; JSON: a
+    list, or an object keyed by the manifest's class names, e.g. ImageNet's synsets)."""
+    if path is None:
+        return list(manifest.class_names)
+    from pathlib import Path
+
+    from dit_pipeline.common.errors import UserError
+
+    p = Path(path).expanduser()
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"{where}: cannot read class_names {path} ({e})") from None
+    names: Any
+    if p.suffix.lower() == ".json":
+        try:
+            names = json.loads(text)
+        except ValueError as e:
+            raise UserError(f"{where}: class_names {path} is not JSON ({e})") from None
+        if isinstance(names, dict):
+            missing = [c for c in manifest.class_names if c not in names]
+            if missing:
+                raise UserError(f"{where}: class_names {path} has no name for {', '.join(missing[:5])}")
+            names = [names[c] for c in manifest.class_names]
+    else:
+        names = [line.strip() for line in text.splitlines() if line.strip()]
+    if not isinstance(names, list) or not all(isinstance(n, str) and n.strip() for n in names):
+        raise UserError(f"{where}: class_names {path} must give one non-empty name per class")
+    if len(names) != manifest.num_classes:
+        raise UserError(f"{where}: class_names {path} gives {len(names)} names for the {manifest.num_classes} classes "
+                        "of the shard set")
+    return [n.strip() for n in names]
+
+
+def template_captions(template: str, names: Sequence[str]) -> tuple[str, ...]:
+    """The caption of each class: the template with {name} filled (T2I-ImageNet's "a photo of a {name}")."""
+    return tuple(template.replace("{name}", n).strip() for n in names)

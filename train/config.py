@@ -35,30 +35,31 @@ from dit_pipeline.train.reg import REG, RegSettings
 from dit_pipeline.train.repa import REPA, RepaSettings
 from dit_pipeline.train.schedule import schedule_problems
 from dit_pipeline.train.text import TEXT_FEATURES
+from dit_pipeline.train.validation import VAL, ValSettings
 
 ATTENTION_BACKENDS = ("auto", "cudnn", "flash", "efficient", "math")  # train.speed applies them
 DEFAULT_MAX_STEPS = 400_000   # neither --max-steps nor --epochs: the DiT paper's length for its comparisons
 DEFAULT_NUM_WORKERS = 4       # loader processes per rank, unless the shard set has fewer shards per rank
 
-DATA, MODEL, OBJECTIVE = "Data", "Model", "Objective"
+DATA, MIX, MODEL, OBJECTIVE = "Data", "Data mix", "Model", "Objective"
 LENGTH, OPTIM, SPEED, CKPT = "Length and batch", "Optimisation", "Speed and memory", "Checkpoints and logging"
 _PRESETS = "the family's: off for DiT, as its release for the others"
 MODEL_OPTIONS = ("qk_norm", "rms_norm", "swiglu", "rope", "wo_shift")  # block switches, passed only when given
 ARCH_OVERRIDES = ("depth", "hidden_size", "num_heads", "patch_size", "encoder_depth", "head_depth", "head_hidden_size",
                   "head_num_heads", "bottleneck_dim", "in_context_len", "in_context_start", "num_t_tokens", "num_c_tokens")
 RUN_CONDITIONINGS = ("auto", *CONDITIONINGS)  # --conditioning; auto: text with --text, else class labels
-GROUPS = (DATA, MODEL, OBJECTIVE, REPA, REG, LENGTH, OPTIM, GUARD, SPEED, CKPT, GRIDS)  # the order of dit-train --help
+GROUPS = (DATA, MIX, MODEL, OBJECTIVE, REPA, REG, LENGTH, OPTIM, GUARD, SPEED, CKPT, VAL, GRIDS)  # dit-train --help's order
 
 
 @dataclass(kw_only=True)
-class TrainConfig(ParallelSettings, GuardSettings, RegSettings, RepaSettings, FidSettings, GridSettings):
-    """Every setting of a training run. The sample-grid, FID, alignment, REG, divergence-guard and data-parallel
-    settings belong to their own types (sample.grid.GridSettings, evaluate.hook.FidSettings, train.repa.RepaSettings,
-    train.reg.RegSettings, train.guard.GuardSettings, train.parallel.ParallelSettings), inherited here so that the
-    stored config stays one flat JSON object."""
+class TrainConfig(ParallelSettings, ValSettings, GuardSettings, RegSettings, RepaSettings, FidSettings, GridSettings):
+    """Every setting of a training run. The sample-grid, FID, alignment, REG, divergence-guard, data-parallel and
+    validation settings belong to their own types (sample.grid.GridSettings, evaluate.hook.FidSettings,
+    train.repa.RepaSettings, train.reg.RegSettings, train.guard.GuardSettings, train.parallel.ParallelSettings,
+    train.validation.ValSettings), inherited here so that the stored config stays one flat JSON object."""
 
     # data
-    shards: str = setting(help="Shard folder (with manifest.json), or a URL list 'a::b' / brace pattern "
+    shards: str | None = setting(None, help="Shard folder (with manifest.json), or a URL list 'a::b' / brace pattern "
                           "(s3://bucket/shard-{000000..000127}.tar, pipe:CMD) together with --manifest", group=DATA)
     run_dir: str = setting(help="Run folder: checkpoints/, metrics.jsonl, log.txt, logs/, config.json", group=DATA)
     manifest: str | None = setting(None, "manifest.json of the shard set, when --shards is a URL list or pattern",
@@ -77,6 +78,21 @@ class TrainConfig(ParallelSettings, GuardSettings, RegSettings, RepaSettings, Fi
         "sample", "The latent of a set that stores the VAE posterior: sample (mean + std x noise, drawn anew every "
         "epoch) or mean (the posterior's mean, its mode: NanoGen's encoding); a set without a posterior holds one "
         "latent either way", group=DATA, choices=LATENT_SAMPLES)
+    # a data mix (train/mix.py, docs/data-mix.md): --source repeated, or a YAML file
+    source: list[str] | None = setting(
+        None, "A source of a data mix: 'SHARDS key=value ...' (repeat the option; keys proportion, repeat, choose "
+        "(MosaicML Streaming's weights), text, caption, template, class_names, holdout, name, manifest; "
+        "docs/data-mix.md)", group=MIX, shown="none: --shards alone")
+    mix: str | None = setting(None, "YAML file of a data mix: sources (each a mapping of the --source keys), "
+                              "epoch_size, lanes", group=MIX)
+    mix_epoch_size: int | None = setting(None, "Samples per epoch of a mix weighted by proportion", group=MIX,
+                                         shown="the sources' samples together")
+    mix_lanes: int | None = setting(
+        None, "Readers of the mix's global sample sequence, fixed for the run (a resume may use any world size that "
+        "divides them)", group=MIX, shown="world size x loader workers, dividing the global batch")
+    new_mix: bool = setting(False, "Resume a run on other sources than its checkpoint's: training continues at the "
+                            "next epoch's start, and the checkpoint's mix history records the change", group=MIX)
+    data_mix: dict[str, Any] | None = setting(None, help="the resolved mix (train/mix.py)", group=MIX, cli=False)
     verify_shards: bool = setting(
         True, "Check each shard's sha256 against the manifest while training: before its samples are used when "
         "the shards read at once fit in a quarter of the host memory, else as it streams (the plan says which)",
@@ -248,6 +264,9 @@ class TrainConfig(ParallelSettings, GuardSettings, RegSettings, RepaSettings, Fi
     peak_tflops: float | None = setting(None, "Peak TFLOP/s per GPU for the MFU estimate (dense bf16/fp16)",
                                         group=CKPT, shown="from the GPU model")
     tensorboard: bool = setting(True, "TensorBoard events when installed", group=CKPT)
+    record_keys: bool = setting(False, "Write the (source, key) of every sample each step trains on, per rank, to "
+                                "RUN/logs/keys-rank{r}.jsonl: an audit of what the run saw (held-out keys, a "
+                                "resume's continuation)", group=CKPT)
     wandb: bool = setting(False, "Also log the metrics to Weights & Biases (rank 0; the run id is kept in RUN/wandb-id "
                           "so a resumed run continues the same W&B run; WANDB_MODE=offline works without a network; "
                           "pip install 'dit-pipeline[wandb]')", group=CKPT)
@@ -269,6 +288,8 @@ class TrainConfig(ParallelSettings, GuardSettings, RegSettings, RepaSettings, Fi
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if isinstance(self.source, tuple):  # repeated --source flags
+            self.source = list(self.source) or None
         if isinstance(self.time_shift, str) and self.time_shift.strip() != "auto":  # "2.5" from the flag
             try:
                 self.time_shift = float(self.time_shift)
@@ -278,8 +299,13 @@ class TrainConfig(ParallelSettings, GuardSettings, RegSettings, RepaSettings, Fi
     def validate(self) -> None:
         """Raise ConfigError listing every invalid setting (nothing about world size: see batch_plan)."""
         p: list[str] = []
-        if not str(self.shards or "").strip():
-            p.append("--shards is required: a shard folder (with manifest.json) or a URL list/pattern")
+        mixed = bool(self.source or self.mix)
+        if not str(self.shards or "").strip() and not mixed:
+            p.append("--shards is required: a shard folder (with manifest.json) or a URL list/pattern (or a data "
+                     "mix: --source / --mix)")
+        if mixed:
+            p += self._mix_problems()
+        p += self.val_problems(mixed)
         if not str(self.run_dir or "").strip():
             p.append("--run-dir is required: the folder for checkpoints, logs and metrics")
         if self.micro_batch_size != "auto":
@@ -306,7 +332,7 @@ class TrainConfig(ParallelSettings, GuardSettings, RegSettings, RepaSettings, Fi
         if self.text is not None and self.conditioning not in ("auto", "text"):
             p.append(f"--text conditions the model on text; --conditioning {self.conditioning} does not use it "
                      "(drop one)")
-        elif self.conditioning == "text" and self.text is None:
+        elif self.conditioning == "text" and self.text is None and not mixed:
             p.append("--conditioning text needs --text FOLDER, the text set of the shards' captions (dit-extract "
                      "--text-encoder NAME --data-path SHARDS --out FOLDER)")
         if self.grad_clip is not None and not self.grad_clip > 0:
@@ -338,6 +364,19 @@ class TrainConfig(ParallelSettings, GuardSettings, RegSettings, RepaSettings, Fi
         p += self.grid_problems(fid_on=self.fid_every is not None, sampler=GRID_SAMPLER.get(self.objective, "ddim"))
         p += self.fid_problems(objective=self.objective) + self._guidance_problems()
         collect(p, "training configuration")
+
+    def _mix_problems(self) -> list[str]:
+        """A data mix replaces --shards, --manifest and --text (each source names its own)."""
+        given = [flag for flag, on in (("--shards", self.shards), ("--manifest", self.manifest), ("--text", self.text),
+                                       ("--repa", self.repa), ("--reg-tokens", self.reg_tokens)) if on]
+        p = [f"{', '.join(given)} with a data mix: each source names its shards (manifest=) and its text set "
+             "(text=) in --source / --mix" + (", and --repa does not read a mix" if self.repa else "")
+             + (", and REG's class tokens (--reg-tokens) are not joined to a mix's sources" if self.reg_tokens
+                else "")] if given else []
+        if self.source and self.mix:
+            p.append("give the sources either as --source options or in a --mix file, not both")
+        p += positive(self, "mix_epoch_size", "mix_lanes")
+        return p
 
     def _guidance_problems(self) -> list[str]:
         """Grid and FID guidance settings that would do nothing (issue 41: refused with the reason, never recorded
@@ -630,7 +669,8 @@ def merge_config(file_values: dict[str, Any], flag_values: dict[str, Any]) -> Tr
                             "departures": setting_departures(file_values, flag_values, defaults)}
     if merged.get("objective") is None and (implied := implied_objective(merged.get("model"))):
         merged["objective"] = implied
-    missing = [n for n in ("shards", "run_dir") if merged.get(n) in (None, "")]
+    needed = ("run_dir",) if merged.get("source") or merged.get("mix") else ("shards", "run_dir")
+    missing = [n for n in needed if merged.get(n) in (None, "")]
     if missing:
         raise ConfigError([f"{flag_name(n)} is required (as a flag or in --config)" for n in missing],
                           "training configuration")

@@ -238,20 +238,22 @@ class Batch(NamedTuple):
     text: torch.Tensor | None = None       # [B, L, D] in the text set's stored dtype (bfloat16 for Qwen3)
     text_mask: torch.Tensor | None = None  # [B, L] bool, True = a real token
     captions: list[str] | None = None      # [B] the caption each sample uses this epoch
+    sources: torch.Tensor | None = None    # [B] int64: a data mix's source of each sample (train/mixdata.py)
 
     def __reduce__(self):
         # Sent from a loader worker: labels and keys travel by value (a few KB); as tensors each would cost
         # a shared-memory file and a file descriptor passed through a socket, per batch.
         return (_rebuild_batch, (self.latents, self.labels.numpy(), self.keys.numpy(), self.skipped, self.pixels,
-                                 self.teacher, self.text, self.text_mask, self.captions))
+                                 self.teacher, self.text, self.text_mask, self.captions,
+                                 None if self.sources is None else self.sources.numpy()))
 
 
 def _rebuild_batch(latents: torch.Tensor, labels: np.ndarray, keys: np.ndarray, skipped: list,
                    pixels: torch.Tensor | None = None, teacher: torch.Tensor | None = None,
                    text: torch.Tensor | None = None, text_mask: torch.Tensor | None = None,
-                   captions: list[str] | None = None) -> Batch:
+                   captions: list[str] | None = None, sources: np.ndarray | None = None) -> Batch:
     return Batch(latents, torch.from_numpy(labels), torch.from_numpy(keys), skipped, pixels, teacher, text, text_mask,
-                 captions)
+                 captions, None if sources is None else torch.from_numpy(sources))
 
 
 class TextPending(NamedTuple):

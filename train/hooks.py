@@ -32,10 +32,17 @@ def _recorded_vae(cfg: "TrainConfig") -> tuple[str, str | None]:
     from dit_pipeline.common.vae import recorded_vae
     from dit_pipeline.shards import read_manifest
 
-    where = cfg.manifest or cfg.shards
-    if cfg.manifest is None and not Path(cfg.shards).expanduser().is_dir():
+    where, manifest = cfg.manifest or cfg.shards, cfg.manifest
+    spec = None
+    if cfg.source or cfg.mix:  # a data mix: the first source's (every source is one latent space, train/mix.py)
+        from dit_pipeline.train.mix import mix_spec
+
+        spec = mix_spec(cfg.source, cfg.mix)
+    if spec is not None:
+        where = manifest = spec.sources[0].manifest or spec.sources[0].shards
+    if manifest is None and not Path(str(where)).expanduser().is_dir():
         raise UserError("--sample-every needs --vae here: the manifest is not known yet (pass --manifest or --vae)")
-    path = Path(where).expanduser()
+    path = Path(str(where)).expanduser()
     m = read_manifest(path)
     found = recorded_vae(m.extraction.get("vae"), f"the manifest of {where}", base=path if path.is_dir() else path.parent)
     if found is None and m.extraction.get("encoder"):
@@ -56,6 +63,11 @@ def build_hooks(cfg: "TrainConfig") -> list[PeriodicHook]:
     a bad --vae fails before any training work.
     """
     hooks: list[PeriodicHook] = []
+    if cfg.val_shards is not None:  # the validation loss at fixed timesteps (train/validation.py)
+        from dit_pipeline.train.validation import ValidationHook
+
+        cfg.validate()
+        hooks.append(ValidationHook.from_settings(cfg))
     if cfg.sample_every is None and cfg.fid_every is None:
         return hooks
     from dit_pipeline.common import distributed as dist

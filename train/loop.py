@@ -4,8 +4,9 @@ optimizer -> EMA -> logs, checkpoints and hooks, one optimizer step at a time.
 Reproducibility: every random draw of a step (timesteps t, diffusion noise, class dropout) is made for the
 rank's whole step (accum x micro samples) from generators seeded with derive_seed(seed, stream, step, rank),
 so it survives restarts and does not depend on the micro-batch split. The data stream is a function of
-(seed, epoch, layout) (train.data). Hence a resumed run with the same world size repeats the uninterrupted
-run exactly.
+(seed, epoch, layout) (the feed, train/feeds.py: one shard set's train.data, or a data mix's train.mixdata, whose
+global sequence does not depend on the world size either). Hence a resumed run with the same world size repeats
+the uninterrupted run exactly.
 
 Per step there are two tiny all-reduces of named scalars (`common.distributed.all_reduce_named`): before
 the forward, so all ranks agree on stopping (signal), an exhausted reader or an unreadable shard (no rank
@@ -37,19 +38,20 @@ from dit_pipeline.common.seeding import STREAM_DROPOUT, STREAM_STEP, STREAM_TIME
 from dit_pipeline.dit import repa
 from dit_pipeline.dit.reg import REG_NOISE, REG_TARGET
 from dit_pipeline.train.checkpoint import CheckpointManager
-from dit_pipeline.train.data import Batch, EpochStream, ReaderEvent, make_loader
+from dit_pipeline.train.data import Batch, ReaderEvent
 from dit_pipeline.train.diverge import TrainingDiverged, check_finite, roll_back  # noqa: F401 (raised here)
+from dit_pipeline.train.feeds import make_feed, mix_part, shard_set_part
 from dit_pipeline.train.hooks import HookContext, PeriodicHook
 from dit_pipeline.train.guard import Guard, GuardPart, injected_fault
 from dit_pipeline.train.metrics import LOSS_TERMS, METRICS, Meter, MetricsLog, StepReport, interval_record, mfu
 from dit_pipeline.train.net import TrainModel
 from dit_pipeline.train.handover import HandoverLoader
-from dit_pipeline.train.partition import DataLayout, EpochPlan, plan_epoch
+from dit_pipeline.train.partition import DataLayout, EpochPlan
 from dit_pipeline.train.checkpoint import load_checkpoint, materialize
-from dit_pipeline.train.parts import Part, ProgressPart, ShardSetPart, build_parts, check_all, compose
+from dit_pipeline.train.parts import Part, ProgressPart, build_parts, check_all, compose, load_all
 from dit_pipeline.train.preflight import Preflight
 from dit_pipeline.train.reg import RegPart
-from dit_pipeline.train.repa import CachedTeacher, TeacherClock
+from dit_pipeline.train.repa import TeacherClock
 from dit_pipeline.train.speed import ema_update
 from dit_pipeline.train.text import BatchText, online_encoder, run_conditioning
 from dit_pipeline.train.state import TrainState, comm_guard, weights_fingerprint
@@ -84,22 +86,25 @@ class Trainer:
         self.state = TrainState()
         self.params = [p for p in net.trained.parameters() if p.requires_grad]  # the optimizer's, in its order
         self.latent_shape = tuple(self.source.manifest.latent_shape)
-        self.shard_set = ShardSetPart.of(self.source.manifest, self.source.fingerprint)
+        self.shard_set = shard_set_part(prep)
         self.cond = run_conditioning(net.model, prep.text)  # dit/conditioning.py, train/text.py
         # --text: the text set's features beside each batch (cached), or the batch's captions encoded here (online)
         self.text = BatchText(online_encoder(prep.text, self.device) if prep.text is not None
                               and self.cfg.text_features == "online" else None)
-        self.text_set = (prep.text.folder, prep.text.manifest) if prep.text is not None else None
         self.reg = prep.reg  # --use-reg: the cached class tokens, joined as the batches' sibling tokens (train/reg.py)
+        # where the batches come from: one shard set or a data mix (train/feeds.py)
+        self.feed = make_feed(prep, rank=self.rank, teacher=net.teacher, online=self.text.encoder is not None)
+        self.current_plan: Any = None
         self.guard = Guard(self.cfg)
         self.rollback_due = False
         self.parts: list[Part] = build_parts(
             objective=self.cfg.objective, config=self.cfg.to_dict(), shard_set=self.shard_set, model=net.model,
             ema=net.ema, head=net.head, teacher=net.teacher.identity if net.teacher is not None else None,
             opt=net.opt, scaler=net.scaler,
-            progress=ProgressPart(self.state, self.layout, lambda epoch: self.plan(epoch).steps),
+            progress=ProgressPart(self.state, self.layout, lambda epoch: self.plan(epoch).steps,
+                                  same_stream=self.feed.same_stream),
             guard=GuardPart(self.guard), text=prep.text.record(self.cfg.text_features) if prep.text else None,
-            reg=RegPart.of(self.cfg.to_dict(), prep.reg))
+            reg=RegPart.of(self.cfg.to_dict(), prep.reg), mix=mix_part(prep, self.feed, self.state))
         self.last_saved = self.state.step
         self._consecutive_overflows = 0
         self.teacher_clock = TeacherClock(self.device)
@@ -119,13 +124,11 @@ class Trainer:
         return carried if carried is not None and epoch == self.state.epoch else self.layout
 
     def plan(self, epoch: int) -> EpochPlan:
-        """The epoch's reading plan; shards skipped as bad count as empty, so an epoch is a full pass over the
-        remaining ones (not a pass that ends early, every epoch, at the bad shard)."""
-        bad = set(self.state.bad_shard_names)
-        sizes = [0 if rec.name in bad else rec.samples for rec in self.source.manifest.shards]
+        """The epoch's reading plan (the feed's, under the layout that reads it: train.handover); shards skipped as
+        bad count as empty, so an epoch is a full pass over the remaining ones (not a pass that ends early, every
+        epoch, at the bad shard)."""
         lay = self.layout_of(epoch)
-        return plan_epoch(sizes, seed=lay.seed, epoch=epoch, world_size=lay.world_size, workers=lay.workers,
-                          micro_batch=lay.micro_batch, accum=lay.accum)
+        return self.feed.plan(epoch, self.state.bad_shard_names, layout=None if lay == self.layout else lay)
 
     def lr_at(self, step: int) -> float:
         """The lr of the update after `step` steps: a pure function of the step (train.schedule)."""
@@ -180,12 +183,16 @@ class Trainer:
 
     def run_epoch(self, plan: EpochPlan, stop: Any, bar: tqdm) -> str:
         s = self.state
+        self.current_plan = plan
         layout = self.layout_of(plan.epoch)
+        feed_kw: dict[str, Any] = dict(bad=s.bad_shard_names, prefetch_factor=self.cfg.prefetch_factor,
+                                       pin_memory=self.device.type == "cuda")
         if layout == self.layout:
-            loader: Any = self.stream(plan, self.rank, layout)
+            loader: Any = self.feed.loader(plan, s.step_in_epoch, **feed_kw)
         else:  # an epoch begun under another layout: its remaining steps as the saved run's ranks read them
             loader = HandoverLoader(layout, self.world, self.rank, self.batch.micro_batch, self.batch.accum,
-                                    lambda old_rank: self.stream(plan, old_rank, layout))
+                                    lambda old_rank: self.feed.loader(plan, s.step_in_epoch, rank=old_rank,
+                                                                      layout=layout, **feed_kw))
         try:
             while s.step_in_epoch < plan.steps:
                 if self.done():
@@ -198,6 +205,8 @@ class Trainer:
                     return "stopped"
                 if verdict == "exhausted":
                     break
+                if self.cfg.record_keys:
+                    self.metrics.write_keys(s.step + 1, items)
                 self.train_step(cast("list[Batch]", items), wait)  # "go": every item is a batch
                 s.step_in_epoch += 1
                 if self.rollback_due:
@@ -208,23 +217,6 @@ class Trainer:
         s.epoch, s.step_in_epoch, s.carried = s.epoch + 1, 0, None
         return "done"
 
-    def stream(self, plan: EpochPlan, rank: int, layout: DataLayout) -> Any:
-        """Rank `rank`'s batches of `plan`'s epoch from the resume position on, read as `layout` reads them."""
-        s = self.state
-        stream = EpochStream(self.source, plan, rank, seed=layout.seed, buffer=layout.shuffle_buffer,
-                             shards_in_flight=layout.shards_in_flight, start_batch=s.step_in_epoch * layout.accum,
-                             skip_bad_shards=self.cfg.skip_bad_shards, sha256=self.sha256,
-                             exclude=frozenset(self.source.index_of(n) for n in s.bad_shard_names),
-                             pixels=self.p.teacher is not None and not isinstance(self.p.teacher, CachedTeacher),
-                             sibling=((self.p.teacher.folder, self.p.teacher.manifest)
-                                      if isinstance(self.p.teacher, CachedTeacher) else
-                                      (self.reg.folder, self.reg.manifest) if self.reg is not None else None),
-                             text=self.text_set if self.text.encoder is None else None,
-                             captions=self.text.encoder is not None, latent_sample=self.cfg.latent_sample)
-        workers = layout.workers if layout.workers > 1 or self.cfg.num_workers else 0  # 1 reader: in process too
-        return make_loader(stream, num_workers=workers, prefetch_factor=self.cfg.prefetch_factor,
-                           pin_memory=self.device.type == "cuda")
-
     def agree(self, items: list[Batch | ReaderEvent], stop: Any, plan: EpochPlan) -> str:
         """Pre-step consensus: 'stop' (a signal on any rank), 'exhausted', or 'go'; raises on a data error."""
         skipped = [tuple(sk) for it in items for sk in it.skipped]
@@ -232,7 +224,7 @@ class Trainer:
         exhausted = any(isinstance(it, ReaderEvent) and it.kind == "exhausted" for it in items)
         with comm_guard("the pre-step all-reduce", self.state.step + 1):
             total = dist.all_reduce_named({"stop": float(stop.requested), "exhausted": float(exhausted),
-                                           "skipped_shards": float(len(skipped))},
+                                           "skipped_shards": float(len(skipped)), **self.feed.step_values(items)},
                                           per_rank={"read_error": float(bool(errors))})
         if total["skipped_shards"] > 0:  # every rank learns every skipped shard: the epoch plans stay equal
             with comm_guard("sharing the skipped shards", self.state.step + 1):
@@ -250,12 +242,13 @@ class Trainer:
             self.log.warning(f"epoch {plan.epoch} ended after {self.state.step_in_epoch} of {plan.steps} steps: "
                              f"a reader ran out of samples ({self.state.bad_shards} distinct shard(s) skipped so far)")
             return "exhausted"
+        self.feed.step_done(total.sums, plan.epoch, self.state.step_in_epoch, plan)  # e.g. a mix's samples per source
         return "go"
 
     def note_skipped(self, skipped: list[tuple[str, str]]) -> None:
         """Record shards skipped with --skip-bad-shards: each is warned about once and read by no later epoch."""
         for url, problem in skipped:
-            name = self.source.manifest.shards[self.source.urls.index(url)].name
+            name = self.feed.shard_name(url)
             if name in self.state.bad_shard_names:
                 continue
             self.state.bad_shard_names.append(name)
@@ -397,6 +390,8 @@ class Trainer:
                "rollbacks": len(self.guard.rollbacks), "world_size": self.world}
         if self.guard.rollbacks:  # where each happened and where it went back to (dit-report marks them there)
             rec["rollback_steps"] = [[r["step"], r["to"]] for r in self.guard.rollbacks]
+        plan = self.current_plan if self.current_plan is not None else self.plan(s.epoch)
+        rec.update(self.feed.log_fields(plan))  # a mix: samples seen, realised and asked share per source
         self.metrics.write(rec)
         self.metrics.write_rank({"step": s.step, **interval_record(own, elapsed)})
         mem = f" mem {rec['peak_mem_gb']:.1f}G" if rec["peak_mem_gb"] is not None else ""
@@ -408,6 +403,8 @@ class Trainer:
         self.log.info(f"step {s.step}{f'/{self.total_steps}' if self.total_steps else ''} epoch {s.epoch} "
                       f"loss {loss:.4f}{f' ({terms})' if terms else ''} grad {rec.get('grad_norm', nan):.3g} "
                       f"lr {rec['lr']:.3g} {images_per_s:.1f} img/s data-wait {rec['data_wait']:.0%}{mem}{util}")
+        if (line := self.feed.log_line(plan)) is not None:
+            self.log.info(line)
         bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
         m.reset()
         own.reset()

@@ -207,6 +207,7 @@ class MetricsLog:
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / "metrics.jsonl"
         self.rank_path = self.run_dir / "logs" / f"rank{rank}.jsonl"
+        self.keys_path = self.run_dir / "logs" / f"keys-rank{rank}.jsonl"  # --record-keys
         self.main = main
         self._tb: Any = None
         self._tb_wanted = main and tensorboard
@@ -258,7 +259,12 @@ class MetricsLog:
             self._tb, self._tb_wanted = None, True
         if self.main:
             self.truncate(self.path, step)
+            # every rank's --record-keys file, those of ranks this run no longer has too (a resume on fewer ranks);
+            # no rank appends before its first step's all-reduce, which rank 0 joins after this
+            for keys in sorted(self.keys_path.parent.glob("keys-rank*.jsonl")):
+                self.truncate(keys, step)
         self.truncate(self.rank_path, step)
+        self.truncate(self.keys_path, step)
 
     @staticmethod
     def _append(path: Path, record: dict[str, Any]) -> None:
@@ -280,6 +286,14 @@ class MetricsLog:
 
     def write_rank(self, record: dict[str, Any]) -> None:
         self._append(self.rank_path, record)
+
+    def write_keys(self, step: int, batches: Any) -> None:
+        """--record-keys: the (source, key) of each sample of this rank's step, in its micro-batches' order."""
+        pairs = []
+        for b in batches:
+            src = b.sources.tolist() if getattr(b, "sources", None) is not None else [0] * len(b.keys)
+            pairs += [[int(s), int(k)] for s, k in zip(src, b.keys.tolist())]
+        self._append(self.keys_path, {"step": step, "keys": pairs})
 
     def close(self) -> None:
         if self._tb is not None:

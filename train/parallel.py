@@ -134,6 +134,10 @@ class ParallelSettings:
             p.append(f"--parallel {self.parallel}: the periodic grids and FID (--sample-every, --fid-every) would gather "
                      "the whole model onto one GPU, which sharding exists to avoid; consolidate a checkpoint "
                      "(dit-train --consolidate RUN/checkpoints/step-N.dcp) and sample it with dit-sample")
+        if get("val_shards") is not None:
+            p.append(f"--parallel {self.parallel} with --val-shards: the validation pass runs the whole raw model and "
+                     "the EMA on rank 0, and a sharded rank holds a slice of each; validate under --parallel ddp, or "
+                     "consolidate checkpoints (dit-train --consolidate) and compare them")
         return p
 
 

@@ -32,6 +32,7 @@ from dit_pipeline.dit.repa import REPAModel
 from dit_pipeline.dit.weights import WeightsError, check_state_dict
 from dit_pipeline.shards import Manifest
 from dit_pipeline.train.guard import GuardPart
+from dit_pipeline.train.mixpart import MixPart
 from dit_pipeline.train.optim import check_state
 from dit_pipeline.train.parallel import load_module, load_optimizer, optimizer_state
 from dit_pipeline.train.partition import DataLayout, map_position
@@ -173,6 +174,7 @@ class ShardSetPart(_NoCheck):
     fingerprint: str
     latent: dict[str, Any]
     revision: int = 1                  # the manifest's revision (for the refusal's message)
+    mixed: bool = False                # a data mix: its sources are compared by the mix's part (train/mixdata.py)
     keys: ClassVar[tuple[str, ...]] = ("manifest_fingerprint", "latent")
     required: ClassVar[tuple[str, ...]] = ("manifest_fingerprint",)
 
@@ -198,6 +200,12 @@ class ShardSetPart(_NoCheck):
                                 "against the manifest it was trained on, kept beside the new one (--manifest "
                                 "SHARDS/manifest.json.revN); otherwise pass the --shards it was trained on, or use a "
                                 "new --run-dir.")
+        if self.mixed:
+            return
+        if ckpt.get("mix") is not None:
+            names = ", ".join(str(src.get("name")) for src in ckpt["mix"].get("sources") or [])
+            raise UserError(f"checkpoint {where} was trained on a data mix ({names}); pass its sources (--source / "
+                            "--mix) to continue it, or a new --run-dir.")
         if ckpt["manifest_fingerprint"] != self.fingerprint:
             raise UserError(f"checkpoint {where} was trained on a different shard set (manifest fingerprint "
                             f"{str(ckpt['manifest_fingerprint'])[:12]}..., these shards {self.fingerprint[:12]}...). "
@@ -351,6 +359,8 @@ class ProgressPart(_NoCheck):
     state: TrainState
     layout: DataLayout
     steps_in: Callable[[int], int]      # epoch -> its optimizer steps (the epoch plan, bad shards left out)
+    # whether a saved layout continues the same sample stream (a shard set: all of it; a mix: not the world size)
+    same_stream: Callable[[DataLayout, DataLayout], bool] | None = None
     keys: ClassVar[tuple[str, ...]] = ("step", "epoch", "data")
     required: ClassVar[tuple[str, ...]] = ("step", "epoch", "data")
 
@@ -389,6 +399,11 @@ class ProgressPart(_NoCheck):
         self.state.carried = None
         steps = self.steps_in(int(data["epoch"]))  # this run's plan of that epoch
         pos = map_position(int(data["epoch"]), int(data["step_in_epoch"]), saved, self.layout, steps)
+        if not pos.exact and self.same_stream is not None and self.same_stream(saved, self.layout):
+            get_logger().info(f"resuming with world size {saved.world_size} -> {self.layout.world_size} (micro-batch "
+                              f"{saved.micro_batch} -> {self.layout.micro_batch}): the mix's global sample sequence "
+                              "continues where it stopped, no sample of the epoch seen twice or skipped")
+            return pos.epoch, pos.step_in_epoch, True
         if pos.exact or int(data["step_in_epoch"]) == 0:
             return pos.epoch, pos.step_in_epoch, pos.exact
         changed = ", ".join(f"{k} {getattr(saved, k)} -> {getattr(self.layout, k)}"
@@ -431,7 +446,7 @@ class RngPart(_NoCheck):
 # Every part type, in the order their checks run (the first mismatch is the one reported): what the run is
 # (objective, model, shard set, global batch) before the state that must fit it.
 PART_TYPES: tuple[type[Part], ...] = (ObjectivePart, RegPart, ModelPart, ShardSetPart, ConfigPart, EmaPart,
-                                      ProjectorPart, OptimizerPart, ScalerPart, TextPart, ProgressPart, RngPart,
+                                      ProjectorPart, OptimizerPart, ScalerPart, TextPart, ProgressPart, MixPart, RngPart,
                                       GuardPart)
 REQUIRED_KEYS: tuple[str, ...] = tuple(k for t in PART_TYPES for k in t.required)
 
@@ -441,7 +456,8 @@ def build_parts(*, objective: str, config: dict[str, Any], shard_set: ShardSetPa
                 teacher: dict[str, Any] | None = None,
                 opt: torch.optim.Optimizer | None = None, scaler: torch.amp.GradScaler | None = None,
                 progress: ProgressPart | None = None, guard: GuardPart | None = None,
-                text: dict[str, Any] | None = None, reg: RegPart | None = None) -> list[Part]:
+                text: dict[str, Any] | None = None, reg: RegPart | None = None,
+                mix: MixPart | None = None) -> list[Part]:
     """The parts of one run, in PART_TYPES order. For checking only (no live optimizer yet), `model` (and the
     alignment `head` around it) may live on the meta device and ema/opt/scaler/progress be None."""
     trained = head if head is not None else model
@@ -453,7 +469,11 @@ def build_parts(*, objective: str, config: dict[str, Any], shard_set: ShardSetPa
                          ScalerPart(scaler),
                          TextPart(text)]
     if progress is not None:
-        parts += [progress, RngPart()]
+        parts.append(progress)
+    if mix is not None:  # a data mix's record, counts and history (train/mixdata.py), after the progress it moves
+        parts.append(mix)
+    if progress is not None:
+        parts.append(RngPart())
     if guard is not None:  # the divergence guard's state (train/guard.py)
         parts.append(guard)
     return parts

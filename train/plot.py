@@ -6,7 +6,9 @@ adaptively weighted (about 1 by design), so its unweighted mse gets an axis of i
 rollbacks are marked at the step where they happened ("rollback 23 -> 20");
 then FID against the step when the run logged it (`--fid-every`, evaluate/hook.py), with the best value and the
 protocol, sample count and reference in its label; a random Inception's numbers are labelled as such
-(evaluate/labels.py) and never drawn against a paper's FID;
+(evaluate/labels.py) and never drawn against a paper's FID; then the validation loss at fixed timesteps of the EMA
+and raw weights (`--val-shards`, train/validation.py); then a data mix's realised share of each source against the
+share it asked for (dashed; train/mixdata.py);
 bottom panel: throughput (images/s) when the records have it.
 """
 from __future__ import annotations
@@ -53,11 +55,20 @@ def plot_metrics(run_dir: str | Path, out: str | Path | None = None, *,
     key = next((fid_key(r) for r in reversed(records) if fid_key(r)), None)
     has_speed = bool(_series(records, "images_per_s")[0])
     has_fid = key is not None
-    rows = 1 + has_fid + has_speed
+    has_val = any(_series(records, f"val_loss_{w}")[0] for w in ("ema", "raw"))
+    shares = sorted({k[len("share_"):] for r in records for k in r if k.startswith("share_")})
+    rows = 1 + has_fid + has_speed + has_val + bool(shares)
     fig, axes = plt.subplots(rows, 1, figsize=(8, 4 if rows == 1 else 3 * rows), sharex=True, squeeze=False)
     _loss_panel(axes[0][0], records, src, objective)
+    row = 1
     if key is not None:
-        _fid_panel(axes[1][0], records, key, paper)
+        _fid_panel(axes[row][0], records, key, paper)
+        row += 1
+    if has_val:
+        _val_panel(axes[row][0], records)
+        row += 1
+    if shares:
+        _mix_panel(axes[row][0], records, shares)
     if has_speed:
         xs, ys = _series(records, "images_per_s")
         axes[-1][0].plot(xs, ys, color="tab:green", linewidth=0.8)
@@ -156,3 +167,32 @@ def _fid_panel(ax, records: list[dict], key: str, paper: tuple[str, float] | Non
         ax.axhline(paper[1], color="black", linestyle="--", linewidth=1, label=paper[0])
         ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
+
+
+def _val_panel(ax, records: list[dict]) -> None:
+    """The validation loss at fixed timesteps of each weights the run evaluated, with what it was measured on."""
+    for w, style in (("ema", "o-"), ("raw", "s--")):
+        xs, ys = _series(records, f"val_loss_{w}")
+        if xs:
+            ax.plot(xs, ys, style, linewidth=1.0, markersize=3, label=f"{w} weights")
+    run: dict = next((r["val_run"] for r in reversed(records) if isinstance(r.get("val_run"), dict)), {})
+    ax.set_ylabel("validation loss")
+    ax.set_title(f"validation loss at {len(run.get('noise_levels') or [])} fixed noise levels, {run.get('samples')} "
+                 f"samples of {run.get('set')}", fontsize=8)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+
+
+def _mix_panel(ax, records: list[dict], names: list[str]) -> None:
+    """Each source's realised share of the samples seen (solid) against its asked share (dashed)."""
+    for i, name in enumerate(names):
+        color = f"C{i % 10}"
+        xs, ys = _series(records, f"share_{name}")
+        ax.plot(xs, ys, color=color, linewidth=1.0, label=name)
+        xa, ya = _series(records, f"asked_{name}")
+        if xa:
+            ax.plot(xa, ya, color=color, linewidth=0.8, linestyle="--")
+    ax.set_ylabel("share of samples")
+    ax.set_title("data mix: realised share of each source (solid) and asked share (dashed)", fontsize=8)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)

@@ -30,6 +30,8 @@ from dit_pipeline.train.config import (ARCH_OVERRIDES, DEFAULT_MAX_STEPS, DEFAUL
 from dit_pipeline.train.data import ShardSource, open_shards
 from dit_pipeline.train.init import InitWeights, init_line, load_init
 from dit_pipeline.train.latents import LatentSpec, latent_sample_problem
+from dit_pipeline.train.mix import mix_spec, open_mix
+from dit_pipeline.train.mixprep import check_val_set, mix_lines, mix_plan, resolve_lanes, steps_counter, val_line
 from dit_pipeline.train.partition import DataLayout, EpochPlan, plan_epoch
 from dit_pipeline.train.optim import optimizer_line
 from dit_pipeline.train.parallel import MODE, Parallel, mesh_shape, parse_gib, shard_count
@@ -54,7 +56,7 @@ class Preflight:
     source: ShardSource
     model_kwargs: dict[str, Any]      # create_model(**model_kwargs)
     layout: DataLayout
-    plan0: EpochPlan
+    plan0: Any                        # the first epoch's plan: train.partition.EpochPlan, or a mix's MixEpoch
     total_steps: int                  # optimizer steps of the whole run (--max-steps, --epochs or the default)
     notes: dict[str, str] = dataclasses.field(default_factory=dict)  # plan line -> a default chosen for the user
     sha256: str | None = None         # shards.iter_shard's check of each shard: whole | stream | None
@@ -67,6 +69,8 @@ class Preflight:
     reg: RegTokens | None = None      # --use-reg: the cached class tokens (train/reg.py)
     parallel: Parallel | None = None  # --parallel: the mode and its mesh (train/parallel.py)
     unfit: str | None = None          # why the memory estimate does not fit the GPU (refused; a dry run prints first)
+    mix: Any = None                   # a data mix (--source / --mix): train.mix.OpenMix; None: one shard set
+    lanes: int = 0                    # the mix's lanes (train/mixplan.py)
 
 
 def resolve_defaults(cfg: TrainConfig, num_shards: int, world: int) -> tuple[TrainConfig, dict[str, str]]:
@@ -90,7 +94,8 @@ def local_ranks(world: int) -> int:
     return dist.local_world_size() if dist.launched() else min(world, max(1, torch.cuda.device_count()))
 
 
-def sha256_mode(cfg: TrainConfig, source: ShardSource, plan0: EpochPlan, world: int) -> tuple[str | None, int]:
+def sha256_mode(cfg: TrainConfig, source: ShardSource, plan0: Any, world: int, mix: Any = None
+                ) -> tuple[str | None, int]:
     """How the trainer checks each shard's sha256, and the bytes of whole shards a node would hold for it.
 
     "whole" (read and hashed before any of its samples is used) when the shards that all readers of a node
@@ -99,15 +104,21 @@ def sha256_mode(cfg: TrainConfig, source: ShardSource, plan0: EpochPlan, world: 
     """
     if not cfg.verify_shards:
         return None, 0
-    biggest = max((rec.bytes for rec in source.manifest.shards), default=0)
-    at_once = min(cfg.shards_in_flight, max((len(s) for s in plan0.slot_shards), default=0))
-    need = local_ranks(world) * plan0.workers * at_once * biggest
+    if mix is not None:  # a mix's lanes, each reading up to shards_in_flight visits at once
+        biggest = max((rec.bytes for o in mix.sources for rec in o.manifest.shards), default=0)
+        at_once = min(cfg.shards_in_flight, max((len(lane) for lane in plan0.lanes), default=0))
+        need = local_ranks(world) * (len(plan0.lanes) // world) * at_once * biggest
+    else:
+        biggest = max((rec.bytes for rec in source.manifest.shards), default=0)
+        at_once = min(cfg.shards_in_flight, max((len(s) for s in plan0.slot_shards), default=0))
+        need = local_ranks(world) * plan0.workers * at_once * biggest
     avail = host_memory_available()
     return ("whole" if avail is not None and need <= 0.25 * avail * GiB else "stream"), need
 
 
-def model_kwargs(cfg: TrainConfig, source: ShardSource) -> dict[str, Any]:
-    """create_model arguments for this config and shard set; UserError when they cannot match."""
+def model_kwargs(cfg: TrainConfig, source: ShardSource, mix: Any = None) -> dict[str, Any]:
+    """create_model arguments for this config and shard set (a mix: its first source's, all one latent space);
+    UserError when they cannot match."""
     from dit_pipeline.dit.family import create_model
 
     m = source.manifest
@@ -120,7 +131,7 @@ def model_kwargs(cfg: TrainConfig, source: ShardSource) -> dict[str, Any]:
                         f"{m.image_size}px ({c}x{h}x{w} latents); use --image-size {m.image_size} or extract "
                         f"the images again at {cfg.image_size}px")
     reg = read_reg_tokens(cfg, m)  # REG's class token width (train/reg.py)
-    kw = arch_kwargs(cfg, m, read_text(cfg, source), None if reg is None else reg.dim)
+    kw = arch_kwargs(cfg, m, read_text(cfg, source, mix), None if reg is None else reg.dim)
     try:
         with torch.device("meta"):
             create_model(**kw)
@@ -222,10 +233,14 @@ def check_recipe_extraction(cfg: TrainConfig, source: Any) -> TrainConfig:
     return dataclasses.replace(cfg, recipe={**recipe, "departures": known + [d for d in new if d not in known]})
 
 
-def read_text(cfg: TrainConfig, source: ShardSource) -> TextSet | None:
+def read_text(cfg: TrainConfig, source: ShardSource, mix: Any = None) -> TextSet | None:
     """--text: the text set of the training shards' captions (shards.siblings.read_text_sibling: the same keys,
     made from these very captions), None without it; UserError for one that is not, or for online features of a
-    set whose shards hold no captions."""
+    set whose shards hold no captions. A mix: the text side of its first source with a text set (train.mix checked
+    that they share one encoder), whose empty prompt is the run's null condition."""
+    if mix is not None:
+        first = next((o for o in mix.sources if o.text is not None), None)
+        return open_text_set(first.text, str(first.spec.text)) if first is not None else None
     if cfg.text is None:
         return None
     from dit_pipeline.shards.siblings import read_text_sibling
@@ -277,15 +292,18 @@ def prepare(cfg: TrainConfig, world_size: int | None = None) -> Preflight:
     cfg.validate()
     check_writable_dir(cfg.run_dir, f"--run-dir {cfg.run_dir}")  # before any work, also in a dry run
     world = dist.world_size() if world_size is None else world_size
-    source = open_shards(cfg.shards, cfg.manifest)
+    spec = mix_spec(cfg.source, cfg.mix, cfg.mix_epoch_size, cfg.mix_lanes)
+    mix = open_mix(spec, text_features=cfg.text_features) if spec is not None else None
+    source = mix.primary if mix is not None else open_shards(str(cfg.shards), cfg.manifest)
     if problem := latent_sample_problem(source.manifest, cfg.latent_sample):
         raise UserError(f"{source.folder or cfg.manifest}: {problem}")
     cfg = check_recipe_extraction(cfg, source)
-    cfg, notes = resolve_defaults(cfg, len(source.sizes), world)
+    shards = sum(len(o.source.sizes) for o in mix.sources) if mix is not None else len(source.sizes)
+    cfg, notes = resolve_defaults(cfg, shards, world)
     cfg, shift_note = resolve_time_shift(cfg, list(source.manifest.latent_shape))
     if shift_note:
         notes["time_shift"] = shift_note
-    kw = model_kwargs(cfg, source)
+    kw = model_kwargs(cfg, source, mix)
     # the data-parallel mode's mesh (an HSDP shape that does not divide the world size is refused here)
     local = dist.local_world_size() if dist.launched() else world  # the launcher's ranks share one node
     parallel = Parallel(cfg.parallel, mesh_shape(cfg.parallel, world, cfg.hsdp_shard_size, local))
@@ -310,20 +328,31 @@ def prepare(cfg: TrainConfig, world_size: int | None = None) -> Preflight:
     layout = DataLayout(seed=cfg.seed, world_size=world, workers=max(1, cfg.num_workers),
                         micro_batch=batch.micro_batch, accum=batch.accum, shuffle_buffer=cfg.shuffle_buffer,
                         shards_in_flight=cfg.shards_in_flight)
-    plan0 = plan_epoch(source.sizes, seed=cfg.seed, epoch=0, world_size=world, workers=layout.workers,
-                       micro_batch=batch.micro_batch, accum=batch.accum)
+    lanes = 0
+    if mix is not None:  # the global sample sequence of the mix (train/mixplan.py)
+        lanes = resolve_lanes(cfg, world, layout.workers, batch)
+        cfg = dataclasses.replace(cfg, data_mix=mix.record(lanes))
+        plan0: Any = mix_plan(mix, cfg, lanes, batch, 0)
+        if plan0.steps == 0:
+            raise UserError(f"the mix's first epoch holds {plan0.samples_total:,} samples over {lanes} lanes, not enough "
+                            f"for one optimizer step of {batch.global_batch} samples ({plan0.piece} per lane); lower "
+                            "--global-batch-size or --mix-lanes, or weight the sources up")
+        steps_at = steps_counter(lambda e: mix_plan(mix, cfg, lanes, batch, e).steps)
+    else:
+        plan0 = plan_epoch(source.sizes, seed=cfg.seed, epoch=0, world_size=world, workers=layout.workers,
+                           micro_batch=batch.micro_batch, accum=batch.accum)
+        steps_at = epoch_counter(source.sizes, cfg.seed, world, layout.workers, batch)
     if plan0.steps == 0:
         raise UserError(f"the shard set holds {source.manifest.total_samples} samples in {len(source.sizes)} "
                         f"shards, not enough for one optimizer step of {batch.global_batch} samples with "
                         f"{world} rank(s) x {layout.workers} reader(s) each; lower --global-batch-size or "
                         "--num-workers")
-    steps_at = epoch_counter(source.sizes, cfg.seed, world, layout.workers, batch)
     total = cfg.max_steps
     if cfg.epochs is not None:
         by_epochs = steps_at(cfg.epochs)  # train.partition.total_steps, counted once for the schedule too
         total = by_epochs if total is None else min(total, by_epochs)
     assert total is not None  # resolve_defaults gives every run a length
-    mode, held = sha256_mode(cfg, source, plan0, world)
+    mode, held = sha256_mode(cfg, source, plan0, world, mix)
     _, _, mc = param_counts(kw)
     teacher = check_repa(cfg, has_pixels=source.manifest.has_pixels, where=str(source.folder or cfg.manifest),
                          depth=num_blocks(mc), grid=mc["input_size"] // mc["patch_size"], manifest=source.manifest)
@@ -331,9 +360,11 @@ def prepare(cfg: TrainConfig, world_size: int | None = None) -> Preflight:
     std = first_samples_std(source.folder, source.manifest) if source.folder is not None and dist.is_main() else None
     # --init: read and matched on the CPU, also in a dry run; not read when the run folder resumes its checkpoint
     init = load_init(cfg.init, kw) if cfg.init and not _resumes(cfg) else None
-    text = read_text(cfg, source) if kw.get("conditioning") == "text" else None
+    text = read_text(cfg, source, mix) if kw.get("conditioning") == "text" else None
+    if cfg.val_shards is not None:
+        check_val_set(cfg, mix if mix is not None else source)
     prep = Preflight(cfg, world, batch, source, kw, layout, plan0, total, notes, mode, held, teacher, schedule, std,
-                     init, text, read_reg_tokens(cfg, source.manifest), parallel)
+                     init, text, read_reg_tokens(cfg, source.manifest), parallel, mix=mix, lanes=lanes)
     prep.unfit = memory_fit(prep)[1]
     if prep.unfit and not cfg.dry_run:  # before any process group starts; a dry run prints its plan first
         raise UserError(prep.unfit)
@@ -607,7 +638,7 @@ def format_plan(prep: Preflight, start_line: str | None = None, *, dry_run: bool
     precision = resolve_precision(cfg.precision, device)
     total, trainable, mc, shapes = param_shapes(prep.model_kwargs)
     c, h, w = m.latent_shape
-    shards_per = [len(s) for s in p0.slot_shards]
+    shards_per = [len(s) for s in p0.lanes] if prep.mix is not None else [len(s) for s in p0.slot_shards]
     mem = memory_estimate(prep)
     parts = " + ".join(f"{k} {v:.2f}" for k, v in mem.parts.items())
     par = _parallel(prep)
@@ -634,8 +665,9 @@ def format_plan(prep: Preflight, start_line: str | None = None, *, dry_run: bool
     lines = [
         "dit-train plan (dry run: nothing was started)" if dry_run else "dit-train plan",
         *recipe_line(cfg.recipe),
-        f"  shards      {cfg.shards}: {len(m.shards)} shards, {m.total_samples:,} samples, {_store_text(m, spec)}, "
-        f"{m.views} view(s), latents {c}x{h}x{w} {m.dtype}, {_scale_text(m)}, {m.num_classes} classes",
+        *([f"  shards      {cfg.shards}: {len(m.shards)} shards, {m.total_samples:,} samples, {_store_text(m, spec)}, "
+           f"{m.views} view(s), latents {c}x{h}x{w} {m.dtype}, {_scale_text(m)}, {m.num_classes} classes"]
+          if prep.mix is None else [f"  latents     {c}x{h}x{w} ({_scale_text(m)}), the space of every source"]),
         *normalization_line(m),
         *latent_std_line(prep),
         *init_line(prep.init),
@@ -653,12 +685,14 @@ def format_plan(prep: Preflight, start_line: str | None = None, *, dry_run: bool
         + (" (--micro-batch-size auto: the largest that fits the GPU memory estimate)"
            if cfg.micro_batch_size == "auto" and device.type == "cuda" else
            " (--micro-batch-size auto: no GPU visible, no accumulation)" if cfg.micro_batch_size == "auto" else ""),
-        f"  epoch 0     {p0.steps:,} optimizer steps; {p0.samples_used:,} of {p0.samples_total:,} samples used "
-        f"({p0.samples_total - p0.samples_used:,} left out so every rank runs the same number of steps)",
-        f"  readers     {prep.world_size} rank(s) x {prep.layout.workers} loader worker(s) = {len(shards_per)}; "
-        f"shards per reader {min(shards_per)}-{max(shards_per)}, up to {cfg.shards_in_flight} read at once; "
-        f"shuffle buffer {cfg.shuffle_buffer} samples each"
-        + (f"\n              ({prep.notes['readers']})" if "readers" in prep.notes else ""),
+        *(mix_lines(prep) if prep.mix is not None else [
+            f"  epoch 0     {p0.steps:,} optimizer steps; {p0.samples_used:,} of {p0.samples_total:,} samples used "
+            f"({p0.samples_total - p0.samples_used:,} left out so every rank runs the same number of steps)",
+            f"  readers     {prep.world_size} rank(s) x {prep.layout.workers} loader worker(s) = {len(shards_per)}; "
+            f"shards per reader {min(shards_per)}-{max(shards_per)}, up to {cfg.shards_in_flight} read at once; "
+            f"shuffle buffer {cfg.shuffle_buffer} samples each"
+            + (f"\n              ({prep.notes['readers']})" if "readers" in prep.notes else "")]),
+        *val_line(cfg),
         f"  length      {', '.join(length)} -> {prep.total_steps:,} steps "
         f"(~{prep.total_steps / max(p0.steps, 1):.2f} epochs)"
         + (f"\n              ({prep.notes['length']})" if "length" in prep.notes else ""),
@@ -711,7 +745,7 @@ def latent_std_line(prep: Preflight) -> list[str]:
         return []
     std, used, shard = prep.latent_std
     return [f"  latents     std {std:.3g} over the first {used} samples of {shard}: NOT near 1 (DiT assumes ~1); "
-            f"{fix_hint(prep.cfg.shards)}"]
+            f"{fix_hint(str(prep.source.folder or prep.cfg.shards))}"]
 
 
 def describe_model(mc: dict[str, Any]) -> str:

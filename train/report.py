@@ -7,7 +7,10 @@ the run). It shows the config (the model as built: its preset and every override
 (train/plot.py), the last evaluation described from the hook's own record (protocol, network, reference, sample
 count, sampler, steps, the guidance applied; never from config.json, which says what was asked), the throughput
 and device-hours (the logged intervals' durations x the world size: time in checkpoints, hooks and start-up is not
-counted), what the divergence guard did, and the paper's number beside ours only when the two can be compared: the
+counted), what the divergence guard did, a data mix's sources with the samples each gave against its asked share
+(`seen_<source>`, `share_<source>`, `asked_<source>`: train/mixdata.py), the last validation loss at fixed timesteps
+per noise level with what produced it (`val_run`: train/validation.py), and the paper's number beside ours only
+when the two can be compared: the
 number is FID (not a random Inception's distance) and the run departs from its recipe in nothing (train/recipes.py).
 An FID of fewer than 50,000 samples is named with its count ("FID-5K", evaluate/labels.py) and called a proxy, so
 it is not read as the paper metric.
@@ -26,7 +29,8 @@ from dit_pipeline.train.metrics import read_metrics
 from dit_pipeline.train.plot import plot_metrics
 
 KEY_SETTINGS = ("model", "objective", "global_batch_size", "lr", "warmup_steps", "grad_clip", "ema_decay",
-                "max_steps", "epochs", "precision", "class_dropout_prob", "repa", "on_divergence", "seed", "shards")
+                "max_steps", "epochs", "precision", "class_dropout_prob", "repa", "on_divergence", "seed", "shards",
+                "mix", "val_shards")
 
 
 def _num(v: Any, fmt: str = ".4g") -> str:
@@ -87,6 +91,47 @@ def _evaluation(cfg: dict[str, Any], ev: dict[str, Any] | None) -> list[str]:
     return [*lines, "", "| metric | value |", "|---|---|", *rows]
 
 
+def mix_section(cfg: dict[str, Any], last: dict[str, Any]) -> list[str]:
+    """The data mix: each source's shards and weight, samples seen, realised and asked share (none without a mix)."""
+    mix = cfg.get("data_mix")
+    if not isinstance(mix, dict):
+        return []
+    rows = []
+    for src in mix.get("sources") or []:
+        name = src.get("name")
+        weight = next((f"{k} {src[k]:g}" for k in ("proportion", "repeat", "choose") if src.get(k) is not None),
+                      "every sample once")
+        extra = "".join(f", {k} {src[k]}" for k in ("text", "caption", "template", "holdout") if src.get(k) is not None)
+        rows.append(f"| {name} | `{src.get('shards')}` | {weight}{extra} | {_num(last.get(f'seen_{name}'), ',')} | "
+                    f"{_num(last.get(f'share_{name}'), '.1%')} | {_num(last.get(f'asked_{name}'), '.1%')} |")
+    return ["## Data mix", "", f"{len(rows)} sources read by {mix.get('lanes')} lane(s) (one global sample sequence "
+            "at any world size); shares are of the samples seen up to the last logged step.", "",
+            "| source | shards | weight | samples seen | realised share | asked share |", "|---|---|---|---|---|---|",
+            *rows, ""]
+
+
+def val_section(records: list[dict[str, Any]]) -> list[str]:
+    """The last validation loss at fixed timesteps (none without --val-shards): per weights the mean and each noise
+    level's, with what produced it."""
+    vals = [r for r in records if isinstance(r.get("val_run"), dict)]
+    if not vals:
+        return []
+    last, run = vals[-1], vals[-1]["val_run"]
+    first = vals[0]
+    weights = [w for w in run.get("weights") or [] if f"val_loss_{w}" in last]
+    levels = run.get("noise_levels") or []
+    head = "| noise level (objective time) | " + " | ".join(weights) + " |"
+    rows = [f"| {lv:g} ({t}) | " + " | ".join(_num(last[f"val_loss_{w}_t"][i]) for w in weights) + " |"
+            for i, (lv, t) in enumerate(zip(levels, run.get("times") or []))]
+    means = ", ".join(f"{w} {_num(last[f'val_loss_{w}'])} (step {first['step']}: {_num(first.get(f'val_loss_{w}'))})"
+                      for w in weights)
+    return ["## Validation loss", "",
+            f"Step {last['step']}: {means}. {run.get('samples')} samples of {run.get('set')}, the objective's "
+            f"unweighted loss ({run.get('objective')}) at {len(levels)} fixed noise levels with fixed noise and no "
+            f"condition dropout ({run.get('rule')}); comparable across runs whose training time samplers differ.",
+            "", head, "|---|" + "---|" * len(weights), *rows, ""]
+
+
 def model_as_built(cfg: dict[str, Any]) -> str:
     """The model row: the preset with every override the run gave it ("SiT-XL/2 with depth 2, hidden_size 384")."""
     given = [f"{k} {cfg[k]}" for k in ARCH_OVERRIDES if cfg.get(k) is not None]
@@ -142,6 +187,7 @@ def build_report(run_dir: Path, png: str) -> str:
     if recipe is not None and recipe.get("departures"):
         lines += ["", "Departures from the recipe:", "", *[f"- {d}" for d in recipe["departures"]]]
     lines += ["", "## Curves", "", f"![loss, FID and throughput against the step]({png})", "",
+              *val_section(records), *mix_section(cfg, last),
               "## Last evaluation", "", *_evaluation(cfg, ev), "",
               "## Throughput", "", "| | |", "|---|---|",
               f"| images/s (mean over the logged intervals; the last) | {_num(t['images_per_s'], '.1f')}; "

@@ -25,7 +25,8 @@ from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.io import atomic_write_bytes
 from dit_pipeline.train.checkpoint import CheckpointManager, load_checkpoint
 from dit_pipeline.train.config import MODEL_OPTIONS, TrainConfig
-from dit_pipeline.train.parts import ShardSetPart, build_parts, check_all
+from dit_pipeline.train.feeds import mix_part, shard_set_part
+from dit_pipeline.train.parts import build_parts, check_all
 from dit_pipeline.train.preflight import Preflight, param_counts, resolve_precision
 from dit_pipeline.train.reg import RegPart
 
@@ -111,7 +112,7 @@ def check_resume(prep: Preflight) -> StartPoint:
         head = (dit.repa.REPAModel(model, encoder_depth=cfg.repa_depth, z_dims=(prep.teacher.dim,))
                 if prep.teacher is not None else None)
     check_all(build_parts(objective=cfg.objective, config=new, model=model, head=head,
-                          shard_set=ShardSetPart.of(prep.source.manifest, prep.source.fingerprint),
+                          shard_set=shard_set_part(prep), mix=mix_part(prep),
                           text=prep.text.record(cfg.text_features) if prep.text else None,
                           reg=RegPart.of(new, prep.reg)), ckpt, str(path))
     return StartPoint(path, int(ckpt["step"]), config_changes(old, new), ckpt, kept)

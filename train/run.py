@@ -113,16 +113,12 @@ def _train(prep: Preflight, hooks: Sequence[PeriodicHook], stop: StopRequest, st
     log.info(format_plan(prep, start_line(prep.cfg.run_dir, start, dry_run=False), dry_run=False))
     if lock_warning:
         log.warning(lock_warning)
-    p0 = prep.plan0
-    if p0.samples_used < 0.95 * p0.samples_total:
-        log.warning(f"each epoch leaves out {p0.samples_total - p0.samples_used:,} of {p0.samples_total:,} samples "
-                    f"so that all {prep.world_size} rank(s) x {prep.layout.workers} reader(s) yield the same number "
-                    "of batches (shards are read whole, and they are few or uneven for this many readers); use "
-                    "fewer --num-workers or re-extract with a smaller --samples-per-shard")
     net = build_model(prep, device, precision)
     metrics = MetricsLog(run_dir, dist.rank(), main=dist.is_main(), tensorboard=prep.cfg.tensorboard,
                          wandb=(prep.cfg.wandb_project, resolved.to_dict()) if prep.cfg.wandb else None)
     trainer = Trainer(dataclasses.replace(prep, cfg=resolved), net, RunOutput(run_dir, ckpts, metrics), hooks)
+    for note in trainer.feed.start_notes(prep.plan0):  # samples left out of each epoch; a mix's repeated sources
+        log.warning(note)
     with comm_guard("agreeing on the checkpoint to resume from", 0):
         seen = dist.all_gather_object(str(start.path) if start.path else None)
     if len(set(seen)) > 1:  # every rank found its own (train.resume.check_resume): they must be the same

@@ -158,7 +158,8 @@ def test_text_extraction_refusals(captioned_set, qwen3_text_set, tiny_qwen3, tmp
     with pytest.raises(UserError) as e:
         text_extract(tmp_path / "plain", tiny_qwen3, tmp_path / "t1")
     assert str(e.value) == (f"--data-path {tmp_path / 'plain'}: a shard set without captions; --text-encoder encodes "
-                            "the captions of a latent set extracted with --captions")
+                            "the captions of a latent set extracted with --captions, or a class-labelled set's with "
+                            "--caption-template 'a photo of a {name}'")
     with pytest.raises(UserError) as e:
         text_extract(qwen3_text_set, tiny_qwen3, tmp_path / "t2")
     assert str(e.value).startswith(f"--data-path {qwen3_text_set}: a text set;")
@@ -207,3 +208,24 @@ def test_verify_names_damaged_text_shards(qwen3_text_set, tmp_path):
     got = verify_shards(folder, progress=False).problems
     assert got[0] == ("manifest.json", "the shards hold 18 captions' features, the manifest's text record says 19")
     assert got[1][1].startswith("token-length histogram of the shards [0, ")
+
+
+def test_caption_template_refusals(captioned_set, tiny_qwen3, tmp_path):
+    """--caption-template makes a class-labelled set's captions: refused on a set that stores captions, without
+    {name}, without --text-encoder, or with a class-names file that does not name every class."""
+    from dit_pipeline.extract import ExtractConfig
+    from tests.shards._helpers import make_set
+
+    with pytest.raises(UserError, match="stores captions; --caption-template makes captions for a set without them"):
+        text_extract(captioned_set, tiny_qwen3, tmp_path / "t1", caption_template="a photo of a {name}")
+    with pytest.raises(ConfigError, match=r"--caption-template must contain \{name\}"):
+        ExtractConfig(data_path="x", out="y", text_encoder="qwen3-0.6b", caption_template="a photo").validate()
+    with pytest.raises(ConfigError, match="--caption-template and --class-names make a class-labelled set's captions"):
+        ExtractConfig(data_path="x", out="y", caption_template="a photo of a {name}").validate()
+    m = make_set(tmp_path / "plain")
+    (tmp_path / "names.txt").write_text("only one\n")
+    with pytest.raises(UserError, match=f"--class-names: class_names {tmp_path / 'names.txt'} gives 1 names for the "
+                                        f"{m.num_classes} classes of the shard set"):
+        text_extract(tmp_path / "plain", tiny_qwen3, tmp_path / "t2", caption_template="a photo of a {name}",
+                     class_names=str(tmp_path / "names.txt"))
+    assert not any((tmp_path / n).exists() for n in ("t1", "t2"))

@@ -20,7 +20,7 @@ V1_KEYS = {"format", "version", "model", "ema", "opt", "scaler", "step", "epoch"
            "objective", "latent", "config", "manifest_fingerprint"}
 # optional keys added since (--repa; flow runs; the divergence guard; meanflow runs; x-prediction; text-conditional runs)
 ADDED_KEYS = {"projector", "time_shift", "guard", "meanflow", "prediction", "perceptual", "text", "reg",
-              "internal_guidance"}
+              "internal_guidance", "mix"}
 V1_REQUIRED = {"model", "ema", "opt", "step", "epoch", "data", "model_config", "config", "manifest_fingerprint"}
 LAYOUT = DataLayout(seed=0, world_size=1, workers=2, micro_batch=4, accum=1, shuffle_buffer=10, shards_in_flight=2)
 

@@ -44,7 +44,10 @@ ADDED_SINCE = {"fid_labels", "repa", "repa_depth", "repa_coeff", "time_shift", "
                "protocol", "prediction", "t_eps", "lpips", "percep_t_thresh", "bottleneck_dim", "in_context_len",
                "in_context_start", "pdino", "pdino_weight", "lpips_weight", "v_target", "use_reg", "reg_coeff",
                "reg_tokens", "base_model_depth", "base_model_coeff", "latent_sample", "mf_rule", "parallel",
-               "hsdp_shard_size", "gpu_memory", "log_keys"}
+               "hsdp_shard_size", "gpu_memory", "log_keys",
+               # issue 46: data mixes, the key audit and the validation loss
+               "source", "mix", "mix_epoch_size", "mix_lanes", "new_mix", "data_mix", "record_keys", "val_shards",
+               "val_every", "val_samples", "val_timesteps", "val_batch_size", "val_weights"}
 
 
 def test_the_stored_config_keeps_its_flat_keys():
