@@ -55,7 +55,8 @@ class ModelTraits:
         kind = {"class": "class-conditional", "text": "text-conditional", "none": "unconditional"}
         pred = {"x": " (x prediction)", UNKNOWN: " (its prediction not recorded)"}.get(self.prediction, "")
         c, h, w = self.latent_shape
-        return f"a {kind.get(self.conditioning, self.conditioning)} {self.objective} model{pred} on {c}x{h}x{w} " \
+        what = kind.get(self.conditioning, self.conditioning)
+        return f"{'an' if what[:1] in 'aeiou' else 'a'} {what} {self.objective} model{pred} on {c}x{h}x{w} " \
                f"{'pixels' if self.space == 'pixels' else 'latents'}"
 
 

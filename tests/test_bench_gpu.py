@@ -35,7 +35,11 @@ def test_gpu_bench_smoke_writes_every_row(tmp_path):
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     names = [(row["section"], row["name"]) for row in rows]
     assert ("env", "machine") in names and names[-1] == ("env", "done")
-    assert rows[-1]["errors"] == 0 and rows[-1]["skipped"] == 0, [r for r in rows if r["name"] in ("error", "skipped")]
+    from dit_pipeline.common.distributed import sharding_problem
+
+    allowed = 0 if sharding_problem() is None else 1  # the floors' torch: the sharded modes' section says why it skips
+    assert rows[-1]["errors"] == 0 and rows[-1]["skipped"] == allowed, \
+        [r for r in rows if r["name"] in ("error", "skipped")]
     want = {("train", "fast-DiT-style fp16 eager"), ("train", "ours bf16 eager, attention auto"),
             ("train", "ours bf16 per-block compile, attention auto"), ("train", "memory-table row (eager)"),
             ("extract", "baseline fp32 batch 1, one view"), ("extract", "ours fp32 eager 2 view(s)"),
@@ -50,9 +54,9 @@ def test_gpu_bench_smoke_writes_every_row(tmp_path):
             ("text", "share of an online-encoder step removed by caching"),
             ("text", "dit-extract --text-encoder (tiny Qwen3, steady state)"),
             ("context", "t4c8: 8 class tokens flow step"), ("context", "t4 + 256 text tokens flow step"),
-            ("parallel", "ddp on 1 GPU (the code path and its overhead)"),
-            ("parallel", "zero2 on 1 GPU (the code path and its overhead)"),
-            ("parallel", "fsdp on 1 GPU (the code path and its overhead)")}
+            *([("parallel", "ddp on 1 GPU (the code path and its overhead)"),
+               ("parallel", "zero2 on 1 GPU (the code path and its overhead)"),
+               ("parallel", "fsdp on 1 GPU (the code path and its overhead)")] if not allowed else [])}
     assert want <= set(names), sorted(set(names))
     rates = [row.get("img_s") or row.get("encodes_s") or row.get("latents_s") for row in rows
              if row["section"] in ("train", "extract", "sample", "loader", "repa", "families")

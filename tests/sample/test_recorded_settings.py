@@ -6,7 +6,8 @@
    the records say "all" (they said 3, 1 or all for byte-identical samples).
 5. `--guidance-model` where it does nothing (a MeanFlow model, `--cfg-scale 1`): refused with the reason.
 7. An unconditional model (`--conditioning none`, recorded dropout 0.1): sampled without guidance by default (the
-   default 4.0 ended in a traceback), an explicit scale refused in one line, `--protocol nanogen` too."""
+   default 4.0 ended in a traceback), an explicit scale refused in one line; `--protocol nanogen`, whose
+   release samples class models, refused in one line naming the fit."""
 from __future__ import annotations
 
 import json
@@ -116,6 +117,11 @@ def test_an_unconditional_model_samples_unguided_and_refuses_a_scale(uncondition
     run_sampling(SampleConfig(**base, sampler="euler", npz=str(tmp_path / "s.npz")))
     record = json.loads((tmp_path / "s.npz.json").read_text())
     assert record["fingerprint"]["cfg_scale"] == 1.0 and record["protocol"]["guidance"]["rule"] == "none"
-    run_sampling(SampleConfig(**base, protocol="nanogen", npz=str(tmp_path / "n.npz")))
-    record = json.loads((tmp_path / "n.npz.json").read_text())
-    assert record["fingerprint"]["cfg_scale"] == 1.0 and record["protocol"]["guidance"]["scale"] == 1.0
+    # a release's protocol samples the models its release trains (dit/protocol_fit.py): NanoGen's, class models; an
+    # unconditional one is refused in one line before anything is written (it was a traceback)
+    with pytest.raises(UserError) as e:
+        run_sampling(SampleConfig(**base, protocol="nanogen", npz=str(tmp_path / "n.npz")))
+    assert str(e.value).startswith("--protocol nanogen applies to class-conditional flow models on latents; this is "
+                                   "an unconditional flow model") and "conditioning none (the protocol's: class)" in \
+        str(e.value)
+    assert not (tmp_path / "n.npz").exists()
