@@ -57,6 +57,8 @@ def worker_death(e: BaseException, cfg: Any = None) -> str | None:
         return None
     pids, described, code = m.groups()
     signame = _BY_DESCRIPTION.get(described.strip(), described.strip()) if described else None
+    if signame is None and code is None:
+        code = _exit_code(e)  # torch's other path names no code: its failed workers know theirs
     if signame is None and code is not None and int(code) < 0:
         with contextlib.suppress(ValueError):
             signame = signal.Signals(-int(code)).name
@@ -66,6 +68,21 @@ def worker_death(e: BaseException, cfg: Any = None) -> str | None:
     who = f"loader workers (pids {pids})" if "," in pids else f"loader worker (pid {pids})"
     rank = f" of rank {dist.rank()}" if dist.world_size() > 1 else ""
     return f"{who}{rank} {how}: {likely_cause(signame, cfg)}; {RESUMES}"
+
+
+def _exit_code(e: BaseException) -> str | None:
+    """The exit code of the worker(s) torch reported as "exited unexpectedly" without one: which of torch's two
+    checks notices a dead worker first is a race (its SIGCHLD handler says "is killed by signal", the queue's
+    liveness check only the pids), but the liveness check holds the dead workers (`failed_workers`, multiprocessing
+    Processes whose exitcode is -N for a signal N) in its frame of the traceback."""
+    tb = e.__traceback__
+    while tb is not None:
+        failed = tb.tb_frame.f_locals.get("failed_workers")
+        codes = {getattr(w, "exitcode", None) for w in failed} if isinstance(failed, list) and failed else set()
+        if len(codes) == 1 and (only := codes.pop()) is not None:
+            return str(only)
+        tb = tb.tb_next
+    return None
 
 
 @contextlib.contextmanager
