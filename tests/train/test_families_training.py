@@ -35,10 +35,10 @@ def _same_state(a, b):
         assert all(torch.equal(v, b["opt"]["state"][i][k]) for k, v in st.items())
 
 
-# DiT-DH in make test (its encoder-decoder split is the widest departure from DiT's blocks); the other two in
-# make test-sweep
-@pytest.mark.parametrize("family", [pytest.param(f, marks=() if f == "DiT-DH" else pytest.mark.sweep)
-                                    for f in FAMILIES])
+# make test-sweep: DiT-DH (the widest departure from DiT's blocks) trains, is killed and resumes bit-identically in
+# make test already, on 2 ranks, in tests/features/test_end_to_end.py; every family shards, trains and equals DDP
+# in tests/train/test_parallel.py
+@pytest.mark.parametrize("family", [pytest.param(f, marks=pytest.mark.sweep) for f in FAMILIES])
 def test_the_family_trains_resumes_bit_identically_and_samples(family, shard_dir, tiny_vae_dir, tmp_path):
     straight, a, b = straight_killed_resumed(lambda run: _args(shard_dir, run, family, tiny_vae_dir), tmp_path, STEPS,
                                              KEYS, timeout=900)
