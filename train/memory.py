@@ -21,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from dit_pipeline.train.parallel import MODE
+
 GiB = float(2**30)
 OVERHEAD_GIB = 2.5        # CUDA context + library workspaces + fragmentation allowance (analytic model only)
 FIT_FRACTION = 0.92       # `auto` leaves this share of the card to the estimate, the rest as headroom
@@ -56,7 +58,7 @@ def estimate(model_config: dict[str, Any], n_params: int, n_trainable: int, micr
     the family's blocks (`model_state`); measured rows are DDP's."""
     key = (str(model_config.get("model")), int(model_config["input_size"]), precision, bool(grad_ckpt),
            bool(compile))
-    row = (MEASURED if table is None else table).get(key) if not muon_params and mode == "ddp" else None
+    row = (MEASURED if table is None else table).get(key) if not muon_params and not MODE[mode].sharded else None
     if row is not None:
         parts = {"fixed": row["fixed_gib"], "activations": micro_batch * row["act_gib_per_sample"]}
         return MemoryEstimate(parts, sum(parts.values()), f"measured ({row.get('gpu', 'GPU')}, {row.get('date', '?')})")
@@ -78,14 +80,14 @@ def model_state(mode: str, n_params: int, n_trainable: int, shards: int, block_p
       root's in fp32) and one block's whole gradients before their reduce-scatter. zero2 keeps every block gathered
       from its forward to its backward; fsdp and hsdp two blocks at a time (the one computing, the one prefetched).
     """
-    if mode == "ddp":
+    if not MODE[mode].sharded:
         return {"params": 4 * n_params / GiB, "grads": 4 * n_trainable / GiB,
                 "adamw": 8 * (n_trainable - muon_params) / GiB, **({"muon": 4 * muon_params / GiB} if muon_params else {}),
                 "ema_rank0": 4 * n_params / GiB}
     compute = 2 if precision in ("bf16", "fp16") else 4
     blocks = sum(block_params)
     largest = max(block_params, default=0)
-    kept = blocks if mode == "zero2" else 2 * largest
+    kept = 2 * largest if MODE[mode].reshard_after_forward else blocks
     gathered = compute * kept + 4 * (n_params - blocks) + compute * largest
     return {"params": 4 * n_params / shards / GiB, "grads": 4 * n_trainable / shards / GiB,
             "adamw": 8 * n_trainable / shards / GiB, "ema": 4 * n_params / shards / GiB, "gathered": gathered / GiB}
@@ -141,7 +143,7 @@ def fits(facts: ModelFacts, micro: int, precision: str, compile: bool, modes: di
     """The estimate of every mode in `modes` (mode -> the ranks it shards over) at micro-batch `micro`."""
     def one(mode: str, shards: int, ckpt: bool) -> MemoryEstimate:
         return estimate(facts.model_config, facts.n_params, facts.n_trainable, micro, precision, grad_ckpt=ckpt,
-                        compile=compile, muon_params=facts.muon_params if mode == "ddp" else 0, mode=mode,
+                        compile=compile, muon_params=0 if MODE[mode].sharded else facts.muon_params, mode=mode,
                         shards=shards, block_params=facts.block_params)
     return [Fit(m, n, one(m, n, False), one(m, n, True)) for m, n in modes.items()]
 
@@ -164,7 +166,7 @@ def table_lines(rows: list[Fit], micro: int, world: int, chosen: str) -> list[st
         p = r.off.parts
         state = [p.get("params", 0.0), p.get("grads", 0.0), p.get("adamw", 0.0) + p.get("muon", 0.0),
                  p.get("ema", p.get("ema_rank0", 0.0)), p.get("gathered", 0.0)]
-        name = f"{r.mode} (shard groups of {r.shards})" if r.mode == "hsdp" else r.mode
+        name = f"{r.mode} (shard groups of {r.shards})" if MODE[r.mode].hybrid else r.mode
         mark = "*" if r.mode == chosen else " "
         out.append(f"            {mark} {name:<26}" + " + ".join(f"{v:.2f}" for v in state)
                    + f" | {r.off.parts['activations']:.2f} / {r.on.parts['activations']:.2f}"

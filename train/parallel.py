@@ -76,6 +76,10 @@ MODE = {m.name: m for m in (
     Mode("fsdp", True, True, False, "FSDP (FSDP2): weights, gradients, optimizer state and EMA sharded; each "
          "block's weights gathered for its forward and again for its backward"),
     Mode("hsdp", True, True, True, "HSDP: FSDP inside shard groups, replicated across them (2-D DeviceMesh)"))}
+# The order a refusal suggests modes in, least communication first: nothing sharded, then weights kept gathered
+# through the backward, then gathering only inside a shard group, then everywhere (ddp, zero2, hsdp, fsdp).
+LEAST_TRAFFIC_FIRST = tuple(m.name for m in sorted(MODE.values(),
+                                                   key=lambda m: (m.sharded, m.reshard_after_forward, not m.hybrid)))
 
 _BYTES = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(GiB|GB|MiB|MB|TiB|TB|G|M|T)?\s*$", re.IGNORECASE)
 _UNIT = {"gib": 1.0, "g": 1.0, "gb": 1e9 / 2**30, "mib": 2**-10, "m": 2**-10, "mb": 1e6 / 2**30,

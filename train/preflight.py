@@ -34,7 +34,7 @@ from dit_pipeline.train.mix import mix_spec, open_mix
 from dit_pipeline.train.mixprep import check_val_set, mix_lines, mix_plan, resolve_lanes, steps_counter, val_line
 from dit_pipeline.train.partition import DataLayout, EpochPlan, plan_epoch
 from dit_pipeline.train.optim import optimizer_line
-from dit_pipeline.train.parallel import MODE, Parallel, mesh_shape, parse_gib, shard_count
+from dit_pipeline.train.parallel import LEAST_TRAFFIC_FIRST, MODE, Parallel, mesh_shape, parse_gib, shard_count
 from dit_pipeline.train.recipes import recipe_line
 from dit_pipeline.train.reg import RegTokens, read_reg_tokens
 from dit_pipeline.train.repa import CachedTeacher, check_repa, repa_line
@@ -503,7 +503,7 @@ def mode_shards(prep: Preflight) -> dict[str, int]:
     par, world = _parallel(prep), prep.world_size
     local = dist.local_world_size() if dist.launched() else world
     hsdp = par.shape[-1] if par.mode.hybrid else max(1, local if world % max(1, local) == 0 else 1)
-    return {"ddp": 1, "zero2": world, "fsdp": world, "hsdp": hsdp}
+    return {m.name: (hsdp if m.hybrid else world) if m.sharded else 1 for m in MODE.values()}
 
 
 def memory_fit(prep: Preflight) -> tuple[list[str], str | None]:
@@ -524,8 +524,8 @@ def memory_fit(prep: Preflight) -> tuple[list[str], str | None]:
     mine = memory_estimate(prep)
     if mine.total <= capacity:
         return lines, None
-    ok = [(m, best[m, cfg.grad_checkpointing]) for m in MODES_BY_MEMORY if best[m, cfg.grad_checkpointing]]
-    ok_ckpt = [(m, best[m, True]) for m in MODES_BY_MEMORY if best[m, True]]
+    ok = [(m, best[m, cfg.grad_checkpointing]) for m in LEAST_TRAFFIC_FIRST if best[m, cfg.grad_checkpointing]]
+    ok_ckpt = [(m, best[m, True]) for m in LEAST_TRAFFIC_FIRST if best[m, True]]
     if ok:
         fix = f"--parallel {ok[0][0]} fits at micro-batch {ok[0][1]} (--micro-batch-size {ok[0][1]})"
     elif ok_ckpt:
@@ -538,8 +538,6 @@ def memory_fit(prep: Preflight) -> tuple[list[str], str | None]:
            "--gpu-memory to run anyway)")
     return lines, why
 
-
-MODES_BY_MEMORY = ("ddp", "zero2", "hsdp", "fsdp")  # the order a refusal suggests them in: least traffic first
 
 
 def host_memory_available() -> float | None:

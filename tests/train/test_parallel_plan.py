@@ -184,3 +184,28 @@ def test_the_readme_memory_table_is_the_guides():
         want = re.search(rf"^\| {re.escape(model)} \| [0-9.]+B \| (.*) \|$", guide, re.M)
         assert want, model
         assert [c.strip() for c in cells.split("|")] == [c.strip() for c in want.group(1).split("|")][:4], model
+
+
+def test_only_the_parallel_module_names_a_mode_in_a_comparison():
+    """The seam (issue 45): what differs between --parallel modes is asked of train/parallel.py's `Mode` and
+    `Parallel`; no other module compares a value with a mode's name (`if mode == "fsdp"`)."""
+    import ast
+
+    from dit_pipeline.train.parallel import MODES
+
+    root = REPO
+    files = [p for d in ("train", "dit", "sample", "extract", "shards", "common", "evaluate")
+             for p in (root / d).rglob("*.py")] + [root / "cli.py"]
+    assert len(files) > 50
+    found = []
+    for path in files:
+        if path == root / "train" / "parallel.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Compare):
+                sides = [node.left, *node.comparators]
+                names = [c.value for s in sides for c in ast.walk(s)
+                         if isinstance(c, ast.Constant) and c.value in MODES]
+                if names:
+                    found.append(f"{path.relative_to(root)}:{node.lineno} {names}")
+    assert found == []
