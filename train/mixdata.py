@@ -403,7 +403,7 @@ class MixFeed:
         return "mix   samples seen: " + ", ".join(parts)
 
     def plan_lines(self, plan: MixEpoch) -> list[str]:
-        """The plan's lines on the mix (train.preflight.format_plan) and the repeat rule of each source."""
+        """The plan's lines on the mix (train.plan.format_plan) and the repeat rule of each source."""
         lines = [f"  mix         {len(self.names)} sources, {self.lanes} lanes of {plan.piece} samples per step "
                  f"(rank {self.rank} reads lanes {self.mine.start}-{self.mine.stop - 1} with "
                  f"{max(1, self.workers)} reader process(es){'' if self.workers else ', in process'})"]

@@ -27,7 +27,8 @@ from dit_pipeline.train.checkpoint import CheckpointManager, load_checkpoint
 from dit_pipeline.train.config import MODEL_OPTIONS, TrainConfig
 from dit_pipeline.train.feeds import mix_part, shard_set_part
 from dit_pipeline.train.parts import build_parts, check_all
-from dit_pipeline.train.preflight import Preflight, param_counts, resolve_precision
+from dit_pipeline.train.fit import param_counts, resolve_precision
+from dit_pipeline.train.preflight import Preflight
 from dit_pipeline.train.reg import RegPart
 
 CONFIG_HISTORY = "config-history.jsonl"

@@ -26,7 +26,9 @@ from dit_pipeline.train.hooks import PeriodicHook
 from dit_pipeline.train.loop import RunOutput, Trainer
 from dit_pipeline.train.metrics import MetricsLog
 from dit_pipeline.train.net import build_model
-from dit_pipeline.train.preflight import Preflight, format_plan, prepare, resolve_precision
+from dit_pipeline.train.fit import resolve_precision
+from dit_pipeline.train.plan import format_plan
+from dit_pipeline.train.preflight import Preflight, prepare
 from dit_pipeline.train.resume import (CONFIG_HISTORY, StartPoint, append_history, check_resume, format_changes,
                                        resolved_config, start_line)
 from dit_pipeline.train.signals import StopRequest

@@ -113,7 +113,7 @@ def test_a_shift_below_one_is_said_to_move_toward_data():
     levels toward data (shift_time(0.5, 0.25) > 0.5 in SiT's time, t = 1 data)."""
     from dit_pipeline.dit.shift import direction
     from dit_pipeline.train.config import TrainConfig
-    from dit_pipeline.train.preflight import objective_line
+    from dit_pipeline.train.plan import objective_line
 
     assert shift_time(0.5, 0.25) > 0.5 and shift_time(0.5, 4.0) < 0.5
     assert (direction(0.25), direction(4.0), direction(1.0)) == ("toward data", "toward noise", "nowhere (no shift)")

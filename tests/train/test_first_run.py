@@ -10,7 +10,8 @@ import pytest
 
 from dit_pipeline.train.checkpoint import CheckpointManager
 from dit_pipeline.train.config import TrainConfig
-from dit_pipeline.train.preflight import format_plan, prepare, resolve_defaults
+from dit_pipeline.train.plan import format_plan
+from dit_pipeline.train.preflight import prepare, resolve_defaults
 from tests.train.conftest import invoke_train as _invoke, tiny_args, two_step_run
 
 

@@ -95,7 +95,7 @@ def test_two_ranks_train_a_flow_model_with_grids(shard_dir, tiny_vae_dir, tmp_pa
 
 def test_plan_says_what_the_model_learns():
     from dit_pipeline.train.config import TrainConfig
-    from dit_pipeline.train.preflight import objective_line
+    from dit_pipeline.train.plan import objective_line
 
     assert objective_line(TrainConfig(shards="s", run_dir="r")) == (
         "  objective   ddpm (DiT: noise prediction + learned variance, 1000-step linear schedule); blocks as in DiT")

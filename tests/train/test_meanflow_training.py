@@ -83,7 +83,7 @@ def test_meanflow_settings_are_validated():
 
 
 def test_the_plan_says_what_meanflow_trains():
-    from dit_pipeline.train.preflight import objective_line
+    from dit_pipeline.train.plan import objective_line
 
     base = {"shards": "s", "run_dir": "r", "max_steps": 1}
     line = objective_line(merge_config({}, {**base, "objective": "meanflow", "mf_omega": 0.6, "mf_kappa": 0.2}))

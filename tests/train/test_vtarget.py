@@ -9,7 +9,7 @@ from dit_pipeline.common.errors import ConfigError, UserError
 from dit_pipeline.sample.grid import run_prediction
 from dit_pipeline.train.config import TrainConfig
 from dit_pipeline.train.parts import ObjectivePart
-from dit_pipeline.train.preflight import objective_line
+from dit_pipeline.train.plan import objective_line
 from tests.train.conftest import invoke_train
 
 FLOW_ONLY = ("--v-target clamped is the velocity target of the flow and meanflow objectives (NanoGen's): add "
