@@ -20,7 +20,7 @@ import torch
 from dit_pipeline import dit
 from dit_pipeline.train import memory
 from dit_pipeline.train.checkpoint import CheckpointManager
-from dit_pipeline.train.config import merge_config
+from dit_pipeline.train.config_file import merge_config
 from dit_pipeline.train.data import Batch
 from dit_pipeline.train.loop import RunOutput, Trainer
 from dit_pipeline.train.metrics import MetricsLog, peak_tflops

@@ -1,53 +1,44 @@
-"""`TrainConfig`: every setting of a training run, its validation, and the batch arithmetic.
+"""`TrainConfig`: every setting of a training run, its defaults, help texts and `--help` sections.
 
 Follows the project convention (docs/ARCHITECTURE.md): one keyword-only dataclass whose `validate()` reports
-**all** problems at once with the fix; settings come from defaults < `--config run.yaml|json` < explicit
-flags; the resolved config is stored as JSON (never pickled). Defaults are the reference DiT recipe
-(docs/REFERENCE.md): AdamW lr 1e-4, no weight decay, betas (0.9, 0.999), constant lr, global batch 256, EMA 0.9999,
-class dropout 0.1, seed 0.
+**all** problems at once with the fix (the checks: train/config_checks.py); settings come from defaults <
+`--config run.yaml|json` < explicit flags (train/config_file.py); the resolved config is stored as JSON (never
+pickled). Defaults are the reference DiT recipe (docs/REFERENCE.md): AdamW lr 1e-4, no weight decay, betas
+(0.9, 0.999), constant lr, global batch 256, EMA 0.9999, class dropout 0.1, seed 0. The batch arithmetic is
+train/batch.py; the model settings' tables train/model_options.py.
 """
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-import json
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from dit_pipeline.common.errors import ConfigError, UserError, collect
-from dit_pipeline.common.io import missing_file
+from dit_pipeline.common.errors import collect
 from dit_pipeline.common.precision import PRECISIONS_AUTO as PRECISIONS
-from dit_pipeline.common.settings import choice, flag_name, non_negative, positive, setting
-from dit_pipeline.dit.conditioning import CONDITIONINGS
+from dit_pipeline.common.settings import setting
 from dit_pipeline.dit.flow import PREDICTIONS, T_EPS, T_SAMPLINGS, V_TARGETS
 from dit_pipeline.dit.formats import OBJECTIVES
-from dit_pipeline.dit.meanflow import DEFAULTS as MF, RULES as MF_RULES, VARIANTS as MEANFLOW_OBJECTIVES
+from dit_pipeline.dit.meanflow import DEFAULTS as MF, RULES as MF_RULES
 from dit_pipeline.evaluate.hook import FidSettings
 from dit_pipeline.sample.grid import GRIDS, GridSettings
+from dit_pipeline.train.config_checks import config_problems
 from dit_pipeline.train.guard import GUARD, GuardSettings
 from dit_pipeline.train.latents import LATENT_SAMPLES
-from dit_pipeline.train.optim import MUON_ADJUST_LR, OPTIMIZERS, optimizer_problems
+from dit_pipeline.train.model_options import RUN_CONDITIONINGS
+from dit_pipeline.train.optim import MUON_ADJUST_LR, OPTIMIZERS
 from dit_pipeline.train.parallel import ParallelSettings
-from dit_pipeline.train.recipes import recipe_problems
 from dit_pipeline.train.reg import REG, RegSettings
 from dit_pipeline.train.repa import REPA, RepaSettings
-from dit_pipeline.train.schedule import schedule_problems
+from dit_pipeline.train.speed import ATTENTION_BACKENDS
 from dit_pipeline.train.text import TEXT_FEATURES
 from dit_pipeline.train.validation import VAL, ValSettings
 
-ATTENTION_BACKENDS = ("auto", "cudnn", "flash", "efficient", "math")  # train.speed applies them
 DEFAULT_MAX_STEPS = 400_000   # neither --max-steps nor --epochs: the DiT paper's length for its comparisons
 DEFAULT_NUM_WORKERS = 4       # loader processes per rank, unless the shard set has fewer shards per rank
 
 DATA, MIX, MODEL, OBJECTIVE = "Data", "Data mix", "Model", "Objective"
 LENGTH, OPTIM, SPEED, CKPT = "Length and batch", "Optimisation", "Speed and memory", "Checkpoints and logging"
 _PRESETS = "the family's: off for DiT, as its release for the others"
-MODEL_OPTIONS = ("qk_norm", "rms_norm", "swiglu", "rope", "wo_shift")  # block switches, passed only when given
-ARCH_OVERRIDES = ("depth", "hidden_size", "num_heads", "patch_size", "encoder_depth", "head_depth", "head_hidden_size",
-                  "head_num_heads", "bottleneck_dim", "in_context_len", "in_context_start", "num_t_tokens", "num_c_tokens")
-RUN_CONDITIONINGS = ("auto", *CONDITIONINGS)  # --conditioning; auto: text with --text, else class labels
 GROUPS = (DATA, MIX, MODEL, OBJECTIVE, REPA, REG, LENGTH, OPTIM, GUARD, SPEED, CKPT, VAL, GRIDS)  # dit-train --help's order
 
 
@@ -298,112 +289,7 @@ class TrainConfig(ParallelSettings, ValSettings, GuardSettings, RegSettings, Rep
 
     def validate(self) -> None:
         """Raise ConfigError listing every invalid setting (nothing about world size: see batch_plan)."""
-        p: list[str] = []
-        mixed = bool(self.source or self.mix)
-        if not str(self.shards or "").strip() and not mixed:
-            p.append("--shards is required: a shard folder (with manifest.json) or a URL list/pattern (or a data "
-                     "mix: --source / --mix)")
-        if mixed:
-            p += self._mix_problems()
-        p += self.val_problems(mixed)
-        if not str(self.run_dir or "").strip():
-            p.append("--run-dir is required: the folder for checkpoints, logs and metrics")
-        if self.micro_batch_size != "auto":
-            p += positive(self, "micro_batch_size")
-        p += positive(self, "global_batch_size", "image_size", "ddp_bucket_mb", *ARCH_OVERRIDES, "max_steps",
-                      "epochs", "log_every", "ckpt_every", "keep_last", "keep_every", "shuffle_buffer", "shards_in_flight", "prefetch_factor")
-        p += non_negative(self, "warmup_steps", "seed", "weight_decay")
-        p += schedule_problems(self) + optimizer_problems(self) + recipe_problems(self.recipe)
-        if self.num_workers is not None:
-            p += non_negative(self, "num_workers")
-        if not self.lr > 0:
-            p.append(f"--lr must be > 0, got {self.lr}")
-        for name in ("adam_beta1", "adam_beta2"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                p.append(f"{flag_name(name)} must be in [0, 1), got {getattr(self, name)}")
-        if not self.adam_eps > 0:
-            p.append(f"--adam-eps must be > 0, got {self.adam_eps}")
-        if not 0.0 <= self.ema_decay <= 1.0:
-            p.append(f"--ema-decay must be in [0, 1], got {self.ema_decay}")
-        if not 0.0 <= self.class_dropout_prob < 1.0:
-            p.append(f"--class-dropout-prob must be in [0, 1), got {self.class_dropout_prob}")
-        p += self._objective_problems() + choice(self, "conditioning", RUN_CONDITIONINGS)
-        p += choice(self, "text_features", TEXT_FEATURES) + choice(self, "latent_sample", LATENT_SAMPLES)
-        if self.text is not None and self.conditioning not in ("auto", "text"):
-            p.append(f"--text conditions the model on text; --conditioning {self.conditioning} does not use it "
-                     "(drop one)")
-        elif self.conditioning == "text" and self.text is None and not mixed:
-            p.append("--conditioning text needs --text FOLDER, the text set of the shards' captions (dit-extract "
-                     "--text-encoder NAME --data-path SHARDS --out FOLDER)")
-        if self.grad_clip is not None and not self.grad_clip > 0:
-            p.append(f"--grad-clip must be > 0 (omit it to disable clipping), got {self.grad_clip}")
-        if self.peak_tflops is not None and not self.peak_tflops > 0:
-            p.append(f"--peak-tflops must be > 0, got {self.peak_tflops}")
-        p += choice(self, "attention", ATTENTION_BACKENDS) + choice(self, "precision", PRECISIONS)
-        if self.init is not None and self.resume not in ("auto", "none"):
-            p.append(f"--init starts a new run from weights and --resume {self.resume} continues a run; give one")
-        if not str(self.resume or "").strip():
-            p.append("--resume must be 'auto', 'none' or a checkpoint path")
-        try:
-            from dit_pipeline.dit.family import lookup_preset
-            from dit_pipeline.dit.objectives import network_problem
-
-            family = lookup_preset(self.model)[0].family
-            if self.objective in OBJECTIVES and (problem := network_problem(self.objective, family)):
-                p.append(problem)
-            options = tuple(lookup_preset(self.model)[0].overrides)
-        except ValueError as e:
-            p.append(f"--model: {e}")
-            options = ("reg_dim", "base_model_depth")  # the model's own problem is reported above
-        p += self.repa_problems() + self.guard_problems() + self.reg_problems(self.objective, options, self.repa) + \
-            self.parallel_problems()
-        if self.wandb and importlib.util.find_spec("wandb") is None:
-            p.append("--wandb needs the wandb package: pip install 'dit-pipeline[wandb]' (or drop --wandb)")
-        from dit_pipeline.sample.config import GRID_SAMPLER
-
-        p += self.grid_problems(fid_on=self.fid_every is not None, sampler=GRID_SAMPLER.get(self.objective, "ddim"))
-        p += self.fid_problems(objective=self.objective) + self._guidance_problems()
-        collect(p, "training configuration")
-
-    def _mix_problems(self) -> list[str]:
-        """A data mix replaces --shards, --manifest and --text (each source names its own)."""
-        given = [flag for flag, on in (("--shards", self.shards), ("--manifest", self.manifest), ("--text", self.text),
-                                       ("--repa", self.repa), ("--reg-tokens", self.reg_tokens)) if on]
-        p = [f"{', '.join(given)} with a data mix: each source names its shards (manifest=) and its text set "
-             "(text=) in --source / --mix" + (", and --repa does not read a mix" if self.repa else "")
-             + (", and REG's class tokens (--reg-tokens) are not joined to a mix's sources" if self.reg_tokens
-                else "")] if given else []
-        if self.source and self.mix:
-            p.append("give the sources either as --source options or in a --mix file, not both")
-        p += positive(self, "mix_epoch_size", "mix_lanes")
-        return p
-
-    def _guidance_problems(self) -> list[str]:
-        """Grid and FID guidance settings that would do nothing (issue 41: refused with the reason, never recorded
-        and ignored): a scale on a MeanFlow model or one without label dropout, channels where nothing is guided."""
-        from dit_pipeline.dit.objectives import SPECS
-        from dit_pipeline.evaluate.hook import fid_default_scale
-        from dit_pipeline.sample.config import PROTOCOLS, cfg_channels_inert, resolve_cfg_scale
-        from dit_pipeline.sample.grid import GRID_CFG_SCALE, guidance_inert_for
-
-        if self.objective not in SPECS or not isinstance(self.class_dropout_prob, (int, float)):
-            return []
-        protocol = self.protocol if self.protocol in PROTOCOLS else None
-        p, scales = [], []
-        for on, flag, given, default, inert in (
-                (self.sample_every is not None, "--sample-cfg-scale", self.sample_cfg_scale, GRID_CFG_SCALE,
-                 guidance_inert_for(self.objective, self)),
-                (self.fid_every is not None, "--fid-cfg-scale", self.fid_cfg_scale, fid_default_scale(protocol),
-                 guidance_inert_for(self.objective, self, protocol))):
-            if on and (given is None or isinstance(given, (int, float))):
-                try:
-                    scales.append(resolve_cfg_scale(given, default, inert, flag))
-                except ValueError as e:
-                    p.append(str(e))
-        channels = cfg_channels_inert(self.cfg_channels, max(scales or [1.0]), SPECS[self.objective].conditions)
-        if channels and (self.sample_every is not None or self.fid_every is not None):
-            p.append(channels)
-        return p
+        collect(config_problems(self), "training configuration")
 
     def resolved_guidance(self) -> dict[str, float]:
         """The grid and FID guidance scales this run uses (None resolved), as config.json records them."""
@@ -416,97 +302,6 @@ class TrainConfig(ParallelSettings, ValSettings, GuardSettings, RegSettings, Rep
                                                         "--sample-cfg-scale"),
                 "fid_cfg_scale": effective_cfg_scale(self.fid_cfg_scale, fid_default_scale(protocol), self.objective,
                                                      self, "--fid-cfg-scale", protocol=protocol)}
-
-    def _objective_problems(self) -> list[str]:
-        p = choice(self, "objective", OBJECTIVES)
-        if not p and is_sit_name(self.model) and self.objective != "flow":
-            dit_name = "DiT-" + str(self.model).strip()[4:]
-            p.append(f"--model {self.model} names SiT, a flow model (dit-sample samples SiT- files as flow), which "
-                     f"--objective {self.objective} contradicts: drop --objective (a SiT- name implies flow) or use "
-                     f"--model {dit_name} for DiT's {self.objective} objective")
-        if self.t_sampling not in T_SAMPLINGS:
-            p += choice(self, "t_sampling", T_SAMPLINGS)
-        elif self.objective == "ddpm" and (self.t_sampling, self.t_mean, self.t_scale) != ("uniform", 0.0, 1.0):
-            p.append("--t-sampling, --t-mean and --t-scale choose flow training times: add --objective flow "
-                     "(ddpm draws its 1000 discrete steps uniformly)")
-        if not self.t_scale > 0:
-            p.append(f"--t-scale must be > 0, got {self.t_scale}")
-        shift = self.time_shift
-        if not (shift == "auto" or (isinstance(shift, (int, float)) and not isinstance(shift, bool) and shift > 0)):
-            p.append(f"--time-shift must be a number > 0 or 'auto', got {shift!r}")
-        elif self.objective == "ddpm" and (shift != 1.0 or self.cosine_loss):
-            p.append("--time-shift and --cosine-loss act on the flow objective: add --objective flow")
-        p += positive(self, "time_shift_base")
-        return p + self._prediction_problems() + self._meanflow_problems()
-
-    def _prediction_problems(self) -> list[str]:
-        p = choice(self, "prediction", PREDICTIONS)
-        if not p and self.prediction != "v" and self.objective != "flow":
-            p.append(f"--prediction {self.prediction} acts on the flow objective (the network predicts the clean "
-                     "image, converted to a velocity): add --objective flow")
-        p += choice(self, "v_target", V_TARGETS)
-        if self.v_target == "clamped" and self.objective not in ("flow", "meanflow"):
-            p.append(f"--v-target clamped is the velocity target of the flow and meanflow objectives (NanoGen's): add "
-                     f"--objective flow or meanflow, or drop --v-target (--objective {self.objective} has its own)")
-        if self.v_target == "clamped" and self.prediction == "x":
-            p.append("--v-target clamped is a velocity-predicting network's target; --prediction x already trains "
-                     "toward (x - x_t) / max(1 - t, --t-eps): drop --v-target")
-        if not 0 < self.t_eps < 1:
-            p.append(f"--t-eps must be in (0, 1), got {self.t_eps}")
-        if (self.lpips or self.pdino) and (self.objective != "flow" or self.prediction != "x"):
-            p.append("--lpips and --pdino compare the predicted clean image with the true one: add --objective flow "
-                     "--prediction x")
-        if not 0 < self.percep_t_thresh <= 1:
-            p.append(f"--percep-t-thresh must be in (0, 1], got {self.percep_t_thresh}")
-        for name in ("lpips_weight", "pdino_weight"):
-            if not getattr(self, name) >= 0:
-                p.append(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
-        return p
-
-    def _meanflow_problems(self) -> list[str]:
-        from dit_pipeline.dit.meanflow import JVP_ATTENTION
-
-        p: list[str] = []
-        defaults = {f.name: f.default for f in dataclasses.fields(self) if f.name.startswith("mf_")}
-        changed = [k for k, v in defaults.items() if getattr(self, k) != v]
-        if self.objective not in MEANFLOW_OBJECTIVES:
-            if changed:
-                p.append(f"{', '.join(flag_name(k) for k in changed)} act on the MeanFlow objectives: add "
-                         "--objective meanflow (or imf)")
-            return p
-        if self.jvp_attention not in JVP_ATTENTION:
-            p.append(f"--jvp-attention {self.jvp_attention}: that kernel has no forward-mode AD, so the JVP cannot "
-                     f"run through it; use {' or '.join(JVP_ATTENTION)}")
-        if self.t_sampling != "uniform" or self.time_shift != 1.0 or self.cosine_loss:
-            p.append("--t-sampling, --time-shift and --cosine-loss act on the flow objective; MeanFlow draws its "
-                     "times with --mf-t-mean and --mf-t-scale")
-        if not self.mf_t_scale > 0:
-            p.append(f"--mf-t-scale must be > 0, got {self.mf_t_scale}")
-        if self.mf_data_proportion is not None and not 0.0 <= self.mf_data_proportion <= 1.0:
-            p.append(f"--mf-data-proportion must be in [0, 1], got {self.mf_data_proportion}")
-        if not 0.0 <= self.mf_t_start <= self.mf_t_end <= 1.0:
-            p.append(f"--mf-t-start and --mf-t-end must satisfy 0 <= start <= end <= 1, got {self.mf_t_start}, "
-                     f"{self.mf_t_end}")
-        if not self.mf_norm_eps > 0 or self.mf_norm_p < 0:
-            p.append(f"--mf-norm-eps must be > 0 and --mf-norm-p >= 0, got {self.mf_norm_eps}, {self.mf_norm_p}")
-        if not self.mf_s_max >= 0:
-            p.append(f"--mf-s-max must be >= 0, got {self.mf_s_max}")
-        guided = self.objective != "meanflow" or (self.mf_omega, self.mf_kappa) != (1.0, 0.0)
-        if guided and not self.class_dropout_prob > 0:
-            p.append("MeanFlow's training guidance needs the null class: --class-dropout-prob > 0")
-        if self.objective == "meanflow" and any(getattr(self, k) != defaults[k] for k in ("mf_s_max",)):
-            p.append("--mf-s-max acts on --objective imf")
-        p += choice(self, "mf_rule", MF_RULES)
-        if self.objective != "meanflow" and self.mf_rule != defaults["mf_rule"]:
-            p.append(f"--mf-rule {self.mf_rule} acts on --objective meanflow; {self.objective} splits its steps as its "
-                     "release does")
-        if self.objective != "meanflow" and any(getattr(self, k) != defaults[k] for k in
-                                           ("mf_omega", "mf_kappa", "mf_t_start", "mf_t_end")):
-            p.append(f"--mf-omega, --mf-kappa, --mf-t-start, --mf-t-end are MeanFlow's fixed guidance; {self.objective} "
-                     "draws omega and the interval per sample (--mf-s-max)")
-        if self.repa:
-            p.append("--repa with MeanFlow is not supported (the alignment term is defined for the flow loss)")
-        return p
 
     def make_objective(self) -> Any:
         """The dit/ object that draws training times and computes the loss (dit/objectives.py: GaussianDiffusion,
@@ -532,146 +327,3 @@ def resolve_time_shift(cfg: TrainConfig, latent_shape: list[int]) -> tuple[Train
     s = shift_for_dim(dim, cfg.time_shift_base)
     shape = "x".join(map(str, latent_shape))
     return dataclasses.replace(cfg, time_shift=s), f"--time-shift auto: sqrt({shape} / {cfg.time_shift_base}) = {s:.4g}"
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Batch arithmetic: global batch = world size x micro-batch x accumulation steps, exactly.
-
-@dataclass(frozen=True)
-class BatchPlan:
-    world_size: int
-    global_batch: int
-    micro_batch: int
-    accum: int
-
-    @property
-    def per_rank(self) -> int:
-        return self.micro_batch * self.accum
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def batch_plan(global_batch: int, micro_batch: int | None, world_size: int) -> BatchPlan:
-    """Split the global batch over ranks and accumulation steps, or explain why it cannot be split.
-
-    The message states the arithmetic and suggests valid values (the classic DiT confusion between the
-    global and the per-GPU batch).
-    """
-    if world_size < 1:
-        raise ValueError(f"world size must be >= 1, got {world_size}")
-    if global_batch % world_size:
-        lo = global_batch // world_size * world_size
-        hi = lo + world_size
-        near = " or ".join(str(v) for v in (lo, hi) if v > 0)
-        raise ConfigError([f"--global-batch-size {global_batch} is not divisible by the world size "
-                           f"{world_size} ({global_batch} / {world_size} = {global_batch / world_size:g}); "
-                           f"use a multiple of {world_size}, e.g. {near}"], "batch configuration")
-    per_rank = global_batch // world_size
-    micro = per_rank if micro_batch is None else micro_batch
-    if micro > per_rank or per_rank % micro:
-        divs = _divisors(per_rank)
-        shown = [str(d) for d in divs] if len(divs) <= 12 else [*map(str, divs[:6]), "...", *map(str, divs[-5:])]
-        why = ("is larger than" if micro > per_rank else "does not divide")
-        raise ConfigError([f"--micro-batch-size {micro} {why} the per-rank batch {per_rank} "
-                           f"(= global batch {global_batch} / {world_size} ranks); valid micro-batch sizes: "
-                           f"{', '.join(map(str, shown))} (accumulation steps = {per_rank} / micro-batch)"],
-                          "batch configuration")
-    return BatchPlan(world_size=world_size, global_batch=global_batch, micro_batch=micro,
-                     accum=per_rank // micro)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Config files and merging: defaults < file < flags.
-
-FIELD_NAMES = tuple(f.name for f in dataclasses.fields(TrainConfig))
-
-
-def load_config_file(path: str | Path) -> dict[str, Any]:
-    """Read a YAML or JSON mapping of TrainConfig settings (dashed or underscored keys)."""
-    import yaml
-
-    path = moved_config(Path(path).expanduser())
-    if not path.is_file():
-        raise UserError(f"--config {path}: {missing_file(path)}")
-    text = path.read_text(encoding="utf-8")
-
-    try:
-        # YAML is a superset of JSON, but a .json file gets the stricter parser and its error messages.
-        data = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError) as e:
-        raise UserError(f"--config {path}: cannot parse: {e}") from e
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise UserError(f"--config {path}: expected a mapping of settings, got {type(data).__name__}")
-    out = {str(k).replace("-", "_"): v for k, v in data.items()}
-    unknown = sorted(set(out) - set(FIELD_NAMES))
-    if unknown:
-        raise ConfigError([f"--config {path}: unknown setting {k!r}" for k in unknown]
-                          + [f"known settings: {', '.join(FIELD_NAMES)}"], "config file")
-    return out
-
-
-MOVED = "MOVED.yaml"  # in a folder of config files: {old file name: its new path, relative to the folder}
-
-
-def moved_config(path: Path) -> Path:
-    """The config file `path` names: itself; with ".yaml" added when it is given without (recipes/nanogen/NAME);
-    or, for a file listed in its folder's MOVED.yaml, the file it moved to (said on stderr), so commands written
-    before a recipe moved keep running."""
-    if path.is_file():
-        return path
-    if not path.suffix and path.with_suffix(".yaml").is_file():
-        return path.with_suffix(".yaml")
-    index = path.parent / MOVED
-    if index.is_file():
-        import yaml
-
-        moved = yaml.safe_load(index.read_text(encoding="utf-8")) or {}
-        if isinstance(moved, dict) and isinstance(moved.get(path.name), str):
-            new = path.parent / moved[path.name]
-            print(f"--config {path}: moved to {new} (its release's own config name); reading that", file=sys.stderr)
-            return new
-    return path
-
-
-def is_sit_name(model: Any) -> bool:
-    """A SiT preset name (SiT-XL/2, ...): DiT's network trained with SiT's flow objective (Ma et al. 2024)."""
-    return str(model or "").strip().lower().startswith("sit-")
-
-
-def implied_objective(model: Any) -> str | None:
-    """The objective a model name implies: flow for a SiT name, a family's own (dit/family.py
-    `default_objective`: flow for LightningDiT, DDT, DiT-DH, whose releases train flow models); None for DiT."""
-    if is_sit_name(model):
-        return "flow"
-    from dit_pipeline.dit.family import lookup_preset
-
-    try:
-        objective = lookup_preset(str(model))[0].default_objective
-    except ValueError:  # validate() reports the unknown name
-        return None
-    return objective if objective != "ddpm" else None
-
-
-def merge_config(file_values: dict[str, Any], flag_values: dict[str, Any]) -> TrainConfig:
-    """TrainConfig from defaults, then the config file, then explicitly given flags. A model name that implies an
-    objective (`implied_objective`: SiT names, the flow families) sets it when none is given (the plan says so);
-    a SiT name with `--objective ddpm` is refused."""
-    merged = {**file_values, **flag_values}
-    if isinstance(file_values.get("recipe"), dict):  # what the run changes of the recipe (train/recipes.py)
-        from dit_pipeline.train.recipes import setting_departures
-
-        defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig) if f.default is not dataclasses.MISSING}
-        merged["recipe"] = {**file_values["recipe"],
-                            "departures": setting_departures(file_values, flag_values, defaults)}
-    if merged.get("objective") is None and (implied := implied_objective(merged.get("model"))):
-        merged["objective"] = implied
-    needed = ("run_dir",) if merged.get("source") or merged.get("mix") else ("shards", "run_dir")
-    missing = [n for n in needed if merged.get(n) in (None, "")]
-    if missing:
-        raise ConfigError([f"{flag_name(n)} is required (as a flag or in --config)" for n in missing],
-                          "training configuration")
-    return TrainConfig(**merged)

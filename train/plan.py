@@ -14,12 +14,13 @@ from dit_pipeline.shards import Manifest
 from dit_pipeline.shards.stats import NEAR_ONE, fix_hint
 from dit_pipeline.dit.shift import direction as shift_direction
 from dit_pipeline.train import memory
-from dit_pipeline.train.config import MODEL_OPTIONS, TrainConfig, implied_objective
+from dit_pipeline.train.config import TrainConfig
 from dit_pipeline.train.fit import (host_memory_available, memory_estimate, memory_fit, mode_shards, model_facts,
                                     num_blocks, param_shapes, resolve_precision, run_parallel)
 from dit_pipeline.train.init import init_line
 from dit_pipeline.train.latents import LatentSpec
 from dit_pipeline.train.mixprep import mix_lines, val_line
+from dit_pipeline.train.model_options import MODEL_OPTIONS, implied_objective
 from dit_pipeline.train.optim import optimizer_line
 from dit_pipeline.train.preflight import Preflight, local_ranks
 from dit_pipeline.train.recipes import recipe_line

@@ -19,14 +19,15 @@ from dit_pipeline.common.io import check_writable_dir
 from dit_pipeline.common.teacher import Teacher
 from dit_pipeline.shards import Manifest
 from dit_pipeline.shards.stats import first_samples_std
-from dit_pipeline.train.config import (ARCH_OVERRIDES, DEFAULT_MAX_STEPS, DEFAULT_NUM_WORKERS, MODEL_OPTIONS, BatchPlan,
-                                       TrainConfig, batch_plan, resolve_time_shift)
+from dit_pipeline.train.batch import BatchPlan, batch_plan
+from dit_pipeline.train.config import DEFAULT_MAX_STEPS, DEFAULT_NUM_WORKERS, TrainConfig, resolve_time_shift
 from dit_pipeline.train.fit import host_memory_available, memory_fit, num_blocks, param_counts, resolve_auto_micro_batch
 from dit_pipeline.train.data import ShardSource, open_shards
 from dit_pipeline.train.init import InitWeights, load_init
 from dit_pipeline.train.latents import latent_sample_problem
 from dit_pipeline.train.mix import mix_spec, open_mix
 from dit_pipeline.train.mixprep import check_val_set, mix_plan, resolve_lanes, steps_counter
+from dit_pipeline.train.model_options import ARCH_OVERRIDES, MODEL_OPTIONS
 from dit_pipeline.train.partition import DataLayout, plan_epoch
 from dit_pipeline.train.parallel import Parallel, mesh_shape
 from dit_pipeline.train.reg import RegTokens, read_reg_tokens

@@ -24,7 +24,7 @@ from typing import Any
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.io import atomic_write_bytes, check_writable_dir
 from dit_pipeline.evaluate import labels as L
-from dit_pipeline.train.config import ARCH_OVERRIDES, MODEL_OPTIONS
+from dit_pipeline.train.model_options import ARCH_OVERRIDES, MODEL_OPTIONS
 from dit_pipeline.train.metrics import read_metrics
 from dit_pipeline.train.plot import plot_metrics
 

@@ -24,8 +24,9 @@ import torch
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.io import atomic_write_bytes
 from dit_pipeline.train.checkpoint import CheckpointManager, load_checkpoint
-from dit_pipeline.train.config import MODEL_OPTIONS, TrainConfig
+from dit_pipeline.train.config import TrainConfig
 from dit_pipeline.train.feeds import mix_part, shard_set_part
+from dit_pipeline.train.model_options import MODEL_OPTIONS
 from dit_pipeline.train.parts import build_parts, check_all
 from dit_pipeline.train.fit import param_counts, resolve_precision
 from dit_pipeline.train.preflight import Preflight

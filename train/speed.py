@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 _FLAGS = {"cudnn": "enable_cudnn_sdp", "flash": "enable_flash_sdp", "efficient": "enable_mem_efficient_sdp",
           "math": "enable_math_sdp"}
+ATTENTION_BACKENDS = ("auto", "cudnn", "flash", "efficient", "math")  # --attention: auto, or one of _FLAGS
 
 
 def compile_enabled(setting: bool | None, device: torch.device) -> bool:

@@ -12,7 +12,7 @@ def test_every_file_setting_names_a_folder_as_a_folder(tmp_path):
     from dit_pipeline.evaluate.dinov2 import _weights_file
     from dit_pipeline.evaluate.inception import load_inception
     from dit_pipeline.train.checkpoint import load_checkpoint
-    from dit_pipeline.train.config import load_config_file
+    from dit_pipeline.train.config_file import load_config_file
 
     folder = tmp_path / "weights"
     folder.mkdir()

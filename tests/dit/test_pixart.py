@@ -111,7 +111,7 @@ def test_a_fresh_pixart_outputs_zero_and_its_cost_counts_the_text():
 
 
 def test_pixart_is_a_text_family_of_ddpm():
-    from dit_pipeline.train.config import implied_objective
+    from dit_pipeline.train.model_options import implied_objective
 
     assert implied_objective("PixArt-XL/2") is None  # DiT's ddpm, PixArt-alpha's objective (the default)
     with pytest.raises(ValueError, match="a PixArt is conditioned on text, not class"):

@@ -6,7 +6,9 @@ import json
 import pytest
 
 from dit_pipeline.common.errors import ConfigError, UserError
-from dit_pipeline.train.config import TrainConfig, batch_plan, load_config_file, merge_config
+from dit_pipeline.train.batch import batch_plan
+from dit_pipeline.train.config import TrainConfig
+from dit_pipeline.train.config_file import load_config_file, merge_config
 
 
 def test_defaults_are_the_reference_recipe():

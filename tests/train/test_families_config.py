@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dit_pipeline import dit
-from dit_pipeline.train.config import merge_config
+from dit_pipeline.train.config_file import merge_config
 from dit_pipeline.train.speed import regional_compile
 from tests.dit.test_families import TINY, build, inputs
 from tests.train.conftest import invoke_train, tiny_args

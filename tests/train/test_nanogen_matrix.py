@@ -21,7 +21,7 @@ import pytest
 from dit_pipeline.dit.protocols import PROTOCOLS, fit_problem
 from dit_pipeline.shards.siblings import sibling_problems
 from dit_pipeline.train import merge_config
-from dit_pipeline.train.config import load_config_file
+from dit_pipeline.train.config_file import load_config_file
 from dit_pipeline.train.latents import latent_sample_problem
 from dit_pipeline.train.preflight import arch_kwargs, run_traits
 from dit_pipeline.train.recipes import extraction_departures

@@ -18,7 +18,7 @@ from dit_pipeline.sample import SampleConfig
 from dit_pipeline.sample.run import run_sampling
 from dit_pipeline.train import merge_config, run
 from dit_pipeline.train.checkpoint import CheckpointManager, load_checkpoint
-from dit_pipeline.train.config import load_config_file
+from dit_pipeline.train.config_file import load_config_file
 from dit_pipeline.train.metrics import read_metrics
 from tests._util import REPO, make_image_tree
 from tests.captions._tiny import make_tiny_qwen3

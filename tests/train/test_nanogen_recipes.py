@@ -29,7 +29,8 @@ from dit_pipeline.dit.incontext import MLP_RATIO
 from dit_pipeline.dit.protocols import PROTOCOLS
 from dit_pipeline.sample.config import SampleConfig
 from dit_pipeline.train import merge_config
-from dit_pipeline.train.config import FIELD_NAMES, load_config_file, resolve_time_shift
+from dit_pipeline.train.config import resolve_time_shift
+from dit_pipeline.train.config_file import FIELD_NAMES, load_config_file
 from dit_pipeline.shards import read_manifest, write_manifest
 from dit_pipeline.train.recipes import recognise, recognise_encoder
 from tests._util import REPO

@@ -16,7 +16,7 @@ from dit_pipeline.common.errors import ConfigError
 from dit_pipeline.sample.config import SampleConfig
 from dit_pipeline.train import merge_config
 from dit_pipeline.dit.protocols import PROTOCOLS
-from dit_pipeline.train.config import load_config_file
+from dit_pipeline.train.config_file import load_config_file
 from tests._util import REPO, make_tiny_teacher
 from tests.train.conftest import invoke_train
 from tests.train.helpers import IMAGENET, hub_vae, recipe_manifest

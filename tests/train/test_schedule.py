@@ -60,7 +60,7 @@ def test_the_warm_up_is_the_trainers_as_before_and_the_decay_follows_it():
 
 
 def test_epochs_are_the_runs_epochs_and_a_fraction_counts_its_share():
-    from dit_pipeline.train.config import batch_plan
+    from dit_pipeline.train.batch import batch_plan
     from dit_pipeline.train.partition import plan_epoch
     from dit_pipeline.train.preflight import epoch_counter
 
