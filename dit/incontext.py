@@ -1,26 +1,21 @@
 """NanoGen's in-context DiT-DH (github End2End-Diffusion/diffusion-bench, src/stage2/models/DDT.py `DiTwDDTHead`,
 its parts in src/stage2/models/model_utils.py): RAE's encoder + wide-head split (dit/ditdh.py), conditioned IN
-CONTEXT instead of by adaLN, in its release's parameter names and shapes so its checkpoints load strictly.
+CONTEXT instead of by adaLN, in its release's parameter names and shapes so its checkpoints load strictly. The
+network and its presets; its embedders, blocks and final layer are dit/incontext_blocks.py.
 
 Facts of the release:
 - the encoder's sequence (`_build_sequence`): [image tokens s_embedder(x), no position table; `num_t_tokens` time
-  tokens; for MeanFlow as many tokens of the second time; the condition tokens]. Time tokens (`GaussianFourier
-  Embedding`): `learnable_tokens` [n_t, D] + MLP(sin, cos of 2 pi t W), W ~ N(0, 1) fixed (`t_embedder.W`).
-  Class (`ConditionEmbedder`, "label"): `learnable_tokens` [n_c, D] + the label's row of `embedding_table`
-  [num_classes + 1, D] (its last row, label num_classes, is the null label). Text ("text"): proj(RMSNorm(features))
-  of every text token; its padding mask becomes an additive key mask (0 / finfo.min, `_build_attn_mask`) over the
-  whole sequence in every encoder block; NanoGen pads its text to `num_c_tokens` = the encoder's max length (256);
+  tokens; for MeanFlow as many tokens of the second time; the condition tokens: class or text tokens]. A text
+  model's padding mask becomes an additive key mask (0 / finfo.min, `_build_attn_mask`) over the whole sequence in
+  every encoder block; NanoGen pads its text to `num_c_tokens` = the encoder's max length (256);
 - RoPE (`RoPE`): EVA's 2-D layout on integer positions for the image tokens, angle 0 for the time and condition
   tokens that follow them (dit/rope.py `TokenRope`); buffers `enc_rope.freqs_*` [T + condition tokens, head width],
   `dec_rope.freqs_*` [T, head width];
-- encoder blocks (`DDTEncoderBlock`): no modulation at all, x + attn(norm1 x), x + mlp(norm2 x); learned RMSNorm,
-  attention with separate q, k, v and a learned RMSNorm of q and k (`NormAttention`), SwiGLU of hidden width
-  int(2/3 x D x 4) with w1, w2, w3 (`SwiGLUFFN`);
-- then the condition tokens are dropped: s = s_projector(silu(t_emb + s[:, :T])), t_emb the time MLP's output
-  without the learnable tokens (for MeanFlow the first time embedder's, which embeds h);
-- head (`DDTDecoderBlock`): `head_depth` blocks of the same kind on x_embedder(x), with adaLN (SiLU, Linear 6 D:
-  `adaln_modulation.1`) of s token by token, RoPE on all its tokens, no mask; final layer (`DDTFinalLayer`): learned
-  RMSNorm `norm`, adaLN shift and scale `adaln_modulation.1`, `linear`;
+- `depth` encoder blocks (`DDTEncoderBlock`), then the condition tokens are dropped: s = s_projector(silu(t_emb +
+  s[:, :T])), t_emb the time MLP's output without the learnable tokens (for MeanFlow the first time embedder's,
+  which embeds h);
+- head: `head_depth` blocks (`DDTDecoderBlock`) on x_embedder(x), with adaLN of s token by token, RoPE on all its
+  tokens, no mask; then the final layer (`DDTFinalLayer`), modulated by s token by token;
 - MeanFlow (`is_meanflow`): the network takes h = t - r as its time and t as `t_abs` (`t_abs_embedder`, the same
   kind of time tokens); here the time input is dit/conditions.py's (t, h);
 - initialisation (`initialize_weights`): patch embeddings xavier on [D, C p p] with zero bias, label table
@@ -56,13 +51,13 @@ from .conditions import check_time_input, conditions_of
 from .embed import FREQUENCY_EMBEDDING_SIZE
 from .family import DiffusionTransformer, preset_of, register_family
 from .flops import block_macs
+from .incontext_blocks import (ClassTokens, DecoderBlock, EncoderBlock, TextTokensEmbedder, TimeTokens, TokenFinalLayer,
+                               swiglu_width)
 from .infer import WeightsError, check_stored, require, shapes_of
-from .layers import (FourierTimestepEmbedder, LabelEmbedder, PatchEmbed, RMSNorm, SplitAttention, SplitSwiGLU,
-                     _chunks, modulate, run_block)
+from .layers import PatchEmbed, RMSNorm, run_block
 from .models import check_dims
 from .rope import TokenRope
 
-MLP_RATIO = 4.0
 _ARCH = ("depth", "hidden_size", "num_heads", "head_depth", "head_hidden_size", "head_num_heads", "patch_size")
 _TOKENS = ("num_t_tokens", "num_c_tokens")
 _HEADS = ("reg_dim", "base_model_depth")  # REG's class token and internal guidance's base head; recorded when on
@@ -76,104 +71,6 @@ _PRESETS = {"ddt-en28d1152hd72-dn2d2048hd128": (28, 1152, 16, 2, 2048, 16, 2),
             "ddt-en31d1984hd64-dn2d2048hd128": (31, 1984, 31, 2, 2048, 16, 2),
             "ddt-en39d2496hd64-dn2d2048hd128": (39, 2496, 39, 2, 2048, 16, 2)}
 NULL_DROPOUT = 0.1  # NanoGen's cfg_dropout_prob (configs/stage2.py ConditioningConfig), for files without a record
-
-
-def swiglu_width(dim: int) -> int:
-    """NanoGen's SwiGLU hidden width: int(2/3 x hidden_size x mlp_ratio), the float expression as written."""
-    return int(2 / 3 * dim * MLP_RATIO)
-
-
-class TimeTokens(FourierTimestepEmbedder):
-    """`n_tokens` time tokens: learnable tokens + the Fourier time embedding (module docstring)."""
-
-    def __init__(self, hidden_size: int, n_tokens: int):
-        super().__init__(hidden_size)
-        self.learnable_tokens = nn.Parameter(torch.normal(0.0, 1 / hidden_size ** 0.5, (n_tokens, hidden_size)))
-
-    def tokens(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(the embedding [N, 1, D], the tokens [N, n_tokens, D])."""
-        base = self(t)[:, None]
-        return base, self.learnable_tokens + base
-
-
-class ClassTokens(LabelEmbedder):
-    """`n_tokens` class tokens: learnable tokens + the label's row of a table with the null row (NanoGen keeps it
-    whatever the dropout); dropout by `force_drop_ids` as DiT's LabelEmbedder."""
-
-    def __init__(self, num_classes: int, hidden_size: int, dropout_prob: float, n_tokens: int):
-        super().__init__(num_classes, hidden_size, dropout_prob)
-        self.embedding_table = nn.Embedding(num_classes + 1, hidden_size)
-        self.learnable_tokens = nn.Parameter(torch.normal(0.0, 1 / hidden_size ** 0.5, (n_tokens, hidden_size)))
-
-    def forward(self, labels: torch.Tensor, force_drop_ids: torch.Tensor | None = None,
-                generator: torch.Generator | None = None) -> torch.Tensor:
-        return self.learnable_tokens + super().forward(labels, force_drop_ids, generator)[:, None]
-
-
-class TextTokensEmbedder(nn.Module):
-    """proj(RMSNorm(features)): text features [N, L, text_dim] -> tokens [N, L, D]. The features enter in the text
-    encoder's dtype (bfloat16 for Qwen3-0.6B), as NanoGen's ConditionEmbedder gets them (src/stage2/models/
-    model_utils.py l.129-130 with RMSNorm l.59-60): the norm is computed in float32 and rounded back to that dtype
-    before the weight, so widening them first would skip NanoGen's rounding."""
-
-    def __init__(self, text_dim: int, hidden_size: int):
-        super().__init__()
-        self.norm = RMSNorm(text_dim)
-        self.proj = nn.Linear(text_dim, hidden_size)
-
-    def forward(self, text: torch.Tensor) -> torch.Tensor:
-        normed = self.norm(text)  # RMSNorm(x).type_as(x) * weight: float32 for float32 weights, as NanoGen's
-        return self.proj(normed.to(self.proj.weight.dtype))
-
-
-class EncoderBlock(nn.Module):
-    """Pre-norm block without modulation: x + attn(norm1 x), x + mlp(norm2 x)."""
-
-    def __init__(self, dim: int, num_heads: int):
-        super().__init__()
-        self.norm1 = RMSNorm(dim)
-        self.norm2 = RMSNorm(dim)
-        self.attn = SplitAttention(dim, num_heads)
-        self.mlp = SplitSwiGLU(dim, swiglu_width(dim))
-        self.grad_checkpointing = False
-
-    def forward(self, x: torch.Tensor, rope: nn.Module | None, keep: torch.Tensor | None = None) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x), rope, keep)
-        return x + self.mlp(self.norm2(x))
-
-
-class DecoderBlock(EncoderBlock):
-    """The encoder block with adaLN-Zero modulation by a per-token condition c [N, T, D]."""
-
-    def __init__(self, dim: int, num_heads: int):
-        super().__init__(dim, num_heads)
-        self.adaln_modulation = nn.Sequential(nn.SiLU(), nn.Linear(dim, 6 * dim))
-
-    def forward(self, x: torch.Tensor, c: torch.Tensor,  # type: ignore[override]
-                rope: nn.Module | None = None) -> torch.Tensor:
-        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = _chunks(self.adaln_modulation, c, 6)
-        x = x + gate_msa * self.attn(modulate(self.norm1(x), shift_msa, scale_msa), rope)
-        return x + gate_mlp * self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp))
-
-
-class TokenFinalLayer(nn.Module):
-    """linear(modulate(norm x)) with adaLN shift and scale of a per-token condition; with `cls_dim` (REG) the first
-    token is read by `cls_linear` instead: (linear of the others, cls_linear of the first) (`DDTFinalLayer`)."""
-
-    def __init__(self, dim: int, out_features: int, cls_dim: int = 0):
-        super().__init__()
-        self.norm = RMSNorm(dim)
-        self.linear = nn.Linear(dim, out_features)
-        self.adaln_modulation = nn.Sequential(nn.SiLU(), nn.Linear(dim, 2 * dim))
-        if cls_dim:
-            self.cls_linear = nn.Linear(dim, cls_dim)
-
-    def forward(self, x: torch.Tensor, c: torch.Tensor) -> Any:
-        shift, scale = _chunks(self.adaln_modulation, c, 2)
-        x = modulate(self.norm(x), shift, scale)
-        if hasattr(self, "cls_linear"):
-            return self.linear(x[:, 1:]), self.cls_linear(x[:, 0])
-        return self.linear(x)
 
 
 @register_family
@@ -521,4 +418,3 @@ def text_tokens_macs(config: Mapping[str, Any], text_tokens: int) -> int:
     """Forward MACs of a model_config with `text_tokens` condition tokens in place of its num_c_tokens (what a run
     that pads its text to L tokens costs; bench/)."""
     return InContextDiTDH.forward_macs({**config, "num_c_tokens": int(text_tokens)})
-

@@ -1,7 +1,7 @@
 """NanoGen's internal guidance (End2End-Diffusion/diffusion-bench src/utils/guidance_utils.py, src/configs/stage2.py
 `IGConfig`, `GuidanceConfig`): a guidance rule that extrapolates from a weaker prediction the network makes itself,
 its base head on the encoder's tokens after block `base_model_depth` (dit/incontext.py, DiTwDDTHeadIG). Pure data and
-tensor arithmetic; sample/generate.py runs it (`guided_model_fn`), a protocol row carries it (dit/protocols.py
+tensor arithmetic; sample/generate.py runs it (`guided_model_fn`), a protocol row carries it (dit/protocol_types.py
 `Guidance.internal`).
 
 NanoGen's rules, t its noise level, every interval closed (t_min <= t <= t_max):
@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-INTERVAL_SLACK = 1e-9  # dit/protocols.py's: float64 rounding of a grid time on an end
+INTERVAL_SLACK = 1e-9  # dit/protocol_types.py's: float64 rounding of a grid time on an end
 
 
 @dataclass(frozen=True)

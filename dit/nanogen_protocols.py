@@ -25,11 +25,15 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from .protocol_fit import ModelFacts
+from .protocol_fit import AppliesTo, ModelFacts
+from .protocol_types import Guidance, Protocol, TimeGrid
 
 RELEASE = "End2End-Diffusion/diffusion-bench"
 SAMPLING_DIR = "configs/stage2/sampling"
 SHIFT_BASE = 4096  # misc.time_dist_shift_base of every config
+# the FID references of its ImageNet rows and of its text-to-image rows (dit/release_protocols.py's too)
+NANOGEN_REF = "NanoGen's data/imagenet/jit_in256_stats.npz (ImageNet validation statistics)"
+T2I_REF = "none: GenEval, DPG-Bench and GenAI-Bench VQAScore on the prompts (dit-eval --t2i)"
 
 # NanoGen's latent spaces (stage_1: vae_type, encoder_name; Flux2VAE and PixelEncoder have neither): channels and
 # downsampling factor, so a resolution r gives the latent (C, r / f, r / f) of the configs' misc.latent_size
@@ -186,10 +190,7 @@ SOURCES = (
 
 
 def rows() -> dict:
-    """The protocol rows `nanogen/<sampling config>` (dit/protocols.py's types; imported here, after they exist)."""
-    from .protocol_fit import AppliesTo
-    from .protocols import NANOGEN_REF, T2I_REF, Guidance, Protocol, TimeGrid
-
+    """The protocol rows `nanogen/<sampling config>` (dit/protocol_types.py's records)."""
     out = {}
     for m in MODELS:
         c, h, w = m.latent_shape

@@ -1,4 +1,4 @@
-"""What a sampling protocol (dit/protocols.py) applies to, as data: the model's space (latents or pixels), its
+"""What a sampling protocol (dit/protocol_types.py) applies to, as data: the model's space (latents or pixels), its
 conditioning (dit/conditioning.py: class labels, text, none), its objective (dit/objectives.py), what its network
 predicts, the latent shape a release tuned its grid and guidance for, and the model features the release's sampler
 needs. A protocol row carries one `AppliesTo`; a model is described by its `ModelTraits`; a mismatch is a list of

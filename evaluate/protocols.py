@@ -26,7 +26,7 @@ choice of classes it samples with.
   (`utils/sample_util.py`) converts as `clip(127.5 x + 128, 0, 255)` truncated, as DiT's.
 
 Each protocol names its sampler's image conversion by the name the sampling protocols give it
-(dit/protocols.py `CONVERSIONS`, read here through sample.config as the import rules allow: evaluate/ imports
+(dit/image_conversions.py `CONVERSIONS`, read here through sample.config as the import rules allow: evaluate/ imports
 common/ and sample/ only); `EvalProtocol.conversion` is that function, the one `dit-sample --protocol` applies.
 """
 from __future__ import annotations
@@ -68,7 +68,7 @@ class EvalProtocol:
 
     @property
     def conversion(self) -> Conversion:
-        """The image conversion of the release's sampler (dit/protocols.py), by its name."""
+        """The image conversion of the release's sampler (dit/image_conversions.py), by its name."""
         return CONVERSIONS[self.image_conversion]
 
     def record(self) -> dict[str, Any]:

@@ -18,7 +18,8 @@ from dit_pipeline.dit.formats import OBJECTIVES
 from dit_pipeline.dit.meanflow import MEANFLOW_SAMPLERS  # 1- and n-step mean-flow sampling
 from dit_pipeline.dit.objectives import SPECS
 from dit_pipeline.dit import protocols  # noqa: F401 (the releases' sampling protocols: evaluate/ reads them here)
-from dit_pipeline.dit.protocols import CONVERSIONS, PROTOCOLS, Conversion  # noqa: F401 (image conversions by name, likewise)
+from dit_pipeline.dit.image_conversions import CONVERSIONS, Conversion  # noqa: F401 (image conversions, likewise)
+from dit_pipeline.dit.protocols import PROTOCOLS
 from dit_pipeline.dit.protocol_fit import PREDICTIONS
 # the DDIM stride search lives in dit.respace; ddim_stride and valid_ddim_steps stay importable from here
 from dit_pipeline.dit.respace import TRAIN_TIMESTEPS, ddim_stride, nearest_ddim_steps, valid_ddim_steps  # noqa: F401

@@ -24,7 +24,7 @@ from typing import Any
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.dit import protocols
 from dit_pipeline.dit.flow import T_EPS
-from dit_pipeline.dit.protocol_fit import SPACES, ModelFacts
+from dit_pipeline.dit.protocol_fit import SPACES, ModelFacts, model_traits
 from dit_pipeline.sample.config import SampleConfig
 
 SHOWN = 6  # rows named in a refusal
@@ -131,7 +131,7 @@ def _fitting(loaded: Any, vae: str | None) -> str:
     spaces = SPACES if not vae else ("pixels",) if is_pixel_space(vae) else ("latent",)
     names: list[str] = []
     for space in spaces:
-        traits = protocols.model_traits(loaded.config, loaded.info["objective"], None, space, prediction_known=False)
+        traits = model_traits(loaded.config, loaded.info["objective"], None, space, prediction_known=False)
         for n in protocols.fitting(traits):
             p = protocols.PROTOCOLS[n]
             if p.facts is not None and p.facts.prediction is not None and n not in names and \

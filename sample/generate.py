@@ -22,7 +22,7 @@ from torch import nn
 
 from dit_pipeline import dit
 from dit_pipeline.common.latent_norm import LatentNorm
-from dit_pipeline.dit import protocols
+from dit_pipeline.dit import image_conversions, protocol_types
 from dit_pipeline.dit.conditioning import Conditioning
 from dit_pipeline.dit.internal_guidance import InternalGuidance, as_internal, internal_combine
 from dit_pipeline.dit.meanflow import MEANFLOW_SAMPLERS, MeanFlowLoop
@@ -83,8 +83,8 @@ def noise_level_fn(objective: str, flow_convention: str = "sit") -> Callable[[fl
 
 # --guidance-interval's ends are compared with the sampler's float64 grid time (never the network's float32 time:
 # 0.8 in float32 is 0.80000001, whose noise level 1 - t falls below an end at 0.2), with a slack far below any grid's
-# spacing for an end that falls on a grid time up to float64 rounding (dit.protocols.Guidance.applies).
-INTERVAL_SLACK = protocols.INTERVAL_SLACK
+# spacing for an end that falls on a grid time up to float64 rounding (dit.protocol_types.Guidance.applies).
+INTERVAL_SLACK = protocol_types.INTERVAL_SLACK
 
 
 def guided_model_fn(model: nn.Module, *, cfg_scale: float, cfg_channels: str | int = "3",
@@ -101,7 +101,7 @@ def guided_model_fn(model: nn.Module, *, cfg_scale: float, cfg_channels: str | i
     text model's empty prompt: `conditioning`, dit/conditioning.py, by default the model's own) and returns the
     guided conditional half; cfg_scale == 1 is the plain conditional model, as in the reference.
     guidance_interval (low, high) with noise_level (noise_level_fn): guided only where the noise level is in the
-    interval, its `ends` open or closed ("[]", "()", "[)", "(]": dit/protocols.py; Kynkaanniemi et al. 2024;
+    interval, its `ends` open or closed ("[]", "()", "[)", "(]": dit/protocol_types.py; Kynkaanniemi et al. 2024;
     REPA's guidance_low/high, DDT's open (0.3, 1)), elsewhere one pass of the conditional model alone, or with
     `doubled` the conditional half of the doubled batch (the release runs it at every step: DDT's encoder state
     belongs to that batch).
@@ -123,7 +123,7 @@ def guided_model_fn(model: nn.Module, *, cfg_scale: float, cfg_channels: str | i
     if ig is not None and (guide_model is not None or not getattr(model, "base_model_depth", 0)):
         raise ValueError("internal guidance needs a model with its base head (trained with --base-model-depth) and "
                          "no --guidance-model")
-    rule = protocols.Guidance("autoguidance" if guide_model is not None else "cfg", float(cfg_scale),
+    rule = protocol_types.Guidance("autoguidance" if guide_model is not None else "cfg", float(cfg_scale),
                               None if guidance_interval is None else (float(guidance_interval[0]),
                                                                       float(guidance_interval[1])), ends)
     on = cfg_scale > 1.0
@@ -160,7 +160,8 @@ def guided_model_fn(model: nn.Module, *, cfg_scale: float, cfg_channels: str | i
                                      "network's prediction)")
                 main, low = plain(x, t, **given), weak(x, t, **given)
                 c = int(model.in_channels)
-                out = torch.cat([protocols.autoguidance_combine(main[:, :c], low[:, :c], cfg_scale), main[:, c:]], 1)
+                out = torch.cat([protocol_types.autoguidance_combine(main[:, :c], low[:, :c], cfg_scale),
+                                 main[:, c:]], 1)
             elif guide_here:
                 both = cond.concat(given, cond.null(given))  # [given; null]
                 out = _rows(guided(torch.cat([x, x]), torch.cat([t, t]), cfg_scale=cfg_scale, guide_channels=guide,
@@ -197,11 +198,11 @@ def _internally_guided(net: Callable[..., Any], x: torch.Tensor, t: torch.Tensor
     (full_c, full_u), (base_c, base_u) = full.split(n), base.split(n)
     cond_out = internal_combine(full_c, base_c, ig.scale) if ig_here else full_c
     null_out = internal_combine(full_u, base_u, ig.null_scale) if ig_here else full_u
-    out = protocols.cfg_combine(cond_out, null_out, cfg_scale) if cfg_here else cond_out
+    out = protocol_types.cfg_combine(cond_out, null_out, cfg_scale) if cfg_here else cond_out
     if not token:
         return out
     c, u = token[0].split(n)
-    return out, protocols.cfg_combine(c, u, cfg_scale) if cfg_here else c
+    return out, protocol_types.cfg_combine(c, u, cfg_scale) if cfg_here else c
 
 
 def condition_kwargs(condition: torch.Tensor | Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -255,7 +256,7 @@ def make_diffusion(sampler: str, steps: int, learn_sigma: bool = True, **flow_op
     return dit.create_diffusion(timestep_respacing=respacing(sampler, steps), learn_sigma=learn_sigma)
 
 
-def protocol_loop(p: protocols.Protocol, *, latent_shape: tuple[int, ...], recorded_shift: float | None = None,
+def protocol_loop(p: protocol_types.Protocol, *, latent_shape: tuple[int, ...], recorded_shift: float | None = None,
                   convention: str = "sit", learn_sigma: bool = True, prediction: dict[str, Any] | None = None):
     """The sampling loop a protocol describes (dit/protocols.py): its solver on its time grid for a model of this
     latent shape (`recorded_shift`: the checkpoint's training shift, for grids that use it; `convention`: the
@@ -272,7 +273,7 @@ def protocol_loop(p: protocols.Protocol, *, latent_shape: tuple[int, ...], recor
                     grid=tuple(times), mean_last=p.grid.append is not None, prediction=prediction)
 
 
-def protocol_model_fn(p: protocols.Protocol, model: nn.Module, *, objective: str, convention: str = "sit",
+def protocol_model_fn(p: protocol_types.Protocol, model: nn.Module, *, objective: str, convention: str = "sit",
                       in_channels: int | None = None, autocast_dtype: torch.dtype | None = None,
                       compile: bool = False, guide_model: nn.Module | None = None,
                       doubled: bool = False, conditioning: Conditioning | None = None) -> Callable[..., torch.Tensor]:
@@ -331,8 +332,8 @@ def sample_latents(model: nn.Module, diffusion, labels: torch.Tensor | Mapping[s
 
 def to_uint8(images: torch.Tensor) -> torch.Tensor:
     """[B, 3, H, W] in [-1, 1] -> uint8 [B, H, W, 3] on the CPU (the reference's rounding: +128, truncate; the
-    "dit" conversion of dit/protocols.py)."""
-    return protocols.dit_uint8(images.float())
+    "dit" conversion of dit/image_conversions.py)."""
+    return image_conversions.dit_uint8(images.float())
 
 
 def as_norm(norm: LatentNorm | None, scaling_factor: float | None, shift_factor: float | None) -> LatentNorm:
@@ -356,7 +357,7 @@ def decode_latents(vae: nn.Module, latents: torch.Tensor, *, scaling_factor: flo
     time: convolution and GroupNorm kernels (oneDNN, cuDNN) pick their algorithm by batch size, so batched
     decoding would make the last bits, and now and then a pixel, depend on the batch size. At 250 steps
     decoding is well under 1% of a sample's cost. `conversion`: the image conversion to uint8 by name
-    (dit/protocols.py CONVERSIONS; "dit": the reference's), given the decoder's own [0, 1] images where it has
+    (dit/image_conversions.py CONVERSIONS; "dit": the reference's), given the decoder's own [0, 1] images where it has
     them (RAE's decoder: `.unit`).
     """
     param = next(vae.parameters())
@@ -365,7 +366,7 @@ def decode_latents(vae: nn.Module, latents: torch.Tensor, *, scaling_factor: flo
         decoded = [vae.decode(row[None].to(param.dtype)) for row in z]
     units = [getattr(d, "unit", None) for d in decoded]
     unit = torch.cat(units) if all(u is not None for u in units) else None
-    return protocols.conversion(conversion)(torch.cat([d.sample for d in decoded]), unit=unit)
+    return image_conversions.conversion(conversion)(torch.cat([d.sample for d in decoded]), unit=unit)
 
 
 def generate_images(model: nn.Module, vae: nn.Module, diffusion, *, indices: Sequence[int], labels: Sequence[int],
@@ -376,7 +377,7 @@ def generate_images(model: nn.Module, vae: nn.Module, diffusion, *, indices: Seq
                     condition: Mapping[str, torch.Tensor] | None = None) -> torch.Tensor:
     """Samples `indices` with classes `labels` (or the condition's keyword arguments `condition`, e.g. a text
     model's prompt features) -> uint8 [B, H, W, 3] (CPU); noise from (seed, index); pixels by the named image
-    conversion (dit/protocols.py)."""
+    conversion (dit/image_conversions.py)."""
     device = next(model.parameters()).device
     given: torch.Tensor | dict[str, torch.Tensor] = (
         torch.as_tensor(list(labels), dtype=torch.long, device=device) if condition is None

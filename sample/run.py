@@ -39,6 +39,8 @@ from dit_pipeline.common.rae_decoder import fit_decoder
 from dit_pipeline.common.vae import DEFAULT_VAE, load_vae, recorded_vae
 from dit_pipeline.sample import plan
 from dit_pipeline.dit import protocols
+from dit_pipeline.dit.protocol_fit import model_traits
+from dit_pipeline.dit.protocol_types import Protocol
 from dit_pipeline.sample.config import (DEFAULT_CFG_SCALE, DEFAULT_SAMPLERS, DEFAULT_STEPS, FLOW_SAMPLERS, SPECS,
                                         SampleConfig, cfg_channels_inert, guidance_inert, resolve_cfg_scale)
 from dit_pipeline.sample.generate import generate_images, protocol_loop, protocol_model_fn, resolve_cfg_channels
@@ -305,14 +307,14 @@ def _check_fit(cfg: SampleConfig, loaded: LoadedModel, vae_id: dict[str, Any]) -
     if cfg.protocol is None:
         return
     space = "pixels" if vae_id.get("kind") == "pixels" else "latent"
-    traits = protocols.model_traits(loaded.config, loaded.info["objective"], loaded.info.get("prediction"), space,
-                                    prediction_known=prediction_known(loaded))
+    traits = model_traits(loaded.config, loaded.info["objective"], loaded.info.get("prediction"), space,
+                          prediction_known=prediction_known(loaded))
     problem = protocols.fit_problem(protocols.protocol(cfg.protocol), traits)
     if problem:
         raise UserError(f"{problem} ({cfg.ckpt})")
 
 
-def _protocol(cfg: SampleConfig, loaded: LoadedModel) -> protocols.Protocol:
+def _protocol(cfg: SampleConfig, loaded: LoadedModel) -> Protocol:
     """The protocol the samplers read: --protocol's row with the values --steps, --cfg-scale, --guidance-interval,
     --time-shift and --labels changed, or `custom`, the one the sampler flags describe."""
     assert cfg.steps is not None and cfg.cfg_scale is not None and cfg.sampler is not None
@@ -331,7 +333,7 @@ def _protocol(cfg: SampleConfig, loaded: LoadedModel) -> protocols.Protocol:
     return _internal_guidance(cfg, proto, loaded)
 
 
-def _internal_guidance(cfg: SampleConfig, proto: protocols.Protocol, loaded: LoadedModel) -> protocols.Protocol:
+def _internal_guidance(cfg: SampleConfig, proto: Protocol, loaded: LoadedModel) -> Protocol:
     """The protocol with --ig-scale / --ig-interval / --ig-uncond-scale (NanoGen's internal guidance) in place of its
     own; UserError where it is on and the model has no base head to guide from."""
     from dit_pipeline.dit.internal_guidance import InternalGuidance, as_internal, with_internal
@@ -396,7 +398,7 @@ def _check_compatible(cfg: SampleConfig, loaded: LoadedModel, vae_id: dict[str, 
 
 
 def _record(cfg: SampleConfig, loaded: LoadedModel, vae_id: dict[str, Any], norm: LatentNorm,
-            labels: np.ndarray, image_size: int, device: torch.device, proto: protocols.Protocol,
+            labels: np.ndarray, image_size: int, device: torch.device, proto: Protocol,
             guide: LoadedModel | None = None, conds: Sampling | None = None) -> dict[str, Any]:
     """What the outputs record: the fingerprint (what the samples are) and context.
 
@@ -532,7 +534,7 @@ def _prepare(cfg: SampleConfig, store: PartStore, record: dict[str, Any], log) -
 
 
 def _sample_batches(cfg: SampleConfig, loaded: LoadedModel, vae, store: PartStore, labels: np.ndarray,
-                     remaining: list[int], norm: LatentNorm, proto: protocols.Protocol,
+                     remaining: list[int], norm: LatentNorm, proto: Protocol,
                      guide: LoadedModel | None = None, conds: Sampling | None = None) -> int:
     """This rank's share of the missing samples, one part file per batch; returns images produced. The loop and
     the guided network function are the protocol's (sample.generate.protocol_loop, protocol_model_fn)."""

@@ -1,7 +1,8 @@
-"""The protocol table (dit/protocols.py) against each release's sampling code, transcribed here independently of
-ours in the release's own time and words (file and line named at each rule): the time grids in float64 to 1e-12,
-the guidance intervals' open and closed ends, the image conversions, the AutoGuidance rule. The sampler-level
-reproductions (the same network and noise through dit-sample --protocol) are tests/sample/test_protocols_sample.py.
+"""The protocol table (dit/protocols.py; the releases' rows: dit/release_protocols.py) against each release's
+sampling code, transcribed here independently of ours in the release's own time and words (file and line named at
+each rule): the time grids in float64 to 1e-12, the guidance intervals' open and closed ends, the image conversions
+(dit/image_conversions.py), the AutoGuidance rule. The sampler-level reproductions (the same network and noise
+through dit-sample --protocol) are tests/sample/test_protocols_sample.py.
 """
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import math
 import pytest
 import torch
 
-from dit_pipeline.dit import protocols
-from dit_pipeline.dit.protocols import PROTOCOLS, Guidance
+from dit_pipeline.dit import image_conversions, protocol_types, protocols
+from dit_pipeline.dit.protocol_types import Guidance
+from dit_pipeline.dit.protocols import PROTOCOLS
 
 RAE_LATENT = (768, 16, 16)  # DINOv2-B features at 256 px: RAE's misc.latent_size
 SD_LATENT = (4, 32, 32)
@@ -164,7 +166,7 @@ def test_the_image_conversions_are_the_releases():
     # bytetriper/RAE src/sample_ddp.py l.276-277: rae.decode(z).clamp(0, 1), .mul(255), .to(uint8) on [0, 1] images
     unit = (x + 1) / 2
     rae = hwc(unit.clamp(0, 1).mul(255)).to(torch.uint8)
-    conv = protocols.CONVERSIONS
+    conv = image_conversions.CONVERSIONS
     assert torch.equal(conv["dit"](x), dit) and torch.equal(conv["ddt"](x), ddt)
     assert torch.equal(conv["repa"](x), repa) and torch.equal(conv["rae"](x, unit=unit), rae)
     assert torch.equal(conv["rae"](x), rae)  # without the decoder's own [0, 1] images: (x + 1) / 2
@@ -177,7 +179,7 @@ def test_the_image_conversions_are_the_releases():
     assert differs.max() == 1 and 0.3 < (differs == 1).float().mean() < 0.7
     assert {p.conversion for p in PROTOCOLS.values()} <= set(conv)
     with pytest.raises(ValueError, match="unknown image conversion 'x'; choose one of: dit, ddt, repa, rae, nanogen"):
-        protocols.conversion("x")
+        image_conversions.conversion("x")
 
 
 # ---- AutoGuidance and the table -------------------------------------------------------------------------------
@@ -186,7 +188,7 @@ def test_autoguidance_is_raes_rule():
     g = torch.Generator().manual_seed(1)
     main, weak = torch.randn(2, 8, 4, 4, generator=g), torch.randn(2, 8, 4, 4, generator=g)
     # RAE src/stage2/models/DDT.py l.397-405: eps = model_out[:, :in_channels]; ag_eps + cfg_scale (eps - ag_eps)
-    assert torch.equal(protocols.autoguidance_combine(main, weak, 1.42), weak + 1.42 * (main - weak))
+    assert torch.equal(protocol_types.autoguidance_combine(main, weak, 1.42), weak + 1.42 * (main - weak))
     p = PROTOCOLS["rae-ag"]
     assert (p.guidance.rule, p.guidance.scale, p.guidance.channels, p.guidance.guide_model) == (
         "autoguidance", 1.42, "all", "DiT-DH-S")  # configs/stage2/sampling/ImageNet256/DiTDHXL-DINOv2-B_AG.yaml
@@ -199,8 +201,8 @@ def test_every_row_names_its_release_files_and_resolves():
     assert set(PROTOCOLS) - set(protocols.RELEASE_ROWS) == {n for n in PROTOCOLS if n.startswith("nanogen/")}
     for name, p in PROTOCOLS.items():
         assert "/" in p.release and p.sources and all(p.sources), name
-        assert p.solver in protocols.SOLVERS and p.guidance.rule in protocols.GUIDANCE_RULES, name
-        assert p.guidance.ends in protocols.ENDS and p.labels in ("uniform", "equal"), name
+        assert p.solver in protocol_types.SOLVERS and p.guidance.rule in protocol_types.GUIDANCE_RULES, name
+        assert p.guidance.ends in protocol_types.ENDS and p.labels in ("uniform", "equal"), name
         assert p.record(SD_LATENT)["name"] == name
         a = p.applies_to  # every row says what it applies to (dit/protocol_fit.py)
         assert a.space and a.conditioning and a.objectives, name

@@ -143,12 +143,12 @@ def test_protocol_names_are_checked():
 
 
 def test_each_protocol_names_its_samplers_image_conversion_from_the_sampling_protocols():
-    """The evaluation protocols take their samplers' image conversions by name from dit/protocols.py (the function
-    dit-sample --protocol applies), and each is the release's arithmetic, transcribed here: ADM's reference
+    """The evaluation protocols take their samplers' image conversions by name from dit/image_conversions.py (the
+    function dit-sample --protocol applies), and each is the release's arithmetic, transcribed here: ADM's reference
     sampler, DiT's sample_ddp.py l.132 (clamp(127.5 x + 128, 0, 255), truncated); NanoGen's
     src/eval/generation.py l.167-168 (its decoder's [0, 1] images clamp(0, 1), mul(255), truncated); iMF's
     utils/sample_util.py l.28-29 (127.5 x + 128, clip to [0, 255], astype(uint8))."""
-    from dit_pipeline.dit.protocols import CONVERSIONS
+    from dit_pipeline.dit.image_conversions import CONVERSIONS
 
     x = torch.linspace(-1.2, 1.2, 3 * 4 * 5, dtype=torch.float32).reshape(1, 3, 4, 5)
     x[0, 0, 0, 0] = 0.0039  # 127.5 x + 128 = 128.497...: truncated, not rounded

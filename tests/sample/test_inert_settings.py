@@ -75,7 +75,8 @@ def unguided(monkeypatch):
     with its guidance taken out (RAE's own config guides with cfg: tests/sample/test_protocol_fit.py)."""
     import dataclasses
 
-    from dit_pipeline.dit.protocols import PROTOCOLS, Guidance
+    from dit_pipeline.dit.protocol_types import Guidance
+    from dit_pipeline.dit.protocols import PROTOCOLS
 
     monkeypatch.setitem(PROTOCOLS, "unguided", dataclasses.replace(PROTOCOLS["rae"], name="unguided",
                                                                    guidance=Guidance("none", 1.0)))

@@ -25,7 +25,7 @@ from typing import Any, Callable
 import pytest
 
 from dit_pipeline.dit.family import lookup_preset
-from dit_pipeline.dit.incontext import MLP_RATIO
+from dit_pipeline.dit.incontext_blocks import MLP_RATIO
 from dit_pipeline.dit.protocols import PROTOCOLS
 from dit_pipeline.sample.config import SampleConfig
 from dit_pipeline.train import merge_config
