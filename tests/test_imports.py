@@ -29,8 +29,8 @@ def _imports(runtime_only: bool = False) -> dict[str, set[str]]:
             for node in ast.walk(tree):
                 if id(node) in skip:
                     continue
-                if isinstance(node, ast.ImportFrom) and node.level:
-                    deps.add(f"{pkg}.{node.module}" if node.module else pkg)
+                if isinstance(node, ast.ImportFrom) and node.level:  # `from .x import y`, `from . import x`
+                    deps.update([f"{pkg}.{node.module}"] if node.module else [f"{pkg}.{a.name}" for a in node.names])
                 elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("dit_pipeline."):
                     parts = node.module.split(".")[1:]
                     deps.update(f"{parts[0]}.{a.name}" for a in node.names) if len(parts) == 1 else \
