@@ -383,8 +383,9 @@ class TrainConfig(ParallelSettings, ValSettings, GuardSettings, RegSettings, Rep
         and ignored): a scale on a MeanFlow model or one without label dropout, channels where nothing is guided."""
         from dit_pipeline.dit.objectives import SPECS
         from dit_pipeline.evaluate.hook import fid_default_scale
-        from dit_pipeline.sample.config import PROTOCOLS, cfg_channels_inert, resolve_cfg_scale
+        from dit_pipeline.sample.config import PROTOCOLS
         from dit_pipeline.sample.grid import GRID_CFG_SCALE, guidance_inert_for
+        from dit_pipeline.sample.guidance import cfg_channels_inert, resolve_cfg_scale
 
         if self.objective not in SPECS or not isinstance(self.class_dropout_prob, (int, float)):
             return []
