@@ -52,7 +52,8 @@ from dit_pipeline.evaluate.metrics import NEIGHBOURHOOD_K
 from dit_pipeline.evaluate.protocols import PROTOCOLS as EVAL_PROTOCOLS
 from dit_pipeline.evaluate.run import Side, check_network, compute_metrics, fd_dinov2
 from dit_pipeline.sample import plan
-from dit_pipeline.sample.config import FID_SAMPLER, FLOW_SAMPLERS, PROTOCOLS, SPECS, guidance_inert, protocols
+from dit_pipeline.sample.config import FID_SAMPLER, FLOW_SAMPLERS, PROTOCOLS, SPECS, protocols
+from dit_pipeline.sample.guidance import guidance_inert
 from dit_pipeline.sample.generate import generate_images, protocol_loop, protocol_model_fn, resolve_cfg_channels
 from dit_pipeline.sample.grid import GRIDS, DecodeSettings, effective_cfg_scale, run_prediction, run_time_shift
 
@@ -291,7 +292,7 @@ class FidHook:
         """The sampling protocol of the FID samples (dit/protocols.py): --protocol's row (with --fid-steps,
         --fid-cfg-scale and --fid-labels where they change it, recorded as overrides), or `custom`: the objective's
         FID sampler, its default steps, guidance 1.5 on --cfg-channels' channels (auto: dit-sample's rule), the
-        run's time shift. Guidance is off (scale 1) where it cannot act (sample.config.guidance_inert: a model without
+        run's time shift. Guidance is off (scale 1) where it cannot act (sample.guidance.guidance_inert: a model without
         the null class, a MeanFlow model)."""
         conditions = str(getattr(self._state["model"], "conditions", ctx.model_config.get("conditions", "t")))
         guided = guidance_inert(conditions, float(ctx.model_config.get("class_dropout_prob", 0.1)) > 0) is None

@@ -300,7 +300,7 @@ def _class_counts(labels: np.ndarray | None, count: int) -> dict[str, int] | Non
 def _label_sampling(p: Path, count: int) -> str | None:
     """How dit-sample chose the classes, from its record beside the npz (`NAME.npz.json`) when that record is of
     an npz of this many samples; None without one. Records from before --labels are "uniform" or "given"."""
-    from dit_pipeline.sample.run import RECORD_FORMAT
+    from dit_pipeline.sample.outputs import RECORD_FORMAT
 
     try:
         record = json.loads(Path(str(p) + ".json").read_text())
@@ -332,7 +332,7 @@ def _open_npz(p: Path, what: str, stats: dict[str, Statistics]) -> Source:
 
 def _sample_out_folder(p: Path) -> bool:
     """Whether `p` is a folder `dit-sample --out` wrote: its record samples.json, or its grid.png beside images/."""
-    from dit_pipeline.sample.run import RECORD_FORMAT
+    from dit_pipeline.sample.outputs import RECORD_FORMAT
 
     try:
         record = json.loads((p / "samples.json").read_text())

@@ -180,10 +180,10 @@ GRID_CFG_SCALE = 4.0  # the grids' guidance where guidance acts (pictures)
 
 
 def guidance_inert_for(objective: str, settings: Any, protocol: str | None = None) -> str | None:
-    """Why guidance settings do nothing in a training run of `objective` (sample.config.guidance_inert), from its
+    """Why guidance settings do nothing in a training run of `objective` (sample.guidance.guidance_inert), from its
     settings' label dropout and, for the FID samples, the sampling protocol they follow."""
     from dit_pipeline.dit.objectives import SPECS
-    from dit_pipeline.sample.config import guidance_inert
+    from dit_pipeline.sample.guidance import guidance_inert
 
     conditions = SPECS[objective].conditions if objective in SPECS else "t"
     return guidance_inert(conditions, float(getattr(settings, "class_dropout_prob", 0.1) or 0) > 0, protocol)
@@ -193,7 +193,7 @@ def effective_cfg_scale(given: float | None, default: float, objective: str, set
                         protocol: str | None = None) -> float:
     """The grid or FID guidance a run uses: `given`, else `default` where guidance acts, else 1 (a given scale that
     would do nothing is refused in TrainConfig.validate; here it falls back to 1 for safety)."""
-    from dit_pipeline.sample.config import resolve_cfg_scale
+    from dit_pipeline.sample.guidance import resolve_cfg_scale
 
     try:
         return resolve_cfg_scale(given, default, guidance_inert_for(objective, settings, protocol), flag)

@@ -51,6 +51,12 @@ class LoadedModel:
                 f"{self.info['source']} file{release}, {self.info['weights']} weights{step}")
 
 
+def latent_shape(loaded: LoadedModel) -> tuple[int, int, int]:
+    """The model's latent shape (channels, height, width), as the protocols' grids and the run record take it."""
+    c = loaded.config
+    return int(c["in_channels"]), int(c["input_size"]), int(c["input_size"])
+
+
 def _safetensors_latent(path: Path) -> dict[str, Any] | None:
     from safetensors import safe_open
 

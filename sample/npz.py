@@ -45,7 +45,7 @@ def _diff_keys(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
 
 
-# fingerprint keys (sample/run.py `_record`) that are not a flag's name: the setting that changes them
+# fingerprint keys (sample/outputs.py `run_record`) that are not a flag's name: the setting that changes them
 _KEY_SETTINGS = {"checkpoint_sha256": "the checkpoint (--ckpt)", "model_config": "the model (--ckpt)",
                  "scaling_factor": "the latent normalization", "shift_factor": "the latent normalization",
                  "normalization": "the latent normalization", "image_size": "the image size (--vae)",

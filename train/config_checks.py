@@ -149,7 +149,8 @@ def _guidance_problems(cfg: TrainConfig) -> list[str]:
     and ignored): a scale on a MeanFlow model or one without label dropout, channels where nothing is guided."""
     from dit_pipeline.dit.objectives import SPECS
     from dit_pipeline.evaluate.hook import fid_default_scale
-    from dit_pipeline.sample.config import PROTOCOLS, cfg_channels_inert, resolve_cfg_scale
+    from dit_pipeline.sample.config import PROTOCOLS
+    from dit_pipeline.sample.guidance import cfg_channels_inert, resolve_cfg_scale
     from dit_pipeline.sample.grid import GRID_CFG_SCALE, guidance_inert_for
 
     if cfg.objective not in SPECS or not isinstance(cfg.class_dropout_prob, (int, float)):

@@ -54,7 +54,7 @@ def _sample_out(folder, images, *, record=True, save_images=True):
     import numpy as np
     from PIL import Image
 
-    from dit_pipeline.sample.run import RECORD_FORMAT
+    from dit_pipeline.sample.outputs import RECORD_FORMAT
 
     folder.mkdir()
     Image.fromarray(np.zeros((70, 104, 3), np.uint8)).save(folder / "grid.png")

@@ -39,7 +39,7 @@ def test_bad_labels_and_counts():
     with pytest.raises(ConfigError, match=r"--labels equal chooses the classes of --num-samples; it cannot be "
                                           r"combined with --class-labels \(drop one\)"):
         SampleConfig(ckpt="x", num_samples=4, class_labels=[1], labels="equal", out="o").validate()
-    from dit_pipeline.sample.run import label_sampling  # the default: the protocol's, else uniform draws
+    from dit_pipeline.sample.outputs import label_sampling  # the default: the protocol's, else uniform draws
 
     assert label_sampling(SampleConfig(ckpt="x", num_samples=4, out="o")) == "uniform"
     assert SampleConfig(ckpt="x", num_samples=4, out="o", protocol="rae").labels is None  # resolved once loaded

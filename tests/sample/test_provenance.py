@@ -8,7 +8,7 @@ import pytest
 
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.sample import SampleConfig
-from dit_pipeline.sample.run import _with_vae, compare_vae
+from dit_pipeline.sample.resolve import compare_vae, with_vae
 
 
 def _loaded(latent, config=None):
@@ -19,11 +19,11 @@ def test_a_feature_space_model_decodes_with_its_runs_decoder_never_the_sd_vae():
     """It fell back to the hub SD-VAE; now the decoder its run's grids and FID used, or a refusal naming --decoder."""
     enc = {"kind": "features", "model": "vit_base_patch14_reg4_dinov2"}
     cfg = SampleConfig(ckpt="m.pt", npz="s.npz", num_samples=1)
-    got = _with_vae(cfg, _loaded({"vae": None, "encoder": enc}, {"vae": "rae-decoder.pt", "vae_config": "cfg"}),
+    got = with_vae(cfg, _loaded({"vae": None, "encoder": enc}, {"vae": "rae-decoder.pt", "vae_config": "cfg"}),
                     logging.getLogger("t"))
     assert (got.vae, got.vae_config) == ("rae-decoder.pt", "cfg")
     with pytest.raises(UserError) as e:
-        _with_vae(cfg, _loaded({"vae": None, "encoder": enc}, {"vae": None}), logging.getLogger("t"))
+        with_vae(cfg, _loaded({"vae": None, "encoder": enc}, {"vae": None}), logging.getLogger("t"))
     assert str(e.value) == ("--ckpt m.pt was trained on the features of vit_base_patch14_reg4_dinov2 (a feature "
                             "space), which only a decoder turns into pixels, and its run records none; pass --decoder "
                             "(RAE's decoder: FILE or FILE,config.json)")
