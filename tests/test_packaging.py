@@ -24,7 +24,7 @@ def test_wheel_installs_one_top_level_package(tmp_path):
     assert {t for t in top if not t.endswith(".dist-info")} == {"dit_pipeline"}
     for folder in FOLDERS[1:]:
         assert f"dit_pipeline/{folder}/__init__.py" in names
-    assert {"dit_pipeline/cli.py", "dit_pipeline/cli_kit.py", "dit_pipeline/cli_eval.py"} <= set(names)
+    assert {"dit_pipeline/cli.py", "dit_pipeline/cli_kit.py", "dit_pipeline/cli_eval.py", "dit_pipeline/cli_sample.py"} <= set(names)
     assert not any(n.startswith(("dit_pipeline/tests/", "dit_pipeline/bench/", "dit_pipeline/examples/"))
                    for n in names)
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
