@@ -12,7 +12,8 @@ from dit_pipeline.common.vae import build_sd_vae
 from dit_pipeline.extract.encode import LatentEncoder
 from dit_pipeline.sample.generate import guided_model_fn, make_diffusion
 from dit_pipeline.shards import FORMAT_VERSION, Manifest, ShardWriter, sample_key, shard_name, write_manifest
-from dit_pipeline.train.data import EpochStream, make_loader, open_shards
+from dit_pipeline.train.data import EpochStream, make_loader
+from dit_pipeline.train.shard_source import open_shards
 from dit_pipeline.train.partition import plan_epoch
 from dit_pipeline.train.speed import regional_compile
 

@@ -52,7 +52,8 @@ from _checkout import use_checkout  # noqa: E402
 use_checkout()  # run from a checkout without installing
 
 from dit_pipeline.shards import FORMAT_VERSION, Manifest, ShardWriter, iter_shard, sample_key, shard_name, write_manifest  # noqa: E402
-from dit_pipeline.train.data import EpochStream, make_loader, open_shards  # noqa: E402
+from dit_pipeline.train.data import EpochStream, make_loader  # noqa: E402
+from dit_pipeline.train.shard_source import open_shards  # noqa: E402
 from dit_pipeline.train.partition import plan_epoch  # noqa: E402
 
 SCALE = 0.18215

@@ -38,7 +38,8 @@ from pixels import synthetic_crops  # noqa: E402
 from dit_pipeline.shards import (FORMAT_VERSION, FORMAT_VERSION_PIXELS, Manifest, ShardWriter, sample_key,  # noqa: E402
                                  shard_name, write_manifest)
 from dit_pipeline.shards.pixels import pixels_entry  # noqa: E402
-from dit_pipeline.train.data import EpochStream, make_loader, open_shards  # noqa: E402
+from dit_pipeline.train.data import EpochStream, make_loader  # noqa: E402
+from dit_pipeline.train.shard_source import open_shards  # noqa: E402
 from dit_pipeline.train.partition import plan_epoch  # noqa: E402
 
 SCALE = 0.18215

@@ -62,7 +62,8 @@ from text_storage import caption_lengths  # noqa: E402
 from dit_pipeline.shards import (FORMAT_VERSION, FORMAT_VERSION_TEXT, Manifest, ShardWriter, read_manifest,  # noqa: E402
                                  sample_key, shard_name, write_manifest)
 from dit_pipeline.shards.text import encode_null, length_edges, length_histogram  # noqa: E402
-from dit_pipeline.train.data import EpochStream, make_loader, open_shards  # noqa: E402
+from dit_pipeline.train.data import EpochStream, make_loader  # noqa: E402
+from dit_pipeline.train.shard_source import open_shards  # noqa: E402
 from dit_pipeline.train.partition import plan_epoch  # noqa: E402
 
 

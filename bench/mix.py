@@ -99,7 +99,8 @@ def one(kind: str, k: int, root: Path, a: argparse.Namespace) -> dict[str, float
     torch.set_num_threads(1)
     folders = [root / f"k{k}" / f"s{j}" for j in range(k)]
     if kind == "shards":
-        from dit_pipeline.train.data import EpochStream, make_loader, open_shards
+        from dit_pipeline.train.data import EpochStream, make_loader
+        from dit_pipeline.train.shard_source import open_shards
         from dit_pipeline.train.partition import plan_epoch
 
         src = open_shards(str(folders[0]))

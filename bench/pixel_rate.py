@@ -118,7 +118,8 @@ def write_shards(root: Path, crops: list[np.ndarray], size: int, encoding: str, 
 
 
 def shard_loader(folder: Path, batch: int) -> Callable[[], int]:
-    from dit_pipeline.train.data import EpochStream, open_shards
+    from dit_pipeline.train.data import EpochStream
+    from dit_pipeline.train.shard_source import open_shards
     from dit_pipeline.train.partition import plan_epoch
 
     source = open_shards(str(folder))

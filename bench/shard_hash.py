@@ -36,7 +36,8 @@ from _checkout import use_checkout  # noqa: E402
 use_checkout()  # run from a checkout without installing
 
 from dit_pipeline.shards import FORMAT_VERSION, Manifest, ShardWriter, sample_key, shard_name, write_manifest  # noqa: E402
-from dit_pipeline.train.data import EpochStream, open_shards  # noqa: E402
+from dit_pipeline.train.data import EpochStream  # noqa: E402
+from dit_pipeline.train.shard_source import open_shards  # noqa: E402
 from dit_pipeline.train.partition import plan_epoch  # noqa: E402
 
 MODES = (None, "whole", "stream")

@@ -25,7 +25,8 @@ from dit_pipeline.common.seeding import numpy_rng
 from dit_pipeline.shards.format import ShardError, shard_index
 from dit_pipeline.shards.manifest import Manifest, read_manifest, require_latents
 from dit_pipeline.shards.npy import widen
-from dit_pipeline.shards.reader import Expect, check_sample, iter_members, parse_label
+from dit_pipeline.shards.reader import iter_members
+from dit_pipeline.shards.sample_checks import Expect, check_sample, parse_label
 from dit_pipeline.shards.tario import TarReader
 
 STREAM_STATS = 101  # derive_seed stream for the posterior noise drawn by `stats`

@@ -7,7 +7,8 @@ from typing import Any, Generator, Iterator
 from dit_pipeline.shards.format import ShardError
 from dit_pipeline.shards.manifest import Manifest, ShardRecord
 from dit_pipeline.shards.npy import all_finite
-from dit_pipeline.shards.reader import Expect, Stage, _record_of, _stream, counted, hash_checked, in_record_keys
+from dit_pipeline.shards.reader import Stage, _record_of, _stream, counted, hash_checked, in_record_keys
+from dit_pipeline.shards.sample_checks import Expect
 from dit_pipeline.shards.tario import TarReader
 from dit_pipeline.shards.text import TextSample, check_text_sample
 

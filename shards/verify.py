@@ -25,7 +25,8 @@ from dit_pipeline.shards.format import MANIFEST_NAME, ShardError, key_index, rev
 from dit_pipeline.shards.manifest import Manifest, ShardRecord, read_manifest
 from dit_pipeline.shards.npy import all_finite
 from dit_pipeline.shards.pixels import pixels_value
-from dit_pipeline.shards.reader import Expect, check_sample, field_problem, iter_members
+from dit_pipeline.shards.reader import iter_members
+from dit_pipeline.shards.sample_checks import Expect, check_sample, field_problem
 from dit_pipeline.shards.text import check_text_sample
 from dit_pipeline.shards.tario import TarReader
 

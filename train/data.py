@@ -1,15 +1,16 @@
 """The training data stream: shards -> per-reader shuffle buffer -> micro-batches of scaled latents.
 
 Reading goes through `shards.iter_shard` only (WebDataset's url opener underneath, so local folders,
-`file:`, `pipe:` commands and object stores all work); nothing here parses tar files. Which reader reads
-which shards, and how many batches it yields, is decided by `train.partition` (pure functions of integers),
-so the stream of every rank is a deterministic function of (seed, epoch, rank, data layout):
+`file:`, `pipe:` commands and object stores all work); nothing here parses tar files. The shard set is a
+`train.shard_source.ShardSource` (`open_shards`). Which reader reads which shards, and how many batches it
+yields, is decided by `train.partition` (pure functions of integers), so the stream of every rank is a
+deterministic function of (seed, epoch, rank, data layout):
 
 - each reader (rank x loader worker) is a chain of iterator -> iterator stages (webdataset's style; the
-  generic ones in train/stages.py, `EpochStream.reader` lists them): `read_shard` (one shard, its sha256
-  checked against the manifest unless --no-verify-shards; with --skip-bad-shards an unreadable or mismatching
-  one ends in a `SkippedShard` event) -> `interleave` (several of its shards at once, each sample from a
-  seeded random one of them) -> the one view of each sample it will use (still float16 or as stored; with
+  generic ones in train/stages.py, `EpochStream.reader` lists them): `read_shard` (train/shard_samples.py: one
+  shard, its sha256 checked against the manifest unless --no-verify-shards; with --skip-bad-shards an unreadable
+  or mismatching one ends in a `SkippedShard` event) -> `interleave` (several of its shards at once, each sample
+  from a seeded random one of them) -> the one view of each sample it will use (still float16 or as stored; with
   --repa its encoded pixels too) -> `shuffle_buffer` (seeded from (seed, epoch, reader)) -> `micro_batches`
   (exactly its quota; the events met are attached to the next batch) -> `resume_skip` ->
   `batches_and_events` (the float32 latents of a whole batch at once, and its pixels decoded in the
@@ -20,12 +21,12 @@ so the stream of every rank is a deterministic function of (seed, epoch, rank, d
 - text (issue 37): with a text sibling set (`text=(folder, manifest)`, shards/siblings.read_text_sibling) each
   sample's text shard is read in lockstep and one of its captions' stored features is kept; with
   `captions=True` the caption strings themselves travel (for a trainer that encodes online with
-  common.text_encoders). Which caption a sample uses is `caption_index(seed, epoch, key, K)`: a pure function of
-  (seed, epoch, key), so cached and online runs draw the same caption. A batch pads the features to its longest
-  caption (`Batch.text` [B, L, D] in the text set's stored dtype, bfloat16 for Qwen3, never widened here: the
-  network's text norm rounds as NanoGen's does on its encoder's output; zero past each length; `Batch.text_mask`
-  [B, L] bool, True = a real token), in a slot of the epoch's TextPool when the batch's latents have one
-  (train/pool.py);
+  common.text_encoders). Which caption a sample uses is `train.shard_samples.caption_index(seed, epoch, key, K)`:
+  a pure function of (seed, epoch, key), so cached and online runs draw the same caption. A batch pads the
+  features to its longest caption (`Batch.text` [B, L, D] in the text set's stored dtype, bfloat16 for Qwen3,
+  never widened here: the network's text norm rounds as NanoGen's does on its encoder's output; zero past each
+  length; `Batch.text_mask` [B, L] bool, True = a real token), in a slot of the epoch's TextPool when the
+  batch's latents have one (train/pool.py);
 - resuming at rank micro-batch k replays the readers and drops their first batches without batching them,
   and rotates the DataLoader workers so batch k still comes from worker k % W;
 - in loader workers a batch is made directly in shared memory, in an output slot the worker reuses once the
@@ -35,193 +36,24 @@ so the stream of every rank is a deterministic function of (seed, epoch, rank, d
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, NamedTuple, TypeVar
+from typing import Any, Callable, Iterator, NamedTuple
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from dit_pipeline.common.errors import UserError
-from dit_pipeline.common.seeding import derive_seed
 from dit_pipeline.common.workers import worker_context
-from dit_pipeline.shards import (LatentSample, Manifest, ShardError, ShardRecord, TextSample, iter_shard,
-                                 iter_text_shard, quick_check, read_manifest)
+from dit_pipeline.shards import Manifest, ShardRecord
 from dit_pipeline.train.latents import (LatentSpec, Pending, Scratch, build_latents, build_pixels, build_teacher,
-                                        epoch_seed, mix_seed, pending)
+                                        epoch_seed, pending)
 from dit_pipeline.train.partition import EpochPlan, interleave_seed, loader_seed, shuffle_seed
 from dit_pipeline.train.pool import BatchPool, PooledBatch, TextPool, longest_caption, shared_empty, text_batch
+from dit_pipeline.train.shard_samples import Joined, TextPending, WithText, read_shard, text_pending
+from dit_pipeline.train.shard_source import ShardSource
 from dit_pipeline.train.signals import ignore_in_worker, workers_start_blocked
 from dit_pipeline.train.stages import (ReaderEvent, SkippedShard, batches_and_events, errors_as_events, interleave,
                                        micro_batches, resume_skip, shuffle_buffer)
-
-T = TypeVar("T")
-
-
-# ----------------------------------------------------------------------------------------------------------
-# The shard set
-
-@dataclass
-class ShardSource:
-    """A validated shard set: its manifest and one readable location per manifest shard (same order)."""
-
-    manifest: Manifest
-    urls: list[str]
-    folder: Path | None
-    fingerprint: str
-
-    @property
-    def sizes(self) -> list[int]:
-        return [rec.samples for rec in self.manifest.shards]
-
-    def index_of(self, name: str) -> int:
-        """The index of the manifest shard `name`."""
-        return next(i for i, rec in enumerate(self.manifest.shards) if rec.name == name)
-
-
-def _shard_name_in(url: str, names: set[str]) -> str | None:
-    """The manifest shard name a URL refers to (its last path component, or inside a pipe: command)."""
-    tail = url.rstrip("/").rsplit("/", 1)[-1]
-    if tail in names:
-        return tail
-    hits = [n for n in names if n in url]
-    return hits[0] if len(hits) == 1 else None
-
-
-# The seed stream of the caption a sample uses in an epoch (its own, so that it is independent of the view and the
-# noise, which use common.seeding.STREAM_SAMPLE).
-STREAM_CAPTION = 37
-
-
-def caption_index(seed: int, epoch: int, key: int, captions: int) -> int:
-    """Which of a sample's `captions` captions it uses in `epoch`: a pure function of (seed, epoch, key), the same
-    for the cached features and the online captions (contract 2 of issue 37)."""
-    if captions <= 1:
-        return 0
-    return mix_seed(derive_seed(seed, STREAM_CAPTION, epoch), key) % captions
-
-
-def open_shards(shards: str, manifest: str | None = None) -> ShardSource:
-    """Resolve `--shards` (+ `--manifest`) into a ShardSource; UserError naming anything missing or foreign.
-
-    A local folder is checked against its manifest at once (every shard present with its recorded size).
-    A URL list ("a::b") or brace pattern ("s3://b/shard-{000000..000099}.tar") needs `--manifest`; each URL
-    must name exactly one manifest shard and every manifest shard must be listed.
-    """
-    from webdataset.shardlists import expand_urls
-
-    from dit_pipeline.shards.manifest import require_latents
-
-    folder = Path(shards).expanduser()
-    if folder.is_dir():
-        m = require_latents(read_manifest(Path(manifest).expanduser() if manifest else folder), folder, "--shards")
-        problems = quick_check(folder, m)
-        if problems:
-            shown = problems[:10] + ([f"... and {len(problems) - 10} more"] if len(problems) > 10 else [])
-            raise UserError(f"the shard set in {folder} does not match its manifest:\n  "
-                            + "\n  ".join(shown) + "\nRun `dit-shards verify` for a full report; re-extract or "
-                            "re-copy the listed shards.")
-        return ShardSource(m, m.shard_urls(str(folder)), folder, m.fingerprint())
-    if manifest is None:
-        raise UserError(f"--shards {shards!r} is not a folder; for a URL list or brace pattern also pass "
-                        "--manifest (the manifest.json of that shard set)")
-    m = require_latents(read_manifest(Path(manifest).expanduser()), manifest, "--shards")
-    names = {rec.name for rec in m.shards}
-    by_name: dict[str, str] = {}
-    for url in expand_urls(shards):
-        name = _shard_name_in(url, names)
-        if name is None:
-            raise UserError(f"--shards: {url!r} names no shard of the manifest {manifest} (expected names "
-                            f"like {m.shards[0].name if m.shards else 'shard-000000.tar'})")
-        if name in by_name:
-            raise UserError(f"--shards lists {name} twice ({by_name[name]!r} and {url!r})")
-        by_name[name] = url
-    missing = [rec.name for rec in m.shards if rec.name not in by_name]
-    if missing:
-        raise UserError(f"--shards lists {len(by_name)} of the {len(m.shards)} shards of {manifest}; missing: "
-                        f"{', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}")
-    return ShardSource(m, [by_name[rec.name] for rec in m.shards], None, m.fingerprint())
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Readers
-
-class Joined(NamedTuple):
-    """A sample with its sibling set's stored latent (all views) of the same key (shards/siblings.py)."""
-
-    sample: LatentSample
-    teacher: np.ndarray
-
-
-def join_sibling(samples: Iterator[LatentSample], url: str, manifest: Manifest,
-                 record: ShardRecord) -> Iterator[Joined]:
-    """Each sample of a shard with the sibling shard's sample of the same key: the siblings hold the same keys
-    in the same order (checked on the manifests before training), so they are read in lockstep; a key that
-    differs anyway is a ShardError of the sibling shard."""
-    other = iter_shard(url, manifest, raw=True, record=record)
-    try:
-        for s in samples:
-            t = next(other, None)
-            if t is None or t.key != s.key:
-                raise ShardError(url, s.key, f"the sibling shard has {'no sample' if t is None else t.key} here")
-            assert t.latent is not None, "a sibling set of tokens stores latents"
-            yield Joined(s, t.latent)
-    finally:
-        other.close()
-
-
-class WithText(NamedTuple):
-    """A sample with its text (issue 37): the text sibling's sample of the same key, and/or its caption strings."""
-
-    sample: LatentSample | Joined
-    text: TextSample | None
-
-
-def join_text(samples: Iterator[LatentSample | Joined], url: str, manifest: Manifest,
-              record: ShardRecord) -> Iterator[WithText]:
-    """Each sample with the text sibling shard's sample of the same key, read in lockstep (as join_sibling);
-    a caption count that differs from the sample's is a ShardError of the text shard."""
-    other = iter_text_shard(url, manifest, record=record)
-    try:
-        for s in samples:
-            base = s.sample if isinstance(s, Joined) else s
-            t = next(other, None)
-            if t is None or t.key != base.key:
-                raise ShardError(url, base.key, f"the text shard has {'no sample' if t is None else t.key} here")
-            if base.captions is not None and len(base.captions) != len(t.lengths):
-                raise ShardError(url, base.key, f"{len(t.lengths)} captions' features for {len(base.captions)} "
-                                 "captions")
-            yield WithText(s, t)
-    finally:
-        other.close()
-
-
-def read_shard(url: str, manifest: Manifest, skip_bad: bool, *, record: ShardRecord | None = None,
-               sha256: str | None = None, pixels: bool = False,
-               sibling: tuple[str, Manifest, ShardRecord] | None = None,
-               text: tuple[str, Manifest, ShardRecord] | None = None, captions: bool = False
-               ) -> Iterator[LatentSample | Joined | WithText | SkippedShard]:
-    """Stage 1: one shard's samples (raw, stored dtype); on a ShardError a SkippedShard when `skip_bad`.
-
-    sha256 ("whole" | "stream" | None): shards.iter_shard's check of the shard's bytes against `record` (its
-    manifest record): "whole" before any sample is yielded, "stream" at the shard's end (a mismatch is a
-    ShardError like any other, naming the shard)."""
-    samples = iter_shard(url, manifest, raw=True, record=record, sha256=sha256, pixels="bytes" if pixels else None,
-                         captions=captions)
-    try:
-        stream: Iterator[Any] = samples if sibling is None else join_sibling(samples, *sibling)
-        if text is not None:
-            stream = join_text(stream, *text)
-        elif captions:
-            stream = (WithText(s, None) for s in stream)
-        yield from stream
-    except ShardError as e:
-        if not skip_bad:
-            raise
-        yield SkippedShard(url, str(e))
-    finally:
-        samples.close()
 
 
 class Batch(NamedTuple):
@@ -254,24 +86,6 @@ def _rebuild_batch(latents: torch.Tensor, labels: np.ndarray, keys: np.ndarray, 
                    captions: list[str] | None = None, sources: np.ndarray | None = None) -> Batch:
     return Batch(latents, torch.from_numpy(labels), torch.from_numpy(keys), skipped, pixels, teacher, text, text_mask,
                  captions, None if sources is None else torch.from_numpy(sources))
-
-
-class TextPending(NamedTuple):
-    """A sample between reading and batching with its text: the drawn caption's stored features [L, D] (a text
-    sibling set) and/or its string (captions=True)."""
-
-    item: Pending
-    text: np.ndarray | None
-    caption: str | None
-
-
-def text_pending(item: Pending, joined: WithText, seed: int, epoch: int) -> TextPending:
-    """Draw the sample's caption for `epoch` (caption_index) and keep only it."""
-    base = joined.sample.sample if isinstance(joined.sample, Joined) else joined.sample
-    count = len(joined.text.lengths) if joined.text is not None else len(base.captions or ())
-    i = caption_index(seed, epoch, item.key, count)
-    feats = np.array(joined.text.caption(i)) if joined.text is not None else None
-    return TextPending(item, feats, base.captions[i] if base.captions is not None else None)
 
 
 class EpochStream(IterableDataset):

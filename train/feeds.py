@@ -17,8 +17,9 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Mapping, Sequence
 
-from dit_pipeline.train.data import Batch, EpochStream, ShardSource, make_loader
+from dit_pipeline.train.data import Batch, EpochStream, make_loader
 from dit_pipeline.train.partition import DataLayout, EpochPlan, plan_epoch
+from dit_pipeline.train.shard_source import ShardSource
 from dit_pipeline.train.stages import ReaderEvent
 
 

@@ -38,7 +38,7 @@ from dit_pipeline.common.seeding import STREAM_DROPOUT, STREAM_STEP, STREAM_TIME
 from dit_pipeline.dit import repa
 from dit_pipeline.dit.reg import REG_NOISE, REG_TARGET
 from dit_pipeline.train.checkpoint import CheckpointManager
-from dit_pipeline.train.data import Batch, ReaderEvent
+from dit_pipeline.train.data import Batch
 from dit_pipeline.train.diverge import TrainingDiverged, check_finite, roll_back  # noqa: F401 (raised here)
 from dit_pipeline.train.feeds import make_feed, mix_part, shard_set_part
 from dit_pipeline.train.hooks import HookContext, PeriodicHook
@@ -53,6 +53,7 @@ from dit_pipeline.train.preflight import Preflight
 from dit_pipeline.train.reg import RegPart
 from dit_pipeline.train.repa import TeacherClock
 from dit_pipeline.train.speed import ema_update
+from dit_pipeline.train.stages import ReaderEvent
 from dit_pipeline.train.text import BatchText, online_encoder, run_conditioning
 from dit_pipeline.train.state import TrainState, comm_guard, weights_fingerprint
 

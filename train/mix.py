@@ -218,7 +218,7 @@ def _named(sources: Sequence[SourceSpec]) -> list[SourceSpec]:
 @dataclass
 class OpenSource:
     spec: SourceSpec
-    source: Any                       # train.data.ShardSource
+    source: Any                       # train.shard_source.ShardSource
     text: Manifest | None = None      # its text set's manifest (cached features)
     captions: tuple[str, ...] | None = None  # a template source: the caption of each class
 
@@ -309,7 +309,7 @@ class OpenMix:
 
 def open_mix(spec: MixSpec, *, text_features: str = "cached") -> OpenMix:
     """Open every source (its shards checked against its manifest, as --shards is) and check them together."""
-    from dit_pipeline.train.data import open_shards
+    from dit_pipeline.train.shard_source import open_shards
 
     opened = []
     for s in spec.sources:

@@ -31,13 +31,14 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from dit_pipeline.common.log import get_logger
 from dit_pipeline.common.workers import worker_context
 from dit_pipeline.shards import LatentSample, ShardError, key_index
-from dit_pipeline.train.data import Batch, WithText, read_shard
+from dit_pipeline.train.data import Batch
 from dit_pipeline.train.latents import LatentSpec, Pending, Scratch, build_latents, mix_seed, pending
 from dit_pipeline.train.mix import OpenMix, OpenSource
 from dit_pipeline.train.mixpart import MixState
 from dit_pipeline.train.mixplan import (MixEpoch, Visit, caption_seed, held_out, lane_seeds, lane_workers, loader_seed,
                                         plan_mix_epoch, rank_lanes, sample_base)
 from dit_pipeline.train.pool import BatchPool, PooledBatch, shared_empty, text_batch
+from dit_pipeline.train.shard_samples import WithText, read_shard
 from dit_pipeline.train.signals import ignore_in_worker, workers_start_blocked
 from dit_pipeline.train.stages import (ReaderEvent, SkippedShard, batches_and_events, errors_as_events, interleave,
                                        micro_batches, resume_skip, shuffle_buffer)

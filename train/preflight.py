@@ -22,7 +22,7 @@ from dit_pipeline.shards.stats import first_samples_std
 from dit_pipeline.train.batch import BatchPlan, batch_plan
 from dit_pipeline.train.config import DEFAULT_MAX_STEPS, DEFAULT_NUM_WORKERS, TrainConfig, resolve_time_shift
 from dit_pipeline.train.fit import host_memory_available, memory_fit, num_blocks, param_counts, resolve_auto_micro_batch
-from dit_pipeline.train.data import ShardSource, open_shards
+from dit_pipeline.train.shard_source import ShardSource, open_shards
 from dit_pipeline.train.init import InitWeights, load_init
 from dit_pipeline.train.latents import latent_sample_problem
 from dit_pipeline.train.mix import mix_spec, open_mix

@@ -122,7 +122,7 @@ def load_val_set(cfg: Any, text_encoder: Any = None) -> ValSet:
     encodes online (None: the cached features of each source's text set)."""
     from dit_pipeline.common.seeding import derive_seed
     from dit_pipeline.shards import LatentSample, key_index
-    from dit_pipeline.train.data import WithText, read_shard
+    from dit_pipeline.train.shard_samples import WithText, read_shard
     from dit_pipeline.train.stages import SkippedShard
     from dit_pipeline.train.latents import LatentSpec, build_latents, pending
     from dit_pipeline.train.mixplan import held_out

@@ -19,7 +19,8 @@ import torch
 from dit_pipeline.common.text_encoders import load_text_encoder
 from dit_pipeline.shards import read_manifest
 from dit_pipeline.shards.siblings import read_text_sibling
-from dit_pipeline.train.data import EpochStream, make_loader, open_shards
+from dit_pipeline.train.data import EpochStream, make_loader
+from dit_pipeline.train.shard_source import open_shards
 from dit_pipeline.train.partition import plan_epoch
 from dit_pipeline.train.text import BatchText, open_text_set, run_conditioning
 from tests._util import assert_close_at_scale

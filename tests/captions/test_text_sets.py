@@ -16,7 +16,9 @@ from dit_pipeline.shards import iter_shard, iter_text_shard, read_manifest, veri
 from dit_pipeline.shards.info import format_info, info_dict
 from dit_pipeline.shards.npy import widen
 from dit_pipeline.shards.siblings import read_text_sibling
-from dit_pipeline.train.data import EpochStream, caption_index, make_loader, open_shards
+from dit_pipeline.train.data import EpochStream, make_loader
+from dit_pipeline.train.shard_samples import caption_index
+from dit_pipeline.train.shard_source import open_shards
 from dit_pipeline.train.partition import plan_epoch
 from tests._util import assert_close_at_scale
 from tests.captions.conftest import text_extract

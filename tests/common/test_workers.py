@@ -32,10 +32,11 @@ if __name__ == "__main__":
     multiprocessing.set_start_method("forkserver", force=True)  # Python 3.14's default on Linux
     from dit_pipeline.extract.loader import make_loader as extract_loader
     from dit_pipeline.train import data
+    from dit_pipeline.train.shard_source import open_shards
     from dit_pipeline.train.partition import plan_epoch
 
     data.ignore_in_worker = record_parent  # make_loader's worker_init_fn
-    src = data.open_shards(sys.argv[1])
+    src = open_shards(sys.argv[1])
     plan = plan_epoch(src.sizes, seed=0, epoch=0, world_size=1, workers=2, micro_batch=2, accum=1)
     stream = data.EpochStream(src, plan, 0, seed=0, buffer=8)
     batches = sum(1 for _ in data.make_loader(stream, num_workers=2, prefetch_factor=2, pin_memory=False))

@@ -21,7 +21,7 @@ from tests.reliability import corpus
 from tests.reliability.conftest import sample_args, train_args
 from tests.reliability.harness import SWEEP, assert_clean_error, run, run_cli_case, tried
 from tests.shards._helpers import make_set
-from dit_pipeline.train.data import open_shards
+from dit_pipeline.train.shard_source import open_shards
 
 SHARDS = corpus.hostile_shards()
 MANIFESTS = corpus.malformed_manifests()

@@ -14,7 +14,9 @@ from dit_pipeline.shards import iter_shard
 from tests.train.conftest import SHARD_SIZES
 from tests.train.helpers import make_shard_set
 from dit_pipeline.common.seeding import STREAM_SAMPLE, derive_seed
-from dit_pipeline.train.data import Batch, EpochStream, ReaderEvent, make_loader, open_shards, shuffle_buffer
+from dit_pipeline.train.data import Batch, EpochStream, make_loader
+from dit_pipeline.train.shard_source import open_shards
+from dit_pipeline.train.stages import ReaderEvent, shuffle_buffer
 from dit_pipeline.train.latents import LatentSpec, epoch_seed, make_latent, make_latents, mix_seed, sample_seed
 from dit_pipeline.train.partition import plan_epoch
 

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from dit_pipeline.shards import iter_shard
-from dit_pipeline.train.data import EpochStream, make_loader, open_shards
+from dit_pipeline.train.data import EpochStream, make_loader
+from dit_pipeline.train.shard_source import open_shards
 from dit_pipeline.train.latents import LatentSpec, latent_sample_problem, make_latent, make_latents, sample_seed
 from dit_pipeline.train.partition import plan_epoch
 from tests.train.conftest import invoke_train, tiny_args

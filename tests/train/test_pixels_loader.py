@@ -9,7 +9,8 @@ import torch
 
 from dit_pipeline.common.vae import load_vae
 from dit_pipeline.shards import iter_shard, read_manifest, view_pixels
-from dit_pipeline.train.data import Batch, EpochStream, make_loader, open_shards
+from dit_pipeline.train.data import Batch, EpochStream, make_loader
+from dit_pipeline.train.shard_source import open_shards
 from dit_pipeline.train.latents import sample_seed, sample_view
 from dit_pipeline.train.partition import plan_epoch
 from tests._util import make_image_tree

@@ -9,7 +9,8 @@ import itertools
 import pytest
 import torch
 
-from dit_pipeline.train.data import Batch, EpochStream, make_loader, open_shards
+from dit_pipeline.train.data import Batch, EpochStream, make_loader
+from dit_pipeline.train.shard_source import open_shards
 from dit_pipeline.train.partition import plan_epoch
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")

@@ -1,5 +1,5 @@
-"""The loader's iterator -> iterator stages (train.data): events (a skipped shard) travel in-band."""
-from dit_pipeline.train.data import SkippedShard, interleave, micro_batches, shuffle_buffer
+"""The loader's iterator -> iterator stages (train.stages): events (a skipped shard) travel in-band."""
+from dit_pipeline.train.stages import SkippedShard, interleave, micro_batches, shuffle_buffer
 
 BAD = SkippedShard("shard-1.tar", "truncated")
 
@@ -26,7 +26,7 @@ def test_micro_batches_attach_events_to_the_next_group_and_keep_the_count():
 
 
 def test_resume_skip_replays_groups_and_carries_their_events():
-    from dit_pipeline.train.data import resume_skip
+    from dit_pipeline.train.stages import resume_skip
 
     a, b = SkippedShard("a", "bad"), SkippedShard("b", "bad")
     groups = [([1, 2], [a]), ([3, 4], []), ([5, 6], [b]), (None, [])]
@@ -37,7 +37,7 @@ def test_resume_skip_replays_groups_and_carries_their_events():
 
 def test_missing_groups_become_exhaustion_events_and_errors_fill_the_quota():
     from dit_pipeline.shards import ShardError
-    from dit_pipeline.train.data import ReaderEvent, batches_and_events, errors_as_events
+    from dit_pipeline.train.stages import ReaderEvent, batches_and_events, errors_as_events
 
     a = SkippedShard("a", "bad")
     out = list(batches_and_events(iter([([1], []), (None, [a]), (None, [])]), lambda c, e: ("batch", c, e),
