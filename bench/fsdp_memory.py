@@ -38,6 +38,7 @@ from _checkout import use_checkout  # noqa: E402
 use_checkout()
 
 from dit_pipeline.common import distributed as dist  # noqa: E402
+from dit_pipeline.common import sharding  # noqa: E402
 from dit_pipeline.train import memory  # noqa: E402
 from dit_pipeline.train.parallel import Parallel, mesh_shape  # noqa: E402
 from dit_pipeline.train.speed import ema_update  # noqa: E402
@@ -53,7 +54,7 @@ def held(tensors) -> int:
     for t in tensors:
         if t is None:
             continue
-        st = dist.local_part(t).untyped_storage()
+        st = sharding.local_part(t).untyped_storage()
         if st.data_ptr() not in seen:
             seen.add(st.data_ptr())
             total += st.nbytes()
@@ -77,7 +78,7 @@ def run_mode(mode: str, world: int, rank: int, steps: int) -> dict:
 
     def probe(*_: object) -> None:  # the parameters FSDP2 holds whole now, and their whole gradients
         if par.sharded:
-            whole = [p for p in model.parameters() if not dist.is_sharded(p)]
+            whole = [p for p in model.parameters() if not sharding.is_sharded(p)]
             gathered.append(held(whole) + held(p.grad for p in whole))
 
     model.register_forward_hook(probe)
@@ -171,7 +172,7 @@ def main() -> None:
     if args.worker:
         worker(args.worker, args.steps)
         return
-    problem = dist.sharding_problem()
+    problem = sharding.sharding_problem()
     if problem:
         raise SystemExit(problem)
     worlds, steps = ([1, 2], 1) if args.smoke else ([int(w) for w in args.worlds.split(",")], args.steps)

@@ -17,11 +17,12 @@ import torch
 
 from dit_pipeline import dit
 from dit_pipeline.common import distributed as dist
+from dit_pipeline.common import sharding
 from gpu_train import _items, _peak_gib, _reset, _timed, _trainer  # noqa: E402 (bench/ on sys.path)
 
 
 def parallel_section(res: Any, s: dict, device: torch.device, shards: Path) -> None:
-    problem = dist.sharding_problem()
+    problem = sharding.sharding_problem()
     if problem:
         res.add("parallel", "skipped", reason=problem)
         return

@@ -6,7 +6,7 @@ the manifest dit-extract wrote), written atomically before the new `manifest.jso
 `revision: {"number": N + 1, "previous": "manifest.json.rev<N>", "by": <the command>}`. Only the normalization
 changes (a per-channel record, format version 3; or a new scalar scaling_factor). The fingerprint covers the
 normalization's numbers, so it changes exactly when the latents the trainer computes change: a run trained
-on revision N is refused on resume against revision N + 1 (train.parts.ShardSetPart), and continues against
+on revision N is refused on resume against revision N + 1 (train.setting_parts.ShardSetPart), and continues against
 the kept file (`dit-train --manifest SHARDS/manifest.json.rev<N>`). `dit-shards verify` accepts the kept
 files of earlier revisions.
 """

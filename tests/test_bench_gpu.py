@@ -35,7 +35,7 @@ def test_gpu_bench_smoke_writes_every_row(tmp_path):
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     names = [(row["section"], row["name"]) for row in rows]
     assert ("env", "machine") in names and names[-1] == ("env", "done")
-    from dit_pipeline.common.distributed import sharding_problem
+    from dit_pipeline.common.sharding import sharding_problem
 
     allowed = 0 if sharding_problem() is None else 1  # the floors' torch: the sharded modes' section says why it skips
     assert rows[-1]["errors"] == 0 and rows[-1]["skipped"] == allowed, \

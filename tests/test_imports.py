@@ -1,6 +1,7 @@
 """The import picture of docs/ARCHITECTURE.md: packages import only those below them (no upward arrows), and
 no module imports itself through others (no cycles), counting the imports inside functions too. Imports under
-`if TYPE_CHECKING:` never run (annotations only), so they count for the arrows but not for cycles."""
+`if TYPE_CHECKING:` never run (annotations only), so they count for the arrows but not for cycles. Only the two
+wrappers, common/distributed.py and common/sharding.py, call torch.distributed."""
 from __future__ import annotations
 
 import ast
@@ -63,3 +64,27 @@ def test_no_import_cycles():
     cycles = [c for m in sorted(graph) if m not in state and (c := visit(m, [m]))]
     assert cycles == []
     assert "train.loop" in graph and "train.state" in graph["train.loop"]  # the walk sees real edges
+
+
+def _uses_torch_distributed(tree: ast.Module) -> bool:
+    """An import of torch.distributed (or of anything under it), or a `torch.distributed` attribute."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import) and any(a.name == "torch.distributed" or a.name.startswith("torch.distributed.")
+                                                for a in node.names):
+            return True
+        if isinstance(node, ast.ImportFrom) and not node.level and (
+                (node.module or "").split(".")[:2] == ["torch", "distributed"]
+                or (node.module == "torch" and any(a.name == "distributed" for a in node.names))):
+            return True
+        if isinstance(node, ast.Attribute) and node.attr == "distributed" and isinstance(node.value, ast.Name) \
+                and node.value.id == "torch":
+            return True
+    return False
+
+
+def test_only_the_wrappers_call_torch_distributed():
+    files = sorted(REPO.glob("*.py")) + [f for pkg in ALLOWED for f in sorted((REPO / pkg).glob("*.py"))]
+    users = {f"{f.parent.name}.{f.stem}" if f.parent != REPO else f.stem for f in files
+             if _uses_torch_distributed(ast.parse(f.read_text(encoding="utf-8")))}
+    # train/torchrun.py starts torchrun itself (torch.distributed.run), and joins no process group
+    assert users == {"common.distributed", "common.sharding", "train.torchrun"}

@@ -33,6 +33,7 @@ from typing import IO, Any, Mapping, Sequence, cast
 import torch
 
 from dit_pipeline.common import distributed as dist
+from dit_pipeline.common import sharding
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.faults import fault_point
 from dit_pipeline.common.io import (TMP_PREFIX, atomic_write, atomic_write_json, fsync_dir, missing_file,
@@ -43,7 +44,8 @@ from dit_pipeline.dit.formats import SHARDED_KEYS, SHARDED_PLACEHOLDER, SHARDED_
 from dit_pipeline.dit.weights import (WeightsError, embed_record, make_sidecar, read_torch_file, sidecar_path,
                                       text_record)
 from dit_pipeline.train.parallel import tensor_leaves
-from dit_pipeline.train.parts import REQUIRED_KEYS, Part, compose
+from dit_pipeline.train.part_types import Part
+from dit_pipeline.train.parts import REQUIRED_KEYS, compose
 
 FAULT_MID_SAVE = "train.ckpt_mid_save"
 _NAME_RE = re.compile(r"^step-(\d{7,})\.pt$")
@@ -187,7 +189,7 @@ class CheckpointManager:
 
         with dist.peer_guard(f"writing checkpoint {final.name}"):
             dist.on_rank0(start)
-            dist.save_tensors(tensors, tmp)  # every rank its own file, all at once
+            sharding.save_tensors(tensors, tmp)  # every rank its own file, all at once
             fault_point(FAULT_MID_SAVE)      # every rank's tensors written, nothing committed
             dist.barrier()
             dist.on_rank0(lambda: self._commit(records, tmp, final, layout))
@@ -344,7 +346,7 @@ def load_sharded(path: Path) -> dict[str, Any]:
         raise UserError(f"sharded checkpoint {path} of {ckpt['sharded'].get('world_size')} rank(s) is incomplete: "
                         f"{'; '.join(bad)}. Nothing was loaded. Restore the file, or move the folder aside to resume "
                         "from the previous checkpoint.")
-    shapes = dist.tensor_shapes(path)
+    shapes = sharding.tensor_shapes(path)
     lost: list[str] = []
 
     def meta(key: str, leaf: Any) -> torch.Tensor:
@@ -374,5 +376,5 @@ def materialize(ckpt: dict[str, Any], where: Path, targets: Mapping[str, torch.T
         for path, t in tensor_leaves(ckpt.get(key), key):
             live = targets.get(path)
             values[path] = live if live is not None and live.shape == t.shape else torch.empty(t.shape, dtype=t.dtype)
-    dist.load_tensors(values, where, collective=collective)
+    sharding.load_tensors(values, where, collective=collective)
     return {k: replace_leaves(v, lambda p, _: values[p], k) if k in SHARDED_KEYS else v for k, v in ckpt.items()}

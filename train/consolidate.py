@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from dit_pipeline.common import distributed as dist
+from dit_pipeline.common import sharding
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.io import TMP_PREFIX
 from dit_pipeline.dit.formats import SHARDED_KEYS, SHARDED_SUFFIX
@@ -56,7 +56,7 @@ def consolidate(path: str | Path, *, quiet: bool = False) -> list[Path]:
         if not quiet:
             print(f"reading {len(values)} tensors of {path} ({sum(t.nbytes for t in values.values()) / 2**30:.2f} GiB)",
                   flush=True)
-        dist.load_tensors(values, path, collective=False)  # one read; its reader holds one tensor at a time
+        sharding.load_tensors(values, path, collective=False)  # one read; its reader holds one tensor at a time
         state.pop("sharded")
         opt = state["opt"]
         if isinstance(opt, dict) and "param_groups" in opt:  # torch's index layout, as a DDP run writes it

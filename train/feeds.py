@@ -124,10 +124,10 @@ def make_feed(prep: Any, *, rank: int = 0, teacher: Any = None, online: bool = F
 
 
 def shard_set_part(prep: Any) -> Any:
-    """The checkpoint's `manifest_fingerprint` and `latent` (train.parts.ShardSetPart): one shard set's, or a mix's
-    (its first source's latent record, every source being in that space; its fingerprint, whose sources the mix's
-    own part compares by name)."""
-    from dit_pipeline.train.parts import ShardSetPart
+    """The checkpoint's `manifest_fingerprint` and `latent` (train.setting_parts.ShardSetPart): one shard set's, or a
+    mix's (its first source's latent record, every source being in that space; its fingerprint, whose sources the
+    mix's own part compares by name)."""
+    from dit_pipeline.train.setting_parts import ShardSetPart
 
     if prep.mix is None:
         return ShardSetPart.of(prep.source.manifest, prep.source.fingerprint)

@@ -4,7 +4,7 @@ or skipping one: the rest of that epoch is read as the saved run planned it.
 A checkpoint records the data layout its epoch is read under (train.partition.DataLayout: world size, loader
 workers, micro-batch, accumulation, shuffle buffer). Each optimizer step of that epoch consumes one global batch:
 old rank j's `P = micro x accum` samples of the step, for j = 0..W-1 in rank order. A run resumed with W' ranks
-(the same global batch G = W x P = W' x P', which train.parts.ConfigPart enforces) gives new rank i the samples
+(the same global batch G = W x P = W' x P', which train.setting_parts.ConfigPart enforces) gives new rank i the samples
 [i P', (i + 1) P') of that concatenation: it reads the old ranks' streams that hold them (`sources`; each exactly
 as the old rank would have, from the resume position on, with the old plan's readers and seeds) and cuts its
 share out of each step (`HandoverLoader`). Every step then trains on exactly the samples the uninterrupted run's

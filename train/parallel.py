@@ -47,12 +47,13 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator, Mappi
 import torch
 
 from dit_pipeline.common import distributed as dist
+from dit_pipeline.common import sharding
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.settings import choice, flag_name, positive, setting
 
 if TYPE_CHECKING:
     from dit_pipeline.train.checkpoint import CheckpointManager
-    from dit_pipeline.train.parts import Part
+    from dit_pipeline.train.part_types import Part
 
 SPEED = "Speed and memory"  # the --help section (train.config.SPEED)
 MODES = ("ddp", "zero2", "fsdp", "hsdp")
@@ -124,7 +125,7 @@ class ParallelSettings:
         mode = MODE.get(self.parallel)
         if mode is None or not mode.sharded:
             return p
-        problem = dist.sharding_problem()
+        problem = sharding.sharding_problem()
         if problem:
             p.append(f"--parallel {self.parallel}: {problem}; use --parallel ddp or upgrade torch")
         get = lambda name: getattr(self, name, None)  # noqa: E731 (fields of the TrainConfig inheriting this)
@@ -212,16 +213,16 @@ class Parallel:
                                                gradient_as_bucket_view=True, bucket_cap_mb=bucket_mb)
             return self.ddp
         names = ("replicate", "shard") if self.mode.hybrid else ("shard",)
-        self.mesh = dist.device_mesh(self.shape, names)
+        self.mesh = sharding.device_mesh(self.shape, names)
         compute = amp_dtype if amp_dtype == torch.bfloat16 else None  # fp16 is refused (ParallelSettings)
         for block in model.blocks:
-            dist.fully_shard(block, self.mesh, reshard_after_forward=self.mode.reshard_after_forward,
+            sharding.fully_shard(block, self.mesh, reshard_after_forward=self.mode.reshard_after_forward,
                              param_dtype=compute, reduce_dtype=torch.float32 if compute is not None else None)
-        dist.fully_shard(trained, self.mesh, reshard_after_forward=False)
+        sharding.fully_shard(trained, self.mesh, reshard_after_forward=False)
         if ema is not None:  # the same sharding, so each EMA shard sits beside its parameters' shard
             for block in ema.blocks:
-                dist.fully_shard(block, self.mesh, reshard_after_forward=True)
-            dist.fully_shard(ema, self.mesh, reshard_after_forward=True)
+                sharding.fully_shard(block, self.mesh, reshard_after_forward=True)
+            sharding.fully_shard(ema, self.mesh, reshard_after_forward=True)
         return trained
 
     def micro_batch(self, i: int, accum: int) -> ContextManager[None]:
@@ -240,12 +241,12 @@ class Parallel:
             norm = torch.nn.utils.clip_grad_norm_(list(params), clip, foreach=True)
         else:
             norm = torch.nn.utils.get_total_norm([q.grad for q in params if q.grad is not None], foreach=True)
-        return dist.full_value(norm)
+        return sharding.full_value(norm)
 
     @staticmethod
     def ema_pairs(ema: torch.nn.Module, model: torch.nn.Module) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """(EMA tensors, the trained tensors they average): this rank's parts, in place (sharded: its shards)."""
-        pairs = [(dist.local_part(e), dist.local_part(p)) for e, p in zip(ema.parameters(), model.parameters())
+        pairs = [(sharding.local_part(e), sharding.local_part(p)) for e, p in zip(ema.parameters(), model.parameters())
                  if p.requires_grad]
         return [e for e, _ in pairs], [p for _, p in pairs]
 
@@ -272,7 +273,7 @@ class Parallel:
         run's composed checkpoint, `composed()`): the sharded ones this rank holds; every other one is read whole."""
         if not self.sharded:
             return {}
-        return {path: t for path, t in tensor_leaves(composed()) if dist.is_sharded(t)}
+        return {path: t for path, t in tensor_leaves(composed()) if sharding.is_sharded(t)}
 
 
 def tensor_leaves(tree: Any, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
@@ -286,10 +287,10 @@ def tensor_leaves(tree: Any, prefix: str = "") -> Iterator[tuple[str, torch.Tens
             yield from tensor_leaves(v, f"{prefix}/{k}" if prefix else str(k))
 
 
-# -- the parts' tensors, in any mode (train/parts.py calls these) -----------------------------------------------
+# -- the parts' tensors, in any mode (train/model_parts.py calls these) -----------------------------------------
 
 def _sharded_module(module: torch.nn.Module) -> bool:
-    return any(dist.is_sharded(p) for p in module.parameters())
+    return any(sharding.is_sharded(p) for p in module.parameters())
 
 
 def load_module(module: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
@@ -298,7 +299,7 @@ def load_module(module: torch.nn.Module, state: dict[str, torch.Tensor]) -> None
     if not _sharded_module(module):
         module.load_state_dict(state, strict=True)
         return
-    dist.load_module_state(module, state, full=not any(dist.is_sharded(v) for v in state.values()))
+    sharding.load_module_state(module, state, full=not any(sharding.is_sharded(v) for v in state.values()))
 
 
 def trainable_names(module: torch.nn.Module) -> list[str]:
@@ -309,7 +310,7 @@ def trainable_names(module: torch.nn.Module) -> list[str]:
 def optimizer_state(module: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:
     """The optimizer's state for a checkpoint: torch's own layout (tensors by index) under DDP, as every DDP file
     holds it; keyed by parameter name with sharded tensors under the sharded modes."""
-    return dist.optimizer_state(module, opt) if _sharded_module(module) else opt.state_dict()
+    return sharding.optimizer_state(module, opt) if _sharded_module(module) else opt.state_dict()
 
 
 def by_name(state: dict[str, Any], names: list[str]) -> dict[str, Any]:
@@ -333,5 +334,5 @@ def load_optimizer(module: torch.nn.Module, opt: torch.optim.Optimizer, saved: d
         opt.load_state_dict(by_index(saved, names) if keyed_by_name else saved)
         return
     state = saved if keyed_by_name else by_name(saved, names)
-    full = not any(dist.is_sharded(v) for st in state["state"].values() for v in st.values())
-    dist.load_optimizer_state(module, opt, state, full=full)
+    full = not any(sharding.is_sharded(v) for st in state["state"].values() for v in st.values())
+    sharding.load_optimizer_state(module, opt, state, full=full)

@@ -8,7 +8,7 @@ through the teacher on the training device (bf16 autocast on CUDA, no gradients)
 `repa_depth` through the projector, and the loss becomes denoising + `repa_coeff` x (-cosine similarity).
 REPA is defined for flow matching (SiT); with `--objective ddpm` the same term is added to DiT's loss (the
 projector sees the same hidden state; nothing else changes). The projector is a checkpoint part of its own
-(train.parts.ProjectorPart); the EMA file stays the bare DiT, which dit-sample loads as any other.
+(train.model_parts.ProjectorPart); the EMA file stays the bare DiT, which dit-sample loads as any other.
 """
 from __future__ import annotations
 

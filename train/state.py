@@ -1,7 +1,8 @@
 """The Trainer's own counters (`TrainState`: step, epoch, position in the epoch, skipped shards), the weights
 fingerprint that proves every rank holds the same model, and `comm_guard` for the loop's collectives.
 
-What a checkpoint holds is composed by the named parts of train.parts (TrainState's part is `ProgressPart`).
+What a checkpoint holds is composed by the named parts of train.parts (TrainState's part is
+train.progress_parts.ProgressPart).
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from dit_pipeline.common import distributed as dist
+from dit_pipeline.common import sharding
 from dit_pipeline.train.partition import DataLayout
 
 
@@ -38,5 +40,5 @@ class TrainState:
 def weights_fingerprint(model: torch.nn.Module) -> str:
     """Cheap digest of all parameters (float64 sums), to prove every rank holds the same weights."""
     with torch.no_grad():  # a sharded run: this rank's shards (train.parallel.Parallel.replica_groups compares)
-        sums = torch.stack([dist.local_part(p).sum(dtype=torch.float64) for p in model.parameters()]).cpu()
+        sums = torch.stack([sharding.local_part(p).sum(dtype=torch.float64) for p in model.parameters()]).cpu()
     return hashlib.sha256(sums.numpy().tobytes()).hexdigest()[:16]

@@ -45,7 +45,7 @@ def families() -> dict[str, tuple[dict, dict]]:
 def check_families(world: int, rank: int) -> dict[str, dict]:
     from torch.distributed.fsdp import FSDPModule
 
-    from dit_pipeline.common import distributed as dist
+    from dit_pipeline.common import sharding
     from dit_pipeline.dit.family import create_model
     from dit_pipeline.train.parallel import Parallel
 
@@ -60,7 +60,7 @@ def check_families(world: int, rank: int) -> dict[str, dict]:
         model.eval()  # no label dropout: its random draws would differ between the batch and its halves
         ref = copy.deepcopy(model)
         Parallel("fsdp", (world,)).wrap(model, model, None, torch.device("cpu"), None, 25)
-        units = [isinstance(b, FSDPModule) and all(dist.is_sharded(p) and p.to_local().shape[0] < p.shape[0]
+        units = [isinstance(b, FSDPModule) and all(sharding.is_sharded(p) and p.to_local().shape[0] < p.shape[0]
                                                      for p in b.parameters() if p.ndim and p.shape[0] >= world)
                  for b in model.blocks]
         row = {"blocks": len(units), "sharded_blocks": sum(units), "root": isinstance(model, FSDPModule)}
@@ -79,7 +79,7 @@ def check_families(world: int, rank: int) -> dict[str, dict]:
             for name, p in model.named_parameters():
                 if p.grad is None:
                     continue
-                full = dist.full_value(p.grad)
+                full = sharding.full_value(p.grad)
                 scale = grads[name].abs().max().item() or 1.0
                 worst = max(worst, (full - grads[name]).abs().max().item() / scale)
             row.update(grads=len(grads), worst_relative_grad_difference=worst)
@@ -92,7 +92,7 @@ def check_families(world: int, rank: int) -> dict[str, dict]:
 def compiled_blocks(world: int, rank: int) -> dict:
     """Per-block compile (train.speed.regional_compile; aot_eager: no C++ compiler on the test machine) under FSDP2:
     the gradients of the unsharded eager model."""
-    from dit_pipeline.common import distributed as dist
+    from dit_pipeline.common import sharding
     from dit_pipeline.dit.family import create_model
     from dit_pipeline.train.parallel import Parallel
     from dit_pipeline.train.speed import regional_compile
@@ -110,7 +110,7 @@ def compiled_blocks(world: int, rank: int) -> dict:
     mine = slice(2 * rank, 2 * rank + 2)
     model(x[mine], t[mine], y[mine]).square().mean().backward()
     ref(x, t, y).square().mean().backward()
-    worst = max(((dist.full_value(p.grad) - q.grad).abs().max() / (q.grad.abs().max() or 1)).item()
+    worst = max(((sharding.full_value(p.grad) - q.grad).abs().max() / (q.grad.abs().max() or 1)).item()
                 for p, q in zip(model.parameters(), ref.parameters()) if q.grad is not None)
     graphs = int(torch._dynamo.utils.counters["stats"]["unique_graphs"])  # compiled, not fallen back to eager
     return {"compiled_units": units, "graphs": graphs, "worst_relative_grad_difference": worst}
@@ -157,9 +157,10 @@ def train(cfg: dict) -> None:
 def gather(trainer, out: Path) -> None:
     """Every rank: the whole model and EMA by all-gather; rank 0 saves them."""
     from dit_pipeline.common import distributed as dist
+    from dit_pipeline.common import sharding
 
-    state = {"model": {k: dist.full_value(v).clone() for k, v in trainer.p.model.state_dict().items()},
-             "ema": {k: dist.full_value(v).clone() for k, v in trainer.p.ema.state_dict().items()}}
+    state = {"model": {k: sharding.full_value(v).clone() for k, v in trainer.p.model.state_dict().items()},
+             "ema": {k: sharding.full_value(v).clone() for k, v in trainer.p.ema.state_dict().items()}}
     if dist.is_main():
         torch.save(state, out)
 

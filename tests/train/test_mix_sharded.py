@@ -18,7 +18,7 @@ from tests.train.helpers import make_shard_set
 from tests.train.test_mix_training import MODEL, keys_by_step, train_records
 
 pytestmark = pytest.mark.skipif(
-    __import__("dit_pipeline.common.distributed", fromlist=["x"]).sharding_problem() is not None,
+    __import__("dit_pipeline.common.sharding", fromlist=["x"]).sharding_problem() is not None,
     reason="the sharded modes need torch 2.9+")
 
 

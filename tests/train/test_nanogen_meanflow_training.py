@@ -97,7 +97,7 @@ def test_a_meanflow_checkpoint_from_before_the_rule_resumes_only_under_the_relea
     """A record without mf_rule / v_target (every MeanFlow checkpoint written before them) trained with the release's
     rule and the plain target: it resumes so, and a run asking for NanoGen's is refused naming both sides."""
     from dit_pipeline.train.config import TrainConfig
-    from dit_pipeline.train.parts import ObjectivePart
+    from dit_pipeline.train.setting_parts import ObjectivePart
 
     cfg = TrainConfig(shards="s", run_dir="r", objective="meanflow").to_dict()
     release = ObjectivePart("meanflow", cfg)

@@ -44,7 +44,7 @@ REL_GRAD = 1e-5  # one backward's gradients, the batch whole or split over the r
 TINY = {"model": "DiT-S/2", "depth": 2, "hidden_size": 32, "num_heads": 2, "lr": 1e-3, "log_every": 1,
         "quiet": True, "tensorboard": False, "ckpt_every": 2}
 SHARDED = pytest.mark.skipif(
-    __import__("dit_pipeline.common.distributed", fromlist=["x"]).sharding_problem() is not None,
+    __import__("dit_pipeline.common.sharding", fromlist=["x"]).sharding_problem() is not None,
     reason="the sharded modes need torch 2.9+")
 pytestmark = SHARDED
 

@@ -44,7 +44,7 @@ def _dry(shard_dir, tmp_path, **over):
         "global-batch-size": 16, "micro-batch-size": 4, "dry-run": None, **over})])
 
 
-@pytest.mark.skipif(__import__("dit_pipeline.common.distributed", fromlist=["x"]).sharding_problem() is not None,
+@pytest.mark.skipif(__import__("dit_pipeline.common.sharding", fromlist=["x"]).sharding_problem() is not None,
                     reason="--parallel fsdp needs torch 2.9+")
 def test_the_dry_run_prints_every_mode_and_what_fits(shard_dir, tmp_path):
     r = _dry(shard_dir, tmp_path, **{"gpu-memory": "80GiB", "parallel": "fsdp"})

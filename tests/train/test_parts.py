@@ -1,4 +1,4 @@
-"""The trainer's named stateful parts (train/parts.py): each checkpoint key has exactly one owner, the file's
+"""The trainer's named stateful parts (listed in train/parts.py): each checkpoint key has exactly one owner, the file's
 keys are those of format version 1, and every resume rule runs before anything loads."""
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from dit_pipeline import dit
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.train.checkpoint import FORMAT, VERSION, CheckpointManager, load_checkpoint
 from dit_pipeline.train.partition import DataLayout
-from dit_pipeline.train.parts import (PART_TYPES, REQUIRED_KEYS, ProgressPart, ShardSetPart, build_parts, compose,
-                                      load_all)
+from dit_pipeline.train.parts import PART_TYPES, REQUIRED_KEYS, build_parts, compose, load_all
+from dit_pipeline.train.progress_parts import ProgressPart
+from dit_pipeline.train.setting_parts import ShardSetPart
 from dit_pipeline.train.state import TrainState
 
 # The keys of a version-1 checkpoint (docs/ARCHITECTURE.md), as the trainer wrote them before the parts existed.

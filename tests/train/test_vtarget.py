@@ -8,7 +8,7 @@ import pytest
 from dit_pipeline.common.errors import ConfigError, UserError
 from dit_pipeline.sample.grid import run_prediction
 from dit_pipeline.train.config import TrainConfig
-from dit_pipeline.train.parts import ObjectivePart
+from dit_pipeline.train.setting_parts import ObjectivePart
 from dit_pipeline.train.plan import objective_line
 from tests.train.conftest import invoke_train
 
