@@ -9,7 +9,8 @@ The calling conventions follow the DiT reference scripts, so they port with an i
 """
 from .diffusion import GaussianDiffusion, create_diffusion, linear_betas
 from . import conditioning, internal_guidance, protocols, reg, repa, reuse
-from .flow import FLOW_SAMPLERS, FlowMatching, create_flow
+from .flow import FlowMatching, create_flow
+from .flow_samplers import FLOW_SAMPLERS
 from .family import DiffusionTransformer, families, preset_names
 from .flops import forward_macs, train_flops_per_image
 from .models import (MODEL_PRESETS, DiT, DiT_models, canonical_model_name, create_model,
