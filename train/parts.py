@@ -29,7 +29,8 @@ from dit_pipeline.common.log import get_logger
 from dit_pipeline.common.seeding import rng_state, set_rng_state
 from dit_pipeline.dit.family import DiffusionTransformer as DiT  # any family's model
 from dit_pipeline.dit.repa import REPAModel
-from dit_pipeline.dit.weights import WeightsError, check_state_dict
+from dit_pipeline.dit.weight_match import check_state_dict
+from dit_pipeline.dit.weights import WeightsError
 from dit_pipeline.shards import Manifest
 from dit_pipeline.train.guard import GuardPart
 from dit_pipeline.train.mixpart import MixPart
