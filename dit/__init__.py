@@ -1,6 +1,7 @@
 """DiT core: the network, the Gaussian diffusion and its samplers, and safe weight loading.
 
-Pure math (no torch.distributed, no logging setup); `dit.weights` is the only module reading files.
+Pure math (no torch.distributed, no logging setup); `dit.weights` is the only module reading files, through
+`weight_files` and `weight_records`.
 The calling conventions follow the DiT reference scripts, so they port with an import change:
 
     model = dit.create_model("DiT-XL/2", input_size=32)   # or "LightningDiT-XL/1", "DDT-XL/2", "DiT-DH-XL", "iMF-B/2"
@@ -9,7 +10,8 @@ The calling conventions follow the DiT reference scripts, so they port with an i
 """
 from .diffusion import GaussianDiffusion, create_diffusion, linear_betas
 from . import conditioning, internal_guidance, protocols, reg, repa, reuse
-from .flow import FLOW_SAMPLERS, FlowMatching, create_flow
+from .flow import FlowMatching, create_flow
+from .flow_samplers import FLOW_SAMPLERS
 from .family import DiffusionTransformer, families, preset_names
 from .flops import forward_macs, train_flops_per_image
 from .models import (MODEL_PRESETS, DiT, DiT_models, canonical_model_name, create_model,
@@ -21,8 +23,9 @@ from .incontext import InContextDiTDH
 from .pixart import PixArt
 from .lightningdit import LightningDiT
 from .respace import space_timesteps
-from .weights import (WeightsError, build_model_from_weights, check_state_dict, infer_model_config,
-                      load_dit_weights, make_sidecar, read_sidecar, sidecar_path)
+from .weight_match import check_state_dict, infer_model_config
+from .weight_records import make_sidecar, read_sidecar, sidecar_path
+from .weights import WeightsError, build_model_from_weights, load_dit_weights
 
 __all__ = [
     "DDT", "DiTDH", "DiffusionTransformer", "IMF", "InContextDiTDH", "PixArt", "LightningDiT", "MODEL_PRESETS", "DiT",

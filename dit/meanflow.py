@@ -58,7 +58,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .flow import velocity_of
+from .flow_predictions import velocity_of
 from .objective_base import ObjectiveDefaults
 
 Model = Callable[..., torch.Tensor]
@@ -66,7 +66,8 @@ MEANFLOW_SAMPLERS = ("meanflow",)
 JVP_ATTENTION = ("math",)  # SDPA kernels with forward-mode AD (the fused ones have none)
 VARIANTS = ("meanflow", "imf", "imf-adaln")
 RULES = ("meanflow", "nanogen")  # how a meanflow step is split and labels dropped: the JAX release's, or NanoGen's
-V_TARGETS = ("plain", "clamped")  # the velocity e - x, or NanoGen's (z_t - x) / max(t, t_eps) (dit.flow.V_TARGETS)
+# the velocity e - x, or NanoGen's (z_t - x) / max(t, t_eps) (dit.flow_predictions.V_TARGETS)
+V_TARGETS = ("plain", "clamped")
 CONDITIONS = {"meanflow": "meanflow", "imf": "imf", "imf-adaln": "imf"}  # the network's time input (dit/conditions)
 # The JAX releases' defaults: Gsunshine/meanflow configs/default.py (P_mean, P_std, data_proportion 0.75, omega 1.0,
 # kappa 0.5, t_start 0, t_end 1, norm_p 1, norm_eps 0.01) and Lyy-iiis/imeanflow configs/default.py, imf.py

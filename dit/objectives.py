@@ -65,8 +65,8 @@ def _flow(settings: Mapping[str, Any]) -> Any:
 def _flow_record(settings: Mapping[str, Any]) -> dict[str, Any]:
     """A flow model's record: its training shift, and (x-prediction, or velocity with the clamped target, so a plain
     velocity model's record is what it always was) `prediction`, which every sampler converts the network's output
-    through (dit.flow) and a resume must repeat."""
-    from .flow import make_prediction
+    through (dit.flow_predictions) and a resume must repeat."""
+    from .flow_predictions import make_prediction
 
     out: dict[str, Any] = {"time_shift": float(settings.get("time_shift", 1.0))}
     pred = make_prediction(str(settings.get("prediction", "v")), float(settings.get("t_eps", 0.05)),
@@ -121,7 +121,7 @@ def _mf_record(variant: str) -> Callable[[Mapping[str, Any]], dict[str, Any]]:
 
 
 DDPM_SAMPLERS = ("ddpm", "ddim")
-FLOW_SAMPLERS = ("euler", "heun", "euler-maruyama")  # dit.flow.FLOW_SAMPLERS (imported lazily there)
+FLOW_SAMPLERS = ("euler", "heun", "euler-maruyama")  # dit.flow_samplers.FLOW_SAMPLERS (imported lazily there)
 MEANFLOW_SAMPLERS = ("meanflow",)
 
 SPECS: dict[str, ObjectiveSpec] = {

@@ -110,8 +110,8 @@ def _shown(v: Any) -> str:
 def model_traits(model_config: Mapping[str, Any], objective: str, prediction: Mapping[str, Any] | None,
                  space: str, prediction_known: bool = True) -> ModelTraits:
     """A model's traits from its model_config (conditioning, channels, size), its objective, its recorded prediction
-    (dit.flow's record: {"kind": "x"} for an x-predicting network; absent or "v": velocity; `prediction_known`
-    False: its file does not say, UNKNOWN) and its space."""
+    (dit.flow_predictions' record: {"kind": "x"} for an x-predicting network; absent or "v": velocity;
+    `prediction_known` False: its file does not say, UNKNOWN) and its space."""
     from .conditioning import kind_of
 
     size = int(model_config["input_size"])
@@ -143,7 +143,8 @@ class ModelFacts:
         return f"{self.source} {key}" if key else self.source
 
     def prediction_record(self) -> dict[str, Any] | None:
-        """The prediction as dit.flow records it ({"kind": "x" | "v", "t_eps"}), None where the row does not say."""
+        """The prediction as dit.flow_predictions records it ({"kind": "x" | "v", "t_eps"}), None where the row does
+        not say."""
         if self.prediction is None:
             return None
         return {"kind": "x" if self.prediction == "x" else "v", "t_eps": float(self.t_eps)}

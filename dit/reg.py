@@ -8,14 +8,14 @@ without affine, `x_norm_clstoken`) is generated together with the image. NanoGen
   max(t, t_eps); the network (dit/incontext.py, `reg_dim`) takes cls_t and predicts it (`convert_model_pred`: as the
   image's prediction); loss_reg = reg_coeff x mse over the batch and the token's width, added to the image loss
   (src/stage2/engine.py l.155-160). Here, in SiT's time (t = 1 data), the same: cls_t = t cls + (1 - t) eps', the
-  velocity and target through the flow objective's prediction (dit/flow.py), the term `reg` [N] (the token's
+  velocity and target through the flow objective's prediction (dit/flow_predictions.py), the term `reg` [N] (the token's
   velocity MSE per sample, whose batch mean is NanoGen's mse) and loss = image loss + reg_coeff x reg. NanoGen
   logs reg_coeff x mse as train/loss_reg.
 - sampling (src/stage2/transport/sampler.py l.20-32, src/eval/generation.py l.160-162): the token starts as N(0, I)
   of width z (drawn after the image noise) and is integrated by the image's Euler steps with its own predicted
   velocity; guidance (src/utils/guidance_utils.py) guides it with the image's scale where the image is guided.
   Here the image and the token travel as one packed state [N, C H W + z] (`pack`, `unpack`, `packed_model_fn`), so
-  every flow sampler of dit/flow.py integrates both unchanged; the network sees them apart.
+  every flow sampler of dit/flow_samplers.py integrates both unchanged; the network sees them apart.
 """
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def unpack(z: torch.Tensor, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch
 def packed_model_fn(fn: Callable[..., Any], shape: tuple[int, ...]) -> Callable[..., torch.Tensor]:
     """A network function of the packed state: fn(x, t, cls_t=token, **kwargs) -> (out, cls_pred) becomes
     f(z, t, **kwargs) -> pack(out's first C channels, cls_pred), for the flow samplers (module docstring). The
-    attributes of `fn` (the grid-time flag of dit/flow.py) carry over."""
+    attributes of `fn` (the grid-time flag of dit/flow_samplers.py) carry over."""
     channels = int(shape[0])
 
     def f(z: torch.Tensor, t: torch.Tensor, **kwargs: Any) -> torch.Tensor:

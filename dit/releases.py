@@ -17,7 +17,7 @@ the tensors are, and record how its time runs. Containers (facts of each release
 | iMF, its JAX TrainState flattened to `.npz` (dit/imf.py `from_flax_params`) | `params/net/...`, `ema_params/net/...` | `ema_params` |
 | this project's | `{format: "dit-pipeline.checkpoint", ...}` (docs/ARCHITECTURE.md) | `ema` |
 
-Conventions (each release's transport code; `info["flow_convention"]`, dit/flow.py):
+Conventions (each release's transport code; `info["flow_convention"]`, dit/flow_samplers.py):
 - LightningDiT, DDT: flow matching in SiT's time (x_t = t x + (1 - t) noise, t = 0 noise, predicts x - noise,
   raw t in [0, 1]): "sit";
 - RAE (DiT-DH), NanoGen (its in-context DiT-DH, recognised by its time tokens), REPA, REPA-E: REPA's time (x_t = (1 -

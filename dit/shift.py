@@ -56,7 +56,7 @@ def shifted_grid(t0: float, t1: float, steps: int, s: float = 1.0) -> list[float
         raise ValueError(f"steps must be >= 1, got {steps}")
     if not s > 0:
         raise ValueError(f"the time shift must be > 0, got {s}")
-    if s == 1.0:  # the unshifted grid, computed exactly as dit.flow.time_grid always has
+    if s == 1.0:  # the unshifted grid, computed exactly as dit.flow_samplers.time_grid always has
         return [t0 + (t1 - t0) * i / steps for i in range(steps + 1)]
     return [t0 + (t1 - t0) * shift_time(i / steps, s) for i in range(steps + 1)]
 

@@ -13,7 +13,7 @@ from typing import Any
 from dit_pipeline.common.determinism import DEFAULT_CPU_THREADS
 from dit_pipeline.common.errors import collect
 from dit_pipeline.common.precision import PRECISIONS
-from dit_pipeline.dit.flow import FLOW_SAMPLERS  # ODE Euler / Heun, SDE Euler-Maruyama
+from dit_pipeline.dit.flow_samplers import FLOW_SAMPLERS  # ODE Euler / Heun, SDE Euler-Maruyama
 from dit_pipeline.dit.formats import OBJECTIVES
 from dit_pipeline.dit.meanflow import MEANFLOW_SAMPLERS  # 1- and n-step mean-flow sampling
 from dit_pipeline.dit.objectives import SPECS
@@ -32,7 +32,7 @@ SAMPLERS = DDPM_SAMPLERS + FLOW_SAMPLERS + MEANFLOW_SAMPLERS
 # MeanFlow: its own one- or n-step sampler. Each objective's own (dit/objectives.py).
 GRID_SAMPLER = {name: s.grid_sampler for name, s in SPECS.items()}
 FID_SAMPLER = {name: s.fid_sampler for name, s in SPECS.items()}
-FLOW_CONVENTIONS = ("sit", "repa")  # dit.flow: SiT's time (t = 0 noise) or REPA's (t = 1 noise, sign flipped)
+FLOW_CONVENTIONS = ("sit", "repa")  # dit.flow_samplers: SiT's time (t = 0 noise) or REPA's (t = 1 noise, sign flipped)
 # The sampler when --sampler is not given, by the model's objective: the reference DiT's DDPM, and SiT's SDE
 # (Euler-Maruyama with SiT's sample_ddp.py defaults: diffusion form sigma, norm 1, last step 0.04), each the
 # sampler of its paper's FID-50K at the default 250 steps.

@@ -185,11 +185,11 @@ def export_safetensors(state_dict: dict[str, torch.Tensor], info: dict[str, Any]
         metadata["step"] = str(info["step"])
     metadata["objective"] = str(info.get("objective") or "ddpm")
     if metadata["objective"] == "flow" and info.get("flow_convention") == "repa":
-        metadata["flow_convention"] = "repa"  # REPA's time (dit.flow): lost, the file would sample wrongly
+        metadata["flow_convention"] = "repa"  # REPA's time (dit.flow_samplers): lost, the file would sample wrongly
     if metadata["objective"] == "flow" and info.get("time_shift") not in (None, 1.0):
         metadata["time_shift"] = repr(float(info["time_shift"]))  # the shift it samples with (dit/shift.py)
     if metadata["objective"] == "flow" and info.get("prediction") is not None:
-        metadata["prediction"] = json.dumps(info["prediction"], sort_keys=True)  # x-prediction (dit.flow)
+        metadata["prediction"] = json.dumps(info["prediction"], sort_keys=True)  # x-prediction (dit.flow_predictions)
     if isinstance(info.get("meanflow"), dict):  # a MeanFlow model's training settings (dit/objectives.py record)
         metadata["meanflow"] = json.dumps(info["meanflow"], sort_keys=True)
     output.parent.mkdir(parents=True, exist_ok=True)

@@ -23,7 +23,7 @@ from typing import Any
 
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.dit import protocols
-from dit_pipeline.dit.flow import T_EPS
+from dit_pipeline.dit.flow_predictions import T_EPS
 from dit_pipeline.dit.protocol_fit import SPACES, ModelFacts, model_traits
 from dit_pipeline.sample.config import SampleConfig
 
@@ -31,8 +31,8 @@ SHOWN = 6  # rows named in a refusal
 
 
 def prediction_record(kind: str, t_eps: float = T_EPS) -> dict[str, Any]:
-    """--prediction x | velocity as dit.flow records it (the velocity with its t_eps: NanoGen's clamped target,
-    sampled as it is)."""
+    """--prediction x | velocity as dit.flow_predictions records it (the velocity with its t_eps: NanoGen's clamped
+    target, sampled as it is)."""
     return {"kind": "x" if kind == "x" else "v", "t_eps": float(t_eps)}
 
 

@@ -24,6 +24,8 @@ from dit_pipeline import dit
 from dit_pipeline.common.latent_norm import LatentNorm
 from dit_pipeline.dit import image_conversions, protocol_types
 from dit_pipeline.dit.conditioning import Conditioning
+from dit_pipeline.dit.flow_predictions import T_EPS, prediction_from_record
+from dit_pipeline.dit.flow_samplers import GRID_TIME_ATTR, LAST_STEP_SIZE
 from dit_pipeline.dit.internal_guidance import InternalGuidance, as_internal, internal_combine
 from dit_pipeline.dit.meanflow import MEANFLOW_SAMPLERS, MeanFlowLoop
 from dit_pipeline.sample.config import respacing
@@ -138,7 +140,7 @@ def guided_model_fn(model: nn.Module, *, cfg_scale: float, cfg_channels: str | i
     def use_guidance(t: torch.Tensor) -> bool:
         if not on:
             return False
-        # the grid's own time, float64 (flow samplers: dit.flow.GRID_TIME_ATTR)
+        # the grid's own time, float64 (flow samplers: dit.flow_samplers.GRID_TIME_ATTR)
         return guidance_interval is None or rule.applies(noise_level(float(t[0])))  # type: ignore[misc]
 
     def model_fn(x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None, **condition: Any) -> Any:
@@ -174,7 +176,7 @@ def guided_model_fn(model: nn.Module, *, cfg_scale: float, cfg_channels: str | i
         # the diffusion math stays in float32 whatever the model ran in
         return tuple(o.float() for o in out) if isinstance(out, tuple) else out.float()
 
-    setattr(model_fn, dit.flow.GRID_TIME_ATTR, True)
+    setattr(model_fn, GRID_TIME_ATTR, True)
     return model_fn
 
 
@@ -226,17 +228,17 @@ class FlowLoop:
     steps: int
     diffusion_form: str = "sigma"
     diffusion_norm: float = 1.0
-    last_step_size: float = dit.flow.LAST_STEP_SIZE
-    convention: str = "sit"  # the network's time convention (dit.flow; "repa" for REPA's checkpoints)
+    last_step_size: float = LAST_STEP_SIZE
+    convention: str = "sit"  # the network's time convention (dit.flow_samplers; "repa" for REPA's checkpoints)
     time_shift: float = 1.0  # SD3's shift of the time grid toward noise (dit/shift.py)
     grid: tuple[float, ...] | None = None  # a protocol's times (dit/protocols.py), in place of the four above
     mean_last: bool = True  # euler-maruyama on `grid`: its last interval is the noise-free Mean step
-    prediction: dict[str, Any] | None = None  # what the network predicts, as recorded (dit.flow; None: velocity)
+    prediction: dict[str, Any] | None = None  # what the network predicts (dit.flow_predictions' record; None: velocity)
 
     def __call__(self, fn: Callable, noise: torch.Tensor, labels: torch.Tensor | Mapping[str, torch.Tensor],
                  generators: Sequence[torch.Generator]) -> torch.Tensor:
-        pred = dit.flow.prediction_from_record(self.prediction)
-        flow = dit.create_flow(prediction=pred.name, t_eps=pred.t_eps or dit.flow.T_EPS)
+        pred = prediction_from_record(self.prediction)
+        flow = dit.create_flow(prediction=pred.name, t_eps=pred.t_eps or T_EPS)
         return flow.sample_loop(fn, noise, sampler=self.sampler, steps=self.steps,
                                 model_kwargs=condition_kwargs(labels),
                                 generator=list(generators), diffusion_form=self.diffusion_form,
@@ -260,8 +262,8 @@ def protocol_loop(p: protocol_types.Protocol, *, latent_shape: tuple[int, ...], 
                   convention: str = "sit", learn_sigma: bool = True, prediction: dict[str, Any] | None = None):
     """The sampling loop a protocol describes (dit/protocols.py): its solver on its time grid for a model of this
     latent shape (`recorded_shift`: the checkpoint's training shift, for grids that use it; `convention`: the
-    network's time, dit.flow; `prediction`: what a flow network predicts, as recorded, the objective converting it
-    to a velocity); DDPM and DDIM respaced to its count."""
+    network's time, dit.flow_samplers; `prediction`: what a flow network predicts, as recorded, the objective
+    converting it to a velocity); DDPM and DDIM respaced to its count."""
     if p.solver in ("ddpm", "ddim"):
         return make_diffusion(p.solver, p.count, learn_sigma=learn_sigma)
     times = p.times(latent_shape, recorded_shift)

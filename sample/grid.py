@@ -137,7 +137,7 @@ def sample_grid(model: nn.Module, *, vae: nn.Module, scaling_factor: float | Non
     batch_size: images per batch (default: all in one). Bit-identical to `dit-sample` with the same batch
     size and `--cpu-threads` on the same machine; another batch size changes the last float bits.
     time_shift: a flow sampler's grid shift (dit/shift.py; the run's, as dit-sample reads it from the checkpoint).
-    prediction: a flow model's recorded prediction (dit.flow.prediction_from_record; None: velocity).
+    prediction: a flow model's recorded prediction (dit.flow_predictions.prediction_from_record; None: velocity).
     """
     if sampler not in SAMPLERS:
         raise ValueError(f"sampler must be one of {', '.join(SAMPLERS)}, got {sampler!r}")

@@ -180,7 +180,7 @@ def resolve_objective(info: dict[str, Any], ckpt: str | Path, given: str | None)
 
 
 def resolve_flow_convention(info: dict[str, Any], ckpt: str | Path, given: str | None) -> str:
-    """The flow model's time convention ("sit" or "repa", dit.flow): what our files record (SiT's unless they
+    """The flow model's time convention ("sit" or "repa", dit.flow_samplers): what our files record (SiT's unless they
     say "repa"); for other files --flow-convention, else "repa" when dit.load_dit_weights found REPA's projector
     keys or training args, else "sit". UserError when --flow-convention contradicts a record."""
     found, why = info.get("flow_convention", "sit"), info.get("flow_convention_from", "default")

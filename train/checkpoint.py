@@ -9,7 +9,7 @@ is a bare EMA state_dict in the official DiT release format, and `step-0001000-e
 models of any size load from the bare file. The EMA file and its sidecar are written first and the full
 checkpoint last, each to a temp name, fsynced and renamed (common.io), so the newest full checkpoint is
 always complete; a SIGKILL mid-save leaves only a temp file, removed on the next start. Retention keeps the
-last K plus every `keep_every` steps (with their EMA files). Reading goes through `dit.weights.read_torch_file`,
+last K plus every `keep_every` steps (with their EMA files). Reading goes through `dit.weight_files.read_torch_file`,
 the one safe read that `dit-sample` uses too.
 
 A sharded run (train/parallel.py) writes `step-0001000.dcp/` instead: every rank its shards of the tensors under
@@ -41,8 +41,9 @@ from dit_pipeline.common.io import (TMP_PREFIX, atomic_write, atomic_write_json,
 from dit_pipeline.dit.formats import CHECKPOINT_FORMAT as FORMAT
 from dit_pipeline.dit.formats import CHECKPOINT_VERSION as VERSION
 from dit_pipeline.dit.formats import SHARDED_KEYS, SHARDED_PLACEHOLDER, SHARDED_RECORDS, SHARDED_SUFFIX
-from dit_pipeline.dit.weights import (WeightsError, embed_record, make_sidecar, read_torch_file, sidecar_path,
-                                      text_record)
+from dit_pipeline.dit.weight_files import read_torch_file
+from dit_pipeline.dit.weight_records import embed_record, make_sidecar, sidecar_path, text_record
+from dit_pipeline.dit.weights import WeightsError
 from dit_pipeline.train.parallel import tensor_leaves
 from dit_pipeline.train.part_types import Part
 from dit_pipeline.train.parts import REQUIRED_KEYS, compose
@@ -229,7 +230,7 @@ class CheckpointManager:
                                   objective=state.get("objective"), time_shift=state.get("time_shift"),
                                   prediction=state.get("prediction"), meanflow=state.get("meanflow"),
                                   text=text_record(state.get("text")))
-            # the EMA file holds its record too (dit.weights.embed_record), so a copy without the sidecar loads
+            # the EMA file holds its record too (dit.weight_records.embed_record), so a copy without the sidecar loads
             _save(embed_record(state["ema"], record), self.folder / ema_name(step))
             atomic_write_json(sidecar_path(self.folder / ema_name(step)), record)
             fault_point("train.ckpt_ema_written")  # EMA file in place, the full checkpoint not yet
@@ -287,7 +288,7 @@ class CheckpointManager:
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Read one of our checkpoints safely (`dit.weights.read_torch_file`: CRC-32s, then weights_only, mapped
+    """Read one of our checkpoints safely (`dit.weight_files.read_torch_file`: CRC-32s, then weights_only, mapped
     into memory) and check its format, version and required keys; UserError naming the file."""
     path = Path(path)
     if is_sharded_checkpoint(path):

@@ -16,7 +16,8 @@ from typing import Any
 from dit_pipeline.common.errors import collect
 from dit_pipeline.common.precision import PRECISIONS_AUTO as PRECISIONS
 from dit_pipeline.common.settings import setting
-from dit_pipeline.dit.flow import PREDICTIONS, T_EPS, T_SAMPLINGS, V_TARGETS
+from dit_pipeline.dit.flow import T_SAMPLINGS
+from dit_pipeline.dit.flow_predictions import PREDICTIONS, T_EPS, V_TARGETS
 from dit_pipeline.dit.formats import OBJECTIVES
 from dit_pipeline.dit.meanflow import DEFAULTS as MF, RULES as MF_RULES
 from dit_pipeline.evaluate.hook import FidSettings

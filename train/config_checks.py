@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 
 from dit_pipeline.common.precision import PRECISIONS_AUTO as PRECISIONS
 from dit_pipeline.common.settings import choice, flag_name, non_negative, positive
-from dit_pipeline.dit.flow import PREDICTIONS, T_SAMPLINGS, V_TARGETS
+from dit_pipeline.dit.flow import T_SAMPLINGS
+from dit_pipeline.dit.flow_predictions import PREDICTIONS, V_TARGETS
 from dit_pipeline.dit.formats import OBJECTIVES
 from dit_pipeline.dit.meanflow import RULES as MF_RULES, VARIANTS as MEANFLOW_OBJECTIVES
 from dit_pipeline.train.latents import LATENT_SAMPLES

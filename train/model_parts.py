@@ -13,7 +13,8 @@ import torch
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.dit.family import DiffusionTransformer as DiT  # any family's model
 from dit_pipeline.dit.repa import REPAModel
-from dit_pipeline.dit.weights import WeightsError, check_state_dict
+from dit_pipeline.dit.weight_match import check_state_dict
+from dit_pipeline.dit.weights import WeightsError
 from dit_pipeline.train.optim import check_state
 from dit_pipeline.train.parallel import load_module, load_optimizer, optimizer_state
 from dit_pipeline.train.part_types import Checkpoint, NoCheck

@@ -15,7 +15,7 @@ from dit_pipeline.train.part_types import Checkpoint, NoCheck
 
 
 def _prediction_flags(record: Any) -> str:
-    """The dit-train flags of a flow model's prediction record (dit.flow.prediction_from_record)."""
+    """The dit-train flags of a flow model's prediction record (dit.flow_predictions.prediction_from_record)."""
     if not isinstance(record, dict):
         return "--prediction v" if record is None else f"an unknown prediction {record!r}"
     eps = f" --t-eps {record['t_eps']:g}" if isinstance(record.get("t_eps"), (int, float)) else ""

@@ -4,7 +4,7 @@ For data x1 ~ N(mu, s^2) per coordinate and noise x0 ~ N(0, 1), x_t = t x1 + (1 
 mean t mu and variance S(t)^2 = t^2 s^2 + (1 - t)^2; the exact velocity field is the regression of
 v = x1 - x0 on x_t: E[v | x] = mu + (t s^2 - (1 - t)) / S(t)^2 (x - t mu); the ODE's exact flow maps x0 to
 mu + s x0 (an affine Gaussian flow keeps the standardised coordinate). Everything below is derived here,
-independently of dit/flow.py.
+independently of dit/flow.py, dit/flow_predictions.py and dit/flow_samplers.py.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from dit_pipeline import dit
-from dit_pipeline.dit import flow
+from dit_pipeline.dit import flow_predictions, flow_samplers
 
 MU = torch.tensor([1.5, -0.5]).reshape(1, 2, 1, 1)
 S = torch.tensor([0.5, 2.0]).reshape(1, 2, 1, 1)
@@ -34,13 +34,13 @@ def gaussian_noise(n: int, seed: int = 0) -> torch.Tensor:
 def test_interpolant_endpoints_and_velocity_is_its_time_derivative():
     x1, x0 = torch.randn(3, 4, 2, 2, dtype=torch.float64), torch.randn(3, 4, 2, 2, dtype=torch.float64)
     t = torch.tensor([0.2, 0.5, 0.9], dtype=torch.float64)
-    assert torch.equal(flow.interpolate(x1, x0, torch.zeros(3, dtype=torch.float64)), x0)  # t = 0: noise
-    assert torch.equal(flow.interpolate(x1, x0, torch.ones(3, dtype=torch.float64)), x1)   # t = 1: data
+    assert torch.equal(flow_predictions.interpolate(x1, x0, torch.zeros(3, dtype=torch.float64)), x0)  # t = 0: noise
+    assert torch.equal(flow_predictions.interpolate(x1, x0, torch.ones(3, dtype=torch.float64)), x1)   # t = 1: data
     h = 1e-6
-    fd = (flow.interpolate(x1, x0, t + h) - flow.interpolate(x1, x0, t - h)) / (2 * h)
-    assert torch.allclose(fd, flow.target_velocity(x1, x0), atol=1e-8)
+    fd = (flow_predictions.interpolate(x1, x0, t + h) - flow_predictions.interpolate(x1, x0, t - h)) / (2 * h)
+    assert torch.allclose(fd, flow_predictions.target_velocity(x1, x0), atol=1e-8)
     tb = t.reshape(-1, 1, 1, 1)
-    assert torch.allclose(flow.interpolate(x1, x0, t), tb * x1 + (1 - tb) * x0, atol=1e-15)
+    assert torch.allclose(flow_predictions.interpolate(x1, x0, t), tb * x1 + (1 - tb) * x0, atol=1e-15)
 
 
 def test_training_loss_equals_hand_computed_mse():
@@ -134,7 +134,7 @@ def test_score_from_velocity_is_the_gaussian_score():
     tb = 0.4
     var = tb ** 2 * S ** 2 + (1 - tb) ** 2
     score = -(x - tb * MU) / var
-    assert torch.allclose(flow.score_from_velocity(exact_velocity(x, t), x, t), score, atol=1e-5)
+    assert torch.allclose(flow_samplers.score_from_velocity(exact_velocity(x, t), x, t), score, atol=1e-5)
 
 
 @pytest.mark.parametrize("form", ["sigma", "SBDM", "decreasing", "increasing-decreasing"])
@@ -152,12 +152,13 @@ def test_sde_reaches_the_data_distribution(form):
 
 def test_diffusion_forms_match_sit_definitions():
     t = torch.tensor([0.1, 0.5, 0.8])
-    assert torch.allclose(flow.diffusion_coefficient("SBDM", t, 2.0), 2.0 * (1 - t) / t)
-    assert torch.allclose(flow.diffusion_coefficient("sigma", t), 1 - t)
-    assert torch.allclose(flow.diffusion_coefficient("decreasing", t, 1.0), 0.25 * (torch.cos(math.pi * t) + 1) ** 2)
-    assert torch.allclose(flow.diffusion_coefficient("increasing-decreasing", t), torch.sin(math.pi * t) ** 2)
+    assert torch.allclose(flow_samplers.diffusion_coefficient("SBDM", t, 2.0), 2.0 * (1 - t) / t)
+    assert torch.allclose(flow_samplers.diffusion_coefficient("sigma", t), 1 - t)
+    assert torch.allclose(flow_samplers.diffusion_coefficient("decreasing", t, 1.0),
+                          0.25 * (torch.cos(math.pi * t) + 1) ** 2)
+    assert torch.allclose(flow_samplers.diffusion_coefficient("increasing-decreasing", t), torch.sin(math.pi * t) ** 2)
     with pytest.raises(ValueError, match="unknown diffusion form 'cubic'; choose one of: sigma, SBDM"):
-        flow.diffusion_coefficient("cubic", t)
+        flow_samplers.diffusion_coefficient("cubic", t)
 
 
 def test_per_sample_generators_make_sde_samples_batch_independent():

@@ -13,6 +13,7 @@ import torch
 
 from dit_pipeline import dit
 from dit_pipeline.dit import repa
+from dit_pipeline.dit.flow_predictions import interpolate
 from tests._util import cli_env, free_port
 from tests.dit._reference import tiny_model
 
@@ -124,7 +125,7 @@ def test_training_losses_add_half_the_projection_loss(objective):
 
 def noised(obj, x, noise, t):
     if isinstance(obj, dit.FlowMatching):
-        return dit.flow.interpolate(x, noise, t)
+        return interpolate(x, noise, t)
     return obj.q_sample(x, t, noise)
 
 

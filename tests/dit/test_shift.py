@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from dit_pipeline import dit
-from dit_pipeline.dit import flow
+from dit_pipeline.dit import flow, flow_predictions, flow_samplers
 from dit_pipeline.dit.shift import shift_for_dim, shift_noise_level, shift_time, shifted_grid
 
 
@@ -42,7 +42,7 @@ def test_lightningdits_grid_is_the_shifted_grid():
     s = math.sqrt(48)
     rae_last = 1 - s * (1 - 0.999) / (1 + (s - 1) * (1 - 0.999))  # noise level 0.0069 in SiT's t
     assert shifted_grid(0.0, 1.0, 49, s)[-1] - rae_last > 6e-3
-    assert shifted_grid(0.1, 0.9, 4, 1.0) == flow.time_grid(0.1, 0.9, 4)  # unshifted: the grid as before
+    assert shifted_grid(0.1, 0.9, 4, 1.0) == flow_samplers.time_grid(0.1, 0.9, 4)  # unshifted: the grid as before
     assert shifted_grid(0.1, 0.9, 4, 1.0) == [0.1 + 0.8 * i / 4 for i in range(5)]
     g = shifted_grid(0.001, 0.96, 10, 3.0)  # the SDE's grid keeps its ends
     assert (g[0], g[-1]) == (0.001, 0.96) and all(x < y for x, y in zip(g, g[1:]))
@@ -71,12 +71,12 @@ def test_the_samplers_integrate_on_the_shifted_grid():
         seen.append(t)
         return torch.ones_like(x)
 
-    x = flow.ode_solve(field, torch.zeros(1, 1), steps=4, method="euler", time_shift=3.0)
+    x = flow_samplers.ode_solve(field, torch.zeros(1, 1), steps=4, method="euler", time_shift=3.0)
     grid = [i / 4 / (3 - 2 * i / 4) for i in range(5)]  # t / (s + (1 - s) t)
     assert seen == pytest.approx(grid[:-1], abs=1e-15) and x.item() == pytest.approx(1.0)  # steps sum to 1
     seen.clear()
-    flow.sde_solve(field, torch.zeros(1, 1), steps=5, generator=torch.Generator().manual_seed(0), time_shift=3.0,
-                   last_step_size=0.04)
+    flow_samplers.sde_solve(field, torch.zeros(1, 1), steps=5, generator=torch.Generator().manual_seed(0),
+                            time_shift=3.0, last_step_size=0.04)
     inner = [0.96 * (i / 4) / (3 - 2 * i / 4) for i in range(4)]
     assert seen == pytest.approx([*inner, 0.96], abs=1e-15)  # 4 shifted steps, then the last step from 0.96
     # a whole sampler call: Heun on the model, shifted, equals ode_solve on its velocity field
@@ -84,7 +84,8 @@ def test_the_samplers_integrate_on_the_shifted_grid():
     noise = torch.randn(2, 3, 2, 2, generator=torch.Generator().manual_seed(3))
     out = dit.create_flow().sample_loop(model, noise, sampler="heun", steps=6, model_kwargs={"y": None},
                                         time_shift=2.5)
-    want = flow.ode_solve(flow.velocity_field(model, 3, {"y": None}), noise, steps=6, method="heun", time_shift=2.5)
+    want = flow_samplers.ode_solve(flow_samplers.velocity_field(model, 3, {"y": None}), noise, steps=6, method="heun",
+                                   time_shift=2.5)
     assert torch.equal(out, want)
     assert not torch.equal(out, dit.create_flow().sample_loop(model, noise, sampler="heun", steps=6,
                                                              model_kwargs={"y": None}))
@@ -103,7 +104,7 @@ def test_the_cosine_direction_loss_is_lightningdits():
     terms = dit.create_flow(cosine_loss=True).training_losses(model, x1, t, model_kwargs={"y": None}, noise=x0)
     plain = dit.create_flow().training_losses(model, x1, t, model_kwargs={"y": None}, noise=x0)
     assert set(terms) == {"loss", "mse", "cos"} and torch.equal(terms["mse"], plain["mse"])
-    xt = flow.interpolate(x1, x0, t)
+    xt = flow_predictions.interpolate(x1, x0, t)
     torch.testing.assert_close(terms["cos"], flow.cosine_direction_loss(0.5 * xt, x1 - x0), rtol=0, atol=0)
     torch.testing.assert_close(terms["loss"], terms["mse"] + terms["cos"], rtol=0, atol=0)
 

@@ -1,6 +1,7 @@
-"""Velocity prediction with NanoGen's clamped target (dit.flow.ClampedVelocityPrediction, `--v-target clamped`)
-against NanoGen's own v-pred loss, transcribed here from its code (End2End-Diffusion/diffusion-bench at 4848f0c),
-independently of dit/flow.py, and run on the same network, noise and times.
+"""Velocity prediction with NanoGen's clamped target (dit.flow_predictions.ClampedVelocityPrediction,
+`--v-target clamped`) against NanoGen's own v-pred loss, transcribed here from its code
+(End2End-Diffusion/diffusion-bench at 4848f0c), independently of dit/flow.py and dit/flow_predictions.py, and run
+on the same network, noise and times.
 
 NanoGen's time t is the noise level (t = 1 noise; x1 the data, x0 the noise) and its velocity d xt / dt = x0 - x1;
 ours is SiT's (t = 1 data, velocity data - noise). The same network seen from NanoGen's side is therefore called at
@@ -21,7 +22,7 @@ import pytest
 import torch
 
 from dit_pipeline import dit
-from dit_pipeline.dit import flow
+from dit_pipeline.dit import flow, flow_predictions, flow_samplers
 from dit_pipeline.dit.objectives import build_objective, spec
 from dit_pipeline.sample.export import export_safetensors
 from dit_pipeline.sample.generate import FlowLoop
@@ -90,12 +91,12 @@ def test_the_clamped_target_is_the_velocity_scaled_by_the_noise_level_over_t_eps
     """In NanoGen's terms: vt = x0 - x1 where t >= t_eps, (t / t_eps)(x0 - x1) below; ours is its negation."""
     x1, x0, _ = _batch()
     t = 1 - T_NANO
-    x_t = flow.interpolate(x1, x0, t)
-    got = flow.make_prediction("v", T_EPS, "clamped").target(x1, x0, x_t, t)
+    x_t = flow_predictions.interpolate(x1, x0, t)
+    got = flow_predictions.make_prediction("v", T_EPS, "clamped").target(x1, x0, x_t, t)
     scale = (T_NANO / T_EPS).clamp_max(1.0).view(-1, 1, 1, 1)
     # x - x_t cancels where x_t is near x, and the clamp divides that rounding by t_eps
     assert_close_at_scale(got, scale * (x1 - x0), rel=128 * FP32_EPS, what="clamped target")
-    assert torch.equal(flow.make_prediction("v").target(x1, x0, x_t, t), x1 - x0)
+    assert torch.equal(flow_predictions.make_prediction("v").target(x1, x0, x_t, t), x1 - x0)
 
 
 def test_sampling_ignores_the_target_the_output_is_the_velocity():
@@ -110,7 +111,8 @@ def test_sampling_ignores_the_target_the_output_is_the_velocity():
         # dit-sample's loop for a file recording the clamped target (sample/generate.py)
         gens = [torch.Generator().manual_seed(i) for i in range(2)]
         loop = FlowLoop("euler", 4, prediction=record)(net, x0, y, gens)
-        field = flow.velocity_field(net, 4, {"y": y}, prediction=flow.prediction_from_record(record))
+        field = flow_samplers.velocity_field(net, 4, {"y": y},
+                                             prediction=flow_predictions.prediction_from_record(record))
         v = field(x0, 0.3)
     assert torch.equal(ours, plain) and torch.equal(loop, plain)
     assert torch.equal(v, net(x0, torch.full((2,), 0.3), y))
@@ -121,15 +123,17 @@ def test_the_record_round_trips_through_the_objective_sidecar_and_export(tmp_pat
     settings = {"prediction": "v", "v_target": "clamped", "t_eps": T_EPS}
     record = spec("flow").record(settings)
     assert record == {"time_shift": 1.0, "prediction": {"kind": "v", "t_eps": 0.05}}
-    pred = flow.prediction_from_record(json.loads(json.dumps(record["prediction"])))
-    assert type(pred) is flow.ClampedVelocityPrediction and pred.t_eps == 0.05 and pred.record() == record["prediction"]
-    assert type(build_objective("flow", settings).prediction) is flow.ClampedVelocityPrediction
+    pred = flow_predictions.prediction_from_record(json.loads(json.dumps(record["prediction"])))
+    assert type(pred) is flow_predictions.ClampedVelocityPrediction and pred.t_eps == 0.05
+    assert pred.record() == record["prediction"]
+    assert type(build_objective("flow", settings).prediction) is flow_predictions.ClampedVelocityPrediction
     # files without a record (every plain velocity model, before and after) read as the plain target
     assert spec("flow").record({"prediction": "v"}) == {"time_shift": 1.0}
     assert spec("flow").record({"prediction": "v", "v_target": "plain", "t_eps": 0.1}) == {"time_shift": 1.0}
     for old in (None, {"kind": "v"}):
-        assert type(flow.prediction_from_record(old)) is flow.VelocityPrediction
-    assert type(build_objective("flow", {"prediction": "v", "t_eps": 0.05}).prediction) is flow.VelocityPrediction
+        assert type(flow_predictions.prediction_from_record(old)) is flow_predictions.VelocityPrediction
+    plain = build_objective("flow", {"prediction": "v", "t_eps": 0.05}).prediction
+    assert type(plain) is flow_predictions.VelocityPrediction
     # the EMA sidecar and the safetensors export keep it
     net = dit.create_model("DiT-S/2", input_size=8, in_channels=4, hidden_size=32, depth=2, num_heads=2,
                            num_classes=4, learn_sigma=False)
@@ -146,9 +150,9 @@ def test_the_record_round_trips_through_the_objective_sidecar_and_export(tmp_pat
 
 def test_the_dit_level_refusals_name_the_fix():
     with pytest.raises(ValueError, match=r"^unknown velocity target 'nano'; choose one of: plain, clamped$"):
-        flow.make_prediction("v", T_EPS, "nano")
+        flow_predictions.make_prediction("v", T_EPS, "nano")
     with pytest.raises(ValueError, match=r"^the velocity target 'clamped' is a velocity prediction's; an "
                                          r"x-prediction's target is always \(x - x_t\) / max\(1 - t, t_eps\)$"):
         flow.FlowMatching(prediction="x", v_target="clamped")
     with pytest.raises(ValueError, match=r"^t_eps must be in \(0, 1\), got 0.0$"):
-        flow.prediction_from_record({"kind": "v", "t_eps": 0.0})
+        flow_predictions.prediction_from_record({"kind": "v", "t_eps": 0.0})

@@ -1,5 +1,5 @@
-"""x-prediction (dit.flow.CleanPrediction) against NanoGen's own rules, transcribed here from its code
-(End2End-Diffusion/diffusion-bench at 4848f0c), independently of dit/flow.py, and run on the same network and noise.
+"""x-prediction (dit.flow_predictions.CleanPrediction) against NanoGen's own rules, transcribed here from its code
+(End2End-Diffusion/diffusion-bench at 4848f0c), independently of dit/flow*.py, and run on the same network and noise.
 
 NanoGen's time t is the noise level (t = 1 noise; x1 the data, x0 the noise), ours SiT's (t = 1 data), so the same
 network is called at t_ours = 1 - t_nano by NanoGen's side (`nano_net`).

@@ -120,7 +120,7 @@ def test_pixel_space_xpred_end_to_end(pixel_set, tmp_path):
         images = z["arr_0"]
     record = json.loads((out / "s.npz.json").read_text())
     assert record["fingerprint"]["prediction"] == {"kind": "x", "t_eps": 0.05}
-    # the same samples by hand: x-prediction converted to velocity (dit.flow), decoded by the identity
+    # the same samples by hand: x-prediction converted to velocity (dit.flow_predictions), decoded by the identity
     model = dit.model_from_config(a["model_config"])
     model.load_state_dict(a["ema"])
     from dit_pipeline.sample.generate import initial_noise, to_uint8

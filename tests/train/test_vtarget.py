@@ -1,6 +1,6 @@
-"""`--v-target clamped` (dit.flow.ClampedVelocityPrediction, NanoGen's velocity target): the option, its refusals
-with the exact messages, the plan's line, and the resume rule through the checkpoint parts (a checkpoint records the
-target; a run asking for another one is refused, old checkpoints read as the plain target)."""
+"""`--v-target clamped` (dit.flow_predictions.ClampedVelocityPrediction, NanoGen's velocity target): the option, its
+refusals with the exact messages, the plan's line, and the resume rule through the checkpoint parts (a checkpoint
+records the target; a run asking for another one is refused, old checkpoints read as the plain target)."""
 from __future__ import annotations
 
 import pytest
