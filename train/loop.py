@@ -49,7 +49,7 @@ from dit_pipeline.train.handover import HandoverLoader
 from dit_pipeline.train.partition import DataLayout, EpochPlan
 from dit_pipeline.train.checkpoint import load_checkpoint, materialize
 from dit_pipeline.train.part_types import Part
-from dit_pipeline.train.parts import build_parts, check_all, compose, load_all
+from dit_pipeline.train.parts import build_parts, check_all, compose
 from dit_pipeline.train.progress_parts import ProgressPart
 from dit_pipeline.train.preflight import Preflight
 from dit_pipeline.train.reg import RegPart
