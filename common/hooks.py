@@ -6,9 +6,10 @@ evaluate/ for FID) type their hooks against it without importing train/; train/h
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Callable, ContextManager, Protocol
 
 import torch
 
@@ -28,13 +29,18 @@ class HookContext:
     run_dir: Path
     device: torch.device
     model: torch.nn.Module             # the raw DiT (no DDP/compile wrapper), in train mode
-    ema: torch.nn.Module | None        # fp32 EMA DiT on rank 0, None elsewhere
+    ema: torch.nn.Module | None        # fp32 EMA DiT on rank 0, None elsewhere (sharded: every rank, its shards)
     model_config: dict[str, Any]       # DiT.config
     latent: dict[str, Any]             # {"scaling_factor", "shift_factor", ["normalization",] "vae", "class_names"}
     num_classes: int
     config: dict[str, Any]             # the resolved TrainConfig as a dict
     class_names: list[str] | None = None  # the manifest's (sorted class-folder names), None when unknown
     metrics: MetricsWriter | None = None  # write({"step": ..., name: value}) (rank 0 writes metrics.jsonl)
+    # The sharded modes (--parallel zero2/fsdp/hsdp): `model` and `ema` hold this rank's shards, so a forward of
+    # either is a collective that every rank runs at the same time, inside `evaluation()` (which gathers what a
+    # call outside the training step needs and reshards everything after). Otherwise rank 0 holds both whole.
+    sharded: bool = False
+    evaluation: Callable[[], ContextManager[None]] = contextlib.nullcontext
 
 
 class PeriodicHook(Protocol):

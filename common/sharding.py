@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 
@@ -51,6 +51,25 @@ def fully_shard(module: torch.nn.Module, mesh: Any, *, reshard_after_forward: bo
 
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype, cast_forward_inputs=False)
     _fully_shard(module, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
+
+
+@contextlib.contextmanager
+def gathered(roots: Sequence[torch.nn.Module]) -> Iterator[None]:
+    """Collective: each root FSDP module's own parameters all-gathered (its sharded submodules gather theirs in
+    their forward), so that a module inside a root can be called outside the root's forward; afterwards every FSDP
+    module under the roots is resharded, as after a training step's backward."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for root in roots:
+        if isinstance(root, FSDPModule):
+            root.unshard()
+    try:
+        yield
+    finally:
+        for root in roots:
+            for m in root.modules():
+                if isinstance(m, FSDPModule):
+                    m.reshard()
 
 
 def is_sharded(t: Any) -> bool:

@@ -418,7 +418,8 @@ class Trainer:
                            run_dir=self.out.run_dir, device=self.device, model=self.p.model, ema=self.p.ema,
                            model_config=self.p.model.config, latent=dict(self.shard_set.latent),
                            num_classes=m.num_classes, config=self.cfg.to_dict(), metrics=self.metrics,
-                           class_names=list(m.class_names) if m.class_names else None)
+                           class_names=list(m.class_names) if m.class_names else None,
+                           sharded=self.p.parallel.sharded, evaluation=self.p.parallel.evaluation)
 
     # -- checkpoints ----------------------------------------------------------------------------------
     def restore(self, ckpt: dict[str, Any], where: Path) -> None:

@@ -49,7 +49,7 @@ import torch
 from dit_pipeline.common import distributed as dist
 from dit_pipeline.common import sharding
 from dit_pipeline.common.errors import UserError
-from dit_pipeline.common.settings import choice, flag_name, positive, setting
+from dit_pipeline.common.settings import choice, positive, setting
 
 if TYPE_CHECKING:
     from dit_pipeline.train.checkpoint import CheckpointManager
@@ -139,10 +139,10 @@ class ParallelSettings:
             p.append(f"--parallel {self.parallel}: the periodic grids and FID (--sample-every, --fid-every) would gather "
                      "the whole model onto one GPU, which sharding exists to avoid; consolidate a checkpoint "
                      "(dit-train --consolidate RUN/checkpoints/step-N.dcp) and sample it with dit-sample")
-        if get("val_shards") is not None:
-            p.append(f"--parallel {self.parallel} with --val-shards: the validation pass runs the whole raw model and "
-                     "the EMA on rank 0, and a sharded rank holds a slice of each; validate under --parallel ddp, or "
-                     "consolidate checkpoints (dit-train --consolidate) and compare them")
+        if get("val_shards") is not None and get("repa") is not None:
+            p.append(f"--parallel {self.parallel} with --val-shards and --repa: the validation pass calls the DiT "
+                     "outside the projector's sharded root, which FSDP2 cannot gather before the first training "
+                     "step; drop --val-shards (or --repa), or use --parallel ddp")
         return p
 
 
@@ -176,6 +176,7 @@ class Parallel:
         self.shape = shape
         self.mesh: Any = None
         self.ddp: Any = None            # torch's DistributedDataParallel wrapper (ddp with several ranks)
+        self.roots: list[torch.nn.Module] = []  # the sharded modes' FSDP2 roots: the trained module, the EMA
 
     @classmethod
     def for_run(cls, cfg: Any, world: int) -> "Parallel":
@@ -223,7 +224,14 @@ class Parallel:
             for block in ema.blocks:
                 sharding.fully_shard(block, self.mesh, reshard_after_forward=True)
             sharding.fully_shard(ema, self.mesh, reshard_after_forward=True)
+        self.roots = [trained] + ([ema] if ema is not None else [])
         return trained
+
+    def evaluation(self) -> ContextManager[None]:
+        """Where a forward of the model or the EMA outside the training step runs (a periodic hook's): under the
+        sharded modes every rank enters it together (a collective: the roots' parameters gathered, everything
+        resharded after); under DDP, nothing to do."""
+        return sharding.gathered(self.roots) if self.sharded else contextlib.nullcontext()
 
     def micro_batch(self, i: int, accum: int) -> ContextManager[None]:
         """The context of micro-batch i of `accum`: DDP reduces only the last one's (no_sync before); the sharded

@@ -20,7 +20,10 @@ The loss is the objective's unweighted error (`val_loss`, dit/objective_base.py:
 objective seam, never a per-objective branch here.
 
 Every evaluation runs on rank 0 (which alone holds the EMA), in chunks of `--val-batch-size` samples in a fixed
-order, each chunk's loss summed in float64: identical at any world size. It runs at step 0 of a new run and every
+order, each chunk's loss summed in float64: identical at any world size. Under the sharded modes (--parallel zero2,
+fsdp, hsdp) every rank holds a shard of the model and of the EMA, so every rank reads the same set and runs the same
+chunks together (each forward gathers its blocks' parameters as the training forward does), and rank 0 writes the
+numbers: the same rule, the same chunks, the same value on every rank. It runs at step 0 of a new run and every
 `--val-every` steps, and writes to metrics.jsonl `val_loss_<weights>` (the mean), `val_loss_<weights>_t` (the K
 per-level means) and `val_run` (what produced them: set, samples, levels, objective times, weights, step), and one
 log line.
@@ -254,9 +257,15 @@ class ValidationHook:
     def from_settings(cls, cfg: Any) -> "ValidationHook":
         return cls(cfg)
 
+    @staticmethod
+    def _evaluates(ctx: HookContext) -> bool:
+        """Rank 0, which holds the whole model and EMA; every rank under the sharded modes (module docstring)."""
+        return ctx.rank == 0 or ctx.sharded
+
     def setup(self, ctx: HookContext) -> None:
-        """Rank 0 reads the set (and, for online text, encodes its captions once); a new run is evaluated at once."""
-        if ctx.rank != 0:
+        """The evaluating ranks read the set (and, for online text, encode its captions once); a new run is
+        evaluated at once."""
+        if not self._evaluates(ctx):
             return
         encoder = None
         if self.cfg.text_features == "online" and ctx.model_config.get("conditioning") == "text":
@@ -281,7 +290,7 @@ class ValidationHook:
         return from_identity(dict(manifest.text_encoder or {}), device=ctx.device, where="--val-shards")
 
     def __call__(self, ctx: HookContext) -> dict[str, Any] | None:
-        if ctx.rank != 0:
+        if not self._evaluates(ctx):
             return None
         if self.val is None:
             self.setup(ctx)
@@ -302,8 +311,9 @@ class ValidationHook:
             if module is None:
                 continue
             objective = build_objective(cfg.objective, ctx.config)
-            per = val_losses(module, objective, cond, self.val, k=k, batch=int(cfg.val_batch_size),
-                             device=ctx.device, amp=amp)
+            with ctx.evaluation():
+                per = val_losses(module, objective, cond, self.val, k=k, batch=int(cfg.val_batch_size),
+                                 device=ctx.device, amp=amp)
             rec[f"val_loss_{w}"] = float(np.mean(per))
             rec[f"val_loss_{w}_t"] = per
             shown.append(f"{w} {rec[f'val_loss_{w}']:.4f}")
@@ -315,6 +325,8 @@ class ValidationHook:
                           "weights": list(weights), "step": ctx.step, "batch": int(cfg.val_batch_size),
                           "rule": "MLPerf FLUX.1: sample i at level i mod K, mean per level, mean of the levels",
                           "seconds": round(time.perf_counter() - t0, 3)}
+        if ctx.rank != 0:
+            return rec
         if ctx.metrics is not None:
             ctx.metrics.write(rec)
         self.log.info(f"val   step {ctx.step}: {' '.join(shown)} ({k} noise levels, {len(self.val):,} samples: "

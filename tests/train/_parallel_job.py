@@ -6,7 +6,7 @@ In one process group, so the ranks start once for every case:
    each block of the family's `blocks` is its own FSDP2 unit holding DTensors split over both ranks, and (every
    family but iMF, whose time input is its own) the sharded forward and backward equal the unsharded model's on
    the same global batch;
-2. the real trainer (train.run's `_train`: pre-flight, model, loop, checkpoints) for each run of the spec, in order,
+2. the real trainer (train.run's `_train`: pre-flight, model, loop, checkpoints, the periodic hooks) for each run of the spec, in order,
    each a TrainConfig mapping (a run may start from a checkpoint copied into its folder: "copy_from");
 3. after the run named in the spec's "gather", every rank all-gathers its model and EMA (DTensor.full_tensor, a
    path independent of the checkpoint) and rank 0 saves them, for the comparison with the consolidated file.
@@ -143,6 +143,7 @@ def mixed_precision(world: int) -> dict:
 
 def train(cfg: dict) -> None:
     from dit_pipeline.train import merge_config
+    from dit_pipeline.train.hooks import build_hooks
     from dit_pipeline.train.preflight import prepare
     from dit_pipeline.train.resume import check_resume
     from dit_pipeline.train.run import _train
@@ -151,7 +152,7 @@ def train(cfg: dict) -> None:
     config = merge_config({}, cfg)
     prep = prepare(config)
     with StopRequest() as stop:
-        assert _train(prep, [], stop, check_resume(prep)) == "done"
+        assert _train(prep, build_hooks(config), stop, check_resume(prep)) == "done"
 
 
 def gather(trainer, out: Path) -> None:

@@ -6,6 +6,7 @@
   accumulation, in-context DiT-DH with text, flow with REPA's projector sharded beside the model); a DDP checkpoint
   continued under FSDP and that one under DDP again, each leg equal to the DDP run; the model and EMA all-gathered
   at the end, which the consolidated file equals bit for bit, and dit-sample draws the DDP run's images from it;
+  the validation loss under ZeRO-2 and FSDP: the DDP run's numbers, and no training step changed by its passes;
 - kill -9 during a sharded checkpoint's write: the previous one resumes, bit-identical to the straight run; its
   checkpoint resumed on one rank continues the same global sample sequence (no sample twice or skipped);
 - bad inputs: one line each, nothing written.
@@ -83,6 +84,11 @@ def _dit(shards, run: Path, **over) -> dict:
                        "micro_batch_size": 2, "num_workers": 1, **over}}
 
 
+def _val(shards) -> dict:
+    """--val-shards on the run's own shard set: passes at steps 0, 2, 4, in chunks of 3, 3 and 2 samples."""
+    return {"val_shards": str(shards), "val_every": 2, "val_samples": 8, "val_batch_size": 3}
+
+
 @pytest.fixture(scope="module")
 def job(shard_dir, captioned, repa_data, tmp_path_factory):  # noqa: F811 (fixtures)
     root = tmp_path_factory.mktemp("parallel-job")
@@ -105,7 +111,12 @@ def job(shard_dir, captioned, repa_data, tmp_path_factory):  # noqa: F811 (fixtu
             _dit(repa_shards, root / "repa-ddp", **repa),
             _dit(repa_shards, root / "repa-fsdp", **repa, parallel="fsdp"),
             _dit(shard_dir, root / "mf-ddp", objective="meanflow", max_steps=2),
-            _dit(shard_dir, root / "mf-fsdp", objective="meanflow", max_steps=2, parallel="fsdp")]
+            _dit(shard_dir, root / "mf-fsdp", objective="meanflow", max_steps=2, parallel="fsdp"),
+            # the validation loss in each mode (_val), beside the zero2 and fsdp runs above without it
+            _dit(shard_dir, root / "val-ddp", max_steps=4, **_val(shard_dir)),
+            _dit(shard_dir, root / "val-zero2", max_steps=4, parallel="zero2", grad_checkpointing=True,
+                 **_val(shard_dir)),
+            _dit(shard_dir, root / "val-fsdp", max_steps=4, parallel="fsdp", log_keys=True, **_val(shard_dir))]
     return root, _job({"runs": runs}, root)
 
 
@@ -157,6 +168,32 @@ def test_text_repa_and_meanflow_runs_train_as_ddp_does(job, family):
         assert sd_a.keys() == sd_b.keys()
         for k in sd_a:
             assert_close_at_scale(sd_a[k], sd_b[k], rel=REL_WEIGHT, what=k)
+
+
+def test_the_validation_loss_under_zero2_and_fsdp_is_ddps_and_changes_no_step(job):
+    """--val-shards under the sharded modes: every rank runs the passes on its shards (train/validation.py), rank 0
+    writes the DDP run's numbers (exactly at step 0, where the weights are the same; within REL_WEIGHT after AdamW
+    steps), and the passes change nothing in training: the steps and the final checkpoint of the same run without
+    them, bit for bit."""
+    root, _ = job
+    vals = {run: [r for r in read_metrics(root / run) if "val_run" in r] for run in ("val-ddp", "val-zero2", "val-fsdp")}
+    assert all([r["step"] for r in v] == [0, 2, 4] for v in vals.values())
+    ddp = vals["val-ddp"]
+    for mode in ("zero2", "fsdp"):
+        got = vals[f"val-{mode}"]
+        for w in ("raw", "ema"):
+            assert got[0][f"val_loss_{w}_t"] == ddp[0][f"val_loss_{w}_t"], (mode, w)
+            for a, b in zip(got[1:], ddp[1:]):
+                assert_close_at_scale(a[f"val_loss_{w}_t"], b[f"val_loss_{w}_t"], rel=REL_WEIGHT, what=(mode, w))
+        assert got[2]["val_loss_raw"] != got[0]["val_loss_raw"]  # the weights moved: not a stale number
+        fields = ("step", "loss", "grad_norm")
+        with_val = [[r[k] for k in fields] for r in read_metrics(root / f"val-{mode}") if "loss" in r]
+        without = [[r[k] for k in fields] for r in read_metrics(root / mode) if r["step"] <= 4]
+        assert with_val == without, mode
+        a, b = (_state(root / run / "checkpoints" / "step-0000004.dcp") for run in (f"val-{mode}", mode))
+        for key in ("model", "ema"):
+            assert all(torch.equal(a[key][k], b[key][k]) for k in a[key]), (mode, key)
+    assert "val   step 4: ema" in (root / "val-fsdp" / "log.txt").read_text()
 
 
 def test_consolidated_file_is_the_gathered_model_and_samples_as_the_ddp_file(job, tiny_vae_dir, tmp_path):
@@ -284,6 +321,7 @@ def test_refusals_with_the_reason(shard_dir, tmp_path):
     for over, says in (({"optimizer": "muon"}, "Muon orthogonalises each whole weight matrix"),
                        ({"precision": "fp16"}, "use --precision bf16"),
                        ({"sample-every": 2, "vae": "x"}, "would gather the whole model onto one GPU"),
+                       ({"val-shards": str(shard_dir), "repa": "x"}, "with --val-shards and --repa"),
                        ({"parallel": "ddp", "hsdp-shard-size": 2}, "--hsdp-shard-size sets HSDP's shard groups"),
                        ({"gpu-memory": "lots"}, "is not a memory size such as 80GiB")):
         r = invoke_train(tiny_args(shard_dir, tmp_path / "run", **{**CLI, **over}))
