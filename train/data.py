@@ -70,7 +70,7 @@ class Batch(NamedTuple):
     text: torch.Tensor | None = None       # [B, L, D] in the text set's stored dtype (bfloat16 for Qwen3)
     text_mask: torch.Tensor | None = None  # [B, L] bool, True = a real token
     captions: list[str] | None = None      # [B] the caption each sample uses this epoch
-    sources: torch.Tensor | None = None    # [B] int64: a data mix's source of each sample (train/mixdata.py)
+    sources: torch.Tensor | None = None    # [B] int64: a data mix's source of each sample (train/mixstream.py)
 
     def __reduce__(self):
         # Sent from a loader worker: labels and keys travel by value (a few KB); as tensors each would cost

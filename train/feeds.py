@@ -1,5 +1,5 @@
 """Where the trainer's batches come from: one shard set (`--shards`: train.partition's plan, train.data's reader) or
-a data mix (`--source` / `--mix`: train.mixplan's plan, train.mixdata's lanes), behind one interface, so the loop
+a data mix (`--source` / `--mix`: train.mixplan's plan, train.mixstream's lanes), behind one interface, so the loop
 asks `feed.plan(epoch, bad)` and `feed.loader(plan, start_step)` and never which it is:
 
 - `plan(epoch, bad_shards)`: the epoch's plan (`.epoch`, `.steps`, `.samples_total`), bad shards (by their names
@@ -137,7 +137,7 @@ def shard_set_part(prep: Any) -> Any:
 
 
 def mix_part(prep: Any, feed: Any = None, state: Any = None) -> Any:
-    """A mix's checkpoint part (train.mixdata.MixPart; None for one shard set): its record, and (in a run) the
+    """A mix's checkpoint part (train.mixpart.MixPart; None for one shard set): its record, and (in a run) the
     feed's counts and the progress a --new-mix moves."""
     if prep.mix is None:
         return None

@@ -25,14 +25,13 @@ and one asked for less shows a different part of itself each epoch.
 order and spread evenly over the epoch (visit j of m_s sits at (j + u_s) / m_s, u_s a seeded offset in [0, 1)),
 so that no source is read out early; the visits, in that order, are dealt to `lanes` readers (each to the lane
 with the fewest samples so far). A lane reads its visits through the loader's stages (several shards at once, a
-seeded shuffle buffer: train/mixdata.py), a deterministic stream; global step k takes `G / lanes` samples of
+seeded shuffle buffer: train/mixstream.py), a deterministic stream; global step k takes `G / lanes` samples of
 each lane, lanes in order. The global sequence of samples is thus a function of (seed, epoch, mix, lanes, G) and
 of nothing else: not of the world size (rank r reads lanes [r L / W, (r + 1) L / W)), the loader workers or an
 interruption, which is what lets a run resume at another world size without a sample seen twice or skipped.
 
-**Held-out keys** (`holdout`, the validation set of train/validation.py): a key k of a source with fraction f is
-held out when its hash (SplitMix64 of k, a fixed function: the same split for every seed and run) is below
-f x 2^64; held-out keys are never in a visit.
+The seeds of these draws, the subset drawn for a partial pass (`choose_subset`) and the held-out key rule
+(`holdout`: held-out keys are never in a visit) are train/mixdraws.py's.
 """
 from __future__ import annotations
 
@@ -45,14 +44,11 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 from dit_pipeline.common.errors import UserError
-from dit_pipeline.common.seeding import derive_seed
+from dit_pipeline.train.mixdraws import (choose_subset, held_out_mask, order_seed, shortfall_seed, spread_seed,
+                                         subset_seed)
 
-STREAM_MIX = 46  # the derive_seed stream of the mix (its sub-streams below)
-_SHORTFALL, _SUBSET, _ORDER, _SPREAD, _INTERLEAVE, _SHUFFLE, _SAMPLE, _CAPTION, _LOADER = range(9)
 WEIGHT_KINDS = ("proportion", "repeat", "choose")
 _EPS = 1e-9  # floor(x + eps): a share written as 0.7 is 70 of 100, not 69 by its binary rounding
-_MASK64 = (1 << 64) - 1
-_HOLDOUT_SALT = 0x46D17A5E  # fixed: the held-out split of a set never changes with the run's seed
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -119,7 +115,7 @@ def choose_per_source(sizes: Sequence[int], weights: Sequence[Weight], epoch_siz
         out = [math.floor(size * p / total + _EPS) if total > 0 else 0 for p in props]
         short = size - sum(out)
         if short > 0:  # one each, to the first sources (of those with a share) in a seeded order, every epoch alike
-            order = [s for s in stable_permutation(len(n), derive_seed(seed, STREAM_MIX, _SHORTFALL)) if props[s] > 0]
+            order = [s for s in stable_permutation(len(n), shortfall_seed(seed)) if props[s] > 0]
             for s in order[:short]:
                 out[s] += 1
         return out
@@ -135,77 +131,13 @@ def choose_per_source(sizes: Sequence[int], weights: Sequence[Weight], epoch_siz
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Seeded draws (PCG64's raw stream: the same on every platform and numpy version)
+# Seeded orders (PCG64's raw stream: the same on every platform and numpy version)
 
 def stable_permutation(n: int, seed: int) -> list[int]:
     """train.partition.stable_permutation (Fisher-Yates from the top over PCG64 raw output)."""
     from dit_pipeline.train.partition import stable_permutation as perm
 
     return perm(n, seed)
-
-
-def _mix64(base: int, values: np.ndarray) -> np.ndarray:
-    """SplitMix64 output number v + 1 from `base`, for every v of `values` (uint64, wrapping arithmetic): a
-    bijection of v, so distinct values give distinct 64-bit outputs (train.latents.mix_seed's finaliser)."""
-    with np.errstate(over="ignore"):
-        z = np.uint64(base & _MASK64) + (values.astype(np.uint64) + np.uint64(1)) * np.uint64(0x9E3779B97F4A7C15)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
-
-
-def _mix64_one(base: int, value: int) -> int:
-    z = (base + (int(value) + 1) * 0x9E3779B97F4A7C15) & _MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return z ^ (z >> 31)
-
-
-def choose_subset(n: int, r: int, seed: int) -> np.ndarray:
-    """`r` of range(n) without replacement, sorted: the r indices whose SplitMix64 hash from `seed` is smallest
-    (the hashes of distinct indices are distinct, so the choice is exact and, all integer arithmetic, the same on
-    every platform); vectorized, a few tens of milliseconds for millions of samples."""
-    if not 0 <= r <= n:
-        raise ValueError(f"cannot draw {r} of {n}")
-    if r == 0:
-        return np.zeros(0, dtype=np.int64)
-    if r == n:
-        return np.arange(n, dtype=np.int64)
-    h = _mix64(seed, np.arange(n, dtype=np.uint64))
-    return np.sort(np.argpartition(h, r - 1)[:r]).astype(np.int64)
-
-
-def held_out(key: int, fraction: float) -> bool:
-    """Whether key `key` of a source holding out `fraction` of its keys is a validation key (module docstring)."""
-    return fraction > 0 and _mix64_one(_HOLDOUT_SALT, key) < int(fraction * 2**64)
-
-
-def held_out_mask(keys: np.ndarray, fraction: float) -> np.ndarray:
-    """held_out of every key of `keys` at once."""
-    if fraction <= 0:
-        return np.zeros(len(keys), dtype=bool)
-    return _mix64(_HOLDOUT_SALT, keys) < np.uint64(int(fraction * 2**64))
-
-
-def sample_base(seed: int, epoch: int, source: int, copy: int) -> int:
-    """The per-sample seed base (train.latents.mix_seed(base, key): the view and the posterior noise) of copy
-    `copy` of source `source`'s samples in `epoch`: two passes over a sample in one epoch differ."""
-    return derive_seed(seed, STREAM_MIX, epoch, _SAMPLE, source, copy)
-
-
-def caption_seed(seed: int, epoch: int, source: int, copy: int) -> int:
-    """The base of the caption draw (which of a sample's captions, train.mixdata) for that pass."""
-    return derive_seed(seed, STREAM_MIX, epoch, _CAPTION, source, copy)
-
-
-def lane_seeds(seed: int, epoch: int, lane: int) -> tuple[int, int]:
-    """(interleave, shuffle buffer) seeds of lane `lane` in `epoch`."""
-    return (derive_seed(seed, STREAM_MIX, epoch, _INTERLEAVE, lane),
-            derive_seed(seed, STREAM_MIX, epoch, _SHUFFLE, lane))
-
-
-def loader_seed(seed: int, epoch: int, rank: int) -> int:
-    return derive_seed(seed, STREAM_MIX, epoch, _LOADER, rank)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -315,7 +247,7 @@ def source_visits(src: SourceShape, index: int, choose: int, seed: int, epoch: i
     full, rest = (choose // n, choose % n) if n else (0, 0)
     visits = [Visit(index, i, c, counts[i], None) for c in range(full) for i in range(len(counts)) if counts[i]]
     if rest:
-        picked = choose_subset(n, rest, derive_seed(seed, STREAM_MIX, epoch, _SUBSET, index))  # sorted
+        picked = choose_subset(n, rest, subset_seed(seed, epoch, index))  # sorted
         starts = np.cumsum([0, *counts])
         shard_of = np.searchsorted(starts, picked, side="right") - 1
         bounds = np.flatnonzero(np.diff(shard_of)) + 1
@@ -337,8 +269,8 @@ def spread(visits_per_source: Sequence[Sequence[Visit]], seed: int, epoch: int) 
         m = len(visits)
         if not m:
             continue
-        order = stable_permutation(m, derive_seed(seed, STREAM_MIX, epoch, _ORDER, s))
-        u = int(np.random.PCG64(derive_seed(seed, STREAM_MIX, epoch, _SPREAD, s)).random_raw()) >> 32
+        order = stable_permutation(m, order_seed(seed, epoch, s))
+        u = int(np.random.PCG64(spread_seed(seed, epoch, s)).random_raw()) >> 32
         scale = common // m
         for j, v in enumerate(order):
             timed.append((((j << 32) + u) * scale, s, j, visits[v]))

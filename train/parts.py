@@ -63,7 +63,7 @@ def build_parts(*, objective: str, config: dict[str, Any], shard_set: ShardSetPa
                          TextPart(text)]
     if progress is not None:
         parts.append(progress)
-    if mix is not None:  # a data mix's record, counts and history (train/mixdata.py), after the progress it moves
+    if mix is not None:  # a data mix's record, counts and history (train/mixpart.py), after the progress it moves
         parts.append(mix)
     if progress is not None:
         parts.append(RngPart())

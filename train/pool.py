@@ -51,7 +51,7 @@ class PooledBatch(NamedTuple):
     captions: list | None = None         # [B] caption strings
     text_slot: int | None = None         # the features are in this TextPool slot instead (text is None) ...
     text_lengths: np.ndarray | None = None  # ... [B] int64 tokens per caption (the mask)
-    sources: np.ndarray | None = None    # [B] int64: a data mix's source of each sample (train/mixdata.py)
+    sources: np.ndarray | None = None    # [B] int64: a data mix's source of each sample (train/mixstream.py)
 
 
 def _release(busy: torch.Tensor, slot: int) -> None:

@@ -95,7 +95,7 @@ class ShardSetPart(NoCheck):
     fingerprint: str
     latent: dict[str, Any]
     revision: int = 1                  # the manifest's revision (for the refusal's message)
-    mixed: bool = False                # a data mix: its sources are compared by the mix's part (train/mixdata.py)
+    mixed: bool = False                # a data mix: its sources are compared by the mix's part (train/mixpart.py)
     keys: ClassVar[tuple[str, ...]] = ("manifest_fingerprint", "latent")
     required: ClassVar[tuple[str, ...]] = ("manifest_fingerprint",)
 

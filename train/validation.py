@@ -128,7 +128,7 @@ def load_val_set(cfg: Any, text_encoder: Any = None) -> ValSet:
     from dit_pipeline.train.shard_samples import WithText, read_shard
     from dit_pipeline.train.stages import SkippedShard
     from dit_pipeline.train.latents import LatentSpec, build_latents, pending
-    from dit_pipeline.train.mixplan import held_out
+    from dit_pipeline.train.mixdraws import held_out
 
     sources, share, description = _val_sources(cfg)
     holdout = cfg.val_shards == "holdout"

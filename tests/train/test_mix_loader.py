@@ -1,7 +1,7 @@
-"""The mix's loader on real shard sets (train/mixdata.py), without training: the samples of an epoch follow the
-weights exactly (expected counts worked out here), the global batch sequence is the same at every world size and
-worker count, a start at step k continues it exactly, remote sources (file: URLs, pipe: commands) read the same
-bytes, held-out keys never come out, and a bad shard fails or is skipped as for one shard set."""
+"""The mix's loader on real shard sets (train/mixdata.py, train/mixstream.py), without training: the samples of an
+epoch follow the weights exactly (expected counts worked out here), the global batch sequence is the same at every
+world size and worker count, a start at step k continues it exactly, remote sources (file: URLs, pipe: commands)
+read the same bytes, held-out keys never come out, and a bad shard fails or is skipped as for one shard set."""
 from __future__ import annotations
 
 import shutil
@@ -14,7 +14,7 @@ import torch
 from dit_pipeline.common.errors import ConfigError, UserError
 from dit_pipeline.train.mix import mix_spec, open_mix
 from dit_pipeline.train.mixdata import MixFeed
-from dit_pipeline.train.mixplan import held_out
+from dit_pipeline.train.mixdraws import held_out
 from dit_pipeline.train.stages import ReaderEvent
 from tests.train.helpers import make_shard_set
 

@@ -18,7 +18,7 @@ from dit_pipeline.train import merge_config, run
 from dit_pipeline.train.command import main as train_main
 from dit_pipeline.train.checkpoint import CheckpointManager, load_checkpoint
 from dit_pipeline.train.metrics import read_metrics
-from dit_pipeline.train.mixplan import held_out
+from dit_pipeline.train.mixdraws import held_out
 from tests._util import run_cli
 from tests.train.helpers import make_shard_set
 

@@ -1,7 +1,7 @@
-"""The mix's epoch plan as pure functions of integers (train/mixplan.py), over many combinations: the samples each
-source gives per epoch follow MosaicML Streaming's proportion / repeat / choose rule (the expected counts worked out
-here by hand, not by the module), each pass over a source is exact, and the plan does not depend on anything but
-its inputs."""
+"""The mix's epoch plan as pure functions of integers (train/mixplan.py, its draws train/mixdraws.py), over many
+combinations: the samples each source gives per epoch follow MosaicML Streaming's proportion / repeat / choose rule
+(the expected counts worked out here by hand, not by the module), each pass over a source is exact, and the plan
+does not depend on anything but its inputs."""
 from __future__ import annotations
 
 import itertools
@@ -12,9 +12,9 @@ import pytest
 from dit_pipeline.common.errors import UserError
 import numpy as np
 
-from dit_pipeline.train.mixplan import (ShardKeys, SourceShape, Weight, choose_per_source, choose_subset,
-                                        default_lanes, held_out, held_out_mask, lane_workers, lanes_problem,
-                                        plan_mix_epoch, rank_lanes, weights_problems)
+from dit_pipeline.train.mixdraws import choose_subset, held_out, held_out_mask
+from dit_pipeline.train.mixplan import (ShardKeys, SourceShape, Weight, choose_per_source, default_lanes, lane_workers,
+                                        lanes_problem, plan_mix_epoch, rank_lanes, weights_problems)
 
 
 def source(name, shard_sizes, *, first=0, sps=None, weight=Weight(), holdout=0.0, bad=()):

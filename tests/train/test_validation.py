@@ -92,7 +92,7 @@ def test_the_validation_loss_falls_on_the_demo_data(tmp_path):
     import sys
 
     from dit_pipeline.extract import ExtractConfig, run_extract
-    from dit_pipeline.train.mixplan import held_out
+    from dit_pipeline.train.mixdraws import held_out
 
     sys.path.insert(0, str(REPO / "examples"))
     try:
