@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from dit_pipeline.common.errors import UserError
-from dit_pipeline.common.latent_norm import LatentNorm, normalization_problems, read_stats_file
+from dit_pipeline.common.latent_norm import LatentNorm, normalization_problems
+from dit_pipeline.common.latent_stats import read_stats_file
 from dit_pipeline.extract.config import ExtractConfig
 from dit_pipeline.extract.state import record_differences
 from dit_pipeline.shards import MANIFEST_NAME, Manifest, read_manifest

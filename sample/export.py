@@ -41,7 +41,8 @@ from dit_pipeline import dit
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.io import TMP_PREFIX, check_writable_dir, fsync_dir
 from dit_pipeline.common.log import get_logger, setup_logging
-from dit_pipeline.common.vae import DEFAULT_VAE, load_vae, recorded_vae
+from dit_pipeline.common.vae import DEFAULT_VAE, load_vae
+from dit_pipeline.common.vae_identity import recorded_vae
 from dit_pipeline.dit.blocks import BLOCK_OPTIONS
 from dit_pipeline.dit.respace import TRAIN_TIMESTEPS
 from dit_pipeline.sample.config import ExportConfig

@@ -19,7 +19,8 @@ import torch
 
 from dit_pipeline import dit
 from dit_pipeline.common.errors import UserError
-from dit_pipeline.common.latent_norm import LatentNorm, read_stats_file
+from dit_pipeline.common.latent_norm import LatentNorm
+from dit_pipeline.common.latent_stats import read_stats_file
 from dit_pipeline.common.log import get_logger
 from dit_pipeline.dit.formats import SHARDED_SUFFIX
 
@@ -67,7 +68,8 @@ def _safetensors_latent(path: Path) -> dict[str, Any] | None:
 
 def manifest_folder(info: dict[str, Any]) -> Path | None:
     """The folder of the shard set a checkpoint was trained on (its training config's --manifest or --shards),
-    where an old manifest's relative VAE path is looked for first (common.vae.recorded_vae); None if unknown."""
+    where an old manifest's relative VAE path is looked for first (common.vae_identity.recorded_vae); None if
+    unknown."""
     config = info.get("config") or {}
     if config.get("manifest"):
         return Path(str(config["manifest"])).expanduser().parent

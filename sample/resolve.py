@@ -18,7 +18,8 @@ import torch
 from dit_pipeline import dit
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.rae_decoder import fit_decoder
-from dit_pipeline.common.vae import DEFAULT_VAE, recorded_vae
+from dit_pipeline.common.vae import DEFAULT_VAE
+from dit_pipeline.common.vae_identity import recorded_vae
 from dit_pipeline.dit import protocols
 from dit_pipeline.dit.protocol_fit import model_traits
 from dit_pipeline.sample.config import DEFAULT_CFG_SCALE, DEFAULT_SAMPLERS, DEFAULT_STEPS, SPECS, SampleConfig

@@ -91,7 +91,7 @@ def revise(folder: str | Path, *, mode: str | None = None, stats_file: str | Non
     a "scalar" scaling factor for unit std) or `--latent-stats FILE` (the file's per-channel statistics): the
     new normalization as the manifest's next revision, and the statistics after it. A normalization equal to
     the current one is not written again (`written` False)."""
-    from dit_pipeline.common.latent_norm import read_stats_file
+    from dit_pipeline.common.latent_stats import read_stats_file
     from dit_pipeline.shards.stats import compute_stats, computed_normalization
 
     if (mode is None) == (stats_file is None):

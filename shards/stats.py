@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from dit_pipeline.common.latent_norm import mean_var_record, stats_record
 from dit_pipeline.common.errors import UserError
+from dit_pipeline.common.latent_stats import mean_var_record, stats_record
 from dit_pipeline.common.seeding import numpy_rng
 from dit_pipeline.shards.format import ShardError, shard_index
 from dit_pipeline.shards.manifest import Manifest, read_manifest, require_latents

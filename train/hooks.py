@@ -29,7 +29,7 @@ __all__ = ["HookContext", "PeriodicHook", "build_hooks"]
 def _recorded_vae(cfg: "TrainConfig") -> tuple[str, str | None]:
     """The VAE the shard set was extracted with (its manifest's record), for --sample-every without --vae."""
     from dit_pipeline.common.errors import UserError
-    from dit_pipeline.common.vae import recorded_vae
+    from dit_pipeline.common.vae_identity import recorded_vae
     from dit_pipeline.shards import read_manifest
 
     where, manifest = cfg.manifest or cfg.shards, cfg.manifest

@@ -8,7 +8,7 @@ from dit_pipeline.common.io import missing_file
 
 
 def test_every_file_setting_names_a_folder_as_a_folder(tmp_path):
-    from dit_pipeline.common.latent_norm import read_stats_file
+    from dit_pipeline.common.latent_stats import read_stats_file
     from dit_pipeline.evaluate.dinov2 import _weights_file
     from dit_pipeline.evaluate.inception import load_inception
     from dit_pipeline.train.checkpoint import load_checkpoint

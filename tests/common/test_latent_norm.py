@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from dit_pipeline.common.errors import UserError
-from dit_pipeline.common.latent_norm import LatentNorm, normalization_problems, read_stats_file
+from dit_pipeline.common.latent_norm import LatentNorm, normalization_problems
+from dit_pipeline.common.latent_stats import read_stats_file
 from dit_pipeline.shards import scale_latents
 from tests._util import FP32_EPS, assert_close_at_scale
 

@@ -14,7 +14,8 @@ import torch
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.latent_norm import LatentNorm
 from dit_pipeline.common.latent_spaces import VAE_SPACES, space_name
-from dit_pipeline.common.vae import encode_latents, load_vae, recorded_vae
+from dit_pipeline.common.vae import encode_latents, load_vae
+from dit_pipeline.common.vae_identity import recorded_vae
 from dit_pipeline.extract.encode import to_model_input
 from tests._util import FP32_EPS, assert_close_at_scale
 from tests.common._spaces import (COMMIT, NEEDS_FLUX2, NEEDS_QWEN, put_in_cache, tiny_flux2, tiny_kl, tiny_qwen,

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from dit_pipeline.common.errors import UserError
-from dit_pipeline.common.vae import load_vae, recorded_vae
+from dit_pipeline.common.vae import load_vae
+from dit_pipeline.common.vae_identity import recorded_vae
 from dit_pipeline.shards import read_manifest
 from tests._util import make_image_tree, make_tiny_vae
 

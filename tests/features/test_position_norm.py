@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from dit_pipeline.common.errors import UserError
-from dit_pipeline.common.latent_norm import LatentNorm, mean_var_record, read_stats_file
+from dit_pipeline.common.latent_norm import LatentNorm
+from dit_pipeline.common.latent_stats import mean_var_record, read_stats_file
 from dit_pipeline.shards import read_manifest, verify_shards
 from dit_pipeline.shards.revision import revise
 from dit_pipeline.shards.stats import compute_stats

@@ -1,8 +1,8 @@
 """The sets a NanoGen recipe's own `recipe.extraction` commands write, as manifests, without reading an image or
 loading real weights: each command parsed by dit-extract's CLI into its ExtractConfig, the tokenizer's identity from
-the registries' identity builders (common/vae.py `space_vae_identity` on a tiny random stand-in of the space's class
-with the space's geometry; common/nanogen_encoders.py `space_encoder_identity`; common/pixels.py), then what
-dit-extract decides from them (extract/tokenizer.py: the latent shape, the store, the normalization with the
+the registries' identity builders (common/vae_identity.py `space_vae_identity` on a tiny random stand-in of the
+space's class with the space's geometry; common/nanogen_encoders.py `space_encoder_identity`; common/pixels.py),
+then what dit-extract decides from them (extract/tokenizer.py: the latent shape, the store, the normalization with the
 command's --latent-stats file; extract/run.py: samples per shard, the extraction record) over ImageNet's 1,281,167
 images in shards of the command's size. The text command's set is its encoder's identity (the preset, with Qwen3-0.6B's
 width)."""
@@ -107,7 +107,7 @@ def identity(cfg: ExtractConfig) -> dict[str, Any]:
     from dit_pipeline.common.latent_spaces import VAE_SPACES
     from dit_pipeline.common.nanogen_encoders import ENCODER_SPACES, space_encoder_identity, weights_record
     from dit_pipeline.common.pixels import is_pixel_space, load_pixel_space
-    from dit_pipeline.common.vae import space_vae_identity
+    from dit_pipeline.common.vae_identity import space_vae_identity
 
     if cfg.encoder and is_pixel_space(cfg.encoder):
         return dict(load_pixel_space(cfg.image_size)[1])

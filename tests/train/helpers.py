@@ -82,7 +82,7 @@ def recipe_manifest(folder: Path, latent: Sequence[int], *, pixels: bool = False
     of a recipe, of the extraction it requires (latent shape, views, stored pixels, normalization, the VAE's or feature
     encoder's identity; 3 x S x S with vae "pixels": a pixel-space set, whose crops are the latents). No shard is
     written: the plan reads the manifest only. Returns the manifest's path."""
-    from dit_pipeline.common.latent_norm import mean_var_record, stats_record
+    from dit_pipeline.common.latent_stats import mean_var_record, stats_record
     from dit_pipeline.common.pixels import pixel_identity
     from dit_pipeline.shards import ShardRecord
     from dit_pipeline.shards.pixels import pixels_entry
