@@ -176,7 +176,8 @@ def test_the_validation_loss_under_zero2_and_fsdp_is_ddps_and_changes_no_step(jo
     steps), and the passes change nothing in training: the steps and the final checkpoint of the same run without
     them, bit for bit."""
     root, _ = job
-    vals = {run: [r for r in read_metrics(root / run) if "val_run" in r] for run in ("val-ddp", "val-zero2", "val-fsdp")}
+    vals = {run: [r for r in read_metrics(root / run) if "val_run" in r]
+            for run in ("val-ddp", "val-zero2", "val-fsdp")}
     assert all([r["step"] for r in v] == [0, 2, 4] for v in vals.values())
     ddp = vals["val-ddp"]
     for mode in ("zero2", "fsdp"):
