@@ -36,11 +36,12 @@ class HookContext:
     config: dict[str, Any]             # the resolved TrainConfig as a dict
     class_names: list[str] | None = None  # the manifest's (sorted class-folder names), None when unknown
     metrics: MetricsWriter | None = None  # write({"step": ..., name: value}) (rank 0 writes metrics.jsonl)
-    # The sharded modes (--parallel zero2/fsdp/hsdp): `model` and `ema` hold this rank's shards, so a forward of
-    # either is a collective that every rank runs at the same time, inside `evaluation()` (which gathers what a
-    # call outside the training step needs and reshards everything after). Otherwise rank 0 holds both whole.
+    # The sharded modes (--parallel zero2/fsdp/hsdp): `model` and `ema` hold this rank's shards, so a pass of
+    # either is a collective that every rank runs at the same time: `with ctx.evaluation(ctx.model) as m: m(x, t)`
+    # (m: what runs the module's forward outside the training step; everything resharded after). Otherwise rank 0
+    # holds both whole, and `evaluation(module)` yields the module itself.
     sharded: bool = False
-    evaluation: Callable[[], ContextManager[None]] = contextlib.nullcontext
+    evaluation: Callable[[torch.nn.Module], ContextManager[torch.nn.Module]] = contextlib.nullcontext
 
 
 class PeriodicHook(Protocol):

@@ -54,15 +54,12 @@ def fully_shard(module: torch.nn.Module, mesh: Any, *, reshard_after_forward: bo
 
 
 @contextlib.contextmanager
-def gathered(roots: Sequence[torch.nn.Module]) -> Iterator[None]:
-    """Collective: each root FSDP module's own parameters all-gathered (its sharded submodules gather theirs in
-    their forward), so that a module inside a root can be called outside the root's forward; afterwards every FSDP
-    module under the roots is resharded, as after a training step's backward."""
+def resharded_after(roots: Sequence[torch.nn.Module]) -> Iterator[None]:
+    """Every FSDP module under `roots` resharded when the block ends, as after a training step's backward: a forward
+    without gradient leaves the units that keep their parameters after a forward (the roots, ZeRO-2's blocks)
+    gathered."""
     from torch.distributed.fsdp import FSDPModule
 
-    for root in roots:
-        if isinstance(root, FSDPModule):
-            root.unshard()
     try:
         yield
     finally:
@@ -70,6 +67,14 @@ def gathered(roots: Sequence[torch.nn.Module]) -> Iterator[None]:
             for m in root.modules():
                 if isinstance(m, FSDPModule):
                     m.reshard()
+
+
+def register_forward_method(module: torch.nn.Module, name: str) -> None:
+    """FSDP2's `register_fsdp_forward_method`: calling `module.<name>` runs the unit's pre- and post-forward (its
+    parameters gathered, and the root's lazy initialisation) as `forward` does."""
+    from torch.distributed.fsdp import register_fsdp_forward_method
+
+    register_fsdp_forward_method(module, name)
 
 
 def is_sharded(t: Any) -> bool:

@@ -87,6 +87,12 @@ class REPAModel(nn.Module):
         out, hidden = self.dit(x, t, y, force_drop_ids, generator, return_hidden=self.encoder_depth, **condition)
         return out, [projector(hidden) for projector in self.projectors]
 
+    def dit_forward(self, *args: Any, **kwargs: Any) -> Any:
+        """The DiT's own forward, called through this module: where FSDP2 shards this module as the root unit, the
+        DiT's embeddings and final layer are gathered only in a forward of the root (train/parallel.py registers this
+        method as one), so a pass of the DiT alone, outside training (the validation loss), runs through here."""
+        return self.dit(*args, **kwargs)
+
 
 def projector_macs(config: dict[str, Any], hidden_size: int, tokens: int) -> int:
     """Multiply-accumulates of the projectors' forward for one image (REPAModel.config; tokens = T)."""

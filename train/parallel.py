@@ -139,10 +139,6 @@ class ParallelSettings:
             p.append(f"--parallel {self.parallel}: the periodic grids and FID (--sample-every, --fid-every) would gather "
                      "the whole model onto one GPU, which sharding exists to avoid; consolidate a checkpoint "
                      "(dit-train --consolidate RUN/checkpoints/step-N.dcp) and sample it with dit-sample")
-        if get("val_shards") is not None and get("repa") is not None:
-            p.append(f"--parallel {self.parallel} with --val-shards and --repa: the validation pass calls the DiT "
-                     "outside the projector's sharded root, which FSDP2 cannot gather before the first training "
-                     "step; drop --val-shards (or --repa), or use --parallel ddp")
         return p
 
 
@@ -225,13 +221,23 @@ class Parallel:
                 sharding.fully_shard(block, self.mesh, reshard_after_forward=True)
             sharding.fully_shard(ema, self.mesh, reshard_after_forward=True)
         self.roots = [trained] + ([ema] if ema is not None else [])
+        if trained is not model:  # a module around the model (REPA's projector): the model's pass goes through it
+            sharding.register_forward_method(trained, "dit_forward")
         return trained
 
-    def evaluation(self) -> ContextManager[None]:
-        """Where a forward of the model or the EMA outside the training step runs (a periodic hook's): under the
-        sharded modes every rank enters it together (a collective: the roots' parameters gathered, everything
-        resharded after); under DDP, nothing to do."""
-        return sharding.gathered(self.roots) if self.sharded else contextlib.nullcontext()
+    def evaluation(self, module: torch.nn.Module) -> ContextManager[torch.nn.Module]:
+        """A pass of `module` (the model or its EMA) outside the training step, a periodic hook's: yields what to
+        call. Under DDP the module itself; under the sharded modes every rank enters it together (each pass is a
+        collective), the model inside a wider trained unit is called through that unit's root (`dit_forward`), and
+        every unit is resharded after."""
+        if not self.sharded:
+            return contextlib.nullcontext(module)
+        return self._sharded_evaluation(module)
+
+    @contextlib.contextmanager
+    def _sharded_evaluation(self, module: torch.nn.Module) -> Iterator[torch.nn.Module]:
+        with sharding.resharded_after(self.roots):
+            yield module if any(module is r for r in self.roots) else ThroughRoot(self.roots[0])
 
     def micro_batch(self, i: int, accum: int) -> ContextManager[None]:
         """The context of micro-batch i of `accum`: DDP reduces only the last one's (no_sync before); the sharded
@@ -282,6 +288,18 @@ class Parallel:
         if not self.sharded:
             return {}
         return {path: t for path, t in tensor_leaves(composed()) if sharding.is_sharded(t)}
+
+
+class ThroughRoot(torch.nn.Module):
+    """The model's forward through the sharded root unit around it (`root.dit_forward`, an FSDP2 forward method)."""
+
+    def __init__(self, root: torch.nn.Module):
+        super().__init__()
+        self.root = root
+        self.train(root.training)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.root, "dit_forward")(*args, **kwargs)  # REPAModel.dit_forward
 
 
 def tensor_leaves(tree: Any, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:

@@ -311,8 +311,8 @@ class ValidationHook:
             if module is None:
                 continue
             objective = build_objective(cfg.objective, ctx.config)
-            with ctx.evaluation():
-                per = val_losses(module, objective, cond, self.val, k=k, batch=int(cfg.val_batch_size),
+            with ctx.evaluation(module) as runs:
+                per = val_losses(runs, objective, cond, self.val, k=k, batch=int(cfg.val_batch_size),
                                  device=ctx.device, amp=amp)
             rec[f"val_loss_{w}"] = float(np.mean(per))
             rec[f"val_loss_{w}_t"] = per

@@ -6,7 +6,8 @@
   accumulation, in-context DiT-DH with text, flow with REPA's projector sharded beside the model); a DDP checkpoint
   continued under FSDP and that one under DDP again, each leg equal to the DDP run; the model and EMA all-gathered
   at the end, which the consolidated file equals bit for bit, and dit-sample draws the DDP run's images from it;
-  the validation loss under ZeRO-2 and FSDP: the DDP run's numbers, and no training step changed by its passes;
+  the validation loss under ZeRO-2 and FSDP (and of a DiT inside REPA's projector unit): the DDP run's numbers, and
+  no training step changed by its passes;
 - kill -9 during a sharded checkpoint's write: the previous one resumes, bit-identical to the straight run; its
   checkpoint resumed on one rank continues the same global sample sequence (no sample twice or skipped);
 - bad inputs: one line each, nothing written.
@@ -56,6 +57,7 @@ def _state(path: Path) -> dict:
 
 
 def _same_run(a: list[dict], b: list[dict], keys=("loss", "grad_norm")) -> None:
+    a, b = ([r for r in run if "loss" in r] for run in (a, b))  # the steps' records (not the validation passes')
     assert [r["step"] for r in a] == [r["step"] for r in b]
     for k in keys:
         rel = REL_NORM if k == "grad_norm" else REL_LOSS
@@ -96,7 +98,8 @@ def job(shard_dir, captioned, repa_data, tmp_path_factory):  # noqa: F811 (fixtu
     repa_shards, _, teacher = repa_data
     ic = {**{k.replace("-", "_"): v for k, v in IC_MODEL.items()}, "text": str(text), "global_batch_size": 4,
           "micro_batch_size": 2, "num_workers": 0, "grad_clip": 1.0, "max_steps": 4}
-    repa = {"objective": "flow", "repa": str(teacher), "repa_depth": 1, "num_workers": 1, "max_steps": 4}
+    repa = {"objective": "flow", "repa": str(teacher), "repa_depth": 1, "num_workers": 1, "max_steps": 4,
+            **_val(repa_shards)}  # the validation pass of the DiT inside the projector's root unit
     runs = [_dit(shard_dir, root / "ddp", max_steps=6),
             _dit(shard_dir, root / "zero2", max_steps=4, parallel="zero2", grad_checkpointing=True),
             # also the straight sharded run of the kill and world-size tests below: their CLI settings (CLI)
@@ -171,22 +174,23 @@ def test_text_repa_and_meanflow_runs_train_as_ddp_does(job, family):
 
 
 def test_the_validation_loss_under_zero2_and_fsdp_is_ddps_and_changes_no_step(job):
-    """--val-shards under the sharded modes: every rank runs the passes on its shards (train/validation.py), rank 0
-    writes the DDP run's numbers (exactly at step 0, where the weights are the same; within REL_WEIGHT after AdamW
-    steps), and the passes change nothing in training: the steps and the final checkpoint of the same run without
-    them, bit for bit."""
+    """--val-shards under the sharded modes, also for a DiT inside REPA's projector unit: every rank runs the passes on
+    its shards (train/validation.py), rank 0 writes the DDP run's numbers (exactly at step 0, where the weights are
+    the same; within REL_WEIGHT after AdamW steps), and the passes change nothing in training: the steps and the
+    final checkpoint of the same run without them, bit for bit."""
     root, _ = job
     vals = {run: [r for r in read_metrics(root / run) if "val_run" in r]
-            for run in ("val-ddp", "val-zero2", "val-fsdp")}
+            for run in ("val-ddp", "val-zero2", "val-fsdp", "repa-ddp", "repa-fsdp")}
     assert all([r["step"] for r in v] == [0, 2, 4] for v in vals.values())
-    ddp = vals["val-ddp"]
-    for mode in ("zero2", "fsdp"):
-        got = vals[f"val-{mode}"]
+    for mode, ddp in (("zero2", vals["val-ddp"]), ("fsdp", vals["val-ddp"]), ("repa-fsdp", vals["repa-ddp"])):
+        got = vals[mode if mode.startswith("repa") else f"val-{mode}"]
         for w in ("raw", "ema"):
             assert got[0][f"val_loss_{w}_t"] == ddp[0][f"val_loss_{w}_t"], (mode, w)
             for a, b in zip(got[1:], ddp[1:]):
                 assert_close_at_scale(a[f"val_loss_{w}_t"], b[f"val_loss_{w}_t"], rel=REL_WEIGHT, what=(mode, w))
         assert got[2]["val_loss_raw"] != got[0]["val_loss_raw"]  # the weights moved: not a stale number
+        if mode.startswith("repa"):  # the DiT inside the projector's root: its steps are compared with DDP's above
+            continue
         fields = ("step", "loss", "grad_norm")
         with_val = [[r[k] for k in fields] for r in read_metrics(root / f"val-{mode}") if "loss" in r]
         without = [[r[k] for k in fields] for r in read_metrics(root / mode) if r["step"] <= 4]
@@ -322,7 +326,6 @@ def test_refusals_with_the_reason(shard_dir, tmp_path):
     for over, says in (({"optimizer": "muon"}, "Muon orthogonalises each whole weight matrix"),
                        ({"precision": "fp16"}, "use --precision bf16"),
                        ({"sample-every": 2, "vae": "x"}, "would gather the whole model onto one GPU"),
-                       ({"val-shards": str(shard_dir), "repa": "x"}, "with --val-shards and --repa"),
                        ({"parallel": "ddp", "hsdp-shard-size": 2}, "--hsdp-shard-size sets HSDP's shard groups"),
                        ({"gpu-memory": "lots"}, "is not a memory size such as 80GiB")):
         r = invoke_train(tiny_args(shard_dir, tmp_path / "run", **{**CLI, **over}))
