@@ -57,6 +57,7 @@ if TYPE_CHECKING:
 
 SPEED = "Speed and memory"  # the --help section (train.config.SPEED)
 MODES = ("ddp", "zero2", "fsdp", "hsdp")
+INNER_FORWARD = "dit_forward"  # the method of a trained module around the model that runs the model alone (REPAModel)
 
 
 @dataclass(frozen=True)
@@ -214,7 +215,7 @@ class Parallel:
         compute = amp_dtype if amp_dtype == torch.bfloat16 else None  # fp16 is refused (ParallelSettings)
         for block in model.blocks:
             sharding.fully_shard(block, self.mesh, reshard_after_forward=self.mode.reshard_after_forward,
-                             param_dtype=compute, reduce_dtype=torch.float32 if compute is not None else None)
+                                 param_dtype=compute, reduce_dtype=torch.float32 if compute is not None else None)
         sharding.fully_shard(trained, self.mesh, reshard_after_forward=False)
         if ema is not None:  # the same sharding, so each EMA shard sits beside its parameters' shard
             for block in ema.blocks:
@@ -222,7 +223,7 @@ class Parallel:
             sharding.fully_shard(ema, self.mesh, reshard_after_forward=True)
         self.roots = [trained] + ([ema] if ema is not None else [])
         if trained is not model:  # a module around the model (REPA's projector): the model's pass goes through it
-            sharding.register_forward_method(trained, "dit_forward")
+            sharding.register_forward_method(trained, INNER_FORWARD)
         return trained
 
     def evaluation(self, module: torch.nn.Module) -> ContextManager[torch.nn.Module]:
@@ -291,7 +292,7 @@ class Parallel:
 
 
 class ThroughRoot(torch.nn.Module):
-    """The model's forward through the sharded root unit around it (`root.dit_forward`, an FSDP2 forward method)."""
+    """The model's forward through the sharded root unit around it (its INNER_FORWARD, an FSDP2 forward method)."""
 
     def __init__(self, root: torch.nn.Module):
         super().__init__()
@@ -299,7 +300,7 @@ class ThroughRoot(torch.nn.Module):
         self.train(root.training)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return getattr(self.root, "dit_forward")(*args, **kwargs)  # REPAModel.dit_forward
+        return getattr(self.root, INNER_FORWARD)(*args, **kwargs)
 
 
 def tensor_leaves(tree: Any, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
