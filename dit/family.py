@@ -5,7 +5,8 @@ ditdh.py) whose class derives from `DiffusionTransformer` and is registered with
 `register_model` idea: the class carries its presets). The trainer, EMA, checkpoints, samplers, REPA, FID and
 export use only this interface, never the family's name:
 
-- `forward(x, t, y, force_drop_ids, generator, return_hidden)` and `forward_with_cfg` (shared here);
+- `forward(x, t, y, force_drop_ids, generator, return_hidden)` and `forward_with_cfg` (shared here; every method a
+  sampler runs the network through is listed in `NETWORK_METHODS`, which a wrapper such as FSDP2 treats as forwards);
 - `config` (the checkpoint's `model_config`: "family" for every family but DiT, so DiT's files are as before)
   and `from_config`; `forward_macs(config)`; `infer_config(state_dict, stored, where)` from a file's tensors;
   `fixed_tensors(config)` (tables a file must hold exactly: the sin-cos table, RoPE buffers);
@@ -30,6 +31,9 @@ from .layers import choose_blocks
 
 FAMILY_MODULES = ("models", "lightningdit", "ddt", "ditdh", "jit", "imf", "incontext",
                   "pixart")  # imported on first use of the registry
+# The methods that run the network, besides forward (a sampler's guided pass): a sharded run registers each as an
+# FSDP2 forward method (train/parallel.py), so its parameters are gathered when a sampler calls it.
+NETWORK_METHODS = ("forward_with_cfg",)
 DEFAULT_FAMILY = "DiT"  # a model_config without "family" (every file before families existed)
 
 

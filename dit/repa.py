@@ -93,6 +93,11 @@ class REPAModel(nn.Module):
         method as one), so a pass of the DiT alone, outside training (the validation loss), runs through here."""
         return self.dit(*args, **kwargs)
 
+    def dit_forward_with_cfg(self, *args: Any, **kwargs: Any) -> Any:
+        """The DiT's guided forward (a sampler's: the training run's sample grids and FID) called through this
+        module, for the reason `dit_forward` gives."""
+        return self.dit.forward_with_cfg(*args, **kwargs)
+
 
 def projector_macs(config: dict[str, Any], hidden_size: int, tokens: int) -> int:
     """Multiply-accumulates of the projectors' forward for one image (REPAModel.config; tokens = T)."""

@@ -1,12 +1,13 @@
 """FID during training (`dit-train --fid-every N --fid-ref REF`): a trainer hook (train/hooks.py protocol).
 
-Every `every` steps all ranks sample `num_samples` images with the EMA weights (rank 0 holds the EMA; it is
-broadcast into a sampling copy on every rank) with exactly `dit-sample`'s deterministic sampler, through one
-sampling protocol (dit/protocols.py): a release's (`--protocol NAME`: its grid, solver, guidance rule and image
-conversion, with --fid-steps, --fid-cfg-scale and --fid-labels as overrides), or `custom`, the run objective's FID
-sampler (DDPM; flow: the Euler ODE; a one-step model: one mean-flow step) with `steps` steps (250, one-step models
-1), guidance `cfg_scale` (1.5) on the channels `--cfg-channels` picks (auto: dit-sample's rule); classes chosen by
-(seed, index) as `dit-sample --num-samples N --seed S --labels L` chooses them (`labels`: uniform draws or equal
+Every `every` steps all ranks sample `num_samples` images with the EMA weights (under DDP rank 0 holds the EMA; it
+is broadcast into a sampling copy on every rank; under the sharded modes every rank samples through its shards of
+the EMA, each block gathered for its pass, the ranks in lockstep) with exactly `dit-sample`'s deterministic
+sampler, through one sampling protocol (dit/protocols.py): a release's (`--protocol NAME`: its grid, solver,
+guidance rule and image conversion, with --fid-steps, --fid-cfg-scale and --fid-labels as overrides), or `custom`,
+the run objective's FID sampler (DDPM; flow: the Euler ODE; a one-step model: one mean-flow step) with `steps`
+steps (250, one-step models 1), guidance `cfg_scale` (1.5) on the channels `--cfg-channels` picks (auto:
+dit-sample's rule); classes chosen by (seed, index) as `dit-sample --num-samples N --seed S --labels L` chooses them (`labels`: uniform draws or equal
 counts per class, sample/plan.py), noise of sample i from (seed, i). Each rank extracts the Inception features of
 its images; rank 0 gathers them, computes FID, sFID, Inception Score and precision/recall against REF (whose
 features or precomputed statistics are loaded once, in `setup`) with `dit-eval`'s own function
@@ -22,16 +23,18 @@ network's identity, the reference (file, kind, who made its statistics) and the 
 that reproduce the number. dit-report reads that record, never config.json, to describe the evaluation. A random
 Inception's numbers are stored and named as such (evaluate/labels.py: `fd_rand`, "FD-rand0-5K"), never as FID.
 
-Training is unchanged by it: the hook uses its own model copy and per-sample generators, draws no global
-random numbers and leaves the trained model and its optimizer untouched.
+Training is unchanged by it: the hook uses its own model copy (sharded: the EMA, in eval mode for the passes and
+resharded after) and per-sample generators, draws no global random numbers and leaves the trained model and its
+optimizer untouched.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -54,7 +57,8 @@ from dit_pipeline.evaluate.run import Side, check_network, compute_metrics, fd_d
 from dit_pipeline.sample import plan
 from dit_pipeline.sample.config import FID_SAMPLER, FLOW_SAMPLERS, PROTOCOLS, SPECS, protocols
 from dit_pipeline.sample.guidance import guidance_inert
-from dit_pipeline.sample.generate import generate_images, protocol_loop, protocol_model_fn, resolve_cfg_channels
+from dit_pipeline.sample.generate import (generate_images, generate_latents, protocol_loop, protocol_model_fn,
+                                          resolve_cfg_channels)
 from dit_pipeline.sample.grid import GRIDS, DecodeSettings, effective_cfg_scale, run_prediction, run_time_shift
 
 FID_CFG_SCALE = 1.5  # the guidance of DiT's FID-50K 2.27, where guidance acts (without --protocol)
@@ -149,6 +153,17 @@ class FidSettings(DecodeSettings):
                                      "take --fid-steps, --fid-cfg-scale and the objective's FID sampler)")
 
 
+@contextlib.contextmanager
+def evaluating(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """`model` in eval mode (no label dropout: no global random draws) and back to its mode after."""
+    was = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was)
+
+
 @dataclass
 class FidHook:
     every: int
@@ -208,9 +223,12 @@ class FidHook:
         if ref.kind != "statistics":
             feats = source_features(ref, inception, inc_id, batch_size=self.batch_size, device=ctx.device,
                                     use_cache=True, quiet=True, log=get_logger())
-        sampler_model = copy.deepcopy(ctx.model).eval().requires_grad_(False)
+        # the sampling copy the EMA is broadcast into (DDP); the sharded modes sample through their shards instead
+        sharded = getattr(ctx, "sharded", False)
+        sampler_model = None if sharded else copy.deepcopy(ctx.model).eval().requires_grad_(False)
         self._state = {"vae": vae, "inception": inception, "ref": Side(ref, feats), "model": sampler_model,
-                       "inception_id": inc_id}
+                       "inception_id": inc_id, "family": type(ctx.model),
+                       "conditions": str(getattr(ctx.model, "conditions", ctx.model_config.get("conditions", "t")))}
         if self.fd_dinov2:
             net, ident = dinov2.load_dinov2(self.dinov2, device=ctx.device)
             self._state.update(dinov2=net, dinov2_ref=dinov2.source_features(
@@ -231,34 +249,16 @@ class FidHook:
         if not self._state:
             self.setup(ctx)
         start = time.perf_counter()
-        model = self._sync_ema(ctx)
         proto = self.resolve_protocol(ctx)
-        convention = "sit"  # the trainer's flow models run SiT's time (dit/flow.py)
         shape = (int(ctx.model_config["in_channels"]), int(ctx.model_config["input_size"]),
                  int(ctx.model_config["input_size"]))
-        diffusion = protocol_loop(proto, latent_shape=shape, recorded_shift=run_time_shift(ctx.config),
-                                  convention=convention, learn_sigma=bool(model.learn_sigma),
-                                  prediction=run_prediction(ctx.config))  # the run's
-        model_fn = protocol_model_fn(proto, model, objective=self.objective, convention=convention)
-        cfg_scale, channels = proto.guidance.scale, proto.guidance.channels
-        labels = plan.class_labels(num_samples=self.num_samples, seed=self.seed, num_classes=ctx.num_classes,
-                                   sampling=proto.labels)
+        if getattr(ctx, "sharded", False):  # every rank's passes through its EMA shards, together
+            with ctx.evaluation(ctx.ema if ctx.ema is not None else ctx.model) as model, evaluating(model):
+                idx, arrays = self._local_features(ctx, model, proto, shape)
+        else:
+            idx, arrays = self._local_features(ctx, self._sync_ema(ctx), proto, shape)
         ws = ctx.world_size
-        batches = plan.rank_batches(range(self.num_samples), self.batch_size, ctx.rank, ws)
-
-        norm = LatentNorm.from_record(ctx.latent)  # the shards' normalization, inverted before decoding
-
-        def images():
-            for b in batches:
-                yield b, generate_images(model, self._state["vae"], diffusion, indices=b,
-                                         labels=labels[b].tolist(), seed=self.seed, norm=norm,
-                                         sampler=proto.solver, cfg_scale=cfg_scale, model_fn=model_fn,
-                                         conversion=proto.conversion)
-
-        extractor = self._state["inception"]
-        if self.fd_dinov2:  # the DINOv2 features of the same images, as an extra output
-            extractor = WithDINOv2(extractor, self._state["dinov2"])
-        idx, arrays = local_features(extractor, images(), ctx.device)
+        channels = proto.guidance.channels
         rows = [sum(len(b) for b in plan.rank_batches(range(self.num_samples), self.batch_size, r, ws))
                 for r in range(ws)]
         gathered = gather_rows(idx, arrays, self.num_samples, rows)
@@ -288,13 +288,43 @@ class FidHook:
                           others, dino, record["fid_seconds"])
         return record
 
+    def _local_features(self, ctx: HookContext, model: torch.nn.Module, proto: protocols.Protocol,
+                        shape: tuple[int, ...]) -> tuple[list[int], dict[str, Any]]:
+        """This rank's samples (plan.rank_batches) drawn with `model` and their features. Under the sharded modes
+        a rank with fewer batches than rank 0 runs the passes of as many more (its first batch again, not decoded),
+        since every pass is a collective of all ranks."""
+        convention = "sit"  # the trainer's flow models run SiT's time (dit/flow.py)
+        diffusion = protocol_loop(proto, latent_shape=shape, recorded_shift=run_time_shift(ctx.config),
+                                  convention=convention, learn_sigma=bool(model.learn_sigma),
+                                  prediction=run_prediction(ctx.config))  # the run's
+        model_fn = protocol_model_fn(proto, model, objective=self.objective, convention=convention)
+        labels = plan.class_labels(num_samples=self.num_samples, seed=self.seed, num_classes=ctx.num_classes,
+                                   sampling=proto.labels)
+        batches = plan.rank_batches(range(self.num_samples), self.batch_size, ctx.rank, ctx.world_size)
+        most = len(plan.rank_batches(range(self.num_samples), self.batch_size, 0, ctx.world_size))
+        norm = LatentNorm.from_record(ctx.latent)  # the shards' normalization, inverted before decoding
+        how = {"seed": self.seed, "sampler": proto.solver, "cfg_scale": proto.guidance.scale, "model_fn": model_fn}
+
+        def images():
+            for b in batches:
+                yield b, generate_images(model, self._state["vae"], diffusion, indices=b, labels=labels[b].tolist(),
+                                         norm=norm, conversion=proto.conversion, **how)
+            for _ in range(most - len(batches) if getattr(ctx, "sharded", False) else 0):  # lockstep with rank 0
+                b = batches[0] if batches else [0]
+                generate_latents(model, diffusion, indices=b, labels=labels[b].tolist(), **how)
+
+        extractor = self._state["inception"]
+        if self.fd_dinov2:  # the DINOv2 features of the same images, as an extra output
+            extractor = WithDINOv2(extractor, self._state["dinov2"])
+        return local_features(extractor, images(), ctx.device)
+
     def resolve_protocol(self, ctx: HookContext) -> protocols.Protocol:
         """The sampling protocol of the FID samples (dit/protocols.py): --protocol's row (with --fid-steps,
         --fid-cfg-scale and --fid-labels where they change it, recorded as overrides), or `custom`: the objective's
         FID sampler, its default steps, guidance 1.5 on --cfg-channels' channels (auto: dit-sample's rule), the
         run's time shift. Guidance is off (scale 1) where it cannot act (sample.guidance.guidance_inert: a model without
         the null class, a MeanFlow model)."""
-        conditions = str(getattr(self._state["model"], "conditions", ctx.model_config.get("conditions", "t")))
+        conditions = self._state["conditions"]
         guided = guidance_inert(conditions, float(ctx.model_config.get("class_dropout_prob", 0.1)) > 0) is None
         if self.protocol is not None:
             p = protocols.protocol(self.protocol).with_overrides(count=self.steps, scale=self.cfg_scale,
@@ -320,7 +350,7 @@ class FidHook:
         not, the evaluation protocol, weights, model, Inception network, reference and the reproducing commands."""
         mc = dict(ctx.model_config)
         ref: Side = self._state["ref"]
-        conditions = str(getattr(self._state["model"], "conditions", "t"))
+        conditions = self._state["conditions"]
         g = proto.guidance
         asked = self.cfg_scale if self.cfg_scale is not None else fid_default_scale(self.protocol)
         why = None
@@ -332,7 +362,7 @@ class FidHook:
                 "guidance": applied_guidance(proto, conditions), "guidance_note": why, "cfg_scale_asked": asked,
                 "seed": self.seed, "weights": "ema" if ctx.ema is not None else "raw", "num_samples": self.num_samples,
                 "model": {"name": mc.get("model") or (ctx.config or {}).get("model"), "family": mc.get("family", "DiT"),
-                          "architecture": type(self._state["model"]).describe(mc), "input_size": mc.get("input_size"),
+                          "architecture": self._state["family"].describe(mc), "input_size": mc.get("input_size"),
                           "in_channels": mc.get("in_channels"), "conditions": mc.get("conditions", "t")},
                 "inception": self._state["inception_id"], "network": describe_network(self._state["inception_id"]),
                 "random_inception": self.random_inception,

@@ -380,11 +380,22 @@ def generate_images(model: nn.Module, vae: nn.Module, diffusion, *, indices: Seq
     """Samples `indices` with classes `labels` (or the condition's keyword arguments `condition`, e.g. a text
     model's prompt features) -> uint8 [B, H, W, 3] (CPU); noise from (seed, index); pixels by the named image
     conversion (dit/image_conversions.py)."""
+    latents = generate_latents(model, diffusion, indices=indices, labels=labels, seed=seed, sampler=sampler,
+                               cfg_scale=cfg_scale, cfg_channels=cfg_channels, autocast_dtype=autocast_dtype,
+                               model_fn=model_fn, condition=condition)
+    return decode_latents(vae, latents, norm=as_norm(norm, scaling_factor, shift_factor), conversion=conversion)
+
+
+def generate_latents(model: nn.Module, diffusion, *, indices: Sequence[int], labels: Sequence[int], seed: int,
+                     sampler: str = "ddpm", cfg_scale: float = 4.0, cfg_channels: str | int = "3",
+                     autocast_dtype: torch.dtype | None = None, model_fn: Callable | None = None,
+                     condition: Mapping[str, torch.Tensor] | None = None) -> torch.Tensor:
+    """The latents `generate_images` decodes: the same network passes (a sharded run's other ranks run them beside
+    the rank that decodes)."""
     device = next(model.parameters()).device
     given: torch.Tensor | dict[str, torch.Tensor] = (
         torch.as_tensor(list(labels), dtype=torch.long, device=device) if condition is None
         else {k: v.to(device) for k, v in condition.items()})
-    latents = sample_latents(model, diffusion, given, noise_generators(seed, indices), sampler=sampler,
-                             cfg_scale=cfg_scale, cfg_channels=cfg_channels, autocast_dtype=autocast_dtype,
-                             model_fn=model_fn)
-    return decode_latents(vae, latents, norm=as_norm(norm, scaling_factor, shift_factor), conversion=conversion)
+    return sample_latents(model, diffusion, given, noise_generators(seed, indices), sampler=sampler,
+                          cfg_scale=cfg_scale, cfg_channels=cfg_channels, autocast_dtype=autocast_dtype,
+                          model_fn=model_fn)

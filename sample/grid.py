@@ -29,7 +29,8 @@ from dit_pipeline.common.rae_decoder import fit_decoder
 from dit_pipeline.common.vae import load_vae
 from dit_pipeline.dit.respace import TRAIN_TIMESTEPS, ddim_stride, nearest_ddim_steps
 from dit_pipeline.sample.config import GRID_SAMPLER, SAMPLERS
-from dit_pipeline.sample.generate import as_norm, generate_images, make_diffusion, resolve_cfg_channels
+from dit_pipeline.sample.generate import (as_norm, generate_images, generate_latents, make_diffusion,
+                                          resolve_cfg_channels)
 
 GRID_PADDING = 2
 
@@ -121,12 +122,12 @@ def save_grid(images: np.ndarray | torch.Tensor, path: str | Path, *, labels: Se
 
 
 @torch.no_grad()
-def sample_grid(model: nn.Module, *, vae: nn.Module, scaling_factor: float | None = None,
+def sample_grid(model: nn.Module, *, vae: nn.Module | None, scaling_factor: float | None = None,
                 shift_factor: float | None = None, class_labels: Sequence[int], seed: int, steps: int = 50,
                 sampler: str = "ddim", cfg_scale: float = 4.0, cfg_channels: str = "auto", batch_size: int | None = None,
                 precision: str = "fp32", cpu_threads: int = DEFAULT_CPU_THREADS,
                 norm: LatentNorm | None = None, time_shift: float = 1.0,
-                prediction: dict[str, Any] | None = None) -> np.ndarray:
+                prediction: dict[str, Any] | None = None) -> np.ndarray | None:
     """Sample one image per entry of `class_labels` -> uint8 [N, H, W, 3] (numpy).
 
     model: a DiT (not DDP-wrapped; pass the EMA copy) on its device; `vae` on the same device.
@@ -134,6 +135,7 @@ def sample_grid(model: nn.Module, *, vae: nn.Module, scaling_factor: float | Non
     The model is switched to eval mode for sampling (no class dropout) and restored afterwards.
     precision: "fp32", "bf16" or "fp16" autocast for the DiT (the VAE decodes in float32).
     norm: the latent normalization to invert before decoding (or the scalar scaling_factor / shift_factor).
+    vae None: the same network passes and no pictures (None): a sharded run's ranks beside the one that decodes.
     batch_size: images per batch (default: all in one). Bit-identical to `dit-sample` with the same batch
     size and `--cpu-threads` on the same machine; another batch size changes the last float bits.
     time_shift: a flow sampler's grid shift (dit/shift.py; the run's, as dit-sample reads it from the checkpoint).
@@ -159,15 +161,19 @@ def sample_grid(model: nn.Module, *, vae: nn.Module, scaling_factor: float | Non
         model.train(was_training)
 
 
-def _sample_chunks(model: nn.Module, vae: nn.Module, diffusion, labels: list[int], step: int, *, seed: int,
-                   **kwargs: Any) -> np.ndarray:
-    """Images [0, step), [step, 2*step), ... of `labels`, concatenated (the global chunks of dit-sample)."""
+def _sample_chunks(model: nn.Module, vae: nn.Module | None, diffusion, labels: list[int], step: int, *, seed: int,
+                   norm: LatentNorm, **kwargs: Any) -> np.ndarray | None:
+    """Images [0, step), [step, 2*step), ... of `labels`, concatenated (the global chunks of dit-sample); without a
+    VAE their latents only, and None."""
     chunks = []
     for start in range(0, len(labels), step):
         idx = list(range(start, min(start + step, len(labels))))
+        if vae is None:
+            generate_latents(model, diffusion, indices=idx, labels=[labels[i] for i in idx], seed=seed, **kwargs)
+            continue
         chunks.append(generate_images(model, vae, diffusion, indices=idx, labels=[labels[i] for i in idx],
-                                      seed=seed, **kwargs))
-    return torch.cat(chunks).numpy()
+                                      seed=seed, norm=norm, **kwargs))
+    return torch.cat(chunks).numpy() if chunks else None
 
 
 def run_time_shift(config: dict[str, Any] | None) -> float:
@@ -372,17 +378,20 @@ class SampleGridHook:
         return self._identity
 
     def setup(self, ctx: HookContext) -> None:
-        """Before training (rank 0): the VAE on the training device, its latent channels and the classes
-        checked against the model; UserError naming the mismatch."""
-        if ctx.rank != 0:
+        """Before training (rank 0, and under the sharded modes every rank, which samples beside it): the VAE on
+        rank 0's training device, its latent channels and the classes checked against the model; UserError naming
+        the mismatch."""
+        if ctx.rank != 0 and not ctx.sharded:
             return
-        identity = self.load(ctx.device)
-        self._vae.to(ctx.device)
-        channels = int(ctx.model_config["in_channels"])
-        if int(identity["latent_channels"]) != channels:
-            raise UserError(f"--vae {self.vae!r} has {identity['latent_channels']} latent channels but the model "
-                            f"trains on {channels}-channel latents; pass the VAE the shards were extracted with")
-        fit_decoder(self._vae, identity, ctx.latent, int(ctx.model_config["input_size"]), f"--vae {self.vae!r}")
+        if ctx.rank == 0:
+            identity = self.load(ctx.device)
+            self._vae.to(ctx.device)
+            channels = int(ctx.model_config["in_channels"])
+            if int(identity["latent_channels"]) != channels:
+                raise UserError(f"--vae {self.vae!r} has {identity['latent_channels']} latent channels but the "
+                                f"model trains on {channels}-channel latents; pass the VAE the shards were extracted "
+                                "with")
+            fit_decoder(self._vae, identity, ctx.latent, int(ctx.model_config["input_size"]), f"--vae {self.vae!r}")
         self.channels_used(ctx.model_config)  # a bad --cfg-channels N fails before training
         if self.class_labels:  # names (and ambiguous numbers) as dit-sample takes them, against the shards' names
             from dit_pipeline.sample.names import class_ids
@@ -395,22 +404,29 @@ class SampleGridHook:
                             f"{ctx.num_classes - 1})")
 
     def __call__(self, ctx: HookContext) -> Path | None:
-        """Write this step's grid(s); returns the path of the last one written (None on other ranks)."""
-        if ctx.rank != 0:
+        """Write this step's grid(s); returns the path of the last one written (None on other ranks). Rank 0 samples
+        and draws; under the sharded modes every rank runs the same passes of its shards (a collective) and rank 0
+        alone decodes them."""
+        if ctx.rank != 0 and not ctx.sharded:
             return None
-        self.load(ctx.device)
-        self._vae.to(ctx.device)
+        if ctx.rank == 0:
+            self.load(ctx.device)
+            self._vae.to(ctx.device)
         labels = list(self.class_labels) if self.class_labels else default_grid_labels(ctx.num_classes)
         # A model trained without class dropout has no null class: show it unguided.
         cfg_scale = self.cfg_scale if float(ctx.model_config.get("class_dropout_prob", 0.1)) > 0 else 1.0
         texts = label_texts(labels, getattr(ctx, "class_names", None))
         path = None
         for w in {"ema": ["ema"], "raw": ["raw"], "both": ["ema", "raw"]}[self.weights]:
-            model = ctx.ema if w == "ema" and ctx.ema is not None else ctx.model
-            images = sample_grid(model, vae=self._vae, norm=LatentNorm.from_record(ctx.latent), class_labels=labels,
-                                 seed=self.seed, steps=self.steps, sampler=self.sampler, cfg_scale=cfg_scale,
-                                 cfg_channels=self.channels_used(ctx.model_config), precision=self.precision,
-                                 time_shift=run_time_shift(ctx.config), prediction=run_prediction(ctx.config))
+            module = ctx.ema if w == "ema" and ctx.ema is not None else ctx.model
+            with ctx.evaluation(module) as model:
+                images = sample_grid(model, vae=self._vae if ctx.rank == 0 else None,
+                                     norm=LatentNorm.from_record(ctx.latent), class_labels=labels, seed=self.seed,
+                                     steps=self.steps, sampler=self.sampler, cfg_scale=cfg_scale,
+                                     cfg_channels=self.channels_used(ctx.model_config), precision=self.precision,
+                                     time_shift=run_time_shift(ctx.config), prediction=run_prediction(ctx.config))
+            if images is None:  # a sharded run's other ranks
+                continue
             name = f"step-{ctx.step:07d}{'-raw' if w == 'raw' else ''}.png"
             path = save_grid(images, Path(ctx.run_dir) / "samples" / name, labels=texts)
         return path

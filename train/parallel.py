@@ -32,9 +32,12 @@ gradients are reduce-scattered (accumulating whole gradients locally would hold 
 A sharded run's checkpoints are written by all ranks at once with torch.distributed.checkpoint
 (`CheckpointManager.save_sharded`) and resume at any world size and in any mode; a DDP file resumes under
 FSDP and back. Refused with the reason (`ParallelSettings.parallel_problems`): Muon (it orthogonalises whole
-matrices, a rank holds a slice), fp16, and the periodic sample grids and FID (they would gather the whole model
-onto one GPU, which sharding exists to avoid: consolidate a checkpoint, `dit-train --consolidate`, and sample
-it with dit-sample).
+matrices, a rank holds a slice) and fp16.
+
+The periodic hooks (the validation loss, the sample grids, FID) run the sharded model or EMA as training does:
+every rank enters `Parallel.evaluation` together and each block is gathered for its pass only. The network's
+other entry points (`dit.family.NETWORK_METHODS`, a sampler's guided pass) are registered as FSDP2 forward
+methods, so the root's parameters are gathered for them as for `forward`.
 """
 from __future__ import annotations
 
@@ -50,6 +53,7 @@ from dit_pipeline.common import distributed as dist
 from dit_pipeline.common import sharding
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.common.settings import choice, positive, setting
+from dit_pipeline.dit.family import NETWORK_METHODS
 
 if TYPE_CHECKING:
     from dit_pipeline.train.checkpoint import CheckpointManager
@@ -57,7 +61,9 @@ if TYPE_CHECKING:
 
 SPEED = "Speed and memory"  # the --help section (train.config.SPEED)
 MODES = ("ddp", "zero2", "fsdp", "hsdp")
-INNER_FORWARD = "dit_forward"  # the method of a trained module around the model that runs the model alone (REPAModel)
+# A trained module around the model (REPAModel) runs the model alone through its methods named with this prefix:
+# dit_forward, dit_forward_with_cfg (train.parallel.ThroughRoot)
+INNER_PREFIX = "dit_"
 
 
 @dataclass(frozen=True)
@@ -136,10 +142,6 @@ class ParallelSettings:
         if get("precision") == "fp16":
             p.append(f"--parallel {self.parallel} with --precision fp16: fp16's GradScaler is not used on sharded "
                      "gradients here; use --precision bf16 (or --parallel ddp)")
-        if get("sample_every") is not None or get("fid_every") is not None:
-            p.append(f"--parallel {self.parallel}: the periodic grids and FID (--sample-every, --fid-every) would gather "
-                     "the whole model onto one GPU, which sharding exists to avoid; consolidate a checkpoint "
-                     "(dit-train --consolidate RUN/checkpoints/step-N.dcp) and sample it with dit-sample")
         return p
 
 
@@ -222,8 +224,12 @@ class Parallel:
                 sharding.fully_shard(block, self.mesh, reshard_after_forward=True)
             sharding.fully_shard(ema, self.mesh, reshard_after_forward=True)
         self.roots = [trained] + ([ema] if ema is not None else [])
+        for root in self.roots:  # a sampler's guided pass gathers the root's parameters as forward does
+            for name in NETWORK_METHODS:
+                sharding.register_forward_method(root, name if root is not trained or trained is model
+                                                 else INNER_PREFIX + name)
         if trained is not model:  # a module around the model (REPA's projector): the model's pass goes through it
-            sharding.register_forward_method(trained, INNER_FORWARD)
+            sharding.register_forward_method(trained, INNER_PREFIX + "forward")
         return trained
 
     def evaluation(self, module: torch.nn.Module) -> ContextManager[torch.nn.Module]:
@@ -238,7 +244,7 @@ class Parallel:
     @contextlib.contextmanager
     def _sharded_evaluation(self, module: torch.nn.Module) -> Iterator[torch.nn.Module]:
         with sharding.resharded_after(self.roots):
-            yield module if any(module is r for r in self.roots) else ThroughRoot(self.roots[0])
+            yield module if any(module is r for r in self.roots) else ThroughRoot(self.roots[0], module)
 
     def micro_batch(self, i: int, accum: int) -> ContextManager[None]:
         """The context of micro-batch i of `accum`: DDP reduces only the last one's (no_sync before); the sharded
@@ -292,15 +298,26 @@ class Parallel:
 
 
 class ThroughRoot(torch.nn.Module):
-    """The model's forward through the sharded root unit around it (its INNER_FORWARD, an FSDP2 forward method)."""
+    """The model seen through the sharded root unit around it (REPA's projector unit): its forward and its network
+    methods (NETWORK_METHODS) run as the root's INNER_PREFIX methods, FSDP2 forward methods; every other attribute
+    (config, learn_sigma, conditioning(), ...) is the model's own, so a sampler takes it for the model."""
 
-    def __init__(self, root: torch.nn.Module):
+    def __init__(self, root: torch.nn.Module, model: torch.nn.Module):
         super().__init__()
         self.root = root
+        object.__setattr__(self, "_model", model)  # not a submodule: its parameters are the root's
         self.train(root.training)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return getattr(self.root, INNER_FORWARD)(*args, **kwargs)
+        return getattr(self.root, INNER_PREFIX + "forward")(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in NETWORK_METHODS:
+            return getattr(self._modules["root"], INNER_PREFIX + name)
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self.__dict__["_model"], name)
 
 
 def tensor_leaves(tree: Any, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:

@@ -135,7 +135,7 @@ def test_the_fid_labels_are_the_protocols_unless_given():
                                                (None, None, "uniform", ())):
         hook = FidHook(every=2, ref="R", vae="V", num_samples=20, objective="flow", sampler="euler",
                        protocol=protocol, labels=labels)
-        hook._state = {"model": random_dit(1, learn_sigma=False)}
+        hook._state = {"conditions": random_dit(1, learn_sigma=False).conditions}  # what setup keeps of the model
         p = hook.resolve_protocol(ctx)
         assert (p.labels, p.overrides) == (want, overrides), (protocol, labels)
         assert hook.sample_args(p, True)[hook.sample_args(p, True).index("--labels") + 1] == want

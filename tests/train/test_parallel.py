@@ -7,7 +7,8 @@
   continued under FSDP and that one under DDP again, each leg equal to the DDP run; the model and EMA all-gathered
   at the end, which the consolidated file equals bit for bit, and dit-sample draws the DDP run's images from it;
   the validation loss under ZeRO-2 and FSDP (and of a DiT inside REPA's projector unit): the DDP run's numbers, and
-  no training step changed by its passes;
+  no training step changed by its passes nor by the sample grids' and FID's beside them (the DDP run's grids and
+  numbers; those of dit-sample and the hook on the consolidated checkpoint);
 - kill -9 during a sharded checkpoint's write: the previous one resumes, bit-identical to the straight run; its
   checkpoint resumed on one rank continues the same global sample sequence (no sample twice or skipped);
 - bad inputs: one line each, nothing written.
@@ -93,15 +94,28 @@ def _val(shards) -> dict:
     return {"val_shards": str(shards), "val_every": 2, "val_samples": 8, "val_batch_size": 3}
 
 
+GRIDS = {"sample_every": 2, "sample_steps": 5, "sample_classes": "1,0,1", "sample_weights": "both"}
+
+
+def _hooks(vae, ref) -> dict:
+    """Grids of the EMA and raw weights and FID at steps 2 and 4: 6 samples in batches of 2, so rank 0 samples two
+    batches and rank 1 one (and the passes of one more in lockstep, under the sharded modes)."""
+    return {**GRIDS, "vae": str(vae), "fid_every": 2, "fid_ref": str(ref), "fid_num_samples": 6, "fid_steps": 3,
+            "fid_batch_size": 2, "fid_input_size": 75, "fid_random_inception": 0}
+
+
 @pytest.fixture(scope="module")
-def job(shard_dir, captioned, repa_data, tmp_path_factory):  # noqa: F811 (fixtures)
+def job(shard_dir, captioned, repa_data, tiny_vae_dir, tmp_path_factory):  # noqa: F811 (fixtures)
     root = tmp_path_factory.mktemp("parallel-job")
+    ref = root / "ref.npz"  # 8x8 latents through the tiny VAE (8x downsampling): 64x64 images
+    np.savez(ref, arr_0=np.random.default_rng(0).integers(0, 256, (6, 64, 64, 3), dtype=np.uint8))
+    hooks = _hooks(tiny_vae_dir, ref)
     latents, text, _ = captioned
     repa_shards, _, teacher = repa_data
     ic = {**{k.replace("-", "_"): v for k, v in IC_MODEL.items()}, "text": str(text), "global_batch_size": 4,
           "micro_batch_size": 2, "num_workers": 0, "grad_clip": 1.0, "max_steps": 4}
     repa = {"objective": "flow", "repa": str(teacher), "repa_depth": 1, "num_workers": 1, "max_steps": 4,
-            **_val(repa_shards)}  # the validation pass of the DiT inside the projector's root unit
+            **_val(repa_shards), **GRIDS}  # the validation pass and grids of the DiT inside the projector's root unit
     runs = [_dit(shard_dir, root / "ddp", max_steps=6),
             _dit(shard_dir, root / "zero2", max_steps=4, parallel="zero2", grad_checkpointing=True),
             # also the straight sharded run of the kill and world-size tests below: their CLI settings (CLI)
@@ -117,11 +131,13 @@ def job(shard_dir, captioned, repa_data, tmp_path_factory):  # noqa: F811 (fixtu
             _dit(repa_shards, root / "repa-fsdp", **repa, parallel="fsdp"),
             _dit(shard_dir, root / "mf-ddp", objective="meanflow", max_steps=2),
             _dit(shard_dir, root / "mf-fsdp", objective="meanflow", max_steps=2, parallel="fsdp"),
-            # the validation loss in each mode (_val), beside the zero2 and fsdp runs above without it
-            _dit(shard_dir, root / "val-ddp", max_steps=4, **_val(shard_dir)),
+            # the validation loss in each mode (_val), with grids and FID (hooks), beside the zero2 and fsdp runs
+            # above without them
+            _dit(shard_dir, root / "val-ddp", max_steps=4, **_val(shard_dir), **hooks),
             _dit(shard_dir, root / "val-zero2", max_steps=4, parallel="zero2", grad_checkpointing=True,
-                 **_val(shard_dir)),
-            _dit(shard_dir, root / "val-fsdp", max_steps=4, parallel="fsdp", log_keys=True, **_val(shard_dir)),
+                 **_val(shard_dir), **hooks),
+            _dit(shard_dir, root / "val-fsdp", max_steps=4, parallel="fsdp", log_keys=True, **_val(shard_dir),
+                 **hooks),
             _dit(shard_dir, root / "val-hsdp", max_steps=2, parallel="hsdp", hsdp_shard_size=1, **_val(shard_dir))]
     return root, _job({"runs": runs}, root)
 
@@ -179,8 +195,9 @@ def test_text_repa_and_meanflow_runs_train_as_ddp_does(job, family):
 def test_the_validation_loss_under_zero2_and_fsdp_is_ddps_and_changes_no_step(job):
     """--val-shards under the sharded modes (ZeRO-2, FSDP, HSDP, and a DiT inside REPA's projector unit): every rank
     runs the passes on its shards (train/validation.py) and rank 0 writes the DDP run's numbers (within REL_PASS at
-    step 0, where the weights are the same; within REL_WEIGHT after AdamW steps); the passes change nothing in
-    training: the steps and the final checkpoint of the same run without them, bit for bit."""
+    step 0, where the weights are the same; within REL_WEIGHT after AdamW steps); the passes, and the grids' and
+    FID's beside them (_hooks), change nothing in training: the steps and the final checkpoint of the same run
+    without them, bit for bit."""
     root, _ = job
     vals = {run: [r for r in read_metrics(root / run) if "val_run" in r]
             for run in ("val-ddp", "val-zero2", "val-fsdp", "val-hsdp", "repa-ddp", "repa-fsdp")}
@@ -203,6 +220,61 @@ def test_the_validation_loss_under_zero2_and_fsdp_is_ddps_and_changes_no_step(jo
         for key in ("model", "ema"):
             assert all(torch.equal(a[key][k], b[key][k]) for k in a[key]), (mode, key)
     assert "val   step 4: ema" in (root / "val-fsdp" / "log.txt").read_text()
+
+
+def test_grids_and_fid_under_zero2_and_fsdp_are_ddps_and_the_consolidated_files(job, tiny_vae_dir, tmp_path):
+    """--sample-every and --fid-every under the sharded modes: every rank samples through its shards (the EMA's, and
+    the raw model's, also inside REPA's projector unit) and rank 0 decodes and writes. The grids and FID numbers are
+    the DDP run's (its weights within REL_WEIGHT: at most 1 level per pixel); the step-4 grid is what dit-sample draws
+    from the consolidated checkpoint and the FID what the hook computes from it on one process, pixel for pixel and
+    to REL_PASS. That the passes change no training step: the validation test above (the same runs)."""
+    from types import SimpleNamespace
+
+    from PIL import Image
+
+    from dit_pipeline.dit.family import family_class
+    from dit_pipeline.evaluate.hook import FidHook
+    from dit_pipeline.sample import SampleConfig
+    from dit_pipeline.sample.run import run_sampling
+    from dit_pipeline.train import merge_config
+    from dit_pipeline.train.consolidate import consolidate
+    from dit_pipeline.train.hooks import build_hooks
+
+    root, _ = job
+
+    def grid(path: Path) -> np.ndarray:
+        with Image.open(path) as im:
+            return np.asarray(im).astype(int)
+
+    names = [f"step-{s:07d}{w}.png" for s in (2, 4) for w in ("", "-raw")]
+    for run, ddp in (("val-zero2", "val-ddp"), ("val-fsdp", "val-ddp"), ("repa-fsdp", "repa-ddp")):
+        assert sorted(p.name for p in (root / run / "samples").iterdir()) == sorted(names), run
+        for name in names:
+            a, b = grid(root / run / "samples" / name), grid(root / ddp / "samples" / name)
+            assert a.shape == b.shape and np.abs(a - b).max() <= 1, (run, name)
+    fid = {run: [(r["step"], r["fd_rand"]) for r in read_metrics(root / run) if "fd_rand" in r]
+           for run in ("val-ddp", "val-zero2", "val-fsdp")}
+    assert [s for s, _ in fid["val-fsdp"]] == [2, 4]
+    for run in ("val-zero2", "val-fsdp"):
+        assert_close_at_scale([v for _, v in fid[run]], [v for _, v in fid["val-ddp"]], rel=REL_WEIGHT, what=run)
+    assert grid(root / "val-fsdp" / "samples" / "step-0000002.png").std() > 0
+
+    folder = tmp_path / "checkpoints"  # the step-4 checkpoint consolidated: dit-sample and the hook on one process
+    shutil.copytree(root / "val-fsdp" / "checkpoints" / "step-0000004.dcp", folder / "step-0000004.dcp")
+    full, ema, _ = consolidate(folder / "step-0000004.dcp", quiet=True)
+    out = run_sampling(SampleConfig(ckpt=str(ema), vae=str(tiny_vae_dir), class_labels=[1, 0, 1], seed=0,
+                                    sampler="ddim", steps=5, cfg_scale=4.0, out=str(tmp_path / "grid"), quiet=True))
+    assert out.grid is not None
+    assert np.array_equal(grid(out.grid), grid(root / "val-fsdp" / "samples" / "step-0000004.png"))
+    config = json.loads((root / "val-fsdp" / "config.json").read_text())
+    (hook,) = [h for h in build_hooks(merge_config({}, config)) if isinstance(h, FidHook)]
+    ckpt = load_checkpoint(full)
+    model = family_class(ckpt["model_config"].get("family")).from_config(ckpt["model_config"])
+    model.load_state_dict(ckpt["ema"])
+    ctx = SimpleNamespace(model=model, ema=None, rank=0, world_size=1, model_config=dict(model.config), config=config,
+                          num_classes=2, latent=ckpt["latent"], device=torch.device("cpu"), step=4, run_dir=tmp_path,
+                          metrics=None, sharded=False)
+    assert_close_at_scale([hook(ctx)["fd_rand"]], [fid["val-fsdp"][1][1]], rel=REL_PASS, what="the hook's FID")
 
 
 def test_consolidated_file_is_the_gathered_model_and_samples_as_the_ddp_file(job, tiny_vae_dir, tmp_path):
@@ -329,7 +401,6 @@ def test_bad_inputs_are_one_line_and_write_nothing(shard_dir, sharded_run, tmp_p
 def test_refusals_with_the_reason(shard_dir, tmp_path):
     for over, says in (({"optimizer": "muon"}, "Muon orthogonalises each whole weight matrix"),
                        ({"precision": "fp16"}, "use --precision bf16"),
-                       ({"sample-every": 2, "vae": "x"}, "would gather the whole model onto one GPU"),
                        ({"parallel": "ddp", "hsdp-shard-size": 2}, "--hsdp-shard-size sets HSDP's shard groups"),
                        ({"gpu-memory": "lots"}, "is not a memory size such as 80GiB")):
         r = invoke_train(tiny_args(shard_dir, tmp_path / "run", **{**CLI, **over}))
