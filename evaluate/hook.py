@@ -2,15 +2,15 @@
 
 Every `every` steps all ranks sample `num_samples` images with the EMA weights (under DDP rank 0 holds the EMA; it
 is broadcast into a sampling copy on every rank; under the sharded modes every rank samples through its shards of
-the EMA, each block gathered for its pass, the ranks in lockstep) with exactly `dit-sample`'s deterministic
-sampler, through one sampling protocol (dit/protocols.py): a release's (`--protocol NAME`: its grid, solver,
-guidance rule and image conversion, with --fid-steps, --fid-cfg-scale and --fid-labels as overrides), or `custom`,
-the run objective's FID sampler (DDPM; flow: the Euler ODE; a one-step model: one mean-flow step) with `steps`
-steps (250, one-step models 1), guidance `cfg_scale` (1.5) on the channels `--cfg-channels` picks (auto:
-dit-sample's rule); classes chosen by (seed, index) as `dit-sample --num-samples N --seed S --labels L` chooses
-them (`labels`: uniform draws or equal counts per class, sample/plan.py), noise of sample i from (seed, i). Each rank extracts the Inception features of
-its images; rank 0 gathers them, computes FID, sFID, Inception Score and precision/recall against REF (whose
-features or precomputed statistics are loaded once, in `setup`) with `dit-eval`'s own function
+the EMA, each block gathered for its pass, the ranks in lockstep) with exactly `dit-sample`'s deterministic sampler,
+through one sampling protocol (dit/protocols.py): a release's (`--protocol NAME`: its grid, solver, guidance rule
+and image conversion, with --fid-steps, --fid-cfg-scale and --fid-labels as overrides), or `custom`, the run
+objective's FID sampler (DDPM; flow: the Euler ODE; a one-step model: one mean-flow step) with `steps` steps (250,
+one-step models 1), guidance `cfg_scale` (1.5) on the channels `--cfg-channels` picks (auto: dit-sample's rule);
+classes chosen by (seed, index) as `dit-sample --num-samples N --seed S --labels L` chooses them (`labels`: uniform
+draws or equal counts per class, sample/plan.py), noise of sample i from (seed, i). Each rank extracts the Inception
+features of its images; rank 0 gathers them, computes FID, sFID, Inception Score and precision/recall against REF
+(whose features or precomputed statistics are loaded once, in `setup`) with `dit-eval`'s own function
 (evaluate.run.compute_metrics, evaluation protocol `adm`), and writes them with the seconds the evaluation took to
 metrics.jsonl and TensorBoard.
 
