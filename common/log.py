@@ -18,7 +18,20 @@ def get_logger() -> logging.Logger:
     return logging.getLogger(LOGGER_NAME)
 
 
-class ConsoleHandler(logging.StreamHandler):
+class _RaisesSignalled:
+    """logging's policy is to report an error raised while a record is written and carry on. A RuntimeError that a
+    signal handler raised during the write is the caller's, not the handler's: torch's DataLoader raises "worker
+    (pid N) is killed by signal" from its SIGCHLD handler wherever the main thread is, and inside a log call it was
+    printed as a "--- Logging error ---" traceback and lost. It propagates to the caller instead, like one raised
+    anywhere else (RecursionError, a RuntimeError too, logging re-raises itself)."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        if isinstance(sys.exc_info()[1], RuntimeError):
+            raise  # noqa: PLE0704 - called inside the emitting handler's except block
+        super().handleError(record)  # type: ignore[misc]
+
+
+class ConsoleHandler(_RaisesSignalled, logging.StreamHandler):
     """The console's handler: each line through `tqdm.write`, which lifts a progress bar drawn on the same stream
     off its line, writes the message on a line of its own and redraws the bar below it (a plain write when no
     bar is shown)."""
@@ -29,8 +42,12 @@ class ConsoleHandler(logging.StreamHandler):
         try:
             tqdm.write(self.format(record), file=self.stream)
             self.flush()
-        except Exception:  # noqa: BLE001 - logging's own policy: report, never raise
+        except Exception:  # noqa: BLE001 - logging's own policy: report, never raise (but _RaisesSignalled)
             self.handleError(record)
+
+
+class FileHandler(_RaisesSignalled, logging.FileHandler):
+    """A log file's handler (logging.FileHandler with _RaisesSignalled's rule)."""
 
 
 def setup_logging(log_dir: str | Path | None = None, *, quiet: bool = False,
@@ -62,12 +79,12 @@ def setup_logging(log_dir: str | Path | None = None, *, quiet: bool = False,
     if log_dir is not None:
         log_dir = Path(log_dir)
         log_dir.mkdir(parents=True, exist_ok=True)
-        fh = logging.FileHandler(log_dir / f"rank{r}.log")
+        fh = FileHandler(log_dir / f"rank{r}.log")
         fh.setFormatter(fmt_file)
         logger.addHandler(fh)
     if main_log is not None and r == 0:
         Path(main_log).parent.mkdir(parents=True, exist_ok=True)
-        mh = logging.FileHandler(main_log)
+        mh = FileHandler(main_log)
         mh.setFormatter(fmt_file)
         logger.addHandler(mh)
     return logger

@@ -7,6 +7,7 @@ sample i from (seed, i)), so a grid the trainer saved at step k is reproduced by
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 from dataclasses import dataclass, field
@@ -381,7 +382,7 @@ class SampleGridHook:
         """Before training (rank 0, and under the sharded modes every rank, which samples beside it): the VAE on
         rank 0's training device, its latent channels and the classes checked against the model; UserError naming
         the mismatch."""
-        if ctx.rank != 0 and not ctx.sharded:
+        if ctx.rank != 0 and not getattr(ctx, "sharded", False):
             return
         if ctx.rank == 0:
             identity = self.load(ctx.device)
@@ -407,7 +408,7 @@ class SampleGridHook:
         """Write this step's grid(s); returns the path of the last one written (None on other ranks). Rank 0 samples
         and draws; under the sharded modes every rank runs the same passes of its shards (a collective) and rank 0
         alone decodes them."""
-        if ctx.rank != 0 and not ctx.sharded:
+        if ctx.rank != 0 and not getattr(ctx, "sharded", False):
             return None
         if ctx.rank == 0:
             self.load(ctx.device)
@@ -419,7 +420,7 @@ class SampleGridHook:
         path = None
         for w in {"ema": ["ema"], "raw": ["raw"], "both": ["ema", "raw"]}[self.weights]:
             module = ctx.ema if w == "ema" and ctx.ema is not None else ctx.model
-            with ctx.evaluation(module) as model:
+            with getattr(ctx, "evaluation", contextlib.nullcontext)(module) as model:
                 images = sample_grid(model, vae=self._vae if ctx.rank == 0 else None,
                                      norm=LatentNorm.from_record(ctx.latent), class_labels=labels, seed=self.seed,
                                      steps=self.steps, sampler=self.sampler, cfg_scale=cfg_scale,

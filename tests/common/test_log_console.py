@@ -25,3 +25,34 @@ def test_a_log_line_never_lands_on_the_progress_bar_line(monkeypatch):
     assert re.search(r"3/10[^\r]*\r +\r$", before), repr(before)  # the bar's line blanked, then the message
     assert "checkpoint written\n" in text and "4/10" in text[text.index("checkpoint written"):]  # bar redrawn below
     setup_logging(None, quiet=True)  # leave no handler on the replaced stream
+
+
+class _Failing(io.StringIO):
+    def __init__(self, error: Exception):
+        super().__init__()
+        self.error = error
+
+    def write(self, text: str) -> int:
+        raise self.error
+
+
+def test_a_runtime_error_raised_during_a_write_reaches_the_caller(monkeypatch):
+    """A RuntimeError raised while a line is written (torch's DataLoader raises one from its SIGCHLD handler, wherever
+    the main thread is) propagates to the caller instead of being printed as a "Logging error" traceback and lost;
+    the stream's own failures (OSError) stay logging's: reported on stderr, never raised."""
+    import pytest
+
+    for error, raised in ((RuntimeError("DataLoader worker (pid 7) is killed by signal: Killed."), True),
+                          (OSError(5, "Input/output error"), False)):
+        monkeypatch.setattr(sys, "stderr", _Failing(error))
+        log = setup_logging(None)  # the console handler writes to the failing stream
+        report = io.StringIO()
+        monkeypatch.setattr(sys, "stderr", report)  # where logging reports its own errors
+        if raised:
+            with pytest.raises(RuntimeError, match="pid 7"):
+                log.info("a line")
+            assert report.getvalue() == ""
+        else:
+            log.info("a line")
+            assert "--- Logging error ---" in report.getvalue() and "Input/output error" in report.getvalue()
+    setup_logging(None, quiet=True)
