@@ -42,6 +42,9 @@ class HookContext:
     # holds both whole, and `evaluation(module)` yields the module itself.
     sharded: bool = False
     evaluation: Callable[[torch.nn.Module], ContextManager[torch.nn.Module]] = contextlib.nullcontext
+    # A text run: its text encoder (rebuilt from the text set's identity, common/text_encoders.py) loaded on each
+    # call, for prompts a hook encodes once (the grids'); None for every other run.
+    text_encoder: Callable[[], Any] | None = None
 
 
 class PeriodicHook(Protocol):

@@ -12,7 +12,7 @@ import io
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -30,8 +30,8 @@ from dit_pipeline.common.rae_decoder import fit_decoder
 from dit_pipeline.common.vae import load_vae
 from dit_pipeline.dit.respace import TRAIN_TIMESTEPS, ddim_stride, nearest_ddim_steps
 from dit_pipeline.sample.config import GRID_SAMPLER, SAMPLERS
-from dit_pipeline.sample.generate import (as_norm, generate_images, generate_latents, make_diffusion,
-                                          resolve_cfg_channels)
+from dit_pipeline.sample.generate import (as_norm, generate_images, generate_latents, guided_model_fn,
+                                          make_diffusion, resolve_cfg_channels)
 
 GRID_PADDING = 2
 
@@ -128,8 +128,9 @@ def sample_grid(model: nn.Module, *, vae: nn.Module | None, scaling_factor: floa
                 sampler: str = "ddim", cfg_scale: float = 4.0, cfg_channels: str = "auto", batch_size: int | None = None,
                 precision: str = "fp32", cpu_threads: int = DEFAULT_CPU_THREADS,
                 norm: LatentNorm | None = None, time_shift: float = 1.0,
-                prediction: dict[str, Any] | None = None) -> np.ndarray | None:
-    """Sample one image per entry of `class_labels` -> uint8 [N, H, W, 3] (numpy).
+                prediction: dict[str, Any] | None = None, condition: Mapping[str, torch.Tensor] | None = None,
+                null: tuple[torch.Tensor, torch.Tensor] | None = None) -> np.ndarray | None:
+    """Sample one image per entry of `class_labels` (or per row of `condition`) -> uint8 [N, H, W, 3] (numpy).
 
     model: a DiT (not DDP-wrapped; pass the EMA copy) on its device; `vae` on the same device.
     Image i uses the noise of (seed, i), exactly as `dit-sample --seed seed --class-labels ...` would.
@@ -141,6 +142,8 @@ def sample_grid(model: nn.Module, *, vae: nn.Module | None, scaling_factor: floa
     size and `--cpu-threads` on the same machine; another batch size changes the last float bits.
     time_shift: a flow sampler's grid shift (dit/shift.py; the run's, as dit-sample reads it from the checkpoint).
     prediction: a flow model's recorded prediction (dit.flow_predictions.prediction_from_record; None: velocity).
+    condition, null: a text model's inputs, the prompts' features {"text", "text_mask"} (a row per image; class_labels
+    then only count them) and the empty prompt's (text, mask), the guidance's null (sample.prompts.TextSampling).
     """
     if sampler not in SAMPLERS:
         raise ValueError(f"sampler must be one of {', '.join(SAMPLERS)}, got {sampler!r}")
@@ -152,28 +155,33 @@ def sample_grid(model: nn.Module, *, vae: nn.Module | None, scaling_factor: floa
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
+    how: dict[str, Any] = {"sampler": sampler, "cfg_scale": cfg_scale, "cfg_channels": cfg_channels,
+                           "autocast_dtype": AUTOCAST_DTYPES[precision]}
+    if null is not None:  # guidance against the empty prompt, as dit-sample guides a text model
+        how["model_fn"] = guided_model_fn(model, cfg_scale=cfg_scale, cfg_channels=cfg_channels,
+                                          autocast_dtype=how["autocast_dtype"], conditioning=model.conditioning(*null))
     try:
         with pinned_threads(device, cpu_threads):
             return _sample_chunks(model, vae, diffusion, labels, batch_size or len(labels), seed=seed,
-                                  norm=as_norm(norm, scaling_factor, shift_factor), sampler=sampler,
-                                  cfg_scale=cfg_scale, cfg_channels=cfg_channels,
-                                  autocast_dtype=AUTOCAST_DTYPES[precision])
+                                  norm=as_norm(norm, scaling_factor, shift_factor), condition=condition, **how)
     finally:
         model.train(was_training)
 
 
 def _sample_chunks(model: nn.Module, vae: nn.Module | None, diffusion, labels: list[int], step: int, *, seed: int,
-                   norm: LatentNorm, **kwargs: Any) -> np.ndarray | None:
-    """Images [0, step), [step, 2*step), ... of `labels`, concatenated (the global chunks of dit-sample); without a
-    VAE their latents only, and None."""
+                   norm: LatentNorm, condition: Mapping[str, torch.Tensor] | None, **kwargs: Any) -> np.ndarray | None:
+    """Images [0, step), [step, 2*step), ... of `labels` (or of `condition`'s rows), concatenated (the global chunks of
+    dit-sample); without a VAE their latents only, and None."""
     chunks = []
     for start in range(0, len(labels), step):
         idx = list(range(start, min(start + step, len(labels))))
+        given = dict(labels=[labels[i] for i in idx], seed=seed,
+                     condition=None if condition is None else {k: v[idx[0]:idx[-1] + 1] for k, v in condition.items()},
+                     **kwargs)
         if vae is None:
-            generate_latents(model, diffusion, indices=idx, labels=[labels[i] for i in idx], seed=seed, **kwargs)
+            generate_latents(model, diffusion, indices=idx, **given)
             continue
-        chunks.append(generate_images(model, vae, diffusion, indices=idx, labels=[labels[i] for i in idx],
-                                      seed=seed, norm=norm, **kwargs))
+        chunks.append(generate_images(model, vae, diffusion, indices=idx, norm=norm, **given))
     return torch.cat(chunks).numpy() if chunks else None
 
 
@@ -266,6 +274,10 @@ class GridSettings(DecodeSettings):
     sample_classes: list[int | str] | None = setting(
         None, "Classes of the sample grids, comma-separated, e.g. 207,360,387", group=GRIDS,
         shown="8 spread over the label range")
+    sample_prompts: str | None = setting(
+        None, "A text run's grid prompts, one tile each: a file of one prompt per line, JSON Lines with a \"prompt\" "
+        "per line, or JSON (as dit-sample --prompts), encoded once by the run's text encoder", group=GRIDS,
+        shown="required by a text run's grids")
     sample_steps: int = setting(50, "DDIM (flow: Euler) steps of the sample grids", group=GRIDS)
     sample_weights: str = setting(
         "ema", "Weights the grids show: ema, raw (step-NNNNNNN-raw.png) or both; an EMA of decay 0.9999 averages "
@@ -287,7 +299,8 @@ class GridSettings(DecodeSettings):
         grids' sampler, GRID_SAMPLER of the run's objective: only DDIM restricts the step count)."""
         p = choice(self, "sample_weights", SAMPLE_WEIGHTS) + self.cfg_channels_problems()
         if self.sample_every is None:
-            grid_only = ("sample_classes",) if fid_on else ("vae", "vae_config", "sample_classes")
+            grid_only = (("sample_classes", "sample_prompts") if fid_on
+                         else ("vae", "vae_config", "sample_classes", "sample_prompts"))
             given = [flag_name(n) for n in grid_only if getattr(self, n)]
             if given:
                 p.append(f"{', '.join(given)} only serve the sample grids: add --sample-every N (or drop them)")
@@ -298,6 +311,9 @@ class GridSettings(DecodeSettings):
                 parse_classes(self.sample_classes)
             except ValueError as e:
                 p.append(f"--sample-classes: {e}")
+            if self.sample_prompts is not None:
+                p.append("--sample-classes and --sample-prompts: a class run's grids draw classes, a text run's "
+                         "prompts; give the one of this run")
         steps = self.sample_steps
         if isinstance(steps, bool) or not isinstance(steps, int) or not (1 <= steps <= TRAIN_TIMESTEPS and (
                 sampler != "ddim" or ddim_stride(steps))):
@@ -351,18 +367,23 @@ class SampleGridHook:
     cfg_channels: str = "auto"  # resolved per model: sample.generate.resolve_cfg_channels
     precision: str = "fp32"
     weights: str = "ema"  # ema | raw | both (raw grids are step-NNNNNNN-raw.png)
+    prompts: list[dict[str, Any]] | None = None  # a text run's (common.prompts.read_prompts records), a tile each
     _vae: Any = field(default=None, init=False, repr=False)
     _identity: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
+    _text: dict[str, Any] = field(default_factory=dict, init=False, repr=False)  # the prompts encoded (setup)
 
     @classmethod
     def from_settings(cls, s: GridSettings, *, vae: str, vae_config: str | None, seed: int,
                       objective: str) -> "SampleGridHook":
         """The hook a TrainConfig's grid settings ask for (`vae`: the --vae or the manifest's VAE)."""
+        from dit_pipeline.common.prompts import read_prompts
+
         assert s.sample_every is not None
+        prompts = read_prompts(s.sample_prompts, "--sample-prompts") if s.sample_prompts else None
         return cls(every=s.sample_every, vae=vae, vae_config=vae_config, class_labels=s.sample_classes, seed=seed,
                    steps=s.sample_steps, sampler=GRID_SAMPLER[objective],
                    cfg_scale=effective_cfg_scale(s.sample_cfg_scale, GRID_CFG_SCALE, objective, s, "--sample-cfg-scale"),
-                   cfg_channels=str(s.cfg_channels), weights=s.sample_weights)
+                   cfg_channels=str(s.cfg_channels), weights=s.sample_weights, prompts=prompts)
 
     def channels_used(self, model_config: dict[str, Any]) -> str:
         """--cfg-channels for this model ("3", "all", "N"): the run's own model is DiT's/SiT's (SiT's time)."""
@@ -394,6 +415,9 @@ class SampleGridHook:
                                 "with")
             fit_decoder(self._vae, identity, ctx.latent, int(ctx.model_config["input_size"]), f"--vae {self.vae!r}")
         self.channels_used(ctx.model_config)  # a bad --cfg-channels N fails before training
+        if ctx.model_config.get("conditioning") == "text":
+            self._encode_prompts(ctx)
+            return
         if self.class_labels:  # names (and ambiguous numbers) as dit-sample takes them, against the shards' names
             from dit_pipeline.sample.names import class_ids
 
@@ -404,6 +428,19 @@ class SampleGridHook:
             raise UserError(f"--sample-classes {bad}: the model has {ctx.num_classes} classes (ids 0.."
                             f"{ctx.num_classes - 1})")
 
+    def _encode_prompts(self, ctx: HookContext) -> None:
+        """A text run: its prompts' features and the empty prompt's (the guidance's null), encoded once by the run's
+        text encoder (HookContext.text_encoder), which is let go after."""
+        from dit_pipeline.sample.prompts import TextSampling
+
+        encoder = getattr(ctx, "text_encoder", None)
+        if not self.prompts or encoder is None:
+            raise UserError("a text run's sample grids draw prompts: pass --sample-prompts FILE (one prompt per line)")
+        ids = np.arange(len(self.prompts))
+        sampling = TextSampling(self.prompts, ids, encoder(), ctx.device)
+        self._text = {"condition": sampling.condition(ids.tolist()), "labels": sampling.grid_labels(ids.tolist()),
+                      "null": (sampling.null_text, sampling.null_mask)}
+
     def __call__(self, ctx: HookContext) -> Path | None:
         """Write this step's grid(s); returns the path of the last one written (None on other ranks). Rank 0 samples
         and draws; under the sharded modes every rank runs the same passes of its shards (a collective) and rank 0
@@ -413,10 +450,14 @@ class SampleGridHook:
         if ctx.rank == 0:
             self.load(ctx.device)
             self._vae.to(ctx.device)
+        if ctx.model_config.get("conditioning") == "text" and not self._text:
+            self._encode_prompts(ctx)
         labels = list(self.class_labels) if self.class_labels else default_grid_labels(ctx.num_classes)
         # A model trained without class dropout has no null class: show it unguided.
         cfg_scale = self.cfg_scale if float(ctx.model_config.get("class_dropout_prob", 0.1)) > 0 else 1.0
         texts = label_texts(labels, getattr(ctx, "class_names", None))
+        if self._text:  # a text run: a tile per prompt, labelled with it
+            labels, texts = [0] * len(self._text["labels"]), self._text["labels"]
         path = None
         for w in {"ema": ["ema"], "raw": ["raw"], "both": ["ema", "raw"]}[self.weights]:
             module = ctx.ema if w == "ema" and ctx.ema is not None else ctx.model
@@ -425,7 +466,8 @@ class SampleGridHook:
                                      norm=LatentNorm.from_record(ctx.latent), class_labels=labels, seed=self.seed,
                                      steps=self.steps, sampler=self.sampler, cfg_scale=cfg_scale,
                                      cfg_channels=self.channels_used(ctx.model_config), precision=self.precision,
-                                     time_shift=run_time_shift(ctx.config), prediction=run_prediction(ctx.config))
+                                     time_shift=run_time_shift(ctx.config), prediction=run_prediction(ctx.config),
+                                     condition=self._text.get("condition"), null=self._text.get("null"))
             if images is None:  # a sharded run's other ranks
                 continue
             name = f"step-{ctx.step:07d}{'-raw' if w == 'raw' else ''}.png"

@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Sequence, cast
 
@@ -91,6 +92,7 @@ class Trainer:
         self.latent_shape = tuple(self.source.manifest.latent_shape)
         self.shard_set = shard_set_part(prep)
         self.cond = run_conditioning(net.model, prep.text)  # dit/conditioning.py, train/text.py
+        self.text_set = prep.text
         # --text: the text set's features beside each batch (cached), or the batch's captions encoded here (online)
         self.text = BatchText(online_encoder(prep.text, self.device) if prep.text is not None
                               and self.cfg.text_features == "online" else None)
@@ -419,7 +421,9 @@ class Trainer:
                            model_config=self.p.model.config, latent=dict(self.shard_set.latent),
                            num_classes=m.num_classes, config=self.cfg.to_dict(), metrics=self.metrics,
                            class_names=list(m.class_names) if m.class_names else None,
-                           sharded=self.p.parallel.sharded, evaluation=self.p.parallel.evaluation)
+                           sharded=self.p.parallel.sharded, evaluation=self.p.parallel.evaluation,
+                           text_encoder=None if self.text_set is None else partial(online_encoder, self.text_set,
+                                                                                   self.device))
 
     # -- checkpoints ----------------------------------------------------------------------------------
     def restore(self, ckpt: dict[str, Any], where: Path) -> None:

@@ -47,6 +47,8 @@ def grids_line(prep: Preflight) -> list[str]:
     if not cfg.sample_every:
         return []
     line = f"  grids       every {cfg.sample_every} steps, {cfg.sample_weights} weights"
+    if cfg.sample_prompts:
+        line += f", the prompts of {cfg.sample_prompts}"
     horizon = 1.0 / max(1.0 - cfg.ema_decay, 1e-12)
     if cfg.sample_weights == "ema" and prep.total_steps and prep.total_steps < EMA_SHORT_RUN * horizon:
         line += (f"; the EMA (decay {cfg.ema_decay:g}) averages over ~{horizon:,.0f} steps and this run has "

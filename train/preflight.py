@@ -255,6 +255,9 @@ def condition_kwargs(cfg: TrainConfig, text: TextSet | None) -> dict[str, Any]:
     """create_model's arguments for the run's condition (dit/conditioning.py): none for class labels; a text model
     takes the features' width and, where the family has condition tokens, the longest text as their count."""
     kind = run_condition(cfg, text)
+    if kind != "text" and cfg.sample_prompts:
+        raise UserError(f"--sample-prompts: prompts draw a text run's grids; this run is conditioned on {kind} "
+                        f"{'labels (--sample-classes picks the classes)' if kind == 'class' else '(nothing)'}")
     if kind == "class":
         return {}
     out: dict[str, Any] = {"conditioning": kind}
@@ -265,9 +268,15 @@ def condition_kwargs(cfg: TrainConfig, text: TextSet | None) -> dict[str, Any]:
     problems = []
     if cfg.objective == "imf":  # the release's network takes class labels (dit/imf.py)
         problems.append(f"--objective {cfg.objective} trains class-conditional models here")
-    if cfg.sample_every or cfg.fid_every:
-        problems.append("the periodic grids and FID (--sample-every, --fid-every) sample class labels; sample this "
-                        "model's checkpoints with dit-sample (a text model: --prompt)")
+    if kind == "text" and cfg.sample_every and not cfg.sample_prompts:
+        problems.append("its sample grids draw prompts: pass --sample-prompts FILE (one prompt per line)")
+    if kind == "text" and cfg.sample_classes:
+        problems.append("--sample-classes picks a class run's grids; a text run's draw --sample-prompts")
+    if cfg.fid_every or (kind != "text" and cfg.sample_every):
+        what = ("FID during training (--fid-every) samples" if kind == "text" else
+                "the periodic grids and FID (--sample-every, --fid-every) sample")
+        problems.append(f"{what} class labels; sample this model's checkpoints with dit-sample"
+                        + (" --prompts (dit-eval --t2i scores them)" if kind == "text" else ""))
     if problems:
         raise UserError(f"--conditioning {kind}: " + "; ".join(problems))
     return out

@@ -72,10 +72,17 @@ def _invoke(args):
     ({"sample-every": 2, "vae": "/nope/vae"}, 1, "--vae '/nope/vae': no such file or folder"),
     ({"sample-every": 2, "vae": "VAE", "sample-classes": "0,5"}, 1, "--sample-classes 0,5: the shard set has 2 "
                                                                     "classes, ids 0..1"),
+    ({"sample-every": 2, "vae": "VAE", "sample-prompts": "/nope/p.txt"}, 1, "--sample-prompts /nope/p.txt: cannot "
+                                                                            "read it"),
+    ({"sample-every": 2, "vae": "VAE", "sample-prompts": "OWN"}, 1, "--sample-prompts: prompts draw a text run's "
+                                                                    "grids; this run is conditioned on class labels"),
+    ({"vae": "VAE", "sample-prompts": "OWN"}, 2, "--vae, --sample-prompts only serve the sample grids"),
 ])
 def test_grid_options_are_checked_before_any_work(shards, tiny_vae_dir, tmp_path, opts, code, message):
     run_dir = tmp_path / "run"
-    opts = {k: (str(tiny_vae_dir) if v == "VAE" else v) for k, v in opts.items()}
+    (tmp_path / "p.txt").write_text("a cat\n")
+    opts = {k: {"VAE": str(tiny_vae_dir), "OWN": str(tmp_path / "p.txt")}.get(v, v) if isinstance(v, str) else v
+            for k, v in opts.items()}
     r = _invoke(tiny_args(shards, run_dir, **{"num-workers": 0, "quiet": None, **opts}))
     assert r.exit_code == code, r.output
     assert message in r.output and "Traceback" not in r.output

@@ -93,7 +93,7 @@ def test_the_plan_names_the_condition(shard_dir, tmp_path):
     assert "  condition   2 classes; dropout 0.1 to the null label 2" in r.output
 
 
-def test_a_text_set_builds_a_text_model_and_refuses_imf_and_the_class_grids():
+def test_a_text_set_builds_a_text_model_and_refuses_imf_class_grids_and_fid():
     from dit_pipeline.train.preflight import condition_kwargs
 
     base = {"shards": "s", "run_dir": "r", "model": "ddt-en28d1152hd72-dn2d2048hd128"}
@@ -102,7 +102,16 @@ def test_a_text_set_builds_a_text_model_and_refuses_imf_and_the_class_grids():
                                                               "num_c_tokens": 256}  # the encoder's max length
     assert condition_kwargs(merge_config({}, base), None) == {}  # no --text: class labels
     with pytest.raises(UserError) as e:
-        condition_kwargs(merge_config({}, {**base, "objective": "imf", "sample_every": 10}), text)
-    assert str(e.value) == ("--conditioning text: --objective imf trains class-conditional models here; the "
-                            "periodic grids and FID (--sample-every, --fid-every) sample class labels; sample this "
-                            "model's checkpoints with dit-sample (a text model: --prompt)")
+        condition_kwargs(merge_config({}, {**base, "objective": "imf", "sample_every": 10, "fid_every": 10}), text)
+    assert str(e.value) == ("--conditioning text: --objective imf trains class-conditional models here; its sample "
+                            "grids draw prompts: pass --sample-prompts FILE (one prompt per line); FID during training "
+                            "(--fid-every) samples class labels; sample this model's checkpoints with dit-sample "
+                            "--prompts (dit-eval --t2i scores them)")
+    with pytest.raises(UserError, match=r"^--conditioning text: --sample-classes picks a class run's grids"):
+        condition_kwargs(merge_config({}, {**base, "sample_every": 10, "sample_prompts": "p.txt",
+                                           "sample_classes": "1"}), text)
+    with pytest.raises(UserError, match=r"^--sample-prompts: prompts draw a text run's grids; this run is conditioned "
+                                        r"on class labels \(--sample-classes picks the classes\)$"):
+        condition_kwargs(merge_config({}, {**base, "sample_every": 10, "sample_prompts": "p.txt"}), None)
+    assert condition_kwargs(merge_config({}, {**base, "sample_every": 10, "sample_prompts": "p.txt"}),
+                            text)["conditioning"] == "text"  # a text run's grids

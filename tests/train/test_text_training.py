@@ -54,8 +54,16 @@ def _args(latents, text, run_dir, **more):
 
 @pytest.mark.determinism
 def test_text_training_resumes_bit_identically_and_samples_from_prompts(captioned, tiny_vae_dir, tmp_path):
+    """A text run on 2 ranks, with its grids of prompts (--sample-prompts: encoded once by the run's encoder), killed
+    and resumed: the same steps and weights; the step-4 grid is what dit-sample draws from its EMA file with the
+    same prompts, pixel for pixel; dit-sample rebuilds the encoder from the run's record."""
+    from PIL import Image
+
     latents, text, qwen = captioned
-    straight, a, b = straight_killed_resumed(lambda run: _args(latents, text, run), tmp_path, STEPS, KEYS,
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a photo of a cat sitting on a red sofa\nimage 3\na dog\n")
+    grids = {"sample-every": 2, "sample-prompts": prompts, "sample-steps": 5, "sample-weights": "both"}
+    straight, a, b = straight_killed_resumed(lambda run: _args(latents, text, run, **grids), tmp_path, STEPS, KEYS,
                                              timeout=900)
     for key in ("model", "ema"):
         assert a[key].keys() == b[key].keys() and all(torch.equal(a[key][n], b[key][n]) for n in a[key]), key
@@ -67,6 +75,7 @@ def test_text_training_resumes_bit_identically_and_samples_from_prompts(captione
     assert a["text"]["null_text"].shape == (0, 32)  # Qwen3's empty prompt has no token
     plan = (straight / "log.txt").read_text()
     assert "  condition   text features of width 32; dropout 0.1 to the empty prompt's features; text encoder" in plan
+    assert f"  grids       every 2 steps, both weights, the prompts of {prompts}\n" in plan
     sidecar = json.loads((straight / "checkpoints" / f"step-{STEPS:07d}-ema.json").read_text())
     assert sidecar["text"]["encoder"]["source"] == str(qwen)
 
@@ -75,6 +84,21 @@ def test_text_training_resumes_bit_identically_and_samples_from_prompts(captione
                               "image 3"], num_samples=4, cfg_scale=2.0, sampler="euler", steps=2, out=str(out),
                               npz=str(tmp_path / "s.npz"), quiet=True))  # the encoder from the run's record
     assert np.load(tmp_path / "s.npz")["arr_1"].tolist() == [0, 0, 1, 1] and (out / "grid.png").is_file()
+
+    names = {f"step-{s:07d}{w}.png" for s in (2, 4) for w in ("", "-raw")}
+    assert {p.name for p in (straight / "samples").iterdir()} == names == {p.name for p in
+                                                                            (tmp_path / "resumed" / "samples").iterdir()}
+    config = json.loads((straight / "config.json").read_text())
+    from dit_pipeline.sample.config import GRID_SAMPLER
+
+    result = run_sampling(SampleConfig(ckpt=str(straight / "checkpoints" / f"step-{STEPS:07d}-ema.pt"),
+                                       vae=str(tiny_vae_dir), prompts_file=str(prompts), seed=config["seed"],
+                                       sampler=GRID_SAMPLER[config["objective"]], steps=5, cfg_scale=4.0,
+                                       out=str(tmp_path / "again"), quiet=True))
+    with Image.open(result.grid) as x, Image.open(straight / "samples" / f"step-{STEPS:07d}.png") as y:
+        assert np.asarray(x).std() > 0 and np.array_equal(np.asarray(x), np.asarray(y))
+    for name in names:  # the resumed run's grids: the straight run's
+        assert (tmp_path / "resumed" / "samples" / name).read_bytes() == (straight / "samples" / name).read_bytes()
 
 
 def test_online_features_give_the_cached_losses(captioned, tmp_path):
