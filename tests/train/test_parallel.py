@@ -112,8 +112,10 @@ def job(shard_dir, captioned, repa_data, tiny_vae_dir, tmp_path_factory):  # noq
     hooks = _hooks(tiny_vae_dir, ref)
     latents, text, _ = captioned
     repa_shards, _, teacher = repa_data
+    (root / "prompts.txt").write_text("a photo of a cat\nimage 3\n")
     ic = {**{k.replace("-", "_"): v for k, v in IC_MODEL.items()}, "text": str(text), "global_batch_size": 4,
-          "micro_batch_size": 2, "num_workers": 0, "grad_clip": 1.0, "max_steps": 4}
+          "micro_batch_size": 2, "num_workers": 0, "grad_clip": 1.0, "max_steps": 4, "sample_every": 2,
+          "sample_steps": 5, "sample_prompts": str(root / "prompts.txt")}  # grids of prompts
     repa = {"objective": "flow", "repa": str(teacher), "repa_depth": 1, "num_workers": 1, "max_steps": 4,
             **_val(repa_shards), **GRIDS}  # the validation pass and grids of the DiT inside the projector's root unit
     runs = [_dit(shard_dir, root / "ddp", max_steps=6),
@@ -224,7 +226,7 @@ def test_the_validation_loss_under_zero2_and_fsdp_is_ddps_and_changes_no_step(jo
 
 def test_grids_and_fid_under_zero2_and_fsdp_are_ddps_and_the_consolidated_files(job, tiny_vae_dir, tmp_path):
     """--sample-every and --fid-every under the sharded modes: every rank samples through its shards (the EMA's, and
-    the raw model's, also inside REPA's projector unit) and rank 0 decodes and writes. The grids and FID numbers are
+    the raw model's, also inside REPA's projector unit; a text run's prompts) and rank 0 decodes and writes. The grids and FID numbers are
     the DDP run's (its weights within REL_WEIGHT: at most 1 level per pixel); the step-4 grid is what dit-sample draws
     from the consolidated checkpoint and the FID what the hook computes from it on one process, pixel for pixel and
     to REL_PASS. That the passes change no training step: the validation test above (the same runs)."""
@@ -247,9 +249,11 @@ def test_grids_and_fid_under_zero2_and_fsdp_are_ddps_and_the_consolidated_files(
             return np.asarray(im).astype(int)
 
     names = [f"step-{s:07d}{w}.png" for s in (2, 4) for w in ("", "-raw")]
-    for run, ddp in (("val-zero2", "val-ddp"), ("val-fsdp", "val-ddp"), ("repa-fsdp", "repa-ddp")):
-        assert sorted(p.name for p in (root / run / "samples").iterdir()) == sorted(names), run
-        for name in names:
+    for run, ddp in (("val-zero2", "val-ddp"), ("val-fsdp", "val-ddp"), ("repa-fsdp", "repa-ddp"),
+                     ("ic-fsdp", "ic-ddp")):
+        want = names if run != "ic-fsdp" else [n for n in names if "raw" not in n]  # a text run: EMA grids of prompts
+        assert sorted(p.name for p in (root / run / "samples").iterdir()) == sorted(want), run
+        for name in want:
             a, b = grid(root / run / "samples" / name), grid(root / ddp / "samples" / name)
             assert a.shape == b.shape and np.abs(a - b).max() <= 1, (run, name)
     fid = {run: [(r["step"], r["fd_rand"]) for r in read_metrics(root / run) if "fd_rand" in r]
