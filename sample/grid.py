@@ -265,11 +265,12 @@ class DecodeSettings:
 @dataclass(kw_only=True)
 class GridSettings(DecodeSettings):
     """Every `sample_every` steps rank 0 writes RUN/samples/step-NNNNNNN.png of the EMA model's samples of
-    fixed classes and seeds (sample.grid.SampleGridHook)."""
+    fixed classes (a text run: prompts) and seeds (sample.grid.SampleGridHook)."""
 
     sample_every: int | None = setting(
         None, "Every N steps rank 0 writes RUN/samples/step-NNNNNNN.png, a grid of the EMA model's samples (DDIM; "
-        "Euler ODE for --objective flow) of fixed classes and seeds, labelled with the class names", group=GRIDS,
+        "Euler ODE for --objective flow) of fixed classes (a text run: --sample-prompts) and seeds, labelled with "
+        "the class names (the prompts)", group=GRIDS,
         shown="off")
     sample_classes: list[int | str] | None = setting(
         None, "Classes of the sample grids, comma-separated, e.g. 207,360,387", group=GRIDS,
@@ -350,10 +351,11 @@ class SampleGridHook:
     """Trainer hook (train.hooks.PeriodicHook): every `every` steps rank 0 writes a labelled grid of the
     EMA model's samples (the raw model when there is no EMA) to RUN/samples/step-0001000.png.
 
-    Classes and noise are fixed (seed, index), so the grids of one run show the same images evolving.
-    It draws no global random numbers, so training stays exactly resumable. The VAE loads with `load()`
-    (the CLI calls it before training starts, so a bad --vae fails at once), else in `setup`, which the
-    trainer calls before the first step and which checks the VAE and the classes against the model.
+    Classes (a text run: the prompts of --sample-prompts, a tile each) and noise are fixed (seed, index), so the
+    grids of one run show the same images evolving. It draws no global random numbers, so training stays exactly
+    resumable. The VAE loads with `load()` (the CLI calls it before training starts, so a bad --vae fails at once),
+    else in `setup`, which the trainer calls before the first step and which checks the VAE and the classes against
+    the model, or encodes a text run's prompts. Under the sharded modes every rank samples beside rank 0.
     """
 
     every: int

@@ -2,8 +2,9 @@
 
 The trainer calls every hook on every rank right after step `ctx.step` is complete (optimizer and EMA
 updated, checkpoint written if one was due) whenever `ctx.step % hook.every == 0`. A hook decides itself
-which ranks do work (typically rank 0 only, with `ctx.ema`, which only rank 0 holds); ranks that skip the
-work simply wait at their next collective, so a hook should take well under the collective timeout
+which ranks do work (under DDP typically rank 0 only, with `ctx.ema`, which only rank 0 holds; under the
+sharded modes every rank runs the model's passes together, `ctx.evaluation`, and rank 0 writes); ranks that
+skip the work simply wait at their next collective, so a hook should take well under the collective timeout
 (DIT_DIST_TIMEOUT, 600 s by default). `build_hooks(cfg)` makes the hooks a TrainConfig asks for (today the
 sample grids of sample/, imported only when asked for); they are passed to `train.run(cfg, hooks=[...])`,
 whose loop knows only the `PeriodicHook` protocol below.
@@ -56,8 +57,8 @@ def _recorded_vae(cfg: "TrainConfig") -> tuple[str, str | None]:
 
 
 def build_hooks(cfg: "TrainConfig") -> list[PeriodicHook]:
-    """The hooks `cfg` asks for: a SampleGridHook with --sample-every, an evaluate.hook.FidHook with
-    --fid-every; none without them.
+    """The hooks `cfg` asks for: a ValidationHook with --val-shards, a SampleGridHook with --sample-every, an
+    evaluate.hook.FidHook with --fid-every; none without them.
 
     Validates the config first (ConfigError, exit 2). Rank 0, the one that draws, loads the VAE at once, so
     a bad --vae fails before any training work.
