@@ -269,8 +269,8 @@ class GridSettings(DecodeSettings):
 
     sample_every: int | None = setting(
         None, "Every N steps rank 0 writes RUN/samples/step-NNNNNNN.png, a grid of the EMA model's samples (DDIM; "
-        "Euler ODE for --objective flow) of fixed classes (a text run: --sample-prompts) and seeds, labelled with "
-        "the class names (the prompts)", group=GRIDS,
+        "Euler ODE for --objective flow) of fixed classes or a text run's prompts and seeds, labelled with the "
+        "class names or the prompts", group=GRIDS,
         shown="off")
     sample_classes: list[int | str] | None = setting(
         None, "Classes of the sample grids, comma-separated, e.g. 207,360,387", group=GRIDS,
