@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Protocol
+from typing import Any, Callable, ContextManager, Iterator, Protocol
 
 import torch
 
@@ -45,6 +45,23 @@ class HookContext:
     # A text run: its text encoder (rebuilt from the text set's identity, common/text_encoders.py) loaded on each
     # call, for prompts a hook encodes once (the grids'); None for every other run.
     text_encoder: Callable[[], Any] | None = None
+
+    def runs_passes(self) -> bool:
+        """Whether this rank runs a hook's passes of the model: rank 0, which holds the whole model and EMA; every
+        rank under the sharded modes, together."""
+        return self.rank == 0 or self.sharded
+
+
+@contextlib.contextmanager
+def evaluating(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """`model` in eval mode (no label dropout: no global random draws, which a hook must not make) and back to its
+    mode after."""
+    was = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was)
 
 
 class PeriodicHook(Protocol):

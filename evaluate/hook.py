@@ -29,18 +29,17 @@ optimizer untouched.
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
 from dit_pipeline.common import distributed as dist
 from dit_pipeline.common.errors import UserError
-from dit_pipeline.common.hooks import HookContext
+from dit_pipeline.common.hooks import HookContext, evaluating
 from dit_pipeline.common.latent_norm import LatentNorm
 from dit_pipeline.common.log import get_logger
 from dit_pipeline.common.settings import choice, positive, setting
@@ -153,17 +152,6 @@ class FidSettings(DecodeSettings):
                                      "take --fid-steps, --fid-cfg-scale and the objective's FID sampler)")
 
 
-@contextlib.contextmanager
-def evaluating(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
-    """`model` in eval mode (no label dropout: no global random draws) and back to its mode after."""
-    was = model.training
-    model.eval()
-    try:
-        yield model
-    finally:
-        model.train(was)
-
-
 @dataclass
 class FidHook:
     every: int
@@ -224,8 +212,7 @@ class FidHook:
             feats = source_features(ref, inception, inc_id, batch_size=self.batch_size, device=ctx.device,
                                     use_cache=True, quiet=True, log=get_logger())
         # the sampling copy the EMA is broadcast into (DDP); the sharded modes sample through their shards instead
-        sharded = getattr(ctx, "sharded", False)
-        sampler_model = None if sharded else copy.deepcopy(ctx.model).eval().requires_grad_(False)
+        sampler_model = None if ctx.sharded else copy.deepcopy(ctx.model).eval().requires_grad_(False)
         self._state = {"vae": vae, "inception": inception, "ref": Side(ref, feats), "model": sampler_model,
                        "inception_id": inc_id, "family": type(ctx.model),
                        "conditions": str(getattr(ctx.model, "conditions", ctx.model_config.get("conditions", "t")))}
@@ -252,7 +239,7 @@ class FidHook:
         proto = self.resolve_protocol(ctx)
         shape = (int(ctx.model_config["in_channels"]), int(ctx.model_config["input_size"]),
                  int(ctx.model_config["input_size"]))
-        if getattr(ctx, "sharded", False):  # every rank's passes through its EMA shards, together
+        if ctx.sharded:  # every rank's passes through its EMA shards, together
             with ctx.evaluation(ctx.ema if ctx.ema is not None else ctx.model) as model, evaluating(model):
                 idx, arrays = self._local_features(ctx, model, proto, shape)
         else:
@@ -309,7 +296,7 @@ class FidHook:
             for b in batches:
                 yield b, generate_images(model, self._state["vae"], diffusion, indices=b, labels=labels[b].tolist(),
                                          norm=norm, conversion=proto.conversion, **how)
-            for _ in range(most - len(batches) if getattr(ctx, "sharded", False) else 0):  # lockstep with rank 0
+            for _ in range(most - len(batches) if ctx.sharded else 0):  # lockstep with rank 0
                 b = batches[0] if batches else [0]
                 generate_latents(model, diffusion, indices=b, labels=labels[b].tolist(), **how)
 

@@ -100,3 +100,32 @@ KINDS: dict[str, Callable[[SampleConfig, Any, torch.device], tuple[SampleConfig,
 def sampling_for(cfg: SampleConfig, loaded: Any, device: torch.device) -> tuple[SampleConfig, Sampling]:
     """(`cfg` with a prompts file's prompts in it, the sampling object of the model's conditioning kind)."""
     return KINDS[loaded.model.condition_kind](cfg, loaded, device)
+
+
+# The trainer's grids (sample.grid.SampleGridHook): a tile per class of `labels`, or per prompt of `prompts`
+# encoded once by the run's text encoder (`text_encoder()` loads it), which is let go after.
+
+def _class_grid(labels: Sequence[int], class_names: Sequence[str] | None, prompts: Any, text_encoder: Any,
+                device: torch.device) -> Sampling:
+    return ClassSampling(np.asarray([int(c) for c in labels], dtype=np.int64), class_names)
+
+
+def _text_grid(labels: Sequence[int], class_names: Sequence[str] | None, prompts: Sequence[dict[str, Any]] | None,
+               text_encoder: Callable[[], Any] | None, device: torch.device) -> Sampling:
+    if not prompts or text_encoder is None:
+        raise UserError("a text run's sample grids draw prompts: pass --sample-prompts FILE (one prompt per line)")
+    return TextSampling(prompts, np.arange(len(prompts)), text_encoder(), device).release_encoder()
+
+
+GRID_KINDS: dict[str, Callable[..., Sampling]] = {"class": _class_grid, "text": _text_grid}
+
+
+def grid_sampling(kind: str, *, labels: Sequence[int], class_names: Sequence[str] | None,
+                  prompts: Sequence[dict[str, Any]] | None, text_encoder: Callable[[], Any] | None,
+                  device: torch.device) -> Sampling:
+    """The sampling object of a training run's grids for a model of conditioning `kind` (an unconditional run has
+    no grids: train.preflight refuses them)."""
+    if kind not in GRID_KINDS:
+        raise UserError(f"the sample grids draw class labels or prompts; a model conditioned on {kind!r} has neither: "
+                        "drop --sample-every and sample its checkpoints with dit-sample")
+    return GRID_KINDS[kind](labels, class_names, prompts, text_encoder, device)

@@ -7,12 +7,11 @@ sample i from (seed, i)), so a grid the trainer saved at step k is reproduced by
 """
 from __future__ import annotations
 
-import contextlib
 import io
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -21,7 +20,7 @@ from torch import nn
 from dit_pipeline import dit
 from dit_pipeline.common.determinism import DEFAULT_CPU_THREADS, pinned_threads
 from dit_pipeline.common.errors import UserError
-from dit_pipeline.common.hooks import HookContext
+from dit_pipeline.common.hooks import HookContext, evaluating
 from dit_pipeline.common.io import atomic_write_bytes
 from dit_pipeline.common.latent_norm import LatentNorm
 from dit_pipeline.common.settings import choice, flag_name, positive, setting
@@ -128,9 +127,8 @@ def sample_grid(model: nn.Module, *, vae: nn.Module | None, scaling_factor: floa
                 sampler: str = "ddim", cfg_scale: float = 4.0, cfg_channels: str = "auto", batch_size: int | None = None,
                 precision: str = "fp32", cpu_threads: int = DEFAULT_CPU_THREADS,
                 norm: LatentNorm | None = None, time_shift: float = 1.0,
-                prediction: dict[str, Any] | None = None, condition: Mapping[str, torch.Tensor] | None = None,
-                null: tuple[torch.Tensor, torch.Tensor] | None = None) -> np.ndarray | None:
-    """Sample one image per entry of `class_labels` (or per row of `condition`) -> uint8 [N, H, W, 3] (numpy).
+                prediction: dict[str, Any] | None = None, conds: Any = None) -> np.ndarray | None:
+    """Sample one image per entry of `class_labels` -> uint8 [N, H, W, 3] (numpy).
 
     model: a DiT (not DDP-wrapped; pass the EMA copy) on its device; `vae` on the same device.
     Image i uses the noise of (seed, i), exactly as `dit-sample --seed seed --class-labels ...` would.
@@ -142,8 +140,8 @@ def sample_grid(model: nn.Module, *, vae: nn.Module | None, scaling_factor: floa
     size and `--cpu-threads` on the same machine; another batch size changes the last float bits.
     time_shift: a flow sampler's grid shift (dit/shift.py; the run's, as dit-sample reads it from the checkpoint).
     prediction: a flow model's recorded prediction (dit.flow_predictions.prediction_from_record; None: velocity).
-    condition, null: a text model's inputs, the prompts' features {"text", "text_mask"} (a row per image; class_labels
-    then only count them) and the empty prompt's (text, mask), the guidance's null (sample.prompts.TextSampling).
+    conds: the condition's sampling object (sample.conditions.Sampling, e.g. a text model's prompts: each image's
+    inputs and the guidance's null, as dit-sample takes them); None: the class labels and the model's null class.
     """
     if sampler not in SAMPLERS:
         raise ValueError(f"sampler must be one of {', '.join(SAMPLERS)}, got {sampler!r}")
@@ -152,32 +150,26 @@ def sample_grid(model: nn.Module, *, vae: nn.Module | None, scaling_factor: floa
     cfg_channels = resolve_cfg_channels(cfg_channels, model.config, objective)  # auto: the model's rule
     flow = {"time_shift": float(time_shift), "prediction": prediction} if sampler in dit.FLOW_SAMPLERS else {}
     diffusion = make_diffusion(sampler, steps, learn_sigma=bool(model.learn_sigma), **flow)
-    was_training = model.training
-    model.eval()
     device = next(model.parameters()).device
     how: dict[str, Any] = {"sampler": sampler, "cfg_scale": cfg_scale, "cfg_channels": cfg_channels,
                            "autocast_dtype": AUTOCAST_DTYPES[precision]}
-    if null is not None:  # guidance against the empty prompt, as dit-sample guides a text model
+    if conds is not None:  # guidance against the condition's null (a text model's empty prompt), as dit-sample's
         how["model_fn"] = guided_model_fn(model, cfg_scale=cfg_scale, cfg_channels=cfg_channels,
-                                          autocast_dtype=how["autocast_dtype"], conditioning=model.conditioning(*null))
-    try:
-        with pinned_threads(device, cpu_threads):
-            return _sample_chunks(model, vae, diffusion, labels, batch_size or len(labels), seed=seed,
-                                  norm=as_norm(norm, scaling_factor, shift_factor), condition=condition, **how)
-    finally:
-        model.train(was_training)
+                                          autocast_dtype=how["autocast_dtype"], conditioning=conds.conditioning(model))
+    with evaluating(model), pinned_threads(device, cpu_threads):
+        return _sample_chunks(model, vae, diffusion, labels, batch_size or len(labels), seed=seed,
+                              norm=as_norm(norm, scaling_factor, shift_factor), conds=conds, **how)
 
 
 def _sample_chunks(model: nn.Module, vae: nn.Module | None, diffusion, labels: list[int], step: int, *, seed: int,
-                   norm: LatentNorm, condition: Mapping[str, torch.Tensor] | None, **kwargs: Any) -> np.ndarray | None:
-    """Images [0, step), [step, 2*step), ... of `labels` (or of `condition`'s rows), concatenated (the global chunks of
-    dit-sample); without a VAE their latents only, and None."""
+                   norm: LatentNorm, conds: Any, **kwargs: Any) -> np.ndarray | None:
+    """Images [0, step), [step, 2*step), ... of `labels`, concatenated (the global chunks of dit-sample); without a
+    VAE their latents only, and None."""
     chunks = []
     for start in range(0, len(labels), step):
         idx = list(range(start, min(start + step, len(labels))))
         given = dict(labels=[labels[i] for i in idx], seed=seed,
-                     condition=None if condition is None else {k: v[idx[0]:idx[-1] + 1] for k, v in condition.items()},
-                     **kwargs)
+                     condition=None if conds is None else conds.condition(idx), **kwargs)
         if vae is None:
             generate_latents(model, diffusion, indices=idx, **given)
             continue
@@ -372,7 +364,7 @@ class SampleGridHook:
     prompts: list[dict[str, Any]] | None = None  # a text run's (common.prompts.read_prompts records), a tile each
     _vae: Any = field(default=None, init=False, repr=False)
     _identity: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
-    _text: dict[str, Any] = field(default_factory=dict, init=False, repr=False)  # the prompts encoded (setup)
+    _conds: Any = field(default=None, init=False, repr=False)  # the tiles' conditions (sample.conditions.grid_sampling)
 
     @classmethod
     def from_settings(cls, s: GridSettings, *, vae: str, vae_config: str | None, seed: int,
@@ -405,7 +397,7 @@ class SampleGridHook:
         """Before training (rank 0, and under the sharded modes every rank, which samples beside it): the VAE on
         rank 0's training device, its latent channels and the classes checked against the model; UserError naming
         the mismatch."""
-        if ctx.rank != 0 and not getattr(ctx, "sharded", False):
+        if not ctx.runs_passes():
             return
         if ctx.rank == 0:
             identity = self.load(ctx.device)
@@ -417,9 +409,6 @@ class SampleGridHook:
                                 "with")
             fit_decoder(self._vae, identity, ctx.latent, int(ctx.model_config["input_size"]), f"--vae {self.vae!r}")
         self.channels_used(ctx.model_config)  # a bad --cfg-channels N fails before training
-        if ctx.model_config.get("conditioning") == "text":
-            self._encode_prompts(ctx)
-            return
         if self.class_labels:  # names (and ambiguous numbers) as dit-sample takes them, against the shards' names
             from dit_pipeline.sample.names import class_ids
 
@@ -429,49 +418,43 @@ class SampleGridHook:
         if bad:
             raise UserError(f"--sample-classes {bad}: the model has {ctx.num_classes} classes (ids 0.."
                             f"{ctx.num_classes - 1})")
+        self._tiles(ctx)  # a text run's prompts encoded now, before training
 
-    def _encode_prompts(self, ctx: HookContext) -> None:
-        """A text run: its prompts' features and the empty prompt's (the guidance's null), encoded once by the run's
-        text encoder (HookContext.text_encoder), which is let go after."""
-        from dit_pipeline.sample.prompts import TextSampling
+    def _tiles(self, ctx: HookContext) -> Any:
+        """What each tile is conditioned on, for the model's condition kind (sample.conditions.grid_sampling): the
+        classes, or a text run's prompts encoded once by its text encoder."""
+        from dit_pipeline.sample.conditions import grid_sampling
 
-        encoder = getattr(ctx, "text_encoder", None)
-        if not self.prompts or encoder is None:
-            raise UserError("a text run's sample grids draw prompts: pass --sample-prompts FILE (one prompt per line)")
-        ids = np.arange(len(self.prompts))
-        sampling = TextSampling(self.prompts, ids, encoder(), ctx.device)
-        self._text = {"condition": sampling.condition(ids.tolist()), "labels": sampling.grid_labels(ids.tolist()),
-                      "null": (sampling.null_text, sampling.null_mask)}
+        if self._conds is None:
+            labels = list(self.class_labels) if self.class_labels else default_grid_labels(ctx.num_classes)
+            self._conds = grid_sampling(ctx.model.condition_kind, labels=labels, class_names=ctx.class_names,
+                                        prompts=self.prompts, text_encoder=ctx.text_encoder, device=ctx.device)
+        return self._conds
 
     def __call__(self, ctx: HookContext) -> Path | None:
         """Write this step's grid(s); returns the path of the last one written (None on other ranks). Rank 0 samples
         and draws; under the sharded modes every rank runs the same passes of its shards (a collective) and rank 0
         alone decodes them."""
-        if ctx.rank != 0 and not getattr(ctx, "sharded", False):
+        if not ctx.runs_passes():
             return None
         if ctx.rank == 0:
             self.load(ctx.device)
             self._vae.to(ctx.device)
-        if ctx.model_config.get("conditioning") == "text" and not self._text:
-            self._encode_prompts(ctx)
-        labels = list(self.class_labels) if self.class_labels else default_grid_labels(ctx.num_classes)
+        conds = self._tiles(ctx)
         # A model trained without class dropout has no null class: show it unguided.
         cfg_scale = self.cfg_scale if float(ctx.model_config.get("class_dropout_prob", 0.1)) > 0 else 1.0
-        texts = label_texts(labels, getattr(ctx, "class_names", None))
-        if self._text:  # a text run: a tile per prompt, labelled with it
-            labels, texts = [0] * len(self._text["labels"]), self._text["labels"]
         path = None
         for w in {"ema": ["ema"], "raw": ["raw"], "both": ["ema", "raw"]}[self.weights]:
             module = ctx.ema if w == "ema" and ctx.ema is not None else ctx.model
-            with getattr(ctx, "evaluation", contextlib.nullcontext)(module) as model:
+            with ctx.evaluation(module) as model:
                 images = sample_grid(model, vae=self._vae if ctx.rank == 0 else None,
-                                     norm=LatentNorm.from_record(ctx.latent), class_labels=labels, seed=self.seed,
-                                     steps=self.steps, sampler=self.sampler, cfg_scale=cfg_scale,
+                                     norm=LatentNorm.from_record(ctx.latent), class_labels=conds.ids.tolist(),
+                                     seed=self.seed, steps=self.steps, sampler=self.sampler, cfg_scale=cfg_scale,
                                      cfg_channels=self.channels_used(ctx.model_config), precision=self.precision,
                                      time_shift=run_time_shift(ctx.config), prediction=run_prediction(ctx.config),
-                                     condition=self._text.get("condition"), null=self._text.get("null"))
+                                     conds=conds)
             if images is None:  # a sharded run's other ranks
                 continue
             name = f"step-{ctx.step:07d}{'-raw' if w == 'raw' else ''}.png"
-            path = save_grid(images, Path(ctx.run_dir) / "samples" / name, labels=texts)
+            path = save_grid(images, Path(ctx.run_dir) / "samples" / name, labels=conds.grid_labels(conds.ids))
         return path

@@ -49,8 +49,17 @@ class TextSampling:
 
     def __init__(self, prompts: Sequence[dict[str, Any]], ids: np.ndarray, encoder: Any, device: torch.device):
         self.prompts, self.ids, self.encoder, self.device = list(prompts), ids, encoder, device
+        self.identity = dict(encoder.identity)
         null = self._encode([""])
         self.null_text, self.null_mask = null["text"][0], null["text_mask"][0]
+        self._rows: dict[str, torch.Tensor] | None = None  # every sample's features, once the encoder is let go
+
+    def release_encoder(self) -> "TextSampling":
+        """Encode every sample's prompt now (padded to the longest) and let the encoder go; `condition` then reads
+        these rows. For the trainer's grids, which draw the same prompts at every step."""
+        self._rows = self._encode([self.prompts[int(k)]["prompt"] for k in self.ids])
+        self.encoder = None
+        return self
 
     def _encode(self, texts: list[str]) -> dict[str, torch.Tensor]:
         """Features in the encoder's dtype (bfloat16 for Qwen3, as NanoGen samples), zero past each prompt's
@@ -64,7 +73,11 @@ class TextSampling:
         return model.conditioning(self.null_text, self.null_mask)
 
     def condition(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
-        """The features of the prompts of samples `indices` (right-padded to the batch's longest)."""
+        """The features of the prompts of samples `indices` (right-padded to the batch's longest; after
+        `release_encoder`, to the longest of all)."""
+        if self._rows is not None:
+            rows = list(indices)
+            return {k: v[rows] for k, v in self._rows.items()}
         return self._encode([self.prompts[int(self.ids[i])]["prompt"] for i in indices])
 
     def grid_labels(self, ids: Sequence[int]) -> list[str]:
@@ -73,11 +86,11 @@ class TextSampling:
     def fingerprint(self) -> dict[str, Any]:
         """What the pixels depend on: the prompts and the encoder."""
         text = json.dumps([p["prompt"] for p in self.prompts], ensure_ascii=False).encode()
-        return {"prompts_sha256": hashlib.sha256(text).hexdigest(), "text_encoder": dict(self.encoder.identity)}
+        return {"prompts_sha256": hashlib.sha256(text).hexdigest(), "text_encoder": dict(self.identity)}
 
     def record(self) -> dict[str, Any]:
         """One prompt record per sample, in the samples' order (what dit-eval --t2i reads), and the encoder."""
-        return {"prompts": [self.prompts[int(k)] for k in self.ids], "text_encoder": dict(self.encoder.identity)}
+        return {"prompts": [self.prompts[int(k)] for k in self.ids], "text_encoder": dict(self.identity)}
 
 
 def load_sampling_encoder(spec: str | None, recorded: dict[str, Any] | None, text_dim: int, ckpt: str,

@@ -224,11 +224,14 @@ class Parallel:
                 sharding.fully_shard(block, self.mesh, reshard_after_forward=True)
             sharding.fully_shard(ema, self.mesh, reshard_after_forward=True)
         self.roots = [trained] + ([ema] if ema is not None else [])
-        for root in self.roots:  # a sampler's guided pass gathers the root's parameters as forward does
-            for name in NETWORK_METHODS:
-                sharding.register_forward_method(root, name if root is not trained or trained is model
-                                                 else INNER_PREFIX + name)
-        if trained is not model:  # a module around the model (REPA's projector): the model's pass goes through it
+        # A sampler's passes (NETWORK_METHODS) gather a root's parameters as forward does. A module around the model
+        # (REPA's projector) runs the model's passes through its INNER_PREFIX methods, forward's included.
+        around = trained is not model
+        for name in NETWORK_METHODS:
+            sharding.register_forward_method(trained, INNER_PREFIX + name if around else name)
+            if ema is not None:
+                sharding.register_forward_method(ema, name)
+        if around:
             sharding.register_forward_method(trained, INNER_PREFIX + "forward")
         return trained
 

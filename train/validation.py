@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from dit_pipeline.common.errors import UserError
-from dit_pipeline.common.hooks import HookContext
+from dit_pipeline.common.hooks import HookContext, evaluating
 from dit_pipeline.common.log import get_logger
 from dit_pipeline.common.settings import choice, positive, setting
 
@@ -221,15 +221,13 @@ def val_losses(module: torch.nn.Module, objective: Any, cond: Any, val: ValSet, 
     levels = torch.tensor(noise_levels(k), dtype=torch.float64)
     which = torch.arange(len(val)) % k
     sums, counts = torch.zeros(k, dtype=torch.float64), torch.bincount(which, minlength=k).double()
-    was = module.training
-    module.eval()
     objective.attach(module)
 
     def model_fn(x: torch.Tensor, t: torch.Tensor, **kw: Any) -> Any:
         with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
             return module(x, t, **kw)
 
-    try:
+    with evaluating(module):
         for start in range(0, len(val), batch):
             sl = slice(start, min(start + batch, len(val)))
             b = _Batch(val.labels[sl])
@@ -239,8 +237,6 @@ def val_losses(module: torch.nn.Module, objective: Any, cond: Any, val: ValSet, 
             t = objective.val_times(levels[which[sl]], device)
             loss = objective.val_loss(model_fn, val.latents[sl].to(device), t, kwargs, val.noise[sl].to(device))
             sums.index_add_(0, which[sl], loss.detach().double().cpu())
-    finally:
-        module.train(was)
     return (sums / counts.clamp(min=1)).tolist()
 
 
@@ -257,15 +253,10 @@ class ValidationHook:
     def from_settings(cls, cfg: Any) -> "ValidationHook":
         return cls(cfg)
 
-    @staticmethod
-    def _evaluates(ctx: HookContext) -> bool:
-        """Rank 0, which holds the whole model and EMA; every rank under the sharded modes (module docstring)."""
-        return ctx.rank == 0 or ctx.sharded
-
     def setup(self, ctx: HookContext) -> None:
         """The evaluating ranks read the set (and, for online text, encode its captions once); a new run is
         evaluated at once."""
-        if not self._evaluates(ctx):
+        if not ctx.runs_passes():
             return
         encoder = None
         if self.cfg.text_features == "online" and ctx.model_config.get("conditioning") == "text":
@@ -290,7 +281,7 @@ class ValidationHook:
         return from_identity(dict(manifest.text_encoder or {}), device=ctx.device, where="--val-shards")
 
     def __call__(self, ctx: HookContext) -> dict[str, Any] | None:
-        if not self._evaluates(ctx):
+        if not ctx.runs_passes():
             return None
         if self.val is None:
             self.setup(ctx)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from dit_pipeline.common.hooks import HookContext
 from dit_pipeline.evaluate import metrics
 from dit_pipeline.train.metrics import read_metrics
 from tests._util import run_cli
@@ -95,9 +96,9 @@ def test_fid_samples_take_the_classes_dit_sample_gives_them(tmp_path, tiny_vae_d
 
     monkeypatch.setattr(hook_module, "generate_images", recording)
     model = random_dit(1)
-    ctx = SimpleNamespace(model=model, ema=None, rank=0, world_size=1, model_config=dict(model.config),
-                          config={"objective": "ddpm"}, num_classes=10, latent={"scaling_factor": 0.5},
-                          device="cpu", step=2, run_dir=tmp_path, metrics=None)
+    ctx = HookContext(epoch=0, model=model, ema=None, rank=0, world_size=1, model_config=dict(model.config),
+                      config={"objective": "ddpm"}, num_classes=10, latent={"scaling_factor": 0.5}, device="cpu",
+                      step=2, run_dir=tmp_path, metrics=None)
     hook = FidHook(every=2, ref=str(tmp_path / "ref.npz"), vae=str(tiny_vae_dir), num_samples=20, steps=2,
                    batch_size=8, seed=3, labels=labels, input_size=75, random_inception=0)
     record = hook(ctx)

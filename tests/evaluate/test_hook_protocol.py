@@ -2,9 +2,8 @@
 `dit-train --protocol NAME` on the release's grid, guidance and image conversion (dit/protocols.py)."""
 from __future__ import annotations
 
+from dit_pipeline.common.hooks import HookContext
 import json
-from types import SimpleNamespace
-
 import numpy as np
 import pytest
 import torch
@@ -33,9 +32,9 @@ def run_hook(tmp_path, tiny_vae_dir, monkeypatch, model, objective, **kw):
         return real(model, vae, diffusion, **k)
 
     monkeypatch.setattr(hook_module, "generate_images", recording)
-    ctx = SimpleNamespace(model=model, ema=None, rank=0, world_size=1, model_config=dict(model.config),
-                          config={"objective": objective}, num_classes=5, latent={"scaling_factor": 0.5},
-                          device="cpu", step=2, run_dir=tmp_path, metrics=None)
+    ctx = HookContext(epoch=0, model=model, ema=None, rank=0, world_size=1, model_config=dict(model.config),
+                      config={"objective": objective}, num_classes=5, latent={"scaling_factor": 0.5}, device="cpu",
+                      step=2, run_dir=tmp_path, metrics=None)
     hook = FidHook(every=2, ref=str(tmp_path / "ref.npz"), vae=str(tiny_vae_dir), num_samples=4, batch_size=4,
                    seed=3, input_size=75, random_inception=0, sampler=FID_SAMPLER[objective], objective=objective, **kw)
     record = hook(ctx)

@@ -5,12 +5,11 @@ to override it, and the value used recorded. A 16-channel model guided on 3 chan
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
-
 import numpy as np
 import pytest
 import torch
 
+from dit_pipeline.common.hooks import HookContext
 from dit_pipeline import dit
 from dit_pipeline.sample import SampleConfig, run_sampling
 from dit_pipeline.sample.generate import cfg_channels_for, resolve_cfg_channels
@@ -86,9 +85,9 @@ def test_a_16_channel_models_grid_and_fid_guide_every_channel(tmp_path, vae16, g
 
     guided_channels.clear()
     np.savez(tmp_path / "ref.npz", arr_0=np.random.default_rng(0).integers(0, 256, (6, 32, 32, 3), dtype=np.uint8))
-    ctx = SimpleNamespace(model=model, ema=None, rank=0, world_size=1, model_config=dict(model.config),
-                          config={"objective": "ddpm"}, num_classes=10, latent={"scaling_factor": 0.3611},
-                          device="cpu", step=2, run_dir=tmp_path, metrics=None)
+    ctx = HookContext(epoch=0, model=model, ema=None, rank=0, world_size=1, model_config=dict(model.config),
+                      config={"objective": "ddpm"}, num_classes=10, latent={"scaling_factor": 0.3611}, device="cpu",
+                      step=2, run_dir=tmp_path, metrics=None)
     hook = FidHook(every=2, ref=str(tmp_path / "ref.npz"), vae=str(vae16), num_samples=4, steps=2, batch_size=4,
                    input_size=75, random_inception=0)
     record = hook(ctx)

@@ -2,13 +2,12 @@
 converted as the reference FID script does, and the trainer's grid API reproduces dit-sample."""
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
+from dit_pipeline.common.hooks import HookContext
 from dit_pipeline.common.vae import load_vae
 from dit_pipeline.sample import plan
 from dit_pipeline.sample.generate import decode_latents, guided_model_fn, make_diffusion, sample_latents, to_uint8
@@ -136,9 +135,9 @@ def test_default_grid_labels():
 @pytest.mark.determinism
 def test_trainer_hook_writes_step_grids_without_touching_the_global_rng(tiny_vae_dir, tmp_path):
     model = random_dit(13).train()
-    ctx = SimpleNamespace(step=1000, epoch=0, rank=0, world_size=1, run_dir=tmp_path, device=torch.device("cpu"),
-                          model=model, ema=random_dit(14), model_config=model.config,
-                          latent={"scaling_factor": 0.5, "shift_factor": None}, num_classes=10, config={})
+    ctx = HookContext(step=1000, epoch=0, rank=0, world_size=1, run_dir=tmp_path, device=torch.device("cpu"),
+                      model=model, ema=random_dit(14), model_config=model.config,
+                      latent={"scaling_factor": 0.5, "shift_factor": None}, num_classes=10, config={})
     hook = SampleGridHook(every=1000, vae=str(tiny_vae_dir), steps=3, seed=2)
     rng = torch.get_rng_state()
     path = hook(ctx)

@@ -170,6 +170,7 @@ def test_hook_labels_tiles_with_class_names_and_can_draw_the_raw_weights(tmp_pat
     hook = SampleGridHook(every=1, vae="v", class_labels=[1, 0], weights="both")
     hook._vae = torch.nn.Identity()
     raw, ema = torch.nn.Linear(1, 1), torch.nn.Linear(1, 1)
+    raw.condition_kind = ema.condition_kind = "class"  # what the hook asks of the model (a DiT's attribute)
     ctx = HookContext(step=3, epoch=0, rank=0, world_size=1, run_dir=tmp_path, device=torch.device("cpu"),
                       model=raw, ema=ema, model_config={"class_dropout_prob": 0.1, "in_channels": 4},
                       latent={"scaling_factor": 0.5}, num_classes=2, config={}, class_names=["cat", "dog"])
