@@ -263,7 +263,7 @@ class FidHook:
         record = {"step": ctx.step, **stored, **names, "fid_ref": Path(self.ref).name,
                   "fid_num_samples": self.num_samples, "fid_labels": proto.labels, "fid_cfg_channels": channels,
                   "fid_seconds": time.perf_counter() - start, "fid_run": run}
-        if getattr(ctx, "metrics", None) is not None:
+        if ctx.metrics is not None:
             ctx.metrics.write(record)
         key = L.record_key("fid", seed)
         name = names[f"{key}_name"]

@@ -15,7 +15,7 @@ import torch
 from dit_pipeline.common.errors import UserError
 from dit_pipeline.sample import plan
 from dit_pipeline.sample.config import SampleConfig
-from dit_pipeline.sample.grid import label_texts
+from dit_pipeline.sample.names import label_texts
 from dit_pipeline.common.prompts import read_prompts
 from dit_pipeline.sample.prompts import TextSampling, load_sampling_encoder, prompt_ids
 

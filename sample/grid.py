@@ -57,11 +57,6 @@ def png_bytes(image: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def label_texts(labels: Sequence[int], names: Sequence[str] | None) -> list[str]:
-    """Tile labels: "id name" where the class names are known (the manifest's), else the id."""
-    return [f"{int(c)} {names[int(c)]}" if names and 0 <= int(c) < len(names) else str(int(c)) for c in labels]
-
-
 def _draw_labels(grid: np.ndarray, labels: Sequence[int | str], tile_hw: tuple[int, int], cols: int,
                  padding: int) -> np.ndarray:
     from PIL import Image, ImageDraw
@@ -412,7 +407,7 @@ class SampleGridHook:
         if self.class_labels:  # names (and ambiguous numbers) as dit-sample takes them, against the shards' names
             from dit_pipeline.sample.names import class_ids
 
-            names = (ctx.latent or {}).get("class_names") or getattr(ctx, "class_names", None)
+            names = (ctx.latent or {}).get("class_names") or ctx.class_names
             self.class_labels = class_ids(list(self.class_labels), names, "the shard set", "--sample-classes")
         bad = [c for c in self.class_labels or () if not 0 <= int(c) < ctx.num_classes]
         if bad:

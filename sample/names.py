@@ -62,3 +62,8 @@ def with_class_ids(cfg: Any, latent: dict[str, Any] | None) -> Any:
         return cfg
     ids = class_ids(cfg.class_labels, names, f"--ckpt {cfg.ckpt}")
     return dataclasses.replace(cfg, class_labels=ids)
+
+
+def label_texts(labels: Sequence[int], names: Sequence[str] | None) -> list[str]:
+    """A grid tile's label of each class: "id name" where the class names are known (the manifest's), else the id."""
+    return [f"{int(c)} {names[int(c)]}" if names and 0 <= int(c) < len(names) else str(int(c)) for c in labels]

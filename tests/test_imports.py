@@ -61,8 +61,9 @@ def test_no_import_cycles():
         state[m] = 2
         return None
 
-    cycles = [c for m in sorted(graph) if m not in state and (c := visit(m, [m]))]
-    assert cycles == []
+    # the first cycle found (a search stopped at one leaves its path marked, so it is the only one reported)
+    cycle = next((c for m in sorted(graph) if m not in state and (c := visit(m, [m]))), None)
+    assert cycle is None
     assert "train.loop" in graph and "train.state" in graph["train.loop"]  # the walk sees real edges
 
 

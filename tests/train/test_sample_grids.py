@@ -23,6 +23,7 @@ from tests._util import run_cli
 from tests.train.conftest import tiny_args
 from tests.train.helpers import make_shard_set
 from dit_pipeline.sample.grid import SampleGridHook, grid_size
+from dit_pipeline.sample.names import label_texts
 from dit_pipeline.train.checkpoint import CheckpointManager, load_checkpoint
 from dit_pipeline.train.hooks import HookContext
 from dit_pipeline.train.metrics import read_metrics
@@ -177,4 +178,4 @@ def test_hook_labels_tiles_with_class_names_and_can_draw_the_raw_weights(tmp_pat
     hook(ctx)
     assert drawn == [ema, raw]
     assert saved == [("step-0000003.png", ["1 dog", "0 cat"]), ("step-0000003-raw.png", ["1 dog", "0 cat"])]
-    assert grid.label_texts([1, 0], None) == ["1", "0"]
+    assert label_texts([1, 0], None) == ["1", "0"]
