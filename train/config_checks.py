@@ -116,7 +116,8 @@ def _model_problems(cfg: TrainConfig) -> list[str]:
     except ValueError as e:
         p.append(f"--model: {e}")
         options = ("reg_dim", "base_model_depth")  # the model's own problem is reported above
-    p += cfg.repa_problems() + cfg.guard_problems() + cfg.reg_problems(cfg.objective, options, cfg.repa) + \
+    mixed = bool(cfg.source or cfg.mix)  # a mix's sources name their class tokens (reg=)
+    p += cfg.repa_problems() + cfg.guard_problems() + cfg.reg_problems(cfg.objective, options, cfg.repa, mixed) + \
         cfg.parallel_problems()
     if cfg.wandb and importlib.util.find_spec("wandb") is None:
         p.append("--wandb needs the wandb package: pip install 'dit-pipeline[wandb]' (or drop --wandb)")
@@ -135,10 +136,9 @@ def _mix_problems(cfg: TrainConfig) -> list[str]:
     """A data mix replaces --shards, --manifest and --text (each source names its own)."""
     given = [flag for flag, on in (("--shards", cfg.shards), ("--manifest", cfg.manifest), ("--text", cfg.text),
                                    ("--repa", cfg.repa), ("--reg-tokens", cfg.reg_tokens)) if on]
-    p = [f"{', '.join(given)} with a data mix: each source names its shards (manifest=) and its text set "
-         "(text=) in --source / --mix" + (", and --repa does not read a mix" if cfg.repa else "")
-         + (", and REG's class tokens (--reg-tokens) are not joined to a mix's sources" if cfg.reg_tokens
-            else "")] if given else []
+    p = [f"{', '.join(given)} with a data mix: each source names its shards (manifest=), its text set (text=) "
+         "and its REG class tokens (reg=) in --source / --mix" + (", and --repa does not read a mix" if cfg.repa
+                                                                 else "")] if given else []
     if cfg.source and cfg.mix:
         p.append("give the sources either as --source options or in a --mix file, not both")
     p += positive(cfg, "mix_epoch_size", "mix_lanes")

@@ -15,6 +15,7 @@ given as `shards=`) or as a mapping in the YAML file's `sources:` list, with the
 | `caption` | which of a sample's captions: `all` (one drawn per sample and epoch, default) or an index (0: the first, e.g. the long caption of a set extracted with `--caption-keys long,short`) |
 | `template`, `class_names` | a class-labelled set's captions: the template (`a photo of a {name}`) filled with its class names (the manifest's, or a file: one name per line, or JSON) |
 | `holdout` | the fraction of its keys held out for `--val-shards holdout` (by key hash; never trained on) |
+| `reg` | its REG class tokens (`dit-train --use-reg`): the sibling set `dit-extract --encoder dinov2-vit-b --encoder-formula reg` made from its images |
 
 The YAML file may also give `epoch_size` (samples per epoch with proportions) and `lanes` (train/mixplan.py).
 
@@ -36,10 +37,11 @@ from typing import Any, Mapping, Sequence
 from dit_pipeline.common.errors import ConfigError, UserError
 from dit_pipeline.shards import Manifest
 from dit_pipeline.shards.text import read_class_names, template_captions
+from dit_pipeline.train.reg import check_token_space, source_tokens
 from dit_pipeline.train.mixplan import ShardKeys, SourceShape, Weight, weights_problems
 
 SOURCE_KEYS = ("shards", "manifest", "name", "proportion", "repeat", "choose", "text", "caption", "template",
-               "class_names", "holdout")
+               "class_names", "holdout", "reg")
 MIX_KEYS = ("sources", "epoch_size", "lanes")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 HOLDOUT = "holdout"  # --val-shards holdout: the keys the sources hold out
@@ -60,6 +62,7 @@ class SourceSpec:
     template: str | None = None
     class_names: str | None = None
     holdout: float = 0.0
+    reg: str | None = None
 
     @property
     def weight(self) -> Weight:
@@ -220,6 +223,7 @@ class OpenSource:
     spec: SourceSpec
     source: Any                       # train.shard_source.ShardSource
     text: Manifest | None = None      # its text set's manifest (cached features)
+    reg: Any = None                   # its REG class tokens (train.reg.RegTokens), opened with --use-reg
     captions: tuple[str, ...] | None = None  # a template source: the caption of each class
 
     @property
@@ -242,6 +246,8 @@ class OpenSource:
         out = {**self.spec.to_dict(), "fingerprint": self.source.fingerprint, "samples": self.manifest.total_samples}
         if self.text is not None:
             out["text_fingerprint"] = self.text.fingerprint()
+        if self.reg is not None:
+            out["reg_fingerprint"] = self.reg.manifest.fingerprint()
         return out
 
 
@@ -306,9 +312,16 @@ class OpenMix:
     def has_text(self) -> bool:
         return any(s.text is not None for s in self.sources)
 
+    @property
+    def reg(self) -> Any:
+        """The class tokens of the first source (train.reg.RegTokens; every source's come from one encoder, of
+        one width), None without --use-reg."""
+        return self.sources[0].reg
 
-def open_mix(spec: MixSpec, *, text_features: str = "cached") -> OpenMix:
-    """Open every source (its shards checked against its manifest, as --shards is) and check them together."""
+
+def open_mix(spec: MixSpec, *, text_features: str = "cached", use_reg: bool = False) -> OpenMix:
+    """Open every source (its shards checked against its manifest, as --shards is) and check them together;
+    `use_reg` (--use-reg): each source's class tokens too (reg=, needed on every source; refused without it)."""
     from dit_pipeline.train.shard_source import open_shards
 
     opened = []
@@ -318,13 +331,16 @@ def open_mix(spec: MixSpec, *, text_features: str = "cached") -> OpenMix:
             src = open_shards(s.shards, s.manifest)
         except UserError as e:
             raise UserError(f"{where}: {e}") from None
-        opened.append(_open_text(OpenSource(s, src), where, text_features))
+        o = _open_text(OpenSource(s, src), where, text_features)
+        o.reg = source_tokens(s.reg, o.manifest, o.source.folder, where, use_reg)
+        opened.append(o)
     mix = OpenMix(spec, opened)
     for other in opened[1:]:
         problem = space_problem(opened[0], other)
         if problem:
             raise UserError(problem)
     _check_text_sets(mix, text_features)
+    check_token_space([(o.name, o.spec.reg, o.reg) for o in opened])
     return mix
 
 

@@ -48,12 +48,23 @@ def check_val_set(cfg: Any, data: Any) -> None:
     if cfg.val_shards == HOLDOUT:
         return  # the mix's own sources, checked when it was opened
     spec = _named([parse_source(str(cfg.val_shards))])[0]
-    val = open_mix(MixSpec((spec,)), text_features=cfg.text_features).sources[0]
+    try:
+        val = open_mix(MixSpec((spec,)), text_features=cfg.text_features, use_reg=bool(cfg.use_reg)).sources[0]
+    except UserError as e:
+        raise UserError(f"--val-shards: {e}") from None
     train = data.sources[0] if hasattr(data, "sources") else \
         OpenSource(_named([SourceSpec(str(data.folder or cfg.shards))])[0], data)
     problem = space_problem(train, val)
     if problem:
         raise UserError(f"--val-shards: {problem}")
+    if val.reg is not None:  # REG: the held-out samples' class tokens from the training tokens' encoder
+        from dit_pipeline.train.reg import check_token_space, read_reg_tokens
+
+        tokens = data.reg if hasattr(data, "sources") else read_reg_tokens(cfg, data.manifest)
+        try:
+            check_token_space([(train.name, train.spec.reg or cfg.reg_tokens, tokens), (val.name, spec.reg, val.reg)])
+        except UserError as e:
+            raise UserError(f"--val-shards: {e}") from None
 
 
 def steps_counter(steps_in: Callable[[int], int]) -> Callable[[float], int]:

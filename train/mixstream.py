@@ -27,12 +27,12 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from dit_pipeline.shards import LatentSample, ShardError, key_index
 from dit_pipeline.train.data import Batch
-from dit_pipeline.train.latents import LatentSpec, Pending, Scratch, build_latents, mix_seed, pending
+from dit_pipeline.train.latents import LatentSpec, Pending, Scratch, build_latents, build_teacher, mix_seed, pending
 from dit_pipeline.train.mix import OpenMix, OpenSource
 from dit_pipeline.train.mixdraws import caption_seed, held_out, lane_seeds, sample_base
 from dit_pipeline.train.mixplan import MixEpoch, Visit
 from dit_pipeline.train.pool import BatchPool, PooledBatch, shared_empty, text_batch
-from dit_pipeline.train.shard_samples import WithText, read_shard
+from dit_pipeline.train.shard_samples import Joined, WithText, read_shard
 from dit_pipeline.train.stages import (ReaderEvent, SkippedShard, batches_and_events, errors_as_events, interleave,
                                        micro_batches, resume_skip, shuffle_buffer)
 
@@ -64,8 +64,9 @@ class MixStream(IterableDataset):
     def __init__(self, mix: OpenMix, plan: MixEpoch, lanes: Sequence[int], *, seed: int, buffer: int,
                  shards_in_flight: int, start_step: int = 0, workers: int = 0, skip_bad_shards: bool = False,
                  sha256: str | None = None, text: bool = False, captions: bool = False,
-                 latent_sample: str = "sample"):
+                 latent_sample: str = "sample", reg: bool = False):
         self.mix, self.plan, self.lanes = mix, plan, list(lanes)
+        self.reg = reg  # each source's REG class tokens joined (Batch.teacher [B, 1, z], train/reg.py)
         self.seed, self.buffer, self.in_flight, self.start = seed, buffer, shards_in_flight, start_step
         self.workers, self.skip_bad, self.sha256 = max(1, workers), skip_bad_shards, sha256
         self.text, self.captions = text, captions  # cached features joined / caption strings kept (online)
@@ -115,22 +116,28 @@ class MixStream(IterableDataset):
         if self.text and o.text is not None:
             text = (str(Path(str(o.spec.text)).expanduser() / o.text.shards[v.shard].name), o.text,
                     o.text.shards[v.shard])
+        tokens = None
+        if self.reg and o.reg is not None:  # the source's class tokens, read in lockstep (shards/siblings.py)
+            t = o.reg.manifest
+            tokens = (str(Path(str(o.spec.reg)).expanduser() / t.shards[v.shard].name), t, t.shards[v.shard])
         strings = self.captions and o.captions is None  # a template source makes its captions from the label
         keep = frozenset(v.keys) if v.keys is not None else None
         holdout = float(o.spec.holdout)
         base = sample_base(self.seed, self.plan.epoch, v.source, v.copy)
         cseed = caption_seed(self.seed, self.plan.epoch, v.source, v.copy)
         for it in read_shard(url, m, self.skip_bad, record=rec, sha256=self.sha256, pixels=spec.from_pixels,
-                             text=text, captions=strings):
+                             sibling=tokens, text=text, captions=strings):
             if isinstance(it, SkippedShard):
                 yield it
                 continue
             joined = it if isinstance(it, WithText) else None
-            sample = cast(LatentSample, joined.sample if joined is not None else it)  # no REPA sibling in a mix
+            inner = joined.sample if joined is not None else it
+            token = inner.teacher if isinstance(inner, Joined) else None
+            sample = cast(LatentSample, inner.sample if isinstance(inner, Joined) else inner)
             k = key_index(sample.key)
             if (keep is not None and k not in keep) or (keep is None and holdout > 0 and held_out(k, holdout)):
                 continue
-            p = pending(sample, spec, base)
+            p = pending(sample, spec, base, token)  # the token of the latent's own view
             feats, cap = None, None
             if joined is not None and joined.text is not None:
                 i = caption_choice(o, cseed, k, len(joined.text.lengths), url)
@@ -169,10 +176,16 @@ class MixStream(IterableDataset):
         caps = [str(it.caption) for it in items] if self.captions else None
         labels = np.array([it.item.label for it in items], dtype=np.int64)
         keys = np.array([it.item.key for it in items], dtype=np.int64)
+        tokens = None
+        if self.reg:  # [n, 1, z] float32, in shared memory from a worker
+            reg = self.mix.sources[items[0].source].reg
+            z = int(reg.dim)
+            tokens = build_teacher([it.item for it in items], reg.manifest.dtype,
+                                   shared_empty((n, 1, z)) if in_worker else None)
         if slot is not None:
-            return PooledBatch(slot, labels, keys, skipped, None, None, text, mask, caps, sources=srcs)
-        return Batch(latents, torch.from_numpy(labels), torch.from_numpy(keys), skipped, None, None, text, mask, caps,
-                     torch.from_numpy(srcs))
+            return PooledBatch(slot, labels, keys, skipped, None, tokens, text, mask, caps, sources=srcs)
+        return Batch(latents, torch.from_numpy(labels), torch.from_numpy(keys), skipped, None, tokens, text, mask,
+                     caps, torch.from_numpy(srcs))
 
     def _text(self, items: list[MixItem], in_worker: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """(text [B, L, D] in the text sets' stored dtype, zero past each caption's length, mask): the stored values
@@ -213,6 +226,10 @@ def join_pieces(pieces: Sequence[Batch], accum: int, pin: bool = False, out: Bat
     if pin:
         latents = latents.pin_memory()
     labels, keys = torch.cat([p.labels for p in pieces]), torch.cat([p.keys for p in pieces])
+    tokens = torch.cat([p.teacher for p in pieces if p.teacher is not None]) if pieces[0].teacher is not None \
+        else None  # REG's class tokens
+    if tokens is not None and pin:
+        tokens = tokens.pin_memory()
     sources = torch.cat([p.sources for p in pieces if p.sources is not None])
     text = mask = None
     if pieces[0].text is not None:
@@ -228,7 +245,8 @@ def join_pieces(pieces: Sequence[Batch], accum: int, pin: bool = False, out: Bat
         if t is not None and tm is not None and tm.shape[1]:  # trim the padding this micro-batch does not use
             used = int(tm.any(0).nonzero().max()) + 1 if tm.any() else 0
             t, tm = t[:, :used], tm[:, :used]
-        batches.append(Batch(latents[sl], labels[sl], keys[sl], skipped if i == 0 else [], None, None, t, tm,
+        batches.append(Batch(latents[sl], labels[sl], keys[sl], skipped if i == 0 else [], None,
+                             None if tokens is None else tokens[sl], t, tm,
                              caps[sl] if caps is not None else None, sources[sl]))
     return batches
 

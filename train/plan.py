@@ -196,7 +196,7 @@ def format_plan(prep: Preflight, start_line: str | None = None, *, dry_run: bool
         f"{host / GiB:.2f} GiB{f' of {avail:.1f} GiB available' if avail is not None else ''}",
         integrity_line(prep),
         *repa_line(cfg, prep.teacher, num_blocks(mc), dit_train_flops(mc)),
-        *([prep.reg.line(cfg.reg_coeff)] if prep.reg is not None else []),
+        *([prep.reg.line(cfg.reg_coeff, prep.mix)] if prep.reg is not None else []),
         *([f"  guidance    internal guidance's base head after encoder block {cfg.base_model_depth}: loss + "
            f"{cfg.base_model_coeff:g} x base (dit-sample --ig-scale)"] if cfg.base_model_depth else []),
         *grids_line(prep),

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import torch
 
@@ -30,6 +30,7 @@ from dit_pipeline.train.mixprep import check_val_set, mix_plan, resolve_lanes, s
 from dit_pipeline.train.model_options import ARCH_OVERRIDES, MODEL_OPTIONS
 from dit_pipeline.train.partition import DataLayout, plan_epoch
 from dit_pipeline.train.parallel import Parallel, mesh_shape
+from dit_pipeline.train.recipes import check_recipe_extraction
 from dit_pipeline.train.reg import RegTokens, read_reg_tokens
 from dit_pipeline.train.repa import CachedTeacher, check_repa
 from dit_pipeline.train.schedule import LrSchedule, build_schedule
@@ -122,7 +123,7 @@ def model_kwargs(cfg: TrainConfig, source: ShardSource, mix: Any = None) -> dict
         raise UserError(f"--image-size {cfg.image_size} does not match the shard set in {where}, extracted at "
                         f"{m.image_size}px ({c}x{h}x{w} latents); use --image-size {m.image_size} or extract "
                         f"the images again at {cfg.image_size}px")
-    reg = read_reg_tokens(cfg, m)  # REG's class token width (train/reg.py)
+    reg = run_reg_tokens(cfg, source, mix)  # REG's class token width (train/reg.py)
     kw = arch_kwargs(cfg, m, read_text(cfg, source, mix), None if reg is None else reg.dim)
     try:
         with torch.device("meta"):
@@ -131,6 +132,14 @@ def model_kwargs(cfg: TrainConfig, source: ShardSource, mix: Any = None) -> dict
         raise UserError(f"--model {cfg.model} cannot be built for the shard set in {where} ({c}x{h}x{w} "
                         f"latents, {m.num_classes} classes): {e}") from None
     return kw
+
+
+def run_reg_tokens(cfg: TrainConfig, source: ShardSource, mix: Any = None) -> RegTokens | None:
+    """--use-reg's class tokens: --reg-tokens of one shard set, or a mix's (its sources' reg=, one encoder: the
+    first source's stand for all); None without REG."""
+    if mix is not None:
+        return cast(RegTokens | None, mix.reg)
+    return read_reg_tokens(cfg, source.manifest)
 
 
 def arch_kwargs(cfg: TrainConfig, m: Manifest, text: Any, reg_dim: int | None) -> dict[str, Any]:
@@ -183,46 +192,6 @@ def check_cfg_channels(cfg: TrainConfig, kw: dict[str, Any]) -> None:
         resolve_cfg_channels(cfg.cfg_channels, {"in_channels": kw["in_channels"], "family": "DiT"})
     except ValueError as e:
         raise UserError(str(e)) from None
-
-
-def check_recipe_extraction(cfg: TrainConfig, source: Any) -> TrainConfig:
-    """A recipe run on a shard set (and text set) that is not the extraction its recipe requires, or of a recipe
-    with settings not built here yet (train/recipes.py): refused before any work, or with --allow-departures, run
-    with every difference added to its departures. How each tokenizer was recognised goes to `recognised`."""
-    from dit_pipeline.train.recipes import extraction_departures, pending_departures
-
-    recipe = cfg.recipe if isinstance(cfg.recipe, dict) else None
-    if recipe is None:
-        return cfg
-    requires = recipe.get("requires") or {}
-    text = None
-    if "text" in requires and cfg.text is not None and source.folder is not None:
-        from dit_pipeline.shards.siblings import read_text_sibling
-
-        text = read_text_sibling(source.manifest, cfg.text, "--text")
-    reg = read_reg_tokens(cfg, source.manifest) if "reg" in requires else None
-    found, met = extraction_departures(requires, source.manifest, text, cfg.text,
-                                       None if reg is None else reg.manifest, cfg.reg_tokens)
-    pending = pending_departures(recipe)
-    recipe = {**recipe, "recognised": met}
-    if not found and not pending:
-        return dataclasses.replace(cfg, recipe=recipe)
-    where = source.folder or cfg.manifest
-    if not cfg.allow_departures:
-        why, anyway = [], []
-        if found:
-            why.append(f"needs another shard set than {where}: {'; '.join(found)}. Extract as the recipe says "
-                       f"({recipe.get('extraction') or 'its extraction'})")
-            anyway.append("train on these shards anyway")
-        if pending:
-            items = "; ".join(p.removeprefix("not built here yet: ") for p in pending)
-            why.append(f"sets what this toolkit does not build yet: {items}")
-            anyway.append("train without it")
-        raise UserError(f"the recipe {recipe.get('name')!r} {'. It also '.join(why)}, or pass --allow-departures to "
-                        f"{' and '.join(anyway)} (the paper's FID then does not apply)")
-    known = list(recipe.get("departures") or [])
-    new = [f"shards: {d}" for d in found] + pending
-    return dataclasses.replace(cfg, recipe={**recipe, "departures": known + [d for d in new if d not in known]})
 
 
 def read_text(cfg: TrainConfig, source: ShardSource, mix: Any = None) -> TextSet | None:
@@ -294,11 +263,11 @@ def prepare(cfg: TrainConfig, world_size: int | None = None) -> Preflight:
     check_writable_dir(cfg.run_dir, f"--run-dir {cfg.run_dir}")  # before any work, also in a dry run
     world = dist.world_size() if world_size is None else world_size
     spec = mix_spec(cfg.source, cfg.mix, cfg.mix_epoch_size, cfg.mix_lanes)
-    mix = open_mix(spec, text_features=cfg.text_features) if spec is not None else None
+    mix = open_mix(spec, text_features=cfg.text_features, use_reg=bool(cfg.use_reg)) if spec is not None else None
     source = mix.primary if mix is not None else open_shards(str(cfg.shards), cfg.manifest)
     if problem := latent_sample_problem(source.manifest, cfg.latent_sample):
         raise UserError(f"{source.folder or cfg.manifest}: {problem}")
-    cfg = check_recipe_extraction(cfg, source)
+    cfg = check_recipe_extraction(cfg, source, mix)
     shards = sum(len(o.source.sizes) for o in mix.sources) if mix is not None else len(source.sizes)
     cfg, notes = resolve_defaults(cfg, shards, world)
     cfg, shift_note = resolve_time_shift(cfg, list(source.manifest.latent_shape))
@@ -365,7 +334,7 @@ def prepare(cfg: TrainConfig, world_size: int | None = None) -> Preflight:
     if cfg.val_shards is not None:
         check_val_set(cfg, mix if mix is not None else source)
     prep = Preflight(cfg, world, batch, source, kw, layout, plan0, total, notes, mode, held, teacher, schedule, std,
-                     init, text, read_reg_tokens(cfg, source.manifest), parallel, mix=mix, lanes=lanes)
+                     init, text, run_reg_tokens(cfg, source, mix), parallel, mix=mix, lanes=lanes)
     prep.unfit = memory_fit(prep)[1]
     if prep.unfit and not cfg.dry_run:  # before any process group starts; a dry run prints its plan first
         raise UserError(prep.unfit)

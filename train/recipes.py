@@ -57,8 +57,10 @@ naming them, or with --allow-departures runs without them, each one a departure.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Mapping
 
+from dit_pipeline.common.errors import UserError
 from dit_pipeline.train.identities import (ENCODER_NAMES, VAE_ALIASES, hub_parts, is_space,  # noqa: F401
                                            recognise, recognise_encoder, reg_departures, space_departures)
 
@@ -249,6 +251,62 @@ def _text_as_hub(identity: Mapping[str, Any]) -> dict[str, Any]:
     `recognise` reads."""
     source = str(identity.get("source") or identity.get("name") or "")
     return {**identity, "source": source, "kind": "folder" if source.startswith("/") else "hub"}
+
+
+def check_recipe_extraction(cfg: Any, source: Any, mix: Any = None) -> Any:
+    """A recipe run on a shard set (and text set) that is not the extraction its recipe requires, or of a recipe
+    with settings not built here yet (train/recipes.py): refused before any work, or with --allow-departures, run
+    with every difference added to its departures. How each tokenizer was recognised goes to `recognised`. A data
+    mix: each source (its shards, its text set, its class tokens) against the requirement, its name on what departs."""
+    recipe = cfg.recipe if isinstance(cfg.recipe, dict) else None
+    if recipe is None:
+        return cfg
+    found, met = data_departures(cfg, recipe.get("requires") or {}, source, mix)
+    pending = pending_departures(recipe)
+    recipe = {**recipe, "recognised": met}
+    if not found and not pending:
+        return dataclasses.replace(cfg, recipe=recipe)
+    where = "the mix's sources" if mix is not None else source.folder or cfg.manifest
+    if not cfg.allow_departures:
+        why, anyway = [], []
+        if found:
+            why.append(f"needs another shard set than {where}: {'; '.join(found)}. Extract as the recipe says "
+                       f"({recipe.get('extraction') or 'its extraction'})")
+            anyway.append("train on these shards anyway")
+        if pending:
+            items = "; ".join(p.removeprefix("not built here yet: ") for p in pending)
+            why.append(f"sets what this toolkit does not build yet: {items}")
+            anyway.append("train without it")
+        raise UserError(f"the recipe {recipe.get('name')!r} {'. It also '.join(why)}, or pass --allow-departures to "
+                        f"{' and '.join(anyway)} (the paper's FID then does not apply)")
+    known = list(recipe.get("departures") or [])
+    new = [f"shards: {d}" for d in found] + pending
+    return dataclasses.replace(cfg, recipe={**recipe, "departures": known + [d for d in new if d not in known]})
+
+
+def data_departures(cfg: Any, requires: dict[str, Any], source: Any, mix: Any = None
+                    ) -> tuple[list[str], list[str]]:
+    """train.recipes.extraction_departures of the run's data: one shard set with --text and --reg-tokens, or every
+    source of a mix with its own (text=, reg=), each departure prefixed with the source's name."""
+    from dit_pipeline.train.reg import read_reg_tokens
+
+    if mix is not None:
+        found: list[str] = []
+        met: list[str] = []
+        for o in mix.sources:
+            f, m = extraction_departures(requires, o.manifest, o.text, o.spec.text,
+                                         None if o.reg is None else o.reg.manifest, o.spec.reg)
+            found += [f"source {o.name}: {d}" for d in f]
+            met += [x for x in m if x not in met]
+        return found, met
+    text = None
+    if "text" in requires and cfg.text is not None and source.folder is not None:
+        from dit_pipeline.shards.siblings import read_text_sibling
+
+        text = read_text_sibling(source.manifest, cfg.text, "--text")
+    reg = read_reg_tokens(cfg, source.manifest) if "reg" in requires else None
+    return extraction_departures(requires, source.manifest, text, cfg.text, None if reg is None else reg.manifest,
+                                 cfg.reg_tokens)
 
 
 def recipe_line(recipe: Mapping[str, Any] | None) -> list[str]:

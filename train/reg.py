@@ -33,7 +33,8 @@ class RegSettings:
                                "image loss + coeff x reg", group=REG)
     reg_tokens: str | None = setting(
         None, "REG: a sibling shard folder of each view's class token (" + EXTRACT_HINT + ", from the training "
-        "shards' images with the same --image-size, --flip and --samples-per-shard)", group=REG, shown="none")
+        "shards' images with the same --image-size, --flip and --samples-per-shard); a data mix names each "
+        "source's with reg=", group=REG, shown="none")
     base_model_depth: int | None = setting(
         None, "Internal guidance: train a base head on the encoder's tokens after this block (NanoGen's "
         "internal_guidance.base_model_depth, DiTwDDTHeadIG), which its guidance rule extrapolates from",
@@ -41,12 +42,14 @@ class RegSettings:
     base_model_coeff: float = setting(1.0, "Internal guidance: weight of the base head's velocity loss (logged as "
                                       "base)", group=REG)
 
-    def reg_problems(self, objective: str, model_options: tuple[str, ...], repa: Any) -> list[str]:
+    def reg_problems(self, objective: str, model_options: tuple[str, ...], repa: Any, mixed: bool = False
+                     ) -> list[str]:
         """Every REG / internal-guidance setting that cannot act; `model_options`: the model family's constructor
-        options (the in-context DiT-DH builds the class token and the base head)."""
+        options (the in-context DiT-DH builds the class token and the base head); `mixed`: a data mix, whose
+        sources name their class tokens (reg=, checked when the mix is opened: train/mix.py)."""
         p: list[str] = []
         if self.use_reg:
-            if not self.reg_tokens or not str(self.reg_tokens).strip():
+            if not mixed and (not self.reg_tokens or not str(self.reg_tokens).strip()):
                 p.append(f"--use-reg needs the class tokens: --reg-tokens FOLDER, made by {EXTRACT_HINT}")
             if not (isinstance(self.reg_coeff, (int, float)) and self.reg_coeff > 0):
                 p.append(f"--reg-coeff must be > 0, got {self.reg_coeff!r}")
@@ -84,10 +87,13 @@ class RegTokens:
     dim: int
     identity: dict[str, Any]
 
-    def line(self, coeff: float) -> str:
+    def line(self, coeff: float, mix: Any = None) -> str:
+        """The plan's line; `mix` (train.mix.OpenMix): the tokens of each source (reg=), one encoder."""
         enc = self.identity
+        where = f"in {self.folder}" if mix is None else \
+            "beside each source (" + ", ".join(f"{o.name}: {o.spec.reg}" for o in mix.sources) + ")"
         return (f"  reg         class tokens of {enc.get('model')} ({self.dim} wide, {enc.get('input_size')} px, "
-                f"weights {str(enc.get('weights_sha256') or enc.get('weights'))[:24]}) cached in {self.folder}; "
+                f"weights {str(enc.get('weights_sha256') or enc.get('weights'))[:24]}) cached {where}; "
                 f"loss + {coeff:g} x reg")
 
 
@@ -96,20 +102,66 @@ def read_reg_tokens(settings: RegSettings, manifest: Any) -> RegTokens | None:
     and views, sample for sample) and for what it holds (the `reg` formula's [z, 1, 1] tokens); None without REG."""
     if not settings.use_reg:
         return None
+    if manifest is None:
+        raise UserError(f"--reg-tokens {settings.reg_tokens}: the cached class tokens need the training shards' "
+                        "manifest")
+    return open_reg_tokens(str(settings.reg_tokens), manifest, "--reg-tokens")
+
+
+def open_reg_tokens(folder: str, manifest: Any, flag: str) -> RegTokens:
+    """The class tokens in `folder` (given as `flag`: --reg-tokens, or a data mix's source reg=) of the set of
+    `manifest`: a sibling of it (shards/siblings.py) holding the `reg` formula's [z, 1, 1] tokens."""
     from dit_pipeline.shards.siblings import read_sibling
 
-    folder = str(settings.reg_tokens)
     if not (Path(folder).expanduser() / "manifest.json").is_file():
-        raise UserError(f"--reg-tokens {folder}: no shard set there (no manifest.json); make it with {EXTRACT_HINT}")
-    if manifest is None:
-        raise UserError(f"--reg-tokens {folder}: the cached class tokens need the training shards' manifest")
-    m = read_sibling(manifest, folder, "--reg-tokens")
+        raise UserError(f"{flag} {folder}: no shard set there (no manifest.json); make it with {EXTRACT_HINT}")
+    m = read_sibling(manifest, folder, flag)
     enc = dict(m.extraction.get("encoder") or {})
     c, h, w = m.latent_shape
     if enc.get("formula_name") != "reg" or (h, w) != (1, 1) or m.store != "sample":
-        raise UserError(f"--reg-tokens {folder}: holds {c}x{h}x{w} {enc.get('formula_name') or 'VAE'} latents, not "
+        raise UserError(f"{flag} {folder}: holds {c}x{h}x{w} {enc.get('formula_name') or 'VAE'} latents, not "
                         f"class tokens [z, 1, 1]; extract them with {EXTRACT_HINT}")
     return RegTokens(folder, m, int(c), enc)
+
+
+def source_tokens(folder: str | None, manifest: Any, shards_folder: Any, where: str, use_reg: bool
+                  ) -> RegTokens | None:
+    """A data mix's source's class tokens (train/mix.py: its `reg=` key, `where` naming the source): opened with
+    --use-reg, where every source needs them; refused without it."""
+    if folder is None:
+        if use_reg:
+            raise UserError(f"{where}: --use-reg trains on each sample's class token, and this source names none: "
+                            f"give it reg=FOLDER, made from its images by {EXTRACT_HINT}")
+        return None
+    if not use_reg:
+        raise UserError(f"{where}: reg= names REG's class tokens: add --use-reg (or drop reg=)")
+    if shards_folder is None:
+        raise UserError(f"{where}: reg= needs the source's shards as a folder (its class tokens are checked "
+                        "against its manifest's shards)")
+    return open_reg_tokens(str(folder), manifest, f"{where} reg=")
+
+
+def check_token_space(sources: list[tuple[str, str | None, RegTokens | None]]) -> None:
+    """A mix's sources' class tokens ((name, reg= folder, tokens) each) from one encoder (what decides them, as a
+    checkpoint's REG record compares it: common.features.feature_identity_key), of one width and stored dtype: the
+    model learns one token space. UserError naming both sources and the first field that differs."""
+    from dit_pipeline.common.features import feature_identity_key
+
+    def decided(tokens: RegTokens) -> dict[str, Any]:
+        key = feature_identity_key(tokens.identity) or ()
+        return {**dict(zip(("model", "model_args", "input_size", "layers", "weights"), key)),
+                "width": tokens.dim, "stored dtype": tokens.manifest.dtype}
+
+    given = [(n, f, t) for n, f, t in sources if t is not None]
+    for name, folder, tokens in given[1:]:
+        (n0, f0, t0) = given[0]
+        da, db = decided(t0), decided(tokens)
+        changed = [k for k in da if da[k] != db.get(k)]
+        if changed:
+            k = changed[0]
+            raise UserError(f"the class tokens of sources {n0} ({f0}) and {name} ({folder}) come from different "
+                            f"encoders: their {k} differs ({da[k]!r} vs {db[k]!r}); extract every source's tokens "
+                            "with one encoder")
 
 
 @dataclass

@@ -15,7 +15,9 @@ logit-normal, shifted) are compared on the same numbers:
   (`val_times` of dit/objectives.py's objects: ddpm's step floor(level x 1000), flow's t = 1 - level in SiT's
   time, MeanFlow's t = r = level);
 - the diffusion noise: one fixed draw per sample, from (its source, its key) alone;
-- the condition: the sample's own, dropout off (the modules in eval mode).
+- the condition: the sample's own, dropout off (the modules in eval mode);
+- with REG (--use-reg): the class token of the sample's view (each validation source names its tokens: reg=, as a
+  mix's sources do), noised with the sample's time by its own fixed draw; the loss stays the image's error.
 The loss is the objective's unweighted error (`val_loss`, dit/objective_base.py: the "mse" term), through the
 objective seam, never a per-objective branch here.
 
@@ -33,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Sequence, cast
 
 import numpy as np
@@ -95,6 +98,8 @@ class ValSet:
     noise: torch.Tensor                   # [N, C, h, w] float32: each sample's fixed diffusion noise
     sources: dict[str, int]               # samples per source
     text: list[torch.Tensor] | None = None  # [L_i, D] float32 per sample: the condition's features
+    reg: torch.Tensor | None = None       # [N, z] float32: REG's clean class token of each sample's view
+    reg_noise: torch.Tensor | None = None  # [N, z] float32: its fixed noise (noised with the sample's t)
 
     def __len__(self) -> int:
         return int(self.latents.shape[0])
@@ -102,8 +107,7 @@ class ValSet:
 
 def _val_sources(cfg: Any) -> tuple[list[Any], list[int], str]:
     """(opened sources, samples to take from each, description) of --val-shards."""
-    from dit_pipeline.train.mix import HOLDOUT, mix_spec, open_mix, parse_source
-    from dit_pipeline.train.mix import MixSpec, _named
+    from dit_pipeline.train.mix import HOLDOUT, MixSpec, _named, mix_spec, parse_source
 
     n = int(cfg.val_samples)
     if cfg.val_shards == HOLDOUT:
@@ -112,12 +116,22 @@ def _val_sources(cfg: Any) -> tuple[list[Any], list[int], str]:
         held = [s for s in spec.sources if s.holdout > 0]
         if not held:
             raise UserError("--val-shards holdout: no source of the mix holds keys out; give one holdout=0.01 (say)")
-        mix = open_mix(MixSpec(tuple(held)), text_features=cfg.text_features)
+        mix = _open(MixSpec(tuple(held)), cfg)
         share = [n // len(held) + (1 if i < n % len(held) else 0) for i in range(len(held))]
         return mix.sources, share, "held-out keys of " + ", ".join(f"{s.name} ({s.holdout:g})" for s in held)
     one = _named([parse_source(cfg.val_shards)])[0]
-    mix = open_mix(MixSpec((dataclasses.replace(one, holdout=0.0),)), text_features=cfg.text_features)
+    mix = _open(MixSpec((dataclasses.replace(one, holdout=0.0),)), cfg)
     return mix.sources, [n], f"{one.shards}"
+
+
+def _open(spec: Any, cfg: Any) -> Any:
+    """The validation sources opened as a mix's are (with --use-reg, each with its class tokens: reg=)."""
+    from dit_pipeline.train.mix import open_mix
+
+    try:
+        return open_mix(spec, text_features=cfg.text_features, use_reg=bool(cfg.use_reg))
+    except UserError as e:
+        raise UserError(f"--val-shards: {e}") from None
 
 
 def load_val_set(cfg: Any, text_encoder: Any = None) -> ValSet:
@@ -125,14 +139,16 @@ def load_val_set(cfg: Any, text_encoder: Any = None) -> ValSet:
     encodes online (None: the cached features of each source's text set)."""
     from dit_pipeline.common.seeding import derive_seed
     from dit_pipeline.shards import LatentSample, key_index
-    from dit_pipeline.train.shard_samples import WithText, read_shard
+    from dit_pipeline.train.shard_samples import Joined, WithText, read_shard
     from dit_pipeline.train.stages import SkippedShard
-    from dit_pipeline.train.latents import LatentSpec, build_latents, pending
+    from dit_pipeline.train.latents import LatentSpec, build_latents, build_teacher, pending
     from dit_pipeline.train.mixdraws import held_out
 
     sources, share, description = _val_sources(cfg)
     holdout = cfg.val_shards == "holdout"
     latents, labels, noise, text, counts = [], [], [], [], {}
+    tokens: list[torch.Tensor] = []
+    token_noise: list[torch.Tensor] = []
     want_text = any(o.text is not None for o in sources) or text_encoder is not None
     for si, (o, want) in enumerate(zip(sources, share)):
         spec, m = LatentSpec.from_manifest(o.manifest), o.manifest
@@ -142,14 +158,17 @@ def load_val_set(cfg: Any, text_encoder: Any = None) -> ValSet:
                 break
             txt = None
             if o.text is not None and text_encoder is None:
-                from pathlib import Path
                 txt = (str(Path(str(o.spec.text)).expanduser() / o.text.shards[i].name), o.text, o.text.shards[i])
             strings = text_encoder is not None and o.captions is None
-            for item in read_shard(o.source.urls[i], m, False, record=rec, text=txt, captions=strings,
+            sib = None if o.reg is None else (str(Path(str(o.spec.reg)).expanduser() / o.reg.manifest.shards[i].name),
+                                              o.reg.manifest, o.reg.manifest.shards[i])  # REG: the class tokens
+            for item in read_shard(o.source.urls[i], m, False, record=rec, sibling=sib, text=txt, captions=strings,
                                    pixels=spec.from_pixels):
                 assert not isinstance(item, SkippedShard)  # read without --skip-bad-shards: a bad shard raises
                 joined = item if isinstance(item, WithText) else None
-                sample = cast(LatentSample, joined.sample if joined is not None else item)
+                inner = joined.sample if joined is not None else item
+                token = inner.teacher if isinstance(inner, Joined) else None
+                sample = cast(LatentSample, inner.sample if isinstance(inner, Joined) else inner)
                 k = key_index(sample.key)
                 if holdout and not held_out(k, float(o.spec.holdout)):
                     continue
@@ -161,7 +180,7 @@ def load_val_set(cfg: Any, text_encoder: Any = None) -> ValSet:
                     cond = (sample.captions or [""])[min(c, len(sample.captions or [""]) - 1)]
                 elif text_encoder is not None:
                     cond = o.captions[sample.label]
-                taken.append((pending(sample, spec, derive_seed(STREAM_VAL, si, 1)), cond, o, k))
+                taken.append((pending(sample, spec, derive_seed(STREAM_VAL, si, 1), token), cond, o, k))
                 if len(taken) >= want:
                     break
         if len(taken) < want:
@@ -175,11 +194,16 @@ def load_val_set(cfg: Any, text_encoder: Any = None) -> ValSet:
             noise.append(torch.randn(spec.shape, generator=g))
             if want_text:
                 text.append(cond)
+        if o.reg is not None:  # the tokens of the latents' own views, each with its fixed noise
+            tokens.append(build_teacher([t[0] for t in taken], o.reg.manifest.dtype)[:, 0])
+            token_noise += [torch.randn(o.reg.dim, generator=torch.Generator().manual_seed(
+                derive_seed(STREAM_VAL, si, 3, k))) for _, _, _, k in taken]
     feats = None
     if want_text:
         feats = _features(text, sources, text_encoder)
     return ValSet(description, torch.cat(latents), torch.tensor(labels, dtype=torch.int64), torch.stack(noise),
-                  counts, feats)
+                  counts, feats, torch.cat(tokens) if tokens else None,
+                  torch.stack(token_noise) if token_noise else None)
 
 
 def _features(conds: list[Any], sources: Sequence[Any], encoder: Any) -> list[torch.Tensor]:
@@ -217,6 +241,7 @@ def val_losses(module: torch.nn.Module, objective: Any, cond: Any, val: ValSet, 
                device: torch.device, amp: torch.dtype | None = None) -> list[float]:
     """The K per-level mean losses of `module` on `val` (module docstring), in float64 sums over fixed chunks."""
     from dit_pipeline.common.text_encoders import pad_batch
+    from dit_pipeline.dit.reg import REG_NOISE, REG_TARGET
 
     levels = torch.tensor(noise_levels(k), dtype=torch.float64)
     which = torch.arange(len(val)) % k
@@ -234,6 +259,8 @@ def val_losses(module: torch.nn.Module, objective: Any, cond: Any, val: ValSet, 
             if val.text is not None:
                 b.text, b.text_mask = pad_batch(val.text[sl], int(val.text[0].shape[-1]))
             kwargs = cond.batch_kwargs(b, None, device)
+            if val.reg is not None and val.reg_noise is not None:  # REG: the class token noised with the image's t
+                kwargs.update({REG_TARGET: val.reg[sl].to(device), REG_NOISE: val.reg_noise[sl].to(device)})
             t = objective.val_times(levels[which[sl]], device)
             loss = objective.val_loss(model_fn, val.latents[sl].to(device), t, kwargs, val.noise[sl].to(device))
             sums.index_add_(0, which[sl], loss.detach().double().cpu())
@@ -272,7 +299,7 @@ class ValidationHook:
 
         spec = mix_spec(self.cfg.source, self.cfg.mix)
         if spec is not None:
-            mix = open_mix(spec, text_features="online")
+            mix = open_mix(spec, text_features="online", use_reg=bool(self.cfg.use_reg))
             manifest = next(o.text for o in mix.sources if o.text is not None)
         else:
             from dit_pipeline.shards import read_manifest

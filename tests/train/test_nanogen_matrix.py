@@ -188,3 +188,28 @@ def test_dit_train_refuses_a_protocol_that_does_not_fit_the_model_before_any_wor
     assert "Protocols that fit it: sit, repa, lightningdit, ddt, rae, rae-ag, nanogen, " \
            "nanogen/ddt-en28d1152hd72-dn2d2048hd128-sdvae-ema-vpred-t4c8 and 5 more; or drop --protocol" in out
     assert "dit-train plan (dry run" in _fid_plan(tmp_path, ROW, ok=True)
+
+
+def test_a_t2i_recipe_plans_on_a_mix_of_fitting_sources_and_names_a_source_that_departs(tmp_path):
+    """NanoGen trains its T2I configs on BLIP3o's journeydb, long-caption and short-caption splits at once: as a data
+    mix (issue 46) of three sources, each with its own text set and class tokens (text=, reg=), the REG recipe plans
+    with no departure; a source without its text set or its class tokens departs, named (train.recipes
+    .data_departures, which `dit-train --config` runs on every source of a mix)."""
+    from dit_pipeline.train.recipes import data_departures
+
+    recipe = _recipe("t2i-ddt-en28d1152hd72-dn2d2048hd128-flux2-reg0.03-rmsnorm-vpred-t4")["recipe"]
+    cfgs = sets.roles(recipe)
+    latents, reg = sets.command_manifest(cfgs["latents"], tmp_path), sets.command_manifest(cfgs["reg"], tmp_path)
+    text = sets.text_set(cfgs["text"])
+    splits = ("journeydb", "long-caption", "short-caption")
+    mix = SimpleNamespace(sources=[
+        SimpleNamespace(name=n, manifest=latents, text=text, reg=SimpleNamespace(manifest=reg),
+                        spec=SimpleNamespace(text=f"{n}-qwen3", reg=f"{n}-dinov2-cls")) for n in splits])
+    found, met = data_departures(None, recipe["requires"], None, mix)
+    assert found == [] and any(m.startswith("latent space flux2: NanoGen's") for m in met)
+    assert any(m.startswith("text encoder Qwen/Qwen3-0.6B:") for m in met)
+    mix.sources[1].text, mix.sources[2].reg = None, None
+    found, _ = data_departures(None, recipe["requires"], None, mix)
+    assert len(found) == 2 and found[0] == ("source long-caption: no text set where the recipe needs the features of "
+                                            "Qwen/Qwen3-0.6B (width 1024, max length 256)")
+    assert found[1].startswith("source short-caption: ") and "class tokens" in found[1]
