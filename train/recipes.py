@@ -87,7 +87,11 @@ NOT_DEPARTURES = frozenset((
     # the text set's folder, like --shards (its encoder is compared with `requires: text`); cached or online
     # features are the same numbers (tests/train/test_text_training.py)
     "text", "text_features",
-    "reg_tokens"))  # REG's cached class tokens: data, like --shards
+    "reg_tokens",  # REG's cached class tokens: data, like --shards
+    # a data mix's sources: data, like --shards (each checked against `requires`; a weight departs: data_departures)
+    "source", "mix", "mix_lanes", "new_mix",
+    # what is measured or drawn while training, not what is trained
+    "val_shards", "val_every", "val_samples", "val_timesteps", "val_batch_size", "val_weights", "sample_prompts"))
 TEXT_KEYS = ("name", "paper", "arxiv", "source", "fid_setting", "extraction", "notes")
 NUMBER_KEYS = ("fid", "epochs", "gpu_hours")
 
@@ -298,6 +302,10 @@ def data_departures(cfg: Any, requires: dict[str, Any], source: Any, mix: Any = 
                                          None if o.reg is None else o.reg.manifest, o.spec.reg)
             found += [f"source {o.name}: {d}" for d in f]
             met += [x for x in m if x not in met]
+            w = o.spec.weight  # the recipe's data is read once per epoch, every sample alike (repeat 1 too)
+            if w.kind is not None and not (w.kind == "repeat" and w.repeat == 1):
+                found.append(f"source {o.name}: weighted ({o.spec.weight.describe()}) where the recipe reads each "
+                             "sample once per epoch")
         return found, met
     text = None
     if "text" in requires and cfg.text is not None and source.folder is not None:

@@ -27,3 +27,16 @@ def extracted(tree, encoder, tmp_path_factory):
     return out
 
 
+
+
+@pytest.fixture(scope="session")
+def reg_sets(tree, encoder, tiny_vae_dir, tmp_path_factory):
+    """(VAE latents of the tree with pixels, the sibling set of its class tokens: REG's, dit-extract
+    --encoder-formula reg)."""
+    root = tmp_path_factory.mktemp("reg")
+    vae = root / "vae"
+    run_extract(ExtractConfig(data_path=str(tree), out=str(vae), vae=str(tiny_vae_dir), pixels=True, **BASE))
+    tokens = root / "tokens"
+    run_extract(ExtractConfig(data_path=str(tree), out=str(tokens), encoder=str(encoder), encoder_formula="reg",
+                              dtype="float32", **BASE))
+    return vae, tokens

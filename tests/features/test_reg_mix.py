@@ -20,12 +20,12 @@ from dit_pipeline.train.mixdata import MixFeed
 from dit_pipeline.train.mixdraws import sample_base
 from tests._util import make_image_tree
 from tests.features.conftest import BASE
-from tests.features.test_reg_training import IC, reg_sets  # noqa: F401  (the fixture of source a)
+from tests.features.test_reg_training import IC
 from tests.train.conftest import invoke_train
 
 
 @pytest.fixture(scope="module")
-def two_sources(reg_sets, encoder, tiny_vae_dir, tmp_path_factory):  # noqa: F811
+def two_sources(reg_sets, encoder, tiny_vae_dir, tmp_path_factory):
     """{name: (latents, class tokens)} of two image trees, and b's tokens stored as float16 (another token space)."""
     root = tmp_path_factory.mktemp("reg-mix")
     tree = make_image_tree(root / "images", counts=(2, 2))
@@ -76,7 +76,7 @@ def test_every_sample_carries_its_own_sources_token_of_its_view(two_sources):
 
 def test_the_mixs_tokens_are_refused_when_missing_unasked_foreign_or_from_another_space(two_sources):
     sets, half = two_sources
-    (a, ta), (b, tb) = sets["a"], sets["b"]
+    (a, ta), (b, _) = sets["a"], sets["b"]
     with pytest.raises(UserError, match=r"source b: --use-reg trains on each sample's class token, and this source "
                                         r"names none: give it reg=FOLDER"):
         open_mix(mix_spec([f"{a} reg={ta}", f"{b} name=b"], None), use_reg=True)
@@ -134,3 +134,22 @@ def test_reg_on_a_mix_resumes_exactly_with_its_validation_loss(two_sources, tmp_
     r = _train(tmp_path / "y", sets, "--val-shards", f"{sets['b'][0]} reg={half}", "--dry-run")
     assert r.exit_code != 0 and "--val-shards: the class tokens of sources a (" in r.output
     assert "their stored dtype differs ('float32' vs 'float16')" in r.output
+
+
+def test_a_recipe_on_the_mix_checks_each_source_and_takes_the_sources_and_validation_as_data(two_sources, tmp_path):
+    """`--config` on a mix: every source's latents and class tokens against the recipe's `requires`, each departure
+    naming its source; --source and --val-shards are data (no setting departure), as --shards is."""
+    sets, _ = two_sources
+    args = ["--config", "recipes/nanogen/ddt-en28d1152hd72-dn2d2048hd128-sdvae-ema-reg0.03-rmsnorm-vpred-t4c8.yaml",
+            "--run-dir", tmp_path / "r", "--global-batch-size", "4", "--dry-run", "--allow-departures",
+            "--val-shards", f"{sets['b'][0]} reg={sets['b'][1]}"]
+    for n, (shards, tokens) in sets.items():
+        args += ["--source", f"{shards} name={n} reg={tokens}"]
+    r = invoke_train(args)
+    assert r.exit_code == 0, r.output
+    departs = [x.strip() for x in r.output.splitlines() if x.strip().startswith("departs ")]
+    assert departs[0].split() == ["departs", "--global-batch-size", "1024", "->", "4"]
+    assert not any("--source" in d or "--val-shards" in d for d in departs)
+    for n, (_, tokens) in sets.items():
+        assert f"departs     shards: source {n}: latent shape 4x4x4 where the recipe needs 4x32x32" in departs
+        assert any(d.startswith(f"departs     shards: source {n}: REG class tokens {tokens}: ") for d in departs)

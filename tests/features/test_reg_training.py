@@ -15,30 +15,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dit_pipeline.extract import ExtractConfig, run_extract
 from dit_pipeline.shards import iter_shard, read_manifest, view_pixels
 from dit_pipeline.train.checkpoint import CheckpointManager, load_checkpoint
 from dit_pipeline.train.metrics import read_metrics
 from tests.features._tiny import TINY_INPUT, tiny_encoder_model
-from tests.features.conftest import BASE
 from tests.train.conftest import invoke_train
 
 IC = {"model": "ddt-en28d1152hd72-dn2d2048hd128", "depth": 2, "hidden-size": 32, "num-heads": 2, "head-depth": 1,
       "head-hidden-size": 32, "head-num-heads": 2, "patch-size": 1, "objective": "flow", "v-target": "clamped",
       "t-sampling": "logit-normal", "global-batch-size": 4, "micro-batch-size": 2, "num-workers": 0, "log-every": 1,
       "ckpt-every": 2, "lr": 1e-3, "quiet": None}
-
-
-@pytest.fixture(scope="module")
-def reg_sets(tree, encoder, tiny_vae_dir, tmp_path_factory):
-    """(VAE latents of the tree with pixels, the sibling set of its class tokens)."""
-    root = tmp_path_factory.mktemp("reg")
-    vae = root / "vae"
-    run_extract(ExtractConfig(data_path=str(tree), out=str(vae), vae=str(tiny_vae_dir), pixels=True, **BASE))
-    tokens = root / "tokens"
-    run_extract(ExtractConfig(data_path=str(tree), out=str(tokens), encoder=str(encoder), encoder_formula="reg",
-                              dtype="float32", **BASE))
-    return vae, tokens
 
 
 def nanogen_class_token(model: nn.Module, images_uint8: torch.Tensor, resolution: int) -> torch.Tensor:
@@ -84,16 +70,21 @@ def _train(shards, tokens, run, **extra):
 def test_reg_trains_resumes_exactly_and_samples_through_the_clis(reg_sets, tiny_vae_dir, tmp_path):
     vae, tokens = reg_sets
     grids = {"sample-every": 3, "sample-classes": "0,1", "sample-steps": 2, "vae": tiny_vae_dir}
-    r = _train(vae, tokens, tmp_path / "straight", **{"max-steps": 3, **grids})
+    # the validation loss of a REG model: each held-out sample with its class token (reg=)
+    val = {"val-shards": f"{vae} reg={tokens}", "val-every": 2, "val-samples": 4, "val-timesteps": 2}
+    r = _train(vae, tokens, tmp_path / "straight", **{"max-steps": 3, **grids, **val})
     assert r.exit_code == 0, r.output
-    r = _train(vae, tokens, tmp_path / "resumed", **{"max-steps": 2})
+    r = _train(vae, tokens, tmp_path / "resumed", **{"max-steps": 2, **val})
     assert r.exit_code == 0, r.output
-    r = _train(vae, tokens, tmp_path / "resumed", **{"max-steps": 3})  # continues from step 2
+    r = _train(vae, tokens, tmp_path / "resumed", **{"max-steps": 3, **val})  # continues from step 2
     assert r.exit_code == 0, r.output
     keys = ("step", "loss", "mse", "reg", "base", "grad_norm")
-    a = [tuple(rec[k] for k in keys) for rec in read_metrics(tmp_path / "straight")]
-    b = [tuple(rec[k] for k in keys) for rec in read_metrics(tmp_path / "resumed")]
+    a = [tuple(rec[k] for k in keys) for rec in read_metrics(tmp_path / "straight") if "loss" in rec]
+    b = [tuple(rec[k] for k in keys) for rec in read_metrics(tmp_path / "resumed") if "loss" in rec]
     assert [x[0] for x in a] == [1, 2, 3] and a == b  # exact floats
+    vals = [[(rec["step"], rec["val_loss_ema_t"], rec["val_loss_raw_t"]) for rec in read_metrics(tmp_path / run)
+             if "val_loss_ema" in rec] for run in ("straight", "resumed")]
+    assert [v[0] for v in vals[0]] == [0, 2] and vals[0] == vals[1]  # per level, bit for bit
     # the logged loss is the image MSE + 0.03 x the class token's + 0.5 x the base head's
     assert all(abs(loss - (mse + 0.03 * reg + 0.5 * base)) <= 1e-6 * loss for _, loss, mse, reg, base, _ in a)
     ca = load_checkpoint(CheckpointManager(tmp_path / "straight" / "checkpoints").latest())

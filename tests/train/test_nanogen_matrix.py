@@ -195,6 +195,7 @@ def test_a_t2i_recipe_plans_on_a_mix_of_fitting_sources_and_names_a_source_that_
     mix (issue 46) of three sources, each with its own text set and class tokens (text=, reg=), the REG recipe plans
     with no departure; a source without its text set or its class tokens departs, named (train.recipes
     .data_departures, which `dit-train --config` runs on every source of a mix)."""
+    from dit_pipeline.train.mixplan import Weight
     from dit_pipeline.train.recipes import data_departures
 
     recipe = _recipe("t2i-ddt-en28d1152hd72-dn2d2048hd128-flux2-reg0.03-rmsnorm-vpred-t4")["recipe"]
@@ -204,12 +205,18 @@ def test_a_t2i_recipe_plans_on_a_mix_of_fitting_sources_and_names_a_source_that_
     splits = ("journeydb", "long-caption", "short-caption")
     mix = SimpleNamespace(sources=[
         SimpleNamespace(name=n, manifest=latents, text=text, reg=SimpleNamespace(manifest=reg),
-                        spec=SimpleNamespace(text=f"{n}-qwen3", reg=f"{n}-dinov2-cls")) for n in splits])
+                        spec=SimpleNamespace(text=f"{n}-qwen3", reg=f"{n}-dinov2-cls", weight=Weight()))
+        for n in splits])
     found, met = data_departures(None, recipe["requires"], None, mix)
     assert found == [] and any(m.startswith("latent space flux2: NanoGen's") for m in met)
     assert any(m.startswith("text encoder Qwen/Qwen3-0.6B:") for m in met)
+    mix.sources[0].spec.weight = Weight(repeat=1)  # every sample once per epoch: NanoGen's concatenation
+    assert data_departures(None, recipe["requires"], None, mix)[0] == []
+    mix.sources[0].spec.weight = Weight(proportion=0.5)
     mix.sources[1].text, mix.sources[2].reg = None, None
     found, _ = data_departures(None, recipe["requires"], None, mix)
-    assert len(found) == 2 and found[0] == ("source long-caption: no text set where the recipe needs the features of "
-                                            "Qwen/Qwen3-0.6B (width 1024, max length 256)")
-    assert found[1].startswith("source short-caption: ") and "class tokens" in found[1]
+    assert len(found) == 3 and found[0] == ("source journeydb: weighted (proportion 0.5) where the recipe reads each "
+                                            "sample once per epoch")
+    assert found[1] == ("source long-caption: no text set where the recipe needs the features of Qwen/Qwen3-0.6B "
+                        "(width 1024, max length 256)")
+    assert found[2].startswith("source short-caption: ") and "class tokens" in found[2]

@@ -787,7 +787,7 @@ def test_the_docs_commands_parse(tmp_path, monkeypatch):
                 if name in commands:
                     found.append((name, words[i + 1:]))
                     break
-    assert len(found) == 8
+    assert len(found) == 9
     monkeypatch.chdir(tmp_path)
     for name, args in found:
         for a in args:
