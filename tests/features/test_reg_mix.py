@@ -153,3 +153,24 @@ def test_a_recipe_on_the_mix_checks_each_source_and_takes_the_sources_and_valida
     for n, (_, tokens) in sets.items():
         assert f"departs     shards: source {n}: latent shape 4x4x4 where the recipe needs 4x32x32" in departs
         assert any(d.startswith(f"departs     shards: source {n}: REG class tokens {tokens}: ") for d in departs)
+
+
+@pytest.mark.sweep
+def test_reg_on_a_mix_on_two_ranks_killed_and_resumed_is_bit_identical(two_sources, tmp_path):
+    """REG on a two-source mix under DDP (2 gloo ranks, a loader worker each): a run killed with SIGKILL after step 3
+    and resumed logs the straight run's exact values and ends with its weights."""
+    from tests._util import straight_killed_resumed
+
+    sets, _ = two_sources
+
+    def args(run):
+        a = ["--run-dir", str(run), "--use-reg", "--max-steps", "4", "--num-workers", "1"]
+        for n, (shards, tokens) in sets.items():
+            a += ["--source", f"{shards} name={n} reg={tokens}"]
+        return a + [x for k, v in IC.items() if k != "num-workers"
+                    for x in ([f"--{k}"] if v is None else [f"--{k}", str(v)])]
+
+    _, a, b = straight_killed_resumed(args, tmp_path, 4, ("step", "loss", "mse", "reg", "grad_norm", "seen_a"),
+                                      timeout=900)
+    for part in ("model", "ema"):
+        assert all(torch.equal(a[part][k], b[part][k]) for k in a[part])

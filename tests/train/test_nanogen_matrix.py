@@ -198,7 +198,7 @@ def test_a_t2i_recipe_plans_on_a_mix_of_fitting_sources_and_names_a_source_that_
     from dit_pipeline.train.mixplan import Weight
     from dit_pipeline.train.recipes import data_departures
 
-    recipe = _recipe("t2i-ddt-en28d1152hd72-dn2d2048hd128-flux2-reg0.03-rmsnorm-vpred-t4")["recipe"]
+    recipe = _recipe("t2i-ddt-en28d1152hd72-dn2d2048hd128-sdvae-ema-reg0.03-rmsnorm-vpred-t4")["recipe"]
     cfgs = sets.roles(recipe)
     latents, reg = sets.command_manifest(cfgs["latents"], tmp_path), sets.command_manifest(cfgs["reg"], tmp_path)
     text = sets.text_set(cfgs["text"])
@@ -208,7 +208,7 @@ def test_a_t2i_recipe_plans_on_a_mix_of_fitting_sources_and_names_a_source_that_
                         spec=SimpleNamespace(text=f"{n}-qwen3", reg=f"{n}-dinov2-cls", weight=Weight()))
         for n in splits])
     found, met = data_departures(None, recipe["requires"], None, mix)
-    assert found == [] and any(m.startswith("latent space flux2: NanoGen's") for m in met)
+    assert found == [] and any(m.startswith("latent space sdvae-ema: NanoGen's") for m in met)
     assert any(m.startswith("text encoder Qwen/Qwen3-0.6B:") for m in met)
     mix.sources[0].spec.weight = Weight(repeat=1)  # every sample once per epoch: NanoGen's concatenation
     assert data_departures(None, recipe["requires"], None, mix)[0] == []
