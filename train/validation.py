@@ -27,8 +27,8 @@ fsdp, hsdp) every rank holds a shard of the model and of the EMA, so every rank 
 chunks together (each forward gathers its blocks' parameters as the training forward does), and rank 0 writes the
 numbers: the same rule, the same chunks, the same value on every rank. It runs at step 0 of a new run and every
 `--val-every` steps, and writes to metrics.jsonl `val_loss_<weights>` (the mean), `val_loss_<weights>_t` (the K
-per-level means) and `val_run` (what produced them: set, samples, levels, objective times, weights, step), and one
-log line.
+per-level means) and `val_run` (what produced them: set, samples, levels, objective times, weights, step; with REG,
+each source's class tokens), and one log line.
 """
 from __future__ import annotations
 
@@ -100,6 +100,7 @@ class ValSet:
     text: list[torch.Tensor] | None = None  # [L_i, D] float32 per sample: the condition's features
     reg: torch.Tensor | None = None       # [N, z] float32: REG's clean class token of each sample's view
     reg_noise: torch.Tensor | None = None  # [N, z] float32: its fixed noise (noised with the sample's t)
+    reg_from: dict[str, str] | None = None  # REG: each source's class tokens folder (recorded in val_run)
 
     def __len__(self) -> int:
         return int(self.latents.shape[0])
@@ -203,7 +204,8 @@ def load_val_set(cfg: Any, text_encoder: Any = None) -> ValSet:
         feats = _features(text, sources, text_encoder)
     return ValSet(description, torch.cat(latents), torch.tensor(labels, dtype=torch.int64), torch.stack(noise),
                   counts, feats, torch.cat(tokens) if tokens else None,
-                  torch.stack(token_noise) if token_noise else None)
+                  torch.stack(token_noise) if token_noise else None,
+                  {o.name: str(o.spec.reg) for o in sources if o.reg is not None} or None)
 
 
 def _features(conds: list[Any], sources: Sequence[Any], encoder: Any) -> list[torch.Tensor]:
@@ -342,7 +344,8 @@ class ValidationHook:
                           "noise_levels": levels, "times": times.tolist(), "objective": cfg.objective,
                           "weights": list(weights), "step": ctx.step, "batch": int(cfg.val_batch_size),
                           "rule": "MLPerf FLUX.1: sample i at level i mod K, mean per level, mean of the levels",
-                          "seconds": round(time.perf_counter() - t0, 3)}
+                          "seconds": round(time.perf_counter() - t0, 3),
+                          **({"reg_tokens": self.val.reg_from} if self.val.reg_from else {})}
         if ctx.rank != 0:
             return rec
         if ctx.metrics is not None:

@@ -116,6 +116,8 @@ def test_reg_on_a_mix_resumes_exactly_with_its_validation_loss(two_sources, tmp_
     val = [(rec["step"], rec["val_loss_ema"], rec["val_loss_raw"]) for rec in read_metrics(tmp_path / "straight")
            if "val_loss_ema" in rec]
     assert [v[0] for v in val] == [0, 2] and all(v[1] > 0 for v in val)
+    runs = [rec["val_run"] for rec in read_metrics(tmp_path / "straight") if "val_run" in rec]
+    assert runs[0]["reg_tokens"] == {"b": str(sets["b"][1])}  # what produced the number
     assert val == [(rec["step"], rec["val_loss_ema"], rec["val_loss_raw"]) for rec in
                    read_metrics(tmp_path / "resumed") if "val_loss_ema" in rec]  # a rerun's values, bit for bit
     ca = load_checkpoint(CheckpointManager(tmp_path / "straight" / "checkpoints").latest())
