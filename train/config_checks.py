@@ -134,11 +134,15 @@ def _hook_problems(cfg: TrainConfig) -> list[str]:
 
 def _mix_problems(cfg: TrainConfig) -> list[str]:
     """A data mix replaces --shards, --manifest and --text (each source names its own)."""
+    from dit_pipeline.train.repa import is_cached
+
     given = [flag for flag, on in (("--shards", cfg.shards), ("--manifest", cfg.manifest), ("--text", cfg.text),
-                                   ("--repa", cfg.repa), ("--reg-tokens", cfg.reg_tokens)) if on]
+                                   ("--reg-tokens", cfg.reg_tokens)) if on]
     p = [f"{', '.join(given)} with a data mix: each source names its shards (manifest=), its text set (text=) "
-         "and its REG class tokens (reg=) in --source / --mix" + (", and --repa does not read a mix" if cfg.repa
-                                                                 else "")] if given else []
+         "and its REG class tokens (reg=) in --source / --mix"] if given else []
+    if is_cached(cfg.repa):
+        p.append(f"--repa {cfg.repa} is one shard set's cached teacher tokens: with a data mix give --repa a "
+                 "teacher (it sees each source's pixels: dit-extract --pixels)")
     if cfg.source and cfg.mix:
         p.append("give the sources either as --source options or in a --mix file, not both")
     p += positive(cfg, "mix_epoch_size", "mix_lanes")

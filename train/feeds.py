@@ -110,7 +110,7 @@ def make_feed(prep: Any, *, rank: int = 0, teacher: Any = None, online: bool = F
         return MixFeed(prep.mix, seed=cfg.seed, lanes=prep.lanes, global_batch=batch.global_batch, accum=batch.accum,
                        world=prep.world_size, workers=int(cfg.num_workers or 0), text=prep.text is not None
                        and not online, latent_sample=cfg.latent_sample, reg=getattr(prep, "reg", None) is not None,
-                       **common)
+                       pixels=teacher is not None, **common)  # REPA's online teacher sees each source's pixels
     from dit_pipeline.train.repa import CachedTeacher
 
     cached, reg = isinstance(teacher, CachedTeacher), getattr(prep, "reg", None)

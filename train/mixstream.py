@@ -27,7 +27,8 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from dit_pipeline.shards import LatentSample, ShardError, key_index
 from dit_pipeline.train.data import Batch
-from dit_pipeline.train.latents import LatentSpec, Pending, Scratch, build_latents, build_teacher, mix_seed, pending
+from dit_pipeline.train.latents import (LatentSpec, Pending, Scratch, build_latents, build_pixels, build_teacher,
+                                       mix_seed, pending)
 from dit_pipeline.train.mix import OpenMix, OpenSource
 from dit_pipeline.train.mixdraws import caption_seed, held_out, lane_seeds, sample_base
 from dit_pipeline.train.mixplan import MixEpoch, Visit
@@ -64,9 +65,10 @@ class MixStream(IterableDataset):
     def __init__(self, mix: OpenMix, plan: MixEpoch, lanes: Sequence[int], *, seed: int, buffer: int,
                  shards_in_flight: int, start_step: int = 0, workers: int = 0, skip_bad_shards: bool = False,
                  sha256: str | None = None, text: bool = False, captions: bool = False,
-                 latent_sample: str = "sample", reg: bool = False):
+                 latent_sample: str = "sample", reg: bool = False, pixels: bool = False):
         self.mix, self.plan, self.lanes = mix, plan, list(lanes)
         self.reg = reg  # each source's REG class tokens joined (Batch.teacher [B, 1, z], train/reg.py)
+        self.pixels = pixels  # REPA's online teacher: each sample's crop in its latent's view (Batch.pixels)
         self.seed, self.buffer, self.in_flight, self.start = seed, buffer, shards_in_flight, start_step
         self.workers, self.skip_bad, self.sha256 = max(1, workers), skip_bad_shards, sha256
         self.text, self.captions = text, captions  # cached features joined / caption strings kept (online)
@@ -125,8 +127,8 @@ class MixStream(IterableDataset):
         holdout = float(o.spec.holdout)
         base = sample_base(self.seed, self.plan.epoch, v.source, v.copy)
         cseed = caption_seed(self.seed, self.plan.epoch, v.source, v.copy)
-        for it in read_shard(url, m, self.skip_bad, record=rec, sha256=self.sha256, pixels=spec.from_pixels,
-                             sibling=tokens, text=text, captions=strings):
+        for it in read_shard(url, m, self.skip_bad, record=rec, sha256=self.sha256,
+                             pixels=spec.from_pixels or self.pixels, sibling=tokens, text=text, captions=strings):
             if isinstance(it, SkippedShard):
                 yield it
                 continue
@@ -176,6 +178,7 @@ class MixStream(IterableDataset):
         caps = [str(it.caption) for it in items] if self.captions else None
         labels = np.array([it.item.label for it in items], dtype=np.int64)
         keys = np.array([it.item.key for it in items], dtype=np.int64)
+        pixels = self._pixels(items, srcs, in_worker) if self.pixels else None
         tokens = None
         if self.reg:  # [n, 1, z] float32, in shared memory from a worker
             reg = self.mix.sources[items[0].source].reg
@@ -183,9 +186,21 @@ class MixStream(IterableDataset):
             tokens = build_teacher([it.item for it in items], reg.manifest.dtype,
                                    shared_empty((n, 1, z)) if in_worker else None)
         if slot is not None:
-            return PooledBatch(slot, labels, keys, skipped, None, tokens, text, mask, caps, sources=srcs)
-        return Batch(latents, torch.from_numpy(labels), torch.from_numpy(keys), skipped, None, tokens, text, mask,
+            return PooledBatch(slot, labels, keys, skipped, pixels, tokens, text, mask, caps, sources=srcs)
+        return Batch(latents, torch.from_numpy(labels), torch.from_numpy(keys), skipped, pixels, tokens, text, mask,
                      caps, torch.from_numpy(srcs))
+
+    def _pixels(self, items: list[MixItem], srcs: np.ndarray, in_worker: bool) -> torch.Tensor:
+        """[n, H, W, 3] uint8: each sample's crop in its latent's view, decoded as its source stores them (one
+        latent space: one image size)."""
+        size = int(self.mix.sources[items[0].source].manifest.image_size)
+        out = shared_empty((len(items), size, size, 3), torch.uint8) if in_worker else \
+            torch.empty((len(items), size, size, 3), dtype=torch.uint8)
+        for s in np.unique(srcs):
+            rows = np.nonzero(srcs == s)[0]
+            out[torch.from_numpy(rows)] = build_pixels([items[i].item for i in rows], size, None,
+                                                       self.specs[int(s)].pixels_encoding)
+        return out
 
     def _text(self, items: list[MixItem], in_worker: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """(text [B, L, D] in the text sets' stored dtype, zero past each caption's length, mask): the stored values
@@ -228,8 +243,10 @@ def join_pieces(pieces: Sequence[Batch], accum: int, pin: bool = False, out: Bat
     labels, keys = torch.cat([p.labels for p in pieces]), torch.cat([p.keys for p in pieces])
     tokens = torch.cat([p.teacher for p in pieces if p.teacher is not None]) if pieces[0].teacher is not None \
         else None  # REG's class tokens
-    if tokens is not None and pin:
-        tokens = tokens.pin_memory()
+    pixels = torch.cat([p.pixels for p in pieces if p.pixels is not None]) if pieces[0].pixels is not None \
+        else None  # REPA's crops
+    if pin:
+        tokens, pixels = (None if x is None else x.pin_memory() for x in (tokens, pixels))
     sources = torch.cat([p.sources for p in pieces if p.sources is not None])
     text = mask = None
     if pieces[0].text is not None:
@@ -245,8 +262,8 @@ def join_pieces(pieces: Sequence[Batch], accum: int, pin: bool = False, out: Bat
         if t is not None and tm is not None and tm.shape[1]:  # trim the padding this micro-batch does not use
             used = int(tm.any(0).nonzero().max()) + 1 if tm.any() else 0
             t, tm = t[:, :used], tm[:, :used]
-        batches.append(Batch(latents[sl], labels[sl], keys[sl], skipped if i == 0 else [], None,
-                             None if tokens is None else tokens[sl], t, tm,
+        batches.append(Batch(latents[sl], labels[sl], keys[sl], skipped if i == 0 else [],
+                             None if pixels is None else pixels[sl], None if tokens is None else tokens[sl], t, tm,
                              caps[sl] if caps is not None else None, sources[sl]))
     return batches
 

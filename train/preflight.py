@@ -324,7 +324,10 @@ def prepare(cfg: TrainConfig, world_size: int | None = None) -> Preflight:
     assert total is not None  # resolve_defaults gives every run a length
     mode, held = sha256_mode(cfg, source, plan0, world, mix)
     _, _, mc = param_counts(kw)
-    teacher = check_repa(cfg, has_pixels=source.manifest.has_pixels, where=str(source.folder or cfg.manifest),
+    bare = [o for o in mix.sources if not o.manifest.has_pixels] if mix is not None else []  # REPA's pixels
+    where = (f"source {bare[0].name} ({bare[0].spec.shards})" if bare else "") if mix is not None else \
+        str(source.folder or cfg.manifest)
+    teacher = check_repa(cfg, has_pixels=not bare if mix is not None else source.manifest.has_pixels, where=where,
                          depth=num_blocks(mc), grid=mc["input_size"] // mc["patch_size"], manifest=source.manifest)
     schedule = build_schedule(cfg, steps_at, total)
     std = first_samples_std(source.folder, source.manifest) if source.folder is not None and dist.is_main() else None

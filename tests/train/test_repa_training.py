@@ -137,3 +137,62 @@ def test_the_ema_file_samples_with_the_guidance_interval_and_a_repa_format_file_
     a, b = np.load(tmp_path / "ema.npz"), np.load(tmp_path / "r.npz")
     assert a["arr_0"].shape == (4, 32, 32, 3) and np.array_equal(a["arr_0"], b["arr_0"])
 
+
+
+# ----------------------------------------------------------------------------------------------------------
+# REPA on a data mix: the online teacher sees every source's pixels
+
+def test_a_mixs_batches_carry_each_samples_crop_in_its_view(repa_data, tmp_path):
+    """Each sample of a mix's batch carries its own stored crop in its latent's view (the teacher sees the image
+    the latent was encoded from), in process and through a loader worker alike."""
+    from dit_pipeline.shards import iter_shard, key_index, read_manifest, view_pixels
+    from dit_pipeline.train.latents import mix_seed, sample_view
+    from dit_pipeline.train.mix import mix_spec, open_mix
+    from dit_pipeline.train.mixdata import MixFeed
+    from dit_pipeline.train.mixdraws import sample_base
+
+    shards = repa_data[0]
+    m = read_manifest(shards)
+    crops = {key_index(s.key): s.pixels for url in m.shard_urls(str(shards))
+             for s in iter_shard(url, m, pixels="decoded")}
+
+    def batches(workers):
+        feed = MixFeed(open_mix(mix_spec([f"{shards} name=a", f"{shards} name=b repeat=1"], None)), seed=0,
+                       lanes=2, global_batch=8, accum=1, world=1, rank=0, workers=workers, buffer=4,
+                       shards_in_flight=2, pixels=True)
+        return list(feed.loader(feed.plan(0), 0))
+
+    inline, views = batches(0), set()
+    for b in inline:
+        assert b.pixels is not None and b.pixels.dtype == torch.uint8 and b.pixels.shape[1:] == (32, 32, 3)
+        for px, s, k in zip(b.pixels, b.sources.tolist(), b.keys.tolist()):
+            v = sample_view(mix_seed(sample_base(0, 0, s, 0), k), 2)
+            assert np.array_equal(px.numpy(), view_pixels(crops[k], v))
+            views.add(v)
+    assert views == {0, 1} and sum(len(b.keys) for b in inline) == 32
+    pooled = batches(1)
+    assert len(pooled) == len(inline) and all(torch.equal(x.pixels, y.pixels) for x, y in zip(inline, pooled))
+
+
+def test_repa_on_a_mix_resumes_exactly_and_refuses_a_source_without_pixels(repa_data, tmp_path):
+    shards, plain, teacher = repa_data
+
+    def run(run_dir, *sources, **over):
+        args = _args(False, run_dir, teacher, **{"max-steps": 3, "ckpt-every": 2, **over})  # no --shards
+        return invoke_train(args + [x for s in sources for x in ("--source", s)])
+
+    two = (f"{shards} name=a", f"{shards} name=b")
+    r = run(tmp_path / "straight", *two)
+    assert r.exit_code == 0, r.output
+    assert run(tmp_path / "resumed", *two, **{"max-steps": 2}).exit_code == 0
+    assert run(tmp_path / "resumed", *two).exit_code == 0
+    keys = (*KEYS, "seen_a", "seen_b")
+    a = [tuple(rec[k] for k in keys) for rec in read_metrics(tmp_path / "straight")]
+    b = [tuple(rec[k] for k in keys) for rec in read_metrics(tmp_path / "resumed")]
+    assert [x[0] for x in a] == [1, 2, 3] and a == b and all(x[3] != 0 for x in a)  # exact floats; the alignment
+    r = run(tmp_path / "bare", f"{shards} name=a", f"{plain} name=plain", **{"dry-run": None})
+    assert r.exit_code == 1 and (f"--repa needs the training pixels, but the shard set in source plain ({plain}) was "
+                                 "extracted without them") in r.output
+    r = run(tmp_path / "cached", *two, repa=shards, **{"dry-run": None})
+    want = f"--repa {shards} is one shard set's cached teacher tokens: with a data mix give --repa a teacher"
+    assert r.exit_code == 2 and want in r.output  # a setting's problem, listed before any work
