@@ -26,6 +26,10 @@ TINY_TRAIN = ["--depth", "1", "--hidden-size", "32", "--num-heads", "2", "--head
               "--quiet"]
 
 
+# and grids of prompts while training (the run's text encoder: the mix's text sets' one)
+GRIDS = ["--sample-every", "2", "--sample-prompts", "prompts.txt", "--sample-steps", "2"]
+
+
 def blocks(lang: str) -> list[str]:
     return re.findall(rf"```{lang}\n(.*?)```", DOC, re.S)
 
@@ -58,6 +62,7 @@ def example(tmp_path_factory, tiny_vae_dir):
     (root / "imagenet-names.txt").write_text("tench\ngoldfish\nshark\n")
     (root / "mix.yaml").write_text(blocks("yaml")[0].replace("holdout: 0.01", "holdout: 0.5"))
     qwen = make_tiny_qwen3(root / "qwen3")
+    (root / "prompts.txt").write_text("a red sofa\na photo of a tench\n")
     example_block = next(b for b in blocks("bash") if "--caption-template" in b)
     runner = CliRunner()
     outputs = {}
@@ -70,7 +75,7 @@ def example(tmp_path_factory, tiny_vae_dir):
             args += ["--vae", str(tiny_vae_dir), "--image-size", "32", "--samples-per-shard", "4", "--batch-size", "4",
                      "--num-workers", "0", "--quiet"]
         elif argv[0] == "dit-train":
-            args += TINY_TRAIN
+            args += TINY_TRAIN + GRIDS + ["--vae", str(tiny_vae_dir)]
         cwd = os.getcwd()
         os.chdir(root)
         try:
@@ -99,6 +104,8 @@ def test_the_two_source_text_to_image_example_runs_as_pasted(example):
     report = (run / "report.md").read_text()
     assert "## Validation loss" in report and "## Data mix" in report and (run / "report.png").is_file()
     assert "| photos | `shards/photos` | proportion 0.7, text shards/photos-qwen3, holdout 0.5 |" in report
+    grids = sorted(p.name for p in (run / "samples").iterdir())
+    assert grids == ["step-0000002.png", "step-0000004.png"]  # a text mix's grids of prompts
 
 
 @pytest.mark.sweep
