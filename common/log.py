@@ -34,13 +34,14 @@ class _RaisesSignalled:
 class ConsoleHandler(_RaisesSignalled, logging.StreamHandler):
     """The console's handler: each line through `tqdm.write`, which lifts a progress bar drawn on the same stream
     off its line, writes the message on a line of its own and redraws the bar below it (a plain write when no
-    bar is shown)."""
+    bar is shown). The message and its newline go out in one write: a signal handler that raises between two
+    writes (_RaisesSignalled) would leave the line open, and the error line printed next would continue it."""
 
     def emit(self, record: logging.LogRecord) -> None:
         from tqdm.auto import tqdm
 
         try:
-            tqdm.write(self.format(record), file=self.stream)
+            tqdm.write(self.format(record) + "\n", file=self.stream, end="")
             self.flush()
         except Exception:  # noqa: BLE001 - logging's own policy: report, never raise (but _RaisesSignalled)
             self.handleError(record)

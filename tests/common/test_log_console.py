@@ -56,3 +56,25 @@ def test_a_runtime_error_raised_during_a_write_reaches_the_caller(monkeypatch):
             log.info("a line")
             assert "--- Logging error ---" in report.getvalue() and "Input/output error" in report.getvalue()
     setup_logging(None, quiet=True)
+
+
+class _Writes(io.StringIO):
+    def __init__(self):
+        super().__init__()
+        self.writes: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.writes.append(text)
+        return super().write(text)
+
+
+def test_a_line_and_its_newline_are_one_write(monkeypatch):
+    """A RuntimeError that a signal handler raises between two writes of one line (above) would leave the line open,
+    and the error line the command prints next would continue it ("... data-wait 0%error: loader worker ..."):
+    the console writes each message with its newline at once."""
+    stream = _Writes()
+    monkeypatch.setattr(sys, "stderr", stream)
+    log = setup_logging(None)
+    log.info("step 4/8 epoch 0 loss 1.0161")
+    assert [w for w in stream.writes if w] == ["step 4/8 epoch 0 loss 1.0161\n"]  # (tqdm adds an empty `end`)
+    setup_logging(None, quiet=True)
