@@ -402,11 +402,17 @@ def spec_is_named(spec: str) -> bool:
     return not Path(spec).expanduser().is_file()
 
 
-def feature_identity_key(identity: dict[str, Any] | None) -> tuple | None:
-    """What decides the features (two sets whose keys are equal hold the same encoder's features): model,
-    its args, input size, layers and the weights' hash or source."""
+def feature_identity_fields(identity: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What decides the features, by name (two sets whose fields are equal hold the same encoder's features):
+    model, its args, input size, layers and the weights' hash or source; None for an identity of no features."""
     if not identity or identity.get("kind") != "features":
         return None
-    return (identity.get("model"), json.dumps(identity.get("model_args") or {}, sort_keys=True),
-            identity.get("input_size"), identity.get("layers"),
-            identity.get("weights_sha256") or identity.get("weights"))
+    return {"model": identity.get("model"), "model_args": json.dumps(identity.get("model_args") or {}, sort_keys=True),
+            "input_size": identity.get("input_size"), "layers": identity.get("layers"),
+            "weights": identity.get("weights_sha256") or identity.get("weights")}
+
+
+def feature_identity_key(identity: dict[str, Any] | None) -> tuple | None:
+    """`feature_identity_fields` as a comparable, hashable key."""
+    fields = feature_identity_fields(identity)
+    return None if fields is None else tuple(fields.values())

@@ -43,15 +43,12 @@ def resolve_lanes(cfg: Any, world: int, workers: int, batch: Any) -> int:
 
 def check_val_set(cfg: Any, data: Any) -> None:
     """--val-shards: a held-out set in the training data's latent space (train.mix.space_problem), before any work."""
-    from dit_pipeline.train.mix import HOLDOUT, MixSpec, OpenSource, SourceSpec, _named, open_mix, parse_source, space_problem
+    from dit_pipeline.train.mix import HOLDOUT, MixSpec, OpenSource, SourceSpec, _named, parse_source, space_problem
 
     if cfg.val_shards == HOLDOUT:
         return  # the mix's own sources, checked when it was opened
     spec = _named([parse_source(str(cfg.val_shards))])[0]
-    try:
-        val = open_mix(MixSpec((spec,)), text_features=cfg.text_features, use_reg=bool(cfg.use_reg)).sources[0]
-    except UserError as e:
-        raise UserError(f"--val-shards: {e}") from None
+    val = open_val_sources(MixSpec((spec,)), cfg).sources[0]
     train = data.sources[0] if hasattr(data, "sources") else \
         OpenSource(_named([SourceSpec(str(data.folder or cfg.shards))])[0], data)
     problem = space_problem(train, val)
@@ -65,6 +62,17 @@ def check_val_set(cfg: Any, data: Any) -> None:
             check_token_space([(train.name, train.spec.reg or cfg.reg_tokens, tokens), (val.name, spec.reg, val.reg)])
         except UserError as e:
             raise UserError(f"--val-shards: {e}") from None
+
+
+def open_val_sources(spec: Any, cfg: Any) -> Any:
+    """--val-shards' sources (train.mix.MixSpec) opened as a mix's are: each with its text set, and under --use-reg
+    its class tokens (reg=); a problem is named as --val-shards'."""
+    from dit_pipeline.train.mix import open_mix
+
+    try:
+        return open_mix(spec, text_features=cfg.text_features, use_reg=bool(cfg.use_reg))
+    except UserError as e:
+        raise UserError(f"--val-shards: {e}") from None
 
 
 def steps_counter(steps_in: Callable[[int], int]) -> Callable[[float], int]:

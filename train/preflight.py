@@ -324,11 +324,11 @@ def prepare(cfg: TrainConfig, world_size: int | None = None) -> Preflight:
     assert total is not None  # resolve_defaults gives every run a length
     mode, held = sha256_mode(cfg, source, plan0, world, mix)
     _, _, mc = param_counts(kw)
-    bare = [o for o in mix.sources if not o.manifest.has_pixels] if mix is not None else []  # REPA's pixels
-    where = (f"source {bare[0].name} ({bare[0].spec.shards})" if bare else "") if mix is not None else \
-        str(source.folder or cfg.manifest)
-    teacher = check_repa(cfg, has_pixels=not bare if mix is not None else source.manifest.has_pixels, where=where,
-                         depth=num_blocks(mc), grid=mc["input_size"] // mc["patch_size"], manifest=source.manifest)
+    has_pixels, where = source.manifest.has_pixels, str(source.folder or cfg.manifest)  # REPA's online teacher's
+    if mix is not None and (bare := [o for o in mix.sources if not o.manifest.has_pixels]):
+        has_pixels, where = False, f"source {bare[0].name} ({bare[0].spec.shards})"
+    teacher = check_repa(cfg, has_pixels=has_pixels, where=where, depth=num_blocks(mc),
+                         grid=mc["input_size"] // mc["patch_size"], manifest=source.manifest)
     schedule = build_schedule(cfg, steps_at, total)
     std = first_samples_std(source.folder, source.manifest) if source.folder is not None and dist.is_main() else None
     # --init: read and matched on the CPU, also in a dry run; not read when the run folder resumes its checkpoint

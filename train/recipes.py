@@ -259,7 +259,7 @@ def _text_as_hub(identity: Mapping[str, Any]) -> dict[str, Any]:
 
 def check_recipe_extraction(cfg: Any, source: Any, mix: Any = None) -> Any:
     """A recipe run on a shard set (and text set) that is not the extraction its recipe requires, or of a recipe
-    with settings not built here yet (train/recipes.py): refused before any work, or with --allow-departures, run
+    with settings not built here yet (`pending`, above): refused before any work, or with --allow-departures, run
     with every difference added to its departures. How each tokenizer was recognised goes to `recognised`. A data
     mix: each source (its shards, its text set, its class tokens) against the requirement, its name on what departs."""
     recipe = cfg.recipe if isinstance(cfg.recipe, dict) else None
@@ -304,7 +304,7 @@ def data_departures(cfg: Any, requires: dict[str, Any], source: Any, mix: Any = 
             met += [x for x in m if x not in met]
             w = o.spec.weight  # the recipe's data is read once per epoch, every sample alike (repeat 1 too)
             if w.kind is not None and not (w.kind == "repeat" and w.repeat == 1):
-                found.append(f"source {o.name}: weighted ({o.spec.weight.describe()}) where the recipe reads each "
+                found.append(f"source {o.name}: weighted ({w.describe()}) where the recipe reads each "
                              "sample once per epoch")
         return found, met
     text = None

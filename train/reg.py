@@ -143,14 +143,13 @@ def source_tokens(folder: str | None, manifest: Any, shards_folder: Any, where: 
 
 def check_token_space(sources: list[tuple[str, str | None, RegTokens | None]]) -> None:
     """A mix's sources' class tokens ((name, reg= folder, tokens) each) from one encoder (what decides them, as a
-    checkpoint's REG record compares it: common.features.feature_identity_key), of one width and stored dtype: the
-    model learns one token space. UserError naming both sources and the first field that differs."""
-    from dit_pipeline.common.features import feature_identity_key
+    checkpoint's REG record compares it: common.features.feature_identity_fields), of one width and stored dtype:
+    the model learns one token space. UserError naming both sources and the first field that differs."""
+    from dit_pipeline.common.features import feature_identity_fields
 
     def decided(tokens: RegTokens) -> dict[str, Any]:
-        key = feature_identity_key(tokens.identity) or ()
-        return {**dict(zip(("model", "model_args", "input_size", "layers", "weights"), key)),
-                "width": tokens.dim, "stored dtype": tokens.manifest.dtype}
+        return {**(feature_identity_fields(tokens.identity) or {}), "width": tokens.dim,
+                "stored dtype": tokens.manifest.dtype}
 
     given = [(n, f, t) for n, f, t in sources if t is not None]
     for name, folder, tokens in given[1:]:

@@ -109,6 +109,7 @@ class ValSet:
 def _val_sources(cfg: Any) -> tuple[list[Any], list[int], str]:
     """(opened sources, samples to take from each, description) of --val-shards."""
     from dit_pipeline.train.mix import HOLDOUT, MixSpec, _named, mix_spec, parse_source
+    from dit_pipeline.train.mixprep import open_val_sources
 
     n = int(cfg.val_samples)
     if cfg.val_shards == HOLDOUT:
@@ -117,22 +118,12 @@ def _val_sources(cfg: Any) -> tuple[list[Any], list[int], str]:
         held = [s for s in spec.sources if s.holdout > 0]
         if not held:
             raise UserError("--val-shards holdout: no source of the mix holds keys out; give one holdout=0.01 (say)")
-        mix = _open(MixSpec(tuple(held)), cfg)
+        mix = open_val_sources(MixSpec(tuple(held)), cfg)
         share = [n // len(held) + (1 if i < n % len(held) else 0) for i in range(len(held))]
         return mix.sources, share, "held-out keys of " + ", ".join(f"{s.name} ({s.holdout:g})" for s in held)
     one = _named([parse_source(cfg.val_shards)])[0]
-    mix = _open(MixSpec((dataclasses.replace(one, holdout=0.0),)), cfg)
+    mix = open_val_sources(MixSpec((dataclasses.replace(one, holdout=0.0),)), cfg)
     return mix.sources, [n], f"{one.shards}"
-
-
-def _open(spec: Any, cfg: Any) -> Any:
-    """The validation sources opened as a mix's are (with --use-reg, each with its class tokens: reg=)."""
-    from dit_pipeline.train.mix import open_mix
-
-    try:
-        return open_mix(spec, text_features=cfg.text_features, use_reg=bool(cfg.use_reg))
-    except UserError as e:
-        raise UserError(f"--val-shards: {e}") from None
 
 
 def load_val_set(cfg: Any, text_encoder: Any = None) -> ValSet:

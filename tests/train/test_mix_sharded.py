@@ -2,10 +2,7 @@
 two-source mix, killed with SIGKILL mid-epoch and resumed on 2 ranks (the same losses, samples and weights as the
 uninterrupted sharded run, bit for bit) and on 1 rank (every later step trains on the uninterrupted run's global
 batch, so the epoch's multiset of (source, key) pairs is the same and no key of the single-pass source is seen twice).
-The promises of a DDP run on one shard set (tests/train/test_resume.py, test_distributed.py) hold for both at once.
-
-A further case (`make test-sweep`): `make test` keeps each promise on its own, for sharded runs
-(tests/train/test_parallel.py: killed and resumed bit for bit, 2 ranks to 1) and for mixes (test_mix_training.py)."""
+The promises of a DDP run on one shard set (tests/train/test_resume.py, test_distributed.py) hold for both at once."""
 from __future__ import annotations
 
 import shutil
@@ -20,9 +17,9 @@ from tests._util import run_cli
 from tests.train.helpers import make_shard_set
 from tests.train.test_mix_training import MODEL, keys_by_step, train_records
 
-pytestmark = [pytest.mark.sweep, pytest.mark.skipif(
+pytestmark = pytest.mark.skipif(
     __import__("dit_pipeline.common.sharding", fromlist=["x"]).sharding_problem() is not None,
-    reason="the sharded modes need torch 2.9+")]
+    reason="the sharded modes need torch 2.9+")
 
 
 def sharded_mix_args(sets, run_dir):
