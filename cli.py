@@ -185,7 +185,7 @@ def shards_main() -> None:
     """
 
 
-@shards_main.command("verify")
+@shards_main.command("verify", context_settings=CONTEXT)
 @click.argument("folder", type=_SHARD_DIR)
 @click.option("--quick", is_flag=True, default=False,
               help="Sizes and tar structure only, no hashing or decoding (seconds instead of minutes).")
@@ -213,7 +213,7 @@ def shards_verify_cmd(folder: str, quick: bool, jobs: int, as_json: bool, quiet:
     sys.exit(0 if report.ok else 1)
 
 
-@shards_main.command("info")
+@shards_main.command("info", context_settings=CONTEXT)
 @click.argument("folder", type=_SHARD_DIR)
 @click.option("--json", "as_json", is_flag=True, default=False, help="Print the summary as JSON.")
 @debug_option
@@ -233,7 +233,7 @@ def shards_info_cmd(folder: str, as_json: bool, debug: bool) -> None:
     click.echo(json.dumps(d, indent=2) if as_json else format_info(d))
 
 
-@shards_main.command("stats")
+@shards_main.command("stats", context_settings=CONTEXT)
 @click.argument("folder", type=_SHARD_DIR)
 @click.option("--max-samples", type=click.IntRange(min=1), default=10_000, show_default=True,
               help="Samples (spread over all shards) used for the latent statistics; labels of all are counted.")

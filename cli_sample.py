@@ -75,7 +75,7 @@ def sample_main() -> None:
     """
 
 
-@sample_main.command("run")
+@sample_main.command("run", context_settings=CONTEXT)
 @_weights_options
 @click.option("--sampler", type=click.Choice(SAMPLERS), default=None,
               help="[from the model's objective: ddpm for ddpm models, euler-maruyama (SiT's SDE) for flow models]")
@@ -198,7 +198,7 @@ def sample_run_cmd(compile_: bool, debug: bool, **options: Any) -> None:
     sample.main(SampleConfig(compile=compile_, **options))
 
 
-@sample_main.command("export")
+@sample_main.command("export", context_settings=CONTEXT)
 @click.option("--to", "to", type=click.Choice(EXPORT_TARGETS), required=True,
               help="diffusers: a DiTPipeline folder; safetensors: one file with our weights and metadata.")
 @click.argument("output")

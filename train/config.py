@@ -73,8 +73,8 @@ class TrainConfig(ParallelSettings, ValSettings, GuardSettings, RegSettings, Rep
     # a data mix (train/mix.py, docs/data-mix.md): --source repeated, or a YAML file
     source: list[str] | None = setting(
         None, "A source of a data mix: 'SHARDS key=value ...' (repeat the option; keys proportion, repeat, choose "
-        "(MosaicML Streaming's weights), text, caption, template, class_names, holdout, reg (REG's class tokens), name, "
-        "manifest; docs/data-mix.md)", group=MIX, shown="none: --shards alone")
+        "(MosaicML Streaming's weights), text, caption, template, class_names, holdout, reg (REG's class tokens), repa "
+        "(REPA's cached teacher tokens, with --repa cached), name, manifest; docs/data-mix.md)", group=MIX, shown="none: --shards alone")
     mix: str | None = setting(None, "YAML file of a data mix: sources (each a mapping of the --source keys), "
                               "epoch_size, lanes", group=MIX)
     mix_epoch_size: int | None = setting(None, "Samples per epoch of a mix weighted by proportion", group=MIX,

@@ -138,11 +138,12 @@ def _mix_problems(cfg: TrainConfig) -> list[str]:
 
     given = [flag for flag, on in (("--shards", cfg.shards), ("--manifest", cfg.manifest), ("--text", cfg.text),
                                    ("--reg-tokens", cfg.reg_tokens)) if on]
-    p = [f"{', '.join(given)} with a data mix: each source names its shards (manifest=), its text set (text=) "
-         "and its REG class tokens (reg=) in --source / --mix"] if given else []
+    p = [f"{', '.join(given)} with a data mix: each source names its shards (manifest=), its text set (text=), "
+         "its REG class tokens (reg=) and its REPA tokens (repa=) in --source / --mix"] if given else []
     if is_cached(cfg.repa):
-        p.append(f"--repa {cfg.repa} is one shard set's cached teacher tokens: with a data mix give --repa a "
-                 "teacher (it sees each source's pixels: dit-extract --pixels)")
+        p.append(f"--repa {cfg.repa} is one shard set's cached teacher tokens: with a data mix name each source's "
+                 "with repa=FOLDER and pass --repa cached, or give --repa a teacher (it sees each source's pixels: "
+                 "dit-extract --pixels)")
     if cfg.source and cfg.mix:
         p.append("give the sources either as --source options or in a --mix file, not both")
     p += positive(cfg, "mix_epoch_size", "mix_lanes")

@@ -101,7 +101,10 @@ def make_feed(prep: Any, *, rank: int = 0, teacher: Any = None, online: bool = F
     """The feed of a prepared run (train.preflight.Preflight): a mix's (train.mixdata.MixFeed) or one shard set's.
     `teacher`: --repa's (pixels, or a CachedTeacher's sibling set); `online`: the captions are encoded while
     training (the batches carry caption strings instead of the text set's features)."""
+    from dit_pipeline.train.repa import CachedTeacher
+
     cfg, batch = prep.cfg, prep.batch
+    cached, reg = isinstance(teacher, CachedTeacher), getattr(prep, "reg", None)
     common: dict[str, Any] = dict(rank=rank, buffer=cfg.shuffle_buffer, shards_in_flight=cfg.shards_in_flight,
                   skip_bad_shards=cfg.skip_bad_shards, sha256=prep.sha256, captions=online)
     if prep.mix is not None:
@@ -109,11 +112,9 @@ def make_feed(prep: Any, *, rank: int = 0, teacher: Any = None, online: bool = F
 
         return MixFeed(prep.mix, seed=cfg.seed, lanes=prep.lanes, global_batch=batch.global_batch, accum=batch.accum,
                        world=prep.world_size, workers=int(cfg.num_workers or 0), text=prep.text is not None
-                       and not online, latent_sample=cfg.latent_sample, reg=getattr(prep, "reg", None) is not None,
-                       pixels=teacher is not None, **common)  # REPA's online teacher sees each source's pixels
-    from dit_pipeline.train.repa import CachedTeacher
-
-    cached, reg = isinstance(teacher, CachedTeacher), getattr(prep, "reg", None)
+                       and not online, latent_sample=cfg.latent_sample, tokens=reg is not None or cached,
+                       # REPA's online teacher sees each source's pixels; --repa cached reads each source's tokens
+                       pixels=teacher is not None and not cached, **common)
     return SingleFeed(prep.source, seed=cfg.seed, world=prep.world_size, workers=prep.layout.workers,
                       micro_batch=batch.micro_batch, accum=batch.accum, num_workers=int(cfg.num_workers or 0),
                       pixels=teacher is not None and not cached,

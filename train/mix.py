@@ -16,6 +16,7 @@ given as `shards=`) or as a mapping in the YAML file's `sources:` list, with the
 | `template`, `class_names` | a class-labelled set's captions: the template (`a photo of a {name}`) filled with its class names (the manifest's, or a file: one name per line, or JSON) |
 | `holdout` | the fraction of its keys held out for `--val-shards holdout` (by key hash; never trained on) |
 | `reg` | its REG class tokens (`dit-train --use-reg`): the sibling set `dit-extract --encoder dinov2-vit-b --encoder-formula reg` made from its images |
+| `repa` | its REPA teacher tokens (`dit-train --repa cached`): the sibling set `dit-extract --encoder dinov2-b --encoder-formula repa` made from its images |
 
 The YAML file may also give `epoch_size` (samples per epoch with proportions) and `lanes` (train/mixplan.py).
 
@@ -38,10 +39,11 @@ from dit_pipeline.common.errors import ConfigError, UserError
 from dit_pipeline.shards import Manifest
 from dit_pipeline.shards.text import read_class_names, template_captions
 from dit_pipeline.train.reg import check_token_space, source_tokens
+from dit_pipeline.train.repa import source_teacher
 from dit_pipeline.train.mixplan import ShardKeys, SourceShape, Weight, weights_problems
 
 SOURCE_KEYS = ("shards", "manifest", "name", "proportion", "repeat", "choose", "text", "caption", "template",
-               "class_names", "holdout", "reg")
+               "class_names", "holdout", "reg", "repa")
 MIX_KEYS = ("sources", "epoch_size", "lanes")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 HOLDOUT = "holdout"  # --val-shards holdout: the keys the sources hold out
@@ -63,6 +65,7 @@ class SourceSpec:
     class_names: str | None = None
     holdout: float = 0.0
     reg: str | None = None
+    repa: str | None = None
 
     @property
     def weight(self) -> Weight:
@@ -224,6 +227,7 @@ class OpenSource:
     source: Any                       # train.shard_source.ShardSource
     text: Manifest | None = None      # its text set's manifest (cached features)
     reg: Any = None                   # its REG class tokens (train.reg.RegTokens), opened with --use-reg
+    repa: Any = None                  # its REPA teacher tokens (train.repa.CachedTeacher), opened with --repa cached
     captions: tuple[str, ...] | None = None  # a template source: the caption of each class
 
     @property
@@ -248,7 +252,17 @@ class OpenSource:
             out["text_fingerprint"] = self.text.fingerprint()
         if self.reg is not None:
             out["reg_fingerprint"] = self.reg.manifest.fingerprint()
+        if self.repa is not None:
+            out["repa_fingerprint"] = self.repa.manifest.fingerprint()
         return out
+
+    def tokens(self) -> tuple[str, Manifest] | None:
+        """The sibling set joined to this source's samples (Batch.teacher): its REG class tokens or its REPA teacher
+        tokens (a run trains with at most one), as (folder, manifest); None when it joins none."""
+        for folder, tokens in ((self.spec.reg, self.reg), (self.spec.repa, self.repa)):
+            if tokens is not None:
+                return str(folder), tokens.manifest
+        return None
 
 
 def latent_space(m: Manifest) -> dict[str, Any]:
@@ -319,9 +333,11 @@ class OpenMix:
         return self.sources[0].reg
 
 
-def open_mix(spec: MixSpec, *, text_features: str = "cached", use_reg: bool = False) -> OpenMix:
+def open_mix(spec: MixSpec, *, text_features: str = "cached", use_reg: bool = False,
+             repa_cached: bool = False) -> OpenMix:
     """Open every source (its shards checked against its manifest, as --shards is) and check them together;
-    `use_reg` (--use-reg): each source's class tokens too (reg=, needed on every source; refused without it)."""
+    `use_reg` (--use-reg): each source's class tokens too (reg=, needed on every source; refused without it);
+    `repa_cached` (--repa cached): likewise each source's REPA teacher tokens (repa=)."""
     from dit_pipeline.train.shard_source import open_shards
 
     opened = []
@@ -333,6 +349,7 @@ def open_mix(spec: MixSpec, *, text_features: str = "cached", use_reg: bool = Fa
             raise UserError(f"{where}: {e}") from None
         o = _open_text(OpenSource(s, src), where, text_features)
         o.reg = source_tokens(s.reg, o.manifest, o.source.folder, where, use_reg)
+        o.repa = source_teacher(s.repa, o.manifest, o.source.folder, where, repa_cached)
         opened.append(o)
     mix = OpenMix(spec, opened)
     for other in opened[1:]:
@@ -341,6 +358,7 @@ def open_mix(spec: MixSpec, *, text_features: str = "cached", use_reg: bool = Fa
             raise UserError(problem)
     _check_text_sets(mix, text_features)
     check_token_space([(o.name, o.spec.reg, o.reg) for o in opened])
+    check_token_space([(o.name, o.spec.repa, o.repa) for o in opened], "REPA teacher tokens")
     return mix
 
 

@@ -57,12 +57,12 @@ class MixFeed:
     def __init__(self, mix: OpenMix, *, seed: int, lanes: int, global_batch: int, accum: int, world: int,
                  rank: int, workers: int, buffer: int, shards_in_flight: int, skip_bad_shards: bool = False,
                  sha256: str | None = None, text: bool = False, captions: bool = False, latent_sample: str = "sample",
-                 reg: bool = False, pixels: bool = False):
+                 tokens: bool = False, pixels: bool = False):
         self.mix, self.seed, self.lanes, self.global_batch, self.accum = mix, seed, lanes, global_batch, accum
         self.latent_sample = latent_sample  # every source's posterior drawn or taken at its mean (train/latents.py)
         self.world, self.rank, self.buffer, self.in_flight = world, rank, buffer, shards_in_flight
         self.skip_bad, self.sha256, self.text, self.captions = skip_bad_shards, sha256, text, captions
-        self.reg = reg  # REG: each source's class tokens joined to its samples (Batch.teacher)
+        self.tokens = tokens  # REG's class tokens or REPA's cached teacher tokens of each source (Batch.teacher)
         self.pixels = pixels  # REPA: each sample's crop in its latent's view (Batch.pixels)
         self.mine = rank_lanes(lanes, world, rank)
         self.workers = lane_workers(len(self.mine), workers) if workers > 0 else 0
@@ -96,7 +96,7 @@ class MixFeed:
         stream = MixStream(self.mix, plan, self.mine, seed=self.seed, buffer=self.buffer,
                            shards_in_flight=self.in_flight, start_step=start_step, workers=self.workers,
                            skip_bad_shards=self.skip_bad, sha256=self.sha256, text=self.text, captions=self.captions,
-                           latent_sample=self.latent_sample, reg=self.reg, pixels=self.pixels)
+                           latent_sample=self.latent_sample, tokens=self.tokens, pixels=self.pixels)
         shape = tuple(stream.specs[0].shape)
         # the step's joined batch: a few reused slots (the trainer holds one step's batches while the next arrives)
         out = BatchPool(1, 4, (plan.piece * len(self.mine), *shape))

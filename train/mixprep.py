@@ -69,6 +69,9 @@ def open_val_sources(spec: Any, cfg: Any) -> Any:
     its class tokens (reg=); a problem is named as --val-shards'."""
     from dit_pipeline.train.mix import open_mix
 
+    if named := [s.name for s in spec.sources if s.repa is not None]:
+        raise UserError(f"--val-shards: source {named[0]} names REPA's teacher tokens (repa=), which the validation "
+                        "loss never reads (it is the denoising loss alone, REPA or not): drop repa=")
     try:
         return open_mix(spec, text_features=cfg.text_features, use_reg=bool(cfg.use_reg))
     except UserError as e:

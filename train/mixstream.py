@@ -65,9 +65,11 @@ class MixStream(IterableDataset):
     def __init__(self, mix: OpenMix, plan: MixEpoch, lanes: Sequence[int], *, seed: int, buffer: int,
                  shards_in_flight: int, start_step: int = 0, workers: int = 0, skip_bad_shards: bool = False,
                  sha256: str | None = None, text: bool = False, captions: bool = False,
-                 latent_sample: str = "sample", reg: bool = False, pixels: bool = False):
+                 latent_sample: str = "sample", tokens: bool = False, pixels: bool = False):
         self.mix, self.plan, self.lanes = mix, plan, list(lanes)
-        self.reg = reg  # each source's REG class tokens joined (Batch.teacher [B, 1, z], train/reg.py)
+        # each source's cached tokens joined (Batch.teacher): REG's class tokens [B, 1, z] (train/reg.py) or REPA's
+        # teacher tokens [B, h * w, c] (train/repa.py), whichever the source names (train.mix.OpenSource.tokens)
+        self.tokens = tokens
         self.pixels = pixels  # REPA's online teacher: each sample's crop in its latent's view (Batch.pixels)
         self.seed, self.buffer, self.in_flight, self.start = seed, buffer, shards_in_flight, start_step
         self.workers, self.skip_bad, self.sha256 = max(1, workers), skip_bad_shards, sha256
@@ -118,10 +120,10 @@ class MixStream(IterableDataset):
         if self.text and o.text is not None:
             text = (str(Path(str(o.spec.text)).expanduser() / o.text.shards[v.shard].name), o.text,
                     o.text.shards[v.shard])
-        tokens = None
-        if self.reg and o.reg is not None:  # the source's class tokens, read in lockstep (shards/siblings.py)
-            t = o.reg.manifest
-            tokens = (str(Path(str(o.spec.reg)).expanduser() / t.shards[v.shard].name), t, t.shards[v.shard])
+        tokens, sibling = None, o.tokens() if self.tokens else None
+        if sibling is not None:  # the source's cached tokens, read in lockstep (shards/siblings.py)
+            folder, t = sibling
+            tokens = (str(Path(folder).expanduser() / t.shards[v.shard].name), t, t.shards[v.shard])
         strings = self.captions and o.captions is None  # a template source makes its captions from the label
         keep = frozenset(v.keys) if v.keys is not None else None
         holdout = float(o.spec.holdout)
@@ -180,11 +182,12 @@ class MixStream(IterableDataset):
         keys = np.array([it.item.key for it in items], dtype=np.int64)
         pixels = self._pixels(items, srcs, in_worker) if self.pixels else None
         tokens = None
-        if self.reg:  # [n, 1, z] float32, in shared memory from a worker
-            reg = self.mix.sources[items[0].source].reg
-            z = int(reg.dim)
-            tokens = build_teacher([it.item for it in items], reg.manifest.dtype,
-                                   shared_empty((n, 1, z)) if in_worker else None)
+        if self.tokens:  # [n, h * w, c] float32 (REG's: [n, 1, z]), in shared memory from a worker
+            sibling = self.mix.sources[items[0].source].tokens()
+            assert sibling is not None, "train.mix.open_mix gives every source its tokens"
+            c, h, w = sibling[1].latent_shape
+            tokens = build_teacher([it.item for it in items], sibling[1].dtype,
+                                   shared_empty((n, h * w, c)) if in_worker else None)
         if slot is not None:
             return PooledBatch(slot, labels, keys, skipped, pixels, tokens, text, mask, caps, sources=srcs)
         return Batch(latents, torch.from_numpy(labels), torch.from_numpy(keys), skipped, pixels, tokens, text, mask,

@@ -32,7 +32,7 @@ from dit_pipeline.train.partition import DataLayout, plan_epoch
 from dit_pipeline.train.parallel import Parallel, mesh_shape
 from dit_pipeline.train.recipes import check_recipe_extraction
 from dit_pipeline.train.reg import RegTokens, read_reg_tokens
-from dit_pipeline.train.repa import CachedTeacher, check_repa
+from dit_pipeline.train.repa import MIX_CACHED, CachedTeacher, check_repa
 from dit_pipeline.train.schedule import LrSchedule, build_schedule
 from dit_pipeline.train.text import TextSet, open_text_set
 
@@ -263,7 +263,8 @@ def prepare(cfg: TrainConfig, world_size: int | None = None) -> Preflight:
     check_writable_dir(cfg.run_dir, f"--run-dir {cfg.run_dir}")  # before any work, also in a dry run
     world = dist.world_size() if world_size is None else world_size
     spec = mix_spec(cfg.source, cfg.mix, cfg.mix_epoch_size, cfg.mix_lanes)
-    mix = open_mix(spec, text_features=cfg.text_features, use_reg=bool(cfg.use_reg)) if spec is not None else None
+    mix = open_mix(spec, text_features=cfg.text_features, use_reg=bool(cfg.use_reg),
+                   repa_cached=cfg.repa == MIX_CACHED) if spec is not None else None
     source = mix.primary if mix is not None else open_shards(str(cfg.shards), cfg.manifest)
     if problem := latent_sample_problem(source.manifest, cfg.latent_sample):
         raise UserError(f"{source.folder or cfg.manifest}: {problem}")
@@ -328,7 +329,7 @@ def prepare(cfg: TrainConfig, world_size: int | None = None) -> Preflight:
     if mix is not None and (bare := [o for o in mix.sources if not o.manifest.has_pixels]):
         has_pixels, where = False, f"source {bare[0].name} ({bare[0].spec.shards})"
     teacher = check_repa(cfg, has_pixels=has_pixels, where=where, depth=num_blocks(mc),
-                         grid=mc["input_size"] // mc["patch_size"], manifest=source.manifest)
+                         grid=mc["input_size"] // mc["patch_size"], manifest=source.manifest, mix=mix)
     schedule = build_schedule(cfg, steps_at, total)
     std = first_samples_std(source.folder, source.manifest) if source.folder is not None and dist.is_main() else None
     # --init: read and matched on the CPU, also in a dry run; not read when the run folder resumes its checkpoint

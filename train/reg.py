@@ -87,6 +87,11 @@ class RegTokens:
     dim: int
     identity: dict[str, Any]
 
+    @property
+    def encoder(self) -> dict[str, Any]:
+        """The encoder's identity (what train.reg.check_token_space compares)."""
+        return self.identity
+
     def line(self, coeff: float, mix: Any = None) -> str:
         """The plan's line; `mix` (train.mix.OpenMix): the tokens of each source (reg=), one encoder."""
         enc = self.identity
@@ -141,15 +146,17 @@ def source_tokens(folder: str | None, manifest: Any, shards_folder: Any, where: 
     return open_reg_tokens(str(folder), manifest, f"{where} reg=")
 
 
-def check_token_space(sources: list[tuple[str, str | None, RegTokens | None]]) -> None:
-    """A mix's sources' class tokens ((name, reg= folder, tokens) each) from one encoder (what decides them, as a
-    checkpoint's REG record compares it: common.features.feature_identity_fields), of one width and stored dtype:
-    the model learns one token space. UserError naming both sources and the first field that differs."""
+def check_token_space(sources: list[tuple[str, str | None, Any]], what: str = "class tokens") -> None:
+    """A mix's sources' cached tokens ((name, folder, tokens) each: REG's class tokens (RegTokens), or REPA's teacher
+    tokens (train.repa.CachedTeacher)) from one encoder (what decides them, as a checkpoint's record compares it:
+    common.features.feature_identity_fields), of one width, token grid and stored dtype: the model learns one token
+    space. UserError naming both sources and the first field that differs."""
     from dit_pipeline.common.features import feature_identity_fields
 
-    def decided(tokens: RegTokens) -> dict[str, Any]:
-        return {**(feature_identity_fields(tokens.identity) or {}), "width": tokens.dim,
-                "stored dtype": tokens.manifest.dtype}
+    def decided(tokens: Any) -> dict[str, Any]:
+        _, h, w = tokens.manifest.latent_shape
+        return {**(feature_identity_fields(tokens.encoder) or {}), "width": tokens.dim,
+                "token grid": f"{h}x{w}", "stored dtype": tokens.manifest.dtype}
 
     given = [(n, f, t) for n, f, t in sources if t is not None]
     for name, folder, tokens in given[1:]:
@@ -158,7 +165,7 @@ def check_token_space(sources: list[tuple[str, str | None, RegTokens | None]]) -
         changed = [k for k in da if da[k] != db.get(k)]
         if changed:
             k = changed[0]
-            raise UserError(f"the class tokens of sources {n0} ({f0}) and {name} ({folder}) come from different "
+            raise UserError(f"the {what} of sources {n0} ({f0}) and {name} ({folder}) come from different "
                             f"encoders: their {k} differs ({da[k]!r} vs {db[k]!r}); extract every source's tokens "
                             "with one encoder")
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,6 +24,8 @@ from dit_pipeline.common.settings import positive, setting
 from dit_pipeline.common.teacher import DEFAULT_TEACHER, Teacher, load_teacher
 
 REPA = "Representation alignment (REPA)"  # the --help section
+MIX_CACHED = "cached"  # --repa cached: a data mix's sources name their cached teacher tokens (repa=)
+EXTRACT_HINT = "dit-extract --data-path IMAGES --encoder dinov2-b --encoder-formula repa --out FOLDER"
 
 
 @dataclass(kw_only=True)
@@ -34,7 +37,8 @@ class RepaSettings:
         f"{DEFAULT_TEACHER} or dinov2_vitb14_reg (Meta's file in torch.hub's cache), a local weights file, or a "
         "Hugging Face id such as timm/vit_base_patch14_dinov2.lvd142m; needs shards extracted with --pixels. Or "
         "a sibling shard folder of the teacher's cached tokens (dit-extract --encoder dinov2-b --encoder-formula "
-        "repa): no teacher forward, no pixels",
+        "repa): no teacher forward, no pixels. With a data mix, `cached`: each source's tokens, named by its repa= "
+        "key",
         group=REPA, shown="off")
     repa_depth: int = setting(8, "The block whose output tokens are aligned (1..depth; 8 in REPA's runs)", group=REPA)
     repa_coeff: float = setting(0.5, "Weight of the alignment term: loss = denoising + coeff x alignment",
@@ -57,12 +61,15 @@ class CachedTeacher:
     carry the tokens (`train.data.Batch.teacher`); this object stands where the `Teacher` stands (identity,
     width, token count, its cost: none)."""
 
-    def __init__(self, folder: str, manifest: Any):
+    def __init__(self, folder: str, manifest: Any, where: str | None = None):
+        """`where`: where the tokens are, for the plan and the record (default: in `folder`; a data mix's:
+        beside each source)."""
         self.folder, self.manifest = folder, manifest
+        self.label = f"--repa {folder}" if where is None else f"--repa {MIX_CACHED} (the tokens {where})"
         c, h, w = manifest.latent_shape
         self.dim, self.grid, self.num_tokens = int(c), int(h), int(h * w)
-        enc = dict(manifest.extraction.get("encoder") or {})
-        self.identity = {"name": f"cached {enc.get('model')} tokens in {folder}", "cached": str(folder),
+        self.encoder = enc = dict(manifest.extraction.get("encoder") or {})
+        self.identity = {"name": f"cached {enc.get('model')} tokens {where or f'in {folder}'}", "cached": str(folder),
                          "encoder": enc, "weights_sha256": enc.get("weights_sha256")}
         self.image_size = int(enc.get("input_size") or 0)
 
@@ -74,50 +81,90 @@ class CachedTeacher:
 
     def check_tokens(self, tokens: int, what: str = "the DiT") -> None:
         if tokens != self.num_tokens:
-            raise UserError(f"--repa {self.folder}: its tokens are {self.grid}x{self.grid} per image but {what} has "
+            raise UserError(f"{self.label}: its tokens are {self.grid}x{self.grid} per image but {what} has "
                             f"{tokens}; extract the teacher's features at the DiT's token grid")
 
     def __call__(self, pixels: Any) -> Any:
         raise AssertionError("cached teacher tokens come with the batch (Batch.teacher)")
 
 
-def _cached_teacher(folder: str, manifest: Any) -> CachedTeacher:
+def _cached_teacher(folder: str, manifest: Any, flag: str = "--repa") -> CachedTeacher:
+    """The cached tokens in `folder` (given as `flag`: --repa, or a data mix's source repa=) of the set of
+    `manifest`: a sibling of it (shards/siblings.py) holding the `repa` formula's tokens."""
     from dit_pipeline.shards.siblings import read_sibling
 
     if manifest is None:
-        raise UserError(f"--repa {folder}: cached teacher tokens need the training shards' manifest")
-    m = read_sibling(manifest, folder, "--repa")
+        raise UserError(f"{flag} {folder}: cached teacher tokens need the training shards' manifest")
+    m = read_sibling(manifest, folder, flag)
     enc = m.extraction.get("encoder") or {}
     if not enc or m.store != "sample":
-        raise UserError(f"--repa {folder}: holds no teacher features (its manifest records no --encoder); extract "
-                        "them with dit-extract --encoder dinov2-b --encoder-formula repa --out FOLDER")
+        raise UserError(f"{flag} {folder}: holds no teacher features (its manifest records no --encoder); extract "
+                        f"them with {EXTRACT_HINT}")
     if enc.get("formula_name") != "repa":
-        raise UserError(f"--repa {folder}: its features are {enc.get('formula_name', 'rae')}'s, not the tokens REPA's "
+        raise UserError(f"{flag} {folder}: its features are {enc.get('formula_name', 'rae')}'s, not the tokens REPA's "
                         "teacher aligns to (normalize, resize, final norm with affine); extract them with "
                         "--encoder-formula repa")
     return CachedTeacher(folder, m)
 
 
+def source_teacher(folder: str | None, manifest: Any, shards_folder: Any, where: str, cached: bool
+                   ) -> CachedTeacher | None:
+    """A data mix's source's cached teacher tokens (train/mix.py: its `repa=` key, `where` naming the source): opened
+    with --repa cached, where every source needs them; refused otherwise (nothing else reads them)."""
+    if folder is None:
+        if cached:
+            raise UserError(f"{where}: --repa {MIX_CACHED} aligns to each source's cached teacher tokens, and this "
+                            f"source names none: give it repa=FOLDER, made from its images by {EXTRACT_HINT}")
+        return None
+    if not cached:
+        raise UserError(f"{where}: repa= names REPA's cached teacher tokens, which only --repa {MIX_CACHED} reads: "
+                        "add --repa cached (or drop repa=; a teacher given to --repa runs on each source's pixels)")
+    if shards_folder is None:
+        raise UserError(f"{where}: repa= needs the source's shards as a folder (its teacher tokens are checked "
+                        "against its manifest's shards)")
+    if not (Path(str(folder)).expanduser() / "manifest.json").is_file():
+        raise UserError(f"{where} repa= {folder}: no shard set there (no manifest.json); make it with {EXTRACT_HINT}")
+    return _cached_teacher(str(folder), manifest, f"{where} repa=")
+
+
+def mix_teacher(mix: Any) -> CachedTeacher:
+    """--repa cached: the tokens of a data mix's sources (train.mix.OpenMix; opened and checked to be one encoder's,
+    of one shape, when the mix was opened) as one teacher for the plan and the record."""
+    first = mix.sources[0].repa
+    where = "beside each source (" + ", ".join(f"{o.name}: {o.spec.repa}" for o in mix.sources) + ")"
+    teacher = CachedTeacher(first.folder, first.manifest, where)
+    teacher.identity["cached"] = {o.name: str(o.spec.repa) for o in mix.sources}
+    return teacher
+
+
 def is_cached(spec: str | None) -> bool:
     """Whether --repa names a shard folder of cached teacher tokens (rather than a teacher)."""
-    from pathlib import Path
-
     return spec is not None and (Path(spec).expanduser() / "manifest.json").is_file()
 
 
 def check_repa(settings: RepaSettings, *, has_pixels: bool, where: str, depth: int, grid: int,
-               manifest: Any = None) -> "Teacher | CachedTeacher | None":
+               manifest: Any = None, mix: Any = None) -> "Teacher | CachedTeacher | None":
     """Before any GPU work: the shard set has pixels, the aligned block exists, and the teacher loads (on the
     CPU: a missing or foreign file fails here, also in a dry run) and gives one token per DiT token. A shard
-    folder (`--repa FOLDER`): the sibling set of cached tokens, checked against `manifest` instead."""
+    folder (`--repa FOLDER`): the sibling set of cached tokens, checked against `manifest` instead; `--repa cached`
+    with a data mix (`mix`, train.mix.OpenMix): each source's (repa=), checked when the mix was opened."""
     if settings.repa is None:
         return None
+    if mix is not None and settings.repa == MIX_CACHED:
+        if settings.repa_depth > depth:
+            raise UserError(f"--repa-depth {settings.repa_depth}: the model has {depth} blocks; choose 1..{depth}")
+        cached = mix_teacher(mix)
+        cached.check_tokens(grid * grid)
+        return cached
     if is_cached(settings.repa):
         if settings.repa_depth > depth:
             raise UserError(f"--repa-depth {settings.repa_depth}: the model has {depth} blocks; choose 1..{depth}")
         cached = _cached_teacher(str(settings.repa), manifest)
         cached.check_tokens(grid * grid)
         return cached
+    if settings.repa == MIX_CACHED:
+        raise UserError(f"--repa {MIX_CACHED} aligns to each data-mix source's cached tokens (their repa= key in "
+                        "--source / --mix); with one shard set give the tokens' folder: --repa FOLDER")
     if not has_pixels:
         raise UserError(f"--repa needs the training pixels, but the shard set in {where} was extracted without "
                         "them; extract again with dit-extract --pixels (the latents are the same)")

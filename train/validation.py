@@ -115,7 +115,8 @@ def _val_sources(cfg: Any) -> tuple[list[Any], list[int], str]:
     if cfg.val_shards == HOLDOUT:
         spec = mix_spec(cfg.source, cfg.mix)
         assert spec is not None
-        held = [s for s in spec.sources if s.holdout > 0]
+        # the training sources' held-out keys; their REPA tokens (repa=) are not read: the loss is the denoising one
+        held = [dataclasses.replace(s, repa=None) for s in spec.sources if s.holdout > 0]
         if not held:
             raise UserError("--val-shards holdout: no source of the mix holds keys out; give one holdout=0.01 (say)")
         mix = open_val_sources(MixSpec(tuple(held)), cfg)
@@ -289,10 +290,12 @@ class ValidationHook:
     def _encoder(self, ctx: HookContext) -> Any:
         from dit_pipeline.common.text_encoders import from_identity
         from dit_pipeline.train.mix import mix_spec, open_mix
+        from dit_pipeline.train.repa import MIX_CACHED
 
         spec = mix_spec(self.cfg.source, self.cfg.mix)
         if spec is not None:
-            mix = open_mix(spec, text_features="online", use_reg=bool(self.cfg.use_reg))
+            mix = open_mix(spec, text_features="online", use_reg=bool(self.cfg.use_reg),
+                           repa_cached=self.cfg.repa == MIX_CACHED)
             manifest = next(o.text for o in mix.sources if o.text is not None)
         else:
             from dit_pipeline.shards import read_manifest

@@ -1,5 +1,6 @@
 """Several spaces per image (issue #32): a sibling shard set of the teacher's tokens joined by sample key, and
-`dit-train --repa FOLDER` (cached tokens, no teacher forward, no pixels) giving the online teacher's loss."""
+`dit-train --repa FOLDER` (cached tokens, no teacher forward, no pixels) giving the online teacher's loss; on a data
+mix, each source's tokens (repa=) with `--repa cached`, giving the online teacher's loss on the same mix."""
 from __future__ import annotations
 
 import json
@@ -81,3 +82,103 @@ def test_a_set_of_other_images_or_formula_is_refused(spaces, tree, tmp_path):
         run_tiny(vae, tmp_path / "r2", repa=str(fewer), patch_size=1, max_steps=1, global_batch_size=2, micro_batch_size=2,
                 repa_depth=1)
     assert not (tmp_path / "r2" / "checkpoints").exists()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# A data mix's cached tokens: each source names its own (repa=), `dit-train --repa cached` aligns to them
+
+def _mix_run(run_dir, sources, **overrides) -> dict:
+    """Train the tiny model on a mix of `sources` (--source strings) in process; its newest checkpoint."""
+    from dit_pipeline.train import merge_config, run
+    from dit_pipeline.train.checkpoint import CheckpointManager, load_checkpoint
+    from dit_pipeline.train.hooks import build_hooks
+    from tests.train.conftest import TINY_CONFIG
+
+    cfg = merge_config({}, {"run_dir": str(run_dir), "source": list(sources), **TINY_CONFIG, **overrides})
+    assert run(cfg, build_hooks(cfg)) == "done"
+    return load_checkpoint(CheckpointManager(run_dir / "checkpoints").latest())
+
+
+def test_a_mixs_batches_carry_each_samples_cached_tokens_of_its_view(spaces):
+    """Every sample of a mix's batch carries its own source's cached tokens of its latent's view ([n, h*w, c], the
+    order a ViT's patch sequence has), in process and through a loader worker alike, and no pixels."""
+    from dit_pipeline.shards import key_index
+    from dit_pipeline.train.latents import mix_seed, sample_view
+    from dit_pipeline.train.mix import mix_spec, open_mix
+    from dit_pipeline.train.mixdata import MixFeed
+    from dit_pipeline.train.mixdraws import sample_base
+
+    vae, tokens, _ = spaces
+    cached = {key_index(k): s.latent for k, s in read_samples(tokens).items()}
+
+    def batches(workers):
+        spec = mix_spec([f"{vae} name=a repa={tokens}", f"{vae} name=b repa={tokens}"], None)
+        feed = MixFeed(open_mix(spec, repa_cached=True), seed=0, lanes=2, global_batch=4, accum=1, world=1, rank=0,
+                       workers=workers, buffer=4, shards_in_flight=2, tokens=True)
+        return list(feed.loader(feed.plan(0), 0))
+
+    inline, views = batches(0), set()
+    for b in inline:
+        assert b.pixels is None and b.teacher is not None and b.teacher.shape[1:] == (GRID * GRID, 32)
+        for row, s, k in zip(b.teacher, b.sources.tolist(), b.keys.tolist()):
+            v = sample_view(mix_seed(sample_base(0, 0, s, 0), k), 2)
+            assert torch.equal(row, torch.from_numpy(cached[k][v]).reshape(32, -1).T)
+            views.add(v)
+    assert views == {0, 1} and sum(len(b.keys) for b in inline) == 8 and \
+        {s for b in inline for s in b.sources.tolist()} == {0, 1}
+    pooled = batches(1)
+    assert len(pooled) == len(inline) and all(torch.equal(x.teacher, y.teacher) for x, y in zip(inline, pooled))
+
+
+def test_repa_cached_on_a_mix_trains_as_the_online_teacher_on_the_same_mix(spaces, tmp_path):
+    """`--repa cached` on a two-source mix (each source's repa=) gives the losses of the online teacher on the same
+    mix's pixels, and the same validation loss on the keys a source holds out; its records name each source's
+    tokens."""
+    vae, tokens, teacher = spaces
+    common = dict(patch_size=1, max_steps=3, global_batch_size=2, micro_batch_size=2, repa_depth=1, ckpt_every=3,
+                  val_shards="holdout", val_every=3, val_samples=2, val_timesteps=2)
+    _mix_run(tmp_path / "online", [f"{vae} name=a holdout=0.5", f"{vae} name=b holdout=0.5"], repa=str(teacher), **common)
+    ckpt = _mix_run(tmp_path / "cached", [f"{vae} name=a repa={tokens} holdout=0.5", f"{vae} name=b repa={tokens} holdout=0.5"],
+                    repa="cached", **common)
+    a, b = read_metrics(tmp_path / "online"), read_metrics(tmp_path / "cached")
+    assert [r["step"] for r in a if "loss" in r] == [r["step"] for r in b if "loss" in r] == [1, 2, 3]
+    for x, y in zip(a, b):
+        assert x.keys() == y.keys()
+        for k in ("proj", "loss", "val_loss_ema", "val_loss_raw"):
+            if k in x:
+                assert x[k] == pytest.approx(y[k], rel=1e-5, abs=1e-6), k
+        assert x.get("proj", -1) < 0 and x.get("seen_a") == y.get("seen_a") and x.get("seen_b") == y.get("seen_b")
+    assert [r["step"] for r in b if "val_loss_ema" in r] == [0, 3]
+    assert ckpt["projector"]["teacher"]["cached"] == {"a": str(tokens), "b": str(tokens)}
+    fingerprint = read_manifest(tokens).fingerprint()
+    assert [(s["repa"], s["repa_fingerprint"]) for s in ckpt["mix"]["sources"]] == [(str(tokens), fingerprint)] * 2
+
+
+def test_cached_tokens_on_a_mix_are_refused_where_they_cannot_act(spaces, tmp_path):
+    """Before any work: --repa cached with a source that names no tokens, tokens without --repa cached, --repa
+    cached without a mix, and two sources' tokens of different encoders (both named)."""
+    vae, tokens, teacher = spaces
+    common = dict(patch_size=1, max_steps=1, global_batch_size=2, micro_batch_size=2, repa_depth=1, dry_run=True)
+    with pytest.raises(UserError, match=r"source b: --repa cached aligns to each source's cached teacher tokens, and "
+                                        r"this source names none: give it repa=FOLDER"):
+        _mix_run(tmp_path / "r1", [f"{vae} name=a repa={tokens}", f"{vae} name=b"], repa="cached", **common)
+    with pytest.raises(UserError, match=r"source a: repa= names REPA's cached teacher tokens, which only --repa "
+                                        r"cached reads"):
+        _mix_run(tmp_path / "r2", [f"{vae} name=a repa={tokens}", f"{vae} name=b"], repa=str(teacher), **common)
+    with pytest.raises(UserError, match=r"--repa cached aligns to each data-mix source's cached tokens .*with one "
+                                        r"shard set give the tokens' folder"):
+        run_tiny(vae, tmp_path / "r3", repa="cached", **common)
+    other = tmp_path / "other-tokens"
+    shutil.copytree(tokens, other)
+    m = json.loads((other / "manifest.json").read_text())
+    m["extraction"]["encoder"]["weights_sha256"] = "f" * 64
+    (other / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(UserError, match=rf"the REPA teacher tokens of sources a \({tokens}\) and b \({other}\) come "
+                                        r"from different encoders: their weights differs"):
+        _mix_run(tmp_path / "r4", [f"{vae} name=a repa={tokens}", f"{vae} name=b repa={other}"], repa="cached",
+                 **common)
+    with pytest.raises(UserError, match=r"--val-shards: source val names REPA's teacher tokens \(repa=\), which the "
+                                        r"validation loss never reads"):
+        _mix_run(tmp_path / "r5", [f"{vae} name=a repa={tokens}", f"{vae} name=b repa={tokens}"], repa="cached",
+                 val_shards=f"{vae} name=val repa={tokens}", **common)
+    assert not any((tmp_path / r / "checkpoints").exists() for r in ("r1", "r2", "r3", "r4", "r5"))

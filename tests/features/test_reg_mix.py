@@ -50,7 +50,7 @@ def _spec(sets, **extra):
 
 def _batches(sets, workers):
     feed = MixFeed(open_mix(_spec(sets), use_reg=True), seed=0, lanes=2, global_batch=4, accum=1, world=1, rank=0,
-                   workers=workers, buffer=4, shards_in_flight=2, reg=True)
+                   workers=workers, buffer=4, shards_in_flight=2, tokens=True)
     return [list(feed.loader(feed.plan(epoch), 0)) for epoch in range(2)], feed
 
 

@@ -194,5 +194,6 @@ def test_repa_on_a_mix_resumes_exactly_and_refuses_a_source_without_pixels(repa_
     assert r.exit_code == 1 and (f"--repa needs the training pixels, but the shard set in source plain ({plain}) was "
                                  "extracted without them") in r.output
     r = run(tmp_path / "cached", *two, repa=shards, **{"dry-run": None})
-    want = f"--repa {shards} is one shard set's cached teacher tokens: with a data mix give --repa a teacher"
+    want = (f"--repa {shards} is one shard set's cached teacher tokens: with a data mix name each source's with "
+            "repa=FOLDER and pass --repa cached, or give --repa a teacher")
     assert r.exit_code == 2 and want in r.output  # a setting's problem, listed before any work
