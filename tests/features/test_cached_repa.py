@@ -182,3 +182,23 @@ def test_cached_tokens_on_a_mix_are_refused_where_they_cannot_act(spaces, tmp_pa
         _mix_run(tmp_path / "r5", [f"{vae} name=a repa={tokens}", f"{vae} name=b repa={tokens}"], repa="cached",
                  val_shards=f"{vae} name=val repa={tokens}", **common)
     assert not any((tmp_path / r / "checkpoints").exists() for r in ("r1", "r2", "r3", "r4", "r5"))
+
+
+@pytest.mark.sweep
+def test_repa_cached_on_a_mix_on_two_ranks_killed_and_resumed_is_bit_identical(spaces, tmp_path):
+    """`--repa cached` on a two-source mix under DDP (2 gloo ranks, a loader worker each): a run killed with SIGKILL
+    after step 3 and resumed logs the straight run's exact values and ends with its weights and projector."""
+    from tests._util import straight_killed_resumed
+    from tests.train.conftest import tiny_args
+
+    vae, tokens, _ = spaces
+
+    def args(run):
+        a = tiny_args(False, run, **{"patch-size": 1, "repa": "cached", "repa-depth": 1, "max-steps": 4,
+                                     "num-workers": 1, "global-batch-size": 4, "micro-batch-size": 2})
+        return a + ["--source", f"{vae} name=a repa={tokens}", "--source", f"{vae} name=b repa={tokens}"]
+
+    _, a, b = straight_killed_resumed(args, tmp_path, 4, ("step", "loss", "proj", "grad_norm", "seen_a"), timeout=900)
+    for part in ("model", "ema"):
+        assert all(torch.equal(a[part][k], b[part][k]) for k in a[part])
+    assert all(torch.equal(a["projector"]["state_dict"][k], v) for k, v in b["projector"]["state_dict"].items())
