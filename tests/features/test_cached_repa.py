@@ -185,18 +185,21 @@ def test_cached_tokens_on_a_mix_are_refused_where_they_cannot_act(spaces, tmp_pa
 
 
 @pytest.mark.sweep
-def test_repa_cached_on_a_mix_on_two_ranks_killed_and_resumed_is_bit_identical(spaces, tmp_path):
-    """`--repa cached` on a two-source mix under DDP (2 gloo ranks, a loader worker each): a run killed with SIGKILL
-    after step 3 and resumed logs the straight run's exact values and ends with its weights and projector."""
+@pytest.mark.parametrize("teacher", ["cached", "online"])
+def test_repa_on_a_mix_on_two_ranks_killed_and_resumed_is_bit_identical(spaces, tmp_path, teacher):
+    """REPA on a two-source mix under DDP (2 gloo ranks, a loader worker each), from each source's cached tokens
+    (`--repa cached`) or with the teacher on each source's pixels: a run killed with SIGKILL after step 3 and resumed
+    logs the straight run's exact values and ends with its weights and projector."""
     from tests._util import straight_killed_resumed
     from tests.train.conftest import tiny_args
 
-    vae, tokens, _ = spaces
+    vae, tokens, weights = spaces
+    repa, key = ("cached", f" repa={tokens}") if teacher == "cached" else (str(weights), "")
 
     def args(run):
-        a = tiny_args(False, run, **{"patch-size": 1, "repa": "cached", "repa-depth": 1, "max-steps": 4,
+        a = tiny_args(False, run, **{"patch-size": 1, "repa": repa, "repa-depth": 1, "max-steps": 4,
                                      "num-workers": 1, "global-batch-size": 4, "micro-batch-size": 2})
-        return a + ["--source", f"{vae} name=a repa={tokens}", "--source", f"{vae} name=b repa={tokens}"]
+        return a + ["--source", f"{vae} name=a{key}", "--source", f"{vae} name=b{key}"]
 
     _, a, b = straight_killed_resumed(args, tmp_path, 4, ("step", "loss", "proj", "grad_norm", "seen_a"), timeout=900)
     for part in ("model", "ema"):
