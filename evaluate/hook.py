@@ -96,6 +96,10 @@ class FidSettings(DecodeSettings):
     fid_labels: str | None = setting(None, "Classes of the FID samples: uniform draws or equal counts per class, as "
                                      "dit-sample --labels", group=GRIDS, choices=plan.LABEL_SAMPLINGS,
                                      shown="--protocol's, else uniform")
+    fid_prompts: str | None = setting(
+        None, "A text run's FID prompts, as dit-sample --prompts reads them (one per line, JSON Lines with a "
+        "\"prompt\", or JSON): prompt k for the N / P samples from k N / P, --fid-num-samples N a multiple of their "
+        "count P", group=GRIDS, shown="the captioned --fid-ref's REF.prompts.jsonl (dit-eval --make-ref --captions)")
     inception: str | None = setting(
         None, "Inception weights file weights-inception-2015-12-05-6726825d.pth", group=GRIDS,
         shown="torch hub cache, fetched once")
@@ -113,8 +117,8 @@ class FidSettings(DecodeSettings):
         """Every problem of the FID settings (`objective`: the run's, which a --protocol's solver must sample)."""
         p: list[str] = []
         if self.fid_every is None:
-            if self.fid_ref:
-                p.append("--fid-ref only serves FID during training: add --fid-every N (or drop it)")
+            p += [f"{flag} only serves FID during training: add --fid-every N (or drop it)"
+                  for flag, v in (("--fid-ref", self.fid_ref), ("--fid-prompts", self.fid_prompts)) if v]
             return p
         p += positive(self, "fid_every", "fid_num_samples", "fid_steps", "fid_batch_size")
         if not str(self.fid_ref or "").strip():
@@ -173,6 +177,7 @@ class FidHook:
     cfg_channels: str = "auto"  # resolved per model (sample.generate.resolve_cfg_channels), recorded with the FID
     fd_dinov2: bool = False  # also FD_DINOv2 of the same samples (evaluate/dinov2.py, fast resize)
     dinov2: str | None = None
+    prompts: str | None = None  # a text run's FID prompts: --fid-prompts, else the captioned reference's
     _state: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
 
     @classmethod
@@ -186,7 +191,8 @@ class FidHook:
                    steps=s.fid_steps, cfg_scale=cfg_scale, batch_size=s.fid_batch_size, seed=seed,
                    inception=s.inception, input_size=s.fid_input_size, random_inception=s.fid_random_inception,
                    sampler=FID_SAMPLER[objective], labels=s.fid_labels, cfg_channels=str(s.cfg_channels),
-                   fd_dinov2=s.fd_dinov2, dinov2=s.dinov2, objective=objective, protocol=s.protocol)
+                   fd_dinov2=s.fd_dinov2, dinov2=s.dinov2, objective=objective, protocol=s.protocol,
+                   prompts=fid_prompts_file(s))
 
     def setup(self, ctx: HookContext) -> None:
         """Every rank: VAE, Inception, a sampling copy of the model; the reference's features (all ranks
@@ -260,8 +266,10 @@ class FidHook:
         names = {f"{k}_name": v for k, v in L.metric_names(self.num_samples, seed).items()
                  if stored.get(k) is not None}
         run = self.run_record(ctx, proto, shape)
+        text = bool(self._state.get("conds_record"))  # a text run's samples draw prompts, not labels
         record = {"step": ctx.step, **stored, **names, "fid_ref": Path(self.ref).name,
-                  "fid_num_samples": self.num_samples, "fid_labels": proto.labels, "fid_cfg_channels": channels,
+                  "fid_num_samples": self.num_samples, "fid_labels": None if text else proto.labels,
+                  "fid_cfg_channels": channels,
                   "fid_seconds": time.perf_counter() - start, "fid_run": run}
         if ctx.metrics is not None:
             ctx.metrics.write(record)
@@ -284,9 +292,10 @@ class FidHook:
         diffusion = protocol_loop(proto, latent_shape=shape, recorded_shift=run_time_shift(ctx.config),
                                   convention=convention, learn_sigma=bool(model.learn_sigma),
                                   prediction=run_prediction(ctx.config))  # the run's
-        model_fn = protocol_model_fn(proto, model, objective=self.objective, convention=convention)
-        labels = plan.class_labels(num_samples=self.num_samples, seed=self.seed, num_classes=ctx.num_classes,
-                                   sampling=proto.labels)
+        conds = self._conditions(ctx, proto)  # each sample's class, or a text run's prompt (sample/conditions.py)
+        model_fn = protocol_model_fn(proto, model, objective=self.objective, convention=convention,
+                                     conditioning=conds.conditioning(model))  # the guidance's null condition
+        labels = conds.ids
         batches = plan.rank_batches(range(self.num_samples), self.batch_size, ctx.rank, ctx.world_size)
         most = len(plan.rank_batches(range(self.num_samples), self.batch_size, 0, ctx.world_size))
         norm = LatentNorm.from_record(ctx.latent)  # the shards' normalization, inverted before decoding
@@ -295,15 +304,35 @@ class FidHook:
         def images():
             for b in batches:
                 yield b, generate_images(model, self._state["vae"], diffusion, indices=b, labels=labels[b].tolist(),
-                                         norm=norm, conversion=proto.conversion, **how)
+                                         norm=norm, conversion=proto.conversion, condition=conds.condition(b), **how)
             for _ in range(most - len(batches) if ctx.sharded else 0):  # lockstep with rank 0
                 b = batches[0] if batches else [0]
-                generate_latents(model, diffusion, indices=b, labels=labels[b].tolist(), **how)
+                generate_latents(model, diffusion, indices=b, labels=labels[b].tolist(), condition=conds.condition(b),
+                                 **how)
 
         extractor = self._state["inception"]
         if self.fd_dinov2:  # the DINOv2 features of the same images, as an extra output
             extractor = WithDINOv2(extractor, self._state["dinov2"])
         return local_features(extractor, images(), ctx.device)
+
+    def _conditions(self, ctx: HookContext, proto: protocols.Protocol) -> Any:
+        """The condition of every FID sample for the model's condition kind (sample.conditions.fid_sampling): a
+        class by (seed, index) under the protocol's label rule, or a text run's prompts (read once; the run's text
+        encoder loaded for this evaluation and let go after it)."""
+        from dit_pipeline.common.prompts import read_prompts
+        from dit_pipeline.sample.conditions import fid_sampling
+
+        kind = ctx.model.condition_kind
+        if kind == "text" and "prompts" not in self._state:
+            self._state["prompts"] = read_prompts(self.prompts, "--fid-prompts") if self.prompts else None
+        try:
+            conds = fid_sampling(kind, num_samples=self.num_samples, seed=self.seed, labels=proto.labels,
+                                 num_classes=ctx.num_classes, prompts=self._state.get("prompts"),
+                                 text_encoder=ctx.text_encoder, device=ctx.device)
+        except ValueError as e:  # sample.prompts.prompt_ids: a count the prompts do not divide
+            raise UserError(f"--fid-num-samples: {e} (--fid-prompts {self.prompts})") from None
+        self._state["conds_record"] = conds.fingerprint()
+        return conds
 
     def resolve_protocol(self, ctx: HookContext) -> protocols.Protocol:
         """The sampling protocol of the FID samples (dit/protocols.py): --protocol's row (with --fid-steps,
@@ -359,7 +388,10 @@ class FidHook:
                 # what reproduces these samples and numbers offline (RAE #70: online and offline FID must agree):
                 # dit-sample --ckpt <this step's checkpoint> <these> --npz S.npz; dit-eval S.npz --ref <the ref> <eval>
                 "dit_sample_args": self.sample_args(proto, ctx.ema is not None),
-                "dit_eval_args": self.eval_args()}
+                "dit_eval_args": self.eval_args(),
+                # a text run's: the prompts (their file, count and sha256) and the text encoder that encoded them
+                **({"prompts": {"file": str(self.prompts), "count": len(self._state.get("prompts") or ()),
+                                **self._state["conds_record"]}} if self._state.get("conds_record") else {})}
 
     def sample_args(self, proto: protocols.Protocol, ema: bool) -> list[str]:
         """dit-sample's flags for the same samples: --protocol NAME with its values as run, or the sampler flags."""
@@ -370,8 +402,9 @@ class FidHook:
         else:
             how = ["--sampler", proto.solver, "--steps", str(proto.count), "--cfg-scale", f"{g.scale:g}",
                    *(["--cfg-channels", g.channels] if g.scale > 1 else [])]
+        cond = ["--prompts", str(self.prompts)] if self._state.get("conds_record") else ["--labels", proto.labels]
         return [*vae, "--weights", "ema" if ema else "model", *how, "--num-samples", str(self.num_samples),
-                "--labels", proto.labels, "--seed", str(self.seed), "--batch-size", str(self.batch_size)]
+                *cond, "--seed", str(self.seed), "--batch-size", str(self.batch_size)]
 
     def eval_args(self) -> list[str]:
         out = ["--protocol", "adm"]
@@ -380,6 +413,19 @@ class FidHook:
         elif self.inception:
             out += ["--inception", str(self.inception)]
         return out + (["--input-size", str(self.input_size)] if self.input_size != INPUT_SIZE else [])
+
+
+def fid_prompts_file(s: FidSettings) -> str | None:
+    """The prompts a text run's FID samples draw: --fid-prompts, else the captioned reference's REF.prompts.jsonl
+    (evaluate/reference.py), else None."""
+    from dit_pipeline.evaluate.reference import prompts_path
+
+    if s.fid_prompts:
+        return str(s.fid_prompts)
+    if not s.fid_ref:
+        return None
+    path = prompts_path(Path(str(s.fid_ref)).expanduser())
+    return str(path) if path.is_file() else None
 
 
 def fid_default_scale(protocol: str | None) -> float:

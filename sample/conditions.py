@@ -129,3 +129,36 @@ def grid_sampling(kind: str, *, labels: Sequence[int], class_names: Sequence[str
         raise UserError(f"the sample grids draw class labels or prompts; a model conditioned on {kind!r} has neither: "
                         "drop --sample-every and sample its checkpoints with dit-sample")
     return GRID_KINDS[kind](labels, class_names, prompts, text_encoder, device)
+
+
+# FID during training (evaluate.hook.FidHook): sample i's condition as dit-sample gives it, for the model's condition
+# kind: a class drawn by (seed, i) (--fid-labels' rule), or the prompt of sample i (prompt k for the N / P samples from
+# k N / P, dit-sample --prompts' rule) encoded batch by batch by the run's text encoder (`text_encoder()` loads it).
+
+def _class_fid(num_samples: int, seed: int, labels: str, num_classes: int, prompts: Any,
+               text_encoder: Any, device: torch.device) -> Sampling:
+    return ClassSampling(plan.class_labels(num_samples=num_samples, seed=seed, num_classes=num_classes,
+                                           sampling=labels))
+
+
+def _text_fid(num_samples: int, seed: int, labels: str, num_classes: int,
+              prompts: Sequence[dict[str, Any]] | None, text_encoder: Callable[[], Any] | None,
+              device: torch.device) -> Sampling:
+    if not prompts or text_encoder is None:
+        raise UserError("FID during training of a text run draws prompts: pass --fid-prompts FILE, or a captioned "
+                        "--fid-ref (dit-eval --make-ref FOLDER --captions FILE writes REF.prompts.jsonl beside it)")
+    return TextSampling(prompts, prompt_ids(len(prompts), num_samples), text_encoder(), device)
+
+
+FID_KINDS: dict[str, Callable[..., Sampling]] = {"class": _class_fid, "text": _text_fid}
+
+
+def fid_sampling(kind: str, *, num_samples: int, seed: int, labels: str, num_classes: int,
+                 prompts: Sequence[dict[str, Any]] | None, text_encoder: Callable[[], Any] | None,
+                 device: torch.device) -> Sampling:
+    """The sampling object of a training run's FID samples for a model of conditioning `kind` (an unconditional run
+    has no FID during training: train.preflight refuses it)."""
+    if kind not in FID_KINDS:
+        raise UserError(f"FID during training draws class labels or prompts; a model conditioned on {kind!r} has "
+                        "neither: drop --fid-every and sample its checkpoints with dit-sample")
+    return FID_KINDS[kind](num_samples, seed, labels, num_classes, prompts, text_encoder, device)

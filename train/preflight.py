@@ -227,6 +227,9 @@ def condition_kwargs(cfg: TrainConfig, text: TextSet | None) -> dict[str, Any]:
     if kind != "text" and cfg.sample_prompts:
         raise UserError(f"--sample-prompts: prompts draw a text run's grids; this run is conditioned on {kind} "
                         f"{'labels (--sample-classes picks the classes)' if kind == 'class' else '(nothing)'}")
+    if kind != "text" and cfg.fid_prompts:
+        raise UserError(f"--fid-prompts: prompts draw a text run's FID samples; this run is conditioned on {kind} "
+                        f"{'labels (--fid-labels picks how the classes are drawn)' if kind == 'class' else '(nothing)'}")
     if kind == "class":
         return {}
     out: dict[str, Any] = {"conditioning": kind}
@@ -241,14 +244,38 @@ def condition_kwargs(cfg: TrainConfig, text: TextSet | None) -> dict[str, Any]:
         problems.append("its sample grids draw prompts: pass --sample-prompts FILE (one prompt per line)")
     if kind == "text" and cfg.sample_classes:
         problems.append("--sample-classes picks a class run's grids; a text run's draw --sample-prompts")
-    if cfg.fid_every or (kind != "text" and cfg.sample_every):
-        what = ("FID during training (--fid-every) samples" if kind == "text" else
-                "the periodic grids and FID (--sample-every, --fid-every) sample")
-        problems.append(f"{what} class labels; sample this model's checkpoints with dit-sample"
-                        + (" --prompts (dit-eval --t2i scores them)" if kind == "text" else ""))
+    if kind == "text" and cfg.fid_every:
+        problems += fid_prompt_problems(cfg)
+    if kind != "text" and (cfg.fid_every or cfg.sample_every):
+        problems.append("the periodic grids and FID (--sample-every, --fid-every) sample class labels; sample this "
+                        "model's checkpoints with dit-sample")
     if problems:
         raise UserError(f"--conditioning {kind}: " + "; ".join(problems))
     return out
+
+
+def fid_prompt_problems(cfg: TrainConfig) -> list[str]:
+    """A text run's FID samples draw prompts (evaluate.hook.fid_prompts_file: --fid-prompts, else the captioned
+    reference's): they must exist, read, and divide --fid-num-samples (dit-sample --prompts' rule); --fid-labels,
+    which draws classes, does nothing there."""
+    from dit_pipeline.common.prompts import read_prompts
+    from dit_pipeline.evaluate.hook import fid_prompts_file
+
+    problems = ["--fid-labels picks a class run's FID classes; a text run's FID samples draw prompts (drop it)"] \
+        if cfg.fid_labels is not None else []
+    path = fid_prompts_file(cfg)
+    if path is None:
+        return problems + ["FID during training (--fid-every) of a text run draws prompts: pass --fid-prompts FILE, "
+                           "or a captioned --fid-ref (dit-eval --make-ref FOLDER --captions FILE writes "
+                           "REF.prompts.jsonl beside REF.npz)"]
+    try:
+        count = len(read_prompts(path, "--fid-prompts"))
+    except UserError as e:
+        return problems + [str(e)]
+    if isinstance(cfg.fid_num_samples, int) and cfg.fid_num_samples % count:
+        problems.append(f"--fid-num-samples {cfg.fid_num_samples} is not a multiple of the {count} prompts of {path} "
+                        "(each prompt gets the same number of samples, as dit-sample --prompts gives them)")
+    return problems
 
 
 def lookup_family(model: str) -> Any:

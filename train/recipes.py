@@ -77,7 +77,8 @@ NORMALIZATIONS = ("scalar", "per-channel", "per-position")
 NOT_DEPARTURES = frozenset((
     "vae", "vae_config", "cfg_channels", "sample_every", "sample_classes", "sample_steps", "sample_weights",
     "sample_cfg_scale", "fid_every", "fid_ref", "fid_num_samples", "fid_steps", "fid_cfg_scale", "fid_batch_size",
-    "fid_labels", "inception", "fid_input_size", "fd_dinov2", "dinov2", "fid_random_inception", "on_divergence",
+    "fid_labels", "fid_prompts", "inception", "fid_input_size", "fd_dinov2", "dinov2", "fid_random_inception",
+    "on_divergence",
     "spike_factor", "spike_window", "max_skips", "skip_window", "shards", "run_dir", "manifest", "num_workers",
     "shuffle_buffer", "shards_in_flight", "prefetch_factor", "skip_bad_shards", "verify_shards", "micro_batch_size",
     "seed", "precision", "tf32", "grad_checkpointing", "compile", "attention", "jvp_attention", "ddp_bucket_mb",

@@ -79,11 +79,15 @@ def _evaluation(cfg: dict[str, Any], ev: dict[str, Any] | None) -> list[str]:
     sampling = run.get("sampling") or {}  # the sampling protocol's record (dit/protocols.py), resolved
     note = f" ({run['guidance_note']})" if run.get("guidance_note") else ""
     made = "" if ref.get("provenance") in (None, "images") else f"; {ref.get('provenance')}"
+    prompts = run.get("prompts")  # a text run's samples drew prompts (evaluate/hook.py), not classes
+    drawn = f"classes {sampling.get('labels')}" if not isinstance(prompts, dict) else \
+        (f"the {prompts.get('count')} prompts of `{Path(str(prompts.get('file'))).name}` encoded by "
+         f"{(prompts.get('text_encoder') or {}).get('name')}")
     lines = [f"Step {ev['step']}, protocol {run.get('protocol')} ({run.get('protocol_source')}): "
              f"{run.get('num_samples')} samples against `{ref.get('file')}` ({ref.get('statistics')}{made}), sampled "
              f"with the {run.get('weights')} weights of the model {model.get('name')} as built "
              f"({model.get('architecture')}) by {L.sampled_by(sampling)}, guidance {run.get('guidance')}{note}, "
-             f"classes {sampling.get('labels')}, images by the '{sampling.get('conversion')}' conversion, seed "
+             f"{drawn}, images by the '{sampling.get('conversion')}' conversion, seed "
              f"{run.get('seed')}; the evaluation took {_num(ev.get('fid_seconds'), '.1f')} s.", "",
              f"Inception network: {run.get('network')}."]
     if key != "fid":

@@ -134,6 +134,57 @@ def test_reg_trains_resumes_exactly_and_samples_through_the_clis(reg_sets, tiny_
         run_sampling(SampleConfig(**{**common, "ckpt": str(headless)}, npz=str(tmp_path / "x.npz"), ig_scale=2.0))
 
 
+def test_reg_and_internal_guidance_train_a_text_model_and_sample_it_from_prompts(encoder, tiny_vae_dir, tmp_path):
+    """NanoGen's T2I REG configs (t2i-...-reg0.03-...-t4): the class token beside the image and the caption's tokens.
+    `dit-train --text --use-reg --base-model-depth 1` trains the in-context DiT-DH on captions with the class token and
+    the base head (both terms logged, both recorded with the text encoder), and `dit-sample --prompt` samples its EMA
+    file with the class token, internal guidance changing the images."""
+    from dit_pipeline.extract import ExtractConfig, run_extract
+    from dit_pipeline.extract.text import run_text_extract
+    from dit_pipeline.sample import SampleConfig
+    from dit_pipeline.sample.run import run_sampling
+    from tests._util import make_image_tree
+    from tests.captions._tiny import make_tiny_qwen3
+    from tests.features.conftest import BASE
+
+    tree = make_image_tree(tmp_path / "images", counts=(2, 2))
+    paths = sorted(p.relative_to(tree).as_posix() for p in tree.rglob("*.JPEG"))
+    (tmp_path / "caps.jsonl").write_text("".join(json.dumps({"path": p, "caption": f"a photo number {i}"}) + "\n"
+                                                 for i, p in enumerate(paths)))
+    lat, tok, text = tmp_path / "lat", tmp_path / "tok", tmp_path / "text"
+    run_extract(ExtractConfig(data_path=str(tree), out=str(lat), vae=str(tiny_vae_dir),
+                              captions=str(tmp_path / "caps.jsonl"), **BASE))
+    run_extract(ExtractConfig(data_path=str(tree), out=str(tok), encoder=str(encoder), encoder_formula="reg",
+                              dtype="float32", **BASE))
+    qwen = make_tiny_qwen3(tmp_path / "qwen3")
+    run_text_extract(ExtractConfig(data_path=str(lat), out=str(text), text_encoder=str(qwen), text_max_length=16,
+                                   batch_size=4, quiet=True))
+    args = {"shards": lat, "text": text, "run-dir": tmp_path / "run", **IC, "use-reg": None, "reg-tokens": tok,
+            "base-model-depth": 1, "max-steps": 2}
+    r = invoke_train([a for k, v in args.items() for a in ([f"--{k}"] if v is None else [f"--{k}", str(v)])])
+    assert r.exit_code == 0, r.output
+    recs = [rec for rec in read_metrics(tmp_path / "run") if "loss" in rec]
+    assert [rec["step"] for rec in recs] == [1, 2] and all(rec["reg"] > 0 and rec["base"] > 0 for rec in recs)
+    for rec in recs:  # loss = image + 0.03 x class token + 1 x base head
+        assert rec["loss"] == pytest.approx(rec["mse"] + 0.03 * rec["reg"] + rec["base"], rel=1e-5)
+    ckpt = load_checkpoint(CheckpointManager(tmp_path / "run" / "checkpoints").latest())
+    mc = ckpt["model_config"]
+    assert (mc["conditioning"], mc["text_dim"], mc["reg_dim"], mc["base_model_depth"]) == ("text", 32, 32, 1)
+    assert ckpt["text"]["encoder"]["source"] == str(qwen) and ckpt["reg"]["reg_dim"] == 32
+
+    ema = tmp_path / "ema.pt"  # 2 steps leave the zero-initialised output layers near zero: perturb the EMA weights
+    raw = torch.load(tmp_path / "run" / "checkpoints" / "step-0000002-ema.pt", weights_only=True)
+    g = torch.Generator().manual_seed(0)
+    torch.save({k: v if "rope" in k else v + 0.3 * torch.randn(v.shape, generator=g) for k, v in raw.items()}, ema)
+    ema.with_suffix(".json").write_text((tmp_path / "run" / "checkpoints" / "step-0000002-ema.json").read_text())
+    common = dict(ckpt=str(ema), vae=str(tiny_vae_dir), prompts=["a photo number 1", "a dog"], cfg_scale=2.0,
+                  sampler="euler", steps=3, quiet=True)
+    run_sampling(SampleConfig(npz=str(tmp_path / "cfg.npz"), **common))
+    run_sampling(SampleConfig(npz=str(tmp_path / "ig.npz"), ig_scale=3.0, ig_interval=[0.0, 1.0], **common))
+    cfg_only, ig = np.load(tmp_path / "cfg.npz")["arr_0"], np.load(tmp_path / "ig.npz")["arr_0"]
+    assert cfg_only.shape == ig.shape == (2, 32, 32, 3) and np.abs(cfg_only.astype(int) - ig.astype(int)).max() > 1
+
+
 def test_reg_settings_that_cannot_act_are_refused_and_the_record_guards_a_resume():
     from dit_pipeline.common.errors import ConfigError, UserError
     from dit_pipeline.train.config import TrainConfig

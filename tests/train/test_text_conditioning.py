@@ -102,11 +102,17 @@ def test_a_text_set_builds_a_text_model_and_refuses_imf_class_grids_and_fid():
                                                               "num_c_tokens": 256}  # the encoder's max length
     assert condition_kwargs(merge_config({}, base), None) == {}  # no --text: class labels
     with pytest.raises(UserError) as e:
-        condition_kwargs(merge_config({}, {**base, "objective": "imf", "sample_every": 10, "fid_every": 10}), text)
+        condition_kwargs(merge_config({}, {**base, "objective": "imf", "sample_every": 10, "fid_every": 10,
+                                           "fid_ref": "ref.npz", "fid_labels": "equal"}), text)
     assert str(e.value) == ("--conditioning text: --objective imf trains class-conditional models here; its sample "
-                            "grids draw prompts: pass --sample-prompts FILE (one prompt per line); FID during training "
-                            "(--fid-every) samples class labels; sample this model's checkpoints with dit-sample "
-                            "--prompts (dit-eval --t2i scores them)")
+                            "grids draw prompts: pass --sample-prompts FILE (one prompt per line); --fid-labels picks "
+                            "a class run's FID classes; a text run's FID samples draw prompts (drop it); FID during "
+                            "training (--fid-every) of a text run draws prompts: pass --fid-prompts FILE, or a "
+                            "captioned --fid-ref (dit-eval --make-ref FOLDER --captions FILE writes REF.prompts.jsonl "
+                            "beside REF.npz)")
+    with pytest.raises(UserError, match=r"^--fid-prompts: prompts draw a text run's FID samples; this run is "
+                                        r"conditioned on class labels \(--fid-labels picks how the classes are drawn\)$"):
+        condition_kwargs(merge_config({}, {**base, "fid_every": 10, "fid_ref": "r.npz", "fid_prompts": "p.txt"}), None)
     with pytest.raises(UserError, match=r"^--conditioning text: --sample-classes picks a class run's grids"):
         condition_kwargs(merge_config({}, {**base, "sample_every": 10, "sample_prompts": "p.txt",
                                            "sample_classes": "1"}), text)

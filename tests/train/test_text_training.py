@@ -116,3 +116,83 @@ def test_online_features_give_the_cached_losses(captioned, tmp_path):
     assert runs["online"][1]["text"]["features"] == "online"
     ckpt = runs["cached"][1]  # the text reached the network: its projection moved (the EMA, at 0.9999, barely did)
     assert (ckpt["model"]["ctx_embedder.proj.weight"] - ckpt["ema"]["ctx_embedder.proj.weight"]).abs().max() > 1e-4
+
+
+def test_fid_during_a_text_run_draws_the_references_prompts_as_dit_sample_does(captioned, tiny_vae_dir, tmp_path):
+    """`--fid-every` on a text run: the FID samples draw the captioned reference's prompts (REF.prompts.jsonl, prompt
+    k for the N / P samples from k N / P) encoded by the run's text encoder and guided against the empty prompt; the
+    record names the prompts and the encoder, and dit-sample with the recorded arguments on the same step's EMA file,
+    then dit-eval, give the logged numbers. Refused before any work: no prompts, or a count that does not divide the
+    samples."""
+    from click.testing import CliRunner
+
+    from dit_pipeline.cli_eval import eval_main
+    from dit_pipeline.cli_sample import sample_main
+    from dit_pipeline.common.prompts import write_prompts
+    from dit_pipeline.evaluate.reference import prompts_path
+    from tests.train.conftest import invoke_train
+
+    latents, text, qwen = captioned
+    bare, ref = tmp_path / "bare.npz", tmp_path / "ref.npz"
+    for path in (bare, ref):  # 32 px images, as the latents decode
+        np.savez(path, arr_0=np.random.default_rng(0).integers(0, 256, (6, 32, 32, 3), dtype=np.uint8))
+    write_prompts(prompts_path(ref), [{"prompt": "a photo of a cat sitting on a red sofa"}, {"prompt": "image 3"}])
+    fid = {"fid-every": 2, "fid-ref": ref, "fid-num-samples": 4, "fid-steps": 2, "fid-cfg-scale": 2.0,
+           "fid-batch-size": 4, "fid-input-size": 75, "fid-random-inception": 0, "vae": tiny_vae_dir,
+           "max-steps": 2, "ckpt-every": 2, "ema-decay": 0.0, "lr": 0.05}  # the EMA is the weights; the text path
+    # moved from its zero init, so that each sample's prompt changes its image (what the comparison below checks)
+    r = invoke_train(_args(latents, text, tmp_path / "run", **fid))
+    assert r.exit_code == 0, r.output
+    ev = [rec for rec in read_metrics(tmp_path / "run") if "fd_rand" in rec][-1]
+    run = ev["fid_run"]
+    assert ev["step"] == 2 and ev["fid_labels"] is None and run["guidance"].startswith("2 on ")
+    assert (run["prompts"]["file"], run["prompts"]["count"]) == (str(prompts_path(ref)), 2)
+    assert run["prompts"]["text_encoder"]["source"] == str(qwen) and len(run["prompts"]["prompts_sha256"]) == 64
+    args = run["dit_sample_args"]
+    assert args[args.index("--prompts") + 1] == str(prompts_path(ref)) and "--labels" not in args
+    from dit_pipeline.train.report import write_report
+
+    md = write_report(tmp_path / "run")[0].read_text()
+    assert "guidance 2 on all channel(s), the 2 prompts of `ref.prompts.jsonl` encoded by " in md  # not "classes"
+
+    npz = tmp_path / "offline.npz"
+    r = CliRunner().invoke(sample_main, ["run", "--ckpt", str(tmp_path / "run" / "checkpoints" / "step-0000002.pt"),
+                                         *args, "--npz", str(npz), "--quiet"])
+    assert r.exit_code == 0, r.output
+    assert np.load(npz)["arr_1"].tolist() == [0, 0, 1, 1]  # each prompt's samples, in order
+    r = CliRunner().invoke(eval_main, [str(npz), "--ref", run["reference"]["path"], *run["dit_eval_args"], "--quiet"])
+    assert r.exit_code == 0, r.output
+    offline = json.loads((tmp_path / "offline.npz.eval.json").read_text())
+    for key in ("fd_rand", "sfd_rand", "is_rand", "precision_rand", "recall_rand"):
+        assert offline[key] == pytest.approx(ev[key], rel=1e-6, abs=1e-9), key
+
+    r = invoke_train(_args(latents, text, tmp_path / "r2", **{**fid, "fid-ref": bare}))
+    assert r.exit_code == 1 and ("FID during training (--fid-every) of a text run draws prompts: pass --fid-prompts "
+                                 "FILE, or a captioned --fid-ref") in r.output
+    r = invoke_train(_args(latents, text, tmp_path / "r3", **{**fid, "fid-num-samples": 5}))
+    assert r.exit_code == 1 and f"--fid-num-samples 5 is not a multiple of the 2 prompts of {prompts_path(ref)}" \
+        in r.output
+    assert not (tmp_path / "r2").exists() and not (tmp_path / "r3").exists()
+
+
+@pytest.mark.sweep
+def test_fid_of_a_text_run_is_the_same_under_ddp_and_fsdp(captioned, tiny_vae_dir, tmp_path):
+    """Every rank samples its share of a text run's FID samples, prompts encoded on each: 2 gloo ranks under DDP and
+    under FSDP log the same number (to float rounding: the sharded passes gather the same weights)."""
+    from dit_pipeline.common.prompts import write_prompts
+    from dit_pipeline.evaluate.reference import prompts_path
+    from tests._util import run_torchrun
+
+    latents, text, _ = captioned
+    ref = tmp_path / "ref.npz"
+    np.savez(ref, arr_0=np.random.default_rng(0).integers(0, 256, (6, 32, 32, 3), dtype=np.uint8))
+    write_prompts(prompts_path(ref), [{"prompt": "a photo of a cat sitting on a red sofa"}, {"prompt": "image 3"}])
+    fid = {"fid-every": 2, "fid-ref": ref, "fid-num-samples": 4, "fid-steps": 2, "fid-cfg-scale": 2.0,
+           "fid-batch-size": 1, "fid-input-size": 75, "fid-random-inception": 0, "vae": tiny_vae_dir,
+           "max-steps": 2, "ckpt-every": 2, "ema-decay": 0.0, "lr": 0.05}
+    got = {}
+    for mode in ("ddp", "fsdp"):
+        r = run_torchrun("dit-train", _args(latents, text, tmp_path / mode, parallel=mode, **fid), 2, timeout=900)
+        assert r.returncode == 0, r.stderr[-3000:]
+        got[mode] = [rec["fd_rand"] for rec in read_metrics(tmp_path / mode) if "fd_rand" in rec]
+    assert len(got["ddp"]) == 1 and got["fsdp"] == pytest.approx(got["ddp"], rel=1e-6)
