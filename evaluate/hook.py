@@ -8,11 +8,13 @@ and image conversion, with --fid-steps, --fid-cfg-scale and --fid-labels as over
 objective's FID sampler (DDPM; flow: the Euler ODE; a one-step model: one mean-flow step) with `steps` steps (250,
 one-step models 1), guidance `cfg_scale` (1.5) on the channels `--cfg-channels` picks (auto: dit-sample's rule);
 classes chosen by (seed, index) as `dit-sample --num-samples N --seed S --labels L` chooses them (`labels`: uniform
-draws or equal counts per class, sample/plan.py), noise of sample i from (seed, i). Each rank extracts the Inception
-features of its images; rank 0 gathers them, computes FID, sFID, Inception Score and precision/recall against REF
-(whose features or precomputed statistics are loaded once, in `setup`) with `dit-eval`'s own function
-(evaluate.run.compute_metrics, evaluation protocol `adm`), and writes them with the seconds the evaluation took to
-metrics.jsonl and TensorBoard.
+draws or equal counts per class, sample/plan.py), or for a text model the prompts of `--fid-prompts` or of the
+captioned reference (REF.prompts.jsonl) as `dit-sample --prompts` assigns them, encoded by the run's text encoder
+and guided against the empty prompt (sample.conditions.fid_sampling), noise of sample i from (seed, i). Each rank
+extracts the Inception features of its images; rank 0 gathers them, computes FID, sFID, Inception Score and
+precision/recall against REF (whose features or precomputed statistics are loaded once, in `setup`) with
+`dit-eval`'s own function (evaluate.run.compute_metrics, evaluation protocol `adm`), and writes them with the seconds
+the evaluation took to metrics.jsonl and TensorBoard.
 
 Each row records what the hook ran (`fid_run`): `sampling`, the sampling protocol's own record (Protocol.record:
 name, solver, steps, guidance scale, interval and channels, the grid with its resolved time shift, labels, image
