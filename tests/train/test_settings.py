@@ -48,7 +48,7 @@ ADDED_SINCE = {"fid_labels", "repa", "repa_depth", "repa_coeff", "time_shift", "
                # issue 46: data mixes, the key audit and the validation loss
                "source", "mix", "mix_epoch_size", "mix_lanes", "new_mix", "data_mix", "record_keys", "val_shards",
                "val_every", "val_samples", "val_timesteps", "val_batch_size", "val_weights",
-               "sample_prompts"}  # a text run's grids
+               "sample_prompts", "fid_prompts"}  # a text run's grids and FID samples
 
 
 def test_the_stored_config_keeps_its_flat_keys():
