@@ -55,6 +55,12 @@ def read_sibling(primary: Manifest, folder: str | Path, flag: str) -> Manifest:
     return m
 
 
+def sibling_shard(folder: str | Path, sibling: Manifest, i: int) -> tuple[str, Manifest, Any]:
+    """(path, manifest, record) of shard `i` of the sibling set in `folder`: what the readers join to shard `i` of
+    the training set (train.shard_samples.read_shard's `sibling` and `text`)."""
+    return str(Path(folder).expanduser() / sibling.shards[i].name), sibling, sibling.shards[i]
+
+
 def read_text_sibling(primary: Manifest, folder: str | Path, flag: str, *, template: str | None = None,
                       class_names: list[str] | None = None) -> Manifest:
     """A text set (`dit-extract --text-encoder`) of the captions of `primary`: a sibling (the same keys, shard by

@@ -74,7 +74,8 @@ class TrainConfig(ParallelSettings, ValSettings, GuardSettings, RegSettings, Rep
     source: list[str] | None = setting(
         None, "A source of a data mix: 'SHARDS key=value ...' (repeat the option; keys proportion, repeat, choose "
         "(MosaicML Streaming's weights), text, caption, template, class_names, holdout, reg (REG's class tokens), repa "
-        "(REPA's cached teacher tokens, with --repa cached), name, manifest; docs/data-mix.md)", group=MIX, shown="none: --shards alone")
+        "(REPA's cached teacher tokens, with --repa cached), name, manifest; docs/data-mix.md)", group=MIX,
+        shown="none: --shards alone")
     mix: str | None = setting(None, "YAML file of a data mix: sources (each a mapping of the --source keys), "
                               "epoch_size, lanes", group=MIX)
     mix_epoch_size: int | None = setting(None, "Samples per epoch of a mix weighted by proportion", group=MIX,

@@ -36,7 +36,6 @@ deterministic function of (seed, epoch, rank, data layout):
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any, Callable, Iterator, NamedTuple
 
 import numpy as np
@@ -45,6 +44,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from dit_pipeline.common.workers import worker_context
 from dit_pipeline.shards import Manifest, ShardRecord
+from dit_pipeline.shards.siblings import sibling_shard
 from dit_pipeline.train.latents import (LatentSpec, Pending, Scratch, build_latents, build_pixels, build_teacher,
                                         epoch_seed, pending)
 from dit_pipeline.train.partition import EpochPlan, interleave_seed, loader_seed, shuffle_seed
@@ -136,9 +136,7 @@ class EpochStream(IterableDataset):
         sib = self.sibling
 
         def joined(i: int, other: tuple[str, Manifest] | None) -> tuple[str, Manifest, ShardRecord] | None:
-            if other is None:
-                return None
-            return str(Path(other[0]) / other[1].shards[i].name), other[1], other[1].shards[i]
+            return None if other is None else sibling_shard(other[0], other[1], i)
 
         shards = (read_shard(src.urls[i], src.manifest, self.skip_bad_shards, record=src.manifest.shards[i],
                              sha256=self.sha256, pixels=self.pixels or spec.from_pixels, sibling=joined(i, sib),

@@ -33,13 +33,13 @@ import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from dit_pipeline.common.errors import ConfigError, UserError
 from dit_pipeline.shards import Manifest
+from dit_pipeline.shards.siblings import sibling_shard
 from dit_pipeline.shards.text import read_class_names, template_captions
-from dit_pipeline.train.reg import check_token_space, source_tokens
-from dit_pipeline.train.repa import source_teacher
+from dit_pipeline.train import reg, repa
 from dit_pipeline.train.mixplan import ShardKeys, SourceShape, Weight, weights_problems
 
 SOURCE_KEYS = ("shards", "manifest", "name", "proportion", "repeat", "choose", "text", "caption", "template",
@@ -264,6 +264,15 @@ class OpenSource:
                 return str(folder), tokens.manifest
         return None
 
+    def text_shard(self, i: int) -> tuple[str, Manifest, Any] | None:
+        """What the reader joins to shard `i` from the source's text set (shards.siblings.sibling_shard), if any."""
+        return None if self.text is None else sibling_shard(str(self.spec.text), self.text, i)
+
+    def tokens_shard(self, i: int) -> tuple[str, Manifest, Any] | None:
+        """What the reader joins to shard `i` from the source's cached tokens (`tokens`), if any."""
+        joined = self.tokens()
+        return None if joined is None else sibling_shard(joined[0], joined[1], i)
+
 
 def latent_space(m: Manifest) -> dict[str, Any]:
     """What makes two sets' latents one space: the encoder's identity, the latent shape, the normalization."""
@@ -333,6 +342,70 @@ class OpenMix:
         return self.sources[0].reg
 
 
+@dataclass(frozen=True)
+class TokensKey:
+    """A source key naming a sibling set of cached tokens, joined to the source's samples (Batch.teacher): opened for
+    every source when the run reads them (needed on each), refused when it does not (it would do nothing)."""
+
+    key: str                                  # the source key
+    needed: str                               # why a source without it is refused when the run reads them
+    unused: str                               # why it is refused when the run does not
+    hint: str                                 # the command that makes them
+    open: Callable[[str, Manifest, str], Any]  # (folder, the source's manifest, flag) -> the checked tokens
+
+
+TOKENS_KEYS = (
+    TokensKey("reg", "--use-reg trains on each sample's class token",
+              "reg= names REG's class tokens: add --use-reg (or drop reg=)", reg.EXTRACT_HINT, reg.open_reg_tokens),
+    TokensKey("repa", f"--repa {repa.MIX_CACHED} aligns to each source's cached teacher tokens",
+              f"repa= names REPA's cached teacher tokens, which only --repa {repa.MIX_CACHED} reads: add --repa "
+              "cached (or drop repa=; a teacher given to --repa runs on each source's pixels)", repa.EXTRACT_HINT,
+              repa.open_cached_teacher))
+
+
+def source_tokens(k: TokensKey, o: OpenSource, where: str, read: bool) -> Any:
+    """The cached tokens source `o` names with key `k` (`where` naming the source), opened and checked against its
+    shards when the run reads them (`read`); None when it names none and the run does not."""
+    folder = getattr(o.spec, k.key)
+    if folder is None:
+        if read:
+            raise UserError(f"{where}: {k.needed}, and this source names none: give it {k.key}=FOLDER, made from its "
+                            f"images by {k.hint}")
+        return None
+    if not read:
+        raise UserError(f"{where}: {k.unused}")
+    if o.source.folder is None:
+        raise UserError(f"{where}: {k.key}= needs the source's shards as a folder (its tokens are checked against its "
+                        "manifest's shards)")
+    if not (Path(str(folder)).expanduser() / "manifest.json").is_file():
+        raise UserError(f"{where} {k.key}= {folder}: no shard set there (no manifest.json); make it with {k.hint}")
+    return k.open(str(folder), o.manifest, f"{where} {k.key}=")
+
+
+def check_token_space(sources: list[tuple[str, str | None, Any]], what: str = "class tokens") -> None:
+    """A mix's sources' cached tokens ((name, folder, tokens) each: REG's class tokens (train.reg.RegTokens), or
+    REPA's teacher tokens (train.repa.CachedTeacher)) from one encoder (what decides them, as a checkpoint's record
+    compares it: common.features.feature_identity_fields), of one width, token grid and stored dtype: the model
+    learns one token space. UserError naming both sources and the first field that differs."""
+    from dit_pipeline.common.features import feature_identity_fields
+
+    def decided(tokens: Any) -> dict[str, Any]:
+        _, h, w = tokens.manifest.latent_shape
+        return {**(feature_identity_fields(tokens.encoder) or {}), "width": tokens.dim,
+                "token grid": f"{h}x{w}", "stored dtype": tokens.manifest.dtype}
+
+    given = [(n, f, t) for n, f, t in sources if t is not None]
+    for name, folder, tokens in given[1:]:
+        (n0, f0, t0) = given[0]
+        da, db = decided(t0), decided(tokens)
+        changed = [k for k in da if da[k] != db.get(k)]
+        if changed:
+            k = changed[0]
+            raise UserError(f"the {what} of sources {n0} ({f0}) and {name} ({folder}) come from different "
+                            f"encoders: their {k} differs ({da[k]!r} vs {db[k]!r}); extract every source's tokens "
+                            "with one encoder")
+
+
 def open_mix(spec: MixSpec, *, text_features: str = "cached", use_reg: bool = False,
              repa_cached: bool = False) -> OpenMix:
     """Open every source (its shards checked against its manifest, as --shards is) and check them together;
@@ -348,8 +421,7 @@ def open_mix(spec: MixSpec, *, text_features: str = "cached", use_reg: bool = Fa
         except UserError as e:
             raise UserError(f"{where}: {e}") from None
         o = _open_text(OpenSource(s, src), where, text_features)
-        o.reg = source_tokens(s.reg, o.manifest, o.source.folder, where, use_reg)
-        o.repa = source_teacher(s.repa, o.manifest, o.source.folder, where, repa_cached)
+        o.reg, o.repa = (source_tokens(k, o, where, read) for k, read in zip(TOKENS_KEYS, (use_reg, repa_cached)))
         opened.append(o)
     mix = OpenMix(spec, opened)
     for other in opened[1:]:

@@ -55,7 +55,8 @@ def check_val_set(cfg: Any, data: Any) -> None:
     if problem:
         raise UserError(f"--val-shards: {problem}")
     if val.reg is not None:  # REG: the held-out samples' class tokens from the training tokens' encoder
-        from dit_pipeline.train.reg import check_token_space, read_reg_tokens
+        from dit_pipeline.train.mix import check_token_space
+        from dit_pipeline.train.reg import read_reg_tokens
 
         tokens = data.reg if hasattr(data, "sources") else read_reg_tokens(cfg, data.manifest)
         try:
@@ -66,7 +67,8 @@ def check_val_set(cfg: Any, data: Any) -> None:
 
 def open_val_sources(spec: Any, cfg: Any) -> Any:
     """--val-shards' sources (train.mix.MixSpec) opened as a mix's are: each with its text set, and under --use-reg
-    its class tokens (reg=); a problem is named as --val-shards'."""
+    its class tokens (reg=); REPA's tokens (repa=) refused, the validation loss reading none; a problem is named as
+    --val-shards'."""
     from dit_pipeline.train.mix import open_mix
 
     if named := [s.name for s in spec.sources if s.repa is not None]:

@@ -18,7 +18,6 @@ a run resumed at another world size (one that divides the lanes) continues the s
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Callable, Iterator, NamedTuple, Sequence, cast
 
 import numpy as np
@@ -116,14 +115,8 @@ class MixStream(IterableDataset):
         o = self.mix.sources[v.source]
         m, spec = o.manifest, self.specs[v.source]
         rec, url = m.shards[v.shard], o.source.urls[v.shard]
-        text = None
-        if self.text and o.text is not None:
-            text = (str(Path(str(o.spec.text)).expanduser() / o.text.shards[v.shard].name), o.text,
-                    o.text.shards[v.shard])
-        tokens, sibling = None, o.tokens() if self.tokens else None
-        if sibling is not None:  # the source's cached tokens, read in lockstep (shards/siblings.py)
-            folder, t = sibling
-            tokens = (str(Path(folder).expanduser() / t.shards[v.shard].name), t, t.shards[v.shard])
+        text = o.text_shard(v.shard) if self.text else None
+        tokens = o.tokens_shard(v.shard) if self.tokens else None  # its cached tokens, read in lockstep
         strings = self.captions and o.captions is None  # a template source makes its captions from the label
         keep = frozenset(v.keys) if v.keys is not None else None
         holdout = float(o.spec.holdout)
@@ -245,7 +238,7 @@ def join_pieces(pieces: Sequence[Batch], accum: int, pin: bool = False, out: Bat
         latents = latents.pin_memory()
     labels, keys = torch.cat([p.labels for p in pieces]), torch.cat([p.keys for p in pieces])
     tokens = torch.cat([p.teacher for p in pieces if p.teacher is not None]) if pieces[0].teacher is not None \
-        else None  # REG's class tokens
+        else None  # cached tokens: REG's class tokens or REPA's teacher tokens
     pixels = torch.cat([p.pixels for p in pieces if p.pixels is not None]) if pieces[0].pixels is not None \
         else None  # REPA's crops
     if pin:

@@ -89,7 +89,7 @@ class RegTokens:
 
     @property
     def encoder(self) -> dict[str, Any]:
-        """The encoder's identity (what train.reg.check_token_space compares)."""
+        """The encoder's identity (what train.mix.check_token_space compares)."""
         return self.identity
 
     def line(self, coeff: float, mix: Any = None) -> str:
@@ -127,47 +127,6 @@ def open_reg_tokens(folder: str, manifest: Any, flag: str) -> RegTokens:
         raise UserError(f"{flag} {folder}: holds {c}x{h}x{w} {enc.get('formula_name') or 'VAE'} latents, not "
                         f"class tokens [z, 1, 1]; extract them with {EXTRACT_HINT}")
     return RegTokens(folder, m, int(c), enc)
-
-
-def source_tokens(folder: str | None, manifest: Any, shards_folder: Any, where: str, use_reg: bool
-                  ) -> RegTokens | None:
-    """A data mix's source's class tokens (train/mix.py: its `reg=` key, `where` naming the source): opened with
-    --use-reg, where every source needs them; refused without it."""
-    if folder is None:
-        if use_reg:
-            raise UserError(f"{where}: --use-reg trains on each sample's class token, and this source names none: "
-                            f"give it reg=FOLDER, made from its images by {EXTRACT_HINT}")
-        return None
-    if not use_reg:
-        raise UserError(f"{where}: reg= names REG's class tokens: add --use-reg (or drop reg=)")
-    if shards_folder is None:
-        raise UserError(f"{where}: reg= needs the source's shards as a folder (its class tokens are checked "
-                        "against its manifest's shards)")
-    return open_reg_tokens(str(folder), manifest, f"{where} reg=")
-
-
-def check_token_space(sources: list[tuple[str, str | None, Any]], what: str = "class tokens") -> None:
-    """A mix's sources' cached tokens ((name, folder, tokens) each: REG's class tokens (RegTokens), or REPA's teacher
-    tokens (train.repa.CachedTeacher)) from one encoder (what decides them, as a checkpoint's record compares it:
-    common.features.feature_identity_fields), of one width, token grid and stored dtype: the model learns one token
-    space. UserError naming both sources and the first field that differs."""
-    from dit_pipeline.common.features import feature_identity_fields
-
-    def decided(tokens: Any) -> dict[str, Any]:
-        _, h, w = tokens.manifest.latent_shape
-        return {**(feature_identity_fields(tokens.encoder) or {}), "width": tokens.dim,
-                "token grid": f"{h}x{w}", "stored dtype": tokens.manifest.dtype}
-
-    given = [(n, f, t) for n, f, t in sources if t is not None]
-    for name, folder, tokens in given[1:]:
-        (n0, f0, t0) = given[0]
-        da, db = decided(t0), decided(tokens)
-        changed = [k for k in da if da[k] != db.get(k)]
-        if changed:
-            k = changed[0]
-            raise UserError(f"the {what} of sources {n0} ({f0}) and {name} ({folder}) come from different "
-                            f"encoders: their {k} differs ({da[k]!r} vs {db[k]!r}); extract every source's tokens "
-                            "with one encoder")
 
 
 @dataclass

@@ -88,7 +88,7 @@ class CachedTeacher:
         raise AssertionError("cached teacher tokens come with the batch (Batch.teacher)")
 
 
-def _cached_teacher(folder: str, manifest: Any, flag: str = "--repa") -> CachedTeacher:
+def open_cached_teacher(folder: str, manifest: Any, flag: str = "--repa") -> CachedTeacher:
     """The cached tokens in `folder` (given as `flag`: --repa, or a data mix's source repa=) of the set of
     `manifest`: a sibling of it (shards/siblings.py) holding the `repa` formula's tokens."""
     from dit_pipeline.shards.siblings import read_sibling
@@ -105,26 +105,6 @@ def _cached_teacher(folder: str, manifest: Any, flag: str = "--repa") -> CachedT
                         "teacher aligns to (normalize, resize, final norm with affine); extract them with "
                         "--encoder-formula repa")
     return CachedTeacher(folder, m)
-
-
-def source_teacher(folder: str | None, manifest: Any, shards_folder: Any, where: str, cached: bool
-                   ) -> CachedTeacher | None:
-    """A data mix's source's cached teacher tokens (train/mix.py: its `repa=` key, `where` naming the source): opened
-    with --repa cached, where every source needs them; refused otherwise (nothing else reads them)."""
-    if folder is None:
-        if cached:
-            raise UserError(f"{where}: --repa {MIX_CACHED} aligns to each source's cached teacher tokens, and this "
-                            f"source names none: give it repa=FOLDER, made from its images by {EXTRACT_HINT}")
-        return None
-    if not cached:
-        raise UserError(f"{where}: repa= names REPA's cached teacher tokens, which only --repa {MIX_CACHED} reads: "
-                        "add --repa cached (or drop repa=; a teacher given to --repa runs on each source's pixels)")
-    if shards_folder is None:
-        raise UserError(f"{where}: repa= needs the source's shards as a folder (its teacher tokens are checked "
-                        "against its manifest's shards)")
-    if not (Path(str(folder)).expanduser() / "manifest.json").is_file():
-        raise UserError(f"{where} repa= {folder}: no shard set there (no manifest.json); make it with {EXTRACT_HINT}")
-    return _cached_teacher(str(folder), manifest, f"{where} repa=")
 
 
 def mix_teacher(mix: Any) -> CachedTeacher:
@@ -159,7 +139,7 @@ def check_repa(settings: RepaSettings, *, has_pixels: bool, where: str, depth: i
     if is_cached(settings.repa):
         if settings.repa_depth > depth:
             raise UserError(f"--repa-depth {settings.repa_depth}: the model has {depth} blocks; choose 1..{depth}")
-        cached = _cached_teacher(str(settings.repa), manifest)
+        cached = open_cached_teacher(str(settings.repa), manifest)
         cached.check_tokens(grid * grid)
         return cached
     if settings.repa == MIX_CACHED:

@@ -35,7 +35,6 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Sequence, cast
 
 import numpy as np
@@ -149,14 +148,10 @@ def load_val_set(cfg: Any, text_encoder: Any = None) -> ValSet:
         for i, rec in enumerate(m.shards):
             if len(taken) >= want:
                 break
-            txt = None
-            if o.text is not None and text_encoder is None:
-                txt = (str(Path(str(o.spec.text)).expanduser() / o.text.shards[i].name), o.text, o.text.shards[i])
+            txt = o.text_shard(i) if text_encoder is None else None
             strings = text_encoder is not None and o.captions is None
-            sib = None if o.reg is None else (str(Path(str(o.spec.reg)).expanduser() / o.reg.manifest.shards[i].name),
-                                              o.reg.manifest, o.reg.manifest.shards[i])  # REG: the class tokens
-            for item in read_shard(o.source.urls[i], m, False, record=rec, sibling=sib, text=txt, captions=strings,
-                                   pixels=spec.from_pixels):
+            for item in read_shard(o.source.urls[i], m, False, record=rec, sibling=o.tokens_shard(i), text=txt,
+                                   captions=strings, pixels=spec.from_pixels):  # sibling: REG's class tokens
                 assert not isinstance(item, SkippedShard)  # read without --skip-bad-shards: a bad shard raises
                 joined = item if isinstance(item, WithText) else None
                 inner = joined.sample if joined is not None else item
